@@ -1,0 +1,24 @@
+"""Shared test set-up: ROS on localhost only, GPU tests skipped without a device."""
+import os
+
+import pytest
+
+# Real DDS traffic in tests must stay on this machine.
+os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+
+
+def _cuda_available() -> bool:
+    try:
+        import pycuda.driver as drv
+        drv.init()
+        return drv.Device.count() > 0
+    except Exception:  # noqa: BLE001 - any import/driver failure means "no GPU here"
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if any("gpu" in item.keywords for item in items) and not _cuda_available():
+        skip = pytest.mark.skip(reason="no CUDA device / PyCUDA on this machine")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)

@@ -1,0 +1,370 @@
+"""One typed configuration for the whole package.
+
+Every constant the engine, the nodes and the benchmarks use lives in one of the
+frozen dataclasses below. Values come from ``config/vla_edge.yaml`` (the same
+file the ROS launch passes as ``ros__parameters``), so a number is written in
+exactly one place. Loading is strict: an unknown key, a value of the wrong type
+or an impossible value raises :class:`ConfigError` naming the dotted key.
+
+This module imports neither rclpy nor numpy: nodes, tools and tests can all
+read the configuration cheaply.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+# Installed layout (ament): share/vla_edge_ros/config; source layout: <repo>/config.
+_CANDIDATE_CONFIG_DIRS = (
+    PACKAGE_ROOT.parent / "config",
+    Path(os.environ.get("AMENT_PREFIX_PATH", "/nonexistent").split(":")[0]) / "share" / "vla_edge_ros" / "config",
+)
+
+EVICTION_POLICIES = ("fifo", "sliding_window", "semantic")
+BACKENDS = ("auto", "numpy", "pycuda")
+RELIABILITIES = ("best_effort", "reliable")
+ASR_MODES = ("csr", "semantic")
+GIB = 1024 ** 3
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown, mistyped or impossible."""
+
+
+def _doc(text: str, **kw):
+    """A dataclass field carrying its own description (used for ROS parameter descriptors)."""
+    return field(metadata={"doc": text}, **kw)
+
+
+# ----------------------------------------------------------------------------
+# Sections
+
+
+@dataclass(frozen=True)
+class CycleConfig:
+    deadline_ms: float = _doc("control-cycle deadline; an action finishing later is a deadline_missed fallback", default=33.0)
+    safety_margin_ms: float = _doc("kept free at the end of each cycle when deciding admission", default=2.0)
+    camera_hz: float = _doc("nominal camera rate (the demo publisher's rate)", default=60.0)
+    stale_frame_ms: float = _doc("a frame whose capture stamp is older than this is answered with stale_frame", default=250.0)
+    deterministic: bool = _doc("never refuse for budget (offline replay, equivalence tests); deadline still reported", default=False)
+
+    def __post_init__(self):
+        _positive(self, "deadline_ms", "cycle")
+        _non_negative(self, "safety_margin_ms", "cycle")
+        _positive(self, "camera_hz", "cycle")
+        _positive(self, "stale_frame_ms", "cycle")
+        if self.safety_margin_ms >= self.deadline_ms:
+            raise ConfigError(f"cycle.safety_margin_ms ({self.safety_margin_ms}) must be smaller than cycle.deadline_ms ({self.deadline_ms})")
+
+    @property
+    def period_s(self) -> float:
+        return self.deadline_ms / 1000.0
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    ema_alpha: float = _doc("weight of the newest measurement in the prefill and decode ms/token EMAs", default=0.2)
+
+    def __post_init__(self):
+        if not 0.0 < self.ema_alpha <= 1.0:
+            raise ConfigError(f"admission.ema_alpha must be in (0, 1], got {self.ema_alpha}")
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    patch_size: int = _doc("square patch edge in pixels", default=16)
+    grid_cols: int = _doc("patches across (image width = grid_cols * patch_size)", default=8)
+    grid_rows: int = _doc("patches down (image height = grid_rows * patch_size)", default=4)
+    seed: int = _doc("seed of the projection weights when no weights file is given", default=1234)
+    weights_path: str = _doc("optional safetensors file with patch_proj.weight [hidden, 3*p*p] and patch_proj.bias [hidden]", default="")
+
+    def __post_init__(self):
+        for name in ("patch_size", "grid_cols", "grid_rows"):
+            _positive(self, name, "vision")
+
+    @property
+    def tokens_per_frame(self) -> int:
+        return self.grid_cols * self.grid_rows
+
+    @property
+    def image_width(self) -> int:
+        return self.grid_cols * self.patch_size
+
+    @property
+    def image_height(self) -> int:
+        return self.grid_rows * self.patch_size
+
+    @property
+    def patch_dim(self) -> int:
+        return 3 * self.patch_size * self.patch_size
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    capacity_tokens: int = _doc("KV slots in the arena: prefix + retained frames + one cycle's suffix", default=4096)
+    eviction_policy: str = _doc("fifo | sliding_window | semantic", default="semantic")
+    window_frames: int = _doc("sliding_window: frames kept even when capacity remains", default=64)
+
+    def __post_init__(self):
+        _positive(self, "capacity_tokens", "kv")
+        _positive(self, "window_frames", "kv")
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ConfigError(f"kv.eviction_policy must be one of {EVICTION_POLICIES}, got {self.eviction_policy!r}")
+
+
+@dataclass(frozen=True)
+class ActionConfig:
+    num_tokens: int = _doc("action tokens decoded per cycle, one per action dimension", default=8)
+    num_bins: int = _doc("action bins, mapped onto the last num_bins vocabulary ids", default=256)
+    dim_names: tuple = _doc("JointState names of the action dimensions", default=("joint_1", "joint_2", "joint_3", "joint_4", "joint_5", "joint_6", "joint_7", "gripper"))
+
+    def __post_init__(self):
+        _positive(self, "num_tokens", "action")
+        if self.num_bins < 2:
+            raise ConfigError(f"action.num_bins must be >= 2, got {self.num_bins}")
+        if len(self.dim_names) != self.num_tokens:
+            raise ConfigError(f"action.dim_names has {len(self.dim_names)} names but action.num_tokens is {self.num_tokens}")
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    system_prompt: str = _doc("static prefix: computed once, never recomputed", default="You control a robot arm. Answer each camera frame with one action.")
+    embodiment: str = _doc("static embodiment description appended to the prefix", default="Arm: 7 joints and a parallel gripper.")
+    instruction: str = _doc("default task instruction (the /vla/instruction topic replaces it)", default="pick up the red block")
+    action_prompt: str = _doc("text after the instruction that asks for the action tokens", default="Action:")
+    max_suffix_tokens: int = _doc("instruction + action prompt longer than this is truncated (from the front)", default=48)
+
+    def __post_init__(self):
+        _positive(self, "max_suffix_tokens", "prompt")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    vram_ceiling_gib: float = _doc("modelled device-memory ceiling; the engine refuses to configure above it", default=8.0)
+    sample_period_ms: float = _doc("how often the memory sampler reads usage", default=100.0)
+
+    def __post_init__(self):
+        _positive(self, "vram_ceiling_gib", "memory")
+        _positive(self, "sample_period_ms", "memory")
+
+    @property
+    def vram_ceiling_bytes(self) -> int:
+        return int(self.vram_ceiling_gib * GIB)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = _doc("HuggingFace snapshot directory (config.json, *.safetensors, tokenizer.json)", default="models/tiny")
+    backend: str = _doc("auto | numpy | pycuda (auto: pycuda when a CUDA device exists)", default="auto")
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"model.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not self.path:
+            raise ConfigError("model.path must name a model directory")
+
+
+@dataclass(frozen=True)
+class CameraConfig:
+    input_topic: str = _doc("camera topic read by camera_ingest", default="/camera/image_raw")
+    compressed: bool = _doc("subscribe to sensor_msgs/CompressedImage instead of Image", default=False)
+    reliability: str = _doc("best_effort | reliable (best_effort matches both kinds of publisher)", default="best_effort")
+    max_pixels: int = _doc("larger images are rejected as absurd", default=4096 * 4096)
+
+    def __post_init__(self):
+        if self.reliability not in RELIABILITIES:
+            raise ConfigError(f"camera.reliability must be one of {RELIABILITIES}, got {self.reliability!r}")
+        _positive(self, "max_pixels", "camera")
+
+
+@dataclass(frozen=True)
+class ASRConfig:
+    mode: str = _doc("csr: drop the oldest chunks at the threshold; semantic: rebuild after N approximate evictions", default="csr")
+    threshold: float = _doc("fill fraction of the state that triggers reconciliation (csr mode)", default=0.9)
+    evict_fraction: float = _doc("fraction of the oldest chunks dropped per reconciliation (csr mode)", default=0.5)
+    semantic_evictions_before_rebuild: int = _doc("approximate evictions that trigger an exact rebuild (semantic mode)", default=8)
+
+    def __post_init__(self):
+        if self.mode not in ASR_MODES:
+            raise ConfigError(f"asr.mode must be one of {ASR_MODES}, got {self.mode!r}")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ConfigError(f"asr.threshold must be in (0, 1], got {self.threshold}")
+        if not 0.0 < self.evict_fraction < 1.0:
+            raise ConfigError(f"asr.evict_fraction must be in (0, 1), got {self.evict_fraction}")
+        _positive(self, "semantic_evictions_before_rebuild", "asr")
+
+
+@dataclass(frozen=True)
+class VlaConfig:
+    cycle: CycleConfig = field(default_factory=CycleConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    kv: KVConfig = field(default_factory=KVConfig)
+    action: ActionConfig = field(default_factory=ActionConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    camera: CameraConfig = field(default_factory=CameraConfig)
+    asr: ASRConfig = field(default_factory=ASRConfig)
+
+    def __post_init__(self):
+        # A frame plus one cycle's suffix (prompt + decoded actions) must fit at least once.
+        need = self.vision.tokens_per_frame + self.prompt.max_suffix_tokens + self.action.num_tokens
+        if self.kv.capacity_tokens < need:
+            raise ConfigError(
+                f"kv.capacity_tokens ({self.kv.capacity_tokens}) is smaller than one frame plus one cycle's suffix "
+                f"({self.vision.tokens_per_frame} + {self.prompt.max_suffix_tokens} + {self.action.num_tokens} = {need})")
+
+    # -- flat views used by the ROS parameter layer -------------------------
+
+    def flat(self) -> dict:
+        """{'cycle.deadline_ms': 33.0, ...}: the dotted names ROS parameters use."""
+        out = {}
+        for sec in dataclasses.fields(self):
+            section = getattr(self, sec.name)
+            for f in dataclasses.fields(section):
+                out[f"{sec.name}.{f.name}"] = getattr(section, f.name)
+        return out
+
+    def replace(self, overrides: dict) -> "VlaConfig":
+        """A new config with dotted-name overrides applied, validated like a file."""
+        nested = _nest(self.flat())
+        for key, value in overrides.items():
+            sec, _, name = key.partition(".")
+            if sec not in nested or name not in nested[sec]:
+                raise ConfigError(f"unknown configuration key {key!r}")
+            nested[sec][name] = value
+        return from_dict(nested)
+
+
+def describe() -> dict:
+    """{'cycle.deadline_ms': 'control-cycle deadline; ...', ...}"""
+    out = {}
+    for sec_name, cls in _section_types().items():
+        for f in dataclasses.fields(cls):
+            out[f"{sec_name}.{f.name}"] = f.metadata.get("doc", "")
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Loading
+
+
+def default_config_path() -> Path:
+    for d in _CANDIDATE_CONFIG_DIRS:
+        p = d / "vla_edge.yaml"
+        if p.is_file():
+            return p
+    raise ConfigError(f"config/vla_edge.yaml not found in {[str(d) for d in _CANDIDATE_CONFIG_DIRS]}")
+
+
+def load(path: str | os.PathLike | None = None, overrides: dict | None = None) -> VlaConfig:
+    """Load a YAML file (plain sections or a ``/**: ros__parameters:`` block) and apply dotted overrides."""
+    path = Path(path) if path else default_config_path()
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read configuration {path}: {exc}") from exc
+    cfg = from_dict(_unwrap_ros(raw, path))
+    return cfg.replace(overrides) if overrides else cfg
+
+
+def from_dict(data: dict) -> VlaConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"configuration must be a mapping of sections, got {type(data).__name__}")
+    types = _section_types()
+    sections = {}
+    for sec_name, values in data.items():
+        if sec_name not in types:
+            raise ConfigError(f"unknown configuration section {sec_name!r}; known: {sorted(types)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"section {sec_name!r} must be a mapping, got {type(values).__name__}")
+        sections[sec_name] = _build_section(sec_name, types[sec_name], values)
+    return VlaConfig(**sections)
+
+
+def _unwrap_ros(raw, path) -> dict:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    # ROS params file: {node_name_or_/**: {ros__parameters: {...}}}; merge in file order.
+    if any(isinstance(v, dict) and "ros__parameters" in v for v in raw.values()):
+        merged: dict = {}
+        for node, block in raw.items():
+            if not (isinstance(block, dict) and set(block) == {"ros__parameters"}):
+                raise ConfigError(f"{path}: entry {node!r} must hold only 'ros__parameters'")
+            for sec, values in (block["ros__parameters"] or {}).items():
+                if isinstance(values, dict):
+                    merged.setdefault(sec, {}).update(values)
+                else:
+                    merged[sec] = values
+        return merged
+    return raw
+
+
+def _section_types() -> dict:
+    hints = typing.get_type_hints(VlaConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(VlaConfig)}
+
+
+def _build_section(sec_name: str, cls, values: dict):
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"unknown configuration key '{sec_name}.{key}'; known in {sec_name}: {sorted(known)}")
+        kwargs[key] = _coerce(f"{sec_name}.{key}", hints[key], value)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # pragma: no cover - dataclass signature errors
+        raise ConfigError(f"section {sec_name!r}: {exc}") from exc
+
+
+def _coerce(key: str, typ, value):
+    """Accept exactly the YAML types that mean `typ`; ints widen to float, nothing else converts."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif typ is str:
+        if isinstance(value, str):
+            return value
+    elif typ is tuple:
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+    else:  # pragma: no cover
+        raise ConfigError(f"{key}: unsupported field type {typ}")
+    raise ConfigError(f"{key}: expected {getattr(typ, '__name__', typ)}, got {type(value).__name__} {value!r}")
+
+
+def _nest(flat: dict) -> dict:
+    nested: dict = {}
+    for key, value in flat.items():
+        sec, _, name = key.partition(".")
+        nested.setdefault(sec, {})[name] = value
+    return nested
+
+
+def _positive(obj, name: str, section: str):
+    v = getattr(obj, name)
+    if not v > 0:
+        raise ConfigError(f"{section}.{name} must be > 0, got {v}")
+
+
+def _non_negative(obj, name: str, section: str):
+    v = getattr(obj, name)
+    if v < 0:
+        raise ConfigError(f"{section}.{name} must be >= 0, got {v}")

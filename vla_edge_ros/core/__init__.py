@@ -1,0 +1,1 @@
+"""ROS-free engine: the cycle, its parts and their policies."""

@@ -1,0 +1,1 @@
+"""Weights, model architecture and the transformer backends (numpy reference, PyCUDA)."""

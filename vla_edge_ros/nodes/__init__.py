@@ -1,0 +1,1 @@
+"""Thin rclpy adapters around the engine. Only this package imports rclpy."""
