@@ -55,5 +55,11 @@ class Backend(Protocol):
     def copy_slots(self, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
         """Move K/V of src slots into dst slots (all layers); used by compaction and swaps."""
 
+    def read_kv(self, slots: np.ndarray) -> np.ndarray:
+        """[2, layers, len(slots), kv_dim] float32 host copy of K (after RoPE) and V of the slots."""
+
+    def write_kv(self, slots: np.ndarray, kv: np.ndarray) -> None:
+        """Inverse of read_kv: overwrite the slots with kv [2, layers, len(slots), kv_dim]."""
+
     def memory_bytes(self) -> int:
         """Bytes held by weights + KV arena (device memory for GPU backends)."""

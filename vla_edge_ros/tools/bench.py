@@ -1,0 +1,33 @@
+"""`vla-edge bench [cycle|csr|asr]`: benchmarks, each against a baseline timed in the same run.
+
+    vla-edge bench --backend numpy                              engine cycle vs HF transformers (CPU, tiny model)
+    vla-edge bench --backend pycuda --shape qwen2.5-1.5b        CUDA cycle vs HF eager bf16 (GPU machine)
+"""
+from __future__ import annotations
+
+import importlib
+
+SUITES = {
+    ("cycle", "numpy"): "vla_edge_ros.bench.numpy_cycle",
+    ("cycle", "pycuda"): "vla_edge_ros.bench.pycuda_cycle",
+}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("suite", nargs="?", default="cycle", choices=sorted({s for s, _ in SUITES}),
+                   help="what to measure (default: one control cycle)")
+    p.add_argument("--backend", default="numpy", choices=["numpy", "pycuda"])
+    p.add_argument("--model", help="model directory (default: model.path from the config)")
+    p.add_argument("--shape", default="tiny", help="pycuda: model shape to generate (tiny | qwen2.5-1.5b)")
+    p.add_argument("--config", help="configuration YAML (default: config/vla_edge.yaml)")
+    p.add_argument("--cycles", type=int, default=20, help="timed cycles per cached length")
+    p.add_argument("--cached", type=int, nargs="+", help="cached lengths to sweep")
+    p.add_argument("--json", help="write the results here")
+
+
+def run(args) -> int:
+    key = (args.suite, args.backend)
+    if key not in SUITES:
+        print(f"vla-edge bench: no {args.suite!r} benchmark for backend {args.backend!r}; have {sorted(SUITES)}")
+        return 2
+    return importlib.import_module(SUITES[key]).run(args)
