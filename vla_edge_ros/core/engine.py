@@ -30,6 +30,7 @@ from .frames import Frame
 from .kv_slots import KVSlotManager, make_policy
 from .metrics import CycleMetrics
 from .prompt import encode_text, prefix_text, suffix_ids
+from .state_snapshot import SnapshotFrame, StateSnapshot
 from .vision_encoder import VisionEncoder
 
 log = logging.getLogger(__name__)
@@ -116,6 +117,43 @@ class Engine:
         self.last_frame_id = frame.frame_id
         return evicted
 
+    def export_state(self, version: int = 0) -> StateSnapshot:
+        """The retained frames and their KV rows, oldest first (what a reconciler offers in a swap)."""
+        retained = self.kv.retained()
+        frames = [SnapshotFrame(r.frame_id, self.frames[r.frame_id].stamp_s, r.position_start, r.pooled)
+                  for r in retained]
+        slots = np.concatenate([r.slots for r in retained]) if retained else np.zeros(0, np.int32)
+        kv = self.backend.read_kv(slots) if retained else None
+        return StateSnapshot(version=version, frames=frames, kv=kv, next_position=self.next_position)
+
+    def import_state(self, snap: StateSnapshot) -> list[int]:
+        """Replace the frame state with `snap` at a cycle boundary.
+
+        Frames this engine appended after the newest frame of the snapshot are
+        kept (with their own KV) after the snapshot's frames: a swap never
+        loses a chunk that arrived while the snapshot was being prepared.
+        Returns the frame ids dropped by the swap.
+        """
+        newest = max(snap.frame_ids, default=-1)
+        mine = self.kv.retained()
+        later = [r for r in mine if r.frame_id > newest]
+        later_kv = [self.backend.read_kv(r.slots) for r in later]
+        later_meta = [(r, self.frames[r.frame_id]) for r in later]
+        dropped = [r.frame_id for r in mine if r.frame_id not in snap.frame_ids and r.frame_id <= newest]
+        self.kv.evict_frames([r.frame_id for r in mine])
+        self.frames.clear()
+        tpf = self.cfg.vision.tokens_per_frame
+        for i, f in enumerate(snap.frames):
+            adm = self.kv.add_frame(f.frame_id, f.pooled, f.position_start, reserve=self.suffix_reserve)
+            self.backend.write_kv(adm.slots, snap.kv[:, :, i * tpf:(i + 1) * tpf])
+            self.frames[f.frame_id] = FrameRecord(f.frame_id, f.stamp_s)
+        for (r, rec), kv in zip(later_meta, later_kv):
+            adm = self.kv.add_frame(r.frame_id, r.pooled, r.position_start, reserve=self.suffix_reserve)
+            self.backend.write_kv(adm.slots, kv)
+            self.frames[r.frame_id] = rec
+        self.next_position = max(self.next_position, snap.next_position)
+        return dropped
+
     def state_summary(self) -> dict:
         retained = self.kv.retained()
         return {
@@ -175,7 +213,6 @@ class Engine:
                                    np.concatenate(positions).astype(np.int64),
                                    np.concatenate(write_slots).astype(np.int32),
                                    context, logits="last")
-        self._unwritten_frame = None
         tokens = [self.codec.select(out.logits[-1])]
         t_decode = time.perf_counter()
 
@@ -196,6 +233,7 @@ class Engine:
         self.admission.observe(result.prefill_ms, prefill_tokens, result.decode_ms, max(decode_steps, 1))
         result.tokens = np.asarray(tokens, dtype=np.int64)
         result.action = self.codec.to_values(result.tokens)
+        self._unwritten_frame = None                    # finite logits all the way: the frame's KV is good
 
     # --------------------------------------------------------------- helpers
 

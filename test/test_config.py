@@ -1,0 +1,94 @@
+"""config.py: the shipped YAML loads, and every kind of bad value is refused with the key named."""
+import textwrap
+
+import pytest
+
+from vla_edge_ros import config as C
+
+
+def test_shipped_yaml_holds_the_design_defaults():
+    cfg = C.load()
+    assert cfg.cycle.deadline_ms == 33.0
+    assert cfg.cycle.safety_margin_ms == 2.0
+    assert cfg.vision.tokens_per_frame == 32
+    assert (cfg.vision.image_width, cfg.vision.image_height) == (128, 64)
+    assert cfg.action.num_tokens == 8 and cfg.action.num_bins == 256
+    assert cfg.kv.capacity_tokens == 4096
+    assert cfg.memory.vram_ceiling_bytes == 8 * 1024 ** 3
+    assert cfg.admission.ema_alpha == 0.2
+    assert cfg.kv.eviction_policy == "semantic"
+
+
+def test_yaml_and_dataclass_defaults_agree_so_there_is_one_truth():
+    # The YAML is the source; the dataclass defaults must not silently disagree with it.
+    assert C.load().flat() == C.VlaConfig().flat()
+
+
+def test_every_key_has_a_description():
+    docs = C.describe()
+    assert set(docs) == set(C.VlaConfig().flat())
+    assert all(docs.values()), [k for k, v in docs.items() if not v]
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ({"cycle.deadline_ms": -5.0}, "cycle.deadline_ms"),
+    ({"cycle.safety_margin_ms": 40.0}, "safety_margin_ms"),
+    ({"kv.capacity_tokens": 40}, "kv.capacity_tokens"),
+    ({"kv.eviction_policy": "lru"}, "kv.eviction_policy"),
+    ({"admission.ema_alpha": 0.0}, "admission.ema_alpha"),
+    ({"action.dim_names": ["a", "b"]}, "action.dim_names"),
+    ({"model.backend": "tpu"}, "model.backend"),
+    ({"camera.reliability": "sometimes"}, "camera.reliability"),
+    ({"asr.evict_fraction": 1.0}, "asr.evict_fraction"),
+    ({"vision.grid_cols": 0}, "vision.grid_cols"),
+])
+def test_impossible_values_name_the_key(override, fragment):
+    with pytest.raises(C.ConfigError, match=fragment.replace(".", r"\.")):
+        C.load(overrides=override)
+
+
+def test_unknown_key_and_unknown_section_are_refused(tmp_path):
+    with pytest.raises(C.ConfigError, match=r"cycle\.deadline"):
+        C.load(overrides={"cycle.deadline": 30.0})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cycles:\n  deadline_ms: 33.0\n")
+    with pytest.raises(C.ConfigError, match="cycles"):
+        C.load(bad)
+
+
+def test_wrong_types_are_refused_not_converted(tmp_path):
+    f = tmp_path / "t.yaml"
+    f.write_text("kv:\n  capacity_tokens: '4096'\n")
+    with pytest.raises(C.ConfigError, match=r"kv\.capacity_tokens: expected int, got str"):
+        C.load(f)
+    f.write_text("cycle:\n  deterministic: 1\n")
+    with pytest.raises(C.ConfigError, match=r"cycle\.deterministic: expected bool"):
+        C.load(f)
+    f.write_text("cycle:\n  deadline_ms: 20\n")      # an int where a float is meant is fine
+    assert C.load(f).cycle.deadline_ms == 20.0
+
+
+def test_plain_and_ros_parameter_files_load_the_same(tmp_path):
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("cycle:\n  deadline_ms: 50.0\nkv:\n  eviction_policy: fifo\n")
+    ros = tmp_path / "ros.yaml"
+    ros.write_text(textwrap.dedent("""\
+        /**:
+          ros__parameters:
+            cycle:
+              deadline_ms: 50.0
+        reasoning:
+          ros__parameters:
+            kv:
+              eviction_policy: fifo
+        """))
+    assert C.load(plain) == C.load(ros)
+
+
+def test_missing_or_unreadable_file_is_a_config_error(tmp_path):
+    with pytest.raises(C.ConfigError, match="cannot read"):
+        C.load(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("cycle: [unclosed\n")
+    with pytest.raises(C.ConfigError, match="cannot read"):
+        C.load(broken)

@@ -1,0 +1,150 @@
+"""The composed cycle on the tiny model with the numpy backend, checked against HF transformers.
+
+Real parts only: the seeded tiny model written to disk, the real vision
+encoder, real footage frames, and HuggingFace transformers recomputing the
+same context from scratch as the oracle for the action tokens.
+"""
+import time
+
+import numpy as np
+import pytest
+
+from vla_edge_ros import config as C
+from vla_edge_ros.core import cycle_result as R
+from vla_edge_ros.core.engine import Engine, EngineConfigError
+from vla_edge_ros.core.footage import read_clip
+from vla_edge_ros.core.frames import Frame
+from vla_edge_ros.core.prompt import encode_text, prefix_text
+from vla_edge_ros.model.factory import create_backend, load_model
+
+
+@pytest.fixture(scope="module")
+def clip():
+    return read_clip("bikes.mp4", max_frames=12)
+
+
+def make_engine(model_dir, **overrides):
+    cfg = C.load(overrides={"model.path": str(model_dir), "model.backend": "numpy", **overrides})
+    return Engine.from_config(cfg)
+
+
+def frame(pixels, i, stamp=None):
+    return Frame(pixels=pixels, stamp_s=float(i) if stamp is None else stamp, frame_id=i)
+
+
+def test_action_tokens_equal_hf_recomputing_the_whole_context(tiny_model_dir, clip):
+    """Before any eviction the cached state is exact, so HF on the full sequence must pick the same bins."""
+    import torch
+    from vla_edge_ros.model.hf_oracle import load_hf_model
+
+    eng = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
+    hf = load_hf_model(tiny_model_dir)
+    emb = hf.get_input_embeddings()
+    lo = eng.backend.spec.vocab_size - eng.cfg.action.num_bins
+    prefix = encode_text(eng.tokenizer, prefix_text(eng.cfg.prompt))
+    vision_rows = []
+    for i, px in enumerate(clip[:5]):
+        res = eng.run_cycle(frame(px, i), now_s=float(i))
+        assert res.is_action, res.detail
+        vision_rows.append(eng.encoder.encode(px).tokens)
+        with torch.inference_mode():
+            x = torch.cat([emb(torch.from_numpy(prefix)),
+                           torch.from_numpy(np.concatenate(vision_rows)),
+                           emb(torch.from_numpy(eng.suffix))])[None]
+            pos = torch.arange(x.shape[1])[None]
+            out = hf(inputs_embeds=x, position_ids=pos, use_cache=True)
+            cache, tokens = out.past_key_values, [lo + int(out.logits[0, -1, lo:].argmax())]
+            for step in range(eng.cfg.action.num_tokens - 1):
+                out = hf(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True,
+                         position_ids=torch.tensor([[x.shape[1] + step]]))
+                tokens.append(lo + int(out.logits[0, -1, lo:].argmax()))
+        assert res.tokens.tolist() == tokens, f"cycle {i}"
+        assert np.all(np.abs(res.action) <= 1.0)
+    assert eng.state_summary()["frames"] == 5
+
+
+def test_every_cycle_ends_in_exactly_one_outcome_with_the_right_reason(tiny_model_dir, clip):
+    eng = make_engine(tiny_model_dir)
+    r = eng.run_cycle(None, now_s=0.0)
+    assert r.reason == R.NO_FRAME and r.action is None
+    r = eng.run_cycle(frame(clip[0], 1, stamp=0.0), now_s=10.0)
+    assert r.reason == R.STALE_FRAME and "old" in r.detail
+    r = eng.run_cycle(frame(clip[1], 2, stamp=10.0), now_s=10.0)
+    assert r.is_action or r.reason == R.DEADLINE_MISSED
+    ids = [eng.run_cycle(frame(clip[3 + k], 3 + k, stamp=10.0), now_s=10.0).cycle_id for k in range(3)]
+    assert ids == [3, 4, 5]
+    s = eng.metrics.summary()
+    assert s["cycles"] == 6
+    assert s["actions"] + s["fallbacks"] == 6
+
+
+def test_a_budget_too_small_is_refused_before_any_work(tiny_model_dir, clip):
+    # 3 ms deadline with a 2.9 ms margin: after the first (always admitted) cycle nothing fits.
+    eng = make_engine(tiny_model_dir, **{"cycle.deadline_ms": 3.0, "cycle.safety_margin_ms": 2.9})
+    first = eng.run_cycle(frame(clip[0], 0), now_s=0.0)
+    assert first.reason in (None, R.DEADLINE_MISSED)      # admitted: no history yet
+    frames_before = eng.state_summary()["frames"]
+    second = eng.run_cycle(frame(clip[1], 1), now_s=1.0)
+    assert second.reason == R.REFUSED_BUDGET
+    assert second.estimate_ms > second.budget_ms
+    assert eng.state_summary()["frames"] == frames_before  # refused means nothing was started
+
+
+def test_late_result_becomes_deadline_missed_not_an_action(tiny_model_dir, clip):
+    eng = make_engine(tiny_model_dir, **{"cycle.deadline_ms": 0.5, "cycle.safety_margin_ms": 0.0})
+    r = eng.run_cycle(frame(clip[0], 0), now_s=0.0)       # first cycle is admitted, and cannot finish in 0.5 ms
+    assert r.reason == R.DEADLINE_MISSED and r.action is None and r.overran
+
+
+def test_the_same_frame_is_answered_without_growing_the_state(tiny_model_dir, clip):
+    eng = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
+    a = eng.run_cycle(frame(clip[0], 7), now_s=7.0)
+    b = eng.run_cycle(frame(clip[0], 7), now_s=7.0)
+    assert a.new_frame and not b.new_frame
+    assert eng.state_summary()["frames"] == 1
+    assert a.tokens.tolist() == b.tokens.tolist()       # same state, same suffix: same answer
+
+
+def test_new_instruction_changes_only_the_suffix(tiny_model_dir, clip):
+    eng = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
+    eng.run_cycle(frame(clip[0], 0), now_s=0.0)
+    prefix_before = eng.state_summary()["prefix_tokens"]
+    eng.set_instruction("place the cup on the shelf and then wave")
+    r = eng.run_cycle(frame(clip[0], 0), now_s=0.0)
+    assert r.is_action
+    assert eng.state_summary()["prefix_tokens"] == prefix_before
+    assert eng.state_summary()["frames"] == 1
+
+
+def test_eviction_keeps_the_state_bounded_forever(tiny_model_dir, clip):
+    # Room for the prefix, a handful of frames and one suffix: eviction must start and never stop.
+    eng = make_engine(tiny_model_dir, **{"cycle.deterministic": True, "kv.capacity_tokens": 320})
+    for i in range(40):
+        r = eng.run_cycle(frame(clip[i % len(clip)], i), now_s=float(i))
+        assert r.is_action, r.detail
+    s = eng.state_summary()
+    assert s["evictions"] > 0
+    assert s["frames"] * 32 + s["prefix_tokens"] <= 320
+    assert eng.metrics.summary()["evictions"] == s["evictions"]
+
+
+def test_nan_inside_the_model_is_an_engine_error_and_the_next_cycle_recovers(tiny_model_dir, clip):
+    eng = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
+    good = eng.encoder.weight.copy()
+    eng.encoder.weight[:] = np.nan
+    bad = eng.run_cycle(frame(clip[0], 0), now_s=0.0)
+    assert bad.reason == R.ENGINE_ERROR and "non-finite" in bad.detail
+    assert eng.state_summary()["frames"] == 0             # the poisoned frame is not kept
+    eng.encoder.weight[:] = good
+    ok = eng.run_cycle(frame(clip[1], 1), now_s=1.0)
+    assert ok.is_action, ok.detail
+
+
+def test_capacity_too_small_for_the_prefix_is_refused_at_configure(tiny_model_dir):
+    with pytest.raises(EngineConfigError, match="capacity"):
+        make_engine(tiny_model_dir, **{"kv.capacity_tokens": 90})
+
+
+def test_memory_ceiling_is_checked_before_allocating(tiny_model_dir):
+    with pytest.raises(EngineConfigError, match="vram_ceiling"):
+        make_engine(tiny_model_dir, **{"memory.vram_ceiling_gib": 1e-6})
