@@ -22,3 +22,12 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """The default CPU model (seeded, Qwen2-shaped), written once per test session."""
+    from vla_edge_ros.model.make_model import make_model
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    make_model("tiny", out)
+    return out

@@ -128,14 +128,27 @@ def test_eviction_keeps_the_state_bounded_forever(tiny_model_dir, clip):
     assert eng.metrics.summary()["evictions"] == s["evictions"]
 
 
-def test_nan_inside_the_model_is_an_engine_error_and_the_next_cycle_recovers(tiny_model_dir, clip):
+def test_nan_in_the_encoder_is_an_engine_error_and_the_next_cycle_recovers(tiny_model_dir, clip):
     eng = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
     good = eng.encoder.weight.copy()
     eng.encoder.weight[:] = np.nan
     bad = eng.run_cycle(frame(clip[0], 0), now_s=0.0)
-    assert bad.reason == R.ENGINE_ERROR and "non-finite" in bad.detail
+    assert bad.reason == R.ENGINE_ERROR and "NaN" in bad.detail
     assert eng.state_summary()["frames"] == 0             # the poisoned frame is not kept
     eng.encoder.weight[:] = good
+    ok = eng.run_cycle(frame(clip[1], 1), now_s=1.0)
+    assert ok.is_action, ok.detail
+
+
+def test_nan_logits_are_an_engine_error_and_the_poisoned_frame_is_forgotten(tiny_model_dir, clip):
+    eng = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
+    norm = eng.backend._final_norm
+    good = norm.copy()
+    norm[:] = np.nan                                      # corrupt weights in memory, as a bad upload would
+    bad = eng.run_cycle(frame(clip[0], 0), now_s=0.0)
+    assert bad.reason == R.ENGINE_ERROR and "non-finite" in bad.detail
+    assert eng.state_summary()["frames"] == 0
+    norm[:] = good
     ok = eng.run_cycle(frame(clip[1], 1), now_s=1.0)
     assert ok.is_action, ok.detail
 

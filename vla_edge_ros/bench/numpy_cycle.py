@@ -143,7 +143,7 @@ def _time_hf(torch, hf, hf_embed, ctx_ids, prefill_x, cached, p, n_act, lo, cycl
                          position_ids=torch.tensor([[cached + p + step]]))
                 tokens.append(lo + int(torch.argmax(res.logits[0, -1, lo:])))
             t2 = time.perf_counter()
-            cache.crop(cached)
+            cache.crop(-(p + n_act - 1))                 # drop this cycle's tokens again
             if i >= 2:
                 out["cycle_ms"].append((t2 - t0) * 1e3)
                 out["prefill_ms"].append((t1 - t0) * 1e3)
@@ -155,9 +155,9 @@ def _time_hf(torch, hf, hf_embed, ctx_ids, prefill_x, cached, p, n_act, lo, cycl
 def _ensure_model(model_dir: Path) -> None:
     if (model_dir / "config.json").is_file():
         return
-    from ..model.make_model import make_tiny
+    from ..model.make_model import make_model
     log.info("model %s missing: writing the tiny model there", model_dir)
-    make_tiny(model_dir)
+    make_model("tiny", model_dir)
 
 
 def _hf_version() -> str:

@@ -107,6 +107,7 @@ class Engine:
             if not self.cfg.cycle.deterministic:
                 # Acting on an answer that arrived after its deadline is exactly what we refuse to do.
                 result.reason = R.DEADLINE_MISSED
+                result.action = None          # tokens stay for debugging; nothing actionable leaves
                 result.detail = f"finished at {result.elapsed_ms:.2f} ms > deadline {self.cfg.cycle.deadline_ms} ms"
         self.metrics.record(result)
         return result

@@ -1,0 +1,223 @@
+"""KVSlotManager and the eviction policies: choices, LIFO reuse, holes, reserve, errors."""
+import numpy as np
+import pytest
+
+from vla_edge_ros.core.kv_slots import (KVCapacityError, KVSlotManager, POLICIES, adjacent_cosine_similarities,
+                                        make_policy)
+
+TPF = 4          # tokens per frame (small, so slot numbers stay readable)
+HID = 8
+
+
+def basis(i: int) -> np.ndarray:
+    v = np.zeros(HID, dtype=np.float32)
+    v[i] = 1.0
+    return v
+
+
+def manager(policy: str, frames: int, window: int = 100, prefix: int = 0) -> KVSlotManager:
+    m = KVSlotManager(prefix + frames * TPF, TPF, make_policy(policy, window))
+    if prefix:
+        m.reserve_prefix(prefix)
+    return m
+
+
+def ids(m: KVSlotManager) -> list:
+    return [f.frame_id for f in m.retained()]
+
+
+def check_bookkeeping(m: KVSlotManager) -> None:
+    """Every slot is in exactly one place: free, prefix, a frame or transient."""
+    held = [m.prefix_slots] + [f.slots for f in m.retained()]
+    held_flat = np.concatenate(held) if held else np.zeros(0, np.int32)
+    assert len(set(held_flat.tolist())) == held_flat.size, "a slot is held twice"
+    assert m.used_slots == held_flat.size + m.transient_slots
+    assert m.free_slots + m.used_slots == m.capacity
+    assert m.fill_fraction == pytest.approx(m.used_slots / m.capacity)
+    assert all(0 <= s < m.capacity for s in held_flat.tolist())
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+def test_fifo_evicts_the_oldest_only_when_full():
+    m = manager("fifo", frames=3)
+    for i in range(3):
+        assert m.add_frame(i, basis(i), i * TPF, reserve=0).evicted == []
+    adm = m.add_frame(3, basis(3), 3 * TPF, reserve=0)
+    assert [f.frame_id for f in adm.evicted] == [0]
+    assert ids(m) == [1, 2, 3]
+    assert m.evictions == 1
+    check_bookkeeping(m)
+
+
+def test_sliding_window_caps_frames_even_with_capacity_left():
+    m = manager("sliding_window", frames=10, window=3)
+    for i in range(6):
+        m.add_frame(i, basis(i % HID), i * TPF, reserve=0)
+        assert len(m.retained()) == min(i + 1, 3)
+    assert ids(m) == [3, 4, 5]
+    assert m.free_slots == 7 * TPF          # room left; the window, not capacity, evicted
+    # When capacity is tighter than the window, capacity rules.
+    m = manager("sliding_window", frames=2, window=5)
+    for i in range(4):
+        m.add_frame(i, basis(i), i * TPF, reserve=0)
+    assert ids(m) == [2, 3]
+
+
+def test_semantic_evicts_the_older_frame_of_the_most_alike_adjacent_pair():
+    m = manager("semantic", frames=4)
+    near_dup = basis(2) + 0.05 * basis(5)
+    pooled = [basis(0), basis(1) + 0.5 * basis(0), basis(2), near_dup]    # pairs: (0,1) cos .45, (1,2) 0, (2,3) ~1
+    for i, p in enumerate(pooled):
+        m.add_frame(i, p, i * TPF, reserve=0)
+    sims = adjacent_cosine_similarities(np.stack(pooled))
+    most_alike_older = int(np.argmax(sims))
+    adm = m.add_frame(4, basis(7), 4 * TPF, reserve=0)
+    assert [f.frame_id for f in adm.evicted] == [most_alike_older] == [2]
+    assert ids(m) == [0, 1, 3, 4]           # the old but distinct frame 0 survives; fifo would drop it
+    check_bookkeeping(m)
+
+
+def test_semantic_ties_pick_the_oldest_pair_and_one_frame_falls_back_to_oldest():
+    m = manager("semantic", frames=3)
+    for i in range(3):
+        m.add_frame(i, basis(0), i * TPF, reserve=0)          # all identical: every pair ties at 1.0
+    assert [f.frame_id for f in m.add_frame(3, basis(1), 3 * TPF, reserve=0).evicted] == [0]
+    single = manager("semantic", frames=1)
+    single.add_frame(0, basis(0), 0, reserve=0)
+    assert [f.frame_id for f in single.add_frame(1, basis(0), TPF, reserve=0).evicted] == [0]
+
+
+def test_semantic_policy_alone_on_constructed_embeddings():
+    pol = make_policy("semantic", window_frames=1)
+    m = manager("fifo", frames=5)            # only used to build RetainedFrame records
+    vecs = [basis(0), basis(1), basis(1) * 3.0, basis(3), basis(4)]       # (1,2) identical direction
+    for i, v in enumerate(vecs):
+        m.add_frame(i, v, i * TPF, reserve=0)
+    assert pol.victim(m.retained(), need_free=True) == 1
+    assert pol.victim(m.retained(), need_free=False) is None
+    assert pol.victim([], need_free=True) is None
+
+
+def test_unknown_policy_lists_the_valid_ones():
+    with pytest.raises(ValueError) as info:
+        make_policy("lru", 4)
+    for name in POLICIES:
+        assert name in str(info.value)
+
+
+# ----------------------------------------------------------------------------- slots
+
+
+def test_lifo_reuse_gives_the_evicted_frames_slots_to_the_next_frame():
+    m = manager("semantic", frames=3, prefix=5)
+    slots = {}
+    pooled = [basis(0), basis(1), basis(1)]          # frames 1 and 2 alike: frame 1 goes
+    for i, p in enumerate(pooled):
+        slots[i] = m.add_frame(i, p, 5 + i * TPF, reserve=0).slots.copy()
+    adm = m.add_frame(3, basis(3), 5 + 3 * TPF, reserve=0)
+    assert [f.frame_id for f in adm.evicted] == [1]
+    np.testing.assert_array_equal(adm.slots, slots[1])        # the hole in the middle is reused, same order
+    # Logical order: prefix, then frames oldest first, whatever their physical slots.
+    expected = np.concatenate([m.prefix_slots, slots[0], slots[2], slots[1]])
+    np.testing.assert_array_equal(m.context_slots(), expected)
+    assert m.context_slots().dtype == np.int32
+    check_bookkeeping(m)
+
+
+def test_transient_slots_are_lifo_and_released():
+    m = manager("fifo", frames=3)
+    m.add_frame(0, basis(0), 0, reserve=0)
+    t1 = m.alloc_transient(3)
+    m.release_transient()
+    t2 = m.alloc_transient(2)
+    np.testing.assert_array_equal(t2, t1[:2])        # most recently freed first
+    check_bookkeeping(m)
+    m.release_transient()
+    m.release_transient()                            # nothing held: a no-op
+    assert m.transient_slots == 0 and m.used_slots == TPF
+
+
+def test_reserve_makes_room_for_the_cycle_suffix():
+    m = manager("fifo", frames=4)                    # 16 slots
+    for i in range(4):
+        m.add_frame(i, basis(i), i * TPF, reserve=0)
+    adm = m.add_frame(4, basis(4), 4 * TPF, reserve=6)   # needs 4 + 6 free: evicts 3 frames (12 slots)
+    assert [f.frame_id for f in adm.evicted] == [0, 1, 2]
+    assert m.free_slots >= 6
+    suffix = m.alloc_transient(6)
+    assert suffix.size == 6 and not set(suffix.tolist()) & set(m.context_slots().tolist())
+    check_bookkeeping(m)
+
+
+def test_evict_frames_by_id():
+    m = manager("fifo", frames=4)
+    for i in range(4):
+        m.add_frame(10 + i, basis(i), i * TPF, reserve=0)
+    gone = m.evict_frames([12, 10])
+    assert [f.frame_id for f in gone] == [12, 10] and ids(m) == [11, 13]
+    assert (m.removals, m.evictions) == (2, 0)          # requested removals are not policy evictions
+    with pytest.raises(KeyError, match="99"):
+        m.evict_frames([99])
+    check_bookkeeping(m)
+
+
+def test_random_operations_keep_the_bookkeeping_exact():
+    rng = np.random.default_rng(5)
+    for policy in POLICIES:
+        m = manager(policy, frames=6, window=4, prefix=3)
+        next_id = 0
+        added = 0
+        for _ in range(300):
+            op = rng.integers(0, 4)
+            if op <= 1:
+                reserve = int(rng.integers(0, 2 * TPF))
+                room_with_all_evicted = m.capacity - m.prefix_slots.size - m.transient_slots
+                if TPF + reserve > room_with_all_evicted:
+                    with pytest.raises(KVCapacityError):
+                        m.add_frame(next_id, rng.normal(size=HID).astype(np.float32), next_id * TPF, reserve=reserve)
+                else:
+                    m.add_frame(next_id, rng.normal(size=HID).astype(np.float32), next_id * TPF, reserve=reserve)
+                    assert m.free_slots >= reserve
+                    added += 1
+                next_id += 1
+            elif op == 2 and m.free_slots:
+                m.alloc_transient(int(rng.integers(1, m.free_slots + 1)))
+            else:
+                m.release_transient()
+            check_bookkeeping(m)
+            assert len(m.retained()) <= (4 if policy == "sliding_window" else 6)
+            assert [f.added_seq for f in m.retained()] == sorted(f.added_seq for f in m.retained())
+        assert added > 100 and m.evictions == added - len(m.retained())
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_capacity_errors_are_explicit():
+    m = manager("fifo", frames=2, prefix=4)          # 12 slots, 8 for frames
+    with pytest.raises(KVCapacityError, match="reserve 5"):
+        m.add_frame(0, basis(0), 0, reserve=5)       # 4 + 5 > 8 even with nothing retained
+    assert m.retained() == [] and m.evictions == 0
+    m.add_frame(0, basis(0), 0, reserve=0)
+    with pytest.raises(KVCapacityError, match="alloc_transient"):
+        m.alloc_transient(m.free_slots + 1)
+    with pytest.raises(KVCapacityError, match="reserve_prefix"):
+        m.reserve_prefix(5)
+    with pytest.raises(ValueError, match="one frame"):
+        KVSlotManager(3, TPF, make_policy("fifo", 1))
+
+
+def test_bad_frames_are_rejected():
+    m = manager("semantic", frames=2)
+    m.add_frame(0, basis(0), 0, reserve=0)
+    with pytest.raises(ValueError, match="already retained"):
+        m.add_frame(0, basis(1), TPF, reserve=0)
+    with pytest.raises(ValueError, match="NaN"):
+        m.add_frame(1, np.full(HID, np.nan, np.float32), TPF, reserve=0)
+    with pytest.raises(ValueError, match="pooled shape"):
+        m.add_frame(1, np.ones(HID + 1, np.float32), TPF, reserve=0)
+    with pytest.raises(ValueError, match="1-D float"):
+        m.add_frame(1, np.ones((2, HID), np.float32), TPF, reserve=0)
+    assert ids(m) == [0]

@@ -1,0 +1,78 @@
+"""Deadline-aware admission: refuse a cycle before starting it when it would not finish in time.
+
+The cost of a cycle is predicted from the engine's own measurements, kept as
+two separate exponential moving averages because prefill (one parallel pass
+over many tokens) and decode (one forward per token) cost differently:
+
+    estimate_ms = ema_prefill_ms_per_token * prefill_tokens + ema_decode_ms_per_token * decode_tokens
+    budget_ms   = deadline_ms - elapsed_ms - safety_margin_ms
+    admit       = estimate_ms <= budget_ms
+
+The first cycle is admitted unconditionally (nothing measured yet to distrust);
+its measurement seeds both averages. `cycle.deterministic` is applied by the
+caller, so a decision always reports the honest estimate and budget.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+from ..config import AdmissionConfig, CycleConfig
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    admit: bool
+    estimate_ms: float      # predicted cost of the cycle (0 before the first sample)
+    budget_ms: float        # time left for it: deadline - elapsed - margin
+
+
+class AdmissionController:
+    def __init__(self, cycle_cfg: CycleConfig, admission_cfg: AdmissionConfig):
+        self.deadline_ms = cycle_cfg.deadline_ms
+        self.safety_margin_ms = cycle_cfg.safety_margin_ms
+        self.alpha = admission_cfg.ema_alpha
+        self.ema_prefill_ms_per_token = 0.0
+        self.ema_decode_ms_per_token = 0.0
+        self.has_sample = False
+
+    def decide(self, elapsed_ms: float, prefill_tokens: int, decode_tokens: int) -> AdmissionDecision:
+        """Admit or refuse a cycle that has already spent `elapsed_ms` and would run these tokens."""
+        _check_finite_non_negative("elapsed_ms", elapsed_ms)
+        _check_token_count("prefill_tokens", prefill_tokens)
+        _check_token_count("decode_tokens", decode_tokens)
+        budget = self.deadline_ms - elapsed_ms - self.safety_margin_ms
+        if not self.has_sample:
+            return AdmissionDecision(admit=True, estimate_ms=0.0, budget_ms=budget)
+        estimate = self.ema_prefill_ms_per_token * prefill_tokens + self.ema_decode_ms_per_token * decode_tokens
+        return AdmissionDecision(admit=estimate <= budget, estimate_ms=estimate, budget_ms=budget)
+
+    def observe(self, prefill_ms: float, prefill_tokens: int, decode_ms: float, decode_tokens: int) -> None:
+        """Fold one measured cycle into the two per-token EMAs (the first one seeds them)."""
+        _check_finite_non_negative("prefill_ms", prefill_ms)
+        _check_finite_non_negative("decode_ms", decode_ms)
+        for name, count in (("prefill_tokens", prefill_tokens), ("decode_tokens", decode_tokens)):
+            _check_token_count(name, count)
+            if count == 0:
+                raise ValueError(f"AdmissionController.observe: {name} must be > 0 to measure a per-token cost")
+        prefill_rate = prefill_ms / prefill_tokens
+        decode_rate = decode_ms / decode_tokens
+        if not self.has_sample:
+            self.ema_prefill_ms_per_token = prefill_rate
+            self.ema_decode_ms_per_token = decode_rate
+            self.has_sample = True
+            return
+        a = self.alpha
+        self.ema_prefill_ms_per_token = (1.0 - a) * self.ema_prefill_ms_per_token + a * prefill_rate
+        self.ema_decode_ms_per_token = (1.0 - a) * self.ema_decode_ms_per_token + a * decode_rate
+
+
+def _check_finite_non_negative(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"AdmissionController: {name} must be a finite number >= 0, got {value!r}")
+
+
+def _check_token_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"AdmissionController: {name} must be an integer >= 0, got {value!r}")

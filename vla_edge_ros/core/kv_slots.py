@@ -1,0 +1,292 @@
+"""Which KV arena slot holds which token: prefix, retained frames, one cycle's suffix.
+
+The arena has `capacity` physical slots, allocated once by the backend. This
+manager only hands out slot numbers:
+
+    prefix      permanent (system prompt + embodiment), reserved once
+    frames      tokens_per_frame slots each, retained in arrival order and
+                evicted one frame at a time by an `EvictionPolicy`
+    transient   the current cycle's suffix and decoded tokens, released at
+                the end of every cycle
+
+Free slots sit on a LIFO stack: the most recently freed slot is the next one
+handed out, so an evicted frame's slots (likely still warm in cache) are
+reused first. Slots of evicted frames leave holes in the physical order; the
+logical order the transformer sees is `context_slots()` (prefix, then frames
+oldest first), and each slot keeps the RoPE position it was written with.
+
+Policies (picked by name with `make_policy`):
+    fifo            evict the oldest frame when space is needed
+    sliding_window  like fifo, and also keep at most `window_frames` frames
+    semantic        evict the older frame of the adjacent pair (in retention
+                    order) whose pooled embeddings are most alike (cosine);
+                    oldest when fewer than 2 frames are retained
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+class KVCapacityError(RuntimeError):
+    """The request cannot fit in the arena even after every evictable frame is gone."""
+
+
+@dataclass(frozen=True)
+class RetainedFrame:
+    frame_id: int
+    slots: np.ndarray           # [tokens_per_frame] int32 physical arena slots
+    pooled: np.ndarray          # [hidden] float32 pooled embedding (semantic eviction)
+    position_start: int         # RoPE position of the frame's first token
+    added_seq: int              # 0, 1, 2, ... in order of add_frame calls
+
+
+@dataclass(frozen=True)
+class FrameAdmission:
+    slots: np.ndarray           # [tokens_per_frame] int32 slots for the new frame
+    evicted: list               # [RetainedFrame] removed to make room, in eviction order
+
+
+# ----------------------------------------------------------------------------
+# Eviction policies
+
+
+class EvictionPolicy:
+    """Chooses which retained frame to evict next.
+
+    `victim(retained, need_free)` is called before a new frame is added, with
+    the frames currently retained (oldest first; the incoming frame is not
+    among them) and whether slots must be freed for it. It returns the index
+    into `retained` to evict now, or None to stop evicting. The manager calls
+    it repeatedly until it returns None and enough slots are free.
+    """
+    name = "base"
+
+    def victim(self, retained: list, need_free: bool) -> int | None:
+        raise NotImplementedError
+
+
+class FifoPolicy(EvictionPolicy):
+    name = "fifo"
+
+    def victim(self, retained, need_free):
+        return 0 if need_free and retained else None
+
+
+class SlidingWindowPolicy(EvictionPolicy):
+    name = "sliding_window"
+
+    def __init__(self, window_frames: int):
+        if window_frames <= 0:
+            raise ValueError(f"sliding_window: window_frames must be > 0, got {window_frames}")
+        self.window_frames = window_frames
+
+    def victim(self, retained, need_free):
+        # `>=`: the incoming frame will make one more.
+        if retained and (need_free or len(retained) >= self.window_frames):
+            return 0
+        return None
+
+
+class SemanticPolicy(EvictionPolicy):
+    name = "semantic"
+
+    def victim(self, retained, need_free):
+        if not need_free or not retained:
+            return None
+        if len(retained) < 2:
+            return 0
+        sims = adjacent_cosine_similarities(np.stack([f.pooled for f in retained]))   # [n-1]
+        return int(np.argmax(sims))         # older frame of the most alike pair; ties -> oldest pair
+
+
+POLICIES = {
+    "fifo": lambda window_frames: FifoPolicy(),
+    "sliding_window": lambda window_frames: SlidingWindowPolicy(window_frames),
+    "semantic": lambda window_frames: SemanticPolicy(),
+}
+
+
+def make_policy(name: str, window_frames: int) -> EvictionPolicy:
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown eviction policy {name!r}; valid: {sorted(POLICIES)}") from None
+    return factory(window_frames)
+
+
+def adjacent_cosine_similarities(pooled: np.ndarray) -> np.ndarray:
+    """[n, hidden] -> [n-1]: cosine of rows i and i+1 (a zero vector counts as similarity 0)."""
+    a, b = pooled[:-1].astype(np.float64), pooled[1:].astype(np.float64)       # [n-1, hidden]
+    dots = np.einsum("ij,ij->i", a, b)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+
+
+# ----------------------------------------------------------------------------
+# The manager
+
+
+class KVSlotManager:
+    def __init__(self, capacity: int, tokens_per_frame: int, policy: EvictionPolicy):
+        if capacity <= 0 or tokens_per_frame <= 0:
+            raise ValueError(f"KVSlotManager: capacity ({capacity}) and tokens_per_frame ({tokens_per_frame}) must be > 0")
+        if tokens_per_frame > capacity:
+            raise ValueError(f"KVSlotManager: one frame ({tokens_per_frame} slots) does not fit in capacity {capacity}")
+        self.capacity = int(capacity)
+        self.tokens_per_frame = int(tokens_per_frame)
+        self.policy = policy
+        # LIFO stack; stored reversed so the first allocations come out 0, 1, 2, ...
+        self._free: list[int] = list(range(self.capacity - 1, -1, -1))
+        self._prefix = np.zeros(0, dtype=np.int32)
+        self._frames: list[RetainedFrame] = []          # oldest first
+        self._transient: list[int] = []
+        self._added = 0
+        self.evictions = 0              # frames the policy evicted to make room
+        self.removals = 0               # frames removed on request (evict_frames): swaps, failed prefills
+
+    ##### Public API #####
+
+    def reserve_prefix(self, n: int) -> np.ndarray:
+        """Permanently take n slots for the static prefix; appended to any earlier prefix."""
+        if n < 0:
+            raise ValueError(f"reserve_prefix: n must be >= 0, got {n}")
+        if n + self.tokens_per_frame > self._evictable_limit():
+            raise KVCapacityError(
+                f"reserve_prefix({n}): prefix {self._prefix.size} + {n} leaves no room for one frame "
+                f"({self.tokens_per_frame} slots) in capacity {self.capacity} (transient in use: {len(self._transient)})")
+        if n > len(self._free):
+            raise KVCapacityError(f"reserve_prefix({n}): only {len(self._free)} free slots; evict frames first")
+        slots = self._pop(n)
+        self._prefix = np.concatenate([self._prefix, slots])
+        return slots
+
+    def add_frame(self, frame_id: int, pooled: np.ndarray, position_start: int, reserve: int) -> FrameAdmission:
+        """Make room (policy) for a frame plus `reserve` transient slots, then allocate the frame's slots."""
+        pooled = np.asarray(pooled)
+        if pooled.ndim != 1 or pooled.size == 0 or not np.issubdtype(pooled.dtype, np.floating):
+            raise ValueError(f"add_frame({frame_id}): pooled must be a non-empty 1-D float array, got {pooled.dtype} {pooled.shape}")
+        if not np.isfinite(pooled).all():
+            raise ValueError(f"add_frame({frame_id}): pooled embedding contains NaN or Inf")
+        if self._frames and pooled.shape != self._frames[0].pooled.shape:
+            raise ValueError(f"add_frame({frame_id}): pooled shape {pooled.shape} differs from retained frames' {self._frames[0].pooled.shape}")
+        if reserve < 0:
+            raise ValueError(f"add_frame({frame_id}): reserve must be >= 0, got {reserve}")
+        if any(f.frame_id == frame_id for f in self._frames):
+            raise ValueError(f"add_frame: frame {frame_id} is already retained")
+        need = self.tokens_per_frame + reserve
+        limit = self._evictable_limit()
+        if need > limit:
+            raise KVCapacityError(
+                f"add_frame({frame_id}): frame {self.tokens_per_frame} + reserve {reserve} = {need} slots, but only {limit} "
+                f"are available with every frame evicted (capacity {self.capacity}, prefix {self._prefix.size}, "
+                f"transient {len(self._transient)})")
+
+        evicted = []
+        while True:
+            idx = self.policy.victim(self._frames, need_free=len(self._free) < need)
+            if idx is None:
+                break
+            if not 0 <= idx < len(self._frames):
+                raise RuntimeError(f"policy {self.policy.name!r} chose index {idx} of {len(self._frames)} retained frames")
+            evicted.append(self._remove_at(idx))
+            self.evictions += 1
+        if len(self._free) < need:
+            raise RuntimeError(f"policy {self.policy.name!r} stopped evicting with {len(self._free)} free slots < {need} needed")
+
+        slots = self._pop(self.tokens_per_frame)
+        slots.flags.writeable = False            # shared with the caller; the bookkeeping depends on it
+        self._frames.append(RetainedFrame(frame_id=int(frame_id), slots=slots, pooled=pooled.astype(np.float32),
+                                          position_start=int(position_start), added_seq=self._added))
+        self._added += 1
+        return FrameAdmission(slots=slots, evicted=evicted)
+
+    def evict_frames(self, frame_ids) -> list:
+        """Remove these frames now (state reconciliation, failed prefills); unknown ids raise KeyError.
+
+        Counted in `removals`, not in `evictions` (which counts the policy's choices only).
+        """
+        wanted = [int(f) for f in frame_ids]
+        index = {f.frame_id: i for i, f in enumerate(self._frames)}
+        missing = [f for f in wanted if f not in index]
+        if missing:
+            raise KeyError(f"evict_frames: frames {missing} are not retained")
+        if len(set(wanted)) != len(wanted):
+            raise ValueError(f"evict_frames: duplicate frame ids in {wanted}")
+        out = []
+        for fid in wanted:
+            idx = next(i for i, f in enumerate(self._frames) if f.frame_id == fid)
+            out.append(self._remove_at(idx))
+            self.removals += 1
+        return out
+
+    def context_slots(self) -> np.ndarray:
+        """[prefix + frames * tokens_per_frame] int32: prefix slots, then frames oldest first."""
+        return np.concatenate([self._prefix] + [f.slots for f in self._frames]).astype(np.int32, copy=False)
+
+    def alloc_transient(self, n: int) -> np.ndarray:
+        """n slots for this cycle's suffix / decoded tokens; released by release_transient()."""
+        if n < 0:
+            raise ValueError(f"alloc_transient: n must be >= 0, got {n}")
+        if n > len(self._free):
+            raise KVCapacityError(f"alloc_transient({n}): only {len(self._free)} free slots "
+                                  f"({len(self._frames)} frames, prefix {self._prefix.size}, transient {len(self._transient)})")
+        slots = self._pop(n)
+        self._transient.extend(slots.tolist())
+        return slots
+
+    def release_transient(self) -> None:
+        """Free every transient slot (a no-op when none are held)."""
+        self._push(self._transient)
+        self._transient = []
+
+    def retained(self) -> list:
+        """[RetainedFrame], oldest first."""
+        return list(self._frames)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_slots(self) -> int:
+        return self.capacity - len(self._free)
+
+    @property
+    def fill_fraction(self) -> float:
+        return self.used_slots / self.capacity
+
+    @property
+    def prefix_slots(self) -> np.ndarray:
+        return self._prefix.copy()
+
+    @property
+    def transient_slots(self) -> int:
+        return len(self._transient)
+
+    ##### Internal Helper Functions #####
+
+    def _evictable_limit(self) -> int:
+        """Slots a frame could get if every retained frame were evicted."""
+        return self.capacity - self._prefix.size - len(self._transient)
+
+    def _remove_at(self, idx: int) -> RetainedFrame:
+        frame = self._frames.pop(idx)
+        self._push(frame.slots.tolist())
+        log.debug("frame %d out (policy %s), %d free slots", frame.frame_id, self.policy.name, len(self._free))
+        return frame
+
+    def _pop(self, n: int) -> np.ndarray:
+        if n == 0:
+            return np.zeros(0, dtype=np.int32)
+        taken = self._free[-n:][::-1]            # top of the stack first
+        del self._free[-n:]
+        return np.asarray(taken, dtype=np.int32)
+
+    def _push(self, slots: list) -> None:
+        # Reversed, so the next _pop hands these slots back in their original order.
+        self._free.extend(reversed(slots))
