@@ -23,7 +23,6 @@ setup(
     maintainer_email="vla-edge@example.com",
     description="Vision-language-action model as a hard real-time ROS 2 policy",
     license="Apache-2.0",
-    tests_require=["pytest"],
     entry_points={
         "console_scripts": [
             "vla-edge = vla_edge_ros.cli:main",

@@ -1,0 +1,213 @@
+"""NumpyBackend against HuggingFace transformers (fp32, eager) on the seeded tiny and llama-tiny models."""
+import time
+
+import numpy as np
+import pytest
+
+from vla_edge_ros.model import hf_oracle
+from vla_edge_ros.model.factory import create_backend, load_model
+from vla_edge_ros.model.make_model import make_model
+from vla_edge_ros.model.numpy_backend import NumpyBackend
+
+KINDS = ("tiny", "llama-tiny")
+RTOL, ATOL = 1e-4, 2e-5          # fp32 vs fp32: only summation order differs
+EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_one_thread():
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)   # shared CPU: torch's spinning workers would slow the numpy side
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """kind -> (spec, weights, tokenizer, HF model), generated once."""
+    out = {}
+    for kind in KINDS:
+        model_dir = make_model(kind, tmp_path_factory.mktemp(kind), seed=11)
+        spec, weights, tokenizer = load_model(model_dir)
+        out[kind] = (spec, weights, tokenizer, hf_oracle.load_hf_model(model_dir), model_dir)
+    return out
+
+
+def _ids(tokenizer, text="You control a robot arm. Answer each camera frame with one action. pick up the red block"):
+    return np.asarray(tokenizer.encode(text).ids, dtype=np.int64)
+
+
+def _close(ours, theirs, what):
+    np.testing.assert_allclose(ours, theirs, rtol=RTOL, atol=ATOL, err_msg=what)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_full_forward_matches_hf_logits_and_every_hidden_state(models, kind):
+    spec, weights, tok, hf, _ = models[kind]
+    ids = _ids(tok)
+    n = len(ids)
+    backend = NumpyBackend(spec, weights, capacity=n)
+    ours = backend.forward(backend.embed(ids), np.arange(n), np.arange(n), EMPTY, logits="all", return_hidden=True)
+    ref = hf_oracle.hf_forward(hf, ids)
+    assert ours.logits.shape == ref.logits.shape == (n, spec.vocab_size)
+    _close(ours.logits, ref.logits, "logits")
+    assert len(ours.hidden_states) == len(ref.hidden_states) == spec.num_layers + 1
+    for layer, (a, b) in enumerate(zip(ours.hidden_states, ref.hidden_states)):
+        _close(a, b, f"hidden state {layer}")
+    # the layers must actually do something, or the comparison above proves little
+    assert np.abs(ref.hidden_states[-2] - ref.hidden_states[0]).max() > 0.5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prefill_then_decode_equals_one_full_forward(models, kind):
+    spec, weights, tok, hf, _ = models[kind]
+    ids = _ids(tok)
+    n, steps = len(ids), 4
+    backend = NumpyBackend(spec, weights, capacity=n)
+    head = n - steps
+    rows = [backend.forward(backend.embed(ids[:head]), np.arange(head), np.arange(head), EMPTY).logits[-1]]
+    for pos in range(head, n - 1):
+        step = backend.forward(backend.embed(ids[pos:pos + 1]), np.array([pos]), np.array([pos]), np.arange(pos))
+        assert step.logits.shape == (1, spec.vocab_size)
+        rows.append(step.logits[0])
+    full = hf_oracle.hf_forward(hf, ids).logits[head - 1:n - 1]     # predictions for the same positions
+    _close(np.stack(rows), full, "decode-step logits vs HF full forward")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chunked_prefill_equals_one_prefill(models, kind):
+    spec, weights, tok, _, _ = models[kind]
+    ids = _ids(tok)
+    n = len(ids)
+    backend = NumpyBackend(spec, weights, capacity=n)
+    one = backend.forward(backend.embed(ids), np.arange(n), np.arange(n), EMPTY, logits="all", return_hidden=True)
+    cuts = [0, 5, 6, n]     # chunks of 5, 1 and the rest
+    logits, hidden = [], []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        r = backend.forward(backend.embed(ids[lo:hi]), np.arange(lo, hi), np.arange(lo, hi), np.arange(lo),
+                            logits="all", return_hidden=True)
+        logits.append(r.logits)
+        hidden.append(r.hidden_states[-1])
+    _close(np.concatenate(logits), one.logits, "chunked logits")
+    _close(np.concatenate(hidden), one.hidden_states[-1], "chunked final hidden")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_slot_list_with_holes_equals_dense_forward_with_same_positions(models, kind):
+    spec, weights, tok, hf, _ = models[kind]
+    ids = _ids(tok)
+    context_ids, new_ids = ids[:12], ids[12:17]
+    # logical order with gaps in the positions (as after evictions)
+    context_pos = np.array([0, 1, 2, 3, 40, 41, 42, 43, 90, 91, 92, 93])
+    new_pos = np.arange(150, 155)
+    capacity = 48
+    rng = np.random.default_rng(7)
+    physical = rng.permutation(capacity)
+    context_slots, new_slots, garbage_slots = physical[:12], physical[12:17], physical[17:]
+    backend = NumpyBackend(spec, weights, capacity=capacity)
+    # garbage everywhere first, so an attended hole would change the result
+    noise = (rng.standard_normal((capacity, spec.hidden_size)) * 3).astype(np.float32)
+    backend.forward(noise, rng.integers(0, 500, capacity), np.arange(capacity), EMPTY, logits="none")
+    backend.forward(backend.embed(context_ids), context_pos, context_slots, EMPTY, logits="none")
+    backend.forward(noise[:len(garbage_slots)], np.arange(len(garbage_slots)), garbage_slots, EMPTY, logits="none")
+    shuffled_context = context_slots[rng.permutation(12)]       # attention must not depend on slot order
+    ours = backend.forward(backend.embed(new_ids), new_pos, new_slots, shuffled_context, logits="all",
+                           return_hidden=True)
+    ref = hf_oracle.hf_forward(hf, np.concatenate([context_ids, new_ids]),
+                               position_ids=np.concatenate([context_pos, new_pos]))
+    _close(ours.logits, ref.logits[12:], "logits with holes")
+    for layer, (a, b) in enumerate(zip(ours.hidden_states, ref.hidden_states)):
+        _close(a, b[12:], f"hidden state {layer} with holes")
+    # and the gaps matter: contiguous positions give different logits
+    dense = hf_oracle.hf_forward(hf, np.concatenate([context_ids, new_ids])).logits[12:]
+    assert np.abs(dense - ref.logits[12:]).max() > 1e-3
+
+
+def test_copy_slots_moves_kv_between_slots(models):
+    spec, weights, tok, _, _ = models["llama-tiny"]
+    ids = _ids(tok)[:10]
+    backend = NumpyBackend(spec, weights, capacity=32)
+    backend.forward(backend.embed(ids[:9]), np.arange(9), np.arange(9), EMPTY, logits="none")
+    expected = backend.forward(backend.embed(ids[9:]), np.array([9]), np.array([9]), np.arange(9)).logits
+    backend.copy_slots(np.arange(9), np.arange(20, 29))
+    backend.forward(np.ones((9, spec.hidden_size), np.float32), np.arange(9), np.arange(9), EMPTY, logits="none")
+    moved = backend.forward(backend.embed(ids[9:]), np.array([9]), np.array([30]), np.arange(20, 29)).logits
+    np.testing.assert_array_equal(moved, expected)
+
+
+def test_logits_modes_and_factory(models):
+    spec, _, tok, _, model_dir = models["tiny"]
+    backend = create_backend("numpy", model_dir, capacity=64)
+    ids = _ids(tok)[:9]
+    args = (backend.embed(ids), np.arange(9), np.arange(9), EMPTY)
+    all_rows = backend.forward(*args, logits="all").logits
+    last = backend.forward(*args, logits="last")
+    none = backend.forward(*args, logits="none")
+    assert all_rows.shape == (9, spec.vocab_size) and last.logits.shape == (1, spec.vocab_size)
+    np.testing.assert_allclose(last.logits[0], all_rows[-1], rtol=1e-5, atol=1e-6)   # GEMV vs GEMM rounding
+    assert none.logits is None and none.hidden_states == []
+
+
+def test_memory_bytes_counts_weights_and_arena(models):
+    spec, weights, _, _, _ = models["llama-tiny"]
+    small, large = NumpyBackend(spec, weights, 100), NumpyBackend(spec, weights, 300)
+    assert large.memory_bytes() - small.memory_bytes() == spec.kv_bytes_per_token(4) * 200
+    assert small.memory_bytes() >= weights.nbytes() + spec.kv_bytes_per_token(4) * 100
+
+
+def test_bf16_backend_matches_hf_on_rounded_weights(models):
+    spec, weights, tok, _, model_dir = models["tiny"]
+    ids = _ids(tok)
+    n = len(ids)
+    backend = NumpyBackend(spec, weights, n, dtype="bfloat16")
+    ours = backend.forward(backend.embed(ids), np.arange(n), np.arange(n), EMPTY, logits="all").logits
+    rounded = hf_oracle.hf_forward(hf_oracle.load_hf_model(model_dir, round_to_bf16=True), ids).logits
+    _close(ours, rounded, "bf16-rounded logits")
+    fp32 = NumpyBackend(spec, weights, n).forward(backend.embed(ids), np.arange(n), np.arange(n), EMPTY,
+                                                  logits="all").logits
+    assert np.abs(fp32 - ours).max() > 1e-4      # the rounding is really applied
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(x=np.zeros((3, 7), np.float32)), r"x must be \[N > 0, hidden=128\], got shape \(3, 7\)"),
+    (dict(x=np.zeros((3, 128), np.float64)), "x must be float32, got float64"),
+    (dict(positions=np.arange(2)), r"positions must be an integer array of shape \(3,\)"),
+    (dict(write_slots=np.array([0, 1, 1])), "write_slots contains duplicates"),
+    (dict(write_slots=np.array([4, 5, 6]), context_slots=np.array([6, 7])), "write_slots overlap context_slots"),
+    (dict(context_slots=np.array([9, 9])), "context_slots contains duplicates"),
+    (dict(write_slots=np.array([0, 1, 64])), r"write_slots out of range \[0, 64\)"),
+    (dict(logits="first"), "logits must be one of"),
+])
+def test_bad_inputs_are_named(models, bad, message):
+    spec, weights, _, _, _ = models["tiny"]
+    backend = NumpyBackend(spec, weights, capacity=64)
+    args = dict(x=np.zeros((3, spec.hidden_size), np.float32), positions=np.arange(3), write_slots=np.arange(3),
+                context_slots=EMPTY, logits="last")
+    args.update(bad)
+    with pytest.raises(ValueError, match=message):
+        backend.forward(**args)
+    with pytest.raises(ValueError, match=r"token_ids out of range \[0, 1024\)"):
+        backend.embed(np.array([1, 1024]))
+
+
+def test_tiny_cycle_fits_the_deadline_on_one_core(models):
+    """One control cycle: 60-token prefill + 8 decode steps over ~300 cached tokens, best of 5."""
+    spec, weights, _, _, _ = models["tiny"]
+    backend = NumpyBackend(spec, weights, capacity=512)
+    cached = 300
+    backend.forward(np.zeros((cached, spec.hidden_size), np.float32), np.arange(cached), np.arange(cached), EMPTY,
+                    logits="none")
+    ids = np.arange(60) + 5
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        end = cached + 60
+        r = backend.forward(backend.embed(ids), np.arange(cached, end), np.arange(cached, end), np.arange(cached))
+        for k in range(8):
+            token = np.array([int(np.argmax(r.logits[-1]))])
+            pos = end + k
+            r = backend.forward(backend.embed(token), np.array([pos]), np.array([pos]), np.arange(pos))
+        best = min(best, time.perf_counter() - start)
+    assert best < 0.033, f"tiny cycle took {best * 1000:.1f} ms"

@@ -1,0 +1,252 @@
+"""Reference transformer in numpy: the CPU backend and the oracle the CUDA kernels are checked against.
+
+Implements the Backend protocol of backend.py (read its docstring for the
+contract): a KV arena of `capacity` slots allocated once, explicit absolute
+RoPE positions, writes into given slots, attention over given context slots
+plus the call's own rows (causal within the call). Prefill (N rows) and decode
+(N = 1) are the same code path.
+
+Math follows HF Qwen2 / Llama in float32: RMSNorm, RoPE in the rotate-half
+convention, grouped-query attention (query head h reads KV head h // group),
+SwiGLU MLP, optional q/k/v bias, tied or separate output head.
+
+dtype "bfloat16" rounds the weights to bfloat16 values (compute and KV stay
+float32): numpy has no bf16 arithmetic, so this reproduces the weight
+quantization error of a bf16 model, not its activation rounding.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from .backend import ForwardResult
+from .spec import ModelSpec
+from .weights import ModelWeights, canonical_dtype
+
+logger = logging.getLogger(__name__)
+
+LOGITS_MODES = ("last", "all", "none")
+# Query rows per attention block: bounds the [kv_heads, group * rows, T] score buffer on long prefills.
+ATTENTION_SCORE_ELEMENTS = 1 << 24
+
+
+class NumpyBackend:
+    """Vectorized numpy transformer with a slot-addressed KV arena."""
+
+    def __init__(self, spec: ModelSpec, weights: ModelWeights, capacity: int, dtype=np.float32):
+        if capacity <= 0:
+            raise ValueError(f"capacity must be > 0 KV slots, got {capacity}")
+        if len(weights.layers) != spec.num_layers:
+            raise ValueError(f"weights have {len(weights.layers)} layers, spec says {spec.num_layers}")
+        self.spec = spec
+        self.capacity = int(capacity)
+        self.dtype = canonical_dtype(dtype)
+        if self.dtype == "bfloat16":
+            weights = weights.rounded_to_bf16()
+        self._embed = weights.embed                               # [vocab, hidden]
+        self._lm_head_t = weights.lm_head.T                       # [hidden, vocab] (view; tied: of embed)
+        self._final_norm = weights.final_norm                     # [hidden]
+        self._layers = [_FusedLayer(layer) for layer in weights.layers]
+        self._tied = weights.tied
+        # K after RoPE and V, one row of kv_heads * head_dim per slot.
+        self._k = np.zeros((spec.num_layers, self.capacity, spec.kv_dim), np.float32)  # [layers, capacity, kv_dim]
+        self._v = np.zeros((spec.num_layers, self.capacity, spec.kv_dim), np.float32)  # [layers, capacity, kv_dim]
+        self._slot_marks = np.zeros(self.capacity, dtype=bool)    # scratch for slot-set checks
+        hd = spec.head_dim
+        # As HF: float32 inverse frequencies, float32 angle = position * inv_freq.
+        self._inv_freq = (1.0 / (np.float32(spec.rope_theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)))
+                          ).astype(np.float32)                   # [head_dim / 2]
+
+    # ------------------------------------------------------------------ Public API
+
+    def embed(self, token_ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(token_ids)
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"token_ids must be a 1-D integer array, got {ids.dtype} {ids.shape}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.spec.vocab_size):
+            raise ValueError(f"token_ids out of range [0, {self.spec.vocab_size}): min {ids.min()}, max {ids.max()}")
+        return self._embed[ids]                                   # [N, hidden] (a copy)
+
+    def forward(self, x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
+                context_slots: np.ndarray, logits: str = "last", return_hidden: bool = False) -> ForwardResult:
+        x, positions, write_slots, context_slots = self._check_inputs(x, positions, write_slots, context_slots, logits)
+        spec = self.spec
+        n = x.shape[0]
+        cos, sin = self._rope_tables(positions)                  # [N, head_dim] each
+        slots = np.concatenate([context_slots, write_slots])     # [T = C + N]; this call's rows last
+        mask = _causal_tail_mask(n, slots.size)                  # [N, T] or None when N == 1
+        h = np.array(x, dtype=np.float32)                        # [N, hidden] residual stream
+        hidden = [h.copy()] if return_hidden else []
+        q_end, k_end = spec.q_dim, spec.q_dim + spec.kv_dim
+        for li, layer in enumerate(self._layers):
+            a = _rms_norm(h, layer.input_norm, spec.rms_norm_eps)
+            qkv = a @ layer.qkv_t                                 # [N, q_dim + 2 kv_dim]
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
+            q = _apply_rope(qkv[:, :q_end].reshape(n, spec.num_heads, spec.head_dim), cos, sin)      # [N, H, hd]
+            k = _apply_rope(qkv[:, q_end:k_end].reshape(n, spec.num_kv_heads, spec.head_dim), cos, sin)  # [N, KV, hd]
+            self._k[li, write_slots] = k.reshape(n, spec.kv_dim)
+            self._v[li, write_slots] = qkv[:, k_end:]
+            keys = self._k[li, slots].reshape(slots.size, spec.num_kv_heads, spec.head_dim)    # [T, KV, hd]
+            values = self._v[li, slots].reshape(slots.size, spec.num_kv_heads, spec.head_dim)  # [T, KV, hd]
+            h = h + _attention(q, keys, values, mask) @ layer.o_t                               # [N, hidden]
+            m = _rms_norm(h, layer.post_norm, spec.rms_norm_eps)
+            gate_up = m @ layer.gate_up_t                         # [N, 2 * inter]
+            gate, up = gate_up[:, :layer.inter], gate_up[:, layer.inter:]
+            h = h + (_silu(gate) * up) @ layer.down_t             # [N, hidden]
+            if return_hidden:
+                hidden.append(h)
+        if return_hidden:
+            # HF's output_hidden_states: the last entry is the final-norm output, not layer L's raw output.
+            normed = _rms_norm(h, self._final_norm, spec.rms_norm_eps)  # [N, hidden]
+            hidden[-1] = normed
+        if logits == "none":
+            return ForwardResult(logits=None, hidden_states=hidden)
+        rows = h if logits == "all" else h[-1:]
+        if return_hidden:
+            rows_normed = normed if logits == "all" else normed[-1:]
+        else:
+            rows_normed = _rms_norm(rows, self._final_norm, spec.rms_norm_eps)
+        return ForwardResult(logits=rows_normed @ self._lm_head_t, hidden_states=hidden)  # [1 or N, vocab]
+
+    def copy_slots(self, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
+        src = self._slot_array(src_slots, "src_slots")
+        dst = self._slot_array(dst_slots, "dst_slots")
+        if src.shape != dst.shape:
+            raise ValueError(f"copy_slots: src_slots {src.shape} and dst_slots {dst.shape} differ in length")
+        # Right-hand fancy indexing copies first, so overlapping src/dst sets are safe.
+        self._k[:, dst] = self._k[:, src]
+        self._v[:, dst] = self._v[:, src]
+
+    def memory_bytes(self) -> int:
+        weights = self._embed.nbytes + self._final_norm.nbytes + sum(layer.nbytes() for layer in self._layers)
+        if not self._tied:
+            weights += self._lm_head_t.nbytes
+        return int(weights + self._k.nbytes + self._v.nbytes)
+
+    # ------------------------------------------------------------------ Internal helpers
+
+    def _check_inputs(self, x, positions, write_slots, context_slots, logits):
+        hidden = self.spec.hidden_size
+        x = np.asarray(x)
+        if x.ndim != 2 or x.shape[1] != hidden or x.shape[0] == 0:
+            raise ValueError(f"x must be [N > 0, hidden={hidden}], got shape {x.shape}")
+        if x.dtype != np.float32:
+            raise ValueError(f"x must be float32, got {x.dtype}")
+        n = x.shape[0]
+        positions = np.asarray(positions)
+        if positions.shape != (n,) or not np.issubdtype(positions.dtype, np.integer):
+            raise ValueError(f"positions must be an integer array of shape ({n},), got {positions.dtype} {positions.shape}")
+        if positions.min() < 0:
+            raise ValueError(f"positions must be >= 0, got min {positions.min()}")
+        write_slots = self._slot_array(write_slots, "write_slots")
+        context_slots = self._slot_array(context_slots, "context_slots")
+        if write_slots.shape != (n,):
+            raise ValueError(f"write_slots must have shape ({n},) (one per row of x), got {write_slots.shape}")
+        if logits not in LOGITS_MODES:
+            raise ValueError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
+        # Every slot at most once: duplicates would be attended twice or written twice.
+        marks = self._slot_marks
+        try:
+            marks[context_slots] = True
+            if np.count_nonzero(marks) != context_slots.size:
+                raise ValueError(f"context_slots contains duplicates ({context_slots.size} entries)")
+            if marks[write_slots].any():
+                raise ValueError(f"write_slots overlap context_slots: {np.intersect1d(write_slots, context_slots)[:8]}")
+            marks[write_slots] = True
+            if np.count_nonzero(marks) != context_slots.size + n:
+                raise ValueError(f"write_slots contains duplicates: {write_slots}")
+        finally:
+            marks[context_slots] = False
+            marks[write_slots] = False
+        return x, positions, write_slots, context_slots
+
+    def _slot_array(self, slots, name: str) -> np.ndarray:
+        arr = np.asarray(slots)
+        if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+            raise ValueError(f"{name} must be a 1-D integer array, got {arr.dtype} {arr.shape}")
+        arr = arr.astype(np.intp, copy=False)
+        if arr.size and (arr.min() < 0 or arr.max() >= self.capacity):
+            raise ValueError(f"{name} out of range [0, {self.capacity}): min {arr.min()}, max {arr.max()}")
+        return arr
+
+    def _rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        angles = positions.astype(np.float32)[:, None] * self._inv_freq[None, :]  # [N, hd / 2]
+        angles = np.concatenate([angles, angles], axis=1)                           # [N, hd]
+        return np.cos(angles), np.sin(angles)
+
+
+class _FusedLayer:
+    """One decoder layer's weights, transposed to [in, out] and fused so a step does 3 GEMMs + o_proj."""
+
+    def __init__(self, layer):
+        self.input_norm = layer.input_norm                                      # [hidden]
+        self.post_norm = layer.post_norm                                        # [hidden]
+        self.qkv_t = np.ascontiguousarray(np.concatenate([layer.q_proj, layer.k_proj, layer.v_proj]).T)  # [hidden, q+2kv]
+        self.qkv_bias = (np.concatenate([layer.q_bias, layer.k_bias, layer.v_bias])                     # [q+2kv]
+                         if layer.q_bias is not None else None)
+        self.o_t = np.ascontiguousarray(layer.o_proj.T)                         # [q_dim, hidden]
+        self.gate_up_t = np.ascontiguousarray(np.concatenate([layer.gate_proj, layer.up_proj]).T)       # [hidden, 2*inter]
+        self.down_t = np.ascontiguousarray(layer.down_proj.T)                   # [inter, hidden]
+        self.inter = layer.gate_proj.shape[0]
+
+    def nbytes(self) -> int:
+        arrays = (self.input_norm, self.post_norm, self.qkv_t, self.o_t, self.gate_up_t, self.down_t)
+        return sum(a.nbytes for a in arrays) + (self.qkv_bias.nbytes if self.qkv_bias is not None else 0)
+
+
+def _rms_norm(h: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    variance = np.mean(h * h, axis=-1, keepdims=True)              # [N, 1]
+    return weight * (h / np.sqrt(variance + np.float32(eps)))      # [N, hidden]
+
+
+def _apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]."""
+    half = x.shape[-1] // 2
+    cos, sin = cos[:, None, :], sin[:, None, :]                     # [N, 1, hd]
+    out = x * cos                                                   # [N, heads, hd]
+    out[..., :half] -= x[..., half:] * sin[..., :half]
+    out[..., half:] += x[..., :half] * sin[..., half:]
+    return out
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    # sigmoid via tanh: no overflow warning for large negative inputs
+    return x * (np.float32(0.5) * (np.float32(1.0) + np.tanh(np.float32(0.5) * x)))
+
+
+def _causal_tail_mask(n: int, total: int) -> np.ndarray | None:
+    """Additive mask [n, total]: the first total-n columns (context) are open to all rows; among the
+    last n columns (this call's rows), row i sees columns up to its own."""
+    if n == 1:
+        return None
+    mask = np.zeros((n, total), dtype=np.float32)                   # [N, T]
+    mask[:, total - n:] = np.triu(np.full((n, n), -np.inf, dtype=np.float32), k=1)
+    return mask
+
+
+def _attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """Grouped-query softmax attention. q [N, H, hd], keys/values [T, KV, hd] -> [N, H * hd]."""
+    n, num_heads, hd = q.shape
+    total, num_kv, _ = keys.shape
+    group = num_heads // num_kv
+    scale = np.float32(1.0 / np.sqrt(hd))
+    # Query head h = kv * group + g reads KV head kv (HF repeat_kv order).
+    qg = q.reshape(n, num_kv, group, hd).transpose(1, 2, 0, 3)      # [KV, G, N, hd]
+    k_t = keys.transpose(1, 2, 0)                                   # [KV, hd, T]
+    v = values.transpose(1, 0, 2)                                   # [KV, T, hd]
+    out = np.empty((num_kv, group, n, hd), dtype=np.float32)        # [KV, G, N, hd]
+    rows = max(1, ATTENTION_SCORE_ELEMENTS // max(1, num_heads * total))
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        b = r1 - r0
+        scores = (qg[:, :, r0:r1].reshape(num_kv, group * b, hd) @ k_t).reshape(num_kv, group, b, total)  # [KV, G, b, T]
+        scores *= scale
+        if mask is not None:
+            scores += mask[r0:r1]
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        out[:, :, r0:r1] = (scores.reshape(num_kv, group * b, total) @ v).reshape(num_kv, group, b, hd)
+    return out.transpose(2, 0, 1, 3).reshape(n, num_heads * hd)    # [N, H * hd]
