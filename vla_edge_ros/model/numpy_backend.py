@@ -119,6 +119,20 @@ class NumpyBackend:
         self._k[:, dst] = self._k[:, src]
         self._v[:, dst] = self._v[:, src]
 
+    def read_kv(self, slots: np.ndarray) -> np.ndarray:
+        idx = self._slot_array(slots, "slots")
+        return np.stack([self._k[:, idx], self._v[:, idx]])                     # [2, layers, n, kv_dim]
+
+    def write_kv(self, slots: np.ndarray, kv: np.ndarray) -> None:
+        idx = self._slot_array(slots, "slots")
+        want = (2, self.spec.num_layers, idx.size, self.spec.kv_dim)
+        if kv.shape != want:
+            raise ValueError(f"write_kv: kv must be {want}, got {kv.shape}")
+        if not np.isfinite(kv).all():
+            raise ValueError("write_kv: kv contains NaN or Inf")
+        self._k[:, idx] = kv[0]
+        self._v[:, idx] = kv[1]
+
     def memory_bytes(self) -> int:
         weights = self._embed.nbytes + self._final_norm.nbytes + sum(layer.nbytes() for layer in self._layers)
         if not self._tied:
