@@ -1,0 +1,55 @@
+// common.cuh: definitions shared by every kernel family in cuda/*.cu.
+//
+// cuda_kernels.py pastes this text in place of `#include "common.cuh"` before
+// compiling a family, so each family is one self-contained translation unit.
+//
+// Control block: a small int32 array in device memory that the host writes
+// before a call and that the argmax kernel advances on the device. Kernels
+// read their per-call numbers from it (never from kernel arguments), so one
+// captured CUDA graph serves every decode step.
+#pragma once
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define CTL_ROW_OFFSET 0   // table index (positions, write slots, attend list) of this call's row 0
+#define CTL_CTX_LEN    1   // attend-list entries before the first row of the cycle (cached context)
+#define CTL_N_OUT      2   // action tokens emitted so far in this cycle
+#define CTL_TOKEN      3   // last emitted token id: the next decode step's input
+#define CTL_INTS       4
+
+// Attention splits the attend list into chunks of this many slots (flash-decoding).
+#define ATTN_CHUNK 64
+// Largest query-heads-per-KV-head group and head_dim the attention kernels hold in shared memory.
+#define ATTN_MAX_GROUP 8
+#define ATTN_MAX_HEAD_DIM 256
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+// Sum over a block whose size is a multiple of 32 (<= 1024); every thread gets the result.
+// `scratch` holds at least 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31;   // range [0, 32)
+    const int warp = threadIdx.x >> 5;   // range [0, blockDim.x / 32)
+    v = warp_sum(v);
+    __syncthreads();                      // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    const int n_warps = blockDim.x >> 5;
+    float total = 0.f;
+    for (int w = 0; w < n_warps; ++w) total += scratch[w];
+    return total;
+}
+
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t bits) {
+    return __uint_as_float(((uint32_t)bits) << 16);
+}

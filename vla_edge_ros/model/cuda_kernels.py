@@ -1,0 +1,383 @@
+"""Compile the kernel families of `cuda/*.cu` with PyCUDA and launch them with checked shapes.
+
+One `CudaKernels` object per process/device holds the compiled modules; each
+launcher checks dtypes, shapes and divisibility, computes its grid with
+`ceil_div` and launches asynchronously on the given stream. Arrays are
+`pycuda.gpuarray.GPUArray`s (bf16 weights are stored as uint16 bit patterns);
+the per-call numbers of the cycle (row offset, context length, emitted tokens)
+live in the device control block described in `cuda/common.cuh`.
+
+Debugging: with VLA_EDGE_CUDA_SYNC=1 every launch is followed by a stream
+synchronize, so an illegal address or launch failure raises
+`KernelLaunchError` naming the kernel that caused it.
+
+Nothing here runs at import: PyCUDA is imported, the CUDA context created and
+the modules compiled only when `cuda_context()` / `CudaKernels()` are called.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
+SYNC_ENV = "VLA_EDGE_CUDA_SYNC"
+
+# Must match cuda/common.cuh.
+CTL_ROW_OFFSET, CTL_CTX_LEN, CTL_N_OUT, CTL_TOKEN, CTL_INTS = 0, 1, 2, 3, 4
+ATTN_CHUNK = 64
+ATTN_MAX_GROUP = 8
+ATTN_MAX_HEAD_DIM = 256
+MODE_STORE, MODE_ADD, MODE_SWIGLU = 0, 1, 2
+PROJ_WARPS = 4
+# Aim for this many warps per projection launch so enough 16-byte loads are in flight
+# to cover HBM latency (Little's law: ~4.5 TB/s x ~1 us needs megabytes in flight).
+PROJ_TARGET_WARPS = 2048
+# Each K split should still stream at least this many 32-wide steps (one unrolled iteration).
+PROJ_MIN_STEPS_PER_SPLIT = 4   # = the unrolled steps of projection_bf16.cu
+# Query rows one attention block serves (its K/V chunk is loaded once for all of them).
+ATTN_MAX_ROWS_PER_BLOCK = 8
+
+# family -> kernel name -> PyCUDA prepare() argument types
+FAMILIES = {
+    "embedding": {"embed_gather_bf16": "PPPii", "embed_gather_f32": "PPPii"},
+    "rmsnorm": {"rmsnorm_rows": "PPPifPPi"},
+    "projection_bf16": {f"projection_bf16_nt{nt}": "PPPPiiiiiiii" for nt in (1, 2, 4)},
+    "projection_f32": {"projection_f32": "PPPPiiiiiii"},
+    "rope": {"rope_store": "PiPPPPPPiiii"},
+    "attention": {"attention_partial": "PiPPPPPPiiiiifii", "attention_merge": "PPPPiiii"},
+    "argmax": {"argmax_bins": "PiiPPi"},
+    "kv_slots": {"kv_gather": "PPPPiiiii", "kv_scatter": "PPPPiiiii"},
+    "vision": {"patch_embed": "PiiiPPPi", "pool_rows": "PiiP", "adjacent_cosine": "PiP"},
+}
+
+
+class KernelError(ValueError):
+    """A launcher was given arrays of the wrong dtype, shape or alignment (names the argument)."""
+
+
+class KernelLaunchError(RuntimeError):
+    """A kernel launch or its execution failed (with VLA_EDGE_CUDA_SYNC=1: names the kernel)."""
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+# ----------------------------------------------------------------------------
+# Context and compilation (lazy, process-wide)
+
+_lock = threading.Lock()
+_context = None
+_modules: dict = {}
+
+
+def cuda_context():
+    """Retain and push device 0's primary context once per process; returns pycuda.driver."""
+    global _context
+    import pycuda.driver as drv
+
+    with _lock:
+        if _context is None:
+            drv.init()
+            if drv.Device.count() == 0:
+                raise RuntimeError("no CUDA device visible to PyCUDA")
+            ctx = drv.Device(0).retain_primary_context()
+            ctx.push()
+            _context = ctx
+            import atexit
+            atexit.register(_pop_context)
+    return drv
+
+
+def _pop_context():
+    global _context
+    if _context is not None:
+        try:
+            _context.pop()
+        except Exception as exc:  # noqa: BLE001 - interpreter shutdown: log and go
+            log.debug("context pop at exit failed: %s", exc)
+        _context = None
+
+
+def device_arch() -> str:
+    drv = cuda_context()
+    major, minor = drv.Context.get_device().compute_capability()
+    return f"sm_{major}{minor}"
+
+
+def family_source(family: str) -> str:
+    """The .cu text with common.cuh pasted in (one self-contained translation unit)."""
+    path = CUDA_DIR / f"{family}.cu"
+    if not path.is_file():
+        raise FileNotFoundError(f"kernel source {path} not found")
+    common = (CUDA_DIR / "common.cuh").read_text().replace("#pragma once", "")
+    return path.read_text().replace('#include "common.cuh"', common)
+
+
+def compile_family(family: str, arch: str | None = None):
+    """SourceModule of one family, compiled once per (family, arch) in this process
+    (PyCUDA also keeps its on-disk cubin cache)."""
+    from pycuda.compiler import SourceModule
+
+    cuda_context()
+    arch = arch or device_arch()
+    key = (family, arch)
+    with _lock:
+        mod = _modules.get(key)
+        if mod is None:
+            log.info("compiling cuda/%s.cu for %s", family, arch)
+            mod = SourceModule(family_source(family), arch=arch, no_extern_c=True, options=["-O3", "-lineinfo"])
+            _modules[key] = mod
+    return mod
+
+
+# ----------------------------------------------------------------------------
+# Argument checks
+
+
+def _check(cond: bool, msg: str):
+    if not cond:
+        raise KernelError(msg)
+
+
+def _check_array(name: str, a, dtype, ndim: int | None = None):
+    _check(a is not None, f"{name}: missing array")
+    _check(a.dtype == np.dtype(dtype), f"{name}: dtype {a.dtype}, expected {np.dtype(dtype)}")
+    if ndim is not None:
+        _check(len(a.shape) == ndim, f"{name}: shape {a.shape}, expected {ndim} dimensions")
+
+
+def ptr(a, elem_offset: int = 0) -> int:
+    """Device address of element `elem_offset` of a GPUArray (0 for None)."""
+    if a is None:
+        return 0
+    return int(a.gpudata) + int(elem_offset) * a.dtype.itemsize
+
+
+# ----------------------------------------------------------------------------
+# Launchers
+
+
+class CudaKernels:
+    """Compiled kernels of every family plus checked launchers."""
+
+    def __init__(self, arch: str | None = None):
+        self.drv = cuda_context()
+        self.arch = arch or device_arch()
+        self.sync_each_launch = os.environ.get(SYNC_ENV, "") == "1"
+        dev = self.drv.Context.get_device()
+        self.num_sms = dev.get_attribute(self.drv.device_attribute.MULTIPROCESSOR_COUNT)
+        self.max_shared = dev.get_attribute(self.drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        self._fns = {}
+        for family, kernels in FAMILIES.items():
+            mod = compile_family(family, self.arch)
+            for name, types in kernels.items():
+                fn = mod.get_function(name)
+                fn.prepare(types)
+                self._fns[name] = fn
+        # The attention chunk lives in dynamic shared memory beyond the default 48 KB.
+        self._fns["attention_partial"].set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                     self.max_shared)
+
+    def _launch(self, name: str, grid, block, stream, *args, shared: int = 0):
+        grid = tuple(int(g) for g in grid)
+        if any(g <= 0 for g in grid):
+            raise KernelError(f"{name}: empty grid {grid}")
+        try:
+            self._fns[name].prepared_async_call(grid, (int(block), 1, 1), stream, *args, shared_size=shared)
+            if self.sync_each_launch:
+                stream.synchronize()
+        except self.drv.Error as exc:
+            raise KernelLaunchError(f"kernel {name} grid={grid} block={block}: {exc}") from exc
+
+    # -- embedding ---------------------------------------------------------
+
+    def embed_gather(self, table, ids, out, n_rows: int, stream, ids_offset: int = 0, out_row0: int = 0):
+        """out[out_row0 + i] = table[ids[ids_offset + i]], i < n_rows; ids int32 on the device."""
+        _check(table.dtype in (np.uint16, np.float32), f"embed table: dtype {table.dtype}, expected uint16 (bf16) or float32")
+        _check_array("ids", ids, np.int32)
+        _check_array("embed out", out, np.float32, 2)
+        vocab, hidden = table.shape
+        _check(out.shape[1] == hidden, f"embed out: {out.shape[1]} columns, table has hidden {hidden}")
+        _check(out_row0 + n_rows <= out.shape[0], f"embed out: rows {out_row0}+{n_rows} > {out.shape[0]}")
+        _check(ids_offset + n_rows <= ids.size, f"ids: need {ids_offset}+{n_rows} entries, have {ids.size}")
+        name = "embed_gather_bf16" if table.dtype == np.uint16 else "embed_gather_f32"
+        self._launch(name, (n_rows,), 256, stream, ptr(table), ptr(ids, ids_offset), ptr(out, out_row0 * hidden),
+                     np.int32(hidden), np.int32(vocab))
+
+    # -- rmsnorm -----------------------------------------------------------
+
+    def rmsnorm(self, x, w, out, n_rows: int, eps: float, stream, row0: int = 0, init_dst=None, init_src=None):
+        """out[row0+i] = rmsnorm(x[row0+i]) * w; optionally init_dst[i] = init_src (or 0)."""
+        _check_array("rmsnorm x", x, np.float32, 2)
+        _check_array("rmsnorm out", out, np.float32, 2)
+        _check_array("rmsnorm weight", w, np.float32, 1)
+        hidden = x.shape[1]
+        _check(w.shape[0] == hidden and out.shape[1] == hidden, f"rmsnorm: weight {w.shape} / out {out.shape} vs hidden {hidden}")
+        _check(row0 + n_rows <= min(x.shape[0], out.shape[0]), f"rmsnorm: rows {row0}+{n_rows} exceed x/out")
+        init_cols = 0
+        if init_dst is not None:
+            _check_array("rmsnorm init_dst", init_dst, np.float32, 2)
+            init_cols = init_dst.shape[1]
+            _check(n_rows <= init_dst.shape[0], f"rmsnorm init_dst: {init_dst.shape[0]} rows < {n_rows}")
+            if init_src is not None:
+                _check_array("rmsnorm init_src", init_src, np.float32, 1)
+                _check(init_src.shape[0] == init_cols, f"rmsnorm init_src: {init_src.shape[0]} != {init_cols} columns")
+        self._launch("rmsnorm_rows", (n_rows,), 256, stream, ptr(x, row0 * hidden), ptr(w), ptr(out, row0 * hidden),
+                     np.int32(hidden), np.float32(eps), ptr(init_dst), ptr(init_src), np.int32(init_cols))
+
+    # -- projections -------------------------------------------------------
+
+    def projection(self, W, x, out, n_tokens: int, mode: int, stream, bias=None, out_cols: int | None = None,
+                   w_row0: int = 0, rows: int | None = None, ksplit: int | None = None, x_row0: int = 0):
+        """acc = x[x_row0 : x_row0+n_tokens, :K] @ W[w_row0 : w_row0+rows]^T, epilogue by mode (see the .cu)."""
+        _check(W.dtype in (np.uint16, np.float32), f"projection weight: dtype {W.dtype}, expected uint16 (bf16) or float32")
+        _check_array("projection x", x, np.float32, 2)
+        _check_array("projection out", out, np.float32, 2)
+        _check(mode in (MODE_STORE, MODE_ADD, MODE_SWIGLU), f"projection: unknown mode {mode}")
+        total_rows, K = W.shape
+        rows = total_rows - w_row0 if rows is None else rows
+        _check(0 < rows and w_row0 + rows <= total_rows, f"projection weight: rows {w_row0}+{rows} > {total_rows}")
+        if mode == MODE_SWIGLU:
+            _check(rows % 16 == 0, f"projection swiglu weight: {rows} rows, expected a multiple of 16 (interleaved gate/up)")
+            out_cols = rows // 2 if out_cols is None else out_cols
+            _check(out_cols <= rows // 2, f"projection swiglu: out_cols {out_cols} > {rows // 2}")
+        else:
+            out_cols = rows if out_cols is None else out_cols
+            _check(out_cols <= rows, f"projection: out_cols {out_cols} > rows {rows}")
+        _check(x.shape[1] >= K, f"projection x: {x.shape[1]} columns < K {K}")
+        _check(x.shape[1] % 8 == 0, f"projection x: row stride {x.shape[1]} not a multiple of 8")
+        _check(x_row0 + n_tokens <= x.shape[0] and n_tokens <= out.shape[0], f"projection: {n_tokens} tokens exceed x/out rows")
+        _check(out_cols <= out.shape[1], f"projection out: {out.shape[1]} columns < {out_cols}")
+        _check(bias is None or (bias.dtype == np.float32 and bias.shape[0] >= out_cols), "projection bias: float32 [out_cols] expected")
+        x_ptr = ptr(x, x_row0 * x.shape[1])
+        if W.dtype == np.float32:
+            _check(K % 4 == 0, f"projection f32: K {K} not a multiple of 4")
+            self._launch("projection_f32", (ceil_div(out_cols, 8), n_tokens), 256, stream, ptr(W, w_row0 * K), x_ptr,
+                         ptr(bias), ptr(out), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(x.shape[1]),
+                         np.int32(out.shape[1]), np.int32(out_cols), np.int32(mode))
+            return
+        _check(K % 32 == 0, f"projection bf16: K {K} not a multiple of 32")
+        n_tiles = ceil_div(rows, 16)
+        n_steps = K // 32
+        if ksplit is None:
+            ksplit = 1
+            if mode == MODE_ADD:
+                ksplit = max(1, min(n_steps // PROJ_MIN_STEPS_PER_SPLIT, ceil_div(PROJ_TARGET_WARPS, n_tiles)))
+        _check(ksplit == 1 or mode == MODE_ADD, f"projection: ksplit {ksplit} needs MODE_ADD (atomic accumulation)")
+        _check(1 <= ksplit <= n_steps, f"projection: ksplit {ksplit} outside [1, {n_steps}]")
+        nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
+        grid = (ceil_div(n_tiles * ksplit, PROJ_WARPS), ceil_div(n_tokens, 8 * nt))
+        self._launch(f"projection_bf16_nt{nt}", grid, PROJ_WARPS * 32, stream, ptr(W, w_row0 * K), x_ptr, ptr(bias),
+                     ptr(out), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(x.shape[1]),
+                     np.int32(out.shape[1]), np.int32(out_cols), np.int32(mode), np.int32(ksplit))
+
+    # -- rope + KV store ---------------------------------------------------
+
+    def rope_store(self, qkv, pos_table, slot_table, ctl, inv_freq, k_layer: int, v_layer: int, n_rows: int,
+                   n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, stream):
+        """Rotate q in place, write rotated k and v of n_rows rows into their arena slots (k/v_layer: addresses)."""
+        _check_array("rope qkv", qkv, np.float32, 2)
+        _check_array("rope positions", pos_table, np.int32)
+        _check_array("rope slots", slot_table, np.int32)
+        _check_array("ctl", ctl, np.int32)
+        _check_array("rope inv_freq", inv_freq, np.float32, 1)
+        _check(head_dim % 2 == 0, f"rope: head_dim {head_dim} is odd")
+        _check(inv_freq.shape[0] == head_dim // 2, f"rope inv_freq: {inv_freq.shape[0]} != head_dim/2")
+        _check(qkv.shape[1] >= (n_q_heads + 2 * n_kv_heads) * head_dim, f"rope qkv: {qkv.shape[1]} columns too few")
+        _check(n_rows <= qkv.shape[0], f"rope: {n_rows} rows > qkv rows {qkv.shape[0]}")
+        self._launch("rope_store", (n_rows,), 128, stream, ptr(qkv), np.int32(qkv.shape[1]), ptr(pos_table),
+                     ptr(slot_table), ptr(ctl), ptr(inv_freq), np.uintp(k_layer), np.uintp(v_layer),
+                     np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim), np.int32(capacity))
+
+    # -- attention ---------------------------------------------------------
+
+    def attention(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
+                  n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float, stream):
+        """out[i, h*hd:(h+1)*hd] = softmax(q k^T * scale) v over attend_list[:len_i] (see attention.cu)."""
+        _check_array("attention qkv", qkv, np.float32, 2)
+        _check_array("attention list", attend_list, np.int32)
+        _check_array("attention out", out, np.float32, 2)
+        _check_array("attention part_o", part_o, np.float32)
+        _check_array("attention part_ml", part_ml, np.float32)
+        _check(n_q_heads % n_kv_heads == 0, f"attention: {n_q_heads} heads not a multiple of {n_kv_heads} KV heads")
+        _check(n_q_heads // n_kv_heads <= ATTN_MAX_GROUP, f"attention: group {n_q_heads // n_kv_heads} > {ATTN_MAX_GROUP}")
+        _check(head_dim <= ATTN_MAX_HEAD_DIM, f"attention: head_dim {head_dim} > {ATTN_MAX_HEAD_DIM}")
+        _check(part_o.size >= n_rows * n_q_heads * n_splits * head_dim, "attention part_o: too small for the split count")
+        _check(part_ml.size >= n_rows * n_q_heads * n_splits * 2, "attention part_ml: too small for the split count")
+        _check(out.shape[1] >= n_q_heads * head_dim and out.shape[0] >= n_rows, f"attention out: shape {out.shape} too small")
+        _check(head_dim % 4 == 0, f"attention: head_dim {head_dim} not a multiple of 4 (float4 loads)")
+        group = n_q_heads // n_kv_heads
+
+        def smem(rows):
+            return 4 * (ATTN_CHUNK * (2 * head_dim + 1) + rows * group * (head_dim + ATTN_CHUNK))
+        rows = min(n_rows, ATTN_MAX_ROWS_PER_BLOCK)
+        while rows > 1 and smem(rows) > self.max_shared:
+            rows -= 1
+        _check(smem(rows) <= self.max_shared, f"attention: {smem(rows)} bytes of shared memory > {self.max_shared}")
+        self._launch("attention_partial", (n_splits, n_kv_heads, ceil_div(n_rows, rows)), 128, stream, ptr(qkv),
+                     np.int32(qkv.shape[1]), np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl),
+                     ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim),
+                     np.int32(capacity), np.int32(n_splits), np.float32(scale), np.int32(n_rows), np.int32(rows),
+                     shared=smem(rows))
+        self._launch("attention_merge", (n_q_heads, n_rows), 128, stream, ptr(part_o), ptr(part_ml), ptr(ctl), ptr(out),
+                     np.int32(out.shape[1]), np.int32(n_q_heads), np.int32(head_dim), np.int32(n_splits))
+
+    # -- restricted argmax -------------------------------------------------
+
+    def argmax_bins(self, logits, n_bins: int, bin_lo: int, ctl, tokens_out, rows_consumed: int, stream, logits_offset: int = 0):
+        _check_array("argmax logits", logits, np.float32)
+        _check_array("ctl", ctl, np.int32)
+        _check_array("tokens_out", tokens_out, np.int32)
+        _check(logits_offset + n_bins <= logits.size, f"argmax: {n_bins} bins exceed logits size {logits.size}")
+        self._launch("argmax_bins", (1,), 256, stream, ptr(logits, logits_offset), np.int32(n_bins), np.int32(bin_lo),
+                     ptr(ctl), ptr(tokens_out), np.int32(rows_consumed))
+
+    # -- KV slots ----------------------------------------------------------
+
+    def kv_move(self, direction: str, k_cache, v_cache, slots, staging, n: int, n_layers: int, n_kv_heads: int,
+                capacity: int, head_dim: int, stream):
+        """direction 'gather' (arena -> staging) or 'scatter' (staging -> arena) for n slots."""
+        _check(direction in ("gather", "scatter"), f"kv_move: direction {direction!r} not 'gather' or 'scatter'")
+        _check_array("kv slots", slots, np.int32)
+        _check_array("kv staging", staging, np.float32, 4)
+        _check(staging.shape[0] == 2 and staging.shape[1] == n_layers and staging.shape[3] == n_kv_heads * head_dim,
+               f"kv staging: shape {staging.shape}, expected [2, {n_layers}, n_max, {n_kv_heads * head_dim}]")
+        _check(n <= staging.shape[2] and n <= slots.size, f"kv_move: {n} slots > staging rows {staging.shape[2]}")
+        self._launch(f"kv_{direction}", (n, n_layers, 2), 128, stream, ptr(k_cache), ptr(v_cache), ptr(slots), ptr(staging),
+                     np.int32(staging.shape[2]), np.int32(n_layers), np.int32(n_kv_heads), np.int32(capacity),
+                     np.int32(head_dim))
+
+    # -- vision ------------------------------------------------------------
+
+    def patch_embed(self, image, grid_cols: int, grid_rows: int, patch: int, W, bias, tokens, stream):
+        _check_array("vision image", image, np.uint8, 3)
+        _check_array("patch_proj.weight", W, np.float32, 2)
+        _check_array("patch_proj.bias", bias, np.float32, 1)
+        _check_array("vision tokens", tokens, np.float32, 2)
+        hidden, patch_dim = W.shape
+        _check(image.shape == (grid_rows * patch, grid_cols * patch, 3),
+               f"vision image: shape {image.shape}, expected {(grid_rows * patch, grid_cols * patch, 3)}")
+        _check(patch_dim == 3 * patch * patch, f"patch_proj.weight: {patch_dim} columns, expected {3 * patch * patch}")
+        _check(tokens.shape == (grid_rows * grid_cols, hidden), f"vision tokens: shape {tokens.shape}")
+        self._launch("patch_embed", (grid_rows * grid_cols, ceil_div(hidden, 8)), 256, stream, ptr(image),
+                     np.int32(image.shape[1]), np.int32(grid_cols), np.int32(patch), ptr(W), ptr(bias), ptr(tokens),
+                     np.int32(hidden), shared=4 * patch_dim)
+
+    def pool_rows(self, tokens, pooled, stream, pooled_row: int = 0):
+        _check_array("vision tokens", tokens, np.float32, 2)
+        n, hidden = tokens.shape
+        self._launch("pool_rows", (ceil_div(hidden, 256),), 256, stream, ptr(tokens), np.int32(n), np.int32(hidden),
+                     ptr(pooled, pooled_row * hidden))
+
+    def adjacent_cosine(self, pooled, n: int, sims, stream):
+        _check_array("pooled", pooled, np.float32, 2)
+        _check_array("sims", sims, np.float32)
+        _check(2 <= n <= pooled.shape[0] and sims.size >= n - 1, f"adjacent_cosine: n={n} vs pooled {pooled.shape}")
+        self._launch("adjacent_cosine", (n - 1,), 256, stream, ptr(pooled), np.int32(pooled.shape[1]), ptr(sims))
