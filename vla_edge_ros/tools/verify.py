@@ -38,8 +38,9 @@ class Thresholds:
 
 # Pass criteria per backend dtype. bf16: the backend holds bf16-rounded weights and
 # HF runs in fp32 on the same rounded weights, so only arithmetic precision differs.
+# fp32: issue 2 asks >= 0.9999 and the GPU issue >= 0.99999; the stricter bound serves both backends.
 THRESHOLDS = {
-    "float32": Thresholds(min_cosine=0.9999, greedy_must_match=True, min_top1=None),
+    "float32": Thresholds(min_cosine=0.99999, greedy_must_match=True, min_top1=None),
     "bfloat16": Thresholds(min_cosine=0.999, greedy_must_match=False, min_top1=0.99),
 }
 
