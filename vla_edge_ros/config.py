@@ -189,6 +189,13 @@ class ASRConfig:
     threshold: float = _doc("fill fraction of the state that triggers reconciliation (csr mode)", default=0.9)
     evict_fraction: float = _doc("fraction of the oldest chunks dropped per reconciliation (csr mode)", default=0.5)
     semantic_evictions_before_rebuild: int = _doc("approximate evictions that trigger an exact rebuild (semantic mode)", default=8)
+    rebuild_fill: float = _doc("semantic mode: the rebuilt state keeps at most this fraction of the frame capacity "
+                               "(the eviction policy drops the primary's most redundant frames beyond it), so chunks "
+                               "arriving while the reconciler works fit without new approximate evictions", default=0.75)
+    warmup_tokens_per_step: int = _doc("reconciler chunked prefill: tokens per step (whole frames, at least one), "
+                                       "so its work can be interleaved with or yield to the primary's cycles", default=128)
+    max_late_chunks: int = _doc("a ready snapshot is withdrawn and caught up again once more chunks than this have "
+                                "arrived after it (each late chunk costs the primary a recompute at the swap)", default=2)
 
     def __post_init__(self):
         if self.mode not in ASR_MODES:
@@ -198,6 +205,10 @@ class ASRConfig:
         if not 0.0 < self.evict_fraction < 1.0:
             raise ConfigError(f"asr.evict_fraction must be in (0, 1), got {self.evict_fraction}")
         _positive(self, "semantic_evictions_before_rebuild", "asr")
+        if not 0.0 < self.rebuild_fill <= 1.0:
+            raise ConfigError(f"asr.rebuild_fill must be in (0, 1], got {self.rebuild_fill}")
+        _positive(self, "warmup_tokens_per_step", "asr")
+        _non_negative(self, "max_late_chunks", "asr")
 
 
 @dataclass(frozen=True)

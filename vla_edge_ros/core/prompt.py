@@ -8,6 +8,12 @@ The prefix is computed once. Frames are appended and only ever removed by
 eviction. The suffix and the decoded action tokens are written to transient
 slots every cycle and released afterwards, so a new instruction never
 invalidates the cached frames.
+
+RoPE positions follow the layout: prefix 0..P-1, then 32 per frame in order,
+then the suffix at the next free position. Evicting a frame leaves a gap (and
+stale attention context in the frames after it) until a reconciled swap or an
+in-place rebuild re-bases the frames contiguously after the prefix again
+(core/reconciliation.py, Engine.import_state / rebuild_in_place).
 """
 from __future__ import annotations
 

@@ -1,9 +1,17 @@
 """A portable copy of the engine's frame state: what a state swap moves.
 
-The snapshot holds the retained frames (oldest first) with their KV rows, so a
-second engine (the reconciler) can hand an exactly recomputed state to the
-primary. On the CPU backend it travels as an .npz file written atomically
-(write to a temporary name, then rename) so a reader never sees half a file.
+A snapshot holds the retained frames (oldest first) with their KV rows and,
+optionally, the vision rows they were computed from, so a second engine (the
+reconciler) can hand an exactly recomputed state to the primary. Its RoPE
+positions are whatever the producing engine used; a reconciled snapshot has
+them re-based, contiguous right after the static prefix:
+
+    position  0 .. P-1        static prefix (not in the snapshot: every engine computes it once)
+              P + 32 i ..     frame i of the snapshot (i = 0 oldest)
+    next_position = P + 32 n  where the next frame / the dynamic suffix goes
+
+On the CPU backend it travels as an .npz file written atomically (write to a
+temporary name, then rename) so a reader never sees half a file.
 """
 from __future__ import annotations
 
@@ -15,12 +23,25 @@ from pathlib import Path
 import numpy as np
 
 
+class SnapshotError(ValueError):
+    """A snapshot does not fit the engine that is asked to apply it (names the mismatch)."""
+
+
+@dataclass(frozen=True)
+class StateChunk:
+    """One admitted frame as the state stores it: enough to recompute its KV anywhere."""
+    frame_id: int
+    stamp_s: float
+    tokens: np.ndarray           # [tokens_per_frame, hidden] float32 vision-encoder rows
+    pooled: np.ndarray           # [hidden] float32 pooled embedding (semantic eviction)
+
+
 @dataclass(frozen=True)
 class SnapshotFrame:
     frame_id: int
     stamp_s: float
     position_start: int          # RoPE position of the frame's first token
-    pooled: np.ndarray           # [hidden] float32 pooled vision embedding (semantic eviction)
+    pooled: np.ndarray           # [hidden] float32 pooled embedding (semantic eviction)
 
 
 @dataclass
@@ -29,20 +50,30 @@ class StateSnapshot:
     frames: list = field(default_factory=list)   # [SnapshotFrame], oldest first
     kv: np.ndarray | None = None                  # [2, layers, len(frames) * tokens_per_frame, kv_dim] float32
     next_position: int = 0                        # first free RoPE position after these frames
+    prefix_ids: np.ndarray | None = None          # [P] int64 static prefix the KV was computed after (None: unchecked)
+    rows: np.ndarray | None = None                # [len(frames), tokens_per_frame, hidden] float32 vision rows, optional
 
     @property
     def frame_ids(self) -> list[int]:
         return [f.frame_id for f in self.frames]
 
+    @property
+    def newest_frame_id(self) -> int:
+        return max(self.frame_ids, default=-1)
+
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
-        meta = {"version": self.version, "next_position": self.next_position,
+        prefix = None if self.prefix_ids is None else [int(t) for t in self.prefix_ids]
+        meta = {"version": self.version, "next_position": self.next_position, "prefix_ids": prefix,
                 "frames": [[f.frame_id, f.stamp_s, f.position_start] for f in self.frames]}
         pooled = np.stack([f.pooled for f in self.frames]) if self.frames else np.zeros((0, 0), np.float32)
+        arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+                  "kv": self.kv if self.kv is not None else np.zeros(0, np.float32), "pooled": pooled}
+        if self.rows is not None:
+            arrays["rows"] = self.rows
         with open(tmp, "wb") as fh:
-            np.savez(fh, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-                     kv=self.kv if self.kv is not None else np.zeros(0, np.float32), pooled=pooled)
+            np.savez(fh, **arrays)
         os.replace(tmp, path)
         return path
 
@@ -51,7 +82,34 @@ class StateSnapshot:
         with np.load(Path(path)) as z:
             meta = json.loads(bytes(z["meta"]).decode())
             pooled, kv = z["pooled"], z["kv"]
+            rows = z["rows"] if "rows" in z.files else None
         frames = [SnapshotFrame(int(fid), float(st), int(ps), pooled[i].astype(np.float32))
                   for i, (fid, st, ps) in enumerate(meta["frames"])]
+        prefix = meta.get("prefix_ids")
         return cls(version=int(meta["version"]), frames=frames, kv=kv if frames else None,
-                   next_position=int(meta["next_position"]))
+                   next_position=int(meta["next_position"]),
+                   prefix_ids=None if prefix is None else np.asarray(prefix, dtype=np.int64),
+                   rows=rows if frames else None)
+
+    def check_against(self, *, prefix_ids: np.ndarray, tokens_per_frame: int, num_layers: int, kv_dim: int,
+                      hidden_size: int) -> None:
+        """Raise SnapshotError naming the first field that does not fit an engine of these dimensions."""
+        n = len(self.frames)
+        ids = self.frame_ids
+        if any(b <= a for a, b in zip(ids, ids[1:])):
+            raise SnapshotError(f"snapshot v{self.version}: frame ids must increase, got {ids[:16]}")
+        if self.prefix_ids is not None and not np.array_equal(self.prefix_ids, prefix_ids):
+            raise SnapshotError(f"snapshot v{self.version}: computed after a different static prefix "
+                                f"({self.prefix_ids.size} tokens) than this engine's ({len(prefix_ids)} tokens)")
+        expected = (2, num_layers, n * tokens_per_frame, kv_dim)
+        if n and (self.kv is None or self.kv.shape != expected or self.kv.dtype != np.float32):
+            got = None if self.kv is None else f"{self.kv.dtype} {self.kv.shape}"
+            raise SnapshotError(f"snapshot v{self.version}: kv must be float32 {expected}, got {got}")
+        if n and not np.isfinite(self.kv).all():
+            raise SnapshotError(f"snapshot v{self.version}: kv contains NaN or Inf")
+        if self.rows is not None and self.rows.shape != (n, tokens_per_frame, hidden_size):
+            raise SnapshotError(f"snapshot v{self.version}: rows must be {(n, tokens_per_frame, hidden_size)}, "
+                                f"got {self.rows.shape}")
+        if n and self.next_position < self.frames[-1].position_start + tokens_per_frame:
+            raise SnapshotError(f"snapshot v{self.version}: next_position {self.next_position} is inside its newest "
+                                f"frame (starts at {self.frames[-1].position_start})")

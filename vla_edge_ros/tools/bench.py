@@ -2,6 +2,8 @@
 
     vla-edge bench --backend numpy                              engine cycle vs HF transformers (CPU, tiny model)
     vla-edge bench --backend pycuda --shape qwen2.5-1.5b        CUDA cycle vs HF eager bf16 (GPU machine)
+    vla-edge bench csr                                          time-to-first-token: CSR vs recompute-everything
+    vla-edge bench asr --png out/asr.png                        latency over eviction cycles: ASR / sync / approximate
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import importlib
 SUITES = {
     ("cycle", "numpy"): "vla_edge_ros.bench.numpy_cycle",
     ("cycle", "pycuda"): "vla_edge_ros.bench.pycuda_cycle",
+    ("csr", "numpy"): "vla_edge_ros.bench.csr_ttft",
+    ("asr", "numpy"): "vla_edge_ros.bench.asr_timeline",
 }
 
 
@@ -23,6 +27,14 @@ def add_arguments(p) -> None:
     p.add_argument("--cycles", type=int, default=20, help="timed cycles per cached length")
     p.add_argument("--cached", type=int, nargs="+", help="cached lengths to sweep")
     p.add_argument("--json", help="write the results here")
+    csr = p.add_argument_group("csr / asr suites")
+    csr.add_argument("--suffix", type=int, nargs="+", help="csr: dynamic-suffix lengths M to sweep")
+    csr.add_argument("--repeats", type=int, help="csr: timed repeats per (N, M)")
+    csr.add_argument("--capacity", type=int, help="asr: KV capacity in tokens")
+    csr.add_argument("--eviction-cycles", type=int, help="asr: eviction cycles to run through")
+    csr.add_argument("--asr-mode", choices=["csr", "semantic"], help="asr: reconciliation mode")
+    csr.add_argument("--work", choices=["interleaved", "thread"], help="asr: where the reconciler runs")
+    csr.add_argument("--png", help="asr: latency-over-time plot")
 
 
 def run(args) -> int:

@@ -1,0 +1,297 @@
+"""Asynchronous State Reconciliation on the CPU: two real engines in one process, HF transformers as the oracle.
+
+The primary and the reconciler are real Engines on separate numpy arenas with
+the seeded tiny model; frames are real footage. Reconciler work is driven by
+hand (`tick` until nothing is left: an infinitely fast second resource, or no
+ticks at all: a slow one) so every scenario is deterministic; the thread mode
+is exercised where it matters (the reconciler dying).
+"""
+import time
+
+import numpy as np
+import pytest
+
+from vla_edge_ros import config as C
+from vla_edge_ros.core.engine import Engine
+from vla_edge_ros.core.footage import read_clip
+from vla_edge_ros.core.frames import Frame
+from vla_edge_ros.core.prompt import encode_text, prefix_text
+from vla_edge_ros.core.reconciliation import InProcessAsr, Phase, StateReconciler
+from vla_edge_ros.core.state_snapshot import SnapshotError, StateChunk, StateSnapshot
+
+COS_EXACT = 0.9999
+
+
+@pytest.fixture(scope="module")
+def clip():
+    return read_clip("bikes.mp4", max_frames=48)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    from vla_edge_ros.model.factory import load_model
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir):
+    from vla_edge_ros.model.hf_oracle import load_hf_model
+    return load_hf_model(tiny_model_dir)
+
+
+class Rig:
+    """Primary + reconciler engines (capacity 384: 9 frames beside the prefix and one suffix)."""
+
+    def __init__(self, model_dir, model, clip, work="interleaved", reconciler=True, **overrides):
+        from vla_edge_ros.model.factory import create_backend_from_weights
+        spec, weights, tokenizer = model
+        self.cfg = C.load(overrides={"model.path": str(model_dir), "model.backend": "numpy", "cycle.deterministic": True,
+                                     "kv.capacity_tokens": 384, **overrides})
+
+        def engine():
+            return Engine(self.cfg, create_backend_from_weights("numpy", spec, weights, 384), tokenizer)
+
+        self.primary = engine()
+        self.rec = StateReconciler(self.cfg, engine()) if reconciler else None
+        self.driver = InProcessAsr(self.primary, self.rec, work=work)
+        self.clip = clip
+        self.i = 0
+
+    def frame(self, i):
+        return Frame(self.clip[i % len(self.clip)], float(i), i)
+
+    def cycle(self, new=True, reconcile=True):
+        """One driver cycle (swap at its boundary); then all reconciler work, unless reconcile=False."""
+        if new:
+            self.i += 1
+        c = self.driver.cycle(self.frame(self.i - 1), float(self.i - 1))
+        assert c.result.is_action, c.result.detail
+        if reconcile and self.rec is not None and self.driver.work == "interleaved":
+            drain(self.rec)
+        return c
+
+    def primary_only_cycle(self, new=True):
+        """A primary cycle with no swap at its boundary (the offer stays where it is); its chunk is mirrored."""
+        if new:
+            self.i += 1
+        r = self.primary.run_cycle(self.frame(self.i - 1), float(self.i - 1))
+        assert r.is_action, r.detail
+        if r.new_frame:
+            self.rec.mirror_encoded(self.driver.primary_chunk(self.i - 1))
+        return r
+
+    def held(self):
+        return [r.frame_id for r in self.primary.kv.retained()]
+
+
+def drain(rec):
+    while rec.tick():
+        pass
+
+
+def oracle_logits(hf, eng) -> np.ndarray:
+    """HF from scratch: prefix + the vision rows of every frame the engine holds + suffix, positions 0..T-1."""
+    import torch
+    emb = hf.get_input_embeddings()
+    prefix = encode_text(eng.tokenizer, prefix_text(eng.cfg.prompt))
+    rows = np.concatenate([eng.frames[r.frame_id].tokens for r in eng.kv.retained()])
+    with torch.inference_mode():
+        x = torch.cat([emb(torch.from_numpy(prefix)), torch.from_numpy(rows), emb(torch.from_numpy(eng.suffix))])[None]
+        return hf(inputs_embeds=x, position_ids=torch.arange(x.shape[1])[None]).logits[0, -1].numpy()
+
+
+def cosine(a, b) -> float:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def contiguous(eng) -> bool:
+    starts = [r.position_start for r in eng.kv.retained()]
+    return starts == [eng.prefix_tokens + 32 * k for k in range(len(starts))] and \
+        eng.next_position == eng.prefix_tokens + 32 * len(starts)
+
+
+# ----------------------------------------------------------------------------
+
+
+def test_versions_advance_one_swap_at_a_time_and_every_swap_leaves_an_exact_state(tiny_model_dir, model, clip):
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo"})
+    applied = []
+    for _ in range(40):
+        c = rig.cycle()
+        if c.swap is not None:
+            applied.append(c.swap.version)
+            assert rig.primary.state_version == c.swap.version
+            assert contiguous(rig.primary) and rig.primary.state_exact
+        assert rig.rec.primary_frame_ids == rig.held()        # the shadow tracks the primary without asking it
+        assert len(rig.held()) <= rig.primary.frame_capacity
+        assert rig.rec.k_applied <= rig.rec.k_ready <= rig.rec.version
+    assert len(applied) >= 4 and applied == list(range(1, len(applied) + 1))
+    assert rig.rec.k_applied == applied[-1]
+    # A prompt reconciler swaps before the primary ever has to evict on its own.
+    assert rig.primary.kv.evictions == 0 and rig.rec.stats.rounds_aborted == 0
+    with pytest.raises(SnapshotError, match="not newer"):
+        rig.primary.import_state(rig.primary.export_state(version=applied[-1]))
+
+
+@pytest.mark.parametrize("mode,policy", [("csr", "fifo"), ("semantic", "semantic")])
+def test_after_the_swap_the_next_logits_match_hf_from_scratch_and_before_it_they_do_not(
+        tiny_model_dir, model, clip, hf, mode, policy):
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": mode, "kv.eviction_policy": policy,
+                                              "asr.semantic_evictions_before_rebuild": 3})
+    for _ in range(12):                  # a slow reconciler: the primary fills up and evicts approximately
+        rig.cycle(reconcile=False)
+    assert rig.primary.approximate_evictions == 3 and not rig.primary.state_exact
+    drain(rig.rec)
+    assert rig.rec.phase is Phase.READY
+
+    rig.primary_only_cycle(new=False)    # same frame again: only the suffix is new, the state is the approximate one
+    cos_before = cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary))
+    c = rig.cycle(new=False)             # the swap is applied at this boundary; nothing else changes
+    assert c.swap is not None and c.swap.late == [] and c.swap.evicted == []
+    assert rig.primary.state_exact and contiguous(rig.primary)
+    cos_after = cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary))
+    print(f"{mode}/{policy}: 1 - cos before the swap {1 - cos_before:.3e}, after {1 - cos_after:.3e}")
+    assert cos_after >= COS_EXACT
+    assert 1 - cos_before > 100 * max(1 - cos_after, 1e-9)
+
+
+def test_chunks_arriving_between_ready_and_applied_survive_the_swap_exactly(tiny_model_dir, model, clip, hf):
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo"})
+    while rig.rec.phase is not Phase.READY:
+        rig.cycle()
+    offered = rig.rec.offered_frame_ids
+    late = [rig.primary_only_cycle().frame_id for _ in range(2)]      # admitted after "ready", before "applied"
+    drain(rig.rec)
+    assert rig.rec.phase is Phase.READY and rig.rec.stats.offers_withdrawn == 0   # 2 <= asr.max_late_chunks
+    c = rig.cycle()
+    assert c.swap is not None and c.swap.late == late
+    assert rig.held() == offered + late + [rig.i - 1]                 # nothing lost, in order
+    assert rig.primary.state_exact and contiguous(rig.primary)
+    assert cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary)) >= COS_EXACT
+    assert rig.rec.primary_frame_ids == rig.held()
+
+
+def test_an_offer_that_more_than_max_late_chunks_passed_is_caught_up_again(tiny_model_dir, model, clip):
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo", "asr.max_late_chunks": 1})
+    while rig.rec.phase is not Phase.READY:
+        rig.cycle()
+    late = [rig.primary_only_cycle().frame_id for _ in range(2)]
+    drain(rig.rec)                       # the 2nd late chunk withdraws the offer; catch-up re-offers with both
+    assert rig.rec.stats.offers_withdrawn == 1 and rig.rec.phase is Phase.READY
+    assert rig.rec.offered_frame_ids[-2:] == late
+    c = rig.cycle()
+    assert c.swap.late == [] and rig.held()[-3:-1] == late
+    assert rig.primary.state_exact
+
+
+def test_a_reconciler_stopped_mid_round_leaves_the_primary_serving_on_its_own(tiny_model_dir, model, clip):
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "semantic"})
+    while rig.rec.phase is Phase.IDLE:
+        rig.cycle(reconcile=False)
+        rig.rec.tick(32)                 # one frame per step: the round takes several ticks
+    assert rig.rec.phase is Phase.WARMING
+    rig.rec.stop()
+    version = rig.primary.state_version
+    for _ in range(20):
+        rig.cycle()                      # every cycle asserts it produced an action
+    assert rig.rec.phase is Phase.STOPPED and rig.rec.take_offer() is None
+    assert rig.primary.state_version == version
+    assert rig.primary.approximate_evictions > 0 and len(rig.held()) <= rig.primary.frame_capacity
+
+    alone = Rig(tiny_model_dir, model, clip, reconciler=False)          # no reconciler at all
+    for _ in range(15):
+        assert alone.cycle().phase == "absent"
+    assert alone.primary.kv.evictions > 0
+
+
+def test_a_reconciler_thread_that_dies_on_a_malformed_chunk_does_not_take_the_primary_down(
+        tiny_model_dir, model, clip):
+    rig = Rig(tiny_model_dir, model, clip, work="thread", **{"asr.mode": "csr"})
+    try:
+        for _ in range(4):
+            rig.cycle()
+        good = rig.driver.primary_chunk(rig.i - 1)
+        bad_id = rig.i             # the id the primary's next frame will have (the reconciler then drops that one)
+        rig.rec.mirror_encoded(StateChunk(bad_id, 0.0, good.tokens[:7], good.pooled))   # 7 rows, not 32
+        for _ in range(8):               # reach the threshold: the round includes the bad chunk and fails on it
+            rig.cycle()
+        deadline = time.monotonic() + 10.0
+        while rig.driver.reconciler_error is None and time.monotonic() < deadline:
+            rig.cycle()
+        assert isinstance(rig.driver.reconciler_error, ValueError)
+        assert f"chunk {bad_id}" in str(rig.driver.reconciler_error)
+        assert rig.rec.phase is Phase.STOPPED
+        for _ in range(10):
+            rig.cycle()                  # still serving, now with its own eviction
+        assert len(rig.held()) <= rig.primary.frame_capacity
+    finally:
+        rig.driver.close()
+
+
+def test_semantic_mode_counts_the_primary_evictions_and_trims_the_rebuild(tiny_model_dir, model, clip):
+    n = 4
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "semantic", "kv.eviction_policy": "semantic",
+                                              "asr.semantic_evictions_before_rebuild": n, "asr.rebuild_fill": 0.75})
+    evicted = []
+    while rig.rec.version == 0:
+        c = rig.cycle()
+        evicted += c.result.evicted_frame_ids
+        assert rig.rec.primary_frame_ids == rig.held()
+    assert len(evicted) == n == rig.rec.summary()["approximate_evictions"]
+    kept = rig.rec.offered_frame_ids
+    assert set(kept) <= set(rig.held()) and len(kept) == int(0.75 * rig.primary.frame_capacity)
+    c = rig.cycle()
+    assert c.swap is not None and rig.primary.state_exact and rig.rec.summary()["approximate_evictions"] == 0
+
+
+def test_snapshots_round_trip_through_npz_and_mismatches_are_named(tiny_model_dir, model, clip, tmp_path):
+    rig = Rig(tiny_model_dir, model, clip)
+    for _ in range(3):
+        rig.cycle()
+    snap = rig.primary.export_state(version=7)
+    back = StateSnapshot.load(snap.save(tmp_path / "s.npz"))
+    assert back.frame_ids == snap.frame_ids
+    np.testing.assert_array_equal(back.prefix_ids, snap.prefix_ids)
+    np.testing.assert_array_equal(back.kv, snap.kv)
+    np.testing.assert_array_equal(back.rows, snap.rows)
+
+    hand = "You control a robot hand. Answer each camera frame with one action."
+    other = Rig(tiny_model_dir, model, clip, **{"prompt.system_prompt": hand})
+    with pytest.raises(SnapshotError, match="different static prefix"):
+        other.primary.import_state(back)
+    bad_kv = StateSnapshot(version=8, frames=back.frames, kv=back.kv[:, :, :-1], next_position=back.next_position,
+                           prefix_ids=back.prefix_ids)
+    with pytest.raises(SnapshotError, match="kv must be float32"):
+        rig.primary.import_state(bad_kv)
+    held = rig.held()
+    rig.primary.import_state(back)                                     # v7 > 0: applied
+    assert rig.held() == held and rig.primary.state_version == 7
+
+
+def test_a_taken_offer_is_reconciled_from_the_shadow_or_abandoned_when_never_applied(tiny_model_dir, model, clip):
+    """The cross-process flow: a reader takes the offer at once; the primary applies it later or never."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo"})
+    while rig.rec.phase is not Phase.READY:
+        rig.cycle()
+    snap = rig.rec.take_offer()                              # e.g. written to a file for the other process
+    late = [rig.primary_only_cycle().frame_id for _ in range(3)]   # more than max_late_chunks: cannot withdraw
+    drain(rig.rec)
+    assert rig.rec.phase is Phase.READY and rig.rec.stats.offers_withdrawn == 0
+    rig.primary.import_state(snap)
+    assert rig.primary.last_swap.late == late
+    rig.rec.notify_applied(snap.version, None)               # no frame list: the shadow works the late ones out
+    drain(rig.rec)
+    assert rig.rec.k_applied == snap.version and rig.rec.primary_frame_ids == rig.held()
+
+    while rig.rec.phase is not Phase.READY:                  # next round; this time the offer is taken and lost
+        rig.cycle()
+    lost = rig.rec.take_offer()
+    while rig.rec.version == lost.version:                   # the primary never applies it and keeps evicting
+        rig.primary_only_cycle()
+        drain(rig.rec)
+    assert rig.rec.stats.rounds_aborted == 1 and rig.primary.state_version == snap.version
+    while rig.rec.k_applied == snap.version:                 # a fresh round from what the primary holds now
+        rig.cycle()
+    assert rig.rec.k_applied == lost.version + 1 and rig.primary.state_exact
+    assert rig.rec.primary_frame_ids == rig.held()

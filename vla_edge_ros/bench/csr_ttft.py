@@ -1,0 +1,190 @@
+"""`vla-edge bench csr`: time to first token with the CSR state against recomputing everything.
+
+The CPU version of the paper's Table II (reference/csr-asr-paper.md), on one
+backend instance, so both sides use the same weights and the same arena:
+
+    state   N tokens: the real static prefix (config prompt) + vision rows of
+            real footage frames (bikes.mp4, 32 rows per frame, cut to N)
+    suffix  M tokens: the real dynamic suffix (instruction + action prompt),
+            tiled to M tokens so it still ends with the action prompt
+    CSR     the state's KV is already cached (computed once, untimed); TTFT =
+            one prefill of the M suffix rows over it -> logits of the last row
+    Unord.  the paper's unordered baseline: nothing is reusable, so TTFT = a
+            chunked prefill (`--chunk` rows per forward, as the engine's own
+            chunked prefill) of all N + M rows -> logits of the last row
+
+Both sides must give the same first token (and logits with cosine >= 0.9999),
+otherwise the comparison is void and the command says so. The baseline
+rewrites the very same values into the state's slots, so the CSR state stays
+valid between repeats. Mean and std over `--repeats` repeats per point.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..config import load as load_config
+from .common import machine_info, print_table, write_json
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SIZES = (1024, 4096, 16384)       # the GPU sweep adds 32768
+DEFAULT_SUFFIXES = (1, 32, 256)           # the GPU sweep adds 1024
+DEFAULT_REPEATS = 5
+DEFAULT_CHUNK = 512
+SAME_LOGITS_COSINE = 0.9999
+CLIP = "bikes.mp4"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--sizes", type=int, nargs="+", help=f"state lengths N (default {DEFAULT_SIZES})")
+    p.add_argument("--suffix", type=int, nargs="+", help=f"suffix lengths M (default {DEFAULT_SUFFIXES})")
+    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timed repeats per (N, M)")
+    p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help="baseline prefill rows per forward")
+    p.add_argument("--model", help="model directory (default: model.path from the config)")
+    p.add_argument("--config", help="configuration YAML (default: config/vla_edge.yaml)")
+    p.add_argument("--json", help="write the results here")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vla_edge_ros.bench.csr_ttft", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return run(parser.parse_args(argv))
+
+
+def run(args) -> int:
+    from ..core.footage import read_clip
+    from ..core.prompt import encode_text, prefix_text, suffix_ids
+    from ..core.vision_encoder import VisionEncoder
+    from ..model.factory import create_backend_from_weights, load_model
+    from .numpy_cycle import _ensure_model
+
+    cfg = load_config(args.config) if getattr(args, "config", None) else load_config()
+    model_dir = Path(getattr(args, "model", None) or cfg.model.path)
+    _ensure_model(model_dir)
+    # `vla-edge bench csr --cached ...` (the dispatcher's flag) also names the state lengths.
+    sizes = tuple(getattr(args, "sizes", None) or getattr(args, "cached", None) or DEFAULT_SIZES)
+    suffixes = tuple(getattr(args, "suffix", None) or DEFAULT_SUFFIXES)
+    repeats = int(getattr(args, "repeats", None) or DEFAULT_REPEATS)
+    chunk = int(getattr(args, "chunk", None) or DEFAULT_CHUNK)
+    for name, values in (("sizes", sizes), ("suffix", suffixes), ("repeats", (repeats,)), ("chunk", (chunk,))):
+        if min(values) <= 0:
+            raise ValueError(f"bench csr: --{name} must be > 0, got {values}")
+
+    spec, weights, tokenizer = load_model(model_dir)
+    prefix = encode_text(tokenizer, prefix_text(cfg.prompt))                              # [P]
+    if min(sizes) <= prefix.size:
+        raise ValueError(f"bench csr: every state length must exceed the {prefix.size}-token prefix, got {sizes}")
+    backend = create_backend_from_weights("numpy", spec, weights, capacity=max(sizes) + max(suffixes))
+    encoder = VisionEncoder(cfg.vision, spec.hidden_size)
+    frames = read_clip(CLIP)
+    suffix_base = suffix_ids(tokenizer, cfg.prompt, cfg.prompt.instruction)              # [S]
+    rows_all = _state_rows(backend, encoder, frames, prefix, max(sizes))                 # [max N, hidden]
+
+    results, table = [], []
+    for n in sizes:
+        state = rows_all[:n]                                                             # [N, hidden]
+        _prefill(backend, state, 0, chunk, logits=False)                                 # the cached state (untimed)
+        for m in suffixes:
+            suffix = backend.embed(_tile_suffix(suffix_base, m))                        # [M, hidden]
+            csr_ms, base_ms, cos, same = [], [], [], []
+            for _ in range(repeats + 1):                                                 # +1 warm-up
+                t = time.perf_counter()
+                csr_logits = backend.forward(suffix, np.arange(n, n + m), np.arange(n, n + m, dtype=np.int32),
+                                             np.arange(n, dtype=np.int32), logits="last").logits[-1]
+                t_csr = (time.perf_counter() - t) * 1e3
+                t = time.perf_counter()
+                base_logits = _prefill(backend, np.concatenate([state, suffix]), 0, chunk, logits=True)
+                t_base = (time.perf_counter() - t) * 1e3
+                csr_ms.append(t_csr)
+                base_ms.append(t_base)
+                cos.append(_cosine(csr_logits, base_logits))
+                same.append(int(np.argmax(csr_logits)) == int(np.argmax(base_logits)))
+            csr_ms, base_ms = csr_ms[1:], base_ms[1:]
+            agree = all(same) and min(cos) >= SAME_LOGITS_COSINE
+            results.append({"state_tokens": n, "suffix_tokens": m, "csr_ttft_ms": _stats(csr_ms),
+                            "baseline_ttft_ms": _stats(base_ms), "speedup": float(np.mean(base_ms) / np.mean(csr_ms)),
+                            "logits_cosine_min": float(min(cos)), "same_first_token": bool(agree)})
+            table.append([n, m, f"{np.mean(csr_ms):.2f} ± {np.std(csr_ms):.2f}",
+                          f"{np.mean(base_ms):.1f} ± {np.std(base_ms):.1f}", np.mean(base_ms) / np.mean(csr_ms),
+                          f"{min(cos):.6f}", "yes" if agree else "NO"])
+            log.info("N=%d M=%d: csr %.2f ms, unordered %.1f ms", n, m, np.mean(csr_ms), np.mean(base_ms))
+
+    machine = machine_info()
+    print(f"machine: {machine['cpu']} x{machine['cpu_count']}, python {machine['python']}, numpy {machine['numpy']}")
+    print(f"model: {model_dir} ({spec.model_type}, {spec.num_layers} layers, hidden {spec.hidden_size}), numpy backend fp32; "
+          f"state = {prefix.size}-token prefix + footage vision rows; {repeats} repeats (+1 warm-up); "
+          f"baseline = chunked prefill of N + M rows, {chunk} rows per forward")
+    print_table("TTFT (ms, mean ± std): CSR = suffix prefill over the cached state; unordered = recompute everything",
+                ["N", "M", "CSR", "unordered", "speedup", "cos(logits)", "same token"], table)
+    _print_table_ii(results, sizes, suffixes)
+    write_json(getattr(args, "json", None), {
+        "suite": "csr", "backend": "numpy", "model": str(model_dir), "machine": machine, "repeats": repeats,
+        "prefill_chunk": chunk, "prefix_tokens": int(prefix.size), "results": results,
+    })
+    if not all(r["same_first_token"] for r in results):
+        log.error("CSR and the full recompute disagree: the timing comparison is not like for like")
+        return 1
+    return 0
+
+
+def _state_rows(backend, encoder, frames, prefix, n: int) -> np.ndarray:
+    """[n, hidden]: prefix token embeddings, then 32 vision rows per footage frame (the clip loops)."""
+    parts, have, i = [backend.embed(prefix)], prefix.size, 0
+    while have < n:
+        tokens = encoder.encode(frames[i % len(frames)]).tokens                        # [32, hidden]
+        parts.append(tokens)
+        have += tokens.shape[0]
+        i += 1
+    return np.concatenate(parts)[:n].astype(np.float32)
+
+
+def _tile_suffix(ids: np.ndarray, m: int) -> np.ndarray:
+    """[m] suffix ids ending with the real suffix (repeated in front when m is longer, its tail when shorter)."""
+    reps = -(-m // ids.size)
+    return np.tile(ids, reps)[-m:]
+
+
+def _prefill(backend, rows: np.ndarray, start: int, chunk: int, logits: bool):
+    """Chunked prefill of rows at positions/slots start.. ; returns the last row's logits when asked."""
+    out = None
+    n = rows.shape[0]
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        last = e == n
+        out = backend.forward(rows[s:e], np.arange(start + s, start + e), np.arange(start + s, start + e, dtype=np.int32),
+                              np.arange(start, start + s, dtype=np.int32),
+                              logits="last" if (logits and last) else "none")
+    return out.logits[-1] if logits else None
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def _stats(samples) -> dict:
+    a = np.asarray(samples, dtype=np.float64)
+    return {"mean": float(a.mean()), "std": float(a.std()), "samples": [float(x) for x in a]}
+
+
+def _print_table_ii(results, sizes, suffixes) -> None:
+    """The paper's layout: one column per N, the unordered row, then one CSR row per M (mean ± std, ms)."""
+    by = {(r["state_tokens"], r["suffix_tokens"]): r for r in results}
+    m0 = min(suffixes)
+    rows = [[f"Unord. (M={m0})"] + [_pm(by[(n, m0)]["baseline_ttft_ms"]) for n in sizes]]
+    rows += [[f"M={m}"] + [_pm(by[(n, m)]["csr_ttft_ms"]) for n in sizes] for m in suffixes]
+    print_table("Table II layout (ms, mean ± std)", [""] + [f"N={n}" for n in sizes], rows)
+
+
+def _pm(s: dict) -> str:
+    return f"{s['mean']:.2f} ± {s['std']:.2f}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,544 @@
+"""Asynchronous State Reconciliation (ASR): exact forgetting without stalling the primary.
+
+The primary engine serves cycles and, when it must, evicts approximately (its
+policy drops a frame; the frames after it keep KV computed with the dropped
+one in context, and the RoPE positions keep a hole). The reconciler, on a
+second engine (second context / device; on the CPU a second arena), rebuilds
+the exact state of the frames to keep and offers it; the primary swaps it in
+at a cycle boundary (`Engine.import_state`). This is Algorithm 1 of
+reference/csr-asr-paper.md: warm up, catch up, swap.
+
+Phases of `StateReconciler` (one "round" per version k):
+
+    idle --trigger--> warming --kept frames computed--> catching_up --nothing left--> ready
+      ^                                                                                 |
+      +---------------------------- primary applied k (k_applied = k) <-----------------+
+    a round that no longer fits its arena is aborted (back to idle; the trigger fires again);
+    stop() from any phase -> stopped: the primary keeps serving and evicting on its own.
+
+    warming      chunked prefill of the kept frames with positions re-based right after the
+                 prefix, at most asr.warmup_tokens_per_step tokens (whole frames) per tick
+    catching_up  the same for the chunks that arrived since the trigger
+    ready        snapshot k exported (k_ready = k); chunks arriving now are "late": the primary
+                 recomputes them over the snapshot when it applies it, so none is lost; after more
+                 than asr.max_late_chunks of them an untaken offer is withdrawn and caught up again
+
+Triggers (asr.mode):
+    csr       the primary's frames reach asr.threshold of its frame capacity: keep the newest
+              (1 - asr.evict_fraction) of them (the paper's rule)
+    semantic  the primary has made asr.semantic_evictions_before_rebuild approximate evictions
+              since its state was last exact: rebuild the frames it still holds, trimmed by its
+              eviction policy to asr.rebuild_fill of the frame capacity so that the chunks arriving
+              during the round fit without new approximate evictions
+
+What the primary holds is tracked without asking it: a "shadow" KVSlotManager
+with the primary's capacity, prefix, suffix reserve and eviction policy replays
+every mirrored chunk, so it evicts exactly what the primary's policy evicts.
+
+Who calls what (the ROS reconciler node, or `InProcessAsr` below). The primary
+side only appends to a queue or takes a finished snapshot, so it never waits
+for reconciler work; everything else runs in `tick`, on the reconciler's side:
+
+    primary side   mirror_chunk(frame) / mirror_encoded(chunk)   each admitted frame, in order
+                   take_offer() -> StateSnapshot | None          at a cycle boundary
+                   notify_applied(version, late_ids) / notify_rejected(version, reason)
+    reconciler     tick(max_tokens) -> tokens computed           drain the queue, one bounded step
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..config import VlaConfig
+from .cycle_result import CycleResult
+from .engine import Engine, SwapReport
+from .frames import Frame
+from .kv_slots import KVCapacityError, KVSlotManager, make_policy
+from .state_snapshot import SnapshotError, StateChunk, StateSnapshot
+
+log = logging.getLogger(__name__)
+
+TRIGGER_CSR = "csr_threshold"
+TRIGGER_SEMANTIC = "semantic_evictions"
+RECONCILER_NICE = 10          # thread mode: the reconciler thread's niceness (the CPU's "low-priority stream")
+WORK_MODES = ("interleaved", "thread")
+
+
+class Phase(str, enum.Enum):
+    IDLE = "idle"
+    WARMING = "warming"
+    CATCHING_UP = "catching_up"
+    READY = "ready"
+    STOPPED = "stopped"
+
+
+# ----------------------------------------------------------------------------
+# The rules (shared with the synchronous baseline of the benchmark)
+
+
+def trigger_reason(cfg: VlaConfig, frames_held: int, frame_capacity: int, approximate_evictions: int) -> str | None:
+    """Which trigger fires for a state of `frames_held` frames, or None."""
+    asr = cfg.asr
+    if asr.mode == "csr":
+        return TRIGGER_CSR if frames_held >= math.ceil(asr.threshold * frame_capacity) else None
+    return TRIGGER_SEMANTIC if approximate_evictions >= asr.semantic_evictions_before_rebuild else None
+
+
+def plan_keep(cfg: VlaConfig, retained: list, frame_capacity: int, policy) -> list[int]:
+    """Frame ids to rebuild, oldest first, from `retained` ([RetainedFrame] oldest first)."""
+    asr = cfg.asr
+    if asr.mode == "csr":
+        drop = int(len(retained) * asr.evict_fraction)
+        return [r.frame_id for r in retained[drop:]]
+    frames = list(retained)
+    limit = max(1, int(asr.rebuild_fill * frame_capacity))
+    while len(frames) > limit:
+        idx = policy.victim(frames, need_free=True)
+        if idx is None:
+            break
+        frames.pop(idx)
+    return [r.frame_id for r in frames]
+
+
+# ----------------------------------------------------------------------------
+# The state machine
+
+
+@dataclass
+class Round:
+    """One reconciliation, version k."""
+    version: int
+    trigger: str
+    frame_ids: list               # rebuild order: the kept frames, then chunks that arrived during the round
+    warm: int                     # frame_ids[:warm] is the warm-up set (the kept frames)
+    dropped: list                 # frames the primary held at the trigger that the round leaves out
+    started_s: float
+    done: int = 0                 # frame_ids[:done] are computed in the reconciler's arena
+    ready_s: float | None = None
+    offered_ids: list = field(default_factory=list)
+    late_since_offer: int = 0
+
+
+@dataclass
+class ReconcilerStats:
+    rounds_started: int = 0
+    rounds_offered: int = 0
+    rounds_applied: int = 0
+    rounds_aborted: int = 0
+    offers_withdrawn: int = 0
+    offers_rejected: int = 0
+    tokens_computed: int = 0
+    chunks_mirrored: int = 0
+    duplicate_chunks: int = 0
+    trigger_to_ready_ms: list = field(default_factory=list)
+    trigger_to_applied_ms: list = field(default_factory=list)
+
+
+class StateReconciler:
+    """ASR on a second engine; see the module docstring for phases, triggers and callers.
+
+    `engine` is the reconciler's own Engine (its own backend arena, same
+    configuration and prefix as the primary). Its frame state is rebuilt each
+    round; its static prefix is computed once, at its construction.
+    """
+
+    def __init__(self, cfg: VlaConfig, engine: Engine, clock=time.perf_counter):
+        if engine.cfg.kv.capacity_tokens != cfg.kv.capacity_tokens:
+            raise ValueError(f"reconciler engine has {engine.cfg.kv.capacity_tokens} KV slots, "
+                             f"kv.capacity_tokens is {cfg.kv.capacity_tokens}")
+        self.cfg = cfg
+        self.engine = engine
+        self.clock = clock
+        self.tpf = cfg.vision.tokens_per_frame
+        self.policy = make_policy(cfg.kv.eviction_policy, cfg.kv.window_frames)
+        self.phase = Phase.IDLE
+        self.version = 0                  # newest version planned
+        self.k_ready = 0                  # newest version offered
+        self.k_applied = 0                # newest version the primary reported applied
+        self.stats = ReconcilerStats()
+        self._round: Round | None = None
+        self._inbox: deque = deque()      # ("chunk", StateChunk | Frame) | ("applied", v, ids) | ("rejected", v, why)
+        self._offer_lock = threading.Lock()
+        self._offer: StateSnapshot | None = None
+        self._chunks: dict[int, StateChunk] = {}
+        self._last_offer: tuple[int, list] | None = None    # (version, frame ids) of the newest snapshot offered
+        self._last_chunk_id = -1
+        self._approx_evictions = 0        # shadow (primary) policy evictions since the primary was last exact
+        self._shadow = self._new_shadow()
+
+    # ------------------------------------------------------------ primary side
+
+    def mirror_chunk(self, frame: Frame) -> None:
+        """A frame the primary admitted (pixels; encoded on the reconciler side). Never blocks."""
+        self._inbox.append(("chunk", frame))
+
+    def mirror_encoded(self, chunk: StateChunk) -> None:
+        """As mirror_chunk, with the primary's own vision rows (same process: no second encode)."""
+        self._inbox.append(("chunk", chunk))
+
+    def take_offer(self) -> StateSnapshot | None:
+        """The ready snapshot, once (call at a cycle boundary, then apply it and notify)."""
+        with self._offer_lock:
+            snap, self._offer = self._offer, None
+            return snap
+
+    def notify_applied(self, version: int, late_frame_ids=None) -> None:
+        """The primary applied `version`; late_frame_ids: frames it recomputed after the snapshot
+        (Engine.last_swap.late); None: the reconciler's shadow decides."""
+        self._inbox.append(("applied", int(version), None if late_frame_ids is None else list(late_frame_ids)))
+
+    def notify_rejected(self, version: int, reason: str) -> None:
+        self._inbox.append(("rejected", int(version), reason))
+
+    def stop(self) -> None:
+        """Give up: withdraw any offer and do no more work (the primary keeps evicting on its own)."""
+        with self._offer_lock:
+            self._offer = None
+            self.phase = Phase.STOPPED
+        self._round = None
+
+    # -------------------------------------------------------- reconciler side
+
+    def tick(self, max_tokens: int | None = None) -> int:
+        """Drain the inbox, then at most one chunked-prefill step; returns the tokens computed."""
+        if not self.receive():
+            return 0
+        return self._step(max_tokens or self.cfg.asr.warmup_tokens_per_step)
+
+    def receive(self) -> bool:
+        """Drain the inbox only (cheap bookkeeping, may start a round); True when a step is due."""
+        if self.phase is Phase.STOPPED:
+            return False
+        self._drain()
+        return self.phase in (Phase.WARMING, Phase.CATCHING_UP)
+
+    @property
+    def busy(self) -> bool:
+        """True while a round is warming up or catching up (reconciler work pending)."""
+        return self.phase in (Phase.WARMING, Phase.CATCHING_UP) or bool(self._inbox)
+
+    @property
+    def offered_frame_ids(self) -> list[int] | None:
+        """Frame ids of the snapshot on offer now (None when nothing is on offer)."""
+        with self._offer_lock:
+            return None if self._offer is None else self._offer.frame_ids
+
+    @property
+    def primary_frame_ids(self) -> list[int]:
+        """What the shadow says the primary holds, oldest first."""
+        return [r.frame_id for r in self._shadow.retained()]
+
+    def summary(self) -> dict:
+        r = self._round
+        return {"phase": self.phase.value, "version": self.version, "k_ready": self.k_ready,
+                "k_applied": self.k_applied, "round_frames": len(r.frame_ids) if r else 0,
+                "round_done": r.done if r else 0, "primary_frames": len(self._shadow.retained()),
+                "approximate_evictions": self._approx_evictions, **{k: v for k, v in vars(self.stats).items()
+                                                                    if not isinstance(v, list)}}
+
+    # ------------------------------------------------------------- internals
+
+    def _new_shadow(self) -> KVSlotManager:
+        shadow = KVSlotManager(self.cfg.kv.capacity_tokens, self.tpf, self.policy)
+        shadow.reserve_prefix(self.engine.prefix_tokens)
+        return shadow
+
+    def _drain(self) -> None:
+        while self._inbox:
+            kind, *rest = self._inbox.popleft()
+            if kind == "chunk":
+                self._on_chunk(rest[0])
+            elif kind == "applied":
+                self._on_applied(*rest)
+            else:
+                self._on_rejected(*rest)
+
+    def _on_chunk(self, item) -> None:
+        if item.frame_id <= self._last_chunk_id:
+            self.stats.duplicate_chunks += 1     # re-sent or out of order: frame ids only grow
+            return
+        chunk = self.engine.encode_chunk(item) if isinstance(item, Frame) else item
+        self._last_chunk_id = chunk.frame_id
+        self.stats.chunks_mirrored += 1
+        self._chunks[chunk.frame_id] = chunk
+        admission = self._shadow.add_frame(chunk.frame_id, chunk.pooled, 0, reserve=self.engine.suffix_reserve)
+        self._approx_evictions += len(admission.evicted)
+        r = self._round
+        if r is not None and self.phase is not Phase.STOPPED:
+            r.frame_ids.append(chunk.frame_id)
+            if self.phase is Phase.READY:
+                r.late_since_offer += 1
+                if len(r.frame_ids) > self.engine.frame_capacity:
+                    # Taken but never reported applied (rejected, or its reader is gone), and too old to
+                    # apply without approximate eviction: start over from what the primary holds now.
+                    self._abort(f"offer v{r.version} and {r.late_since_offer} late chunks no longer fit")
+                elif r.late_since_offer > self.cfg.asr.max_late_chunks:
+                    self._withdraw_offer()
+        self._prune_chunks()
+        if self.phase is Phase.IDLE:
+            self._maybe_start_round()
+
+    def _maybe_start_round(self) -> None:
+        retained = self._shadow.retained()
+        why = trigger_reason(self.cfg, len(retained), self.engine.frame_capacity, self._approx_evictions)
+        if why is None:
+            return
+        keep = plan_keep(self.cfg, retained, self.engine.frame_capacity, self.policy)
+        self.version += 1
+        kept = set(keep)
+        self._round = Round(version=self.version, trigger=why, frame_ids=list(keep), warm=len(keep),
+                            dropped=[r.frame_id for r in retained if r.frame_id not in kept], started_s=self.clock())
+        self.engine.reset_frames()
+        self.phase = Phase.WARMING
+        self.stats.rounds_started += 1
+        log.info("ASR round v%d (%s): rebuilding %d of %d frames", self.version, why, len(keep), len(retained))
+
+    def _step(self, max_tokens: int) -> int:
+        r = self._round
+        todo = r.frame_ids[r.done:]
+        if len(r.frame_ids) > self.engine.frame_capacity:
+            self._abort(f"{len(r.frame_ids)} frames no longer fit the reconciler's {self.engine.frame_capacity}")
+            return 0
+        tokens = 0
+        if todo:
+            batch = todo[:max(1, max_tokens // self.tpf)]
+            try:
+                self.engine.append_chunks([self._chunks[f] for f in batch], allow_evict=False)
+            except KVCapacityError as exc:
+                self._abort(str(exc))
+                return 0
+            if not self.engine.state_exact:     # e.g. a sliding_window policy capped the rebuild
+                self._abort(f"the reconciler's own {self.policy.name} policy evicted during the rebuild")
+                return 0
+            r.done += len(batch)
+            tokens = len(batch) * self.tpf
+            self.stats.tokens_computed += tokens
+        if self.phase is Phase.STOPPED:
+            return tokens
+        self.phase = Phase.WARMING if r.done < r.warm else Phase.CATCHING_UP
+        if r.done == len(r.frame_ids) and not self._inbox:
+            self._make_ready()
+        return tokens
+
+    def _make_ready(self) -> None:
+        r = self._round
+        snap = self.engine.export_state(r.version)
+        r.offered_ids = snap.frame_ids
+        r.late_since_offer = 0
+        self._last_offer = (r.version, list(snap.frame_ids))
+        if r.ready_s is None:
+            r.ready_s = self.clock()
+            self.stats.trigger_to_ready_ms.append((r.ready_s - r.started_s) * 1e3)
+        with self._offer_lock:
+            if self.phase is Phase.STOPPED:      # stopped from another thread while this round ran
+                return
+            self._offer = snap
+            self.phase = Phase.READY
+        self.k_ready = r.version
+        self.stats.rounds_offered += 1
+
+    def _withdraw_offer(self) -> None:
+        with self._offer_lock:
+            if self._offer is None:
+                return            # already taken: the primary will apply it and recompute the late chunks
+            self._offer = None
+        self.stats.offers_withdrawn += 1
+        self.phase = Phase.CATCHING_UP
+
+    def _on_applied(self, version: int, late_ids) -> None:
+        if self._last_offer is None or self._last_offer[0] != version:
+            log.warning("primary applied v%s, which is not the newest offer (%s)", version,
+                        self._last_offer and self._last_offer[0])
+            return
+        offered = self._last_offer[1]
+        if late_ids is None:        # what the primary keeps by its own rule: frames newer than the snapshot
+            newest = max(offered, default=-1)
+            late_ids = [f for f in self.primary_frame_ids if f > newest]
+        # The primary now holds the snapshot, then the late frames: replay that into the shadow.
+        self._shadow = self._new_shadow()
+        evicted = 0
+        for fid in list(offered) + list(late_ids):
+            evicted += len(self._shadow.add_frame(fid, self._chunks[fid].pooled, 0,
+                                                  reserve=self.engine.suffix_reserve).evicted)
+        self._approx_evictions = evicted
+        self.k_applied = version
+        self.stats.rounds_applied += 1
+        r = self._round
+        if r is not None and r.version == version:
+            self.stats.trigger_to_applied_ms.append((self.clock() - r.started_s) * 1e3)
+            self._round = None
+            if self.phase is not Phase.STOPPED:
+                self.phase = Phase.IDLE
+        self._prune_chunks()
+        log.info("ASR v%d applied by the primary (%d late frames recomputed there)", version, len(late_ids))
+        if self.phase is Phase.IDLE:
+            self._maybe_start_round()
+
+    def _on_rejected(self, version: int, reason: str) -> None:
+        self.stats.offers_rejected += 1
+        if self._round is not None and self._round.version == version:
+            self._abort(f"primary rejected v{version}: {reason}")
+
+    def _abort(self, reason: str) -> None:
+        log.warning("ASR round v%d aborted: %s", self._round.version, reason)
+        with self._offer_lock:
+            self._offer = None
+        self._round = None
+        self.phase = Phase.IDLE
+        self.stats.rounds_aborted += 1
+        self._prune_chunks()
+
+    def _prune_chunks(self) -> None:
+        """Keep the rows of frames the primary holds or the round needs; nothing else."""
+        needed = set(self.primary_frame_ids)
+        if self._round is not None:
+            needed.update(self._round.frame_ids)
+        if self._last_offer is not None and self._last_offer[0] > self.k_applied:
+            needed.update(self._last_offer[1])          # taken, maybe still to be applied
+        for fid in [f for f in self._chunks if f not in needed]:
+            del self._chunks[fid]
+
+
+# ----------------------------------------------------------------------------
+# In-process driver: the protocol with both engines in one process
+
+
+@dataclass
+class DriverCycle:
+    """One primary cycle as the driver saw it."""
+    result: CycleResult
+    latency_ms: float             # boundary work (a swap) + the cycle
+    phase: str                    # reconciler phase at the start of the cycle
+    swap: SwapReport | None       # the swap applied at this cycle's boundary, if any
+
+
+class InProcessAsr:
+    """A primary Engine serving cycles and a StateReconciler on a second Engine, in one process.
+
+    work="interleaved": the caller gives the reconciler the idle time after
+    each cycle (`work_until`); work="thread": it runs on its own thread at a
+    raised niceness (numpy releases the GIL in its matmuls). Swaps are applied
+    at the start of a cycle and their cost is counted in that cycle. With
+    reconciler=None (absent) or after it stopped or died, the primary serves
+    and evicts approximately on its own.
+    """
+
+    def __init__(self, primary: Engine, reconciler: StateReconciler | None, work: str = "interleaved"):
+        if work not in WORK_MODES:
+            raise ValueError(f"work must be one of {WORK_MODES}, got {work!r}")
+        self.primary = primary
+        self.reconciler = reconciler
+        self.work = work
+        self.reconciler_error: BaseException | None = None
+        self._ms_per_token = None         # EMA of the reconciler's chunked-prefill cost (interleaved)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = None
+        if reconciler is not None and work == "thread":
+            self._thread = threading.Thread(target=self._thread_main, name="asr-reconciler", daemon=True)
+            self._thread.start()
+
+    def cycle(self, frame: Frame | None, now_s: float, start_perf: float | None = None) -> DriverCycle:
+        """Apply a ready swap, run one primary cycle, mirror its admitted frame.
+
+        start_perf: when the cycle began (earlier work of the caller counts in it); default now.
+        """
+        t0 = time.perf_counter() if start_perf is None else start_perf
+        rec = self.reconciler
+        phase = rec.phase.value if rec is not None else "absent"
+        swap = self._apply_ready_swap()
+        result = self.primary.run_cycle(frame, now_s, cycle_start_perf=t0)
+        latency_ms = (time.perf_counter() - t0) * 1e3
+        if rec is not None and result.new_frame and frame.frame_id in self.primary.frames:
+            rec.mirror_encoded(self.primary_chunk(frame.frame_id))
+            self._wake.set()
+        return DriverCycle(result=result, latency_ms=latency_ms, phase=phase, swap=swap)
+
+    def work_until(self, deadline_perf: float, margin_ms: float | None = None) -> int:
+        """Interleaved mode: reconciler steps sized to fit before `deadline_perf` (the next cycle).
+
+        Step size comes from an EMA of the reconciler's ms per token, seeded
+        with the primary's own prefill ms/token estimate, with 1.5x headroom;
+        when not even one frame fits, the work waits for the next idle window.
+        """
+        rec = self.reconciler
+        if rec is None or self.work != "interleaved" or rec.phase is Phase.STOPPED:
+            return 0
+        margin = self.primary.cfg.cycle.safety_margin_ms if margin_ms is None else margin_ms
+        tpf, most = self.primary.cfg.vision.tokens_per_frame, self.primary.cfg.asr.warmup_tokens_per_step
+        tokens = 0
+        if not self._guarded(rec.receive):
+            return 0
+        while rec.phase in (Phase.WARMING, Phase.CATCHING_UP):
+            per_token = self._ms_per_token or self.primary.admission.ema_prefill_ms_per_token or 0.1
+            left_ms = (deadline_perf - time.perf_counter()) * 1e3 - margin
+            frames = min(int(left_ms / (1.5 * per_token * tpf)), max(1, most // tpf))
+            if frames < 1:
+                break
+            t = time.perf_counter()
+            done = self._guarded(lambda: rec.tick(frames * tpf))
+            if not done:
+                break
+            rate = (time.perf_counter() - t) * 1e3 / done
+            self._ms_per_token = rate if self._ms_per_token is None else 0.7 * self._ms_per_token + 0.3 * rate
+            tokens += done
+        return tokens
+
+    def primary_chunk(self, frame_id: int) -> StateChunk:
+        rec = self.primary.frames[frame_id]
+        pooled = next(r.pooled for r in self.primary.kv.retained() if r.frame_id == frame_id)
+        return StateChunk(frame_id, rec.stamp_s, rec.tokens, pooled)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    # ------------------------------------------------------------- internals
+
+    def _apply_ready_swap(self) -> SwapReport | None:
+        rec = self.reconciler
+        if rec is None:
+            return None
+        snap = rec.take_offer()
+        if snap is None:
+            return None
+        try:
+            self.primary.import_state(snap)
+        except SnapshotError as exc:
+            log.warning("swap v%d rejected: %s", snap.version, exc)
+            rec.notify_rejected(snap.version, str(exc))
+            return None
+        rec.notify_applied(snap.version, self.primary.last_swap.late)
+        self._wake.set()
+        return self.primary.last_swap
+
+    def _guarded_tick(self) -> int:
+        return self._guarded(self.reconciler.tick)
+
+    def _guarded(self, call):
+        try:
+            return call()
+        except (KeyError, ValueError, RuntimeError, ArithmeticError, MemoryError) as exc:
+            # A dead reconciler must never take the primary down: stop it and serve alone.
+            log.exception("reconciler failed; the primary continues with approximate eviction")
+            self.reconciler_error = exc
+            self.reconciler.stop()
+            return 0
+
+    def _thread_main(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RECONCILER_NICE)
+        except (OSError, AttributeError) as exc:   # not Linux, or not allowed: run at normal priority
+            log.info("reconciler thread priority unchanged: %s", exc)
+        while not self._stop.is_set() and self.reconciler.phase is not Phase.STOPPED:
+            if not self._guarded_tick() and not self.reconciler.busy:
+                self._wake.wait(timeout=0.01)
+                self._wake.clear()
