@@ -28,6 +28,7 @@ _CANDIDATE_CONFIG_DIRS = (
 
 EVICTION_POLICIES = ("fifo", "sliding_window", "semantic")
 BACKENDS = ("auto", "numpy", "pycuda")
+DTYPES = ("float32", "bfloat16")
 RELIABILITIES = ("best_effort", "reliable")
 ASR_MODES = ("csr", "semantic")
 GIB = 1024 ** 3
@@ -162,12 +163,17 @@ class MemoryConfig:
 class ModelConfig:
     path: str = _doc("HuggingFace snapshot directory (config.json, *.safetensors, tokenizer.json)", default="models/tiny")
     backend: str = _doc("auto | numpy | pycuda (auto: pycuda when a CUDA device exists)", default="auto")
+    dtype: str = _doc("weight precision of the backend: float32 | bfloat16", default="float32")
+    cpu_threads: int = _doc("BLAS threads of the numpy backend per process (small matrices: 1 is fastest)", default=1)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ConfigError(f"model.backend must be one of {BACKENDS}, got {self.backend!r}")
         if not self.path:
             raise ConfigError("model.path must name a model directory")
+        _positive(self, "cpu_threads", "model")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,9 @@ def run(args) -> int:
     from ..model.factory import create_backend, load_model
     from ..model.hf_oracle import load_hf_model
 
+    from ..core.cpu_threads import limit_cpu_threads
     cfg = load_config(args.config) if getattr(args, "config", None) else load_config()
+    limit_cpu_threads(cfg.model.cpu_threads)          # both sides get the same thread count
     model_dir = Path(args.model or cfg.model.path)
     _ensure_model(model_dir)
     spec, _weights, _tok = load_model(model_dir)
@@ -43,6 +45,7 @@ def run(args) -> int:
     lo = spec.vocab_size - cfg.action.num_bins
 
     hf = load_hf_model(model_dir)
+    torch.set_num_threads(cfg.model.cpu_threads)
     hf_embed = hf.get_input_embeddings()
     rows = []
     payload_rows = []

@@ -107,9 +107,12 @@ class Engine:
 
     @classmethod
     def from_config(cls, cfg: VlaConfig) -> "Engine":
-        from ..model.factory import create_backend, load_model
-        _spec, _weights, tokenizer = load_model(cfg.model.path)
-        backend = create_backend(cfg.model.backend, cfg.model.path, capacity=cfg.kv.capacity_tokens)
+        from ..model.factory import create_backend_from_weights, load_model
+        from .cpu_threads import limit_cpu_threads
+        limit_cpu_threads(cfg.model.cpu_threads)
+        spec, weights, tokenizer = load_model(cfg.model.path)
+        backend = create_backend_from_weights(cfg.model.backend, spec, weights,
+                                              capacity=cfg.kv.capacity_tokens, dtype=cfg.model.dtype)
         return cls(cfg, backend, tokenizer)
 
     # ------------------------------------------------------------------ public
