@@ -3,7 +3,8 @@
 # against HuggingFace on tiny / llama-tiny / the Qwen2.5-1.5B-shaped random model (bf16 and fp32),
 # then the cycle benchmark. Logs go to $OUT (at most 8 files come back).
 #   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (default: all, in that order), from the repo root after
-#   `source .whl/on-device.sh`.
+#   `source .whl/on-device.sh`. verify-small covers VERIFY_MODELS (default "tiny llama-tiny") x VERIFY_DTYPES
+#   (default "fp32 bf16"); BENCH_ARGS go to the benchmark.
 set -o pipefail
 OUT=${OUT:-out/gpu_session}
 mkdir -p "$OUT"
@@ -34,10 +35,9 @@ for stage in $STAGES; do
         echo "== backend tests"
         $PY -m pytest test/test_cuda_backend.py -q -rs 2>&1 | tee -a "$OUT/tests.log" | tail -15 || status=1 ;;
     verify-small)
-        for m in tiny llama-tiny; do
+        for m in ${VERIFY_MODELS:-tiny llama-tiny}; do
             make_model $m "$MODELS/$m"
-            verify "$MODELS/$m" fp32 cuda
-            verify "$MODELS/$m" bf16 cuda
+            for dt in ${VERIFY_DTYPES:-fp32 bf16}; do verify "$MODELS/$m" $dt cuda; done
         done ;;
     verify-1.5b-bf16|verify-1.5b-fp32)
         make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16

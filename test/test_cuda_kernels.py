@@ -150,8 +150,106 @@ def test_rope_store_at_absolute_positions(kn, gpu, hq, kvh, hd):
     np.testing.assert_array_equal(v_d.get(), e_v)
 
 
-@pytest.mark.parametrize("hq,kvh,hd,ctx,n", [(12, 2, 128, 300, 1), (12, 2, 128, 130, 9), (4, 1, 32, 0, 6)])
-def test_attention_over_slot_list_with_holes(kn, gpu, hq, kvh, hd, ctx, n):
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("rows,k,n", PROJ_SHAPES + [(48, 1536, 13)])
+def test_projection_fused_modes_match_reference(kn, gpu, rows, k, n, norm):
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
+    rng = np.random.default_rng(rows * 5 + k + n + norm)
+    w = ref.to_bf16_bits((rng.standard_normal((rows, k)) / np.sqrt(k)).astype(np.float32))
+    x = (rng.standard_normal((n, k)) * 2).astype(np.float32)
+    norm_w = rng.standard_normal(k).astype(np.float32) if norm else None
+    bias = rng.standard_normal(rows).astype(np.float32)
+    nw_dev = ga.to_gpu(norm_w) if norm else None
+    eps = 1e-6
+    tol = 2e-5
+
+    out = _nan(ga, (n, rows))
+    kn.projection_fused(ga.to_gpu(w), ga.to_gpu(x), out, n, MODE_STORE, stream, norm_w=nw_dev, eps=eps, bias=ga.to_gpu(bias))
+    stream.synchronize()
+    assert _rel_err(out.get(), ref.projection_fused_ref(w, x, MODE_STORE, norm_w=norm_w, eps=eps, bias=bias)) < tol
+
+    base = rng.standard_normal((n, rows)).astype(np.float32)
+    expected = ref.projection_fused_ref(w, x, MODE_ADD, out=base, norm_w=norm_w, eps=eps).astype(np.float64) - base
+    n_steps = k // 32
+    for warps, kb in [(None, None), (1, 1), (min(3, n_steps), max(1, min(2, n_steps // 3)))]:
+        acc = ga.to_gpu(base)
+        kn.projection_fused(ga.to_gpu(w), ga.to_gpu(x), acc, n, MODE_ADD, stream, norm_w=nw_dev, eps=eps,
+                            warps=warps, kb=kb)
+        stream.synchronize()
+        assert _rel_err(acc.get() - base, expected) < tol * 5, f"warps={warps} kb={kb}"
+
+    if rows % 16 == 0:
+        inter = rows // 2 - 3                                   # ragged: last tile half padding
+        wf = ref.from_bf16_bits(w)
+        w_gu = ref.to_bf16_bits(ref.interleave_gate_up(wf[:inter], wf[rows // 2: rows // 2 + inter]))
+        act = _nan(ga, (n, inter))
+        kn.projection_fused(ga.to_gpu(w_gu), ga.to_gpu(x), act, n, MODE_SWIGLU, stream, norm_w=nw_dev, eps=eps,
+                            out_cols=inter)
+        stream.synchronize()
+        expected = ref.projection_fused_ref(w_gu, x, MODE_SWIGLU, norm_w=norm_w, eps=eps, out_cols=inter)
+        assert _rel_err(act.get(), expected) < tol * 5
+
+
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("hq,kvh,hd,n", [(12, 2, 128, 1), (12, 2, 128, 32), (4, 1, 24, 5), (4, 2, 32, 20)])
+def test_projection_fused_qkv_rope_writes_q_and_kv_slots(kn, gpu, hq, kvh, hd, n, norm):
+    """The QKV_ROPE epilogue against RMSNorm -> natural q|k|v projection + bias -> rope_store_ref."""
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import MODE_QKV_ROPE, MODE_STORE, RopeTarget
+    rng = np.random.default_rng(hq * hd + n + norm)
+    hidden, cap, row_offset = 96 if hd == 24 else 256, 64, 3
+    qkv_rows = (hq + 2 * kvh) * hd
+    w_nat = ref.from_bf16_bits(ref.to_bf16_bits((rng.standard_normal((qkv_rows, hidden)) / 16).astype(np.float32)))
+    w_dev = ref.to_bf16_bits(ref.permute_rows(w_nat, ref.qkv_rope_row_order(hq, kvh, hd)))
+    bias = rng.standard_normal(qkv_rows).astype(np.float32)
+    x = (rng.standard_normal((n, hidden)) * 2).astype(np.float32)
+    norm_w = rng.standard_normal(hidden).astype(np.float32) if norm else None
+    pos = rng.integers(0, 30000, size=row_offset + n).astype(np.int32)
+    slots = rng.permutation(cap)[:row_offset + n].astype(np.int32)
+    inv = ref.rope_inv_freq(1e6, hd)
+    ctl = _ctl(row_offset, 0)
+    k0 = np.full((kvh, cap, hd), 7.0, np.float32)
+    k_d, v_d = ga.to_gpu(k0), ga.to_gpu(k0.copy())
+    out = _nan(ga, (n, qkv_rows))
+    rope = RopeTarget(ga.to_gpu(pos), ga.to_gpu(slots), ga.to_gpu(ctl), ga.to_gpu(inv), int(k_d.gpudata),
+                      int(v_d.gpudata), hq, kvh, hd, cap)
+    kn.projection_fused(ga.to_gpu(w_dev), ga.to_gpu(x), out, n, MODE_QKV_ROPE, stream,
+                        norm_w=ga.to_gpu(norm_w) if norm else None, eps=1e-6, bias=ga.to_gpu(bias), rope=rope)
+    stream.synchronize()
+    pre = ref.projection_fused_ref(w_nat, x, MODE_STORE, norm_w=norm_w, eps=1e-6, bias=bias)   # [n, q+2kv]
+    e_qkv, e_k, e_v = ref.rope_store_ref(pre, pos, slots, ctl, inv, k0, k0.copy(), hq, kvh, hd)
+    got = out.get()
+    assert _rel_err(got[:, :hq * hd], e_qkv[:, :hq * hd]) < 2e-5
+    assert np.isnan(got[:, hq * hd:]).all(), "QKV_ROPE writes only the q columns of its output"
+    assert _rel_err(k_d.get(), e_k) < 2e-5
+    assert _rel_err(v_d.get(), e_v) < 2e-5
+
+
+def test_projection_fused_rejects_bad_arguments(kn, gpu):
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_QKV_ROPE, MODE_STORE, KernelError
+    w = ga.to_gpu(np.zeros((32, 64), np.uint16))
+    x, out = ga.zeros((1, 64), np.float32), ga.zeros((1, 32), np.float32)
+    with pytest.raises(KernelError, match="rope target missing"):
+        kn.projection_fused(w, x, out, 1, MODE_QKV_ROPE, stream)
+    with pytest.raises(KernelError, match="norm weight: 32 values"):
+        kn.projection_fused(w, x, out, 1, MODE_STORE, stream, norm_w=ga.zeros((32,), np.float32))
+    with pytest.raises(KernelError, match="kb 2 > 1 needs MODE_ADD"):
+        kn.projection_fused(w, x, out, 1, MODE_STORE, stream, warps=1, kb=2)
+    with pytest.raises(KernelError, match="K parts"):
+        kn.projection_fused(w, x, out, 1, MODE_ADD, stream, warps=2, kb=2)
+    with pytest.raises(KernelError, match="dtype float32, expected uint16"):
+        kn.projection_fused(ga.zeros((32, 64), np.float32), x, out, 1, MODE_STORE, stream)
+
+
+ATTN_CASES = [(12, 2, 128, 300, 1), (12, 2, 128, 130, 9), (4, 1, 32, 0, 6), (12, 2, 128, 400, 32), (4, 1, 24, 70, 3),
+              (8, 1, 64, 100, 12)]
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+@pytest.mark.parametrize("hq,kvh,hd,ctx,n", ATTN_CASES)
+def test_attention_over_slot_list_with_holes(kn, gpu, hq, kvh, hd, ctx, n, tiled):
     ga, stream = gpu
     from vla_edge_ros.model.cuda_kernels import ATTN_CHUNK
     rng = np.random.default_rng(ctx + n)
@@ -170,7 +268,7 @@ def test_attention_over_slot_list_with_holes(kn, gpu, hq, kvh, hd, ctx, n):
     k_d, v_d = ga.to_gpu(k), ga.to_gpu(v)
     scale = hd ** -0.5
     kn.attention(ga.to_gpu(qkv), int(k_d.gpudata), int(v_d.gpudata), ga.to_gpu(attend), ga.to_gpu(ctl), part_o, part_ml,
-                 out, n, hq, kvh, hd, cap, n_splits, scale, stream)
+                 out, n, hq, kvh, hd, cap, n_splits, scale, stream, tiled=tiled)
     stream.synchronize()
     expected = ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, scale)
     assert _rel_err(out.get(), expected) < 1e-5

@@ -90,6 +90,7 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int) -> d
     rng = np.random.default_rng(seed)
     rows = []
     for n_cached in cached:
+        _fill_context(backend, spec, n_cached, rng)
         ours = _time_ours(backend, spec, n_cached, cycles, rng)
         theirs = _time_hf(hf, spec, n_cached, hf_cycles, rng)
         rows.append({"cached": n_cached, "ours": ours, "hf_eager_bf16": theirs,
@@ -117,15 +118,20 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int) -> d
 # Ours
 
 
-def _time_ours(backend, spec, n_cached: int, cycles: int, rng) -> dict:
-    import pycuda.driver as drv
-
+def _fill_context(backend, spec, n_cached: int, rng) -> None:
+    """Real K/V in slots [0, n_cached): a forward pass over random tokens."""
     ctx_slots = np.arange(n_cached)
-    for start in range(0, n_cached, backend.max_rows):          # real K/V in the cached slots
+    for start in range(0, n_cached, backend.max_rows):
         n = min(backend.max_rows, n_cached - start)
         ids = rng.integers(0, spec.vocab_size, size=n)
         backend.forward(backend.embed(ids), np.arange(start, start + n), ctx_slots[start:start + n],
                         ctx_slots[:start], logits="none")
+
+
+def _time_ours(backend, spec, n_cached: int, cycles: int, rng) -> dict:
+    import pycuda.driver as drv
+
+    ctx_slots = np.arange(n_cached)
     w_slots = np.arange(n_cached, n_cached + PREFILL_ROWS)
     d_slots = np.arange(n_cached + PREFILL_ROWS, n_cached + PREFILL_ROWS + DECODE_STEPS)
     pos = w_slots.copy()
@@ -161,38 +167,14 @@ def _breakdown(backend, n: int, row_offset: int, n_cached: int, replays: int = 2
     Run after a cycle (tables in place); the replays overwrite scratch and the cycle's own slots only."""
     import pycuda.driver as drv
 
-    from ..model import cuda_kernels as ck
     from ..model.cuda_graphs import capture
 
-    sp, kn, s = backend.spec, backend.kernels, backend.stream
-
-    def each_layer(fn):
-        def record():
-            for li, layer in enumerate(backend.layers):
-                fn(li, layer, *backend._kv_ptrs(li))
-        return record
-
-    groups = {
-        "projections": each_layer(lambda li, L, k, v: (
-            kn.projection(L.w_qkv, backend.normed, backend.qkv, n, ck.MODE_ADD, s),
-            kn.projection(L.w_o, backend.attn, backend.resid, n, ck.MODE_ADD, s),
-            kn.projection(L.w_gate_up, backend.normed, backend.act, n, ck.MODE_SWIGLU, s, out_cols=sp.intermediate_size),
-            kn.projection(L.w_down, backend.act, backend.resid, n, ck.MODE_ADD, s))),
-        "attention": each_layer(lambda li, L, k, v: kn.attention(
-            backend.qkv, k, v, backend.attend_list, backend.ctl, backend.part_o, backend.part_ml, backend.attn, n,
-            sp.num_heads, sp.num_kv_heads, sp.head_dim, backend.capacity, backend.n_splits, backend._scale, s)),
-        "norms+rope": each_layer(lambda li, L, k, v: (
-            kn.rmsnorm(backend.resid, L.input_norm, backend.normed, n, sp.rms_norm_eps, s, init_dst=backend.qkv,
-                       init_src=L.b_qkv),
-            kn.rope_store(backend.qkv, backend.pos_table, backend.slot_table, backend.ctl, backend.inv_freq, k, v, n,
-                          sp.num_heads, sp.num_kv_heads, sp.head_dim, backend.capacity, s),
-            kn.rmsnorm(backend.resid, L.post_norm, backend.normed, n, sp.rms_norm_eps, s))),
-    }
+    s = backend.stream
     out = {}
     start, end = drv.Event(), drv.Event()
-    for name, record in groups.items():
+    for name in backend.layer_groups(n):
         backend._put(backend.ctl, np.array([row_offset, n_cached, 0, 0], np.int32))
-        graph = capture(f"profile-{name}-{n}", s, record)
+        graph = capture(f"profile-{name}-{n}", s, lambda: backend._enqueue_layers(n, groups=(name,)))
         graph.launch(s)
         start.record(s)
         for _ in range(replays):

@@ -17,9 +17,15 @@ Two ways in:
     lengths and slot lists from device memory, so one decode graph serves
     every step and one prefill graph every cycle of the same prefill length.
 
+Two pipelines (DECODE_MAX_ROWS): bf16 calls of 1-2 rows run 6 kernels per layer
+(projection_fused.cu: RMSNorm prologue, RoPE + K/V store and residual-add
+epilogues; attention.cu), longer calls and fp32 one kernel per step
+(projection_bf16.cu / projection_f32.cu, rope.cu, attention_tiled.cu).
+
 Device layouts:
     k_cache, v_cache   [layers, kv_heads, capacity, head_dim] float32
     qkv weight         [q_dim + 2 kv_dim, hidden]  (q, k, v rows stacked; HF [out, in])
+    qkv_rope weight    the same rows in kernel_reference.qkv_rope_row_order (bf16 decode pipeline)
     gate/up weight     [2 ceil8(inter), hidden]    interleaved in blocks of 8 (MODE_SWIGLU)
     tables             positions / write slots per cycle row, attend list = context + cycle rows
 """
@@ -33,7 +39,7 @@ import numpy as np
 
 from . import cuda_kernels as ck
 from .backend import ForwardResult
-from .kernel_reference import interleave_gate_up, rope_inv_freq, to_bf16_bits
+from .kernel_reference import interleave_gate_up, permute_rows, qkv_rope_row_order, rope_inv_freq, to_bf16_bits
 from .spec import ModelSpec
 from .weights import ModelWeights, canonical_dtype, round_to_bf16
 
@@ -43,6 +49,14 @@ GIB = 1024 ** 3
 LOGITS_MODES = ("last", "all", "none")
 DEFAULT_MAX_ROWS = 128          # rows per kernel pass: a frame (32) + the longest suffix (48) fit in one
 MAX_CYCLE_TOKENS = 256          # action tokens one cycle may emit
+# Calls of at most this many rows take the decode pipeline: bf16 projections from
+# projection_fused.cu (each block normalises its own row, RoPE + K/V store and residual adds in the
+# epilogues: 6 launches per layer) and attention.cu. Longer calls (prefill) take one kernel per
+# step with projection_bf16.cu and attention_tiled.cu. Chosen by measurement (notes/cuda_notes.md,
+# run 5): the fused projections lose to the split ones on 32 rows, the tiled attention to the
+# chunk kernel on one row.
+DECODE_MAX_ROWS = 2
+LAYER_GROUPS = ("projections", "attention", "norms+rope")
 
 
 class DeviceMemoryError(MemoryError):
@@ -58,6 +72,7 @@ class _Layer:
     input_norm: object      # [hidden] f32
     post_norm: object       # [hidden] f32
     w_qkv: object           # [q+2kv, hidden] bf16 bits / f32
+    w_qkv_rope: object      # [qkv_rope rows, hidden] bf16 bits in qkv_rope_row_order, decode only (None for f32)
     b_qkv: object           # [q+2kv] f32 or None
     w_o: object             # [hidden, q_dim]
     w_gate_up: object       # [2 ceil8(inter), hidden] interleaved
@@ -96,7 +111,7 @@ class CudaBackend:
         self.stream = self._drv.Stream()
         self._bytes = 0
         self._upload_weights(weights, wdt)
-        self.weight_bytes = self._bytes
+        self.weight_bytes = self._bytes - sum(l.w_qkv_rope.nbytes for l in self.layers if l.w_qkv_rope is not None)
         self._allocate_state()
         self.kv_bytes = self.k_cache.nbytes + self.v_cache.nbytes
         self._graphs: dict = {}
@@ -258,6 +273,12 @@ class CudaBackend:
             self._kv_move("scatter", n)
         self.stream.synchronize()
 
+    def layer_groups(self, n: int) -> tuple:
+        """Kernel groups (LAYER_GROUPS) that a pass over n rows launches."""
+        if self._fused(n):
+            return ("projections", "attention")
+        return LAYER_GROUPS
+
     def memory_bytes(self) -> int:
         """Device bytes held: weights + KV arena + scratch (all allocated in the constructor)."""
         return int(self._bytes)
@@ -293,6 +314,8 @@ class CudaBackend:
         for i in range(sp.num_layers):
             plan[f"layer{i}.norms"] = ((2 * sp.hidden_size,), np.float32)
             plan[f"layer{i}.qkv"] = ((qkv_rows, sp.hidden_size), wdt)
+            if wdt == np.uint16:
+                plan[f"layer{i}.qkv_rope"] = ((len(self._rope_order()), sp.hidden_size), wdt)
             if sp.qkv_bias:
                 plan[f"layer{i}.qkv_bias"] = ((qkv_rows,), np.float32)
             plan[f"layer{i}.o"] = ((sp.hidden_size, sp.q_dim), wdt)
@@ -312,6 +335,10 @@ class CudaBackend:
             "kv_staging": ((2, sp.num_layers, m, sp.kv_dim), np.float32), "kv_slots": ((m,), np.int32),
         })
         return plan
+
+    def _rope_order(self) -> np.ndarray:
+        sp = self.spec
+        return qkv_rope_row_order(sp.num_heads, sp.num_kv_heads, sp.head_dim)
 
     def _alloc(self, shape, dtype, zero: bool = True):
         arr = self._gpuarray.zeros(shape, dtype) if zero else self._gpuarray.empty(shape, dtype)
@@ -342,15 +369,19 @@ class CudaBackend:
             b_qkv = None
             if lw.q_bias is not None:
                 b_qkv = self._to_device(np.concatenate([lw.q_bias, lw.k_bias, lw.v_bias]))
+            w_qkv = np.concatenate([lw.q_proj, lw.k_proj, lw.v_proj])                # [q+2kv, hidden]
             self.layers.append(_Layer(
                 input_norm=self._to_device(lw.input_norm),
                 post_norm=self._to_device(lw.post_norm),
-                w_qkv=self._to_device(np.concatenate([lw.q_proj, lw.k_proj, lw.v_proj]), wdt),
+                w_qkv=self._to_device(w_qkv, wdt),
+                w_qkv_rope=self._to_device(permute_rows(w_qkv, self._rope_order()), wdt) if wdt == np.uint16 else None,
                 b_qkv=b_qkv,
                 w_o=self._to_device(lw.o_proj, wdt),
                 w_gate_up=self._to_device(interleave_gate_up(lw.gate_proj, lw.up_proj), wdt),
                 w_down=self._to_device(lw.down_proj, wdt)))
-        self.layer_weight_bytes = self._bytes - before
+        # A pass streams one of the two q|k|v layouts: count one.
+        duplicate = sum(layer.w_qkv_rope.nbytes for layer in self.layers if layer.w_qkv_rope is not None)
+        self.layer_weight_bytes = self._bytes - before - duplicate
 
     def _allocate_state(self) -> None:
         sp, m, cap = self.spec, self.max_rows, self.capacity
@@ -381,29 +412,81 @@ class CudaBackend:
         off = layer * self._layer_stride
         return int(self.k_cache.gpudata) + off, int(self.v_cache.gpudata) + off
 
-    def _enqueue_layers(self, n: int, layer_outs: list | None = None) -> None:
-        """All decoder layers over rows [0, n) of resid; row offsets and lengths come from ctl."""
-        sp, kn, s = self.spec, self.kernels, self.stream
+    def _fused(self, n: int) -> bool:
+        return self.dtype == "bfloat16" and n <= DECODE_MAX_ROWS
+
+    def _enqueue_layers(self, n: int, layer_outs: list | None = None, groups=LAYER_GROUPS) -> None:
+        """All decoder layers over rows [0, n) of resid; row offsets and lengths come from ctl.
+        `groups` limits the launches to some of LAYER_GROUPS (the benchmark times them apart)."""
         for li, layer in enumerate(self.layers):
-            k_ptr, v_ptr = self._kv_ptrs(li)
-            kn.rmsnorm(self.resid, layer.input_norm, self.normed, n, sp.rms_norm_eps, s, init_dst=self.qkv,
-                       init_src=layer.b_qkv)
-            kn.projection(layer.w_qkv, self.normed, self.qkv, n, ck.MODE_ADD, s)
-            kn.rope_store(self.qkv, self.pos_table, self.slot_table, self.ctl, self.inv_freq, k_ptr, v_ptr, n,
-                          sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, s)
-            kn.attention(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o, self.part_ml, self.attn, n,
-                         sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, self.n_splits, self._scale, s)
-            kn.projection(layer.w_o, self.attn, self.resid, n, ck.MODE_ADD, s)
-            kn.rmsnorm(self.resid, layer.post_norm, self.normed, n, sp.rms_norm_eps, s)
-            kn.projection(layer.w_gate_up, self.normed, self.act, n, ck.MODE_SWIGLU, s, out_cols=sp.intermediate_size)
-            kn.projection(layer.w_down, self.act, self.resid, n, ck.MODE_ADD, s)
+            if self._fused(n):
+                self._enqueue_layer_fused(li, layer, n, groups)
+            else:
+                self._enqueue_layer_split(li, layer, n, groups)
             if layer_outs is not None:
                 layer_outs.append(self._get(self.resid, n))
 
+    def _enqueue_layer_fused(self, li: int, layer: _Layer, n: int, groups) -> None:
+        """bf16 decode: RMSNorm folded into the q|k|v and gate/up projections, RoPE and the K/V store
+        in the q|k|v epilogue, residual adds in the o/down epilogues."""
+        sp, kn, s = self.spec, self.kernels, self.stream
+        if "projections" in groups:
+            kn.projection_fused(layer.w_qkv_rope, self.resid, self.qkv, n, ck.MODE_QKV_ROPE, s, norm_w=layer.input_norm,
+                                eps=sp.rms_norm_eps, bias=layer.b_qkv, rope=self._rope_target(li))
+        if "attention" in groups:
+            self._enqueue_attention(li, n)
+        if "projections" in groups:
+            kn.projection_fused(layer.w_o, self.attn, self.resid, n, ck.MODE_ADD, s)
+            kn.projection_fused(layer.w_gate_up, self.resid, self.act, n, ck.MODE_SWIGLU, s, norm_w=layer.post_norm,
+                                eps=sp.rms_norm_eps, out_cols=sp.intermediate_size)
+            kn.projection_fused(layer.w_down, self.act, self.resid, n, ck.MODE_ADD, s)
+
+    def _enqueue_layer_split(self, li: int, layer: _Layer, n: int, groups) -> None:
+        """One kernel per step: RMSNorm (+ bias init), q|k|v, RoPE + K/V store, attention, o, RMSNorm,
+        gate/up + SwiGLU, down (prefill, and every call of the fp32 path)."""
+        sp, kn, s = self.spec, self.kernels, self.stream
+        k_ptr, v_ptr = self._kv_ptrs(li)
+        proj, other = "projections" in groups, "norms+rope" in groups
+        if other:
+            kn.rmsnorm(self.resid, layer.input_norm, self.normed, n, sp.rms_norm_eps, s, init_dst=self.qkv,
+                       init_src=layer.b_qkv)
+        if proj:
+            kn.projection(layer.w_qkv, self.normed, self.qkv, n, ck.MODE_ADD, s)
+        if other:
+            kn.rope_store(self.qkv, self.pos_table, self.slot_table, self.ctl, self.inv_freq, k_ptr, v_ptr, n,
+                          sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, s)
+        if "attention" in groups:
+            self._enqueue_attention(li, n)
+        if proj:
+            kn.projection(layer.w_o, self.attn, self.resid, n, ck.MODE_ADD, s)
+        if other:
+            kn.rmsnorm(self.resid, layer.post_norm, self.normed, n, sp.rms_norm_eps, s)
+        if proj:
+            kn.projection(layer.w_gate_up, self.normed, self.act, n, ck.MODE_SWIGLU, s, out_cols=sp.intermediate_size)
+            kn.projection(layer.w_down, self.act, self.resid, n, ck.MODE_ADD, s)
+
+    def _enqueue_attention(self, li: int, n: int) -> None:
+        """attention.cu for decode rows, attention_tiled.cu (K/V chunk shared by up to 8 rows) for longer calls."""
+        sp = self.spec
+        k_ptr, v_ptr = self._kv_ptrs(li)
+        self.kernels.attention(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o, self.part_ml, self.attn,
+                               n, sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, self.n_splits,
+                               self._scale, self.stream, tiled=n > DECODE_MAX_ROWS)
+
+    def _rope_target(self, li: int) -> ck.RopeTarget:
+        sp = self.spec
+        k_ptr, v_ptr = self._kv_ptrs(li)
+        return ck.RopeTarget(self.pos_table, self.slot_table, self.ctl, self.inv_freq, k_ptr, v_ptr,
+                             sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity)
+
     def _enqueue_head_argmax(self, row: int, bin_lo: int, n_bins: int, rows_consumed: int) -> None:
         sp, kn, s = self.spec, self.kernels, self.stream
-        kn.rmsnorm(self.resid, self.final_norm, self.normed, 1, sp.rms_norm_eps, s, row0=row)
-        kn.projection(self.head, self.normed, self.logits, 1, ck.MODE_STORE, s, w_row0=bin_lo, rows=n_bins, x_row0=row)
+        if self._fused(1):                      # final RMSNorm folded into the head projection
+            kn.projection_fused(self.head, self.resid, self.logits, 1, ck.MODE_STORE, s, norm_w=self.final_norm,
+                                eps=sp.rms_norm_eps, w_row0=bin_lo, rows=n_bins, x_row0=row)
+        else:
+            kn.rmsnorm(self.resid, self.final_norm, self.normed, 1, sp.rms_norm_eps, s, row0=row)
+            kn.projection(self.head, self.normed, self.logits, 1, ck.MODE_STORE, s, w_row0=bin_lo, rows=n_bins, x_row0=row)
         kn.argmax_bins(self.logits, n_bins, bin_lo, self.ctl, self.tokens_out, rows_consumed, s)
 
     def _enqueue_prefill(self, n_rows: int, bin_lo: int, n_bins: int) -> None:

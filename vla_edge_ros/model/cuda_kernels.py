@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,15 +34,19 @@ CTL_ROW_OFFSET, CTL_CTX_LEN, CTL_N_OUT, CTL_TOKEN, CTL_INTS = 0, 1, 2, 3, 4
 ATTN_CHUNK = 64
 ATTN_MAX_GROUP = 8
 ATTN_MAX_HEAD_DIM = 256
-MODE_STORE, MODE_ADD, MODE_SWIGLU = 0, 1, 2
+MODE_STORE, MODE_ADD, MODE_SWIGLU, MODE_QKV_ROPE = 0, 1, 2, 3
 PROJ_WARPS = 4
+# projection_fused.cu: at most this many warps of one block split a 16-row tile's K range.
+FUSED_MAX_WARPS = 16
 # Aim for this many warps per projection launch so enough 16-byte loads are in flight
 # to cover HBM latency (Little's law: ~4.5 TB/s x ~1 us needs megabytes in flight).
+# (run 5: 4096 warps with >= 2 steps each made the fused decode projections 4% slower)
 PROJ_TARGET_WARPS = 2048
 # Each K split should still stream at least this many 32-wide steps (one unrolled iteration).
 PROJ_MIN_STEPS_PER_SPLIT = 4   # = the unrolled steps of projection_bf16.cu
 # Query rows one attention block serves (its K/V chunk is loaded once for all of them).
 ATTN_MAX_ROWS_PER_BLOCK = 8
+ATTN_TILED_THREADS = 256
 
 # family -> kernel name -> PyCUDA prepare() argument types
 FAMILIES = {
@@ -49,8 +54,10 @@ FAMILIES = {
     "rmsnorm": {"rmsnorm_rows": "PPPifPPi"},
     "projection_bf16": {f"projection_bf16_nt{nt}": "PPPPiiiiiiii" for nt in (1, 2, 4)},
     "projection_f32": {"projection_f32": "PPPPiiiiiii"},
+    "projection_fused": {f"projection_fused_nt{nt}": "PPiPfPPiiiiiiPPPPPPiiii" for nt in (1, 2, 4)},
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_partial": "PiPPPPPPiiiiifii", "attention_merge": "PPPPiiii"},
+    "attention_tiled": {"attention_partial_tiled": "PiPPPPPPiiiiifii"},   # merged by attention.cu's kernel
     "argmax": {"argmax_bins": "PiiPPi"},
     "kv_slots": {"kv_gather": "PPPPiiiii", "kv_scatter": "PPPPiiiii"},
     "vision": {"patch_embed": "PiiiPPPi", "pool_rows": "PiiP", "adjacent_cosine": "PiP"},
@@ -164,6 +171,37 @@ def ptr(a, elem_offset: int = 0) -> int:
 # Launchers
 
 
+@dataclass(frozen=True)
+class RopeTarget:
+    """Where the QKV_ROPE epilogue of projection_fused writes: call tables, RoPE frequencies and
+    one layer's K/V arena (k_layer, v_layer: device addresses of [KVH, capacity, hd] float32)."""
+    pos_table: object
+    slot_table: object
+    ctl: object
+    inv_freq: object
+    k_layer: int
+    v_layer: int
+    n_q_heads: int
+    n_kv_heads: int
+    head_dim: int
+    capacity: int
+
+    def weight_rows(self) -> int:
+        """Rows of the reordered q|k|v weight (kernel_reference.qkv_rope_row_order)."""
+        pairs = (self.n_q_heads + self.n_kv_heads) * (self.head_dim // 2)
+        return 16 * (ceil_div(pairs, 8) + ceil_div(self.n_kv_heads * self.head_dim, 16))
+
+    def launch_args(self) -> tuple:
+        for name in ("pos_table", "slot_table", "ctl"):
+            _check_array(f"rope {name}", getattr(self, name), np.int32)
+        _check_array("rope inv_freq", self.inv_freq, np.float32, 1)
+        _check(self.head_dim % 2 == 0, f"rope: head_dim {self.head_dim} is odd")
+        _check(self.inv_freq.shape[0] == self.head_dim // 2, f"rope inv_freq: {self.inv_freq.shape[0]} != head_dim/2")
+        return (ptr(self.pos_table), ptr(self.slot_table), ptr(self.ctl), ptr(self.inv_freq), np.uintp(self.k_layer),
+                np.uintp(self.v_layer), np.int32(self.n_q_heads), np.int32(self.n_kv_heads), np.int32(self.head_dim),
+                np.int32(self.capacity))
+
+
 class CudaKernels:
     """Compiled kernels of every family plus checked launchers."""
 
@@ -182,8 +220,8 @@ class CudaKernels:
                 fn.prepare(types)
                 self._fns[name] = fn
         # The attention chunk lives in dynamic shared memory beyond the default 48 KB.
-        self._fns["attention_partial"].set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                     self.max_shared)
+        for name in ("attention_partial", "attention_partial_tiled"):
+            self._fns[name].set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.max_shared)
 
     def _launch(self, name: str, grid, block, stream, *args, shared: int = 0):
         grid = tuple(int(g) for g in grid)
@@ -278,6 +316,64 @@ class CudaKernels:
                      ptr(out), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(x.shape[1]),
                      np.int32(out.shape[1]), np.int32(out_cols), np.int32(mode), np.int32(ksplit))
 
+    def projection_fused(self, W, x, out, n_tokens: int, mode: int, stream, norm_w=None, eps: float = 0.0,
+                         bias=None, out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
+                         x_row0: int = 0, rope: "RopeTarget | None" = None, warps: int | None = None,
+                         kb: int | None = None):
+        """bf16 W: acc = v[x_row0 : x_row0+n_tokens, :K] @ W[w_row0 : w_row0+rows]^T with v = x, or
+        x * norm_w scaled by each row's RMS (norm_w given); epilogue by mode (projection_fused.cu)."""
+        _check_array("projection weight", W, np.uint16, 2)
+        _check_array("projection x", x, np.float32, 2)
+        _check_array("projection out", out, np.float32, 2)
+        _check(mode in (MODE_STORE, MODE_ADD, MODE_SWIGLU, MODE_QKV_ROPE), f"projection: unknown mode {mode}")
+        total_rows, K = W.shape
+        rows = total_rows - w_row0 if rows is None else rows
+        _check(0 < rows and w_row0 + rows <= total_rows, f"projection weight: rows {w_row0}+{rows} > {total_rows}")
+        _check(K % 32 == 0, f"projection bf16: K {K} not a multiple of 32")
+        _check(x.shape[1] >= K and x.shape[1] % 8 == 0,
+               f"projection x: row stride {x.shape[1]} must be >= K {K} and a multiple of 8")
+        _check(x_row0 + n_tokens <= x.shape[0] and n_tokens <= out.shape[0], f"projection: {n_tokens} tokens exceed x/out rows")
+        if norm_w is not None:
+            _check_array("projection norm weight", norm_w, np.float32, 1)
+            _check(norm_w.shape[0] == K, f"projection norm weight: {norm_w.shape[0]} values, K is {K}")
+        rope_args = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        if mode == MODE_QKV_ROPE:
+            _check(rope is not None, "projection QKV_ROPE: rope target missing")
+            _check(rows == rope.weight_rows(), f"projection QKV_ROPE weight: {rows} rows, the rope layout of "
+                   f"{rope.n_q_heads}/{rope.n_kv_heads} heads x {rope.head_dim} has {rope.weight_rows()}")
+            _check(out.shape[1] >= rope.n_q_heads * rope.head_dim, f"projection QKV_ROPE out: {out.shape[1]} columns too few")
+            _check(bias is None or bias.shape[0] == (rope.n_q_heads + 2 * rope.n_kv_heads) * rope.head_dim,
+                   "projection QKV_ROPE bias: natural q|k|v float32 vector expected")
+            out_cols = 0
+            rope_args = rope.launch_args()
+        elif mode == MODE_SWIGLU:
+            _check(rows % 16 == 0, f"projection swiglu weight: {rows} rows, expected a multiple of 16 (interleaved gate/up)")
+            out_cols = rows // 2 if out_cols is None else out_cols
+            _check(out_cols <= rows // 2, f"projection swiglu: out_cols {out_cols} > {rows // 2}")
+        else:
+            out_cols = rows if out_cols is None else out_cols
+            _check(out_cols <= rows, f"projection: out_cols {out_cols} > rows {rows}")
+        _check(out_cols <= out.shape[1], f"projection out: {out.shape[1]} columns < {out_cols}")
+        _check(bias is None or bias.dtype == np.float32, "projection bias: float32 expected")
+        _check(bias is None or mode in (MODE_STORE, MODE_QKV_ROPE), "projection bias: only STORE and QKV_ROPE add one")
+        _check(bias is None or mode == MODE_QKV_ROPE or bias.shape[0] >= out_cols, "projection bias: shorter than out_cols")
+        n_tiles, n_steps = ceil_div(rows, 16), K // 32
+        if warps is None:
+            most = max(1, min(FUSED_MAX_WARPS, n_steps // PROJ_MIN_STEPS_PER_SPLIT))
+            warps = min(most, max(1, ceil_div(PROJ_TARGET_WARPS, n_tiles)))
+        if kb is None:
+            kb = 1
+            if mode == MODE_ADD:
+                kb = max(1, min(ceil_div(PROJ_TARGET_WARPS, n_tiles * warps), n_steps // (warps * PROJ_MIN_STEPS_PER_SPLIT)))
+        _check(1 <= warps <= FUSED_MAX_WARPS, f"projection: {warps} warps per block outside [1, {FUSED_MAX_WARPS}]")
+        _check(kb == 1 or mode == MODE_ADD, f"projection: kb {kb} > 1 needs MODE_ADD (atomic accumulation)")
+        _check(kb * warps <= n_steps, f"projection: {kb} x {warps} K parts > {n_steps} K steps")
+        nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
+        grid = (n_tiles, kb, ceil_div(n_tokens, 8 * nt))
+        self._launch(f"projection_fused_nt{nt}", grid, 32 * warps, stream, ptr(W, w_row0 * K), ptr(x, x_row0 * x.shape[1]),
+                     np.int32(x.shape[1]), ptr(norm_w), np.float32(eps), ptr(bias), ptr(out), np.int32(out.shape[1]),
+                     np.int32(out_cols), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(mode), *rope_args)
+
     # -- rope + KV store ---------------------------------------------------
 
     def rope_store(self, qkv, pos_table, slot_table, ctl, inv_freq, k_layer: int, v_layer: int, n_rows: int,
@@ -299,8 +395,10 @@ class CudaKernels:
     # -- attention ---------------------------------------------------------
 
     def attention(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
-                  n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float, stream):
-        """out[i, h*hd:(h+1)*hd] = softmax(q k^T * scale) v over attend_list[:len_i] (see attention.cu)."""
+                  n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float, stream,
+                  tiled: bool = False):
+        """out[i, h*hd:(h+1)*hd] = softmax(q k^T * scale) v over attend_list[:len_i] (see attention.cu);
+        tiled: the partial sums by attention_tiled.cu (256 threads, register-tiled; faster on prefill rows)."""
         _check_array("attention qkv", qkv, np.float32, 2)
         _check_array("attention list", attend_list, np.int32)
         _check_array("attention out", out, np.float32, 2)
@@ -314,14 +412,17 @@ class CudaKernels:
         _check(out.shape[1] >= n_q_heads * head_dim and out.shape[0] >= n_rows, f"attention out: shape {out.shape} too small")
         _check(head_dim % 4 == 0, f"attention: head_dim {head_dim} not a multiple of 4 (float4 loads)")
         group = n_q_heads // n_kv_heads
+        _check(not tiled or qkv.shape[1] % 4 == 0, f"attention qkv: row stride {qkv.shape[1]} not a multiple of 4")
+        pad = 4 if tiled else 1
 
         def smem(rows):
-            return 4 * (ATTN_CHUNK * (2 * head_dim + 1) + rows * group * (head_dim + ATTN_CHUNK))
+            return 4 * (ATTN_CHUNK * (2 * head_dim + pad) + rows * group * (head_dim + ATTN_CHUNK))
         rows = min(n_rows, ATTN_MAX_ROWS_PER_BLOCK)
         while rows > 1 and smem(rows) > self.max_shared:
             rows -= 1
         _check(smem(rows) <= self.max_shared, f"attention: {smem(rows)} bytes of shared memory > {self.max_shared}")
-        self._launch("attention_partial", (n_splits, n_kv_heads, ceil_div(n_rows, rows)), 128, stream, ptr(qkv),
+        name, threads = ("attention_partial_tiled", ATTN_TILED_THREADS) if tiled else ("attention_partial", 128)
+        self._launch(name, (n_splits, n_kv_heads, ceil_div(n_rows, rows)), threads, stream, ptr(qkv),
                      np.int32(qkv.shape[1]), np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl),
                      ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim),
                      np.int32(capacity), np.int32(n_splits), np.float32(scale), np.int32(n_rows), np.int32(rows),

@@ -13,7 +13,7 @@ import numpy as np
 
 from .weights import bf16_bits_to_float32, float32_to_bf16_bits
 
-MODE_STORE, MODE_ADD, MODE_SWIGLU = 0, 1, 2
+MODE_STORE, MODE_ADD, MODE_SWIGLU, MODE_QKV_ROPE = 0, 1, 2, 3
 CTL_ROW_OFFSET, CTL_CTX_LEN, CTL_N_OUT, CTL_TOKEN = 0, 1, 2, 3
 
 
@@ -42,6 +42,37 @@ def interleave_gate_up(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     g[:inter], u[:inter] = gate, up
     tiles = np.stack([g.reshape(i8 // 8, 8, hidden), u.reshape(i8 // 8, 8, hidden)], axis=1)   # [T, 2, 8, H]
     return np.ascontiguousarray(tiles.reshape(2 * i8, hidden))
+
+
+def qkv_rope_row_order(n_q_heads: int, n_kv_heads: int, head_dim: int) -> np.ndarray:
+    """Device row -> natural q|k|v row (-1: zero padding) of the QKV_ROPE weight layout.
+
+    Pair tiles first: pair p = (head h, j < hd/2), h over the q heads then the k heads, sits in
+    tile p // 8 at rows g = p % 8 (natural row h*hd + j) and g + 8 (natural row h*hd + j + hd/2),
+    so one lane of projection_fused.cu holds both halves RoPE rotates together. Then the v rows in
+    natural order, starting at a fresh tile; both parts padded to whole 16-row tiles."""
+    half = head_dim // 2
+    n_pairs = (n_q_heads + n_kv_heads) * half
+    pair_tiles = -(-n_pairs // 8)
+    kv_dim = n_kv_heads * head_dim
+    v_tiles = -(-kv_dim // 16)
+    order = np.full(16 * (pair_tiles + v_tiles), -1, np.int64)
+    p = np.arange(n_pairs)
+    h, j = p // half, p % half
+    dev_a = 16 * (p // 8) + p % 8
+    order[dev_a] = h * head_dim + j
+    order[dev_a + 8] = h * head_dim + j + half
+    v0 = (n_q_heads + n_kv_heads) * head_dim
+    order[16 * pair_tiles + np.arange(kv_dim)] = v0 + np.arange(kv_dim)
+    return order
+
+
+def permute_rows(w: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """w [R, K] -> [len(order), K]: row i = w[order[i]], zeros where order[i] == -1."""
+    out = np.zeros((len(order), w.shape[1]), w.dtype)
+    keep = order >= 0
+    out[keep] = w[order[keep]]
+    return out
 
 
 def rope_inv_freq(theta: float, head_dim: int) -> np.ndarray:
@@ -95,6 +126,16 @@ def projection_ref(W: np.ndarray, x: np.ndarray, mode: int, out: np.ndarray | No
     if out is None:
         raise ValueError("projection_ref: MODE_ADD needs the output it adds into")
     return (out[:, :cols].astype(np.float64) + acc).astype(np.float32)
+
+
+def projection_fused_ref(W: np.ndarray, x: np.ndarray, mode: int, out: np.ndarray | None = None,
+                         norm_w: np.ndarray | None = None, eps: float = 0.0, bias: np.ndarray | None = None,
+                         out_cols: int | None = None) -> np.ndarray:
+    """projection_fused.cu modes STORE / ADD / SWIGLU: the RMSNorm prologue (norm_w given) then
+    projection_ref. (QKV_ROPE is rope_store_ref applied to a natural-layout STORE.)"""
+    if norm_w is not None:
+        x, _ = rmsnorm_rows_ref(x[:, :W.shape[1]], norm_w, eps)
+    return projection_ref(W, x, mode, out=out, bias=bias, out_cols=out_cols)
 
 
 def rope_store_ref(qkv: np.ndarray, pos_table: np.ndarray, slot_table: np.ndarray, ctl: np.ndarray,

@@ -1,0 +1,296 @@
+// projection_fused.cu: y = x @ W^T for bf16 weights (fp32 activations, fp32 accumulation) with the
+// neighbouring small steps of a decoder layer folded into the same launch.
+//
+// Computes   acc[n, r] = sum_k W[r, k] * v[n, k]      r in [0, rows), n in [0, n_tokens)
+//            v = x                         when norm_w == NULL
+//            v = x * norm_w, s[n] = rsqrt(mean_k x[n,k]^2 + eps)   otherwise (RMSNorm prologue:
+//            the block computes s for its own tokens, the epilogue scales by it, so
+//            s[n] * acc[n, r] = (rmsnorm(x[n]) * norm_w) . W[r]).
+//            Tensor cores (mma.sync m16n8k16) with v split into bf16 halves hi + lo, as
+//            projection_bf16 did: ~16 mantissa bits of the activations survive.
+//            Epilogue by `mode` (val = s[n] * acc[n, r]):
+//              STORE    (0): out[n, r]  = val + (bias ? bias[r] : 0)                  kb == 1
+//              ADD      (1): out[n, r] += val   (atomicAdd when kb > 1: residual stream)
+//              SWIGLU   (2): W rows gate/up interleaved in blocks of 8 (tile t: rows 16t..16t+7 =
+//                            gate 8t..8t+7, rows 16t+8..16t+15 = up 8t..8t+7):
+//                            out[n, 8t + g] = silu(val_gate) * val_up                  kb == 1
+//              QKV_ROPE (3): W is the q/k/v weight with its rows reordered by
+//                            kernel_reference.qkv_rope_row_order so that rows g and g+8 of a
+//                            tile are the RoPE pair (j, j + hd/2) of one head; then, with
+//                            call-table row t = ctl[CTL_ROW_OFFSET] + n, p = pos_table[t],
+//                            slot = slot_table[t], bias in natural q|k|v column order:
+//                              q head: out[n, h*hd + j], out[n, h*hd + j + hd/2] = RoPE(val + bias)
+//                              k head: k_cache[kvh, slot, j], [.., j + hd/2]    = RoPE(val + bias)
+//                              v rows: v_cache[kvh, slot, d]                    = val + bias
+//                            (HF rotate_half; angle = float(p) * inv_freq[j] in fp32)      kb == 1
+//
+// Layouts:   W [rows, K] row-major bf16 bits; x [n_tokens, x_stride] float32; norm_w [K] float32;
+//            out [n_tokens, out_stride] float32; k_cache, v_cache: one layer's [KVH, capacity, hd].
+// Launch:    grid (n_tiles = ceil(rows / 16), kb, ceil(n_tokens / (8 NT))), block 32 * WK threads,
+//            WK in [1, 16]. Block (tile, kpart, token group) owns 16 rows of W and the K steps
+//            [kpart * n_steps / kb, (kpart + 1) * n_steps / kb) (n_steps = K / 32); its WK warps
+//            split that range again and add their partial tiles in shared memory, so only
+//            MODE_ADD with kb > 1 needs atomics. NT (1, 2, 4) token tiles of 8 share every weight
+//            fragment: a 32-token prefill streams W once.
+// Loads:     lane (g, t) loads 16 bytes (8 bf16) of rows g and g+8 per 32-wide K step, 4 steps
+//            unrolled (8 x 16 B in flight). The K order inside a step is permuted identically for
+//            weights and activations (a dot product allows it): lane (g, t) holds physical
+//            k = k0 + 8t .. k0 + 8t + 7, feeding logical k {2t, 2t+1, 2t+8, 2t+9} of two mma.
+// Preconditions: K % 32 == 0; x_stride % 8 == 0; WK <= 16; head_dim even (QKV_ROPE); norm_w
+//            only with n_tokens <= 8 * NT per block (the prologue reads each token's whole row).
+#include "common.cuh"
+
+#define PMODE_STORE 0
+#define PMODE_ADD 1
+#define PMODE_SWIGLU 2
+#define PMODE_QKV_ROPE 3
+#define FUSED_MAX_WARPS 16
+#define FUSED_UNROLL 4
+
+__device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Streaming 16-byte weight load: read once per forward pass, so keep it out of L1.
+__device__ __forceinline__ uint4 load_weights16(const uint16_t* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo_k, float hi_k) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo_k, hi_k);   // .x (low 16 bits) = lower k
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// 8 activations -> hi and lo bf16 pairs (pairs (0,1) (2,3) (4,5) (6,7)).
+__device__ __forceinline__ void split_activations(const float* v, uint32_t* hi, uint32_t* lo) {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        const float a = v[2 * p], b = v[2 * p + 1];
+        const float ha = __bfloat162float(__float2bfloat16_rn(a));
+        const float hb = __bfloat162float(__float2bfloat16_rn(b));
+        hi[p] = pack_bf16x2(ha, hb);
+        lo[p] = pack_bf16x2(a - ha, b - hb);
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void k_step(float (&acc)[NT][4], const uint4& wa, const uint4& wb, const float* x,
+                                       const float* norm_w, int x_stride, int tok_base, int g, int n_tokens, int k) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int n = tok_base + nt * 8 + g;          // token of this lane's B column
+        float v[8];
+        if (n < n_tokens) {
+            const float4* src = reinterpret_cast<const float4*>(x + (size_t)n * x_stride + k);
+            const float4 p0 = __ldg(src), p1 = __ldg(src + 1);
+            v[0] = p0.x; v[1] = p0.y; v[2] = p0.z; v[3] = p0.w;
+            v[4] = p1.x; v[5] = p1.y; v[6] = p1.z; v[7] = p1.w;
+            if (norm_w != nullptr) {
+                const float4* ws = reinterpret_cast<const float4*>(norm_w + k);
+                const float4 q0 = __ldg(ws), q1 = __ldg(ws + 1);
+                v[0] *= q0.x; v[1] *= q0.y; v[2] *= q0.z; v[3] *= q0.w;
+                v[4] *= q1.x; v[5] *= q1.y; v[6] *= q1.z; v[7] *= q1.w;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = 0.f;
+        }
+        uint32_t hi[4], lo[4];
+        split_activations(v, hi, lo);
+        mma_bf16_16816(acc[nt], wa.x, wb.x, wa.y, wb.y, hi[0], hi[1]);
+        mma_bf16_16816(acc[nt], wa.x, wb.x, wa.y, wb.y, lo[0], lo[1]);
+        mma_bf16_16816(acc[nt], wa.z, wb.z, wa.w, wb.w, hi[2], hi[3]);
+        mma_bf16_16816(acc[nt], wa.z, wb.z, wa.w, wb.w, lo[2], lo[3]);
+    }
+}
+
+__device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
+
+// Where the QKV_ROPE epilogue sends its values (unused by the other modes).
+struct RopeTarget {
+    const int* pos_table;
+    const int* slot_table;
+    const int* ctl;
+    const float* inv_freq;
+    float* k_cache;
+    float* v_cache;
+    int n_q_heads, n_kv_heads, head_dim, capacity;
+};
+
+// Row pair (a, b) = (tile row g, tile row g + 8) of a QKV_ROPE weight, for tokens n of this lane.
+__device__ __forceinline__ void qkv_rope_epilogue(const RopeTarget& rt, const float* bias, float* out, int out_stride,
+                                                  int tile, int g, int n, float va, float vb) {
+    const int hd = rt.head_dim, half = hd >> 1;
+    const int n_pairs = (rt.n_q_heads + rt.n_kv_heads) * half;
+    const int pair_tiles = (n_pairs + 7) >> 3;
+    const int t = rt.ctl[CTL_ROW_OFFSET] + n;                  // call-table row of token n
+    const int slot = rt.slot_table[t];
+    if (tile < pair_tiles) {
+        const int p = tile * 8 + g;                            // range [0, n_pairs): (head, j)
+        if (p >= n_pairs) return;                              // padding rows of the last pair tile
+        const int h = p / half, j = p - h * half;              // h range [0, Hq + KVH), j range [0, half)
+        const int a = h * hd + j;                              // natural q|k column of row g
+        if (bias != nullptr) {
+            va += bias[a];
+            vb += bias[a + half];
+        }
+        const float angle = (float)rt.pos_table[t] * rt.inv_freq[j];
+        const float c = cosf(angle), s = sinf(angle);
+        const float ra = va * c - vb * s;
+        const float rb = vb * c + va * s;
+        if (h < rt.n_q_heads) {
+            float* orow = out + (size_t)n * out_stride;
+            orow[a] = ra;
+            orow[a + half] = rb;
+        } else {
+            float* dst = rt.k_cache + ((size_t)(h - rt.n_q_heads) * rt.capacity + slot) * hd;
+            dst[j] = ra;
+            dst[j + half] = rb;
+        }
+        return;
+    }
+    const int kv_dim = rt.n_kv_heads * hd;
+    const int v_col0 = (rt.n_q_heads + rt.n_kv_heads) * hd;    // natural column of v row 0
+#pragma unroll
+    for (int half_tile = 0; half_tile < 2; ++half_tile) {
+        const int vr = (tile - pair_tiles) * 16 + g + 8 * half_tile;   // range [0, kv_dim)
+        if (vr >= kv_dim) continue;
+        const float val = (half_tile ? vb : va) + (bias != nullptr ? bias[v_col0 + vr] : 0.f);
+        const int kvh = vr / hd, d = vr - kvh * hd;
+        rt.v_cache[((size_t)kvh * rt.capacity + slot) * hd + d] = val;
+    }
+}
+
+template <int NT>
+__device__ void fused_body(const uint16_t* __restrict__ W, const float* __restrict__ x, int x_stride,
+                           const float* __restrict__ norm_w, float eps, const float* __restrict__ bias, float* out,
+                           int out_stride, int out_cols, int rows, int K, int n_tokens, int mode, const RopeTarget& rt) {
+    __shared__ float red[FUSED_MAX_WARPS - 1][NT * 4][32];     // partial tiles of warps 1 .. WK-1
+    __shared__ float inv_rms[8 * NT];                           // RMSNorm scale of this block's tokens
+    const int lane = threadIdx.x & 31;                          // range [0, 32)
+    const int warp = threadIdx.x >> 5;                          // range [0, WK)
+    const int n_warps = blockDim.x >> 5;
+    const int tile = blockIdx.x;                                // range [0, ceil(rows / 16))
+    const int kpart = blockIdx.y;                               // range [0, kb)
+    const int kb = gridDim.y;
+    const int tok_base = blockIdx.z * 8 * NT;                   // first token of this block
+    const int g = lane >> 2;                                    // range [0, 8): row in tile / token in tile
+    const int t = lane & 3;                                     // range [0, 4): k group / token pair
+
+    if (norm_w != nullptr) {
+        const int n_here = min(8 * NT, n_tokens - tok_base);
+        for (int tk = warp; tk < n_here; tk += n_warps) {       // one warp per token row
+            const float4* xr = reinterpret_cast<const float4*>(x + (size_t)(tok_base + tk) * x_stride);
+            float ss = 0.f;
+            for (int c = lane; c < (K >> 2); c += 32) {         // c range [0, K/4)
+                const float4 v = xr[c];
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) inv_rms[tk] = rsqrtf(ss / (float)K + eps);
+        }
+    }
+
+    const int row_a = tile * 16 + g, row_b = row_a + 8;
+    const bool ok_a = row_a < rows, ok_b = row_b < rows;
+    const uint16_t* wa_row = W + (size_t)(ok_a ? row_a : 0) * K;
+    const uint16_t* wb_row = W + (size_t)(ok_b ? row_b : 0) * K;
+    const int n_steps = K >> 5;                                 // 32-wide K steps
+    const int blk_begin = (int)(((long long)kpart * n_steps) / kb);
+    const int blk_len = (int)(((long long)(kpart + 1) * n_steps) / kb) - blk_begin;
+    const int s_begin = blk_begin + (warp * blk_len) / n_warps;
+    const int s_end = blk_begin + ((warp + 1) * blk_len) / n_warps;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+
+    int s = s_begin;
+    for (; s + FUSED_UNROLL <= s_end; s += FUSED_UNROLL) {
+        uint4 wa[FUSED_UNROLL], wb[FUSED_UNROLL];
+#pragma unroll
+        for (int u = 0; u < FUSED_UNROLL; ++u) {
+            const int k = (s + u) * 32 + t * 8;
+            wa[u] = ok_a ? load_weights16(wa_row + k) : zero;
+            wb[u] = ok_b ? load_weights16(wb_row + k) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < FUSED_UNROLL; ++u)
+            k_step<NT>(acc, wa[u], wb[u], x, norm_w, x_stride, tok_base, g, n_tokens, (s + u) * 32 + t * 8);
+    }
+    for (; s < s_end; ++s) {
+        const int k = s * 32 + t * 8;
+        const uint4 wa = ok_a ? load_weights16(wa_row + k) : zero;
+        const uint4 wb = ok_b ? load_weights16(wb_row + k) : zero;
+        k_step<NT>(acc, wa, wb, x, norm_w, x_stride, tok_base, g, n_tokens, k);
+    }
+
+    // Add the warps' partial tiles: warps 1.. park theirs in shared memory, warp 0 sums and stores.
+    if (warp > 0) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) red[warp - 1][nt * 4 + e][lane] = acc[nt][e];
+    }
+    __syncthreads();                                            // also publishes inv_rms
+    if (warp != 0) return;
+    for (int w = 1; w < n_warps; ++w) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nt][e] += red[w - 1][nt * 4 + e][lane];
+    }
+
+    // acc[nt][0..1]: row_a, tokens n0, n0+1; acc[nt][2..3]: row_b, same tokens.
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int n0 = tok_base + nt * 8 + 2 * t;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int n = n0 + j;
+            if (n >= n_tokens) continue;
+            const float scale = norm_w != nullptr ? inv_rms[n - tok_base] : 1.f;
+            const float va = acc[nt][j] * scale, vb = acc[nt][2 + j] * scale;
+            float* orow = out + (size_t)n * out_stride;
+            if (mode == PMODE_QKV_ROPE) {
+                qkv_rope_epilogue(rt, bias, out, out_stride, tile, g, n, va, vb);
+            } else if (mode == PMODE_SWIGLU) {
+                const int col = tile * 8 + g;
+                if (col < out_cols) orow[col] = silu(va) * vb;
+            } else if (mode == PMODE_STORE) {
+                if (ok_a && row_a < out_cols) orow[row_a] = va + (bias ? bias[row_a] : 0.f);
+                if (ok_b && row_b < out_cols) orow[row_b] = vb + (bias ? bias[row_b] : 0.f);
+            } else if (kb > 1) {
+                if (ok_a && row_a < out_cols) atomicAdd(orow + row_a, va);
+                if (ok_b && row_b < out_cols) atomicAdd(orow + row_b, vb);
+            } else {
+                if (ok_a && row_a < out_cols) orow[row_a] += va;
+                if (ok_b && row_b < out_cols) orow[row_b] += vb;
+            }
+        }
+    }
+}
+
+#define FUSED_ENTRY(NT)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(FUSED_MAX_WARPS * 32) projection_fused_nt##NT(              \
+        const uint16_t* W, const float* x, int x_stride, const float* norm_w, float eps, const float* bias,    \
+        float* out, int out_stride, int out_cols, int rows, int K, int n_tokens, int mode,                     \
+        const int* pos_table, const int* slot_table, const int* ctl, const float* inv_freq, float* k_cache,    \
+        float* v_cache, int n_q_heads, int n_kv_heads, int head_dim, int capacity) {                          \
+        const RopeTarget rt{pos_table, slot_table, ctl, inv_freq, k_cache, v_cache,                            \
+                            n_q_heads, n_kv_heads, head_dim, capacity};                                        \
+        fused_body<NT>(W, x, x_stride, norm_w, eps, bias, out, out_stride, out_cols, rows, K, n_tokens, mode, rt); \
+    }
+
+FUSED_ENTRY(1)
+FUSED_ENTRY(2)
+FUSED_ENTRY(4)
