@@ -97,3 +97,15 @@ def test_decide_rejects_bad_inputs():
     with pytest.raises(ValueError, match="prefill_tokens"):
         ctl.decide(1.0, -1, 8)
     assert ctl.decide(1.0, np.int64(32), np.int32(8)).admit      # numpy integers are integers
+
+
+def test_a_stale_high_estimate_recovers_through_a_probe_cycle():
+    """Refusals measure nothing; after probe_after_refusals in a row one cycle is admitted to re-measure."""
+    ctl = AdmissionController(config.CycleConfig(), AdmissionConfig(ema_alpha=1.0, probe_after_refusals=3))
+    ctl.observe(prefill_ms=400.0, prefill_tokens=40, decode_ms=70.0, decode_tokens=7)   # one slow spell: 10 ms/token
+    decisions = [ctl.decide(0.0, 40, 7) for _ in range(4)]
+    assert [d.admit for d in decisions] == [False, False, False, True]
+    assert decisions[-1].probe and not any(d.probe for d in decisions[:-1])
+    ctl.observe(prefill_ms=4.0, prefill_tokens=40, decode_ms=3.5, decode_tokens=7)     # the probe measures fast again
+    d = ctl.decide(0.0, 40, 7)
+    assert d.admit and not d.probe

@@ -71,10 +71,12 @@ class CycleConfig:
 @dataclass(frozen=True)
 class AdmissionConfig:
     ema_alpha: float = _doc("weight of the newest measurement in the prefill and decode ms/token EMAs", default=0.2)
+    probe_after_refusals: int = _doc("after this many refusals in a row, admit one cycle to re-measure the cost", default=15)
 
     def __post_init__(self):
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ConfigError(f"admission.ema_alpha must be in (0, 1], got {self.ema_alpha}")
+        _positive(self, "probe_after_refusals", "admission")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,13 @@ over many tokens) and decode (one forward per token) cost differently:
     admit       = estimate_ms <= budget_ms
 
 The first cycle is admitted unconditionally (nothing measured yet to distrust);
-its measurement seeds both averages. `cycle.deterministic` is applied by the
+its measurement seeds both averages.
+
+Refused cycles measure nothing, so an estimate inflated by one slow spell
+(another process on the core, a page fault storm) would refuse forever. After
+`admission.probe_after_refusals` refusals in a row one cycle is admitted as a
+probe to re-measure; if it is late, the engine reports it as deadline_missed,
+so the cost of recovering is one explained fallback, not silence. `cycle.deterministic` is applied by the
 caller, so a decision always reports the honest estimate and budget.
 """
 from __future__ import annotations
@@ -26,6 +32,7 @@ class AdmissionDecision:
     admit: bool
     estimate_ms: float      # predicted cost of the cycle (0 before the first sample)
     budget_ms: float        # time left for it: deadline - elapsed - margin
+    probe: bool = False     # admitted only to re-measure after a run of refusals
 
 
 class AdmissionController:
@@ -33,6 +40,8 @@ class AdmissionController:
         self.deadline_ms = cycle_cfg.deadline_ms
         self.safety_margin_ms = cycle_cfg.safety_margin_ms
         self.alpha = admission_cfg.ema_alpha
+        self.probe_after = admission_cfg.probe_after_refusals
+        self.refusals_in_a_row = 0
         self.ema_prefill_ms_per_token = 0.0
         self.ema_decode_ms_per_token = 0.0
         self.has_sample = False
@@ -46,7 +55,14 @@ class AdmissionController:
         if not self.has_sample:
             return AdmissionDecision(admit=True, estimate_ms=0.0, budget_ms=budget)
         estimate = self.ema_prefill_ms_per_token * prefill_tokens + self.ema_decode_ms_per_token * decode_tokens
-        return AdmissionDecision(admit=estimate <= budget, estimate_ms=estimate, budget_ms=budget)
+        if estimate <= budget:
+            self.refusals_in_a_row = 0
+            return AdmissionDecision(admit=True, estimate_ms=estimate, budget_ms=budget)
+        self.refusals_in_a_row += 1
+        if self.refusals_in_a_row > self.probe_after:
+            self.refusals_in_a_row = 0
+            return AdmissionDecision(admit=True, estimate_ms=estimate, budget_ms=budget, probe=True)
+        return AdmissionDecision(admit=False, estimate_ms=estimate, budget_ms=budget)
 
     def observe(self, prefill_ms: float, prefill_tokens: int, decode_ms: float, decode_tokens: int) -> None:
         """Fold one measured cycle into the two per-token EMAs (the first one seeds them)."""

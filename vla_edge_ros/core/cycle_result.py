@@ -31,6 +31,7 @@ class CycleResult:
     decode_ms: float = 0.0
     prefill_tokens: int = 0
     evicted_frame_ids: list = field(default_factory=list)
+    probe: bool = False                       # admitted only to re-measure after a run of refusals
     overran: bool = False                     # finished after the deadline (deterministic mode still acts)
     detail: str = ""                          # human-readable explanation for fallbacks
 

@@ -374,7 +374,7 @@ class Engine:
         prefill_tokens = (tpf if new else 0) + int(self.suffix.size)
         decode_steps = self.cfg.action.num_tokens - 1
         decision = self.admission.decide((time.perf_counter() - t0) * 1000.0, prefill_tokens, decode_steps)
-        result.estimate_ms, result.budget_ms = decision.estimate_ms, decision.budget_ms
+        result.estimate_ms, result.budget_ms, result.probe = decision.estimate_ms, decision.budget_ms, decision.probe
         if not decision.admit and not cyc.deterministic:
             return self._fail(result, R.REFUSED_BUDGET,
                               f"estimate {decision.estimate_ms:.2f} ms > budget {decision.budget_ms:.2f} ms")
