@@ -1,0 +1,247 @@
+"""Shared helpers of the ROS tests: a ROS domain per module, a test-side rclpy node
+spun on its own thread, topic collectors, a 60 Hz camera publisher on real
+footage, and the graph's node processes (vla_edge_ros.tools.bringup).
+
+Every test module calls `ros_domain(__name__)` so parallel test runs (other
+engineers, CI) never share a DDS domain; discovery stays on localhost
+(test/conftest.py).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+
+from vla_edge_ros.core import footage
+from vla_edge_ros.nodes import conversions as conv
+from vla_edge_ros.nodes import graph
+from vla_edge_ros.tools.bringup import GraphProcesses
+
+GRAPH_START_TIMEOUT_S = 60.0     # three Python processes importing numpy + rclpy on 2 busy cores
+
+
+def ros_domain(module_name: str) -> int:
+    """A ROS_DOMAIN_ID in 1..100 from this process and the test module."""
+    return (os.getpid() * 31 + zlib.crc32(module_name.encode())) % 100 + 1
+
+
+def graph_env(domain_id: int) -> dict:
+    env = dict(os.environ)
+    env["ROS_DOMAIN_ID"] = str(domain_id)
+    env.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    return env
+
+
+def make_tiny_model(directory: Path) -> Path:
+    from vla_edge_ros.model.make_model import make_model
+    return make_model("tiny", directory)
+
+
+def footage_rgb(count: int, clip: str = "carphone_pristine.mp4") -> list:
+    """`count` real frames (uint8 RGB), looping the clip if needed."""
+    frames = footage.read_clip(clip, max_frames=count)
+    return [frames[i % len(frames)] for i in range(count)]
+
+
+def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+class Collector:
+    """Every message of one topic, with its arrival time (monotonic)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._items: list = []
+        self.subscription = None          # set by RosHarness.collect
+
+    def __call__(self, msg) -> None:
+        with self._lock:
+            self._items.append((time.monotonic(), msg))
+
+    def items(self) -> list:
+        with self._lock:
+            return list(self._items)
+
+    def messages(self) -> list:
+        return [m for _, m in self.items()]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+class RosHarness:
+    """A test-side rclpy context + node on `domain_id`, spun on a background thread."""
+
+    def __init__(self, domain_id: int, name: str = "vla_edge_test"):
+        self.domain_id = domain_id
+        self.context = rclpy.Context()
+        rclpy.init(context=self.context, domain_id=domain_id)
+        self.node = rclpy.create_node(name, context=self.context)
+        self.executor = SingleThreadedExecutor(context=self.context)
+        self.executor.add_node(self.node)
+        self._thread = threading.Thread(target=self.executor.spin, daemon=True)
+        self._thread.start()
+
+    def collect(self, msg_type, topic: str, depth: int = 1000, reliable: bool = True) -> Collector:
+        collector = Collector()
+        qos = QoSProfile(depth=depth, reliability=ReliabilityPolicy.RELIABLE if reliable else ReliabilityPolicy.BEST_EFFORT)
+        collector.subscription = self.node.create_subscription(msg_type, topic, collector, qos)
+        return collector
+
+    def now_s(self) -> float:
+        return self.node.get_clock().now().nanoseconds * 1e-9
+
+    def close(self) -> None:
+        self.executor.shutdown()
+        self._thread.join(timeout=2.0)
+        self.node.destroy_node()
+        rclpy.try_shutdown(context=self.context)
+
+
+class CameraPublisher:
+    """Publishes frames as sensor_msgs/Image at `hz` on its own thread; records every publish call.
+
+    `stamp_offset_s` shifts the capture stamps (negative: old frames); `frames` loops.
+    """
+
+    def __init__(self, harness: RosHarness, frames: list, hz: float = 60.0, topic: str = graph.CAMERA_TOPIC,
+                 reliable: bool = False, stamp_offset_s: float = 0.0):
+        from sensor_msgs.msg import Image
+        qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE if reliable else ReliabilityPolicy.BEST_EFFORT)
+        self.harness = harness
+        self.publisher = harness.node.create_publisher(Image, topic, qos)
+        self.frames = frames
+        self.period_s = 1.0 / hz
+        self.stamp_offset_s = stamp_offset_s
+        self.sent: list = []              # (stamp_s, perf before publish, perf after publish)
+        self._stop = threading.Event()
+        self._thread = None
+
+    def start(self) -> "CameraPublisher":
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+    def _loop(self) -> None:
+        from vla_edge_ros.core.clock import hybrid_sleep_until
+        start = time.perf_counter()
+        i = 0
+        while not self._stop.is_set():
+            hybrid_sleep_until(start + i * self.period_s, stop=self._stop)
+            stamp_s = self.harness.now_s() + self.stamp_offset_s
+            msg = conv.rgb_to_image_msg(self.frames[i % len(self.frames)], conv.s_to_stamp(stamp_s), "camera")
+            t0 = time.perf_counter()
+            self.publisher.publish(msg)
+            self.sent.append((stamp_s, t0, time.perf_counter()))
+            i += 1
+
+
+def start_graph(domain_id: int, overrides: dict, names: tuple = ("camera_ingest", "reasoning", "reconciler"),
+                log_dir: Path | None = None) -> GraphProcesses:
+    """The named graph nodes as separate processes; lifecycle nodes brought to active."""
+    specs = tuple(graph.node(n) for n in names)
+    procs = GraphProcesses(overrides=overrides, env=graph_env(domain_id), nodes=specs, log_dir=log_dir)
+    procs.start()
+    try:
+        if any(s.lifecycle for s in specs):
+            procs.activate_lifecycle_nodes(timeout_s=GRAPH_START_TIMEOUT_S)
+    except BaseException:
+        procs.stop()
+        raise
+    return procs
+
+
+def wait_matched(*collectors, timeout_s: float = GRAPH_START_TIMEOUT_S) -> None:
+    """Until each collector's subscription is matched with a publisher (messages before that are lost)."""
+    for c in collectors:
+        wait_until(lambda: c.subscription.get_publisher_count() > 0, timeout_s,
+                   f"a publisher matched on {c.subscription.topic_name}")
+
+
+def node_log(log_dir: Path, name: str) -> str:
+    path = Path(log_dir) / f"{name}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def latest_status(collector: Collector, name_suffix: str) -> dict | None:
+    """Values of the newest /diagnostics status whose name ends with `name_suffix`."""
+    for _, array in reversed(collector.items()):
+        for status in array.status:
+            if status.name.endswith(name_suffix):
+                return conv.status_values(status)
+    return None
+
+
+def cycle_outputs(tokens: Collector, fallbacks: Collector) -> dict:
+    """{cycle_id: ('action', fields) | ('fallback', reason, values)}; raises on a duplicate cycle id."""
+    out: dict = {}
+    for msg in tokens.messages():
+        fields = conv.parse_action_tokens(msg)
+        assert fields["cycle_id"] not in out, f"cycle {fields['cycle_id']} published twice"
+        out[fields["cycle_id"]] = ("action", fields)
+    for msg in fallbacks.messages():
+        values = conv.status_values(msg)
+        cid = int(values["cycle_id"])
+        assert cid not in out, f"cycle {cid} published twice (as {out[cid][0]} and as fallback {msg.message})"
+        out[cid] = ("fallback", msg.message, values)
+    return out
+
+
+def assert_no_gaps(ids) -> None:
+    ids = sorted(ids)
+    assert ids, "no cycles observed"
+    missing = sorted(set(range(ids[0], ids[-1] + 1)) - set(ids))
+    assert not missing, f"cycle ids missing between {ids[0]} and {ids[-1]}: {missing[:20]}"
+
+
+
+def call_service(harness: RosHarness, srv_type, name: str, request, timeout_s: float = 10.0, resend_s: float = 3.0):
+    """Call an idempotent service from the harness node; re-sent every `resend_s` without an answer
+    (right after discovery an answer can be lost: the two directions match separately)."""
+    client = harness.node.create_client(srv_type, name)
+    try:
+        deadline = time.monotonic() + timeout_s
+        if not client.wait_for_service(timeout_sec=timeout_s):
+            raise AssertionError(f"service {name} not available within {timeout_s:.0f} s")
+        while time.monotonic() < deadline:
+            future = client.call_async(request)
+            until = min(deadline, time.monotonic() + resend_s)
+            while not future.done() and time.monotonic() < until:
+                time.sleep(0.01)
+            if future.done():
+                return future.result()
+            client.remove_pending_request(future)
+        raise AssertionError(f"no answer from {name} within {timeout_s:.0f} s")
+    finally:
+        harness.node.destroy_client(client)
+
+
+def service_available(harness: RosHarness, srv_type, name: str, timeout_s: float) -> bool:
+    client = harness.node.create_client(srv_type, name)
+    try:
+        return client.wait_for_service(timeout_sec=timeout_s)
+    finally:
+        harness.node.destroy_client(client)

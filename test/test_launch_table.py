@@ -1,0 +1,115 @@
+"""One node table feeds the launch file, `vla-edge bringup` and setup.py's executables.
+
+launch_ros has no PyPI wheel, so the launch file cannot run here. It is checked
+twice instead: its syntax tree (it reads `NODES` and names no node itself),
+and `generate_launch_description()` executed against minimal recording
+stand-ins for the launch / launch_ros classes, to see that every node of the
+table becomes one process action and that lifecycle nodes are configured and
+then activated.
+"""
+import ast
+import importlib
+import runpy
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from lifecycle_msgs.msg import Transition
+
+from vla_edge_ros.nodes import graph
+from vla_edge_ros.tools.bringup import GraphProcesses
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH_FILE = ROOT / "launch" / graph.LAUNCH_FILE
+
+
+def test_launch_file_reads_the_node_table_and_hard_codes_no_node():
+    tree = ast.parse(LAUNCH_FILE.read_text())
+    imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert ("vla_edge_ros.nodes.graph", "NODES") in imported
+    literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    for spec in graph.NODES:
+        named = {spec.name, spec.executable, spec.module} & literals
+        assert not named, f"the launch file spells out {named}; it must come from graph.NODES"
+
+
+class _Recorder:
+    """Stands in for a launch / launch_ros class: keeps its arguments."""
+
+    def __init__(self, *args, **kwargs):
+        self.args, self.kwargs = args, kwargs
+
+
+def _stub_modules(share_dir: str) -> dict:
+    names = {
+        "launch": ["LaunchDescription"],
+        "launch.actions": ["DeclareLaunchArgument", "EmitEvent", "RegisterEventHandler"],
+        "launch.substitutions": ["LaunchConfiguration"],
+        "launch_ros.actions": ["Node", "LifecycleNode"],
+        "launch_ros.event_handlers": ["OnStateTransition"],
+        "launch_ros.events.lifecycle": ["ChangeState"],
+    }
+    modules = {}
+    for mod_name, classes in names.items():
+        mod = types.ModuleType(mod_name)
+        for cls in classes:
+            setattr(mod, cls, type(cls, (_Recorder,), {}))
+        modules[mod_name] = mod
+    modules["launch.events"] = types.ModuleType("launch.events")
+    modules["launch.events"].matches_action = lambda action: ("matches", action)
+    modules["launch_ros"] = types.ModuleType("launch_ros")
+    modules["launch_ros.events"] = types.ModuleType("launch_ros.events")
+    modules["ament_index_python"] = types.ModuleType("ament_index_python")
+    modules["ament_index_python.packages"] = types.ModuleType("ament_index_python.packages")
+    modules["ament_index_python.packages"].get_package_share_directory = lambda pkg: share_dir
+    return modules
+
+
+def test_launch_description_has_one_process_per_table_row(monkeypatch, tmp_path):
+    for name, module in _stub_modules(str(tmp_path)).items():
+        monkeypatch.setitem(sys.modules, name, module)
+    description = runpy.run_path(str(LAUNCH_FILE))["generate_launch_description"]()
+    entities = description.args[0]
+    processes = [e for e in entities if type(e).__name__ in ("Node", "LifecycleNode")]
+    assert [(p.kwargs["name"], p.kwargs["executable"], type(p).__name__ == "LifecycleNode") for p in processes] == \
+        [(s.name, s.executable, s.lifecycle) for s in graph.NODES]
+    assert all(p.kwargs["package"] == graph.PACKAGE for p in processes)
+    declared = [e for e in entities if type(e).__name__ == "DeclareLaunchArgument"]
+    assert declared[0].kwargs["default_value"] == str(tmp_path / "config" / graph.PARAMS_FILE)
+    # Lifecycle nodes: configure emitted at once, activate emitted when 'inactive' is reached.
+    for node in (p for p in processes if type(p).__name__ == "LifecycleNode"):
+        emitted = [e.kwargs["event"].kwargs for e in entities if type(e).__name__ == "EmitEvent"]
+        assert {"lifecycle_node_matcher": ("matches", node), "transition_id": Transition.TRANSITION_CONFIGURE} in emitted
+        handlers = [e.args[0].kwargs for e in entities if type(e).__name__ == "RegisterEventHandler"]
+        on_inactive = [h for h in handlers if h["target_lifecycle_node"] is node and h["goal_state"] == "inactive"]
+        assert len(on_inactive) == 1
+        assert on_inactive[0]["entities"][0].kwargs["event"].kwargs["transition_id"] == Transition.TRANSITION_ACTIVATE
+
+
+def test_bringup_starts_the_same_table(tmp_path):
+    procs = GraphProcesses(params_file=ROOT / "config" / graph.PARAMS_FILE, env={})
+    assert procs.nodes == graph.NODES
+    for spec in procs.nodes:
+        argv = spec.command([tmp_path / "p.yaml"], python="python3")
+        assert argv[:3] == ["python3", "-m", spec.module]
+        assert argv[argv.index("-r") + 1] == f"__node:={spec.name}"
+        assert argv[argv.index("--params-file") + 1] == str(tmp_path / "p.yaml")
+    procs.stop()
+
+
+def test_setup_py_installs_every_node_executable():
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    scripts = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str) and " = " in n.value}
+    for spec in graph.NODES:
+        assert f"{spec.executable} = {spec.module}:main" in scripts, scripts
+        assert callable(importlib.import_module(spec.module).main)
+
+
+def test_lifecycle_service_names():
+    reconciler = graph.node("reconciler")
+    assert graph.lifecycle_service(reconciler, "change_state") == "/reconciler/change_state"
+    with pytest.raises(ValueError, match="not a lifecycle node"):
+        graph.lifecycle_service(graph.node("reasoning"), "change_state")
+    with pytest.raises(KeyError, match="no node 'camera'"):
+        graph.node("camera")

@@ -1,0 +1,159 @@
+"""Each fallback reason is produced by the situation that should produce it, over real DDS:
+
+    silent camera                          -> no_frame
+    frames whose capture stamps are old    -> stale_frame
+    a deadline too small to admit anything -> deadline_missed (the first, unestimated cycle), then refused_budget
+    reconciler killed mid-run              -> the reasoning node carries on, cycle after cycle
+"""
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from diagnostic_msgs.msg import DiagnosticArray
+from diagnostic_msgs.msg import DiagnosticStatus
+from std_msgs.msg import Int32MultiArray
+
+import ros_helpers as H
+from vla_edge_ros import config as C
+from vla_edge_ros.core import cycle_result as R
+from vla_edge_ros.core.swap_protocol import SHM_DIR
+from vla_edge_ros.nodes import graph
+
+pytestmark = pytest.mark.ros
+PHASE_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return H.make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def harness():
+    h = H.RosHarness(H.ros_domain(__name__))
+    yield h
+    h.close()
+
+
+def _outputs(harness):
+    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
+    fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
+    return tokens, fallbacks
+
+
+def _window(tokens, fallbacks, since: float, until: float) -> dict:
+    """Cycle outputs received in [since, until) (monotonic)."""
+    outputs = H.cycle_outputs(tokens, fallbacks)
+    arrival = {}
+    for t, msg in tokens.items():
+        arrival[msg.data[0]] = t
+    for t, msg in fallbacks.items():
+        arrival[int(dict((kv.key, kv.value) for kv in msg.values)["cycle_id"])] = t
+    return {cid: out for cid, out in outputs.items() if since <= arrival[cid] < until}
+
+
+def test_silent_camera_then_stale_stamps(model, harness, tmp_path):
+    tokens, fallbacks = _outputs(harness)
+    procs = H.start_graph(harness.domain_id, {"model.path": str(model), "cycle.stale_frame_ms": 250.0},
+                          names=("camera_ingest", "reasoning"), log_dir=tmp_path)
+    try:
+        H.wait_until(lambda: len(fallbacks) > 0, H.GRAPH_START_TIMEOUT_S, "the first cycle")
+        t_silent = time.monotonic()
+        time.sleep(PHASE_S)
+        t_stale = time.monotonic()
+        # Captured 5 s ago by their stamps: 20x older than cycle.stale_frame_ms.
+        old = H.CameraPublisher(harness, H.footage_rgb(30), stamp_offset_s=-5.0).start()
+        time.sleep(PHASE_S)
+        old.stop()
+        t_fresh = time.monotonic()
+        fresh = H.CameraPublisher(harness, H.footage_rgb(30)).start()
+        H.wait_until(lambda: len(tokens) > 0, 10.0, "an action once frames are fresh")
+        fresh.stop()
+        t_end = time.monotonic()
+        assert procs.dead() == {}, H.node_log(tmp_path, "reasoning")
+    finally:
+        procs.stop()
+
+    H.assert_no_gaps(H.cycle_outputs(tokens, fallbacks))
+    silent = _window(tokens, fallbacks, t_silent, t_stale)
+    assert len(silent) >= 10 and {o[:2] for o in silent.values()} == {("fallback", R.NO_FRAME)}, \
+        {o[:2] for o in silent.values()}
+    # Until the first old frame arrives (a new publisher is discovered first) the cycles still see no frame.
+    window = sorted(_window(tokens, fallbacks, t_stale, t_fresh).items())
+    first = next(i for i, (_, o) in enumerate(window) if o[:2] != ("fallback", R.NO_FRAME))
+    stale = dict(window[first:])
+    assert len(stale) >= 10 and {o[:2] for o in stale.values()} == {("fallback", R.STALE_FRAME)}, \
+        {o[:2] for o in stale.values()}
+    old_stamps = np.array([stamp for stamp, _, _ in old.sent])
+    assert all(np.min(np.abs(old_stamps - float(o[2]["frame_stamp"]))) < 2e-6 for o in stale.values()), \
+        "a stale_frame fallback names a frame the old camera did not send"
+    assert any(o[0] == "action" for o in _window(tokens, fallbacks, t_fresh, t_end + 1).values())
+
+
+def test_deadline_too_small_to_admit_anything(model, harness, tmp_path):
+    tokens, fallbacks = _outputs(harness)
+    # Budget = 4.0 - elapsed - 3.9 <= 0.1 ms, while one model cycle takes several ms.
+    overrides = {"model.path": str(model), "model.backend": "numpy",
+                 "cycle.deadline_ms": 4.0, "cycle.safety_margin_ms": 3.9}
+    procs = H.start_graph(harness.domain_id, overrides, names=("camera_ingest", "reasoning"), log_dir=tmp_path)
+    camera = H.CameraPublisher(harness, H.footage_rgb(30))
+    try:
+        H.wait_until(lambda: len(fallbacks) > 0, H.GRAPH_START_TIMEOUT_S, "the first cycle")
+        camera.start()
+        H.wait_until(lambda: sum(f.message == R.REFUSED_BUDGET for f in fallbacks.messages()) >= 50, 20.0,
+                     "50 refused cycles")
+        camera.stop()
+        assert procs.dead() == {}, H.node_log(tmp_path, "reasoning")
+    finally:
+        camera.stop()
+        procs.stop()
+    outputs = H.cycle_outputs(tokens, fallbacks)
+    H.assert_no_gaps(outputs)
+    # r: refused before starting, m: ran and finished late (deadline_missed), a: action; cycles without
+    # a usable frame (no_frame before the first one, stale_frame if the camera stalled) do not count.
+    code = {R.REFUSED_BUDGET: "r", R.DEADLINE_MISSED: "m", "action": "a"}
+    seq = "".join(code.get(o[0] if o[0] == "action" else o[1], "") for _, o in sorted(outputs.items()))
+    # The first cycle with a frame has no estimate yet and is admitted; afterwards a cycle runs only as
+    # a probe after admission.probe_after_refusals refusals in a row. Here each one finishes late.
+    probe_after = C.load().admission.probe_after_refusals
+    assert seq[0] in "ma" and seq.count("r") >= 50, seq[:40]
+    runs = seq[1:].replace("a", "m").split("m")
+    assert all(len(run) >= probe_after for run in runs[:-1]), [len(run) for run in runs]
+    assert seq.count("a") == 0, f"{seq.count('a')} cycles acted although the deadline fits no cycle: {seq[:60]}"
+    refused = [o[2] for o in outputs.values() if o[0] == "fallback" and o[1] == R.REFUSED_BUDGET]
+    assert all(float(v["estimate_ms"]) > float(v["budget_ms"]) for v in refused)
+
+
+def test_reasoning_carries_on_when_the_reconciler_is_killed(model, harness, tmp_path):
+    tokens, fallbacks = _outputs(harness)
+    diagnostics = harness.collect(DiagnosticArray, graph.DIAGNOSTICS_TOPIC)
+    # Room for 12 frames: the state reaches asr.threshold within a second and swap requests start.
+    overrides = {"model.path": str(model), "kv.capacity_tokens": 480}
+    procs = H.start_graph(harness.domain_id, overrides, log_dir=tmp_path)
+    camera = H.CameraPublisher(harness, H.footage_rgb(120))
+    try:
+        camera.start()
+        H.wait_until(lambda: len(tokens) > 30, H.GRAPH_START_TIMEOUT_S, "30 actions with the reconciler up")
+        procs.kill("reconciler", signal.SIGKILL)
+        t_kill = time.monotonic()
+        time.sleep(4.0)               # longer than the swap request timeout (20 x memory.sample_period_ms)
+        t_end = time.monotonic()
+        camera.stop()
+        dead = procs.dead()
+    finally:
+        camera.stop()
+        procs.stop()
+        for leftover in Path(SHM_DIR).glob(f"vla_edge_swap_{procs.procs['reconciler'].pid}_*"):
+            shutil.rmtree(leftover, ignore_errors=True)     # a SIGKILLed reconciler cannot clean up
+    assert set(dead) == {"reconciler"}, f"{dead}\n{H.node_log(tmp_path, 'reasoning')}"
+    outputs = H.cycle_outputs(tokens, fallbacks)
+    H.assert_no_gaps(outputs)
+    after = _window(tokens, fallbacks, t_kill + 0.1, t_end)
+    # 4 s at 33 ms per cycle: about 120 cycles; the node keeps cycling and acting.
+    assert len(after) >= 60, f"only {len(after)} cycles after the kill"
+    assert sum(o[0] == "action" for o in after.values()) >= 30
+    status = H.latest_status(diagnostics, "reasoning")
+    assert int(status["swap.swap_requests"]) >= 1, {k: v for k, v in status.items() if k.startswith(("state", "swap"))}

@@ -1,0 +1,173 @@
+"""The reconciler's lifecycle through the standard lifecycle services, the swap service served
+only while active, the reconciled state checked against an engine that only ever saw the
+kept frames, and a swap applied by the reasoning node at a cycle boundary.
+"""
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
+from diagnostic_msgs.msg import DiagnosticStatus
+from lifecycle_msgs.msg import State
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState
+from lifecycle_msgs.srv import GetState
+from rclpy.qos import QoSProfile
+from sensor_msgs.msg import Image
+from std_msgs.msg import Int32MultiArray
+from std_srvs.srv import Trigger
+
+import ros_helpers as H
+from vla_edge_ros import config as C
+from vla_edge_ros.core.engine import Engine
+from vla_edge_ros.core.footage import resize_rgb
+from vla_edge_ros.core.frames import Frame
+from vla_edge_ros.core.state_snapshot import StateSnapshot
+from vla_edge_ros.core.swap_protocol import SwapOffer
+from vla_edge_ros.nodes import conversions as conv
+from vla_edge_ros.nodes import graph
+from vla_edge_ros.tools.bringup import GraphProcesses
+from vla_edge_ros.tools.bringup import change_state
+
+pytestmark = pytest.mark.ros
+CAPACITY = 480          # prefix 25 + one cycle's suffix 56 + room for 12 frames of 32 tokens
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return H.make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def harness():
+    h = H.RosHarness(H.ros_domain(__name__))
+    yield h
+    h.close()
+
+
+def _state(harness) -> int:
+    return H.call_service(harness, GetState, "/reconciler/get_state", GetState.Request()).current_state.id
+
+
+def _transition(harness, transition_id: int) -> None:
+    """Through the standard service, as bringup drives it (BringupError when refused)."""
+    manager = rclpy.create_node("lifecycle_manager", context=harness.context)
+    try:
+        change_state(manager, "/reconciler/change_state", transition_id, timeout_s=30.0)
+    finally:
+        manager.destroy_node()
+
+
+def _refused_transition(harness, transition_id: int) -> None:
+    """A transition the current state does not have: answered success=False, or (rclpy 7.1.6,
+    see reconciler.spin_surviving_bad_transitions) not answered at all; never performed."""
+    request = ChangeState.Request()
+    request.transition.id = transition_id
+    client = harness.node.create_client(ChangeState, "/reconciler/change_state")
+    try:
+        assert client.wait_for_service(timeout_sec=10.0)
+        future = client.call_async(request)
+        time.sleep(1.0)
+        assert not future.done() or not future.result().success
+    finally:
+        harness.node.destroy_client(client)
+
+
+def _swap(harness):
+    return H.call_service(harness, Trigger, graph.SWAP_SERVICE, Trigger.Request())
+
+
+def test_lifecycle_swap_only_when_active_and_exact_state(model, harness, tmp_path):
+    cfg = C.load(overrides={"model.path": str(model), "kv.capacity_tokens": CAPACITY})
+    procs = GraphProcesses(overrides={"model.path": str(model), "kv.capacity_tokens": CAPACITY},
+                           env=H.graph_env(harness.domain_id), nodes=(graph.node("reconciler"),), log_dir=tmp_path)
+    procs.start()
+    chunks = harness.node.create_publisher(Image, graph.STATE_CHUNK_TOPIC, QoSProfile(depth=64))
+    try:
+        assert _state(harness) == State.PRIMARY_STATE_UNCONFIGURED
+        _refused_transition(harness, Transition.TRANSITION_ACTIVATE)
+        assert _state(harness) == State.PRIMARY_STATE_UNCONFIGURED
+        assert procs.dead() == {}, "an invalid transition request killed the reconciler"
+        assert not H.service_available(harness, Trigger, graph.SWAP_SERVICE, 1.0)
+
+        _transition(harness, Transition.TRANSITION_CONFIGURE)
+        assert _state(harness) == State.PRIMARY_STATE_INACTIVE
+        assert not H.service_available(harness, Trigger, graph.SWAP_SERVICE, 1.0), "swap served while inactive"
+
+        _transition(harness, Transition.TRANSITION_ACTIVATE)
+        assert _state(harness) == State.PRIMARY_STATE_ACTIVE
+        answer = _swap(harness)
+        assert not answer.success and '"version": 0' in answer.message, answer.message
+
+        # 12 admitted frames of real footage; at 11 (>= ceil(asr.threshold 0.9 x 12 frames)) a round starts.
+        frames = [Frame(resize_rgb(px, cfg.vision.image_width, cfg.vision.image_height), 1000.0 + i, 101 + i)
+                  for i, px in enumerate(H.footage_rgb(12, "bikes.mp4"))]
+        H.wait_until(lambda: chunks.get_subscription_count() > 0, 10.0, "the reconciler's chunk subscription")
+        time.sleep(0.5)       # the subscriber side of the match completes a moment after the publisher's
+        for frame in frames:
+            chunks.publish(conv.state_chunk_msg(frame, 0))
+        answer = H.wait_until(lambda: (a := _swap(harness)).success and a, 20.0, "a reconciled version")
+        offer = SwapOffer.from_message(answer.message)
+        assert offer.version == 1
+        snap = StateSnapshot.load(offer.path)
+        # csr keeps the newest (1 - asr.evict_fraction) of the 11 frames, 106..111, plus what arrived
+        # during the round (112, depending on timing), in order.
+        assert snap.frame_ids[0] == 106 and snap.frame_ids == list(range(106, 106 + len(snap.frames)))
+        assert len(snap.frames) in (6, 7), snap.frame_ids
+        # Exact: the KV of an engine that never saw the dropped frames (up to float32 rounding: the
+        # reconciler prefills several frames per forward, the oracle one at a time).
+        oracle = Engine.from_config(cfg)
+        for frame in frames:
+            if frame.frame_id in snap.frame_ids:
+                oracle.append_frame(frame)
+        expected = oracle.export_state(1)
+        np.testing.assert_allclose(snap.kv, expected.kv, rtol=1e-4, atol=1e-5)
+        assert snap.next_position == expected.next_position
+
+        _transition(harness, Transition.TRANSITION_DEACTIVATE)
+        assert _state(harness) == State.PRIMARY_STATE_INACTIVE
+        H.wait_until(lambda: not H.service_available(harness, Trigger, graph.SWAP_SERVICE, 0.3), 10.0,
+                     "the swap service to go away after deactivate")
+
+        _transition(harness, Transition.TRANSITION_CLEANUP)
+        assert _state(harness) == State.PRIMARY_STATE_UNCONFIGURED
+        assert not Path(offer.path).parent.exists(), "cleanup left the snapshot files"
+        request = ChangeState.Request()
+        request.transition.id = Transition.TRANSITION_UNCONFIGURED_SHUTDOWN
+        assert H.call_service(harness, ChangeState, "/reconciler/change_state", request, resend_s=30.0).success
+        assert _state(harness) == State.PRIMARY_STATE_FINALIZED
+        assert procs.dead() == {}
+    finally:
+        codes = procs.stop()
+        harness.node.destroy_publisher(chunks)
+    assert codes == {"reconciler": 0}, H.node_log(tmp_path, "reconciler")
+
+
+def test_swap_applied_at_a_cycle_boundary(model, harness, tmp_path):
+    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
+    fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
+    diagnostics = harness.collect(DiagnosticArray, graph.DIAGNOSTICS_TOPIC)
+    procs = H.start_graph(harness.domain_id, {"model.path": str(model), "kv.capacity_tokens": CAPACITY},
+                          log_dir=tmp_path)
+    camera = H.CameraPublisher(harness, H.footage_rgb(120))
+    try:
+        camera.start()
+        status = H.wait_until(lambda: (s := H.latest_status(diagnostics, "reasoning")) and
+                              int(s["swap.state_version"]) >= 1 and s, 30.0, "a swap applied by reasoning")
+        time.sleep(1.0)                   # cycles keep running after the swap
+        camera.stop()
+        assert procs.dead() == {}, H.node_log(tmp_path, "reasoning")
+    finally:
+        camera.stop()
+        procs.stop()
+    applied_after = int(status["swap.swap_applied_at_cycle"])
+    outputs = H.cycle_outputs(tokens, fallbacks)
+    H.assert_no_gaps(outputs)
+    # Applied between two cycles: the cycle before and the cycle after both published their one output.
+    assert applied_after in outputs and applied_after + 1 in outputs
+    log = H.node_log(tmp_path, "reasoning")
+    assert f"applied after cycle {applied_after}" in log, log[-2000:]
+    reconciler = H.latest_status(diagnostics, "reconciler")
+    assert int(reconciler["k_ready"]) >= int(status["swap.state_version"]), reconciler

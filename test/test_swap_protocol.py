@@ -1,0 +1,157 @@
+"""core/swap_protocol.py without ROS: two real engines (tiny model, real footage) play the
+reasoning and reconciler processes; offers travel as files and JSON, the applied version
+travels back as the tag of the next state chunk."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+from vla_edge_ros import config as C
+from vla_edge_ros.core.engine import Engine
+from vla_edge_ros.core.footage import read_clip, resize_rgb
+from vla_edge_ros.core.frames import Frame
+from vla_edge_ros.core.reconciliation import Phase, StateReconciler
+from vla_edge_ros.core.state_snapshot import StateSnapshot
+from vla_edge_ros.core.swap_protocol import (ReconcilerWorker, SnapshotStore, SwapClient, SwapOffer,
+                                             SwapProtocolError, start_loader)
+from vla_edge_ros.model.make_model import make_model
+
+CAPACITY = 480           # prefix 25 + suffix 56 + 12 frames of 32 tokens: csr triggers at 11 frames
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_model("tiny", tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def frames():
+    cfg = C.VlaConfig()
+    clip = read_clip("bikes.mp4", max_frames=40)
+    return [Frame(resize_rgb(px, cfg.vision.image_width, cfg.vision.image_height), 10.0 + i / 60, i + 1)
+            for i, px in enumerate(clip)]
+
+
+@pytest.fixture
+def cfg(model):
+    return C.load(overrides={"model.path": str(model), "kv.capacity_tokens": CAPACITY, "cycle.deterministic": True})
+
+
+def _wait(predicate, what, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_offers_are_versioned_files_and_the_applied_tag_starts_the_next_round(cfg, frames, tmp_path):
+    primary = Engine.from_config(cfg)
+    worker = ReconcilerWorker(StateReconciler(cfg, Engine.from_config(cfg)), SnapshotStore(tmp_path / "snaps"))
+    client = SwapClient(poll_period_s=0.0, request_timeout_s=5.0)
+    assert worker.answer()[0] is False and json.loads(worker.answer()[1])["version"] == 0
+    worker.start()
+    try:
+        # The primary admits 11 frames (11 >= ceil(0.9 * 12)): the reconciler starts round 1.
+        for f in frames[:11]:
+            assert primary.run_cycle(f, f.stamp_s).new_frame
+            worker.on_chunk(f, primary.state_version)
+        _wait(lambda: worker.offer is not None, "offer v1")
+        ok, message = worker.answer()
+        offer = SwapOffer.from_message(message)
+        assert ok and offer.version == 1 and offer.newest_frame_id == 11
+        snap_on_disk = StateSnapshot.load(offer.path)
+        assert snap_on_disk.frame_ids == [6, 7, 8, 9, 10, 11]          # csr: the newest half, kept exactly
+
+        # Reasoning side: ask, load off-thread, apply at a boundary after one more (late) frame.
+        assert primary.run_cycle(frames[11], frames[11].stamp_s).new_frame
+        worker.on_chunk(frames[11], primary.state_version)              # still tagged v0: arrived before the swap
+        client.request_sent()
+        loading = client.on_response(*worker.answer())
+        start_loader(client, loading).join(timeout=10)
+        snap = client.take_ready()
+        dropped = primary.import_state(snap)
+        client.mark_applied(snap.version, cycle_id=11, dropped=len(dropped), late=len(primary.last_swap.late))
+        assert dropped == [1, 2, 3, 4, 5] and primary.last_swap.late == [12] and primary.state_version == 1
+        # Exact: the KV of an engine that only ever saw frames 6..12 (up to float32 rounding: the
+        # reconciler prefills several frames per forward, the oracle one at a time).
+        oracle = Engine.from_config(cfg)
+        for f in frames[5:12]:
+            oracle.append_frame(f)
+        np.testing.assert_allclose(primary.export_state(1).kv, oracle.export_state(1).kv, rtol=1e-4, atol=1e-5)
+
+        # The next chunk carries v1: the reconciler learns the swap happened and tracks the primary again.
+        assert primary.run_cycle(frames[12], frames[12].stamp_s).new_frame
+        worker.on_chunk(frames[12], primary.state_version)
+        _wait(lambda: worker.reconciler.k_applied == 1, "the reconciler to see v1 applied")
+        assert worker.reconciler.primary_frame_ids == [f.frame_id for f in primary.kv.retained()]
+        for f in frames[13:20]:
+            assert primary.run_cycle(f, f.stamp_s).new_frame
+            worker.on_chunk(f, primary.state_version)
+        _wait(lambda: worker.offer is not None and worker.offer.version == 2, "offer v2")
+        assert worker.reconciler.phase in (Phase.READY, Phase.CATCHING_UP, Phase.IDLE)
+        assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["state_v000001.npz", "state_v000002.npz"]
+    finally:
+        worker.stop()
+        worker.store.close()
+    assert not (tmp_path / "snaps").exists()
+
+
+def test_worker_failure_stops_offers_but_not_the_caller(cfg, frames, tmp_path):
+    worker = ReconcilerWorker(StateReconciler(cfg, Engine.from_config(cfg)), SnapshotStore(tmp_path / "snaps"))
+    worker.store.close()                                   # the directory is gone: publishing the offer fails
+    worker.start()
+    try:
+        for f in frames[:11]:
+            worker.on_chunk(f, 0)
+        _wait(lambda: worker.error is not None, "the worker to fail")
+        assert worker.reconciler.phase is Phase.STOPPED and worker.answer()[0] is False
+        assert "FileNotFoundError" in worker.summary()["worker_error"]
+    finally:
+        worker.stop()
+
+
+# ----------------------------------------------------------------------------
+# Reasoning side state machine
+
+
+def test_client_one_request_in_flight_poll_period_and_timeout():
+    client = SwapClient(poll_period_s=0.1, request_timeout_s=2.0)
+    assert client.want_request(now=0.0)
+    client.request_sent(now=0.0)
+    assert not client.want_request(now=1.0)                    # one in flight
+    assert client.want_request(now=2.5) and client.timeouts == 1   # unanswered 2 s: the reconciler is gone
+    client.request_sent(now=2.5)
+    assert client.on_response(False, json.dumps({"version": 0, "reason": "x"})) is None and client.not_ready == 1
+    assert not client.want_request(now=2.55)                   # poll period
+    assert client.want_request(now=2.7)
+
+
+def test_client_skips_old_loading_and_rejected_versions(tmp_path):
+    client = SwapClient(poll_period_s=0.1, request_timeout_s=2.0)
+    snap = StateSnapshot(version=3)
+    path = snap.save(tmp_path / "v3.npz")
+    offer = client.on_response(True, SwapOffer(3, str(path), 0, -1).to_message())
+    assert offer is not None
+    assert client.on_response(True, SwapOffer(4, str(path), 0, -1).to_message()) is None   # one load at a time
+    client.load_offer(offer)
+    assert client.take_ready().version == 3 and client.take_ready() is None
+    client.mark_rejected(3)
+    assert client.on_response(True, SwapOffer(3, str(path), 0, -1).to_message()) is None   # never again
+    client.mark_applied(5, cycle_id=7, dropped=0, late=0)
+    assert client.on_response(True, SwapOffer(4, str(path), 0, -1).to_message()) is None   # older than applied
+    summary = client.summary()
+    assert (summary["state_version"], summary["swap_applied_at_cycle"], summary["swap_rejections"]) == (5, 7, 1)
+
+
+def test_client_survives_a_vanished_or_mismatched_file_and_bad_answers(tmp_path):
+    client = SwapClient(poll_period_s=0.1, request_timeout_s=2.0)
+    client.load_offer(client.on_response(True, SwapOffer(3, str(tmp_path / "gone.npz"), 4, 9).to_message()))
+    assert client.load_failures == 1 and client.take_ready() is None
+    path = StateSnapshot(version=2).save(tmp_path / "v2.npz")
+    client.load_offer(client.on_response(True, SwapOffer(6, str(path), 0, -1).to_message()))
+    assert client.load_failures == 2 and client.take_ready() is None
+    with pytest.raises(SwapProtocolError, match="not an offer"):
+        client.on_response(True, "{not json")

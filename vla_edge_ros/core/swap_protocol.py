@@ -1,0 +1,300 @@
+"""The versioned swap across processes: reasoning node <-> reconciler node, without ROS.
+
+core/reconciliation.py (`StateReconciler`) decides when to reconcile and what
+to keep; this module carries its offers between two processes and keeps the
+primary side from ever waiting:
+
+Reconciler process, `ReconcilerWorker`:
+    on_chunk(frame, primary_version)  each /vla/state_chunk message, in order. The chunk
+                                      carries the state version the primary had in force
+                                      when it admitted the frame; the first chunk tagged
+                                      with an offered version k tells the reconciler that
+                                      k was applied (`notify_applied`) before that chunk
+                                      is mirrored, so its shadow of the primary stays exact
+    a worker thread                   runs `StateReconciler.tick` (bounded chunked-prefill
+                                      steps) and, when version k is ready, takes the offer
+                                      and writes it with `SnapshotStore.publish` (atomic:
+                                      temporary name, then rename; by default in /dev/shm)
+    answer()                          the std_srvs/Trigger response of /vla/reconciler/swap
+
+Wire format of that response:
+    success=True,  message={"version": k, "path": ".../state_v000007.npz", "frames": n, "newest_frame_id": id}
+    success=False, message={"version": 0, "reason": "..."}                (nothing offered yet)
+
+Reasoning process, `SwapClient` (thread-safe; three threads touch it):
+    executor timer  `want_request()`: at most one request in flight, one per poll period;
+                    a request unanswered for `request_timeout_s` is abandoned (reconciler gone)
+    executor        `on_response(success, message)`: an offer newer than the applied version
+                    (and not one already rejected) is read by `load_offer` on a loader thread
+    cycle thread    `take_ready()` at a cycle boundary -> `Engine.import_state` (which keeps
+                    the frames admitted after the snapshot by recomputing them over it), then
+                    `mark_applied` or `mark_rejected`
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .frames import Frame
+from .state_snapshot import StateSnapshot
+
+log = logging.getLogger(__name__)
+
+SHM_DIR = Path("/dev/shm")
+KEEP_VERSIONS = 2          # snapshot files kept: the newest offer and the one before it (may still be loading)
+IDLE_WAIT_S = 0.01         # worker thread: longest sleep when the reconciler has nothing to do (woken on a chunk)
+
+
+class SwapProtocolError(ValueError):
+    """A swap answer or snapshot file does not follow the protocol."""
+
+
+@dataclass(frozen=True)
+class SwapOffer:
+    version: int
+    path: str
+    frames: int
+    newest_frame_id: int
+
+    def to_message(self) -> str:
+        return json.dumps({"version": self.version, "path": self.path, "frames": self.frames,
+                           "newest_frame_id": self.newest_frame_id})
+
+    @classmethod
+    def from_message(cls, message: str) -> "SwapOffer":
+        try:
+            data = json.loads(message)
+            return cls(version=int(data["version"]), path=str(data["path"]), frames=int(data["frames"]),
+                       newest_frame_id=int(data["newest_frame_id"]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise SwapProtocolError(f"swap answer is not an offer ({exc}): {message[:200]!r}") from exc
+
+
+def not_ready_message(reason: str) -> str:
+    return json.dumps({"version": 0, "reason": reason})
+
+
+# ----------------------------------------------------------------------------
+# Reconciler side
+
+
+class SnapshotStore:
+    """Snapshot files of one reconciler: a private directory, atomic writes, the newest two kept."""
+
+    def __init__(self, directory: Path | None = None):
+        if directory is None:
+            base = SHM_DIR if SHM_DIR.is_dir() else Path(tempfile.gettempdir())
+            directory = Path(tempfile.mkdtemp(prefix=f"vla_edge_swap_{os.getpid()}_", dir=base))
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def publish(self, snap: StateSnapshot) -> SwapOffer:
+        path = snap.save(self.directory / f"state_v{snap.version:06d}.npz")
+        for old in sorted(self.directory.glob("state_v*.npz"))[:-KEEP_VERSIONS]:
+            old.unlink(missing_ok=True)
+        return SwapOffer(version=snap.version, path=str(path), frames=len(snap.frames),
+                         newest_frame_id=snap.newest_frame_id)
+
+    def close(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class ReconcilerWorker:
+    """Drives a `StateReconciler` on its own thread and publishes its offers as files."""
+
+    def __init__(self, reconciler, store: SnapshotStore):
+        self.reconciler = reconciler
+        self.store = store
+        self.offer: SwapOffer | None = None       # replaced whole: readers on other threads see old or new
+        self.error: BaseException | None = None
+        self._notified = 0                        # newest version reported applied to the reconciler
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- subscription thread -------------------------------------------------
+
+    def on_chunk(self, frame: Frame, primary_version: int) -> None:
+        """One admitted frame, tagged with the primary's state version at admission. Never blocks."""
+        rec = self.reconciler
+        if self._notified < primary_version <= rec.k_ready:
+            rec.notify_applied(primary_version, None)     # the reconciler's shadow works out the late frames
+            self._notified = primary_version
+        rec.mirror_chunk(frame)
+        self._wake.set()
+
+    def answer(self) -> tuple[bool, str]:
+        """(success, message) of a swap request."""
+        offer = self.offer
+        if offer is None:
+            return False, not_ready_message(f"no reconciled state yet (phase {self.reconciler.phase.value})")
+        return True, offer.to_message()
+
+    # -- worker thread -------------------------------------------------------
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="asr-reconciler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+
+    def summary(self) -> dict:
+        offer = self.offer
+        return {**self.reconciler.summary(), "offered_version": offer.version if offer else 0,
+                "offered_frames": offer.frames if offer else 0, "worker_error": repr(self.error) if self.error else ""}
+
+    def _run(self) -> None:
+        rec = self.reconciler
+        while not self._stop.is_set():
+            try:
+                worked = rec.tick()
+                snap = rec.take_offer()
+                if snap is not None:
+                    self.offer = self.store.publish(snap)
+                    log.info("offering state v%d (%d frames) at %s", snap.version, len(snap.frames), self.offer.path)
+            except (KeyError, ValueError, RuntimeError, ArithmeticError, MemoryError, OSError) as exc:
+                # The reasoning node does not depend on us: stop offering, keep the node up, say why.
+                log.exception("reconciler worker failed; no further offers")
+                self.error = exc
+                self.offer = None
+                rec.stop()
+                return
+            if not worked and not rec.busy:
+                self._wake.wait(IDLE_WAIT_S)
+                self._wake.clear()
+
+
+# ----------------------------------------------------------------------------
+# Reasoning side
+
+
+class SwapClient:
+    """The reasoning node's side; see the module docstring for who calls what."""
+
+    def __init__(self, poll_period_s: float, request_timeout_s: float):
+        self.poll_period_s = poll_period_s
+        self.request_timeout_s = request_timeout_s
+        self._lock = threading.Lock()
+        self._in_flight_since: float | None = None
+        self._last_request = -float("inf")
+        self._loading_version = 0
+        self._ready: StateSnapshot | None = None
+        self._rejected: set = set()
+        self.applied_version = 0
+        self.applied_at_cycle: int | None = None
+        self.requests = 0
+        self.timeouts = 0
+        self.not_ready = 0
+        self.load_failures = 0
+        self.rejections = 0
+        self.swaps = 0
+        self.dropped_frames = 0
+        self.late_frames = 0
+
+    # -- executor thread ---------------------------------------------------
+
+    def want_request(self, now: float | None = None) -> bool:
+        """True when a request should be sent now; the caller then sends it and calls `request_sent`."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if self._in_flight_since is not None:
+                if now - self._in_flight_since < self.request_timeout_s:
+                    return False
+                self.timeouts += 1            # unanswered: the reconciler is gone or stuck; ask again later
+                self._in_flight_since = None
+            if self._loading_version or self._ready is not None:
+                return False
+            return now - self._last_request >= self.poll_period_s
+
+    def request_sent(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._in_flight_since = now
+            self._last_request = now
+            self.requests += 1
+
+    def on_response(self, success: bool, message: str) -> SwapOffer | None:
+        """An answer arrived; returns the offer to load, or None. SwapProtocolError on a malformed one."""
+        with self._lock:
+            self._in_flight_since = None
+            if not success:
+                self.not_ready += 1
+                return None
+            offer = SwapOffer.from_message(message)
+            if (offer.version <= self.applied_version or offer.version in self._rejected
+                    or self._loading_version or self._ready is not None):
+                return None
+            self._loading_version = offer.version
+            return offer
+
+    def on_request_failed(self) -> None:
+        with self._lock:
+            self._in_flight_since = None
+
+    # -- loader thread -----------------------------------------------------
+
+    def load_offer(self, offer: SwapOffer) -> None:
+        """Read the snapshot file (off the cycle thread); it becomes ready for the next boundary."""
+        try:
+            snap = StateSnapshot.load(offer.path)
+            if snap.version != offer.version:
+                raise SwapProtocolError(f"{offer.path}: holds version {snap.version}, the offer says {offer.version}")
+        except (OSError, ValueError, KeyError) as exc:        # e.g. replaced by a newer version meanwhile
+            log.warning("swap v%d not loaded: %s", offer.version, exc)
+            with self._lock:
+                self.load_failures += 1
+                self._loading_version = 0
+            return
+        with self._lock:
+            self._ready = snap
+            self._loading_version = 0
+
+    # -- cycle thread --------------------------------------------------------
+
+    def take_ready(self) -> StateSnapshot | None:
+        """The loaded snapshot, once; never blocks."""
+        with self._lock:
+            snap, self._ready = self._ready, None
+            return snap
+
+    def mark_applied(self, version: int, cycle_id: int, dropped: int, late: int) -> None:
+        with self._lock:
+            self.applied_version = version
+            self.applied_at_cycle = cycle_id
+            self.swaps += 1
+            self.dropped_frames += dropped
+            self.late_frames += late
+
+    def mark_rejected(self, version: int) -> None:
+        """The engine refused the snapshot (it does not fit): never load this version again."""
+        with self._lock:
+            self._rejected.add(version)
+            self.rejections += 1
+
+    def summary(self) -> dict:
+        with self._lock:
+            return {"state_version": self.applied_version, "swaps": self.swaps,
+                    "swap_applied_at_cycle": "" if self.applied_at_cycle is None else self.applied_at_cycle,
+                    "swap_requests": self.requests, "swap_timeouts": self.timeouts, "swap_not_ready": self.not_ready,
+                    "swap_load_failures": self.load_failures, "swap_rejections": self.rejections,
+                    "swap_dropped_frames": self.dropped_frames, "swap_late_frames": self.late_frames}
+
+
+def start_loader(client: SwapClient, offer: SwapOffer) -> threading.Thread:
+    """Load `offer` on a daemon thread (file reads never run on the cycle or executor thread)."""
+    thread = threading.Thread(target=client.load_offer, args=(offer,), name=f"swap-load-v{offer.version}", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,163 @@
+"""reconciler: a lifecycle node that mirrors the reasoning state and offers reconciled swaps.
+
+    unconfigured --configure--> inactive: loads the model into an engine of its own
+                                (CPU numpy backend in this issue), a StateReconciler
+                                (core/reconciliation.py) and its snapshot directory
+    inactive --activate--> active:        subscribes /vla/state_chunk, starts the worker
+                                          thread, serves /vla/reconciler/swap, 1 Hz /diagnostics
+    active --deactivate--> inactive:      unsubscribes, stops the worker and the service
+    inactive --cleanup--> unconfigured:   frees the engine and deletes the snapshot files
+What to reconcile and when is core/reconciliation.py; how offers travel between the
+two processes is core/swap_protocol.py; this node only carries the messages.
+"""
+from __future__ import annotations
+
+import sys
+
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
+from diagnostic_msgs.msg import DiagnosticStatus
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
+from rclpy.lifecycle import LifecycleNode
+from rclpy.lifecycle import LifecycleState
+from rclpy.lifecycle import TransitionCallbackReturn
+from rclpy.qos import QoSProfile
+from sensor_msgs.msg import Image
+from std_srvs.srv import Trigger
+
+from ..config import ConfigError
+from ..core.cpu_threads import limit_cpu_threads
+from ..core.engine import Engine, EngineConfigError
+from ..core.reconciliation import StateReconciler
+from ..core.swap_protocol import ReconcilerWorker, SnapshotStore
+from ..model.factory import create_backend_from_weights, load_model
+from ..model.spec import ModelFormatError
+from . import conversions as conv
+from . import graph
+from .node_main import run_node
+from .params import NodeParameters
+
+DIAGNOSTICS_PERIOD_S = 1.0
+RECONCILER_BACKEND = "numpy"     # this issue reconciles on the CPU; a second GPU context comes later
+
+
+class Reconciler(LifecycleNode):
+    def __init__(self):
+        self.worker: ReconcilerWorker | None = None
+        self._chunk_sub = None
+        self._swap_srv = None
+        self._diag_timer = None
+        self.rejected_chunks = 0
+        super().__init__("reconciler")
+        self.params = NodeParameters(self)
+        self.diag_pub = self.create_publisher(DiagnosticArray, graph.DIAGNOSTICS_TOPIC, 10)
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """SUCCESS -> inactive; FAILURE (model or config unusable) stays unconfigured."""
+        cfg = self.params.config
+        try:
+            limit_cpu_threads(cfg.model.cpu_threads)
+            spec, weights, tokenizer = load_model(cfg.model.path)
+            backend = create_backend_from_weights(RECONCILER_BACKEND, spec, weights, cfg.kv.capacity_tokens,
+                                                  dtype=cfg.model.dtype)
+            reconciler = StateReconciler(cfg, Engine(cfg, backend, tokenizer))
+            self.worker = ReconcilerWorker(reconciler, SnapshotStore())
+        except (ModelFormatError, EngineConfigError, OSError, ValueError) as exc:
+            self.get_logger().error(f"configure failed: {exc}")
+            return TransitionCallbackReturn.FAILURE
+        self.get_logger().info(f"configured: {cfg.model.path} on {RECONCILER_BACKEND}, "
+                               f"snapshots in {self.worker.store.directory}")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """SUCCESS -> active: mirroring and serving the swap."""
+        self.worker.start()
+        self._chunk_sub = self.create_subscription(Image, graph.STATE_CHUNK_TOPIC, self._on_chunk, QoSProfile(depth=64))
+        self._swap_srv = self.create_service(Trigger, graph.SWAP_SERVICE, self._on_swap)
+        self._diag_timer = self.create_timer(DIAGNOSTICS_PERIOD_S, self._publish_diagnostics)
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """SUCCESS -> inactive: no more chunks, no swap service; the mirrored state is kept."""
+        self._stop_serving()
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """SUCCESS -> unconfigured: engine and snapshot files freed."""
+        self._free()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """SUCCESS -> finalized, from any primary state."""
+        self._stop_serving()
+        self._free()
+        return TransitionCallbackReturn.SUCCESS
+
+    # ------------------------------------------------------------- callbacks
+
+    def _on_chunk(self, msg: Image) -> None:
+        try:
+            frame, primary_version = conv.parse_state_chunk(msg, self.params.config.camera.max_pixels)
+        except ValueError as exc:          # conv.ImageRejected or a header without frame id / version
+            self.rejected_chunks += 1
+            self.get_logger().error(f"state chunk rejected: {exc}", throttle_duration_sec=1.0)
+            return
+        self.worker.on_chunk(frame, primary_version)
+
+    def _on_swap(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        response.success, response.message = self.worker.answer()
+        return response
+
+    def _publish_diagnostics(self) -> None:
+        values = conv.flatten(self.worker.summary())
+        values["rejected_chunks"] = self.rejected_chunks
+        status = conv.status_msg(f"vla_edge: {self.get_name()}", DiagnosticStatus.OK, "active", values)
+        array = DiagnosticArray(status=[status])
+        array.header.stamp = self.get_clock().now().to_msg()
+        self.diag_pub.publish(array)
+
+    # ------------------------------------------------------------- resources
+
+    def _stop_serving(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+        for handle, destroy in ((self._chunk_sub, self.destroy_subscription), (self._swap_srv, self.destroy_service),
+                                (self._diag_timer, self.destroy_timer)):
+            if handle is not None:
+                destroy(handle)
+        self._chunk_sub = self._swap_srv = self._diag_timer = None
+
+    def close(self) -> None:
+        """Stop the worker, delete the snapshot files (destroy_node then releases the ROS handles)."""
+        self._free()
+
+    def _free(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker.store.close()
+            self.worker = None
+
+
+def spin_surviving_bad_transitions(node) -> None:
+    """rclpy.spin, except that a ChangeState request for a transition the current state does not
+    have does not kill the node: rclpy's LifecycleNode raises RCLError inside the service callback
+    (rclpy 7.1.6) instead of answering success=False. The request goes unanswered and is logged."""
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    try:
+        while rclpy.ok():
+            try:
+                executor.spin_once(timeout_sec=0.5)
+            except _rclpy.RCLError as exc:
+                node.get_logger().error(f"request refused: {exc}")
+    finally:
+        executor.shutdown()
+
+
+def main(args=None) -> int:
+    return run_node("reconciler", Reconciler, (ConfigError,), args, spin=spin_surviving_bad_transitions)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""`vla-edge bringup`: the three nodes as separate processes, without launch_ros.
+
+Starts every node of `nodes/graph.NODES` as `python -m <module> --ros-args ...`
+with the parameter file (config/vla_edge.yaml by default) plus a second,
+generated parameter file for overrides (`--model`, `--set key=value`), brings
+each lifecycle node to active through its standard lifecycle services
+(lifecycle_msgs/srv/ChangeState on /<node>/change_state: configure, then
+activate), and on Ctrl-C stops the children with SIGINT (SIGTERM, then SIGKILL
+for any that do not exit in time).
+
+`GraphProcesses` is the same machinery as a library for the demo and tests.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 5.0         # per escalation step: SIGINT, then SIGTERM, then SIGKILL
+ANSWER_WAIT_S = 5.0          # a lifecycle answer not back by then is taken as lost (see change_state)
+LIFECYCLE_TIMEOUT_S = 30.0   # configure loads the model: allow for a cold start on a busy machine
+
+
+class BringupError(RuntimeError):
+    """A node process died or a lifecycle transition did not succeed."""
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--params", metavar="FILE", help="ROS parameter file (default: config/vla_edge.yaml)")
+    parser.add_argument("--model", metavar="DIR", help="model snapshot directory (sets model.path)")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                        help="override one configuration key, YAML value (repeatable), e.g. --set cycle.deadline_ms=50.0")
+
+
+def run(args) -> int:
+    overrides = parse_sets(args.set)
+    if args.model:
+        overrides["model.path"] = str(Path(args.model).resolve())
+    graph = GraphProcesses(params_file=args.params, overrides=overrides)
+    try:
+        graph.start()
+        graph.activate_lifecycle_nodes()
+        print(f"vla-edge bringup: running {', '.join(graph.names())} (Ctrl-C stops)", flush=True)
+        while True:
+            dead = graph.dead()
+            if dead:
+                print(f"vla-edge bringup: node process exited: {dead}", file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return 0
+    except BringupError as exc:
+        print(f"vla-edge bringup: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        codes = graph.stop()
+        print(f"vla-edge bringup: stopped, exit codes {codes}", flush=True)
+
+
+def parse_sets(items: list) -> dict:
+    """['cycle.deadline_ms=50.0', ...] -> {'cycle.deadline_ms': 50.0}; values parsed as YAML."""
+    out = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or "." not in key:
+            raise SystemExit(f"--set expects KEY=VALUE with a dotted key such as cycle.deadline_ms=50.0, got {item!r}")
+        out[key.strip()] = yaml.safe_load(text)
+    return out
+
+
+def overrides_params_yaml(overrides: dict) -> str:
+    """Dotted overrides as a ROS parameter file applying to every node."""
+    nested: dict = {}
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        nested.setdefault(section, {})[name] = list(value) if isinstance(value, tuple) else value
+    return yaml.safe_dump({"/**": {"ros__parameters": nested}}, sort_keys=False)
+
+
+class GraphProcesses:
+    """The graph's node processes: start, bring lifecycle nodes up, watch, stop."""
+
+    def __init__(self, params_file=None, overrides: dict | None = None, env: dict | None = None,
+                 nodes: tuple | None = None, log_dir: str | os.PathLike | None = None):
+        from ..config import default_config_path
+        from ..nodes.graph import NODES
+        self.params_file = Path(params_file) if params_file else default_config_path()
+        if not self.params_file.is_file():
+            raise BringupError(f"parameter file {self.params_file} not found")
+        self.overrides = dict(overrides or {})
+        self.env = dict(os.environ if env is None else env)
+        self.nodes = tuple(nodes) if nodes is not None else NODES
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.procs: dict = {}                      # node name -> Popen
+        self._tmp = tempfile.TemporaryDirectory(prefix="vla_edge_bringup_")
+
+    def names(self) -> list:
+        return [spec.name for spec in self.nodes]
+
+    def start(self) -> None:
+        files = [self.params_file]
+        if self.overrides:
+            extra = Path(self._tmp.name) / "overrides.yaml"
+            extra.write_text(overrides_params_yaml(self.overrides))
+            files.append(extra)
+        for spec in self.nodes:
+            out = None
+            if self.log_dir is not None:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                out = open(self.log_dir / f"{spec.name}.log", "wb")      # closed when the process is reaped
+            # Own session: a terminal's Ctrl-C reaches only us, and each child gets exactly one SIGINT from stop().
+            self.procs[spec.name] = subprocess.Popen(spec.command(files), env=self.env, stdout=out,
+                                                     stderr=subprocess.STDOUT if out else None,
+                                                     start_new_session=True)
+            if out is not None:
+                out.close()                                               # the child holds its own copy
+            log.info("started %s (pid %d)", spec.name, self.procs[spec.name].pid)
+
+    def activate_lifecycle_nodes(self, timeout_s: float = LIFECYCLE_TIMEOUT_S) -> None:
+        """configure + activate every lifecycle node through its standard services."""
+        import rclpy
+        from ..nodes.graph import lifecycle_service
+        from lifecycle_msgs.msg import Transition
+        context = rclpy.Context()
+        rclpy.init(context=context, domain_id=_domain_id(self.env))
+        try:
+            node = rclpy.create_node("vla_edge_bringup", context=context)
+            for spec in self.nodes:
+                if spec.lifecycle:
+                    for transition in (Transition.TRANSITION_CONFIGURE, Transition.TRANSITION_ACTIVATE):
+                        change_state(node, lifecycle_service(spec, "change_state"), transition, timeout_s,
+                                     watch=lambda name=spec.name: self._check_alive(name))
+                    log.info("%s is active", spec.name)
+            node.destroy_node()
+        finally:
+            rclpy.try_shutdown(context=context)
+
+    def dead(self) -> dict:
+        """{name: exit code} of node processes that have exited."""
+        return {name: p.returncode for name, p in self.procs.items() if p.poll() is not None}
+
+    def kill(self, name: str, sig=signal.SIGKILL) -> None:
+        self.procs[name].send_signal(sig)
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> dict:
+        """SIGINT every child, escalate for stragglers; returns {name: exit code}."""
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            running = [p for p in self.procs.values() if p.poll() is None]
+            if not running:
+                break
+            for p in running:
+                p.send_signal(sig)
+            deadline = time.monotonic() + timeout_s
+            for p in running:
+                try:
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    log.warning("pid %d did not exit on %s", p.pid, signal.Signals(sig).name)
+        self._tmp.cleanup()
+        return {name: p.returncode for name, p in self.procs.items()}
+
+    def _check_alive(self, name: str) -> None:
+        code = self.procs[name].poll()
+        if code is not None:
+            raise BringupError(f"node {name!r} exited with code {code} during bring-up")
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+def change_state(node, service: str, transition_id: int, timeout_s: float, watch=None) -> None:
+    """Call lifecycle_msgs/srv/ChangeState on `service` (/<node>/change_state) until the node is in the
+    transition's goal state; `watch()` may raise to give up early.
+
+    A service being "available" means the request can reach the server, not yet that its answer can
+    come back (DDS matches the two directions separately), so an answer can be lost right after
+    start-up. An unanswered request is therefore followed by /<node>/get_state: done if the goal
+    state is reached, sent again if the node is still where it was.
+    """
+    from lifecycle_msgs.msg import State
+    from lifecycle_msgs.srv import ChangeState, GetState
+    from rclpy.executors import SingleThreadedExecutor
+
+    goal = _goal_state(transition_id)
+    base = service.rsplit("/", 1)[0]
+    change = node.create_client(ChangeState, service)
+    get = node.create_client(GetState, f"{base}/get_state")
+    executor = SingleThreadedExecutor(context=node.context)
+    executor.add_node(node)
+    deadline = time.monotonic() + timeout_s
+
+    def call(client, request, wait_s):
+        """The answer, or None when none came within wait_s."""
+        while not client.wait_for_service(timeout_sec=0.2):
+            if watch is not None:
+                watch()
+            if time.monotonic() > deadline:
+                raise BringupError(f"{client.srv_name} not available after {timeout_s:.0f} s")
+        future = client.call_async(request)
+        until = min(deadline, time.monotonic() + wait_s)
+        while not future.done() and time.monotonic() < until:
+            executor.spin_until_future_complete(future, timeout_sec=0.2)
+            if watch is not None:
+                watch()
+        if not future.done():
+            client.remove_pending_request(future)
+            return None
+        return future.result()
+
+    try:
+        request = ChangeState.Request()
+        request.transition.id = transition_id
+        while time.monotonic() < deadline:
+            answer = call(change, request, ANSWER_WAIT_S)
+            if answer is not None:
+                if not answer.success:
+                    raise BringupError(f"{service}: transition {transition_id} refused (see the node's log)")
+                return
+            state = call(get, GetState.Request(), ANSWER_WAIT_S)
+            current = None if state is None else state.current_state.id
+            if current == goal:
+                return
+            log.info("%s: no answer to transition %d (state now %s); asking again", service, transition_id, current)
+            if current is not None and current >= State.TRANSITION_STATE_CONFIGURING:
+                time.sleep(0.2)              # mid-transition (e.g. configuring loads the model): let it finish
+        raise BringupError(f"{service}: transition {transition_id} not done after {timeout_s:.0f} s")
+    finally:
+        executor.remove_node(node)
+        executor.shutdown()
+        node.destroy_client(change)
+        node.destroy_client(get)
+
+
+def _goal_state(transition_id: int) -> int:
+    """The primary state a transition leads to."""
+    from lifecycle_msgs.msg import State, Transition
+    goals = {Transition.TRANSITION_CONFIGURE: State.PRIMARY_STATE_INACTIVE,
+             Transition.TRANSITION_ACTIVATE: State.PRIMARY_STATE_ACTIVE,
+             Transition.TRANSITION_DEACTIVATE: State.PRIMARY_STATE_INACTIVE,
+             Transition.TRANSITION_CLEANUP: State.PRIMARY_STATE_UNCONFIGURED}
+    if transition_id not in goals:
+        raise BringupError(f"transition {transition_id} is not one bringup drives (configure, activate, deactivate, cleanup)")
+    return goals[transition_id]
+
+
+def _domain_id(env: dict) -> int | None:
+    value = env.get("ROS_DOMAIN_ID")
+    return int(value) if value else None

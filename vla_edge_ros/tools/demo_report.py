@@ -1,0 +1,166 @@
+"""What the demo's controller saw, as numbers (JSON), a table (stdout) and a timeline (PNG).
+
+Input is what a controller receives, plus the nodes' own diagnostics:
+    cycles      one record per cycle id, from /vla/action_tokens (actions) and
+                /vla/fallback (fallbacks): outcome, elapsed ms, evictions
+    diagnostics the last /diagnostics values of reasoning and camera_ingest
+                (double-buffer drops, peak memory, swaps)
+Latency percentiles use the definition of core/metrics.py: cycles that ran the
+model to the end (actions and deadline_missed fallbacks).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.cycle_result import DEADLINE_MISSED, FALLBACK_REASONS, REFUSED_BUDGET
+from ..core.metrics import percentile
+
+ACTION = "action"
+
+
+@dataclass(frozen=True)
+class CycleRecord:
+    cycle_id: int
+    outcome: str              # "action" or a fallback reason code
+    elapsed_ms: float
+    evictions: int
+    received_s: float         # controller clock, seconds since the demo started
+
+
+def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict) -> dict:
+    """The demo report; `reasoning` / `camera` are the last /diagnostics values of those nodes."""
+    cycles = sorted(cycles, key=lambda c: c.cycle_id)
+    n = len(cycles)
+    reasons = {r: sum(c.outcome == r for c in cycles) for r in FALLBACK_REASONS}
+    actions = sum(c.outcome == ACTION for c in cycles)
+    ran = [c.elapsed_ms for c in cycles if c.outcome in (ACTION, DEADLINE_MISSED)]
+    ids = [c.cycle_id for c in cycles]
+    gaps = (ids[-1] - ids[0] + 1 - n) if ids else 0
+    dropped_ingest = _int(camera.get("overwritten"))
+    dropped_reasoning = _int(reasoning.get("frames_overwritten"))
+    return {
+        **meta,
+        "cycles": n,
+        "actions": actions,
+        "fallbacks": n - actions,
+        "fallback_reasons": reasons,
+        "deadline_miss_rate": reasons[DEADLINE_MISSED] / n if n else 0.0,
+        "refusal_rate": reasons[REFUSED_BUDGET] / n if n else 0.0,
+        "latency_ms": {f"p{q}": (percentile(ran, q) if ran else None) for q in (50, 95, 99)}
+        | {"max": max(ran) if ran else None},
+        "cycle_id_gaps": gaps,
+        "evictions": sum(c.evictions for c in cycles),
+        "frames": {
+            "camera_published": meta.get("camera_frames_published"),
+            "received_by_ingest": _int(camera.get("received")),
+            "rejected_by_ingest": _int(camera.get("rejected")),
+            "dropped_by_double_buffer": {"camera_ingest": dropped_ingest, "reasoning": dropped_reasoning,
+                                         "total": dropped_ingest + dropped_reasoning},
+        },
+        "peak_memory": {
+            "reasoning_process_vm_hwm_bytes": _int(reasoning.get("total.peak_rss_bytes")),
+            "engine_model_and_kv_bytes": _int(reasoning.get("state.memory_bytes")),
+        },
+        "kv": {"frames_retained": _int(reasoning.get("state.frames")), "fill": _float(reasoning.get("state.kv_fill"))},
+        "swaps": {"applied": _int(reasoning.get("swap.swaps")), "state_version": _int(reasoning.get("swap.state_version"))},
+    }
+
+
+def format_table(report: dict) -> str:
+    lat = report["latency_ms"]
+    frames = report["frames"]
+    dropped = frames["dropped_by_double_buffer"]
+    mem = report["peak_memory"]
+    rows = [
+        ("duration", f"{report['seconds']:.1f} s, camera {report['camera_hz']:g} Hz, deadline {report['deadline_ms']:g} ms"),
+        ("model", f"{report['model']} ({report['backend']})"),
+        ("cycles", f"{report['cycles']} (cycle-id gaps: {report['cycle_id_gaps']})"),
+        ("actions", f"{report['actions']}"),
+        ("fallbacks", f"{report['fallbacks']}"),
+    ]
+    rows += [(f"  {reason}", str(count)) for reason, count in report["fallback_reasons"].items()]
+    rows += [
+        ("deadline-miss rate", f"{report['deadline_miss_rate']:.4f}"),
+        ("refusal rate", f"{report['refusal_rate']:.4f}"),
+        ("cycle latency p50/p95/p99", "/".join(_ms(lat[k]) for k in ("p50", "p95", "p99")) + f" ms (max {_ms(lat['max'])})"),
+        ("camera frames published", f"{frames['camera_published']} (slowest publish call after the first {report['max_publish_ms']:.2f} ms)"),
+        ("frames dropped (double buffer)", f"{dropped['total']} (camera_ingest {dropped['camera_ingest']}, "
+                                           f"reasoning {dropped['reasoning']})"),
+        ("images rejected", str(frames["rejected_by_ingest"])),
+        ("evictions", f"{report['evictions']} (frames retained {report['kv']['frames_retained']})"),
+        ("state swaps applied", f"{report['swaps']['applied']} (state version {report['swaps']['state_version']})"),
+        ("peak memory", f"reasoning process VmHWM {_mib(mem['reasoning_process_vm_hwm_bytes'])}, "
+                        f"model + KV arena {_mib(mem['engine_model_and_kv_bytes'])}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def write_json(report: dict, path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def write_timeline_png(cycles: list, deadline_ms: float, path) -> None:
+    """Cycle latency against the deadline, admitted/refused markers, cumulative evictions."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cycles = sorted(cycles, key=lambda c: c.cycle_id)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7), sharex=True, height_ratios=(3, 1.3))
+    groups = {
+        "action (admitted, in time)": ([c for c in cycles if c.outcome == ACTION], "tab:green", "o"),
+        "deadline_missed (admitted, late)": ([c for c in cycles if c.outcome == DEADLINE_MISSED], "tab:red", "x"),
+        "refused_budget (refused)": ([c for c in cycles if c.outcome == REFUSED_BUDGET], "tab:orange", "v"),
+        "other fallbacks": ([c for c in cycles if c.outcome not in (ACTION, DEADLINE_MISSED, REFUSED_BUDGET)],
+                            "tab:gray", "s"),
+    }
+    for label, (group, color, marker) in groups.items():
+        if group:
+            top.scatter([c.received_s for c in group], [c.elapsed_ms for c in group], s=9, c=color, marker=marker,
+                        label=f"{label}: {len(group)}")
+    top.axhline(deadline_ms, color="black", linestyle="--", linewidth=1, label=f"deadline {deadline_ms:g} ms")
+    top.set_ylabel("cycle latency (ms)")
+    top.set_title("vla-edge demo: every control cycle as the controller received it")
+    top.legend(loc="upper right", fontsize=8)
+    top.grid(alpha=0.3)
+    times = [c.received_s for c in cycles]
+    evictions, total = [], 0
+    for c in cycles:
+        total += c.evictions
+        evictions.append(total)
+    bottom.step(times, evictions, where="post", color="tab:purple", label="KV evictions (cumulative)")
+    admitted = [c.received_s for c in cycles if c.outcome in (ACTION, DEADLINE_MISSED)]
+    refused = [c.received_s for c in cycles if c.outcome == REFUSED_BUDGET]
+    ymax = max(total, 1)
+    bottom.vlines(admitted, 0, 0.04 * ymax, color="tab:green", linewidth=0.5, label="admitted")
+    bottom.vlines(refused, 0.96 * ymax, ymax, color="tab:orange", linewidth=0.5, label="refused")
+    bottom.set_xlabel("time since the camera started (s)")
+    bottom.set_ylabel("evictions")
+    bottom.legend(loc="upper left", fontsize=8)
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _int(text) -> int:
+    return int(float(text)) if text not in (None, "") else 0
+
+
+def _float(text) -> float | None:
+    return float(text) if text not in (None, "") else None
+
+
+def _ms(value) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _mib(value: int) -> str:
+    return f"{value / 2**20:.1f} MiB" if value else "n/a"
