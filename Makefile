@@ -3,7 +3,9 @@
 VENV   := .venv
 STAMP  := $(VENV)/.installed
 VLA    := $(VENV)/bin/vla-edge
-SECONDS ?= 20
+DEMO_SECONDS ?= 20
+# CPU machines run the demo with a smaller KV cache: config/cpu_demo.yaml says why.
+DEMO_PARAMS ?= config/cpu_demo.yaml
 
 .PHONY: demo test venv clean
 venv: $(STAMP)
@@ -15,7 +17,7 @@ models/tiny/config.json: $(STAMP)
 	$(VLA) make-model tiny --out models/tiny
 
 demo: $(STAMP) models/tiny/config.json
-	$(VLA) demo --seconds $(SECONDS) --json out/demo.json --png out/demo_timeline.png
+	$(VLA) demo --seconds $(DEMO_SECONDS) --params $(DEMO_PARAMS) --json out/demo.json --png out/demo_timeline.png
 
 test: $(STAMP)
 	ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST $(VENV)/bin/python -m pytest test -q

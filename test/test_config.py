@@ -92,3 +92,11 @@ def test_missing_or_unreadable_file_is_a_config_error(tmp_path):
     broken.write_text("cycle: [unclosed\n")
     with pytest.raises(C.ConfigError, match="cannot read"):
         C.load(broken)
+
+
+def test_cpu_demo_preset_changes_only_what_it_says():
+    preset = C.load(C.default_config_path().parent / "cpu_demo.yaml")
+    base = C.load()
+    changed = {k for k, v in preset.flat().items() if base.flat()[k] != v}
+    assert changed == {"kv.capacity_tokens"}
+    assert preset.kv.capacity_tokens // preset.vision.tokens_per_frame >= 16   # still a real history of frames
