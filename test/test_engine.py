@@ -4,7 +4,6 @@ Real parts only: the seeded tiny model written to disk, the real vision
 encoder, real footage frames, and HuggingFace transformers recomputing the
 same context from scratch as the oracle for the action tokens.
 """
-import time
 
 import numpy as np
 import pytest
@@ -15,7 +14,6 @@ from vla_edge_ros.core.engine import Engine, EngineConfigError
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.prompt import encode_text, prefix_text
-from vla_edge_ros.model.factory import create_backend, load_model
 
 
 @pytest.fixture(scope="module")

@@ -73,7 +73,10 @@ def test_overwritten_frames_are_counted(run):
     # 60 frames/s into 5 cycles/s: at most one frame per cycle can be consumed.
     cycles = int(reasoning["total.cycles"])
     assert consumed <= cycles + 1, (consumed, cycles)
-    assert overwritten >= 0.8 * received, f"only {overwritten} of {received} frames overwritten"
+    # So every other frame was overwritten. The share depends on how many cycles the loaded
+    # machine ran; with 5 cycles/s against 60 frames/s it is far above half.
+    assert overwritten >= received - cycles - 2, (received, cycles, overwritten)
+    assert overwritten >= 0.5 * received, f"only {overwritten} of {received} frames overwritten"
 
 
 def test_only_the_freshest_frame_is_processed(run):

@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import sys
 
-import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from diagnostic_msgs.msg import DiagnosticStatus
-from rclpy.executors import SingleThreadedExecutor
-from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.lifecycle import LifecycleNode
 from rclpy.lifecycle import LifecycleState
 from rclpy.lifecycle import TransitionCallbackReturn
@@ -139,24 +136,8 @@ class Reconciler(LifecycleNode):
             self.worker = None
 
 
-def spin_surviving_bad_transitions(node) -> None:
-    """rclpy.spin, except that a ChangeState request for a transition the current state does not
-    have does not kill the node: rclpy's LifecycleNode raises RCLError inside the service callback
-    (rclpy 7.1.6) instead of answering success=False. The request goes unanswered and is logged."""
-    executor = SingleThreadedExecutor()
-    executor.add_node(node)
-    try:
-        while rclpy.ok():
-            try:
-                executor.spin_once(timeout_sec=0.5)
-            except _rclpy.RCLError as exc:
-                node.get_logger().error(f"request refused: {exc}")
-    finally:
-        executor.shutdown()
-
-
 def main(args=None) -> int:
-    return run_node("reconciler", Reconciler, (ConfigError,), args, spin=spin_surviving_bad_transitions)
+    return run_node("reconciler", Reconciler, (ConfigError,), args)
 
 
 if __name__ == "__main__":
