@@ -39,6 +39,7 @@ import numpy as np
 
 from . import cuda_kernels as ck
 from .backend import ForwardResult
+from .forward_inputs import check_forward_inputs, slot_array
 from .kernel_reference import interleave_gate_up, permute_rows, qkv_rope_row_order, rope_inv_freq, to_bf16_bits
 from .spec import ModelSpec
 from .weights import ModelWeights, canonical_dtype, round_to_bf16
@@ -46,7 +47,6 @@ from .weights import ModelWeights, canonical_dtype, round_to_bf16
 log = logging.getLogger(__name__)
 
 GIB = 1024 ** 3
-LOGITS_MODES = ("last", "all", "none")
 DEFAULT_MAX_ROWS = 128          # rows per kernel pass: a frame (32) + the longest suffix (48) fit in one
 MAX_CYCLE_TOKENS = 256          # action tokens one cycle may emit
 # Calls of at most this many rows take the decode pipeline: bf16 projections from
@@ -528,41 +528,11 @@ class CudaBackend:
         return src[:n_rows].get()
 
     def _check_inputs(self, x, positions, write_slots, context_slots, logits):
-        hidden = self.spec.hidden_size
-        x = np.asarray(x)
-        if x.ndim != 2 or x.shape[1] != hidden or x.shape[0] == 0:
-            raise ValueError(f"x must be [N > 0, hidden={hidden}], got shape {x.shape}")
-        if x.dtype != np.float32:
-            raise ValueError(f"x must be float32, got {x.dtype}")
-        n = x.shape[0]
-        positions = np.asarray(positions)
-        if positions.shape != (n,) or not np.issubdtype(positions.dtype, np.integer):
-            raise ValueError(f"positions must be an integer array of shape ({n},), got {positions.dtype} {positions.shape}")
-        if positions.min() < 0 or positions.max() > np.iinfo(np.int32).max:
-            raise ValueError(f"positions must be in [0, 2^31), got [{positions.min()}, {positions.max()}]")
-        write_slots = self._slot_array(write_slots, "write_slots")
-        context_slots = self._slot_array(context_slots, "context_slots")
-        if write_slots.shape != (n,):
-            raise ValueError(f"write_slots must have shape ({n},) (one per row of x), got {write_slots.shape}")
-        if logits not in LOGITS_MODES:
-            raise ValueError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
-        if np.unique(context_slots).size != context_slots.size:
-            raise ValueError(f"context_slots contains duplicates ({context_slots.size} entries)")
-        if np.unique(write_slots).size != n:
-            raise ValueError(f"write_slots contains duplicates: {write_slots}")
-        overlap = np.intersect1d(write_slots, context_slots)
-        if overlap.size:
-            raise ValueError(f"write_slots overlap context_slots: {overlap[:8]}")
-        return x, positions, write_slots, context_slots
+        return check_forward_inputs(self.spec.hidden_size, self.capacity, x, positions, write_slots,
+                                    context_slots, logits)
 
     def _slot_array(self, slots, name: str) -> np.ndarray:
-        arr = np.asarray(slots)
-        if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
-            raise ValueError(f"{name} must be a 1-D integer array, got {arr.dtype} {arr.shape}")
-        arr = arr.astype(np.int64, copy=False)
-        if arr.size and (arr.min() < 0 or arr.max() >= self.capacity):
-            raise ValueError(f"{name} out of range [0, {self.capacity}): min {arr.min()}, max {arr.max()}")
-        return arr
+        return slot_array(slots, name, self.capacity)
 
 
 def _check_model(spec: ModelSpec, weights: ModelWeights, capacity: int, max_rows: int) -> None:

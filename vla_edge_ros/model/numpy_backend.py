@@ -21,12 +21,12 @@ import logging
 import numpy as np
 
 from .backend import ForwardResult
+from .forward_inputs import check_forward_inputs, slot_array
 from .spec import ModelSpec
 from .weights import ModelWeights, canonical_dtype
 
 logger = logging.getLogger(__name__)
 
-LOGITS_MODES = ("last", "all", "none")
 # Query rows per attention block: bounds the [kv_heads, group * rows, T] score buffer on long prefills.
 ATTENTION_SCORE_ELEMENTS = 1 << 24
 
@@ -52,7 +52,6 @@ class NumpyBackend:
         # K after RoPE and V, one row of kv_heads * head_dim per slot.
         self._k = np.zeros((spec.num_layers, self.capacity, spec.kv_dim), np.float32)  # [layers, capacity, kv_dim]
         self._v = np.zeros((spec.num_layers, self.capacity, spec.kv_dim), np.float32)  # [layers, capacity, kv_dim]
-        self._slot_marks = np.zeros(self.capacity, dtype=bool)    # scratch for slot-set checks
         hd = spec.head_dim
         # As HF: float32 inverse frequencies, float32 angle = position * inv_freq.
         self._inv_freq = (1.0 / (np.float32(spec.rope_theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)))
@@ -142,48 +141,11 @@ class NumpyBackend:
     # ------------------------------------------------------------------ Internal helpers
 
     def _check_inputs(self, x, positions, write_slots, context_slots, logits):
-        hidden = self.spec.hidden_size
-        x = np.asarray(x)
-        if x.ndim != 2 or x.shape[1] != hidden or x.shape[0] == 0:
-            raise ValueError(f"x must be [N > 0, hidden={hidden}], got shape {x.shape}")
-        if x.dtype != np.float32:
-            raise ValueError(f"x must be float32, got {x.dtype}")
-        n = x.shape[0]
-        positions = np.asarray(positions)
-        if positions.shape != (n,) or not np.issubdtype(positions.dtype, np.integer):
-            raise ValueError(f"positions must be an integer array of shape ({n},), got {positions.dtype} {positions.shape}")
-        if positions.min() < 0:
-            raise ValueError(f"positions must be >= 0, got min {positions.min()}")
-        write_slots = self._slot_array(write_slots, "write_slots")
-        context_slots = self._slot_array(context_slots, "context_slots")
-        if write_slots.shape != (n,):
-            raise ValueError(f"write_slots must have shape ({n},) (one per row of x), got {write_slots.shape}")
-        if logits not in LOGITS_MODES:
-            raise ValueError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
-        # Every slot at most once: duplicates would be attended twice or written twice.
-        marks = self._slot_marks
-        try:
-            marks[context_slots] = True
-            if np.count_nonzero(marks) != context_slots.size:
-                raise ValueError(f"context_slots contains duplicates ({context_slots.size} entries)")
-            if marks[write_slots].any():
-                raise ValueError(f"write_slots overlap context_slots: {np.intersect1d(write_slots, context_slots)[:8]}")
-            marks[write_slots] = True
-            if np.count_nonzero(marks) != context_slots.size + n:
-                raise ValueError(f"write_slots contains duplicates: {write_slots}")
-        finally:
-            marks[context_slots] = False
-            marks[write_slots] = False
-        return x, positions, write_slots, context_slots
+        return check_forward_inputs(self.spec.hidden_size, self.capacity, x, positions, write_slots,
+                                    context_slots, logits)
 
     def _slot_array(self, slots, name: str) -> np.ndarray:
-        arr = np.asarray(slots)
-        if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
-            raise ValueError(f"{name} must be a 1-D integer array, got {arr.dtype} {arr.shape}")
-        arr = arr.astype(np.intp, copy=False)
-        if arr.size and (arr.min() < 0 or arr.max() >= self.capacity):
-            raise ValueError(f"{name} out of range [0, {self.capacity}): min {arr.min()}, max {arr.max()}")
-        return arr
+        return slot_array(slots, name, self.capacity)
 
     def _rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         angles = positions.astype(np.float32)[:, None] * self._inv_freq[None, :]  # [N, hd / 2]
