@@ -127,3 +127,30 @@ print(json.dumps(dict(before=before, after=after, rss=rss)))
     assert r["after"] >= r["rss"]
     mem = read_memory_bytes()
     assert mem["VmHWM"] >= mem["VmRSS"] > 0
+
+
+def test_summaries_read_from_another_thread_while_cycles_are_recorded():
+    """The 1 Hz diagnostics thread reads while the cycle thread records: no exception, consistent counts."""
+    import threading
+
+    m = CycleMetrics(deadline_ms=33.0, window_cycles=30)
+    stop = threading.Event()
+    errors = []
+
+    def reader():
+        while not stop.is_set():
+            try:
+                s, w = m.summary(), m.window_summary()
+                assert s["actions"] + s["fallbacks"] == s["cycles"]
+                assert w["cycles"] <= 30
+            except Exception as exc:  # noqa: BLE001 - collected and reported by the test
+                errors.append(exc)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for i in range(20000):
+        m.record(CycleResult(cycle_id=i, elapsed_ms=float(i % 40), reason=None if i % 7 else "refused_budget"))
+    stop.set()
+    t.join()
+    assert not errors, errors[:3]
+    assert m.summary()["cycles"] == 20000

@@ -16,13 +16,20 @@ current one. Where that file does not exist (not Linux) both read as None.
 The all-time latency record is bounded so a node can run forever: up to
 `max_latency_samples` values are kept exactly; past that, a uniform reservoir
 sample of that size stands in for them (the max stays exact).
+
+Thread safety: the cycle thread records while a diagnostics timer reads. A
+short internal lock covers `record` and the copying of the state a summary
+needs; the sorting for percentiles (tens of ms at a million samples) happens
+on the copy, outside the lock, so a reader never stalls the control cycle.
 """
 from __future__ import annotations
 
 import array
+import copy
 import logging
 import math
 import random
+import threading
 from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +67,7 @@ class CycleMetrics:
         self._latency_max = None
         self._reservoir_rng = random.Random(0)      # fixed seed: the same run gives the same summary
         self._window: deque = deque(maxlen=int(window_cycles))
+        self._lock = threading.Lock()
 
     def record(self, result: CycleResult) -> None:
         if result.reason is not None and result.reason not in FALLBACK_REASONS:
@@ -70,24 +78,31 @@ class CycleMetrics:
         sample = _Sample(reason=result.reason, elapsed_ms=elapsed,
                          ran_model=result.reason is None or result.reason == DEADLINE_MISSED,
                          evictions=len(result.evicted_frame_ids), overran=bool(getattr(result, "overran", False)))
-        self._all.add(sample)
-        self._window.append(sample)
-        if sample.ran_model:
-            self._add_latency(elapsed)
+        with self._lock:
+            self._all.add(sample)
+            self._window.append(sample)
+            if sample.ran_model:
+                self._add_latency(elapsed)
 
     def summary(self) -> dict:
         """All cycles so far (see the module docstring for which cycles each number covers)."""
-        latency = _latency_summary(self._latencies)
-        if self._latency_max is not None:
-            latency["max"] = self._latency_max
-        return self._all.as_dict(self.deadline_ms, latency)
+        with self._lock:                                   # copies only: O(n) memcpy, no sort
+            latencies = np.frombuffer(self._latencies, dtype=np.float64).copy()
+            totals = copy.deepcopy(self._all)
+            latency_max = self._latency_max
+        latency = _latency_summary(latencies)
+        if latency_max is not None:
+            latency["max"] = latency_max
+        return totals.as_dict(self.deadline_ms, latency)
 
     def window_summary(self) -> dict:
         """The same numbers over the last `window_cycles` cycles (the 1 Hz /diagnostics view)."""
+        with self._lock:
+            window = list(self._window)
         totals = _Totals()
-        for s in self._window:
+        for s in window:
             totals.add(s)
-        latency = _latency_summary([s.elapsed_ms for s in self._window if s.ran_model])
+        latency = _latency_summary([s.elapsed_ms for s in window if s.ran_model])
         return totals.as_dict(self.deadline_ms, latency)
 
     def _add_latency(self, value: float) -> None:

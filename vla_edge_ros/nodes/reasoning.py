@@ -54,7 +54,7 @@ class Reasoning(Node):
         self.buffer = LatestFrameBuffer()
         self.rejected_frames = 0
         self.skipped_boundaries = 0
-        self._engine_lock = threading.Lock()         # cycle thread vs diagnostics reads
+        self._engine_lock = threading.Lock()         # cycle thread vs diagnostics reading the state
         self._pending_instruction: str | None = None
         self._instruction_lock = threading.Lock()
         self._stop = threading.Event()
@@ -114,10 +114,12 @@ class Reasoning(Node):
             swap.start_loader(self.swap, offer)
 
     def _publish_diagnostics(self) -> None:
+        # The engine lock only guards the slot bookkeeping (cheap); metrics copy under their own
+        # short lock and sort outside it, so diagnostics never hold up a cycle.
         with self._engine_lock:
-            window = self.engine.metrics.window_summary()
-            total = self.engine.metrics.summary()
             state = self.engine.state_summary()
+        window = self.engine.metrics.window_summary()
+        total = self.engine.metrics.summary()
         stats = self.buffer.stats()
         values = conv.flatten({"window": window, "total": total, "state": state, "swap": self.swap.summary()})
         values.update({"frames_received": stats.published, "frames_consumed": stats.consumed,
