@@ -175,3 +175,26 @@ def test_state_exported_from_one_engine_and_imported_into_another_answers_identi
     assert ra.tokens.tolist() == rb.tokens.tolist()
     with pytest.raises(ValueError, match="kv must be"):
         b.backend.write_kv(np.arange(2, dtype=np.int32), snap.kv)
+
+
+def test_positions_are_rebased_before_they_leave_the_models_trained_range(tiny_model_dir, clip, tmp_path):
+    """No reconciler: positions grow by 32 per frame; past max_position_embeddings the state is recomputed."""
+    import json
+    import shutil
+
+    small = tmp_path / "tiny_600"
+    shutil.copytree(tiny_model_dir, small)
+    cfg_json = json.loads((small / "config.json").read_text())
+    cfg_json["max_position_embeddings"] = 600            # a model trained on 600 positions
+    (small / "config.json").write_text(json.dumps(cfg_json))
+    eng = make_engine(small, **{"cycle.deterministic": True, "kv.capacity_tokens": 320})
+    rebases = []
+    for i in range(30):
+        r = eng.run_cycle(frame(clip[i % len(clip)], i), now_s=float(i))
+        assert r.is_action, r.detail
+        assert eng.next_position + eng.suffix.size <= 600
+        rebases.append("re-based" in r.detail)
+    assert sum(rebases) >= 2                              # it happens, and again later
+    # After a rebase the frames sit right after the prefix, as a from-scratch forward would place them.
+    starts = [f.position_start for f in eng.kv.retained()]
+    assert starts == sorted(starts) and starts[0] >= eng.prefix_tokens

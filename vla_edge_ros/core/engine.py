@@ -127,6 +127,7 @@ class Engine:
         t0 = time.perf_counter() if cycle_start_perf is None else cycle_start_perf
         result = CycleResult(cycle_id=self.cycle_id)
         self.cycle_id += 1
+        rebased = self._rebase_positions_if_needed()
         self._in_cycle = True
         try:
             self._run(frame, now_s, t0, result)
@@ -148,8 +149,30 @@ class Engine:
                 result.reason = R.DEADLINE_MISSED
                 result.action = None          # tokens stay for debugging; nothing actionable leaves
                 result.detail = f"finished at {result.elapsed_ms:.2f} ms > deadline {self.cfg.cycle.deadline_ms} ms"
+        if rebased:
+            result.detail = (result.detail + "; " if result.detail else "") + "RoPE positions re-based (state recomputed)"
         self.metrics.record(result)
         return result
+
+    def _rebase_positions_if_needed(self) -> bool:
+        """Keep RoPE positions inside the model's trained range when no swap has re-based them.
+
+        Positions only grow between swaps (about 1000 per second at 30 Hz). A
+        reconciler's swap re-bases them; without one (absent, dead) the next
+        frame would eventually pass `max_position_embeddings`, where the model
+        was never trained and float32 angles lose precision. Then the retained
+        frames are recomputed in place right after the prefix: one slow cycle,
+        reported in its detail, instead of a slow decay of every later answer.
+        """
+        limit = self.backend.spec.max_position_embeddings
+        if self.next_position + self.cfg.vision.tokens_per_frame + self.suffix_reserve <= limit:
+            return False
+        keep = [r.frame_id for r in self.kv.retained() if self.frames[r.frame_id].tokens is not None]
+        dropped = self.rebuild_in_place(keep)
+        log.warning("RoPE positions reached %d of %d: %d frames recomputed from position %d, %d dropped",
+                    limit - self.cfg.vision.tokens_per_frame - self.suffix_reserve, limit, len(keep),
+                    self.prefix_tokens, len(dropped))
+        return True
 
     def append_frame(self, frame: Frame) -> list[int]:
         """Add a frame to the state exactly (no action decode): the reconciler's mirror path.
