@@ -101,6 +101,9 @@ class Engine:
         self.computed_tokens = {"prefix": 0, "frames": 0, "suffix": 0, "decode": 0}
         self.last_prefill_logits: np.ndarray | None = None    # [vocab] of the latest cycle's prefill
         self.last_swap: SwapReport | None = None
+        # How export_state packs the KV rows: None reads them to the host (numpy array); a callable
+        # (backend, slots) -> KV holder keeps them on the device (model/cuda_state_transfer.DeviceKvExporter).
+        self.kv_export = None
         self._check_memory_budget()
         self._prefill_prefix()
         self.set_instruction(cfg.prompt.instruction)
@@ -277,7 +280,9 @@ class Engine:
         frames = [SnapshotFrame(r.frame_id, self.frames[r.frame_id].stamp_s, r.position_start, r.pooled)
                   for r in retained]
         slots = np.concatenate([r.slots for r in retained]) if retained else np.zeros(0, np.int32)
-        kv = self.backend.read_kv(slots) if retained else None
+        kv = None
+        if retained:
+            kv = self.backend.read_kv(slots) if self.kv_export is None else self.kv_export(self.backend, slots)
         tokens = [self.frames[r.frame_id].tokens for r in retained]
         rows = np.stack(tokens) if retained and all(t is not None for t in tokens) else None
         return StateSnapshot(version=version, frames=frames, kv=kv, next_position=self.next_position,
@@ -302,6 +307,8 @@ class Engine:
         spec, tpf = self.backend.spec, self.cfg.vision.tokens_per_frame
         snap.check_against(prefix_ids=self.prefix_ids, tokens_per_frame=tpf, num_layers=spec.num_layers,
                            kv_dim=spec.kv_dim, hidden_size=spec.hidden_size)
+        if hasattr(snap.kv, "check_usable"):
+            snap.kv.check_usable()          # KV left on a device: still the snapshot's (SnapshotError if not)
         need = len(snap.frames) * tpf + self.suffix_reserve
         room = self.cfg.kv.capacity_tokens - self.prefix_tokens
         if need > room:
@@ -327,7 +334,10 @@ class Engine:
             rows = snap.rows[i] if snap.rows is not None else None
             self.frames[f.frame_id] = FrameRecord(f.frame_id, f.stamp_s, rows)
         if slots:
-            self.backend.write_kv(np.concatenate(slots), snap.kv)
+            if hasattr(snap.kv, "write_into"):          # device-resident KV: device-to-device into our arena
+                snap.kv.write_into(self.backend, np.concatenate(slots))
+            else:
+                self.backend.write_kv(np.concatenate(slots), snap.kv)
         self.next_position = snap.next_position
         self.approximate_evictions = 0
         evicted = self.append_chunks(late_chunks, allow_evict=True)

@@ -273,6 +273,24 @@ class CudaBackend:
             self._kv_move("scatter", n)
         self.stream.synchronize()
 
+    # -- device-side KV staging (model/cuda_state_transfer.py moves KV between arenas without the host)
+
+    def gather_kv_staging(self, slots: np.ndarray) -> None:
+        """Enqueue on self.stream: K/V of up to max_rows slots into kv_staging ([2, layers, max_rows, kv_dim])."""
+        slots = self._slot_array(slots, "slots")
+        if slots.size > self.max_rows:
+            raise ValueError(f"gather_kv_staging: {slots.size} slots exceed max_rows {self.max_rows}")
+        self._put(self.kv_slots_buf, slots.astype(np.int32))
+        self._kv_move("gather", slots.size)
+
+    def scatter_kv_staging(self, slots: np.ndarray) -> None:
+        """Enqueue on self.stream: the first len(slots) rows of kv_staging into these slots."""
+        slots = self._slot_array(slots, "slots")
+        if slots.size > self.max_rows:
+            raise ValueError(f"scatter_kv_staging: {slots.size} slots exceed max_rows {self.max_rows}")
+        self._put(self.kv_slots_buf, slots.astype(np.int32))
+        self._kv_move("scatter", slots.size)
+
     def layer_groups(self, n: int) -> tuple:
         """Kernel groups (LAYER_GROUPS) that a pass over n rows launches."""
         if self._fused(n):

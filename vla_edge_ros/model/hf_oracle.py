@@ -28,7 +28,9 @@ def load_hf_model(model_dir: str | Path, round_to_bf16: bool = False, device: st
     """
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()        # a progress bar per load would bury the benchmark tables
     model, info = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
                                                        attn_implementation="eager", output_loading_info=True)
     if info.get("missing_keys"):
