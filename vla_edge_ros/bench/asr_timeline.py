@@ -43,6 +43,7 @@ import numpy as np
 
 from ..config import ASR_MODES
 from ..config import load as load_config
+from ..core.cpu_threads import limit_cpu_threads
 from .common import machine_info, percentiles, print_table, write_json
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ def run(args) -> int:
     from . import gpu_inputs
 
     base = load_config(args.config) if getattr(args, "config", None) else load_config()
+    limit_cpu_threads(base.model.cpu_threads)            # as the nodes run: one BLAS thread (core/cpu_threads.py)
     model_dir = Path(getattr(args, "model", None) or base.model.path)
     kind = getattr(args, "backend", None) or "numpy"
     capacity = int(getattr(args, "capacity", None) or DEFAULT_CAPACITY)

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import load as load_config
+from ..core.cpu_threads import limit_cpu_threads
 from .common import machine_info, print_table, write_json
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def run(args) -> int:
     from . import gpu_inputs
 
     cfg = load_config(args.config) if getattr(args, "config", None) else load_config()
+    limit_cpu_threads(cfg.model.cpu_threads)            # as the nodes run: one BLAS thread (core/cpu_threads.py)
     model_dir = Path(getattr(args, "model", None) or cfg.model.path)
     kind = getattr(args, "backend", None) or "numpy"
     gpu = kind == "pycuda"
