@@ -38,11 +38,6 @@ def graph_env(domain_id: int) -> dict:
     return env
 
 
-def make_tiny_model(directory: Path) -> Path:
-    from vla_edge_ros.model.make_model import make_model
-    return make_model("tiny", directory)
-
-
 def footage_rgb(count: int, clip: str = "carphone_pristine.mp4") -> list:
     """`count` real frames (uint8 RGB), looping the clip if needed."""
     frames = footage.read_clip(clip, max_frames=count)

@@ -78,9 +78,9 @@ def _direct_tokens(model, bag) -> list:
 
 @pytest.mark.ros
 @pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
-def test_bag_through_the_graph_matches_the_engine(bags, storage, tmp_path_factory, tmp_path):
+def test_bag_through_the_graph_matches_the_engine(bags, storage, tiny_model_dir, tmp_path):
     bag = bags[0] if storage == "mcap" else bags[1]
-    model = H.make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+    model = tiny_model_dir
     harness = H.RosHarness(H.ros_domain(__name__ + storage))
     tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
     fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)

@@ -16,8 +16,8 @@ from vla_edge_ros.nodes import graph
 pytestmark = pytest.mark.ros
 
 
-def test_bringup_activates_the_reconciler_and_stops_on_ctrl_c(tmp_path):
-    model = H.make_tiny_model(tmp_path / "tiny")
+def test_bringup_activates_the_reconciler_and_stops_on_ctrl_c(tiny_model_dir):
+    model = tiny_model_dir
     domain = H.ros_domain(__name__)
     harness = H.RosHarness(domain)
     argv = [sys.executable, "-m", "vla_edge_ros.cli", "bringup", "--model", str(model), "--set", "cycle.deadline_ms=50.0"]

@@ -34,8 +34,8 @@ NEW_INSTRUCTION = "put the bike in the box"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    model = H.make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+def run(tmp_path_factory, tiny_model_dir):
+    model = tiny_model_dir
     logs = tmp_path_factory.mktemp("logs")
     domain = H.ros_domain(__name__)
     harness = H.RosHarness(domain)

@@ -27,8 +27,8 @@ PHASE_S = 1.5
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return H.make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+def model(tiny_model_dir):
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ RUN_S = 4.0
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    model = H.make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+def run(tiny_model_dir):
+    model = tiny_model_dir
     domain = H.ros_domain(__name__)
     harness = H.RosHarness(domain)
     tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)

@@ -36,8 +36,8 @@ CAPACITY = 480          # prefix 25 + one cycle's suffix 56 + room for 12 frames
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return H.make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+def model(tiny_model_dir):
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="module")

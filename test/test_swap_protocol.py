@@ -15,14 +15,13 @@ from vla_edge_ros.core.reconciliation import Phase, StateReconciler
 from vla_edge_ros.core.state_snapshot import StateSnapshot
 from vla_edge_ros.core.swap_protocol import (ReconcilerWorker, SnapshotStore, SwapClient, SwapOffer,
                                              SwapProtocolError, start_loader)
-from vla_edge_ros.model.make_model import make_model
 
 CAPACITY = 480           # prefix 25 + suffix 56 + 12 frames of 32 tokens: csr triggers at 11 frames
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return make_model("tiny", tmp_path_factory.mktemp("model") / "tiny")
+def model(tiny_model_dir):
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from vla_edge_ros.model.weights import load_weights
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_model("tiny", tmp_path_factory.mktemp("tiny"))
+def tiny(tiny_model_dir):
+    return tiny_model_dir
 
 
 @pytest.fixture(scope="module")
