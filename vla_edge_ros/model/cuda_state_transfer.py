@@ -49,7 +49,20 @@ log = logging.getLogger(__name__)
 RING_BUFFERS = 2
 
 
-class OwnContext:
+class _PushedContext:
+    """`scope()`: makes `self.context` current on the calling thread for the block (PyCUDA contexts are
+    per-thread current), then restores whatever was current before."""
+
+    @contextlib.contextmanager
+    def scope(self):
+        self.context.push()
+        try:
+            yield self.context
+        finally:
+            self.drv.Context.pop()
+
+
+class OwnContext(_PushedContext):
     """A CUDA context made for one user (the reconciler); `scope()` makes it current on the calling thread."""
 
     def __init__(self, device_index: int | None = None):
@@ -71,16 +84,9 @@ class OwnContext:
         where = "same GPU as the primary: the two contexts time-slice it" if self.shares_device else "its own GPU"
         return f"reconciler in its own CUDA context on device {self.device_index} ({where})"
 
-    @contextlib.contextmanager
-    def scope(self):
-        self.context.push()
-        try:
-            yield self.context
-        finally:
-            self.drv.Context.pop()
 
 
-class SharedPrimaryContext:
+class SharedPrimaryContext(_PushedContext):
     """The process's primary context, for a reconciler that shares it (own stream, no second context):
     on one GPU its kernels can then overlap the primary's instead of time-slicing with them.
     Same interface as OwnContext; `scope()` pushes the primary context on the calling thread."""
@@ -98,13 +104,6 @@ class SharedPrimaryContext:
     def describe(self) -> str:
         return f"reconciler in the primary's CUDA context on device {self.device_index} (own stream)"
 
-    @contextlib.contextmanager
-    def scope(self):
-        self.context.push()
-        try:
-            yield self.context
-        finally:
-            self.drv.Context.pop()
 
 
 def backend_in_own_context(own: OwnContext, spec, weights, capacity: int, dtype: str = "bfloat16", **kwargs):
