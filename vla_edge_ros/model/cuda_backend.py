@@ -86,6 +86,7 @@ class CudaBackend:
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True):
         self.spec = spec
         self.capacity = int(capacity)
+        self._slot_marks = np.zeros(self.capacity, dtype=bool)    # scratch for the slot-set checks of forward()
         self.dtype = canonical_dtype(dtype)
         self.max_rows = int(max_rows)
         self.use_graphs = use_graphs
@@ -546,7 +547,7 @@ class CudaBackend:
         return src[:n_rows].get()
 
     def _check_inputs(self, x, positions, write_slots, context_slots, logits):
-        return check_forward_inputs(self.spec.hidden_size, self.capacity, x, positions, write_slots,
+        return check_forward_inputs(self.spec.hidden_size, self._slot_marks, x, positions, write_slots,
                                     context_slots, logits)
 
     def _slot_array(self, slots, name: str) -> np.ndarray:

@@ -22,8 +22,13 @@ def slot_array(slots, name: str, capacity: int) -> np.ndarray:
     return arr
 
 
-def check_forward_inputs(hidden: int, capacity: int, x, positions, write_slots, context_slots, logits):
-    """Validated (x [N, hidden] f32, positions [N] int, write_slots [N] int64, context_slots [C] int64)."""
+def check_forward_inputs(hidden: int, marks: np.ndarray, x, positions, write_slots, context_slots, logits):
+    """Validated (x [N, hidden] f32, positions [N] int, write_slots [N] int64, context_slots [C] int64).
+
+    marks: the caller's all-False bool scratch of one entry per arena slot, allocated once; the duplicate
+    and overlap checks mark slots in it (O(N + C), no sort: this runs on every decode step) and clear it.
+    """
+    capacity = marks.size
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[1] != hidden or x.shape[0] == 0:
         raise ValueError(f"x must be [N > 0, hidden={hidden}], got shape {x.shape}")
@@ -42,11 +47,16 @@ def check_forward_inputs(hidden: int, capacity: int, x, positions, write_slots, 
     if logits not in LOGITS_MODES:
         raise ValueError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
     # Every slot at most once: a duplicate would be attended twice or written twice.
-    if np.unique(context_slots).size != context_slots.size:
-        raise ValueError(f"context_slots contains duplicates ({context_slots.size} entries)")
-    if np.unique(write_slots).size != n:
-        raise ValueError(f"write_slots contains duplicates: {write_slots}")
-    overlap = np.intersect1d(write_slots, context_slots)
-    if overlap.size:
-        raise ValueError(f"write_slots overlap context_slots: {overlap[:8]}")
+    try:
+        marks[context_slots] = True
+        if np.count_nonzero(marks) != context_slots.size:
+            raise ValueError(f"context_slots contains duplicates ({context_slots.size} entries)")
+        if marks[write_slots].any():
+            raise ValueError(f"write_slots overlap context_slots: {np.intersect1d(write_slots, context_slots)[:8]}")
+        marks[write_slots] = True
+        if np.count_nonzero(marks) != context_slots.size + n:
+            raise ValueError(f"write_slots contains duplicates: {write_slots}")
+    finally:
+        marks[context_slots] = False
+        marks[write_slots] = False
     return x, positions, write_slots, context_slots

@@ -41,6 +41,7 @@ class NumpyBackend:
             raise ValueError(f"weights have {len(weights.layers)} layers, spec says {spec.num_layers}")
         self.spec = spec
         self.capacity = int(capacity)
+        self._slot_marks = np.zeros(self.capacity, dtype=bool)    # scratch for the slot-set checks of forward()
         self.dtype = canonical_dtype(dtype)
         if self.dtype == "bfloat16":
             weights = weights.rounded_to_bf16()
@@ -141,7 +142,7 @@ class NumpyBackend:
     # ------------------------------------------------------------------ Internal helpers
 
     def _check_inputs(self, x, positions, write_slots, context_slots, logits):
-        return check_forward_inputs(self.spec.hidden_size, self.capacity, x, positions, write_slots,
+        return check_forward_inputs(self.spec.hidden_size, self._slot_marks, x, positions, write_slots,
                                     context_slots, logits)
 
     def _slot_array(self, slots, name: str) -> np.ndarray:
