@@ -1,10 +1,23 @@
 """The process entry every node's `main` uses: init, build, spin, shut down cleanly.
 
-Exit codes: 0 after Ctrl-C / SIGTERM / an external shutdown, 2 when the node
-cannot start (invalid configuration, unusable model; the reason is logged),
-1 when the node shut itself down after a failure (`node.failed`).
-A callback that hits the context while it is being shut down (a timer
-publishing as SIGINT arrives) is part of a normal shutdown, not a failure.
+Exit codes: 0 after Ctrl-C / SIGINT / SIGTERM / an external shutdown, 2 when
+the node cannot start (invalid configuration, unusable model; the reason is
+logged), 1 when the node shut itself down after a failure (`node.failed`).
+A callback that hits the context while it is being shut down is part of a
+normal shutdown, not a failure.
+
+Stopping is sequential, on the main thread. rclpy's own signal handler shuts
+the context down from its signal thread while the executor, a node's worker
+thread (the frame publisher, the cycle loop) and its timers may still be
+inside rcl calls on that context; a CI run caught camera_ingest aborting
+with heap corruption ("malloc(): unaligned tcache chunk detected") during
+exactly that shutdown. So rclpy is initialised without signal handlers and
+SIGINT/SIGTERM only raise a flag: the spin loop sees it within
+SPIN_PERIOD_S, then the node's worker threads are joined (`node.close()`),
+the node is destroyed, and only then is the context shut down. A second
+signal while that runs interrupts it (KeyboardInterrupt) for a stuck close.
+faulthandler is on, so a native crash still prints every thread's Python
+stack into the node's log.
 
 Nodes spin with `spin_resilient`: one failing callback or message take is
 logged and counted, and the node goes on serving. Two failures seen here
@@ -15,26 +28,54 @@ raises a pybind11 RuntimeError.
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
+import threading
 
 import rclpy
 from rclpy.executors import ExternalShutdownException
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.logging import get_logger
+from rclpy.signals import SignalHandlerOptions
 
 LOG_FORMAT = "[%(levelname)s] [%(name)s]: %(message)s"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SPIN_PERIOD_S = 0.1        # longest wait in the executor, so the longest delay before a stop signal is seen
 
 
-def spin_resilient(node) -> None:
-    """rclpy.spin that survives a failing callback (logged, throttled, counted in `node.callback_errors`)."""
+class StopRequest:
+    """SIGINT / SIGTERM turned into a flag the spin loop polls (see the module docstring)."""
+
+    def __init__(self):
+        self._event = threading.Event()
+        self.signal_name: str | None = None
+
+    def install(self) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, _frame) -> None:
+        if self._event.is_set():
+            raise KeyboardInterrupt          # asked twice: stop waiting for a clean shutdown
+        self.signal_name = signal.Signals(signum).name
+        self._event.set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+
+def spin_resilient(node, stop: StopRequest | None = None) -> None:
+    """rclpy.spin that survives a failing callback (logged, throttled, counted in `node.callback_errors`)
+    and returns when `stop` is raised or the context is shut down."""
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     node.callback_errors = 0
     try:
-        while rclpy.ok():
+        while rclpy.ok() and not stop:
             try:
-                executor.spin_once(timeout_sec=0.5)
+                executor.spin_once(timeout_sec=SPIN_PERIOD_S)
             except (KeyboardInterrupt, ExternalShutdownException):
                 raise
             except Exception as exc:  # noqa: BLE001 - a robot node must outlive one bad callback
@@ -51,11 +92,16 @@ def run_node(name: str, build, start_errors: tuple, args=None, spin=spin_resilie
     """Build the node with `build()` and spin it; `start_errors` are the exceptions meaning 'cannot start'."""
     # core/ and model/ log through Python logging; show their INFO lines beside the node's own.
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    rclpy.init(args=args)
+    faulthandler.enable()
+    stop = StopRequest()
+    stop.install()
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
     node = None
     try:
         node = build()
-        spin(node)
+        spin(node, stop)
+        if stop:
+            get_logger(name).info(f"{stop.signal_name}: shutting down")
     except start_errors as exc:
         get_logger(name).fatal(f"cannot start: {exc}")
         return 2
