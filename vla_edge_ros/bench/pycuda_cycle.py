@@ -49,6 +49,9 @@ def add_arguments(p) -> None:
     p.add_argument("--cached", type=int, nargs="+", help=f"cached lengths (default {DEFAULT_CACHED})")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--decode-variants", nargs="+", default=None, metavar="PROJ:ATTN",
+                   help="decode-pipeline kernels to time side by side (model.cuda_backend.DecodeKernels), "
+                        "e.g. mma:chunk gemv:split; the first is the one the summary reports (default: the backend's)")
 
 
 def run(args) -> int:
@@ -62,13 +65,15 @@ def run(args) -> int:
     cycles = int(getattr(args, "cycles", None) or 50)
     hf_cycles = int(getattr(args, "hf_cycles", None) or 10)
     seed = int(getattr(args, "seed", 0) or 0)
-    result = bench(shape, cached, cycles, hf_cycles, seed)
+    from ..model.cuda_backend import DecodeKernels
+    variants = [DecodeKernels.parse(v) for v in (getattr(args, "decode_variants", None) or [str(DecodeKernels())])]
+    result = bench(shape, cached, cycles, hf_cycles, seed, variants)
     _print(result)
     write_json(getattr(args, "json", None), result)
     return 0
 
 
-def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int) -> dict:
+def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, variants: list) -> dict:
     import torch
 
     from ..model.cuda_backend import CudaBackend
@@ -91,16 +96,19 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int) -> d
     rows = []
     for n_cached in cached:
         _fill_context(backend, spec, n_cached, rng)
-        ours = _time_ours(backend, spec, n_cached, cycles, rng)
         theirs = _time_hf(hf, spec, n_cached, hf_cycles, rng)
-        rows.append({"cached": n_cached, "ours": ours, "hf_eager_bf16": theirs,
-                     "ratio_p50": theirs["cycle_ms"]["p50"] / ours["cycle_ms"]["p50"],
-                     "ratio_p99": theirs["cycle_ms"]["p99"] / ours["cycle_ms"]["p99"],
-                     "decode_vs_floor": ours["decode_ms_per_token"] / floor_ms})
-    last = rows[-1]
+        for variant in variants:
+            backend.set_decode_kernels(variant)
+            ours = _time_ours(backend, spec, n_cached, cycles, rng)
+            rows.append({"cached": n_cached, "variant": str(variant), "ours": ours, "hf_eager_bf16": theirs,
+                         "ratio_p50": theirs["cycle_ms"]["p50"] / ours["cycle_ms"]["p50"],
+                         "ratio_p99": theirs["cycle_ms"]["p99"] / ours["cycle_ms"]["p99"],
+                         "decode_vs_floor": ours["decode_ms_per_token"] / floor_ms})
+    last = [r for r in rows if r["variant"] == str(variants[0])][-1]
     return {
         "benchmark": "pycuda_cycle", "shape": shape, "machine": _machine(),
         "cycle": f"{PREFILL_ROWS}-row prefill + {DECODE_STEPS} decode steps, argmax over {BINS} action bins",
+        "decode_variants": [str(v) for v in variants], "summary_variant": str(variants[0]),
         "kv_capacity": capacity, "device_memory_bytes": backend.memory_bytes(),
         "weight_bytes": full_bytes, "decode_stream_bytes": floor_bytes,
         "copy_bandwidth_gbs": bandwidth / 1e9,
@@ -297,9 +305,9 @@ def _shape_name(shape: str) -> str:
 
 
 def _print(r: dict) -> None:
-    headers = ["cached", "ours p50", "ours p99", "prefill", "dec/tok", "HF p50", "HF p99", "HF prefill", "HF dec/tok",
+    headers = ["cached", "decode", "ours p50", "ours p99", "prefill", "dec/tok", "HF p50", "HF p99", "HF prefill", "HF dec/tok",
                "x p50", "x p99", "dec/floor"]
-    rows = [[c["cached"], c["ours"]["cycle_ms"]["p50"], c["ours"]["cycle_ms"]["p99"], c["ours"]["prefill_ms"],
+    rows = [[c["cached"], c["variant"], c["ours"]["cycle_ms"]["p50"], c["ours"]["cycle_ms"]["p99"], c["ours"]["prefill_ms"],
              c["ours"]["decode_ms_per_token"], c["hf_eager_bf16"]["cycle_ms"]["p50"],
              c["hf_eager_bf16"]["cycle_ms"]["p99"], c["hf_eager_bf16"]["prefill_ms"],
              c["hf_eager_bf16"]["decode_ms_per_token"], c["ratio_p50"], c["ratio_p99"], c["decode_vs_floor"]]
@@ -311,7 +319,7 @@ def _print(r: dict) -> None:
           f"{r['device_memory_bytes'] / 2**30:.2f} GiB for {r['kv_capacity']} KV slots")
     for c in r["cycles"]:
         for phase, parts in c["ours"]["breakdown_ms"].items():
-            print(f"  cached {c['cached']:>5} {phase:>8}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in parts.items()))
+            print(f"  cached {c['cached']:>5} {c['variant']:>11} {phase:>8}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in parts.items()))
 
 
 def main(argv=None) -> int:

@@ -59,6 +59,35 @@ DECODE_MAX_ROWS = 2
 LAYER_GROUPS = ("projections", "attention", "norms+rope")
 
 
+@dataclass(frozen=True)
+class DecodeKernels:
+    """Kernels of the decode pipeline (bf16 calls of <= DECODE_MAX_ROWS rows). Alternatives stay
+    selectable so `vla-edge bench --backend pycuda --decode-variants` can time them side by side."""
+    projection: str = "mma"      # "mma": projection_fused.cu (tensor cores, tiles of 16 rows)
+    attention: str = "chunk"     # "chunk": attention.cu (K/V chunk in shared memory + merge)
+
+    def __post_init__(self):
+        if self.projection not in DECODE_PROJECTIONS:
+            raise ValueError(f"DecodeKernels.projection must be one of {DECODE_PROJECTIONS}, got {self.projection!r}")
+        if self.attention not in DECODE_ATTENTIONS:
+            raise ValueError(f"DecodeKernels.attention must be one of {DECODE_ATTENTIONS}, got {self.attention!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> "DecodeKernels":
+        """'projection:attention', e.g. 'mma:chunk'."""
+        parts = text.split(":")
+        if len(parts) != 2:
+            raise ValueError(f"decode variant {text!r}: expected 'projection:attention', e.g. 'mma:chunk'")
+        return cls(*parts)
+
+    def __str__(self) -> str:
+        return f"{self.projection}:{self.attention}"
+
+
+DECODE_PROJECTIONS = ("mma",)
+DECODE_ATTENTIONS = ("chunk",)
+
+
 class DeviceMemoryError(MemoryError):
     """The planned device allocation exceeds the configured VRAM ceiling."""
 
@@ -83,8 +112,10 @@ class CudaBackend:
     """Backend protocol on one CUDA device (see the module docstring)."""
 
     def __init__(self, spec: ModelSpec, weights: ModelWeights, capacity: int, dtype: str = "bfloat16",
-                 max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True):
+                 max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
+                 decode_kernels: DecodeKernels = DecodeKernels()):
         self.spec = spec
+        self.decode_kernels = decode_kernels
         self.capacity = int(capacity)
         self._slot_marks = np.zeros(self.capacity, dtype=bool)    # scratch for the slot-set checks of forward()
         self.dtype = canonical_dtype(dtype)
@@ -292,6 +323,16 @@ class CudaBackend:
         self._put(self.kv_slots_buf, slots.astype(np.int32))
         self._kv_move("scatter", slots.size)
 
+    def set_decode_kernels(self, choice: DecodeKernels) -> None:
+        """Switch the decode pipeline's kernels (between cycles); captured graphs are rebuilt on next use."""
+        if not isinstance(choice, DecodeKernels):
+            raise TypeError(f"set_decode_kernels needs a DecodeKernels, got {type(choice).__name__}")
+        self.stream.synchronize()
+        for graph in self._graphs.values():
+            graph.close()
+        self._graphs.clear()
+        self.decode_kernels = choice
+
     def layer_groups(self, n: int) -> tuple:
         """Kernel groups (LAYER_GROUPS) that a pass over n rows launches."""
         if self._fused(n):
@@ -448,17 +489,17 @@ class CudaBackend:
     def _enqueue_layer_fused(self, li: int, layer: _Layer, n: int, groups) -> None:
         """bf16 decode: RMSNorm folded into the q|k|v and gate/up projections, RoPE and the K/V store
         in the q|k|v epilogue, residual adds in the o/down epilogues."""
-        sp, kn, s = self.spec, self.kernels, self.stream
+        sp, s, proj = self.spec, self.stream, self._decode_projection
         if "projections" in groups:
-            kn.projection_fused(layer.w_qkv_rope, self.resid, self.qkv, n, ck.MODE_QKV_ROPE, s, norm_w=layer.input_norm,
-                                eps=sp.rms_norm_eps, bias=layer.b_qkv, rope=self._rope_target(li))
+            proj(layer.w_qkv_rope, self.resid, self.qkv, n, ck.MODE_QKV_ROPE, s, norm_w=layer.input_norm,
+                 eps=sp.rms_norm_eps, bias=layer.b_qkv, rope=self._rope_target(li))
         if "attention" in groups:
             self._enqueue_attention(li, n)
         if "projections" in groups:
-            kn.projection_fused(layer.w_o, self.attn, self.resid, n, ck.MODE_ADD, s)
-            kn.projection_fused(layer.w_gate_up, self.resid, self.act, n, ck.MODE_SWIGLU, s, norm_w=layer.post_norm,
-                                eps=sp.rms_norm_eps, out_cols=sp.intermediate_size)
-            kn.projection_fused(layer.w_down, self.act, self.resid, n, ck.MODE_ADD, s)
+            proj(layer.w_o, self.attn, self.resid, n, ck.MODE_ADD, s)
+            proj(layer.w_gate_up, self.resid, self.act, n, ck.MODE_SWIGLU, s, norm_w=layer.post_norm,
+                 eps=sp.rms_norm_eps, out_cols=sp.intermediate_size)
+            proj(layer.w_down, self.act, self.resid, n, ck.MODE_ADD, s)
 
     def _enqueue_layer_split(self, li: int, layer: _Layer, n: int, groups) -> None:
         """One kernel per step: RMSNorm (+ bias init), q|k|v, RoPE + K/V store, attention, o, RMSNorm,
@@ -484,6 +525,10 @@ class CudaBackend:
             kn.projection(layer.w_gate_up, self.normed, self.act, n, ck.MODE_SWIGLU, s, out_cols=sp.intermediate_size)
             kn.projection(layer.w_down, self.act, self.resid, n, ck.MODE_ADD, s)
 
+    def _decode_projection(self, W, x, out, n: int, mode: int, stream, **kw) -> None:
+        """A projection of the decode pipeline with the kernel self.decode_kernels names (same contract)."""
+        self.kernels.projection_fused(W, x, out, n, mode, stream, **kw)
+
     def _enqueue_attention(self, li: int, n: int) -> None:
         """attention.cu for decode rows, attention_tiled.cu (K/V chunk shared by up to 8 rows) for longer calls."""
         sp = self.spec
@@ -501,8 +546,8 @@ class CudaBackend:
     def _enqueue_head_argmax(self, row: int, bin_lo: int, n_bins: int, rows_consumed: int) -> None:
         sp, kn, s = self.spec, self.kernels, self.stream
         if self._fused(1):                      # final RMSNorm folded into the head projection
-            kn.projection_fused(self.head, self.resid, self.logits, 1, ck.MODE_STORE, s, norm_w=self.final_norm,
-                                eps=sp.rms_norm_eps, w_row0=bin_lo, rows=n_bins, x_row0=row)
+            self._decode_projection(self.head, self.resid, self.logits, 1, ck.MODE_STORE, s, norm_w=self.final_norm,
+                                    eps=sp.rms_norm_eps, w_row0=bin_lo, rows=n_bins, x_row0=row)
         else:
             kn.rmsnorm(self.resid, self.final_norm, self.normed, 1, sp.rms_norm_eps, s, row0=row)
             kn.projection(self.head, self.normed, self.logits, 1, ck.MODE_STORE, s, w_row0=bin_lo, rows=n_bins, x_row0=row)
