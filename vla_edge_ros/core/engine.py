@@ -99,7 +99,16 @@ class Engine:
         self.approximate_evictions = 0          # policy evictions since the state was last exact
         # Rows written to the KV arena per segment since construction (CSR accounting).
         self.computed_tokens = {"prefix": 0, "frames": 0, "suffix": 0, "decode": 0}
-        self.last_prefill_logits: np.ndarray | None = None    # [vocab] of the latest cycle's prefill
+        self._last_prefill_logits: np.ndarray | None = None   # [vocab] of the latest cycle's prefill
+        # A backend that can run the whole cycle on the device (CudaBackend) does so: no logits cross to
+        # the host per token. The generic forward path stays for everything else (prefix, rebuilds, swaps).
+        self.device_cycle = hasattr(backend, "run_cycle_tokens")
+        self._device_prefills = 0
+        if self.device_cycle:
+            rows = cfg.vision.tokens_per_frame + cfg.prompt.max_suffix_tokens
+            if rows > backend.max_rows:
+                raise EngineConfigError(f"a cycle prefill of vision.tokens_per_frame + prompt.max_suffix_tokens = {rows} "
+                                        f"rows exceeds the device backend's {backend.max_rows} rows per pass")
         self.last_swap: SwapReport | None = None
         # How export_state packs the KV rows: None reads them to the host (numpy array); a callable
         # (backend, slots) -> KV holder keeps them on the device (model/cuda_state_transfer.DeviceKvExporter).
@@ -412,7 +421,6 @@ class Engine:
             return self._fail(result, R.REFUSED_BUDGET,
                               f"estimate {decision.estimate_ms:.2f} ms > budget {decision.budget_ms:.2f} ms")
 
-        t_prefill = time.perf_counter()
         rows, positions, write_slots = [], [], []
         if new:
             chunk = self.encode_chunk(frame)
@@ -430,35 +438,63 @@ class Engine:
         rows.append(self.backend.embed(self.suffix))                            # [S, hidden]
         positions.append(np.arange(self.next_position, self.next_position + s))
         write_slots.append(suffix_slots[:s])
-        out = self.backend.forward(np.concatenate(rows).astype(np.float32, copy=False),
-                                   np.concatenate(positions).astype(np.int64),
-                                   np.concatenate(write_slots).astype(np.int32),
-                                   context, logits="last")
+        prefill = (np.concatenate(rows).astype(np.float32, copy=False), np.concatenate(positions).astype(np.int64),
+                   np.concatenate(write_slots).astype(np.int32), context)
+        decode_slots = suffix_slots[s:s + decode_steps]
+        decode_positions = np.arange(self.next_position + s, self.next_position + s + decode_steps, dtype=np.int64)
+        run = self._prefill_decode_on_device if self.device_cycle else self._prefill_decode_on_host
+        tokens, result.prefill_ms, result.decode_ms = run(prefill, decode_slots, decode_positions)
         self.computed_tokens["frames"] += tpf if new else 0
         self.computed_tokens["suffix"] += s
-        self.last_prefill_logits = out.logits[-1]                              # [vocab]
-        tokens = [self.codec.select(out.logits[-1])]
-        t_decode = time.perf_counter()
-
-        # Decode: each step attends to everything so far, including the suffix and earlier action tokens.
-        ctx = np.concatenate([context] + write_slots).astype(np.int32)
-        pos = self.next_position + s
-        for step in range(decode_steps):
-            slot = suffix_slots[s + step: s + step + 1]
-            out = self.backend.forward(self.backend.embed(np.asarray(tokens[-1:], dtype=np.int64)),
-                                       np.asarray([pos + step], dtype=np.int64), slot, ctx, logits="last")
-            tokens.append(self.codec.select(out.logits[-1]))
-            ctx = np.concatenate([ctx, slot])
-            self.computed_tokens["decode"] += 1
-        t_end = time.perf_counter()
-
-        result.prefill_ms = (t_decode - t_prefill) * 1000.0
-        result.decode_ms = (t_end - t_decode) * 1000.0
+        self.computed_tokens["decode"] += decode_steps
         result.prefill_tokens = prefill_tokens
         self.admission.observe(result.prefill_ms, prefill_tokens, result.decode_ms, max(decode_steps, 1))
         result.tokens = np.asarray(tokens, dtype=np.int64)
         result.action = self.codec.to_values(result.tokens)
         self._unwritten_frame = None                    # finite logits all the way: the frame's KV is good
+
+    def _prefill_decode_on_host(self, prefill, decode_slots, decode_positions) -> tuple:
+        """Backend.forward per step, logits to the host, codec picks each token. -> (tokens, prefill ms, decode ms)"""
+        x, positions, write_slots, context = prefill
+        t_prefill = time.perf_counter()
+        out = self.backend.forward(x, positions, write_slots, context, logits="last")
+        self._last_prefill_logits = out.logits[-1]                              # [vocab]
+        tokens = [self.codec.select(out.logits[-1])]
+        t_decode = time.perf_counter()
+        # Decode: each step attends to everything so far, including the suffix and earlier action tokens.
+        ctx = np.concatenate([context, write_slots]).astype(np.int32)
+        for slot, pos in zip(decode_slots, decode_positions):
+            slot = np.asarray([slot], dtype=np.int32)
+            out = self.backend.forward(self.backend.embed(np.asarray(tokens[-1:], dtype=np.int64)),
+                                       np.asarray([pos], dtype=np.int64), slot, ctx, logits="last")
+            tokens.append(self.codec.select(out.logits[-1]))
+            ctx = np.concatenate([ctx, slot])
+        t_end = time.perf_counter()
+        return tokens, (t_decode - t_prefill) * 1000.0, (t_end - t_decode) * 1000.0
+
+    def _prefill_decode_on_device(self, prefill, decode_slots, decode_positions) -> tuple:
+        """The whole cycle on the device (CudaBackend.run_cycle_tokens: prefill, restricted argmax and
+        decode steps feeding tokens back on the device; one host sync). -> (tokens, prefill ms, decode ms)"""
+        x, positions, write_slots, context = prefill
+        self._last_prefill_logits = None                  # fetched from the device only when asked for
+        self._device_prefills += 1
+        t0 = time.perf_counter()
+        tokens = self.backend.run_cycle_tokens(x, positions, write_slots, context, decode_slots, decode_positions,
+                                               self.codec.first_bin_id, int(decode_slots.size) + 1, self.codec.num_bins)
+        total_ms = (time.perf_counter() - t0) * 1000.0
+        # The host clock sees one span; the device events split it. Host overhead (uploads, launches,
+        # the sync) is shared out in the same proportion, so the admission model still sums to the truth.
+        dev_prefill, dev_decode = self.backend.last_cycle_device_ms
+        share = dev_prefill / max(dev_prefill + dev_decode, 1e-9)
+        return [int(t) for t in tokens], total_ms * share, total_ms * (1.0 - share)
+
+    @property
+    def last_prefill_logits(self) -> np.ndarray | None:
+        """[vocab] logits of the latest cycle's last prefill row (for exactness checks; the device
+        cycle computes only the action bins, so there they are computed on demand)."""
+        if self._last_prefill_logits is None and self._device_prefills:
+            self._last_prefill_logits = self.backend.prefill_logits()
+        return self._last_prefill_logits
 
     # --------------------------------------------------------------- helpers
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.action_codec import NonFiniteLogitsError
 from . import cuda_kernels as ck
 from .backend import ForwardResult
 from .forward_inputs import check_forward_inputs, slot_array
@@ -92,7 +93,7 @@ class DeviceMemoryError(MemoryError):
     """The planned device allocation exceeds the configured VRAM ceiling."""
 
 
-class NonFiniteActionError(RuntimeError):
+class NonFiniteActionError(NonFiniteLogitsError):
     """A restricted argmax on the device met NaN/Inf logits (reports the token index)."""
 
 
@@ -147,6 +148,9 @@ class CudaBackend:
         self._allocate_state()
         self.kv_bytes = self.k_cache.nbytes + self.v_cache.nbytes
         self._graphs: dict = {}
+        self._cycle_events = tuple(self._drv.Event() for _ in range(3))
+        self.last_cycle_device_ms: tuple | None = None     # (prefill, decode) of the latest run_cycle_tokens
+        self._prefill_ran = False
         self.stream.synchronize()
         log.info("CudaBackend %s: %.2f GiB on device (weights %.2f GiB, KV %.3f GiB), %d slots, %d rows per pass",
                  self.dtype, self._bytes / GIB, self.weight_bytes / GIB, self.kv_bytes / GIB, self.capacity, self.max_rows)
@@ -211,10 +215,26 @@ class CudaBackend:
         decode_slots[j]. Returns the n_tokens chosen token ids [n_tokens] int64."""
         self.begin_cycle(prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions, n_tokens)
         bins = self._bins(action_bin_lo, n_bins)
+        start, after_prefill, end = self._cycle_events
+        start.record(self.stream)
         self.launch_prefill(prefill_x.shape[0], *bins)
+        after_prefill.record(self.stream)
         for _ in range(n_tokens - 1):
             self.launch_decode_step(*bins)
-        return self.finish_cycle(n_tokens)
+        end.record(self.stream)
+        tokens = self.finish_cycle(n_tokens)
+        self.last_cycle_device_ms = (after_prefill.time_since(start), end.time_since(after_prefill))
+        return tokens
+
+    def prefill_logits(self) -> np.ndarray:
+        """Full-vocabulary logits [vocab] of the last prefill row of the latest run_cycle_tokens (the
+        cycle itself scores only the action bins). For checks and debugging, not for the cycle path."""
+        if not self._prefill_ran:
+            raise RuntimeError("prefill_logits: no device cycle has run yet")
+        sp = self.spec
+        self.kernels.rmsnorm(self.prefill_last, self.final_norm, self.normed, 1, sp.rms_norm_eps, self.stream)
+        self.kernels.projection(self.head, self.normed, self.logits, 1, ck.MODE_STORE, self.stream)
+        return self._get(self.logits, 1)[0]
 
     def begin_cycle(self, prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions,
                     n_tokens: int) -> None:
@@ -247,6 +267,7 @@ class CudaBackend:
 
     def launch_prefill(self, n_rows: int, bin_lo: int, n_bins: int) -> None:
         """Enqueue (or replay) the prefill of n_rows rows ending with the restricted argmax."""
+        self._prefill_ran = True
         self._run_graph(("prefill", n_rows, bin_lo, n_bins), lambda: self._enqueue_prefill(n_rows, bin_lo, n_bins))
 
     def launch_decode_step(self, bin_lo: int, n_bins: int) -> None:
@@ -386,6 +407,7 @@ class CudaBackend:
         plan.update({
             "k_cache": (kv, np.float32), "v_cache": (kv, np.float32),
             "resid": ((m, sp.hidden_size), np.float32), "normed": ((m, sp.hidden_size), np.float32),
+            "prefill_last": ((1, sp.hidden_size), np.float32),
             "qkv": ((m, qkv_rows), np.float32), "attn": ((m, sp.q_dim), np.float32),
             "act": ((m, sp.intermediate_size), np.float32),
             "part_o": ((m, sp.num_heads, self.n_splits, sp.head_dim), np.float32),
@@ -451,6 +473,7 @@ class CudaBackend:
         self._layer_stride = sp.num_kv_heads * cap * sp.head_dim * 4                  # bytes per layer
         self.resid = self._alloc((m, sp.hidden_size), np.float32)                     # residual stream
         self.normed = self._alloc((m, sp.hidden_size), np.float32)                    # norm outputs
+        self.prefill_last = self._alloc((1, sp.hidden_size), np.float32)              # last prefill row, final layer
         self.qkv = self._alloc((m, sp.q_dim + 2 * sp.kv_dim), np.float32)
         self.attn = self._alloc((m, sp.q_dim), np.float32)
         self.act = self._alloc((m, sp.intermediate_size), np.float32)                 # silu(gate) * up
@@ -555,6 +578,10 @@ class CudaBackend:
 
     def _enqueue_prefill(self, n_rows: int, bin_lo: int, n_bins: int) -> None:
         self._enqueue_layers(n_rows)
+        # Keep the last row's final hidden state: decode reuses resid, prefill_logits() reads this.
+        row_bytes = self.spec.hidden_size * 4
+        self._drv.memcpy_dtod_async(int(self.prefill_last.gpudata), int(self.resid.gpudata) + (n_rows - 1) * row_bytes,
+                                    row_bytes, self.stream)
         self._enqueue_head_argmax(n_rows - 1, bin_lo, n_bins, n_rows)
 
     def _enqueue_decode(self, bin_lo: int, n_bins: int) -> None:

@@ -81,7 +81,7 @@ def ceil_div(a: int, b: int) -> int:
 
 _lock = threading.Lock()
 _context = None
-_modules: dict = {}
+_modules: dict = {}            # (context handle, family, arch) -> SourceModule
 
 
 def cuda_context():
@@ -128,13 +128,14 @@ def family_source(family: str) -> str:
 
 
 def compile_family(family: str, arch: str | None = None):
-    """SourceModule of one family, compiled once per (family, arch) in this process
+    """SourceModule of one family, compiled once per (context, family, arch) in this process
     (PyCUDA also keeps its on-disk cubin cache)."""
     from pycuda.compiler import SourceModule
 
-    cuda_context()
+    drv = cuda_context()
     arch = arch or device_arch()
-    key = (family, arch)
+    # A module lives in the context it was loaded in: the reconciler's own context needs its own copy.
+    key = (int(drv.Context.get_current().handle), family, arch)
     with _lock:
         mod = _modules.get(key)
         if mod is None:

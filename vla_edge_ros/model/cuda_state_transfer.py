@@ -30,9 +30,9 @@ Known limits: PyCUDA creates plain streams (no cuStreamCreateWithPriority), so
 the reconciler's stream has default priority; on one device the two contexts
 time-slice the GPU (kernels of different contexts never overlap), which is why
 `SharedPrimaryContext` exists: the reconciler's backend in the primary's
-context, on its own stream, for one-GPU machines. Kernel modules are per context: `backend_in_own_context`
-compiles (or loads from PyCUDA's disk cache) the kernel families again in the
-new context by giving cuda_kernels an empty module cache while it builds.
+context, on its own stream, for one-GPU machines. Kernel modules are per context
+(cuda_kernels caches them by context handle): building a backend inside the new
+context compiles (or loads from PyCUDA's disk cache) the kernel families there.
 """
 from __future__ import annotations
 
@@ -99,7 +99,6 @@ class SharedPrimaryContext(_PushedContext):
         self.device_index = next(i for i in range(drv.Device.count())
                                  if drv.Device(i).pci_bus_id() == self.device.pci_bus_id())
         self.shares_device = True
-        self.kernels_shared = True
 
     def describe(self) -> str:
         return f"reconciler in the primary's CUDA context on device {self.device_index} (own stream)"
@@ -107,27 +106,11 @@ class SharedPrimaryContext(_PushedContext):
 
 
 def backend_in_own_context(own: OwnContext, spec, weights, capacity: int, dtype: str = "bfloat16", **kwargs):
-    """A CudaBackend built inside `own` (weights uploaded, kernels loaded there), wrapped as ContextBoundBackend.
-
-    Call it on one thread while nothing else compiles kernels (set-up time).
-    """
+    """A CudaBackend built inside `own` (weights uploaded, kernels loaded there), wrapped as ContextBoundBackend."""
     from .cuda_backend import CudaBackend
 
-    if getattr(own, "kernels_shared", False):      # the primary context: its modules are already loaded
-        with own.scope():
-            return ContextBoundBackend(CudaBackend(spec, weights, capacity, dtype, **kwargs), own)
-    modules: dict = {}
-    with ck._lock:
-        saved, ck._modules = ck._modules, modules  # modules are per context: load them again in this one
-    try:
-        with own.scope():
-            backend = CudaBackend(spec, weights, capacity, dtype, **kwargs)
-    finally:
-        with ck._lock:
-            ck._modules = saved
-    bound = ContextBoundBackend(backend, own)
-    bound.modules = modules                         # keeps this context's modules (and their functions) loaded
-    return bound
+    with own.scope():
+        return ContextBoundBackend(CudaBackend(spec, weights, capacity, dtype, **kwargs), own)
 
 
 class ContextBoundBackend:
@@ -136,7 +119,6 @@ class ContextBoundBackend:
     def __init__(self, backend, own: OwnContext):
         self.inner = backend
         self.own = own
-        self.modules: dict = {}         # (family, arch) -> SourceModule loaded in own's context
         self.spec = backend.spec
         self.capacity = backend.capacity
         self.dtype = backend.dtype

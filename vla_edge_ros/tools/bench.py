@@ -34,6 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--cycles", type=int, default=20, help="timed cycles per cached length")
     p.add_argument("--cached", type=int, nargs="+", help="cached lengths to sweep")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--decode-variants", nargs="+", metavar="PROJ:ATTN",
+                   help="cycle on pycuda: decode-pipeline kernels to time side by side, e.g. mma:chunk gemv:split")
     csr = p.add_argument_group("csr / asr suites")
     csr.add_argument("--suffix", type=int, nargs="+", help="csr: dynamic-suffix lengths M to sweep")
     csr.add_argument("--repeats", type=int, help="csr: timed repeats per (N, M)")
