@@ -40,6 +40,7 @@ def test_every_key_has_a_description():
     ({"model.backend": "tpu"}, "model.backend"),
     ({"camera.reliability": "sometimes"}, "camera.reliability"),
     ({"asr.evict_fraction": 1.0}, "asr.evict_fraction"),
+    ({"asr.backend": "gpu"}, "asr.backend"),
     ({"vision.grid_cols": 0}, "vision.grid_cols"),
 ])
 def test_impossible_values_name_the_key(override, fragment):

@@ -26,8 +26,10 @@ from vla_edge_ros.core.footage import resize_rgb
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.state_snapshot import StateSnapshot
 from vla_edge_ros.core.swap_protocol import SwapOffer
+from vla_edge_ros.model.factory import cuda_device_available
 from vla_edge_ros.nodes import conversions as conv
 from vla_edge_ros.nodes import graph
+from vla_edge_ros.tools.bringup import BringupError
 from vla_edge_ros.tools.bringup import GraphProcesses
 from vla_edge_ros.tools.bringup import change_state
 
@@ -77,6 +79,26 @@ def _refused_transition(harness, transition_id: int) -> None:
 
 def _swap(harness):
     return H.call_service(harness, Trigger, graph.SWAP_SERVICE, Trigger.Request())
+
+
+@pytest.mark.skipif(cuda_device_available(), reason="a CUDA device is present: the GPU reconciler would configure")
+def test_gpu_reconciler_without_a_gpu_refuses_configure_and_stays_up(model, harness, tmp_path):
+    """asr.backend pycuda where there is no CUDA device: configure fails with the reason in the log,
+    the node stays unconfigured and alive (a lifecycle manager can retry or shut it down)."""
+    procs = GraphProcesses(overrides={"model.path": str(model), "kv.capacity_tokens": CAPACITY, "asr.backend": "pycuda"},
+                           env=H.graph_env(harness.domain_id), nodes=(graph.node("reconciler"),), log_dir=tmp_path)
+    procs.start()
+    try:
+        assert _state(harness) == State.PRIMARY_STATE_UNCONFIGURED
+        with pytest.raises(BringupError):
+            _transition(harness, Transition.TRANSITION_CONFIGURE)
+        assert _state(harness) == State.PRIMARY_STATE_UNCONFIGURED
+        assert procs.dead() == {}
+    finally:
+        codes = procs.stop()
+    log = H.node_log(tmp_path, "reconciler")
+    assert "configure failed" in log and ("pycuda" in log.lower() or "cuda" in log.lower()), log[-2000:]
+    assert codes == {"reconciler": 0}, log[-2000:]
 
 
 def test_lifecycle_swap_only_when_active_and_exact_state(model, harness, tmp_path):

@@ -204,6 +204,10 @@ class ASRConfig:
                                        "so its work can be interleaved with or yield to the primary's cycles", default=128)
     max_late_chunks: int = _doc("a ready snapshot is withdrawn and caught up again once more chunks than this have "
                                 "arrived after it (each late chunk costs the primary a recompute at the swap)", default=2)
+    backend: str = _doc("the reconciler node's transformer backend (auto | numpy | pycuda). pycuda runs it in a CUDA "
+                        "context of its own process (pick the GPU with CUDA_VISIBLE_DEVICES); on the primary's GPU its "
+                        "kernels time-slice with the cycles, which no GPU run has measured yet, hence numpy by default",
+                        default="numpy")
 
     def __post_init__(self):
         if self.mode not in ASR_MODES:
@@ -217,6 +221,8 @@ class ASRConfig:
             raise ConfigError(f"asr.rebuild_fill must be in (0, 1], got {self.rebuild_fill}")
         _positive(self, "warmup_tokens_per_step", "asr")
         _non_negative(self, "max_late_chunks", "asr")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"asr.backend must be one of {BACKENDS}, got {self.backend!r}")
 
 
 @dataclass(frozen=True)

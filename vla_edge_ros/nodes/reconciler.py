@@ -1,8 +1,9 @@
 """reconciler: a lifecycle node that mirrors the reasoning state and offers reconciled swaps.
 
-    unconfigured --configure--> inactive: loads the model into an engine of its own
-                                (CPU numpy backend in this issue), a StateReconciler
-                                (core/reconciliation.py) and its snapshot directory
+    unconfigured --configure--> inactive: loads the model into an engine of its own (backend
+                                asr.backend: numpy by default, pycuda in this process's own
+                                CUDA context), a StateReconciler (core/reconciliation.py)
+                                and its snapshot directory
     inactive --activate--> active:        subscribes /vla/state_chunk, starts the worker
                                           thread, serves /vla/reconciler/swap, 1 Hz /diagnostics
     active --deactivate--> inactive:      unsubscribes, stops the worker and the service
@@ -36,7 +37,6 @@ from .node_main import run_node
 from .params import NodeParameters
 
 DIAGNOSTICS_PERIOD_S = 1.0
-RECONCILER_BACKEND = "numpy"     # this issue reconciles on the CPU; a second GPU context comes later
 
 
 class Reconciler(LifecycleNode):
@@ -56,14 +56,15 @@ class Reconciler(LifecycleNode):
         try:
             limit_cpu_threads(cfg.model.cpu_threads)
             spec, weights, tokenizer = load_model(cfg.model.path)
-            backend = create_backend_from_weights(RECONCILER_BACKEND, spec, weights, cfg.kv.capacity_tokens,
+            backend = create_backend_from_weights(cfg.asr.backend, spec, weights, cfg.kv.capacity_tokens,
                                                   dtype=cfg.model.dtype)
             reconciler = StateReconciler(cfg, Engine(cfg, backend, tokenizer))
             self.worker = ReconcilerWorker(reconciler, SnapshotStore())
-        except (ModelFormatError, EngineConfigError, OSError, ValueError) as exc:
-            self.get_logger().error(f"configure failed: {exc}")
+        except (ModelFormatError, EngineConfigError, OSError, ValueError, MemoryError, RuntimeError, ImportError) as exc:
+            # Unusable model, arena over the memory ceiling, no CUDA device for asr.backend pycuda, ...
+            self.get_logger().error(f"configure failed: {type(exc).__name__}: {exc}")
             return TransitionCallbackReturn.FAILURE
-        self.get_logger().info(f"configured: {cfg.model.path} on {RECONCILER_BACKEND}, "
+        self.get_logger().info(f"configured: {cfg.model.path} on {type(backend).__name__} (asr.backend {cfg.asr.backend}), "
                                f"snapshots in {self.worker.store.directory}")
         return TransitionCallbackReturn.SUCCESS
 
