@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from vla_edge_ros import config as C
-from vla_edge_ros.core.engine import Engine, SwapTimingError
+from vla_edge_ros.core.engine import Engine
+from vla_edge_ros.core.engine_state import SwapTimingError
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.prompt import encode_text, prefix_text, suffix_ids

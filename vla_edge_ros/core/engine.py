@@ -14,7 +14,8 @@ at construction, frames appended as chunks of 32 vision tokens (their vision
 rows are kept on the host so the state can be recomputed), and a transient
 suffix written each cycle and released. Between cycles the state can be
 replaced by a reconciled snapshot (`import_state`, the swap of core/
-reconciliation.py) or recomputed in place (`rebuild_in_place`); both re-base
+reconciliation.py) or recomputed in place (`rebuild_in_place`), operations that
+live in core/engine_state.py (`FrameState`, which Engine inherits); both re-base
 the frames' RoPE positions right after the prefix, so the result is the state
 a from-scratch forward would build. `state_version` counts swaps;
 `approximate_evictions` counts policy evictions since the state was last exact.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,10 +37,10 @@ from .action_codec import ActionCodec, NonFiniteLogitsError
 from .admission import AdmissionController
 from .cycle_result import CycleResult
 from .frames import Frame
-from .kv_slots import KVCapacityError, KVSlotManager, make_policy
+from .engine_state import FrameRecord, FrameState, SwapReport
+from .kv_slots import KVSlotManager, make_policy
 from .metrics import CycleMetrics
 from .prompt import encode_text, prefix_text, suffix_ids
-from .state_snapshot import SnapshotError, SnapshotFrame, StateChunk, StateSnapshot
 from .vision_encoder import VisionEncoder
 
 log = logging.getLogger(__name__)
@@ -50,31 +50,7 @@ class EngineConfigError(ValueError):
     """The engine cannot be built with this configuration and model (raised at configure time)."""
 
 
-class SwapTimingError(RuntimeError):
-    """A state swap or rebuild was attempted inside a cycle; they happen only at cycle boundaries."""
-
-
-@dataclass
-class FrameRecord:
-    """What the engine remembers about a retained frame beyond its KV slots."""
-    frame_id: int
-    stamp_s: float
-    tokens: np.ndarray | None = None     # [tokens_per_frame, hidden] float32 vision rows (None: not known here)
-
-
-@dataclass(frozen=True)
-class SwapReport:
-    """What `import_state` did (also kept as `Engine.last_swap`)."""
-    version: int                 # state version now in force
-    frames: int                  # frames taken from the snapshot
-    dropped: list                # frame ids this engine held that the snapshot left out
-    late: list                   # frame ids newer than the snapshot, recomputed over it
-    late_lost: list              # late frames without vision rows: could not be recomputed, dropped
-    evicted: list                # frames the policy evicted while the late ones were appended
-    next_position: int
-
-
-class Engine:
+class Engine(FrameState):
     def __init__(self, cfg: VlaConfig, backend, tokenizer, encoder: VisionEncoder | None = None):
         self.cfg = cfg
         self.backend = backend
@@ -165,237 +141,6 @@ class Engine:
             result.detail = (result.detail + "; " if result.detail else "") + "RoPE positions re-based (state recomputed)"
         self.metrics.record(result)
         return result
-
-    def _rebase_positions_if_needed(self) -> bool:
-        """Keep RoPE positions inside the model's trained range when no swap has re-based them.
-
-        Positions only grow between swaps (about 1000 per second at 30 Hz). A
-        reconciler's swap re-bases them; without one (absent, dead) the next
-        frame would eventually pass `max_position_embeddings`, where the model
-        was never trained and float32 angles lose precision. Then the retained
-        frames are recomputed in place right after the prefix: one slow cycle,
-        reported in its detail, instead of a slow decay of every later answer.
-        """
-        limit = self.backend.spec.max_position_embeddings
-        if self.next_position + self.cfg.vision.tokens_per_frame + self.suffix_reserve <= limit:
-            return False
-        keep = [r.frame_id for r in self.kv.retained() if self.frames[r.frame_id].tokens is not None]
-        dropped = self.rebuild_in_place(keep)
-        log.warning("RoPE positions reached %d of %d: %d frames recomputed from position %d, %d dropped",
-                    limit - self.cfg.vision.tokens_per_frame - self.suffix_reserve, limit, len(keep),
-                    self.prefix_tokens, len(dropped))
-        return True
-
-    def append_frame(self, frame: Frame) -> list[int]:
-        """Add a frame to the state exactly (no action decode): the reconciler's mirror path.
-
-        Returns the frame ids the eviction policy removed to make room.
-        """
-        evicted = self.append_chunks([self.encode_chunk(frame)], allow_evict=True)
-        self.last_frame_id = frame.frame_id
-        return evicted
-
-    def encode_chunk(self, frame: Frame) -> StateChunk:
-        """Run the vision encoder: the frame as a state chunk (rows + pooled embedding)."""
-        encoded = self.encoder.encode(frame.pixels)
-        return StateChunk(frame.frame_id, frame.stamp_s, encoded.tokens, encoded.pooled)
-
-    def append_chunks(self, chunks, allow_evict: bool = False) -> list[int]:
-        """Append pre-encoded frames after the newest one, with contiguous positions, in one forward.
-
-        allow_evict=False: raise KVCapacityError (state untouched) unless all of
-        them fit with one cycle's suffix reserve and no eviction: the
-        reconciler's chunked prefill, which must stay exact.
-        allow_evict=True: the policy makes room as in a cycle (approximate).
-        Returns the frame ids evicted to make room.
-        """
-        self._require_boundary("append_chunks")
-        chunks = list(chunks)
-        if not chunks:
-            return []
-        tpf, hidden = self.cfg.vision.tokens_per_frame, self.backend.spec.hidden_size
-        for c in chunks:
-            if c.tokens.shape != (tpf, hidden) or c.tokens.dtype != np.float32:
-                raise ValueError(f"chunk {c.frame_id}: tokens must be float32 {(tpf, hidden)}, "
-                                 f"got {c.tokens.dtype} {c.tokens.shape}")
-        need = len(chunks) * tpf + self.suffix_reserve
-        if not allow_evict and self.kv.free_slots < need:
-            raise KVCapacityError(f"append_chunks: {len(chunks)} frames + suffix reserve need {need} free slots, "
-                                  f"{self.kv.free_slots} free ({len(self.frames)} frames retained)")
-        evicted: list[int] = []
-        for i, c in enumerate(chunks):
-            _slots, out = self._admit_chunk(c, self.next_position + i * tpf)
-            evicted += out
-        # A policy may evict a frame of this very batch: it was never computed, so it simply is not.
-        kept = [r for r in self.kv.retained() if r.frame_id in {c.frame_id for c in chunks}]    # oldest first
-        if not kept:
-            self.next_position += len(chunks) * tpf
-            return evicted
-        by_id = {c.frame_id: c for c in chunks}
-        slots = np.concatenate([r.slots for r in kept])                                      # [k * tpf]
-        rows = np.concatenate([by_id[r.frame_id].tokens for r in kept])                      # [k * tpf, hidden]
-        positions = np.concatenate([np.arange(r.position_start, r.position_start + tpf) for r in kept]).astype(np.int64)
-        done = False
-        try:
-            self.backend.forward(rows, positions, slots, self._context_excluding([slots]), logits="none")
-            done = True
-        finally:
-            if not done:    # garbage KV: forget these frames rather than attend to them later
-                self.kv.evict_frames([r.frame_id for r in kept])
-                for r in kept:
-                    self.frames.pop(r.frame_id, None)
-        self.next_position += len(chunks) * tpf
-        self.computed_tokens["frames"] += rows.shape[0]
-        return evicted
-
-    def reset_frames(self) -> None:
-        """Forget every frame; the static prefix stays (it is never recomputed). The state is exact again."""
-        self._require_boundary("reset_frames")
-        self.kv.evict_frames([r.frame_id for r in self.kv.retained()])
-        self.frames.clear()
-        self.next_position = self.prefix_tokens
-        self.approximate_evictions = 0
-
-    def rebuild_in_place(self, keep_ids, tokens_per_step: int | None = None) -> list[int]:
-        """Synchronous exact recompute: keep these frames (oldest first), recompute their KV from the
-        stored vision rows with re-based positions, chunked `tokens_per_step` rows per forward.
-
-        This is what ASR avoids: the whole recompute happens on the serving engine, between two
-        cycles. Returns the frame ids dropped.
-        """
-        self._require_boundary("rebuild_in_place")
-        keep = [int(f) for f in keep_ids]
-        held = {r.frame_id for r in self.kv.retained()}
-        missing = [f for f in keep if f not in held]
-        if missing:
-            raise KeyError(f"rebuild_in_place: frames {missing} are not retained")
-        no_rows = [f for f in keep if self.frames[f].tokens is None]
-        if no_rows:
-            raise ValueError(f"rebuild_in_place: frames {no_rows} have no stored vision rows to recompute from")
-        chunks = [StateChunk(f, self.frames[f].stamp_s, self.frames[f].tokens, self._pooled_of(f)) for f in keep]
-        keep_set = set(keep)
-        dropped = [r.frame_id for r in self.kv.retained() if r.frame_id not in keep_set]
-        last = self.last_frame_id
-        self.reset_frames()
-        per = max(1, (tokens_per_step or len(chunks) * self.cfg.vision.tokens_per_frame) // self.cfg.vision.tokens_per_frame)
-        for i in range(0, len(chunks), per):
-            self.append_chunks(chunks[i:i + per], allow_evict=False)
-        self.last_frame_id = last
-        return dropped
-
-    def export_state(self, version: int = 0) -> StateSnapshot:
-        """The retained frames with their KV rows (and vision rows when known), oldest first."""
-        retained = self.kv.retained()
-        frames = [SnapshotFrame(r.frame_id, self.frames[r.frame_id].stamp_s, r.position_start, r.pooled)
-                  for r in retained]
-        slots = np.concatenate([r.slots for r in retained]) if retained else np.zeros(0, np.int32)
-        kv = None
-        if retained:
-            kv = self.backend.read_kv(slots) if self.kv_export is None else self.kv_export(self.backend, slots)
-        tokens = [self.frames[r.frame_id].tokens for r in retained]
-        rows = np.stack(tokens) if retained and all(t is not None for t in tokens) else None
-        return StateSnapshot(version=version, frames=frames, kv=kv, next_position=self.next_position,
-                             prefix_ids=self.prefix_ids.copy(), rows=rows)
-
-    def import_state(self, snap: StateSnapshot) -> list[int]:
-        """Replace the frame state with `snap` at a cycle boundary (the swap); returns the frame ids dropped.
-
-        The snapshot's frames, KV and positions are taken as they are (a
-        reconciled snapshot has them re-based after the prefix) and
-        `next_position` becomes the snapshot's. Frames this engine appended
-        after the snapshot's newest frame ("late": they arrived between
-        "ready" and "applied") are not lost: they are recomputed from their
-        stored vision rows over the swapped state, so the result is still the
-        from-scratch state. Everything is checked before anything changes: a
-        snapshot that does not fit raises SnapshotError and the state stays.
-        Details of the swap are kept in `last_swap`.
-        """
-        self._require_boundary("import_state")
-        if snap.version <= self.state_version:
-            raise SnapshotError(f"snapshot v{snap.version} is not newer than the state in force (v{self.state_version})")
-        spec, tpf = self.backend.spec, self.cfg.vision.tokens_per_frame
-        snap.check_against(prefix_ids=self.prefix_ids, tokens_per_frame=tpf, num_layers=spec.num_layers,
-                           kv_dim=spec.kv_dim, hidden_size=spec.hidden_size)
-        if hasattr(snap.kv, "check_usable"):
-            snap.kv.check_usable()          # KV left on a device: still the snapshot's (SnapshotError if not)
-        need = len(snap.frames) * tpf + self.suffix_reserve
-        room = self.cfg.kv.capacity_tokens - self.prefix_tokens
-        if need > room:
-            raise SnapshotError(f"snapshot v{snap.version}: {len(snap.frames)} frames + suffix reserve need {need} slots, "
-                                f"{room} exist after the prefix")
-        newest = snap.newest_frame_id
-        mine = self.kv.retained()
-        taken = set(snap.frame_ids)
-        late = [r for r in mine if r.frame_id > newest]
-        late_chunks = [StateChunk(r.frame_id, self.frames[r.frame_id].stamp_s, self.frames[r.frame_id].tokens, r.pooled)
-                       for r in late if self.frames[r.frame_id].tokens is not None]
-        late_lost = [r.frame_id for r in late if self.frames[r.frame_id].tokens is None]
-        if late_lost:
-            log.warning("swap v%d: late frames %s have no vision rows and are dropped", snap.version, late_lost)
-        dropped = [r.frame_id for r in mine if r.frame_id not in taken and r.frame_id <= newest] + late_lost
-
-        self.kv.evict_frames([r.frame_id for r in mine])
-        self.frames.clear()
-        slots = []
-        for i, f in enumerate(snap.frames):
-            adm = self.kv.add_frame(f.frame_id, f.pooled, f.position_start, reserve=self.suffix_reserve)
-            slots.append(adm.slots)
-            rows = snap.rows[i] if snap.rows is not None else None
-            self.frames[f.frame_id] = FrameRecord(f.frame_id, f.stamp_s, rows)
-        if slots:
-            if hasattr(snap.kv, "write_into"):          # device-resident KV: device-to-device into our arena
-                snap.kv.write_into(self.backend, np.concatenate(slots))
-            else:
-                self.backend.write_kv(np.concatenate(slots), snap.kv)
-        self.next_position = snap.next_position
-        self.approximate_evictions = 0
-        evicted = self.append_chunks(late_chunks, allow_evict=True)
-        if self.frames and (self.last_frame_id is None or max(self.frames) > self.last_frame_id):
-            self.last_frame_id = max(self.frames)
-        self.state_version = snap.version
-        self.last_swap = SwapReport(version=snap.version, frames=len(snap.frames), dropped=dropped,
-                                    late=[c.frame_id for c in late_chunks], late_lost=late_lost, evicted=evicted,
-                                    next_position=self.next_position)
-        log.info("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
-                 len(dropped), len(late_chunks))
-        return dropped
-
-    @property
-    def prefix_tokens(self) -> int:
-        return int(self.prefix_slots.size)
-
-    @property
-    def frame_capacity(self) -> int:
-        """Frames that fit beside the prefix and one cycle's suffix reserve."""
-        return (self.cfg.kv.capacity_tokens - self.prefix_tokens - self.suffix_reserve) // self.cfg.vision.tokens_per_frame
-
-    @property
-    def state_exact(self) -> bool:
-        """True when the frame KV is what a from-scratch forward of the retained frames would give."""
-        return self.approximate_evictions == 0
-
-    def state_summary(self) -> dict:
-        """Token accounting of the CSR layout: prefix, chunks (frames) and the transient suffix, separately."""
-        retained = self.kv.retained()
-        tpf = self.cfg.vision.tokens_per_frame
-        return {
-            "prefix_tokens": self.prefix_tokens,
-            "frames": len(retained),
-            "frame_tokens": len(retained) * tpf,
-            "suffix_tokens": int(self.suffix.size),
-            "suffix_reserve": self.suffix_reserve,
-            "transient_tokens": self.kv.transient_slots,
-            "frame_capacity": self.frame_capacity,
-            "kv_capacity": self.cfg.kv.capacity_tokens,
-            "kv_fill": self.kv.fill_fraction,
-            "evictions": self.kv.evictions,
-            "approximate_evictions": self.approximate_evictions,
-            "state_exact": self.state_exact,
-            "state_version": self.state_version,
-            "next_position": self.next_position,
-            "computed_tokens": dict(self.computed_tokens),
-            "memory_bytes": self.backend.memory_bytes(),
-        }
 
     # ------------------------------------------------------------- the cycle
 
@@ -501,42 +246,6 @@ class Engine:
     def _fail(self, result: CycleResult, reason: str, detail: str) -> None:
         result.reason, result.detail = reason, detail
         result.action = result.tokens = None
-
-    def _admit_chunk(self, chunk: StateChunk, position_start: int) -> tuple[np.ndarray, list[int]]:
-        """Slots for a new frame starting at `position_start` (the policy evicts if full); remembers its rows."""
-        admission = self.kv.add_frame(chunk.frame_id, chunk.pooled, position_start, reserve=self.suffix_reserve)
-        evicted = [f.frame_id for f in admission.evicted]
-        for fid in evicted:
-            self.frames.pop(fid, None)
-        # Every policy eviction leaves a hole (and stale context) that a from-scratch forward would not have.
-        self.approximate_evictions += len(evicted)
-        self.frames[chunk.frame_id] = FrameRecord(chunk.frame_id, chunk.stamp_s, chunk.tokens)
-        return admission.slots, evicted
-
-    def _drop_unwritten_frame(self) -> None:
-        """A frame whose prefill failed has garbage KV: forget it rather than attend to it later."""
-        fid, self._unwritten_frame = self._unwritten_frame, None
-        if fid is not None:
-            (gone,) = self.kv.evict_frames([fid])
-            self.frames.pop(fid, None)
-            self.last_frame_id = None
-            # It was the newest frame: give its positions back so the next one follows without a gap.
-            self.next_position = gone.position_start
-
-    def _pooled_of(self, frame_id: int) -> np.ndarray:
-        return next(r.pooled for r in self.kv.retained() if r.frame_id == frame_id)
-
-    def _require_boundary(self, what: str) -> None:
-        if self._in_cycle:
-            raise SwapTimingError(f"{what} called inside cycle {self.cycle_id - 1}: "
-                                  "state changes happen at cycle boundaries")
-
-    def _context_excluding(self, written: list) -> np.ndarray:
-        """Cached slots (prefix + retained frames) minus the ones this call is writing."""
-        ctx = self.kv.context_slots()
-        if written:
-            ctx = ctx[~np.isin(ctx, np.concatenate(written))]
-        return ctx.astype(np.int32)
 
     def _prefill_prefix(self) -> None:
         ids = encode_text(self.tokenizer, prefix_text(self.cfg.prompt))

@@ -57,7 +57,8 @@ from dataclasses import dataclass, field
 
 from ..config import VlaConfig
 from .cycle_result import CycleResult
-from .engine import Engine, SwapReport
+from .engine import Engine
+from .engine_state import SwapReport
 from .frames import Frame
 from .kv_slots import KVCapacityError, KVSlotManager, make_policy
 from .state_snapshot import SnapshotError, StateChunk, StateSnapshot
