@@ -151,6 +151,22 @@ def test_nan_logits_are_an_engine_error_and_the_poisoned_frame_is_forgotten(tiny
     assert ok.is_action, ok.detail
 
 
+def test_a_failure_repeating_every_cycle_is_a_fallback_each_time_and_one_traceback(tiny_model_dir, clip, caplog):
+    """A persistent fault (here the KV arena made read-only, as a broken device buffer would be) must
+    not stop the cycles or flood the log: every cycle is an engine_error fallback naming the cause,
+    the traceback is logged once, then repeats are only counted."""
+    eng = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
+    eng.backend._k.flags.writeable = False
+    with caplog.at_level("INFO", logger="vla_edge_ros.core.engine"):
+        results = [eng.run_cycle(frame(clip[i % len(clip)], i), now_s=float(i)) for i in range(40)]
+    assert all(r.reason == R.ENGINE_ERROR and "read-only" in r.detail for r in results), {r.detail for r in results}
+    tracebacks = [rec for rec in caplog.records if rec.exc_info]
+    assert len(tracebacks) == 1, [rec.getMessage() for rec in caplog.records]
+    assert len(caplog.records) <= 2, [rec.getMessage() for rec in caplog.records]   # + at most one count line
+    eng.backend._k.flags.writeable = True
+    assert eng.run_cycle(frame(clip[0], 100), now_s=100.0).is_action
+
+
 def test_capacity_too_small_for_the_prefix_is_refused_at_configure(tiny_model_dir):
     with pytest.raises(EngineConfigError, match="capacity"):
         make_engine(tiny_model_dir, **{"kv.capacity_tokens": 90})

@@ -36,14 +36,16 @@ from . import cycle_result as R
 from .action_codec import ActionCodec, NonFiniteLogitsError
 from .admission import AdmissionController
 from .cycle_result import CycleResult
-from .frames import Frame
 from .engine_state import FrameRecord, FrameState, SwapReport
+from .failure_log import FailureLog
+from .frames import Frame
 from .kv_slots import KVSlotManager, make_policy
 from .metrics import CycleMetrics
 from .prompt import encode_text, prefix_text, suffix_ids
 from .vision_encoder import VisionEncoder
 
 log = logging.getLogger(__name__)
+FAILURE_LOG_PERIOD_S = 5.0      # a failure repeating every cycle: traceback once, then a count every 5 s
 
 
 class EngineConfigError(ValueError):
@@ -80,6 +82,7 @@ class Engine(FrameState):
         # the host per token. The generic forward path stays for everything else (prefix, rebuilds, swaps).
         self.device_cycle = hasattr(backend, "run_cycle_tokens")
         self._device_prefills = 0
+        self._failures = FailureLog(log, FAILURE_LOG_PERIOD_S)
         if self.device_cycle:
             rows = cfg.vision.tokens_per_frame + cfg.prompt.max_suffix_tokens
             if rows > backend.max_rows:
@@ -122,7 +125,7 @@ class Engine(FrameState):
         except NonFiniteLogitsError as exc:
             self._fail(result, R.ENGINE_ERROR, f"non-finite logits: {exc}")
         except Exception as exc:  # noqa: BLE001 - a cycle must end in a fallback, never an exception
-            log.exception("cycle %d failed", result.cycle_id)
+            self._failures.report(f"cycle {result.cycle_id}", exc)
             self._fail(result, R.ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
         finally:
             self.kv.release_transient()
