@@ -20,6 +20,7 @@ from vla_edge_ros import config as C
 from vla_edge_ros.core.engine import Engine
 from vla_edge_ros.core.footage import resize_rgb
 from vla_edge_ros.core.frames import Frame
+from vla_edge_ros.nodes import camera_images as images
 from vla_edge_ros.nodes import conversions as conv
 from vla_edge_ros.nodes import graph
 from vla_edge_ros.tools.record import record_footage
@@ -67,7 +68,7 @@ def _direct_tokens(model, bag) -> list:
     engine = Engine.from_config(cfg)
     tokens = []
     for i, (t_ns, msg) in enumerate(read_images(bag)):
-        rgb = conv.image_msg_to_rgb(msg, cfg.camera.max_pixels)
+        rgb = images.image_msg_to_rgb(msg, cfg.camera.max_pixels)
         frame = Frame(resize_rgb(rgb, cfg.vision.image_width, cfg.vision.image_height), t_ns * 1e-9, i + 1)
         result = engine.run_cycle(frame, now_s=t_ns * 1e-9)
         assert result.is_action and result.new_frame, (result.reason, result.detail)

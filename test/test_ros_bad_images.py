@@ -19,6 +19,7 @@ from sensor_msgs.msg import Image
 import ros_helpers as H
 from vla_edge_ros import config as C
 from vla_edge_ros.core.footage import resize_rgb
+from vla_edge_ros.nodes import camera_images as images
 from vla_edge_ros.nodes import conversions as conv
 from vla_edge_ros.nodes import graph
 
@@ -60,7 +61,7 @@ def _encode(rgb: np.ndarray, encoding: str, pad: int = 0, big_endian: bool = Fal
 @pytest.mark.parametrize("pad,big_endian", [(0, False), (6, False), (0, True)])
 def test_colour_encodings_give_the_frame_back(encoding, pad, big_endian):
     rgb = _frame()
-    out = conv.image_msg_to_rgb(_encode(rgb, encoding, pad, big_endian), MAX_PIXELS)
+    out = images.image_msg_to_rgb(_encode(rgb, encoding, pad, big_endian), MAX_PIXELS)
     np.testing.assert_array_equal(out, rgb)
 
 
@@ -68,7 +69,7 @@ def test_colour_encodings_give_the_frame_back(encoding, pad, big_endian):
 def test_mono_encodings_give_grey_rgb(encoding):
     rgb = _frame()
     grey = cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)
-    out = conv.image_msg_to_rgb(_encode(rgb, encoding, pad=2, big_endian=encoding == "mono16"), MAX_PIXELS)
+    out = images.image_msg_to_rgb(_encode(rgb, encoding, pad=2, big_endian=encoding == "mono16"), MAX_PIXELS)
     np.testing.assert_array_equal(out, np.dstack([grey] * 3))
 
 
@@ -79,11 +80,11 @@ def test_bayer_and_yuv_follow_opencv():
     mosaic[1::2, 0::2], mosaic[1::2, 1::2] = rgb[1::2, 0::2, 1], rgb[1::2, 1::2, 2]
     msg = Image(height=mosaic.shape[0], width=mosaic.shape[1], encoding="bayer_rggb8", step=mosaic.shape[1])
     msg.data = mosaic.tobytes()
-    np.testing.assert_array_equal(conv.image_msg_to_rgb(msg, MAX_PIXELS), cv2.cvtColor(mosaic, cv2.COLOR_BayerBG2RGB))
+    np.testing.assert_array_equal(images.image_msg_to_rgb(msg, MAX_PIXELS), cv2.cvtColor(mosaic, cv2.COLOR_BayerBG2RGB))
     uyvy = np.random.default_rng(0).integers(0, 256, (8, 12, 2), dtype=np.uint8)
     msg = Image(height=8, width=12, encoding="yuv422", step=24)
     msg.data = uyvy.tobytes()
-    np.testing.assert_array_equal(conv.image_msg_to_rgb(msg, MAX_PIXELS), cv2.cvtColor(uyvy, cv2.COLOR_YUV2RGB_UYVY))
+    np.testing.assert_array_equal(images.image_msg_to_rgb(msg, MAX_PIXELS), cv2.cvtColor(uyvy, cv2.COLOR_YUV2RGB_UYVY))
 
 
 def _bad_images(rgb: np.ndarray) -> list:
@@ -105,8 +106,8 @@ def _bad_images(rgb: np.ndarray) -> list:
 def test_every_bad_image_raises_a_named_error():
     messages = []
     for kind, msg in _bad_images(_frame()):
-        with pytest.raises(conv.ImageRejected) as err:
-            conv.image_msg_to_rgb(msg, MAX_PIXELS)
+        with pytest.raises(images.ImageRejected) as err:
+            images.image_msg_to_rgb(msg, MAX_PIXELS)
         assert err.value.kind == kind, (kind, str(err.value))
         messages.append(str(err.value))
     # Each message names the offending field or value.
@@ -147,7 +148,7 @@ def test_camera_ingest_rejects_counts_and_keeps_going(tmp_path):
             time.sleep(0.1)
             good = _encode(rgb, good_encodings[i])
             good.header.stamp = conv.s_to_stamp(1000.0 + i)
-            expected[1000.0 + i] = conv.image_msg_to_rgb(good, MAX_PIXELS)
+            expected[1000.0 + i] = images.image_msg_to_rgb(good, MAX_PIXELS)
             image_pub.publish(good)
             H.wait_until(lambda: len(frames_out) == len(expected), 10.0, f"the good frame after a {kind} image")
         for kind, payload in (("zero_size", b""), ("decode", b"\xff\xd8 not a jpeg")):
@@ -180,7 +181,7 @@ def test_camera_ingest_rejects_counts_and_keeps_going(tmp_path):
     for msg in frames_out.messages():
         stamp = conv.stamp_to_s(msg.header.stamp)
         want = resize_rgb(expected[stamp], cfg.vision.image_width, cfg.vision.image_height)
-        np.testing.assert_array_equal(conv.image_msg_to_rgb(msg, MAX_PIXELS), want)
+        np.testing.assert_array_equal(images.image_msg_to_rgb(msg, MAX_PIXELS), want)
     log = H.node_log(tmp_path, "camera_ingest")
     assert "image rejected (encoding)" in log
     # Throttled to one line a second: fewer lines than rejections within ~1 s.

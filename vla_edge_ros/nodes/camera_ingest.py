@@ -26,6 +26,7 @@ from ..config import ConfigError
 from ..core.double_buffer import LatestFrameBuffer
 from ..core.footage import resize_rgb
 from ..core.frames import Frame
+from . import camera_images as images
 from . import conversions as conv
 from . import graph
 from .node_main import run_node
@@ -62,10 +63,10 @@ class CameraIngest(Node):
         self.counts["received"] += 1
         try:
             if isinstance(msg, CompressedImage):
-                rgb = conv.compressed_msg_to_rgb(msg, cfg.camera.max_pixels)
+                rgb = images.compressed_msg_to_rgb(msg, cfg.camera.max_pixels)
             else:
-                rgb = conv.image_msg_to_rgb(msg, cfg.camera.max_pixels)
-        except conv.ImageRejected as exc:
+                rgb = images.image_msg_to_rgb(msg, cfg.camera.max_pixels)
+        except images.ImageRejected as exc:
             self.counts[f"rejected_{exc.kind}"] += 1
             self.counts["rejected"] += 1
             self.get_logger().error(f"image rejected ({exc.kind}): {exc}", throttle_duration_sec=LOG_THROTTLE_S)
@@ -101,7 +102,7 @@ class CameraIngest(Node):
     def _publish_diagnostics(self) -> None:
         stats = self.buffer.stats()
         values = {k: self.counts.get(k, 0) for k in ("received", "accepted", "published", "unstamped", "rejected")}
-        values.update({f"rejected_{kind}": self.counts.get(f"rejected_{kind}", 0) for kind in conv.REJECTION_KINDS})
+        values.update({f"rejected_{kind}": self.counts.get(f"rejected_{kind}", 0) for kind in images.REJECTION_KINDS})
         values["overwritten"] = stats.overwritten
         level = DiagnosticStatus.WARN if values["rejected"] else DiagnosticStatus.OK
         status = conv.status_msg(f"vla_edge: {self.get_name()}", level, "ok" if level == DiagnosticStatus.OK

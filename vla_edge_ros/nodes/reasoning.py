@@ -83,7 +83,7 @@ class Reasoning(Node):
     def _on_frame(self, msg: Image) -> None:
         try:
             self.buffer.publish(conv.frame_from_image_msg(msg, self.params.config.camera.max_pixels))
-        except ValueError as exc:          # conv.ImageRejected or a frame_id without a frame number
+        except ValueError as exc:          # camera_images.ImageRejected or a frame_id without a frame number
             self.rejected_frames += 1
             self.get_logger().error(f"/vla/frame message rejected: {exc}", throttle_duration_sec=1.0)
 
