@@ -128,8 +128,8 @@ def test_lifecycle_swap_only_when_active_and_exact_state(model, harness, tmp_pat
                   for i, px in enumerate(H.footage_rgb(12, "bikes.mp4"))]
         H.wait_until(lambda: chunks.get_subscription_count() > 0, 10.0, "the reconciler's chunk subscription")
         time.sleep(0.5)       # the subscriber side of the match completes a moment after the publisher's
-        for frame in frames:
-            chunks.publish(conv.state_chunk_msg(frame, 0))
+        for seq, frame in enumerate(frames, start=1):
+            chunks.publish(conv.state_chunk_msg(frame, 0, seq))
         answer = H.wait_until(lambda: (a := _swap(harness)).success and a, 20.0, "a reconciled version")
         offer = SwapOffer.from_message(answer.message)
         assert offer.version == 1

@@ -98,6 +98,56 @@ def test_offers_are_versioned_files_and_the_applied_tag_starts_the_next_round(cf
     assert not (tmp_path / "snaps").exists()
 
 
+def test_frames_the_reconciler_never_saw_are_kept_not_dropped_at_the_swap(cfg, frames, tmp_path):
+    """A reconciler that was not listening for a while (deactivated) or lost chunk messages must not make
+    the primary forget the frames it missed: its snapshot reports the gaps, the primary keeps those frames
+    (recomputed after the snapshot's frames), and the result is still exactly an engine that computed
+    the frames in that order. Dropped are only frames the reconciler saw and chose to drop."""
+    cfg = cfg.replace({"asr.threshold": 0.6})          # a round at 8 mirrored frames (ceil(0.6 x 12))
+    primary = Engine.from_config(cfg)
+    worker = ReconcilerWorker(StateReconciler(cfg, Engine.from_config(cfg)), SnapshotStore(tmp_path / "snaps"))
+    worker.start()
+    try:
+        seq = 0
+
+        def admit(f, deliver=True):
+            nonlocal seq
+            assert primary.run_cycle(f, f.stamp_s).new_frame
+            seq += 1
+            if deliver:
+                worker.on_chunk(f, primary.state_version, seq)
+
+        for f in frames[:3]:
+            admit(f)
+        worker.stop()                                   # deactivated: frames 4 and 5 go by unseen
+        for f in frames[3:5]:
+            admit(f, deliver=False)
+        worker.start()
+        for f in frames[5:8]:
+            admit(f)
+        admit(frames[8], deliver=False)                 # a lost chunk message: the sequence jumps
+        for f in frames[9:11]:
+            admit(f)                                    # the primary holds 11 frames, the reconciler saw 8
+        _wait(lambda: worker.offer is not None, "offer v1")
+        snap = StateSnapshot.load(worker.offer.path)
+        assert snap.unseen == [(-1, 1), (3, 6), (8, 10)], snap.unseen
+        assert snap.frame_ids == [7, 8, 10, 11], snap.frame_ids   # csr: the newest half of the 8 it saw
+
+        dropped = primary.import_state(snap)
+        assert dropped == [1, 2, 3, 6], "only frames the reconciler saw and left out are forgotten"
+        assert primary.last_swap.unseen == [4, 5, 9] and primary.last_swap.late == []
+        assert [r.frame_id for r in primary.kv.retained()] == [7, 8, 10, 11, 4, 5, 9]
+        assert primary.state_exact
+        oracle = Engine.from_config(cfg)
+        for i in (6, 7, 9, 10, 3, 4, 8):
+            oracle.append_frame(frames[i])
+        np.testing.assert_allclose(primary.export_state(1).kv, oracle.export_state(1).kv, rtol=1e-4, atol=1e-5)
+        assert primary.run_cycle(frames[11], frames[11].stamp_s).is_action
+    finally:
+        worker.stop()
+        worker.store.close()
+
+
 def test_worker_failure_stops_offers_but_not_the_caller(cfg, frames, tmp_path):
     worker = ReconcilerWorker(StateReconciler(cfg, Engine.from_config(cfg)), SnapshotStore(tmp_path / "snaps"))
     worker.store.close()                                   # the directory is gone: publishing the offer fails

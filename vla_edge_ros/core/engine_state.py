@@ -45,9 +45,10 @@ class SwapReport:
     frames: int                  # frames taken from the snapshot
     dropped: list                # frame ids this engine held that the snapshot left out
     late: list                   # frame ids newer than the snapshot, recomputed over it
-    late_lost: list              # late frames without vision rows: could not be recomputed, dropped
+    late_lost: list              # late (or unseen) frames without vision rows: could not be recomputed, dropped
     evicted: list                # frames the policy evicted while the late ones were appended
     next_position: int
+    unseen: list = ()            # frame ids the snapshot's author never saw: kept, recomputed after its frames
 
 
 class FrameState:
@@ -194,12 +195,21 @@ class FrameState:
         mine = self.kv.retained()
         taken = set(snap.frame_ids)
         late = [r for r in mine if r.frame_id > newest]
+        # Frames the author never saw (its mirror had a gap) were not dropped on purpose: keep them too,
+        # recomputed over the snapshot like the late ones (after its frames, so out of capture order).
+        unseen = [r for r in mine if r.frame_id not in taken and r.frame_id <= newest and snap.never_saw(r.frame_id)]
+        recompute = unseen + late
         late_chunks = [StateChunk(r.frame_id, self.frames[r.frame_id].stamp_s, self.frames[r.frame_id].tokens, r.pooled)
-                       for r in late if self.frames[r.frame_id].tokens is not None]
-        late_lost = [r.frame_id for r in late if self.frames[r.frame_id].tokens is None]
+                       for r in recompute if self.frames[r.frame_id].tokens is not None]
+        late_lost = [r.frame_id for r in recompute if self.frames[r.frame_id].tokens is None]
         if late_lost:
-            log.warning("swap v%d: late frames %s have no vision rows and are dropped", snap.version, late_lost)
-        dropped = [r.frame_id for r in mine if r.frame_id not in taken and r.frame_id <= newest] + late_lost
+            log.warning("swap v%d: late or unseen frames %s have no vision rows and are dropped", snap.version, late_lost)
+        if unseen:
+            log.warning("swap v%d: %d frames the reconciler never saw (its mirror had a gap) are kept and recomputed",
+                        snap.version, len(unseen))
+        unseen_ids = {r.frame_id for r in unseen}
+        dropped = [r.frame_id for r in mine
+                   if r.frame_id not in taken and r.frame_id <= newest and r.frame_id not in unseen_ids] + late_lost
 
         self.kv.evict_frames([r.frame_id for r in mine])
         self.frames.clear()
@@ -221,8 +231,9 @@ class FrameState:
             self.last_frame_id = max(self.frames)
         self.state_version = snap.version
         self.last_swap = SwapReport(version=snap.version, frames=len(snap.frames), dropped=dropped,
-                                    late=[c.frame_id for c in late_chunks], late_lost=late_lost, evicted=evicted,
-                                    next_position=self.next_position)
+                                    late=[c.frame_id for c in late_chunks if c.frame_id not in unseen_ids],
+                                    late_lost=late_lost, evicted=evicted, next_position=self.next_position,
+                                    unseen=[c.frame_id for c in late_chunks if c.frame_id in unseen_ids])
         log.info("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
                  len(dropped), len(late_chunks))
         return dropped

@@ -34,12 +34,17 @@ Triggers (asr.mode):
 What the primary holds is tracked without asking it: a "shadow" KVSlotManager
 with the primary's capacity, prefix, suffix reserve and eviction policy replays
 every mirrored chunk, so it evicts exactly what the primary's policy evicts.
+Chunks this side never saw (before it first listened, while inactive, lost in
+transit: `mark_gap`) leave gaps; snapshots list them (`StateSnapshot.unseen`)
+and the primary keeps such frames rather than reading their absence as a
+decision to forget them.
 
 Who calls what (the ROS reconciler node, or `InProcessAsr` below). The primary
 side only appends to a queue or takes a finished snapshot, so it never waits
 for reconciler work; everything else runs in `tick`, on the reconciler's side:
 
     primary side   mirror_chunk(frame) / mirror_encoded(chunk)   each admitted frame, in order
+                   mark_gap()                                    chunks may have been missed
                    take_offer() -> StateSnapshot | None          at a cycle boundary
                    notify_applied(version, late_ids) / notify_rejected(version, reason)
     reconciler     tick(max_tokens) -> tokens computed           drain the queue, one bounded step
@@ -67,6 +72,7 @@ log = logging.getLogger(__name__)
 
 TRIGGER_CSR = "csr_threshold"
 TRIGGER_SEMANTIC = "semantic_evictions"
+MAX_GAPS = 64                 # gaps in the mirror a snapshot reports (the newest; each is one inactive spell or loss)
 RECONCILER_NICE = 10          # thread mode: the reconciler thread's niceness (the CPU's "low-priority stream")
 WORK_MODES = ("interleaved", "thread")
 
@@ -170,6 +176,12 @@ class StateReconciler:
         self._chunks: dict[int, StateChunk] = {}
         self._last_offer: tuple[int, list] | None = None    # (version, frame ids) of the newest snapshot offered
         self._last_chunk_id = -1
+        # Gaps in the mirror: open intervals (lo, hi) of frame ids never seen. Nothing is seen before
+        # the first chunk (the primary may have admitted frames before this reconciler listened);
+        # mark_gap() opens another (inactive spell, lost chunk messages). Snapshots carry them so the
+        # primary keeps those frames instead of dropping them as if this side had decided to.
+        self._unseen: list[tuple[int, int]] = []
+        self._gap_open = True
         self._approx_evictions = 0        # shadow (primary) policy evictions since the primary was last exact
         self._shadow = self._new_shadow()
 
@@ -182,6 +194,11 @@ class StateReconciler:
     def mirror_encoded(self, chunk: StateChunk) -> None:
         """As mirror_chunk, with the primary's own vision rows (same process: no second encode)."""
         self._inbox.append(("chunk", chunk))
+
+    def mark_gap(self) -> None:
+        """Chunks may have been missed before the next one (the caller was not listening, or a
+        message was lost). Never blocks."""
+        self._inbox.append(("gap",))
 
     def take_offer(self) -> StateSnapshot | None:
         """The ready snapshot, once (call at a cycle boundary, then apply it and notify)."""
@@ -255,6 +272,8 @@ class StateReconciler:
             kind, *rest = self._inbox.popleft()
             if kind == "chunk":
                 self._on_chunk(rest[0])
+            elif kind == "gap":
+                self._gap_open = True
             elif kind == "applied":
                 self._on_applied(*rest)
             else:
@@ -265,6 +284,10 @@ class StateReconciler:
             self.stats.duplicate_chunks += 1     # re-sent or out of order: frame ids only grow
             return
         chunk = self.engine.encode_chunk(item) if isinstance(item, Frame) else item
+        if self._gap_open:
+            if chunk.frame_id > self._last_chunk_id + 1:
+                self._unseen = (self._unseen + [(self._last_chunk_id, chunk.frame_id)])[-MAX_GAPS:]
+            self._gap_open = False
         self._last_chunk_id = chunk.frame_id
         self.stats.chunks_mirrored += 1
         self._chunks[chunk.frame_id] = chunk
@@ -330,6 +353,7 @@ class StateReconciler:
     def _make_ready(self) -> None:
         r = self._round
         snap = self.engine.export_state(r.version)
+        snap.unseen = list(self._unseen)
         r.offered_ids = snap.frame_ids
         r.late_since_offer = 0
         self._last_offer = (r.version, list(snap.frame_ids))
@@ -365,6 +389,8 @@ class StateReconciler:
         self._shadow = self._new_shadow()
         evicted = 0
         for fid in list(offered) + list(late_ids):
+            if fid not in self._chunks:
+                continue            # a frame this side never saw: the shadow cannot model it
             evicted += len(self._shadow.add_frame(fid, self._chunks[fid].pooled, 0,
                                                   reserve=self.engine.suffix_reserve).evicted)
         self._approx_evictions = evicted

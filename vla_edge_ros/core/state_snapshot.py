@@ -52,6 +52,13 @@ class StateSnapshot:
     next_position: int = 0                        # first free RoPE position after these frames
     prefix_ids: np.ndarray | None = None          # [P] int64 static prefix the KV was computed after (None: unchecked)
     rows: np.ndarray | None = None                # [len(frames), tokens_per_frame, hidden] float32 vision rows, optional
+    # Frame ids the snapshot's author never saw: open intervals (lo, hi) of ids, e.g. while the reconciler
+    # was inactive or after lost chunk messages. It made no decision about those frames (see never_saw).
+    unseen: list = field(default_factory=list)
+
+    def never_saw(self, frame_id: int) -> bool:
+        """True when `frame_id` fell in a gap of the author's mirror: not dropped on purpose."""
+        return any(lo < frame_id < hi for lo, hi in self.unseen)
 
     @property
     def frame_ids(self) -> list[int]:
@@ -66,7 +73,8 @@ class StateSnapshot:
         tmp = path.with_name(path.name + ".tmp")
         prefix = None if self.prefix_ids is None else [int(t) for t in self.prefix_ids]
         meta = {"version": self.version, "next_position": self.next_position, "prefix_ids": prefix,
-                "frames": [[f.frame_id, f.stamp_s, f.position_start] for f in self.frames]}
+                "frames": [[f.frame_id, f.stamp_s, f.position_start] for f in self.frames],
+                "unseen": [[int(lo), int(hi)] for lo, hi in self.unseen]}
         pooled = np.stack([f.pooled for f in self.frames]) if self.frames else np.zeros((0, 0), np.float32)
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
                   "kv": self.kv if self.kv is not None else np.zeros(0, np.float32), "pooled": pooled}
@@ -89,15 +97,20 @@ class StateSnapshot:
         return cls(version=int(meta["version"]), frames=frames, kv=kv if frames else None,
                    next_position=int(meta["next_position"]),
                    prefix_ids=None if prefix is None else np.asarray(prefix, dtype=np.int64),
-                   rows=rows if frames else None)
+                   rows=rows if frames else None,
+                   unseen=[(int(lo), int(hi)) for lo, hi in meta.get("unseen", [])])
 
     def check_against(self, *, prefix_ids: np.ndarray, tokens_per_frame: int, num_layers: int, kv_dim: int,
                       hidden_size: int) -> None:
         """Raise SnapshotError naming the first field that does not fit an engine of these dimensions."""
         n = len(self.frames)
         ids = self.frame_ids
-        if any(b <= a for a, b in zip(ids, ids[1:])):
-            raise SnapshotError(f"snapshot v{self.version}: frame ids must increase, got {ids[:16]}")
+        if len(set(ids)) != n:
+            raise SnapshotError(f"snapshot v{self.version}: frame ids must be unique, got {ids[:16]}")
+        starts = [f.position_start for f in self.frames]
+        if any(b < a + tokens_per_frame for a, b in zip(starts, starts[1:])):
+            raise SnapshotError(f"snapshot v{self.version}: frame positions must increase by at least "
+                                f"{tokens_per_frame}, got starts {starts[:16]}")
         if self.prefix_ids is not None and not np.array_equal(self.prefix_ids, prefix_ids):
             raise SnapshotError(f"snapshot v{self.version}: computed after a different static prefix "
                                 f"({self.prefix_ids.size} tokens) than this engine's ({len(prefix_ids)} tokens)")

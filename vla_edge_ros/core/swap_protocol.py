@@ -5,12 +5,15 @@ to keep; this module carries its offers between two processes and keeps the
 primary side from ever waiting:
 
 Reconciler process, `ReconcilerWorker`:
-    on_chunk(frame, primary_version)  each /vla/state_chunk message, in order. The chunk
+    on_chunk(frame, primary_version, seq)  each /vla/state_chunk message, in order. The chunk
                                       carries the state version the primary had in force
                                       when it admitted the frame; the first chunk tagged
                                       with an offered version k tells the reconciler that
                                       k was applied (`notify_applied`) before that chunk
-                                      is mirrored, so its shadow of the primary stays exact
+                                      is mirrored, so its shadow of the primary stays exact.
+                                      A jump in the chunk sequence number (lost messages)
+                                      or a restart after stop() is a gap in the mirror
+                                      (`StateReconciler.mark_gap`)
     a worker thread                   runs `StateReconciler.tick` (bounded chunked-prefill
                                       steps) and, when version k is ready, takes the offer
                                       and writes it with `SnapshotStore.publish` (atomic:
@@ -115,15 +118,21 @@ class ReconcilerWorker:
         self.offer: SwapOffer | None = None       # replaced whole: readers on other threads see old or new
         self.error: BaseException | None = None
         self._notified = 0                        # newest version reported applied to the reconciler
+        self._last_seq: int | None = None         # sequence number of the last chunk received
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- subscription thread -------------------------------------------------
 
-    def on_chunk(self, frame: Frame, primary_version: int) -> None:
-        """One admitted frame, tagged with the primary's state version at admission. Never blocks."""
+    def on_chunk(self, frame: Frame, primary_version: int, seq: int | None = None) -> None:
+        """One admitted frame, tagged with the primary's state version at admission and (from the
+        graph) the chunk sequence number; a jump in it means chunks were lost. Never blocks."""
         rec = self.reconciler
+        if seq is not None:
+            if self._last_seq is not None and seq != self._last_seq + 1:
+                rec.mark_gap()
+            self._last_seq = seq
         if self._notified < primary_version <= rec.k_ready:
             rec.notify_applied(primary_version, None)     # the reconciler's shadow works out the late frames
             self._notified = primary_version
@@ -140,6 +149,8 @@ class ReconcilerWorker:
     # -- worker thread -------------------------------------------------------
 
     def start(self) -> None:
+        """Start (or restart after stop) the worker thread. Chunks sent while stopped were missed."""
+        self.reconciler.mark_gap()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="asr-reconciler", daemon=True)
         self._thread.start()
@@ -203,6 +214,7 @@ class SwapClient:
         self.swaps = 0
         self.dropped_frames = 0
         self.late_frames = 0
+        self.unseen_frames = 0        # kept at swaps because the reconciler never saw them (gaps in its mirror)
 
     # -- executor thread ---------------------------------------------------
 
@@ -270,13 +282,14 @@ class SwapClient:
             snap, self._ready = self._ready, None
             return snap
 
-    def mark_applied(self, version: int, cycle_id: int, dropped: int, late: int) -> None:
+    def mark_applied(self, version: int, cycle_id: int, dropped: int, late: int, unseen: int = 0) -> None:
         with self._lock:
             self.applied_version = version
             self.applied_at_cycle = cycle_id
             self.swaps += 1
             self.dropped_frames += dropped
             self.late_frames += late
+            self.unseen_frames += unseen
 
     def mark_rejected(self, version: int) -> None:
         """The engine refused the snapshot (it does not fit): never load this version again."""
@@ -290,7 +303,8 @@ class SwapClient:
                     "swap_applied_at_cycle": "" if self.applied_at_cycle is None else self.applied_at_cycle,
                     "swap_requests": self.requests, "swap_timeouts": self.timeouts, "swap_not_ready": self.not_ready,
                     "swap_load_failures": self.load_failures, "swap_rejections": self.rejections,
-                    "swap_dropped_frames": self.dropped_frames, "swap_late_frames": self.late_frames}
+                    "swap_dropped_frames": self.dropped_frames, "swap_late_frames": self.late_frames,
+                    "swap_unseen_frames": self.unseen_frames}
 
 
 def start_loader(client: SwapClient, offer: SwapOffer) -> threading.Thread:

@@ -5,8 +5,9 @@ Inbound camera images are decoded and validated in nodes/camera_images.py.
 Inside the graph (/vla/frame, /vla/state_chunk) frames travel as rgb8 Images
 whose header.frame_id carries the frame sequence number ("vla_frame_<n>"),
 so the reasoning and reconciler nodes agree on frame ids; a state chunk also
-carries the reasoning node's state version at admission ("vla_frame_<n>@v<k>",
-core/swap_protocol.py says why).
+carries the reasoning node's state version at admission and its chunk
+sequence number ("vla_frame_<n>@v<k>#<s>", s = 1, 2, ... with no gaps, so the
+reconciler can tell when it missed one; core/swap_protocol.py says why).
 
 Outbound (reasoning), one cycle -> exactly one of:
     action    sensor_msgs/JointState: stamp = capture stamp of the frame
@@ -43,6 +44,7 @@ from .camera_images import image_msg_to_rgb
 
 FRAME_ID_PREFIX = "vla_frame_"
 STATE_VERSION_SEP = "@v"
+CHUNK_SEQ_SEP = "#"
 ACTION_TOKEN_HEADER = ("cycle_id", "frame_id", "stamp_sec", "stamp_nanosec", "elapsed_us", "evictions", "new_frame")
 ACTION_TOKENS_LABEL = ",".join(ACTION_TOKEN_HEADER) + ",tokens"
 FALLBACK_VALUE_KEYS = ("cycle_id", "frame_id", "frame_stamp", "estimate_ms", "budget_ms", "elapsed_ms",
@@ -94,20 +96,26 @@ def frame_from_image_msg(msg: Image, max_pixels: int) -> Frame:
     return Frame(pixels=image_msg_to_rgb(msg, max_pixels), stamp_s=stamp_to_s(msg.header.stamp), frame_id=frame_id)
 
 
-def state_chunk_msg(frame: Frame, state_version: int) -> Image:
-    """/vla/state_chunk: the admitted frame, tagged with the state version in force when it was admitted."""
+def state_chunk_msg(frame: Frame, state_version: int, seq: int) -> Image:
+    """/vla/state_chunk: the admitted frame, tagged with the state version in force when it was admitted
+    and the chunk's sequence number (1, 2, ... per reasoning process)."""
     return rgb_to_image_msg(frame.pixels, s_to_stamp(frame.stamp_s),
-                            f"{FRAME_ID_PREFIX}{frame.frame_id}{STATE_VERSION_SEP}{int(state_version)}")
+                            f"{FRAME_ID_PREFIX}{frame.frame_id}{STATE_VERSION_SEP}{int(state_version)}"
+                            f"{CHUNK_SEQ_SEP}{int(seq)}")
 
 
 def parse_state_chunk(msg: Image, max_pixels: int) -> tuple:
-    """(Frame, state version) of a /vla/state_chunk message."""
-    frame_id, version = _parse_frame_header(msg.header.frame_id)
+    """(Frame, state version, chunk sequence number) of a /vla/state_chunk message."""
+    name, sep, seq = msg.header.frame_id.partition(CHUNK_SEQ_SEP)
+    if not sep or not seq.isdigit():
+        raise ValueError(f"header.frame_id {msg.header.frame_id!r} carries no chunk sequence number "
+                         f"('{FRAME_ID_PREFIX}<n>{STATE_VERSION_SEP}<k>{CHUNK_SEQ_SEP}<s>')")
+    frame_id, version = _parse_frame_header(name)
     if version is None:
         raise ValueError(f"header.frame_id {msg.header.frame_id!r} carries no state version "
-                         f"('{FRAME_ID_PREFIX}<n>{STATE_VERSION_SEP}<k>')")
+                         f"('{FRAME_ID_PREFIX}<n>{STATE_VERSION_SEP}<k>{CHUNK_SEQ_SEP}<s>')")
     frame = Frame(pixels=image_msg_to_rgb(msg, max_pixels), stamp_s=stamp_to_s(msg.header.stamp), frame_id=frame_id)
-    return frame, version
+    return frame, version, int(seq)
 
 
 def _parse_frame_header(name: str) -> tuple:

@@ -69,6 +69,7 @@ class Reasoning(Node):
         self.tokens_pub = self.create_publisher(Int32MultiArray, graph.ACTION_TOKENS_TOPIC, QoSProfile(depth=1))
         self.fallback_pub = self.create_publisher(DiagnosticStatus, graph.FALLBACK_TOPIC, QoSProfile(depth=10))
         self.chunk_pub = self.create_publisher(Image, graph.STATE_CHUNK_TOPIC, QoSProfile(depth=64))
+        self._chunk_seq = 0                          # numbers state chunks so the reconciler sees a missed one
         self.diag_pub = self.create_publisher(DiagnosticArray, graph.DIAGNOSTICS_TOPIC, 10)
         self.swap_client = self.create_client(Trigger, graph.SWAP_SERVICE)
         self.create_timer(poll_s, self._maybe_request_swap)
@@ -170,7 +171,8 @@ class Reasoning(Node):
         else:
             self.fallback_pub.publish(conv.fallback_msg(result, f"vla_edge: {self.get_name()}"))
         if result.new_frame and frame is not None:
-            self.chunk_pub.publish(conv.state_chunk_msg(frame, self.engine.state_version))
+            self._chunk_seq += 1
+            self.chunk_pub.publish(conv.state_chunk_msg(frame, self.engine.state_version, self._chunk_seq))
 
     def _between_cycles(self, cycle_id: int) -> None:
         """At the boundary after cycle `cycle_id`: new instruction, reconciled state."""
@@ -190,10 +192,11 @@ class Reasoning(Node):
             self.swap.mark_rejected(snap.version)
             self.get_logger().error(f"reconciled state v{snap.version} rejected: {exc}")
             return
-        late = self.engine.last_swap.late
-        self.swap.mark_applied(snap.version, cycle_id, len(dropped), len(late))
+        report = self.engine.last_swap
+        self.swap.mark_applied(snap.version, cycle_id, len(dropped), len(report.late), len(report.unseen))
         self.get_logger().info(f"state v{snap.version} applied after cycle {cycle_id}: {len(snap.frames)} "
-                               f"reconciled frames, {len(late)} late recomputed, {len(dropped)} dropped")
+                               f"reconciled frames, {len(report.late)} late and {len(report.unseen)} unseen by the "
+                               f"reconciler recomputed, {len(dropped)} dropped")
 
     def close(self) -> None:
         """Stop the cycle thread (before the node is destroyed)."""

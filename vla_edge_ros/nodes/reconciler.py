@@ -96,12 +96,12 @@ class Reconciler(LifecycleNode):
 
     def _on_chunk(self, msg: Image) -> None:
         try:
-            frame, primary_version = conv.parse_state_chunk(msg, self.params.config.camera.max_pixels)
+            frame, primary_version, seq = conv.parse_state_chunk(msg, self.params.config.camera.max_pixels)
         except ValueError as exc:          # camera_images.ImageRejected or a header without frame id / version
             self.rejected_chunks += 1
             self.get_logger().error(f"state chunk rejected: {exc}", throttle_duration_sec=1.0)
             return
-        self.worker.on_chunk(frame, primary_version)
+        self.worker.on_chunk(frame, primary_version, seq)
 
     def _on_swap(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         response.success, response.message = self.worker.answer()
