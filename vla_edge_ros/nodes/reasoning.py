@@ -13,6 +13,7 @@ the engine's own eviction keeps serving.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import traceback
@@ -34,6 +35,7 @@ from ..core import swap_protocol as swap
 from ..core.clock import CycleGrid, hybrid_sleep_until
 from ..core.double_buffer import LatestFrameBuffer
 from ..core.engine import Engine, EngineConfigError
+from ..core.frame_ids import FrameIdEpochs
 from ..core.state_snapshot import SnapshotError
 from ..model.spec import ModelFormatError
 from . import conversions as conv
@@ -52,6 +54,7 @@ class Reasoning(Node):
         cfg = self.params.config
         self.engine = Engine.from_config(cfg)
         self.buffer = LatestFrameBuffer()
+        self.frame_ids = FrameIdEpochs()             # camera ids -> state ids that survive a camera restart
         self.rejected_frames = 0
         self.skipped_boundaries = 0
         self._engine_lock = threading.Lock()         # cycle thread vs diagnostics reading the state
@@ -83,10 +86,17 @@ class Reasoning(Node):
 
     def _on_frame(self, msg: Image) -> None:
         try:
-            self.buffer.publish(conv.frame_from_image_msg(msg, self.params.config.camera.max_pixels))
+            frame = conv.frame_from_image_msg(msg, self.params.config.camera.max_pixels)
         except ValueError as exc:          # camera_images.ImageRejected or a frame_id without a frame number
             self.rejected_frames += 1
             self.get_logger().error(f"/vla/frame message rejected: {exc}", throttle_duration_sec=1.0)
+            return
+        restarts = self.frame_ids.restarts
+        state_id = self.frame_ids.map(frame.frame_id)
+        if self.frame_ids.restarts != restarts:
+            self.get_logger().warning(f"camera frame ids went back to {frame.frame_id} (camera_ingest restarted?): "
+                                      f"continuing the state's frame ids at {state_id}")
+        self.buffer.publish(dataclasses.replace(frame, frame_id=state_id))
 
     def _on_instruction(self, msg: String) -> None:
         with self._instruction_lock:
