@@ -148,6 +148,37 @@ def test_frames_the_reconciler_never_saw_are_kept_not_dropped_at_the_swap(cfg, f
         worker.store.close()
 
 
+def test_a_restarted_reasoning_node_never_gets_frames_of_the_process_before_it(cfg, frames, tmp_path):
+    """A new reasoning process starts with an empty state and numbers its chunks from 1 again; the
+    reconciler must not offer it a state built from its predecessor's frames."""
+    worker = ReconcilerWorker(StateReconciler(cfg, Engine.from_config(cfg)), SnapshotStore(tmp_path / "snaps"))
+    worker.start()
+    try:
+        before = Engine.from_config(cfg)
+        for seq, f in enumerate(frames[:11], start=1):
+            assert before.run_cycle(f, f.stamp_s).new_frame
+            worker.on_chunk(f, before.state_version, seq)
+        _wait(lambda: worker.answer()[0], "an offer for the first reasoning process")
+
+        after = Engine.from_config(cfg)                        # restarted: empty state, frame ids go on
+        assert after.run_cycle(frames[11], frames[11].stamp_s).new_frame
+        worker.on_chunk(frames[11], after.state_version, 1)
+        ok, message = worker.answer()
+        assert not ok and "restarted" in message, message      # the old offer is void at once
+        for seq, f in enumerate(frames[12:22], start=2):
+            assert after.run_cycle(f, f.stamp_s).new_frame
+            worker.on_chunk(f, after.state_version, seq)
+        _wait(lambda: worker.answer()[0], "an offer for the restarted reasoning process")
+        snap = StateSnapshot.load(SwapOffer.from_message(worker.answer()[1]).path)
+        assert snap.frame_ids and set(snap.frame_ids) <= {f.frame_id for f in frames[11:22]}, snap.frame_ids
+        assert worker.reconciler.epoch == 1
+        after.import_state(snap)
+        assert after.state_exact and after.last_swap.unseen == []
+    finally:
+        worker.stop()
+        worker.store.close()
+
+
 def test_worker_failure_stops_offers_but_not_the_caller(cfg, frames, tmp_path):
     worker = ReconcilerWorker(StateReconciler(cfg, Engine.from_config(cfg)), SnapshotStore(tmp_path / "snaps"))
     worker.store.close()                                   # the directory is gone: publishing the offer fails

@@ -45,6 +45,7 @@ for reconciler work; everything else runs in `tick`, on the reconciler's side:
 
     primary side   mirror_chunk(frame) / mirror_encoded(chunk)   each admitted frame, in order
                    mark_gap()                                    chunks may have been missed
+                   restart_mirror()                              the primary restarted, state empty
                    take_offer() -> StateSnapshot | None          at a cycle boundary
                    notify_applied(version, late_ids) / notify_rejected(version, reason)
     reconciler     tick(max_tokens) -> tokens computed           drain the queue, one bounded step
@@ -182,6 +183,7 @@ class StateReconciler:
         # primary keeps those frames instead of dropping them as if this side had decided to.
         self._unseen: list[tuple[int, int]] = []
         self._gap_open = True
+        self.epoch = 0                    # primary restarts seen (restart_mirror); offers belong to one epoch
         self._approx_evictions = 0        # shadow (primary) policy evictions since the primary was last exact
         self._shadow = self._new_shadow()
 
@@ -194,6 +196,11 @@ class StateReconciler:
     def mirror_encoded(self, chunk: StateChunk) -> None:
         """As mirror_chunk, with the primary's own vision rows (same process: no second encode)."""
         self._inbox.append(("chunk", chunk))
+
+    def restart_mirror(self) -> None:
+        """The primary restarted with an empty state: forget the mirror, the round and any offer
+        (processed in order with the chunks). `epoch` counts these restarts. Never blocks."""
+        self._inbox.append(("restart",))
 
     def mark_gap(self) -> None:
         """Chunks may have been missed before the next one (the caller was not listening, or a
@@ -274,6 +281,8 @@ class StateReconciler:
                 self._on_chunk(rest[0])
             elif kind == "gap":
                 self._gap_open = True
+            elif kind == "restart":
+                self._on_restart()
             elif kind == "applied":
                 self._on_applied(*rest)
             else:
@@ -406,6 +415,23 @@ class StateReconciler:
         log.info("ASR v%d applied by the primary (%d late frames recomputed there)", version, len(late_ids))
         if self.phase is Phase.IDLE:
             self._maybe_start_round()
+
+    def _on_restart(self) -> None:
+        with self._offer_lock:
+            self._offer = None
+            if self.phase is not Phase.STOPPED:
+                self.phase = Phase.IDLE
+        self._round = None
+        self._last_offer = None
+        self._chunks.clear()
+        self._shadow = self._new_shadow()
+        self._approx_evictions = 0
+        self._last_chunk_id = -1
+        self._unseen = []
+        self._gap_open = True
+        self.engine.reset_frames()
+        self.epoch += 1
+        log.info("primary restarted: mirror cleared (epoch %d)", self.epoch)
 
     def _on_rejected(self, version: int, reason: str) -> None:
         self.stats.offers_rejected += 1

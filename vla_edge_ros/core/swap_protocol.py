@@ -13,7 +13,9 @@ Reconciler process, `ReconcilerWorker`:
                                       is mirrored, so its shadow of the primary stays exact.
                                       A jump in the chunk sequence number (lost messages)
                                       or a restart after stop() is a gap in the mirror
-                                      (`StateReconciler.mark_gap`)
+                                      (`StateReconciler.mark_gap`); the numbering back at
+                                      1 is a restarted reasoning node: the mirror is
+                                      cleared and older offers are void
     a worker thread                   runs `StateReconciler.tick` (bounded chunked-prefill
                                       steps) and, when version k is ready, takes the offer
                                       and writes it with `SnapshotStore.publish` (atomic:
@@ -116,6 +118,8 @@ class ReconcilerWorker:
         self.reconciler = reconciler
         self.store = store
         self.offer: SwapOffer | None = None       # replaced whole: readers on other threads see old or new
+        self._offer_epoch = 0                     # the reconciler's epoch when that offer was made
+        self._primary_epoch = 0                   # primary restarts seen here (chunk numbering back at 1)
         self.error: BaseException | None = None
         self._notified = 0                        # newest version reported applied to the reconciler
         self._last_seq: int | None = None         # sequence number of the last chunk received
@@ -130,7 +134,13 @@ class ReconcilerWorker:
         graph) the chunk sequence number; a jump in it means chunks were lost. Never blocks."""
         rec = self.reconciler
         if seq is not None:
-            if self._last_seq is not None and seq != self._last_seq + 1:
+            if self._last_seq is not None and seq == 1:
+                # A new reasoning process (its numbering starts at 1) holds none of the mirrored frames:
+                # an offer built from them would bring back frames it never had.
+                self._primary_epoch += 1
+                rec.restart_mirror()
+                log.warning("chunk numbering restarted: the reasoning node restarted, mirror cleared")
+            elif self._last_seq is not None and seq != self._last_seq + 1:
                 rec.mark_gap()
             self._last_seq = seq
         if self._notified < primary_version <= rec.k_ready:
@@ -141,9 +151,11 @@ class ReconcilerWorker:
 
     def answer(self) -> tuple[bool, str]:
         """(success, message) of a swap request."""
-        offer = self.offer
+        offer, epoch = self.offer, self._offer_epoch
         if offer is None:
             return False, not_ready_message(f"no reconciled state yet (phase {self.reconciler.phase.value})")
+        if epoch != self._primary_epoch:
+            return False, not_ready_message("the reasoning node restarted: rebuilding the mirror")
         return True, offer.to_message()
 
     # -- worker thread -------------------------------------------------------
@@ -173,6 +185,8 @@ class ReconcilerWorker:
             try:
                 worked = rec.tick()
                 snap = rec.take_offer()
+                if rec.epoch != self._offer_epoch:
+                    self.offer, self._offer_epoch = None, rec.epoch      # offers of a previous primary are void
                 if snap is not None:
                     self.offer = self.store.publish(snap)
                     log.info("offering state v%d (%d frames) at %s", snap.version, len(snap.frames), self.offer.path)
