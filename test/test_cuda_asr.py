@@ -12,6 +12,8 @@ import time
 import numpy as np
 import pytest
 
+from engine_oracle import cosine, oracle_logits
+
 from vla_edge_ros import config as C
 from vla_edge_ros.core.frames import Frame
 
@@ -122,24 +124,6 @@ class CudaRig:
             pass
 
 
-def _oracle_logits(hf, eng) -> np.ndarray:
-    """HF from scratch: prefix + the vision rows of every frame the engine holds + suffix, positions 0..T-1."""
-    import torch
-
-    from vla_edge_ros.core.prompt import encode_text, prefix_text
-    emb = hf.get_input_embeddings()
-    prefix = encode_text(eng.tokenizer, prefix_text(eng.cfg.prompt))
-    rows = np.concatenate([eng.frames[r.frame_id].tokens for r in eng.kv.retained()])
-    with torch.inference_mode():
-        x = torch.cat([emb(torch.from_numpy(prefix)), torch.from_numpy(rows), emb(torch.from_numpy(eng.suffix))])[None]
-        return hf(inputs_embeds=x, position_ids=torch.arange(x.shape[1])[None]).logits[0, -1].numpy()
-
-
-def _cos(a, b) -> float:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
 def test_a_device_swap_makes_the_primary_match_hf_from_scratch(tiny_model_dir, model, own_context, clip):
     from vla_edge_ros.core.reconciliation import Phase
     from vla_edge_ros.model.hf_oracle import load_hf_model
@@ -153,11 +137,11 @@ def test_a_device_swap_makes_the_primary_match_hf_from_scratch(tiny_model_dir, m
     rig.drain()                          # on the main thread, the reconciler's context pushed around each call
     assert rig.rec.phase is Phase.READY
     rig.primary.run_cycle(Frame(clip[(rig.i - 1) % len(clip)], float(rig.i - 1), rig.i - 1), float(rig.i - 1))
-    cos_before = _cos(rig.primary.last_prefill_logits, _oracle_logits(hf, rig.primary))
+    cos_before = cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary))
 
     c = rig.cycle(new=False)             # the swap (device to device) is applied at this boundary
     assert c.swap is not None and c.swap.version == 1 and rig.primary.state_exact
-    cos_after = _cos(rig.primary.last_prefill_logits, _oracle_logits(hf, rig.primary))
+    cos_after = cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary))
     print(f"cuda semantic: 1 - cos before the swap {1 - cos_before:.3e}, after {1 - cos_after:.3e}")
     assert cos_after >= COS_EXACT
     assert 1 - cos_before > 100 * max(1 - cos_after, 1e-9)
@@ -194,4 +178,4 @@ def test_a_reconciler_thread_keeps_swapping_exact_states(tiny_model_dir, model, 
     rig.drain()                          # what the stopped thread left, on this thread
     rig.cycle(new=False)                 # applies an offer left ready, if any
     assert rig.primary.state_exact
-    assert _cos(rig.primary.last_prefill_logits, _oracle_logits(load_hf_model(tiny_model_dir), rig.primary)) >= COS_EXACT
+    assert cosine(rig.primary.last_prefill_logits, oracle_logits(load_hf_model(tiny_model_dir), rig.primary)) >= COS_EXACT

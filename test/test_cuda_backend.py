@@ -9,6 +9,8 @@ moves and the VRAM ceiling.
 import numpy as np
 import pytest
 
+from engine_oracle import cosine
+
 pytestmark = pytest.mark.gpu
 
 BINS = 256
@@ -29,11 +31,6 @@ def _backends(model, dtype, capacity=300, **kw):
     from vla_edge_ros.model.numpy_backend import NumpyBackend
     spec, weights = model
     return CudaBackend(spec, weights, capacity, dtype, **kw), NumpyBackend(spec, weights, capacity, dtype)
-
-
-def _cos(a, b):
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def _rel(a, b):
@@ -82,7 +79,7 @@ def test_prefill_then_decode_equals_one_forward(model):
     steps = [cuda.forward(x[:16], pos[:16], slots[:16], np.array([], np.int64), logits="last").logits]
     for i in range(16, 24):
         steps.append(cuda.forward(x[i:i + 1], pos[i:i + 1], slots[i:i + 1], slots[:i], logits="last").logits)
-    assert _cos(np.concatenate(steps), full[15:]) > 0.999999
+    assert cosine(np.concatenate(steps), full[15:]) > 0.999999
     assert _rel(np.concatenate(steps), full[15:]) < 1e-5
 
 

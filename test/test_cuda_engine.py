@@ -12,6 +12,8 @@ import os
 import numpy as np
 import pytest
 
+from engine_oracle import cosine
+
 from vla_edge_ros import config as C
 from vla_edge_ros.core.frames import Frame
 
@@ -38,10 +40,6 @@ def _engine(model_dir, backend: str, device_cycle: bool = True):
     return eng
 
 
-def _cos(a, b):
-    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
 def test_device_cycle_picks_the_host_loops_tokens_through_evictions(tiny_model_dir, clip):
     device = _engine(tiny_model_dir, "pycuda")
     host = _engine(tiny_model_dir, "pycuda", device_cycle=False)
@@ -57,7 +55,7 @@ def test_device_cycle_picks_the_host_loops_tokens_through_evictions(tiny_model_d
         assert results[0].evicted_frame_ids == results[2].evicted_frame_ids
         evictions += len(results[0].evicted_frame_ids)
         # The device path computes only the action bins in the cycle; full logits are fetched on demand.
-        assert _cos(device.last_prefill_logits, ref.last_prefill_logits) >= 0.99999, f"cycle {i}"
+        assert cosine(device.last_prefill_logits, ref.last_prefill_logits) >= 0.99999, f"cycle {i}"
         assert results[0].prefill_ms > 0 and results[0].decode_ms > 0
     assert evictions >= 3, "the run was meant to go through evictions"
     summaries = [{k: v for k, v in e.state_summary().items() if k != "memory_bytes"} for e in (device, ref)]

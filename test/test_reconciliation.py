@@ -11,11 +11,12 @@ import time
 import numpy as np
 import pytest
 
+from engine_oracle import cosine, oracle_logits
+
 from vla_edge_ros import config as C
 from vla_edge_ros.core.engine import Engine
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
-from vla_edge_ros.core.prompt import encode_text, prefix_text
 from vla_edge_ros.core.reconciliation import InProcessAsr, Phase, StateReconciler
 from vla_edge_ros.core.state_snapshot import SnapshotError, StateChunk, StateSnapshot
 
@@ -87,22 +88,6 @@ class Rig:
 def drain(rec):
     while rec.tick():
         pass
-
-
-def oracle_logits(hf, eng) -> np.ndarray:
-    """HF from scratch: prefix + the vision rows of every frame the engine holds + suffix, positions 0..T-1."""
-    import torch
-    emb = hf.get_input_embeddings()
-    prefix = encode_text(eng.tokenizer, prefix_text(eng.cfg.prompt))
-    rows = np.concatenate([eng.frames[r.frame_id].tokens for r in eng.kv.retained()])
-    with torch.inference_mode():
-        x = torch.cat([emb(torch.from_numpy(prefix)), torch.from_numpy(rows), emb(torch.from_numpy(eng.suffix))])[None]
-        return hf(inputs_embeds=x, position_ids=torch.arange(x.shape[1])[None]).logits[0, -1].numpy()
-
-
-def cosine(a, b) -> float:
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 def contiguous(eng) -> bool:
