@@ -181,9 +181,12 @@ def node_log(log_dir: Path, name: str) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def latest_status(collector: Collector, name_suffix: str) -> dict | None:
-    """Values of the newest /diagnostics status whose name ends with `name_suffix`."""
-    for _, array in reversed(collector.items()):
+def latest_status(collector: Collector, name_suffix: str, since: float | None = None) -> dict | None:
+    """Values of the newest /diagnostics status whose name ends with `name_suffix` (received after
+    `since`, monotonic, when given)."""
+    for t, array in reversed(collector.items()):
+        if since is not None and t < since:
+            return None
         for status in array.status:
             if status.name.endswith(name_suffix):
                 return conv.status_values(status)

@@ -21,17 +21,6 @@ from vla_edge_ros.nodes import graph
 pytestmark = pytest.mark.ros
 
 
-def _status_since(diagnostics, node: str, since: float) -> dict | None:
-    """Values of the newest /diagnostics status of `node` received after `since` (monotonic)."""
-    for t, array in reversed(diagnostics.items()):
-        if t < since:
-            return None
-        for status in array.status:
-            if status.name.endswith(node):
-                return conv.status_values(status)
-    return None
-
-
 def _action_frame_ids(tokens, since: float = -1.0) -> list:
     return [conv.parse_action_tokens(m)["frame_id"] for t, m in tokens.items() if t > since]
 
@@ -49,7 +38,7 @@ def test_a_restarted_camera_node_does_not_stall_the_state(tiny_model_dir, tmp_pa
     try:
         camera_node = H.start_graph(harness.domain_id, overrides, names=("camera_ingest",), log_dir=tmp_path / "cam1")
         camera.start()
-        H.wait_until(lambda: int((_status_since(diagnostics, "reasoning", 0.0) or {}).get("swap.state_version", 0)) >= 2,
+        H.wait_until(lambda: int((H.latest_status(diagnostics, "reasoning") or {}).get("swap.state_version", 0)) >= 2,
                      H.GRAPH_START_TIMEOUT_S, "two swaps before the restart")
         assert camera_node.stop() == {"camera_ingest": 0}
         before_max = max(_action_frame_ids(tokens))
@@ -58,13 +47,13 @@ def test_a_restarted_camera_node_does_not_stall_the_state(tiny_model_dir, tmp_pa
         H.wait_until(lambda: any(f > before_max for f in _action_frame_ids(tokens)), 30.0,
                      "an action on a frame of the restarted camera")
         t_new = time.monotonic()
-        first = H.wait_until(lambda: _status_since(diagnostics, "reconciler", t_new), 5.0, "reconciler diagnostics")
-        version = H.wait_until(lambda: _status_since(diagnostics, "reasoning", t_new), 5.0, "reasoning diagnostics")
+        first = H.wait_until(lambda: H.latest_status(diagnostics, "reconciler", since=t_new), 5.0, "reconciler diagnostics")
+        version = H.wait_until(lambda: H.latest_status(diagnostics, "reasoning", since=t_new), 5.0, "reasoning diagnostics")
         version = int(version["swap.state_version"])
-        H.wait_until(lambda: int((_status_since(diagnostics, "reasoning", t_new) or {}).get("swap.state_version", 0))
+        H.wait_until(lambda: int((H.latest_status(diagnostics, "reasoning", since=t_new) or {}).get("swap.state_version", 0))
                      >= version + 2, 30.0, "two more swaps on the restarted camera's frames")
         t_swaps = time.monotonic()
-        last = H.wait_until(lambda: _status_since(diagnostics, "reconciler", t_swaps), 5.0, "later reconciler diagnostics")
+        last = H.wait_until(lambda: H.latest_status(diagnostics, "reconciler", since=t_swaps), 5.0, "later reconciler diagnostics")
         camera.stop()
         dead = core.dead()
     finally:
