@@ -174,6 +174,11 @@ class StateReconciler:
         self._inbox: deque = deque()      # ("chunk", StateChunk | Frame) | ("applied", v, ids) | ("rejected", v, why)
         self._offer_lock = threading.Lock()
         self._offer: StateSnapshot | None = None
+        self.epoch = 0                    # primary restarts seen (restart_mirror); offers belong to one epoch
+        self._clear_mirror()
+
+    def _clear_mirror(self) -> None:
+        """What this side knows of the primary's frames: nothing yet (at start, and after a restart)."""
         self._chunks: dict[int, StateChunk] = {}
         self._last_offer: tuple[int, list] | None = None    # (version, frame ids) of the newest snapshot offered
         self._last_chunk_id = -1
@@ -183,7 +188,6 @@ class StateReconciler:
         # primary keeps those frames instead of dropping them as if this side had decided to.
         self._unseen: list[tuple[int, int]] = []
         self._gap_open = True
-        self.epoch = 0                    # primary restarts seen (restart_mirror); offers belong to one epoch
         self._approx_evictions = 0        # shadow (primary) policy evictions since the primary was last exact
         self._shadow = self._new_shadow()
 
@@ -422,13 +426,7 @@ class StateReconciler:
             if self.phase is not Phase.STOPPED:
                 self.phase = Phase.IDLE
         self._round = None
-        self._last_offer = None
-        self._chunks.clear()
-        self._shadow = self._new_shadow()
-        self._approx_evictions = 0
-        self._last_chunk_id = -1
-        self._unseen = []
-        self._gap_open = True
+        self._clear_mirror()
         self.engine.reset_frames()
         self.epoch += 1
         log.info("primary restarted: mirror cleared (epoch %d)", self.epoch)
