@@ -40,7 +40,7 @@ import numpy as np
 from ..core.action_codec import NonFiniteLogitsError
 from . import cuda_kernels as ck
 from .backend import ForwardResult
-from .forward_inputs import check_forward_inputs, slot_array
+from .forward_inputs import check_forward_inputs, slot_array, token_id_array
 from .kernel_reference import interleave_gate_up, permute_rows, qkv_rope_row_order, rope_inv_freq, to_bf16_bits
 from .spec import ModelSpec
 from .weights import ModelWeights, canonical_dtype, round_to_bf16
@@ -158,11 +158,7 @@ class CudaBackend:
     # ------------------------------------------------------------------ Public API
 
     def embed(self, token_ids: np.ndarray) -> np.ndarray:
-        ids = np.asarray(token_ids)
-        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError(f"token_ids must be a 1-D integer array, got {ids.dtype} {ids.shape}")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.spec.vocab_size):
-            raise ValueError(f"token_ids out of range [0, {self.spec.vocab_size}): min {ids.min()}, max {ids.max()}")
+        ids = token_id_array(token_ids, self.spec.vocab_size)
         out = np.empty((ids.size, self.spec.hidden_size), np.float32)
         for start in range(0, ids.size, self.max_rows):
             n = min(self.max_rows, ids.size - start)

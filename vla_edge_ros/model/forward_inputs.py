@@ -1,4 +1,4 @@
-"""Checks every backend applies to `forward` arguments before touching its KV arena.
+"""Checks every backend applies to `embed` / `forward` arguments before touching its KV arena.
 
 One place, so the numpy reference and the PyCUDA backend refuse exactly the
 same inputs with the same messages (see model/backend.py for the contract).
@@ -9,6 +9,16 @@ import numpy as np
 
 LOGITS_MODES = ("last", "all", "none")
 MAX_POSITION = np.iinfo(np.int32).max      # device kernels hold positions as int32
+
+
+def token_id_array(token_ids, vocab_size: int) -> np.ndarray:
+    """`token_ids` as a 1-D integer array of vocabulary ids in [0, vocab_size) (the `embed` argument)."""
+    ids = np.asarray(token_ids)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"token_ids must be a 1-D integer array, got {ids.dtype} {ids.shape}")
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"token_ids out of range [0, {vocab_size}): min {ids.min()}, max {ids.max()}")
+    return ids
 
 
 def slot_array(slots, name: str, capacity: int) -> np.ndarray:

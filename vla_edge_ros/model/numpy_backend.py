@@ -21,7 +21,7 @@ import logging
 import numpy as np
 
 from .backend import ForwardResult
-from .forward_inputs import check_forward_inputs, slot_array
+from .forward_inputs import check_forward_inputs, slot_array, token_id_array
 from .spec import ModelSpec
 from .weights import ModelWeights, canonical_dtype
 
@@ -61,11 +61,7 @@ class NumpyBackend:
     # ------------------------------------------------------------------ Public API
 
     def embed(self, token_ids: np.ndarray) -> np.ndarray:
-        ids = np.asarray(token_ids)
-        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError(f"token_ids must be a 1-D integer array, got {ids.dtype} {ids.shape}")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.spec.vocab_size):
-            raise ValueError(f"token_ids out of range [0, {self.spec.vocab_size}): min {ids.min()}, max {ids.max()}")
+        ids = token_id_array(token_ids, self.spec.vocab_size)
         return self._embed[ids]                                   # [N, hidden] (a copy)
 
     def forward(self, x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
