@@ -81,7 +81,6 @@ class Engine(FrameState):
         # A backend that can run the whole cycle on the device (CudaBackend) does so: no logits cross to
         # the host per token. The generic forward path stays for everything else (prefix, rebuilds, swaps).
         self.device_cycle = hasattr(backend, "run_cycle_tokens")
-        self._device_prefills = 0
         self._failures = FailureLog(log, FAILURE_LOG_PERIOD_S)
         if self.device_cycle:
             rows = cfg.vision.tokens_per_frame + cfg.prompt.max_suffix_tokens
@@ -225,7 +224,6 @@ class Engine(FrameState):
         decode steps feeding tokens back on the device; one host sync). -> (tokens, prefill ms, decode ms)"""
         x, positions, write_slots, context = prefill
         self._last_prefill_logits = None                  # fetched from the device only when asked for
-        self._device_prefills += 1
         t0 = time.perf_counter()
         tokens = self.backend.run_cycle_tokens(x, positions, write_slots, context, decode_slots, decode_positions,
                                                self.codec.first_bin_id, int(decode_slots.size) + 1, self.codec.num_bins)
@@ -234,13 +232,13 @@ class Engine(FrameState):
         # the sync) is shared out in the same proportion, so the admission model still sums to the truth.
         dev_prefill, dev_decode = self.backend.last_cycle_device_ms
         share = dev_prefill / max(dev_prefill + dev_decode, 1e-9)
-        return [int(t) for t in tokens], total_ms * share, total_ms * (1.0 - share)
+        return tokens, total_ms * share, total_ms * (1.0 - share)
 
     @property
     def last_prefill_logits(self) -> np.ndarray | None:
         """[vocab] logits of the latest cycle's last prefill row (for exactness checks; the device
         cycle computes only the action bins, so there they are computed on demand)."""
-        if self._last_prefill_logits is None and self._device_prefills:
+        if self._last_prefill_logits is None and self.device_cycle and self.backend.has_prefill_logits:
             self._last_prefill_logits = self.backend.prefill_logits()
         return self._last_prefill_logits
 

@@ -150,7 +150,7 @@ class CudaBackend:
         self._graphs: dict = {}
         self._cycle_events = tuple(self._drv.Event() for _ in range(3))
         self.last_cycle_device_ms: tuple | None = None     # (prefill, decode) of the latest run_cycle_tokens
-        self._prefill_ran = False
+        self.has_prefill_logits = False                     # a device prefill has run: prefill_logits() works
         self.stream.synchronize()
         log.info("CudaBackend %s: %.2f GiB on device (weights %.2f GiB, KV %.3f GiB), %d slots, %d rows per pass",
                  self.dtype, self._bytes / GIB, self.weight_bytes / GIB, self.kv_bytes / GIB, self.capacity, self.max_rows)
@@ -225,7 +225,7 @@ class CudaBackend:
     def prefill_logits(self) -> np.ndarray:
         """Full-vocabulary logits [vocab] of the last prefill row of the latest run_cycle_tokens (the
         cycle itself scores only the action bins). For checks and debugging, not for the cycle path."""
-        if not self._prefill_ran:
+        if not self.has_prefill_logits:
             raise RuntimeError("prefill_logits: no device cycle has run yet")
         sp = self.spec
         self.kernels.rmsnorm(self.prefill_last, self.final_norm, self.normed, 1, sp.rms_norm_eps, self.stream)
@@ -263,7 +263,7 @@ class CudaBackend:
 
     def launch_prefill(self, n_rows: int, bin_lo: int, n_bins: int) -> None:
         """Enqueue (or replay) the prefill of n_rows rows ending with the restricted argmax."""
-        self._prefill_ran = True
+        self.has_prefill_logits = True
         self._run_graph(("prefill", n_rows, bin_lo, n_bins), lambda: self._enqueue_prefill(n_rows, bin_lo, n_bins))
 
     def launch_decode_step(self, bin_lo: int, n_bins: int) -> None:
