@@ -4,8 +4,19 @@ VENV   := .venv
 STAMP  := $(VENV)/.installed
 VLA    := $(VENV)/bin/vla-edge
 DEMO_SECONDS ?= 20
-# CPU machines run the demo with a smaller KV cache: config/cpu_demo.yaml says why.
+# A machine whose driver sees a GPU runs the robot's setup (config/gpu_demo.yaml: the Qwen2.5-1.5B
+# shape in bf16 on PyCUDA, 4096 KV slots); a CPU machine the tiny model with a smaller KV cache
+# (config/cpu_demo.yaml says why).
+HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+ifeq ($(HAVE_GPU),yes)
+DEMO_PARAMS ?= config/gpu_demo.yaml
+DEMO_MODEL  ?= models/qwen2.5-1.5b-random
+DEMO_MODEL_KIND := qwen2.5-1.5b-random --dtype bf16
+else
 DEMO_PARAMS ?= config/cpu_demo.yaml
+DEMO_MODEL  ?= models/tiny
+DEMO_MODEL_KIND := tiny
+endif
 
 .PHONY: demo test venv clean
 venv: $(STAMP)
@@ -13,11 +24,11 @@ venv: $(STAMP)
 $(STAMP): requirements.txt setup.py scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
 
-models/tiny/config.json: $(STAMP)
-	$(VLA) make-model tiny --out models/tiny
+$(DEMO_MODEL)/config.json: $(STAMP)
+	$(VLA) make-model $(DEMO_MODEL_KIND) --out $(DEMO_MODEL)
 
-demo: $(STAMP) models/tiny/config.json
-	$(VLA) demo --seconds $(DEMO_SECONDS) --params $(DEMO_PARAMS) --json out/demo.json --png out/demo_timeline.png
+demo: $(STAMP) $(DEMO_MODEL)/config.json
+	$(VLA) demo --seconds $(DEMO_SECONDS) --params $(DEMO_PARAMS) --model $(DEMO_MODEL) --json out/demo.json --png out/demo_timeline.png
 
 test: $(STAMP)
 	ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST $(VENV)/bin/python -m pytest test -q

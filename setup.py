@@ -14,10 +14,12 @@ setup(
         ("share/" + package_name, ["package.xml"]),
         ("share/" + package_name + "/launch", glob("launch/*.launch.py")),
         ("share/" + package_name + "/config", glob("config/*.yaml")),
-        ("share/" + package_name + "/cuda", glob("cuda/*.cu") + glob("cuda/*.cuh")),
+        ("share/" + package_name + "/cuda", glob("cuda/*.cu") + glob("cuda/*.cuh")),   # found via resources.py
     ],
     package_data={package_name: []},
     install_requires=["setuptools", "numpy", "pyyaml", "safetensors"],
+    # The GPU backend: PyCUDA compiles cuda/*.cu at run time, cuda-python captures and replays CUDA graphs.
+    extras_require={"gpu": ["pycuda>=2024.1", "cuda-python>=12.0"]},
     zip_safe=False,
     maintainer="vla_edge_ros developers",
     maintainer_email="vla-edge@example.com",

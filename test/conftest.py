@@ -31,3 +31,14 @@ def tiny_model_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("models") / "tiny"
     make_model("tiny", out)
     return out
+
+
+@pytest.fixture(scope="session")
+def cuda_device():
+    """Device 0's primary context, current on the main thread for the whole session: for GPU tests that
+    touch device arrays themselves. Backends do not need it (each call makes its context current), and
+    test_cuda_threads.py checks exactly that from threads that hold no context."""
+    from vla_edge_ros.model.cuda_device import primary_device
+    device = primary_device(0)
+    with device.bound():
+        yield device

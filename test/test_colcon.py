@@ -66,3 +66,20 @@ def test_installed_package_imports_and_finds_its_config(installed):
     assert Path(module_file).is_relative_to(site)
     assert Path(config_path) == installed / "share" / graph.PACKAGE / "config" / graph.PARAMS_FILE
     assert has_main == "True"
+
+
+def test_installed_package_finds_its_kernels_through_the_ament_index(installed):
+    """An installed (non-source) package finds cuda/*.cu under share/ via the ament index, not next to
+    site-packages; without the index it says where it looked and how to fix it."""
+    site = next(installed.glob("lib/python3*/site-packages"))
+    code = ("from vla_edge_ros.resources import kernel_dir; from vla_edge_ros.model.cuda_kernels import family_source; "
+            "print(kernel_dir()); print(len(family_source('rmsnorm')))")
+    env = {**os.environ, "PYTHONPATH": str(site), "AMENT_PREFIX_PATH": str(installed)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=installed, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    directory, length = done.stdout.split()
+    assert Path(directory) == installed / "share" / graph.PACKAGE / "cuda"
+    assert int(length) > 0
+    env.pop("AMENT_PREFIX_PATH")
+    done = subprocess.run([sys.executable, "-c", code], cwd=installed, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "ament index" in done.stderr and "AMENT_PREFIX_PATH" in done.stderr, done.stderr[-2000:]

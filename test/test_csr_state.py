@@ -31,6 +31,16 @@ class RecordingBackend:
         self.writes.append(np.asarray(write_slots).copy())
         return self._backend.forward(x, positions, write_slots, context_slots, **kw)
 
+    def run_cycle_tokens(self, *args):
+        """The numpy backend's own cycle loop, but through this wrapper's forward (so it is recorded)."""
+        from vla_edge_ros.model.host_cycle import run_cycle_on_host
+        cycle = run_cycle_on_host(self, *args)
+        self.last_cycle_ms, self._logits = (cycle.prefill_ms, cycle.decode_ms), cycle.prefill_logits
+        return cycle.tokens
+
+    def prefill_logits(self):
+        return self._logits
+
     def __getattr__(self, name):
         return getattr(self._backend, name)
 

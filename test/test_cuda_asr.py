@@ -32,8 +32,11 @@ def model(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def own_context():
-    from vla_edge_ros.model.cuda_state_transfer import OwnContext
-    return OwnContext()
+    """A CUDA context of its own for the reconciler: on the second GPU when there is one."""
+    from vla_edge_ros.model.cuda_device import CudaDevice, device_count
+    device = CudaDevice.own(1 if device_count() > 1 else 0)
+    yield device
+    device.close()
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +49,10 @@ def clip():
 
 
 def _backends(model, own, dtype="float32"):
+    """(primary in device 0's primary context, reconciler in `own`)."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
-    from vla_edge_ros.model.cuda_state_transfer import backend_in_own_context
     spec, weights, _ = model
-    return CudaBackend(spec, weights, CAPACITY, dtype), backend_in_own_context(own, spec, weights, CAPACITY, dtype)
+    return CudaBackend(spec, weights, CAPACITY, dtype), CudaBackend(spec, weights, CAPACITY, dtype, device=own)
 
 
 def _fill(backend, slots, seed):
@@ -60,8 +63,8 @@ def _fill(backend, slots, seed):
 
 
 def test_kv_crosses_contexts_device_to_device_bit_exactly_and_stale_or_bad_kv_is_refused(model, own_context):
-    from vla_edge_ros.core.state_snapshot import SnapshotError
     from vla_edge_ros.model.cuda_state_transfer import DeviceKvExporter
+    from vla_edge_ros.model.errors import DeviceKVUnavailable
 
     primary, recon = _backends(model, own_context)
     exporter = DeviceKvExporter(recon)
@@ -88,7 +91,7 @@ def test_kv_crosses_contexts_device_to_device_bit_exactly_and_stale_or_bad_kv_is
     nan_kv = exporter(recon, src)
     assert not np.isfinite(nan_kv).all()
     exporter(recon, src[:10])                             # a third export: the ring of two reuses kv's buffer
-    with pytest.raises(SnapshotError, match="reused by a newer export"):
+    with pytest.raises(DeviceKVUnavailable, match="reused by a newer export"):
         kv.write_into(primary, dst)                       # its ring buffer now holds a newer export
 
 
@@ -134,7 +137,7 @@ def test_a_device_swap_makes_the_primary_match_hf_from_scratch(tiny_model_dir, m
     for _ in range(12):                  # no reconciler work yet: the primary fills up and evicts approximately
         rig.cycle()
     assert rig.primary.approximate_evictions == 3 and not rig.primary.state_exact
-    rig.drain()                          # on the main thread, the reconciler's context pushed around each call
+    rig.drain()                          # on the main thread: each backend call makes its own context current
     assert rig.rec.phase is Phase.READY
     rig.primary.run_cycle(Frame(clip[(rig.i - 1) % len(clip)], float(rig.i - 1), rig.i - 1), float(rig.i - 1))
     cos_before = cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary))
@@ -151,10 +154,10 @@ def test_a_device_swap_makes_the_primary_match_hf_from_scratch(tiny_model_dir, m
 def test_a_reconciler_thread_keeps_swapping_exact_states(tiny_model_dir, model, own_context, clip, context):
     """`own`: the reconciler's context of its own (on one GPU the two contexts time-slice it);
     `shared`: the primary's context, the reconciler's backend on its own stream."""
-    from vla_edge_ros.model.cuda_state_transfer import SharedPrimaryContext
+    from vla_edge_ros.model.cuda_device import primary_device
     from vla_edge_ros.model.hf_oracle import load_hf_model
 
-    ctx = own_context if context == "own" else SharedPrimaryContext()
+    ctx = own_context if context == "own" else primary_device(0)
     rig = CudaRig(tiny_model_dir, model, ctx, clip, work="thread", **{"asr.mode": "csr", "kv.eviction_policy": "fifo"})
     versions, latency_ms = [], []
     stop_at = time.perf_counter() + WALL_LIMIT_S

@@ -13,16 +13,15 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def kn():
+def kn(cuda_device):
     from vla_edge_ros.model.cuda_kernels import CudaKernels
-    return CudaKernels()
+    return CudaKernels(cuda_device)
 
 
 @pytest.fixture(scope="module")
-def gpu():
+def gpu(cuda_device):
     from pycuda import gpuarray
-    import pycuda.driver as drv
-    return gpuarray, drv.Stream()
+    return gpuarray, cuda_device.drv.Stream()
 
 
 def _nan(gpuarray, shape, dtype=np.float32):

@@ -107,9 +107,11 @@ def test_setup_py_installs_every_node_executable():
 
 
 def test_lifecycle_service_names():
-    reconciler = graph.node("reconciler")
-    assert graph.lifecycle_service(reconciler, "change_state") == "/reconciler/change_state"
+    assert [s.name for s in graph.NODES if s.lifecycle] == ["reasoning", "reconciler"], \
+        "the nodes that own the GPU are lifecycle nodes"
+    assert graph.lifecycle_service(graph.node("reconciler"), "change_state") == "/reconciler/change_state"
+    assert graph.lifecycle_service(graph.node("reasoning"), "get_state") == "/reasoning/get_state"
     with pytest.raises(ValueError, match="not a lifecycle node"):
-        graph.lifecycle_service(graph.node("reasoning"), "change_state")
+        graph.lifecycle_service(graph.node("camera_ingest"), "change_state")
     with pytest.raises(KeyError, match="no node 'camera'"):
         graph.node("camera")

@@ -177,7 +177,7 @@ def test_swap_applied_at_a_cycle_boundary(model, harness, tmp_path):
     try:
         camera.start()
         status = H.wait_until(lambda: (s := H.latest_status(diagnostics, "reasoning")) and
-                              int(s["swap.state_version"]) >= 1 and s, 30.0, "a swap applied by reasoning")
+                              int(s.get("swap.state_version", 0)) >= 1 and s, 30.0, "a swap applied by reasoning")
         time.sleep(1.0)                   # cycles keep running after the swap
         camera.stop()
         assert procs.dead() == {}, H.node_log(tmp_path, "reasoning")

@@ -19,13 +19,6 @@ from pathlib import Path
 
 import yaml
 
-PACKAGE_ROOT = Path(__file__).resolve().parent
-# Installed layout (ament): share/vla_edge_ros/config; source layout: <repo>/config.
-_CANDIDATE_CONFIG_DIRS = (
-    PACKAGE_ROOT.parent / "config",
-    Path(os.environ.get("AMENT_PREFIX_PATH", "/nonexistent").split(":")[0]) / "share" / "vla_edge_ros" / "config",
-)
-
 EVICTION_POLICIES = ("fifo", "sliding_window", "semantic")
 BACKENDS = ("auto", "numpy", "pycuda")
 DTYPES = ("float32", "bfloat16")
@@ -226,6 +219,22 @@ class ASRConfig:
 
 
 @dataclass(frozen=True)
+class LifecycleConfig:
+    configure_timeout_s: float = _doc("how long bringup, the demo and the launch file wait for a node's configure "
+                                      "(it loads the weights, compiles the kernels on a cold machine, captures graphs "
+                                      "and warms up)", default=180.0)
+    transition_timeout_s: float = _doc("how long they wait for any other lifecycle transition", default=20.0)
+    warmup_cycles: int = _doc("reasoning: cycles run on a synthetic frame during configure (the second half seeds "
+                              "the admission estimate), then forgotten", default=8)
+
+    def __post_init__(self):
+        _positive(self, "configure_timeout_s", "lifecycle")
+        _positive(self, "transition_timeout_s", "lifecycle")
+        if self.warmup_cycles < 2:
+            raise ConfigError(f"lifecycle.warmup_cycles must be >= 2 (a new frame and a repeat), got {self.warmup_cycles}")
+
+
+@dataclass(frozen=True)
 class VlaConfig:
     cycle: CycleConfig = field(default_factory=CycleConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
@@ -237,6 +246,7 @@ class VlaConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     camera: CameraConfig = field(default_factory=CameraConfig)
     asr: ASRConfig = field(default_factory=ASRConfig)
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
 
     def __post_init__(self):
         # A frame plus one cycle's suffix (prompt + decoded actions) must fit at least once.
@@ -282,11 +292,12 @@ def describe() -> dict:
 
 
 def default_config_path() -> Path:
-    for d in _CANDIDATE_CONFIG_DIRS:
-        p = d / "vla_edge.yaml"
-        if p.is_file():
-            return p
-    raise ConfigError(f"config/vla_edge.yaml not found in {[str(d) for d in _CANDIDATE_CONFIG_DIRS]}")
+    """config/vla_edge.yaml of the source tree, or of the installed package (resources.py)."""
+    from .resources import ResourceNotFound, config_dir
+    try:
+        return config_dir() / "vla_edge.yaml"
+    except ResourceNotFound as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def load(path: str | os.PathLike | None = None, overrides: dict | None = None) -> VlaConfig:

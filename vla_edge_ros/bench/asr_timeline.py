@@ -90,6 +90,14 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    if getattr(args, "backend", None) == "pycuda":
+        from ..model.cuda_device import primary_device
+        with primary_device(0).bound():    # this thread drives the primary context for the whole bench
+            return _run(args)
+    return _run(args)
+
+
+def _run(args) -> int:
     from ..core.footage import resize_rgb
     from . import gpu_inputs
 
@@ -168,20 +176,22 @@ class _Engines:
             self.name = f"{model_dir}, numpy backend fp32"
             return
         from ..model.cuda_backend import CudaBackend
-        from ..model.cuda_state_transfer import (DeviceKvExporter, OwnContext, SharedPrimaryContext,
-                                                 backend_in_own_context)
+        from ..model.cuda_device import CudaDevice, primary_device
+        from ..model.cuda_state_transfer import DeviceKvExporter
 
         spec, weights = gpu_inputs.random_model(shape)
         self.spec = spec
         self.primary_backend = CudaBackend(spec, weights, cfg.kv.capacity_tokens, "bfloat16")
         self.reconciler_backend = self.exporter = self.own = None
         if with_reconciler:
-            self.own = OwnContext() if context == "own" else SharedPrimaryContext()
-            self.reconciler_backend = backend_in_own_context(self.own, spec, weights, cfg.kv.capacity_tokens, "bfloat16")
+            # "own": a context of its own (the second GPU when there is one); "shared": the primary's context.
+            count = primary_device(0).drv.Device.count()
+            self.own = CudaDevice.own(1 if count > 1 else 0) if context == "own" else primary_device(0)
+            self.reconciler_backend = CudaBackend(spec, weights, cfg.kv.capacity_tokens, "bfloat16", device=self.own)
             if transfer == "device":
                 self.exporter = DeviceKvExporter(self.reconciler_backend)
         del weights
-        where = "-" if self.own is None else self.own.describe()
+        where = "-" if self.own is None else f"reconciler on {self.own.describe()}"
         self.name = f"random {shape}, pycuda backend bf16; {where}; swap KV {transfer}"
 
     def describe(self) -> str:

@@ -82,6 +82,14 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    if getattr(args, "backend", None) == "pycuda":
+        from ..model.cuda_device import primary_device
+        with primary_device(0).bound():    # this thread drives the primary context for the whole bench
+            return _run(args)
+    return _run(args)
+
+
+def _run(args) -> int:
     from ..core.prompt import encode_text, prefix_text, suffix_ids
     from ..core.vision_encoder import VisionEncoder
     from . import gpu_inputs

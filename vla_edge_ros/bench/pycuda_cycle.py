@@ -60,6 +60,12 @@ def run(args) -> int:
     if not torch.cuda.is_available():
         print("pycuda bench: no CUDA device", file=sys.stderr)
         return 2
+    from ..model.cuda_device import primary_device
+    with primary_device(0).bound():        # this thread drives the device for the whole bench (events, copies)
+        return _run(args)
+
+
+def _run(args) -> int:
     shape = _shape_name(getattr(args, "shape", "qwen2.5-1.5b"))
     cached = list(getattr(args, "cached", None) or DEFAULT_CACHED)
     cycles = int(getattr(args, "cycles", None) or 50)
@@ -270,9 +276,7 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 10) -> float:
     """Device-to-device copy bandwidth in bytes/s, counting bytes read + written (median of repeats)."""
     import pycuda.driver as drv
 
-    from ..model.cuda_kernels import cuda_context
-    cuda_context()
-    src, dst = drv.mem_alloc(nbytes), drv.mem_alloc(nbytes)
+    src, dst = drv.mem_alloc(nbytes), drv.mem_alloc(nbytes)     # in the context current on this thread
     drv.memset_d32(src, 0x3F800000, nbytes // 4)                # 1.0f everywhere: not zeros
     start, end = drv.Event(), drv.Event()
     times = []

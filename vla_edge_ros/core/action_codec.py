@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ActionConfig
+from ..model.errors import NonFiniteLogitsError
+from ..model.host_cycle import restricted_argmax
 
-
-class NonFiniteLogitsError(ValueError):
-    """The logits hold NaN (anywhere) or +-Inf among the action bins: the forward pass is broken."""
+__all__ = ["ActionCodec", "NonFiniteLogitsError"]     # the codec raises NonFiniteLogitsError (model/errors.py)
 
 
 class ActionCodec:
@@ -40,12 +40,7 @@ class ActionCodec:
             logits = logits[0]
         if logits.ndim != 1 or logits.shape[0] != self.vocab_size:
             raise ValueError(f"ActionCodec.select: logits must be [{self.vocab_size}] or [1, {self.vocab_size}], got {logits.shape}")
-        bins = logits[self.first_bin_id:]                                  # [num_bins]
-        if np.isnan(logits).any() or not np.isfinite(bins).all():
-            raise NonFiniteLogitsError(
-                f"logits contain {int(np.isnan(logits).sum())} NaN values and "
-                f"{int(np.isinf(bins).sum())} infinite action-bin values")
-        return self.first_bin_id + int(np.argmax(bins))
+        return restricted_argmax(logits, self.first_bin_id, self.num_bins)
 
     def bin_of(self, token_id: int) -> int:
         """Bin index of one action token id; ValueError for an id outside the bins."""

@@ -77,16 +77,14 @@ class Engine(FrameState):
         self.approximate_evictions = 0          # policy evictions since the state was last exact
         # Rows written to the KV arena per segment since construction (CSR accounting).
         self.computed_tokens = {"prefix": 0, "frames": 0, "suffix": 0, "decode": 0}
-        self._last_prefill_logits: np.ndarray | None = None   # [vocab] of the latest cycle's prefill
-        # A backend that can run the whole cycle on the device (CudaBackend) does so: no logits cross to
-        # the host per token. The generic forward path stays for everything else (prefix, rebuilds, swaps).
-        self.device_cycle = hasattr(backend, "run_cycle_tokens")
+        self._last_prefill_logits: np.ndarray | None = None   # [vocab] of the latest cycle's prefill, fetched on demand
+        self._prefill_logits_ready = False                      # the latest cycle completed: the backend has them
+        self._force_admit = False                               # warm_up: every cycle runs (nothing is refused)
         self._failures = FailureLog(log, FAILURE_LOG_PERIOD_S)
-        if self.device_cycle:
-            rows = cfg.vision.tokens_per_frame + cfg.prompt.max_suffix_tokens
-            if rows > backend.max_rows:
-                raise EngineConfigError(f"a cycle prefill of vision.tokens_per_frame + prompt.max_suffix_tokens = {rows} "
-                                        f"rows exceeds the device backend's {backend.max_rows} rows per pass")
+        rows = cfg.vision.tokens_per_frame + cfg.prompt.max_suffix_tokens
+        if rows > backend.max_rows:
+            raise EngineConfigError(f"a cycle prefill of vision.tokens_per_frame + prompt.max_suffix_tokens = {rows} "
+                                    f"rows exceeds the backend's {backend.max_rows} rows per pass")
         self.last_swap: SwapReport | None = None
         # How export_state packs the KV rows: None reads them to the host (numpy array); a callable
         # (backend, slots) -> KV holder keeps them on the device (model/cuda_state_transfer.DeviceKvExporter).
@@ -97,21 +95,64 @@ class Engine(FrameState):
 
     @classmethod
     def from_config(cls, cfg: VlaConfig) -> "Engine":
-        from ..model.factory import create_backend_from_weights, load_model
-        from .cpu_threads import limit_cpu_threads
-        limit_cpu_threads(cfg.model.cpu_threads)
-        spec, weights, tokenizer = load_model(cfg.model.path)
-        backend = create_backend_from_weights(cfg.model.backend, spec, weights,
-                                              capacity=cfg.kv.capacity_tokens, dtype=cfg.model.dtype)
-        return cls(cfg, backend, tokenizer)
+        """The primary engine of `cfg` (core/engine_factory.py: the one place engines are built)."""
+        from .engine_factory import primary_engine
+        return primary_engine(cfg)
 
     # ------------------------------------------------------------------ public
 
     def set_instruction(self, text: str) -> None:
-        """Replace the task instruction; the next cycle's suffix uses it. Cached frames stay valid."""
+        """Replace the task instruction; the next cycle's suffix uses it. Cached frames stay valid.
+        The backend prepares the two prefill lengths it implies now (CUDA: captures their graphs), so
+        no live cycle pays for that."""
         ids = suffix_ids(self.tokenizer, self.cfg.prompt, text)
+        s, tpf = int(ids.size), self.cfg.vision.tokens_per_frame
+        for rows in (s, tpf + s):
+            self.backend.prepare_cycle(rows, self.codec.first_bin_id, self.codec.num_bins)
         self.instruction = text
         self.suffix = ids                                       # [S] int64
+
+    def warm_up(self, cycles: int, frame_pixels: np.ndarray) -> dict:
+        """Run `cycles` cycles on a synthetic frame before serving, then forget them.
+
+        What the first cycles of a fresh process cost once (first kernel launches, lazy
+        allocations, caches) lands here instead of in the first live cycles, and the
+        admission estimate is seeded from the cycles after those: its EMAs start from
+        steady-state costs, so the first live seconds are not refused. Afterwards the
+        state holds only the prefix again, the metrics and cycle ids start at zero, and
+        the admission controller keeps its seeded estimate. Returns what was measured.
+        """
+        if cycles < 2:
+            raise ValueError(f"warm_up needs at least 2 cycles (one new frame, one repeat), got {cycles}")
+        self._force_admit = True
+        elapsed = []
+        try:
+            for i in range(cycles):
+                if i == cycles // 2:
+                    # The first half paid the one-time costs; seed admission from the second half only.
+                    self.admission = AdmissionController(self.cfg.cycle, self.cfg.admission)
+                fid = -1 - i // 2               # pairs: a new frame, then the same frame again (both prefill lengths)
+                r = self.run_cycle(Frame(pixels=frame_pixels, stamp_s=0.0, frame_id=fid), now_s=0.0)
+                if r.tokens is None:         # the model did not run to the end (a late cycle still counts)
+                    raise EngineConfigError(f"warm-up cycle {i} failed: {r.reason}: {r.detail}")
+                elapsed.append(r.elapsed_ms)
+        finally:
+            self._force_admit = False
+            self.admission.refusals_in_a_row = 0     # forced warm-up cycles are not refusals the probe counts
+            self.reset_frames()
+            self.last_frame_id = None
+            self.cycle_id = 0
+            self.metrics = CycleMetrics(self.cfg.cycle.deadline_ms)
+            for key in ("frames", "suffix", "decode"):
+                self.computed_tokens[key] = 0
+        return {"cycles": cycles, "first_ms": elapsed[0], "last_ms": elapsed[-1],
+                "steady_ms": float(np.median(elapsed[cycles // 2:])),
+                "estimate_prefill_ms_per_token": self.admission.ema_prefill_ms_per_token,
+                "estimate_decode_ms_per_token": self.admission.ema_decode_ms_per_token}
+
+    def close(self) -> int:
+        """Free the backend's memory now (device memory on a GPU); returns the bytes freed."""
+        return self.backend.close()
 
     def run_cycle(self, frame: Frame | None, now_s: float, cycle_start_perf: float | None = None) -> CycleResult:
         t0 = time.perf_counter() if cycle_start_perf is None else cycle_start_perf
@@ -152,7 +193,7 @@ class Engine(FrameState):
             return self._fail(result, R.NO_FRAME, "no camera frame received yet")
         result.frame_id, result.frame_stamp_s = frame.frame_id, frame.stamp_s
         age_ms = (now_s - frame.stamp_s) * 1000.0
-        if age_ms > cyc.stale_frame_ms:
+        if age_ms > cyc.stale_frame_ms and not self._force_admit:
             return self._fail(result, R.STALE_FRAME, f"freshest frame is {age_ms:.1f} ms old > {cyc.stale_frame_ms} ms")
         if self.backend.memory_bytes() > self.cfg.memory.vram_ceiling_bytes:
             return self._fail(result, R.MEMORY_CEILING, "engine memory above memory.vram_ceiling_gib")
@@ -164,7 +205,7 @@ class Engine(FrameState):
         decode_steps = self.cfg.action.num_tokens - 1
         decision = self.admission.decide((time.perf_counter() - t0) * 1000.0, prefill_tokens, decode_steps)
         result.estimate_ms, result.budget_ms, result.probe = decision.estimate_ms, decision.budget_ms, decision.probe
-        if not decision.admit and not cyc.deterministic:
+        if not decision.admit and not (cyc.deterministic or self._force_admit):
             return self._fail(result, R.REFUSED_BUDGET,
                               f"estimate {decision.estimate_ms:.2f} ms > budget {decision.budget_ms:.2f} ms")
 
@@ -189,8 +230,7 @@ class Engine(FrameState):
                    np.concatenate(write_slots).astype(np.int32), context)
         decode_slots = suffix_slots[s:s + decode_steps]
         decode_positions = np.arange(self.next_position + s, self.next_position + s + decode_steps, dtype=np.int64)
-        run = self._prefill_decode_on_device if self.device_cycle else self._prefill_decode_on_host
-        tokens, result.prefill_ms, result.decode_ms = run(prefill, decode_slots, decode_positions)
+        tokens, result.prefill_ms, result.decode_ms = self._prefill_decode(prefill, decode_slots, decode_positions)
         self.computed_tokens["frames"] += tpf if new else 0
         self.computed_tokens["suffix"] += s
         self.computed_tokens["decode"] += decode_steps
@@ -200,45 +240,28 @@ class Engine(FrameState):
         result.action = self.codec.to_values(result.tokens)
         self._unwritten_frame = None                    # finite logits all the way: the frame's KV is good
 
-    def _prefill_decode_on_host(self, prefill, decode_slots, decode_positions) -> tuple:
-        """Backend.forward per step, logits to the host, codec picks each token. -> (tokens, prefill ms, decode ms)"""
+    def _prefill_decode(self, prefill, decode_slots, decode_positions) -> tuple:
+        """The backend's cycle (CUDA: prefill, restricted argmax and decode steps feeding tokens back on the
+        device, one host sync; numpy: a loop of forward calls). -> (tokens, prefill ms, decode ms)"""
         x, positions, write_slots, context = prefill
-        t_prefill = time.perf_counter()
-        out = self.backend.forward(x, positions, write_slots, context, logits="last")
-        self._last_prefill_logits = out.logits[-1]                              # [vocab]
-        tokens = [self.codec.select(out.logits[-1])]
-        t_decode = time.perf_counter()
-        # Decode: each step attends to everything so far, including the suffix and earlier action tokens.
-        ctx = np.concatenate([context, write_slots]).astype(np.int32)
-        for slot, pos in zip(decode_slots, decode_positions):
-            slot = np.asarray([slot], dtype=np.int32)
-            out = self.backend.forward(self.backend.embed(np.asarray(tokens[-1:], dtype=np.int64)),
-                                       np.asarray([pos], dtype=np.int64), slot, ctx, logits="last")
-            tokens.append(self.codec.select(out.logits[-1]))
-            ctx = np.concatenate([ctx, slot])
-        t_end = time.perf_counter()
-        return tokens, (t_decode - t_prefill) * 1000.0, (t_end - t_decode) * 1000.0
-
-    def _prefill_decode_on_device(self, prefill, decode_slots, decode_positions) -> tuple:
-        """The whole cycle on the device (CudaBackend.run_cycle_tokens: prefill, restricted argmax and
-        decode steps feeding tokens back on the device; one host sync). -> (tokens, prefill ms, decode ms)"""
-        x, positions, write_slots, context = prefill
-        self._last_prefill_logits = None                  # fetched from the device only when asked for
+        self._last_prefill_logits = None                  # fetched from the backend only when asked for
+        self._prefill_logits_ready = False
         t0 = time.perf_counter()
         tokens = self.backend.run_cycle_tokens(x, positions, write_slots, context, decode_slots, decode_positions,
                                                self.codec.first_bin_id, int(decode_slots.size) + 1, self.codec.num_bins)
         total_ms = (time.perf_counter() - t0) * 1000.0
-        # The host clock sees one span; the device events split it. Host overhead (uploads, launches,
+        self._prefill_logits_ready = True
+        # The backend splits its own time (device events on the GPU); host overhead (uploads, launches,
         # the sync) is shared out in the same proportion, so the admission model still sums to the truth.
-        dev_prefill, dev_decode = self.backend.last_cycle_device_ms
+        dev_prefill, dev_decode = self.backend.last_cycle_ms
         share = dev_prefill / max(dev_prefill + dev_decode, 1e-9)
         return tokens, total_ms * share, total_ms * (1.0 - share)
 
     @property
     def last_prefill_logits(self) -> np.ndarray | None:
-        """[vocab] logits of the latest cycle's last prefill row (for exactness checks; the device
-        cycle computes only the action bins, so there they are computed on demand)."""
-        if self._last_prefill_logits is None and self.device_cycle and self.backend.has_prefill_logits:
+        """[vocab] logits of the latest cycle's last prefill row, for exactness checks (the device cycle
+        scores only the action bins, so full logits are computed on demand); None after a failed cycle."""
+        if self._last_prefill_logits is None and self._prefill_logits_ready:
             self._last_prefill_logits = self.backend.prefill_logits()
         return self._last_prefill_logits
 

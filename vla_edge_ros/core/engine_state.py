@@ -15,10 +15,12 @@ prefix, so the result is the state a from-scratch forward would build.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..model.errors import DeviceKVUnavailable
 from .frames import Frame
 from .kv_slots import KVCapacityError
 from .state_snapshot import SnapshotError, SnapshotFrame, StateChunk, StateSnapshot
@@ -49,6 +51,7 @@ class SwapReport:
     evicted: list                # frames the policy evicted while the late ones were appended
     next_position: int
     unseen: list = ()            # frame ids the snapshot's author never saw: kept, recomputed after its frames
+    kv_copy_ms: float = 0.0      # writing the snapshot's KV into the arena (device to device on a GPU)
 
 
 class FrameState:
@@ -184,8 +187,12 @@ class FrameState:
         spec, tpf = self.backend.spec, self.cfg.vision.tokens_per_frame
         snap.check_against(prefix_ids=self.prefix_ids, tokens_per_frame=tpf, num_layers=spec.num_layers,
                            kv_dim=spec.kv_dim, hidden_size=spec.hidden_size)
-        if hasattr(snap.kv, "check_usable"):
-            snap.kv.check_usable()          # KV left on a device: still the snapshot's (SnapshotError if not)
+        on_device = not isinstance(snap.kv, np.ndarray) and snap.kv is not None     # DeviceKV / IpcKV (model/)
+        if on_device:
+            try:
+                snap.kv.check_usable()      # KV left on a device: still the snapshot's
+            except DeviceKVUnavailable as exc:
+                raise SnapshotError(f"snapshot v{snap.version}: {exc}") from exc
         need = len(snap.frames) * tpf + self.suffix_reserve
         room = self.cfg.kv.capacity_tokens - self.prefix_tokens
         if need > room:
@@ -219,11 +226,24 @@ class FrameState:
             slots.append(adm.slots)
             rows = snap.rows[i] if snap.rows is not None else None
             self.frames[f.frame_id] = FrameRecord(f.frame_id, f.stamp_s, rows)
+        kv_copy_ms = 0.0
         if slots:
-            if hasattr(snap.kv, "write_into"):          # device-resident KV: device-to-device into our arena
-                snap.kv.write_into(self.backend, np.concatenate(slots))
+            t_copy = time.perf_counter()
+            if on_device:                               # device to device into our arena (one kv_scatter)
+                try:
+                    snap.kv.write_into(self.backend, np.concatenate(slots))
+                except DeviceKVUnavailable as exc:
+                    # The reconciler rewrote the buffer under the copy: this KV is mixed. Forget the frames
+                    # (an exact, empty state) rather than attend to it; the next offer brings them back.
+                    log.error("swap v%d: %s; all frames forgotten, the state stays exact", snap.version, exc)
+                    self.kv.evict_frames([r.frame_id for r in self.kv.retained()])
+                    self.frames.clear()
+                    self.next_position = self.prefix_tokens
+                    self.approximate_evictions = 0
+                    raise SnapshotError(f"snapshot v{snap.version}: {exc}") from exc
             else:
                 self.backend.write_kv(np.concatenate(slots), snap.kv)
+            kv_copy_ms = (time.perf_counter() - t_copy) * 1e3
         self.next_position = snap.next_position
         self.approximate_evictions = 0
         evicted = self.append_chunks(late_chunks, allow_evict=True)
@@ -233,7 +253,8 @@ class FrameState:
         self.last_swap = SwapReport(version=snap.version, frames=len(snap.frames), dropped=dropped,
                                     late=[c.frame_id for c in late_chunks if c.frame_id not in unseen_ids],
                                     late_lost=late_lost, evicted=evicted, next_position=self.next_position,
-                                    unseen=[c.frame_id for c in late_chunks if c.frame_id in unseen_ids])
+                                    unseen=[c.frame_id for c in late_chunks if c.frame_id in unseen_ids],
+                                    kv_copy_ms=kv_copy_ms)
         log.info("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
                  len(dropped), len(late_chunks))
         return dropped

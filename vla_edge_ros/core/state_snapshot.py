@@ -10,8 +10,11 @@ them re-based, contiguous right after the static prefix:
               P + 32 i ..     frame i of the snapshot (i = 0 oldest)
     next_position = P + 32 n  where the next frame / the dynamic suffix goes
 
-On the CPU backend it travels as an .npz file written atomically (write to a
-temporary name, then rename) so a reader never sees half a file.
+Between processes it travels as an .npz file written atomically (write to a
+temporary name, then rename) so a reader never sees half a file. The file
+holds the KV rows only when they are on the host (numpy backend); KV left on
+a GPU (model/cuda_state_transfer.DeviceKV) goes by CUDA IPC instead, and the
+file carries the rest: frames, positions, pooled and vision rows.
 """
 from __future__ import annotations
 
@@ -76,8 +79,9 @@ class StateSnapshot:
                 "frames": [[f.frame_id, f.stamp_s, f.position_start] for f in self.frames],
                 "unseen": [[int(lo), int(hi)] for lo, hi in self.unseen]}
         pooled = np.stack([f.pooled for f in self.frames]) if self.frames else np.zeros((0, 0), np.float32)
-        arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-                  "kv": self.kv if self.kv is not None else np.zeros(0, np.float32), "pooled": pooled}
+        # KV left on a device (a DeviceKV) travels by its IPC handle in the swap offer, not in the file.
+        host_kv = self.kv if isinstance(self.kv, np.ndarray) else np.zeros(0, np.float32)
+        arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), "kv": host_kv, "pooled": pooled}
         if self.rows is not None:
             arrays["rows"] = self.rows
         with open(tmp, "wb") as fh:

@@ -44,9 +44,11 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..model.cuda_device import bound
 from .frames import Frame
 from .state_snapshot import StateSnapshot
 
@@ -54,6 +56,7 @@ log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 KEEP_VERSIONS = 2          # snapshot files kept: the newest offer and the one before it (may still be loading)
+TIMING_SAMPLES = 256      # swap timings kept for the diagnostics' last / max
 IDLE_WAIT_S = 0.01         # worker thread: longest sleep when the reconciler has nothing to do (woken on a chunk)
 
 
@@ -67,18 +70,25 @@ class SwapOffer:
     path: str
     frames: int
     newest_frame_id: int
+    kv: dict | None = None         # CUDA IPC descriptor of KV left on the reconciler's GPU (model/cuda_ipc.py)
 
     def to_message(self) -> str:
-        return json.dumps({"version": self.version, "path": self.path, "frames": self.frames,
-                           "newest_frame_id": self.newest_frame_id})
+        data = {"version": self.version, "path": self.path, "frames": self.frames,
+                "newest_frame_id": self.newest_frame_id}
+        if self.kv is not None:
+            data["kv"] = self.kv
+        return json.dumps(data)
 
     @classmethod
     def from_message(cls, message: str) -> "SwapOffer":
         try:
             data = json.loads(message)
+            kv = data.get("kv")
+            if kv is not None and not isinstance(kv, dict):
+                raise TypeError(f"'kv' must be an object, got {type(kv).__name__}")
             return cls(version=int(data["version"]), path=str(data["path"]), frames=int(data["frames"]),
-                       newest_frame_id=int(data["newest_frame_id"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                       newest_frame_id=int(data["newest_frame_id"]), kv=kv)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SwapProtocolError(f"swap answer is not an offer ({exc}): {message[:200]!r}") from exc
 
 
@@ -101,11 +111,13 @@ class SnapshotStore:
         self.directory.mkdir(parents=True, exist_ok=True)
 
     def publish(self, snap: StateSnapshot) -> SwapOffer:
+        """Write the snapshot file; KV left on a GPU goes in the offer as its CUDA IPC descriptor instead."""
+        descriptor = snap.kv.ipc_descriptor() if hasattr(snap.kv, "ipc_descriptor") else None
         path = snap.save(self.directory / f"state_v{snap.version:06d}.npz")
         for old in sorted(self.directory.glob("state_v*.npz"))[:-KEEP_VERSIONS]:
             old.unlink(missing_ok=True)
         return SwapOffer(version=snap.version, path=str(path), frames=len(snap.frames),
-                         newest_frame_id=snap.newest_frame_id)
+                         newest_frame_id=snap.newest_frame_id, kv=descriptor)
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -180,6 +192,11 @@ class ReconcilerWorker:
                 "offered_frames": offer.frames if offer else 0, "worker_error": repr(self.error) if self.error else ""}
 
     def _run(self) -> None:
+        # This thread's CUDA context (the reconciler engine's), held for its whole life (model/cuda_device.py).
+        with bound(self.reconciler.engine.backend.device):
+            self._work()
+
+    def _work(self) -> None:
         rec = self.reconciler
         while not self._stop.is_set():
             try:
@@ -209,7 +226,10 @@ class ReconcilerWorker:
 class SwapClient:
     """The reasoning node's side; see the module docstring for who calls what."""
 
-    def __init__(self, poll_period_s: float, request_timeout_s: float):
+    def __init__(self, poll_period_s: float, request_timeout_s: float, open_device_kv=None):
+        """open_device_kv(descriptor) -> KV holder: maps an offer's CUDA IPC KV in this process (the
+        reasoning node passes one when its backend is on a GPU; None: such offers cannot be taken)."""
+        self.open_device_kv = open_device_kv
         self.poll_period_s = poll_period_s
         self.request_timeout_s = request_timeout_s
         self._lock = threading.Lock()
@@ -229,6 +249,7 @@ class SwapClient:
         self.dropped_frames = 0
         self.late_frames = 0
         self.unseen_frames = 0        # kept at swaps because the reconciler never saw them (gaps in its mirror)
+        self.timings = {"apply_ms": deque(maxlen=TIMING_SAMPLES), "kv_copy_ms": deque(maxlen=TIMING_SAMPLES)}
 
     # -- executor thread ---------------------------------------------------
 
@@ -278,11 +299,19 @@ class SwapClient:
             snap = StateSnapshot.load(offer.path)
             if snap.version != offer.version:
                 raise SwapProtocolError(f"{offer.path}: holds version {snap.version}, the offer says {offer.version}")
-        except (OSError, ValueError, KeyError) as exc:        # e.g. replaced by a newer version meanwhile
+            if offer.kv is not None:
+                if self.open_device_kv is None:
+                    raise SwapProtocolError("the offer's KV is on the reconciler's GPU (asr.backend pycuda) but this "
+                                            "node's backend is not on a GPU: set model.backend pycuda, or asr.backend "
+                                            "numpy")
+                snap.kv = self.open_device_kv(offer.kv)          # maps it now, off the cycle thread
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:   # e.g. replaced by a newer version meanwhile
             log.warning("swap v%d not loaded: %s", offer.version, exc)
             with self._lock:
                 self.load_failures += 1
                 self._loading_version = 0
+                if isinstance(exc, SwapProtocolError):
+                    self._rejected.add(offer.version)      # it will not load better on a second try
             return
         with self._lock:
             self._ready = snap
@@ -296,7 +325,9 @@ class SwapClient:
             snap, self._ready = self._ready, None
             return snap
 
-    def mark_applied(self, version: int, cycle_id: int, dropped: int, late: int, unseen: int = 0) -> None:
+    def mark_applied(self, version: int, cycle_id: int, dropped: int, late: int, unseen: int = 0,
+                     apply_ms: float | None = None, kv_copy_ms: float | None = None) -> None:
+        """apply_ms: the whole swap at the boundary (KV copy + late frames recomputed); kv_copy_ms: the copy alone."""
         with self._lock:
             self.applied_version = version
             self.applied_at_cycle = cycle_id
@@ -304,6 +335,9 @@ class SwapClient:
             self.dropped_frames += dropped
             self.late_frames += late
             self.unseen_frames += unseen
+            for key, value in (("apply_ms", apply_ms), ("kv_copy_ms", kv_copy_ms)):
+                if value is not None:
+                    self.timings[key].append(float(value))
 
     def mark_rejected(self, version: int) -> None:
         """The engine refused the snapshot (it does not fit): never load this version again."""
@@ -318,7 +352,15 @@ class SwapClient:
                     "swap_requests": self.requests, "swap_timeouts": self.timeouts, "swap_not_ready": self.not_ready,
                     "swap_load_failures": self.load_failures, "swap_rejections": self.rejections,
                     "swap_dropped_frames": self.dropped_frames, "swap_late_frames": self.late_frames,
-                    "swap_unseen_frames": self.unseen_frames}
+                    "swap_unseen_frames": self.unseen_frames, **self._timing_summary()}
+
+    def _timing_summary(self) -> dict:
+        """swap_apply_ms_last / _max and swap_kv_copy_ms_last / _max over the newest TIMING_SAMPLES swaps."""
+        out = {}
+        for key, values in self.timings.items():
+            out[f"swap_{key}_last"] = round(values[-1], 3) if values else ""
+            out[f"swap_{key}_max"] = round(max(values), 3) if values else ""
+        return out
 
 
 def start_loader(client: SwapClient, offer: SwapOffer) -> threading.Thread:

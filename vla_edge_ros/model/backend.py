@@ -41,8 +41,13 @@ class ForwardResult:
 
 
 class Backend(Protocol):
+    """Everything the engine (core/engine.py, core/engine_state.py) and the reconciler call on a backend."""
+
     spec: ModelSpec
     capacity: int                              # KV arena slots
+    max_rows: int                              # rows one cycle prefill may have (the CUDA pass size)
+    device: object                             # cuda_device.CudaDevice of a GPU backend; None on the CPU
+    last_cycle_ms: tuple | None                # (prefill ms, decode ms) of the latest run_cycle_tokens
 
     def embed(self, token_ids: np.ndarray) -> np.ndarray:
         """[N] int -> [N, hidden] float32 rows of the token embedding table."""
@@ -51,6 +56,20 @@ class Backend(Protocol):
                 context_slots: np.ndarray, logits: str = "last",
                 return_hidden: bool = False) -> ForwardResult:
         """See the module docstring."""
+
+    def run_cycle_tokens(self, prefill_x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
+                         context_slots: np.ndarray, decode_slots: np.ndarray, decode_positions: np.ndarray,
+                         action_bin_lo: int, n_tokens: int, n_bins: int) -> np.ndarray:
+        """One control cycle: prefill rows -> token 0 (argmax over the action bins of the last row's logits)
+        -> n_tokens - 1 decode steps, step j feeding token j at decode_positions[j] into decode_slots[j].
+        Returns [n_tokens] int64 token ids; NonFiniteLogitsError (model/errors.py) on NaN/Inf logits.
+        Sets last_cycle_ms. The CUDA backend keeps it all on the device (one host sync)."""
+
+    def prefill_logits(self) -> np.ndarray:
+        """[vocab] float32 logits of the last prefill row of the latest run_cycle_tokens (RuntimeError before one)."""
+
+    def prepare_cycle(self, prefill_rows: int, action_bin_lo: int, n_bins: int) -> None:
+        """Get ready for cycles with this prefill length (CUDA: capture their graphs) without running one."""
 
     def copy_slots(self, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
         """Move K/V of src slots into dst slots (all layers); used by compaction and swaps."""
@@ -63,3 +82,6 @@ class Backend(Protocol):
 
     def memory_bytes(self) -> int:
         """Bytes held by weights + KV arena (device memory for GPU backends)."""
+
+    def close(self) -> int:
+        """Free the backend's memory now (device memory for GPU backends); returns the bytes freed."""

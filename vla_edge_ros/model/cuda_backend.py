@@ -31,19 +31,22 @@ Device layouts:
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.action_codec import NonFiniteLogitsError
 from . import cuda_kernels as ck
 from .backend import ForwardResult
+from .errors import NonFiniteLogitsError
 from .forward_inputs import check_forward_inputs, slot_array, token_id_array
-from .kernel_reference import interleave_gate_up, permute_rows, qkv_rope_row_order, rope_inv_freq, to_bf16_bits
+from .kernel_reference import interleave_gate_up, permute_rows, qkv_rope_row_order, rope_inv_freq
+from .cuda_device import primary_device
 from .spec import ModelSpec
-from .weights import ModelWeights, canonical_dtype, round_to_bf16
+from .weight_stream import tensor_source
+from .weights import BIAS_FIELDS, GLOBAL_TENSOR_NAMES, LAYER_TENSOR_NAMES, canonical_dtype, round_to_bf16
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,7 @@ MAX_CYCLE_TOKENS = 256          # action tokens one cycle may emit
 # chunk kernel on one row.
 DECODE_MAX_ROWS = 2
 LAYER_GROUPS = ("projections", "attention", "norms+rope")
+UPLOAD_BLOCK_BYTES = 64 << 20   # rows of the embedding table per host->device copy: bounds the host's share
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,18 @@ class NonFiniteActionError(NonFiniteLogitsError):
     """A restricted argmax on the device met NaN/Inf logits (reports the token index)."""
 
 
+def _on_device(method):
+    """Run a public method with the backend's CUDA context current on the calling thread (cuda_device.py):
+    the cycle thread, a reconciler worker and a loader thread may all call in."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self.closed:
+            raise RuntimeError(f"CudaBackend.{method.__name__}: the backend was closed")
+        with self.device.bound():
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
 @dataclass
 class _Layer:
     input_norm: object      # [hidden] f32
@@ -112,9 +128,11 @@ class _Layer:
 class CudaBackend:
     """Backend protocol on one CUDA device (see the module docstring)."""
 
-    def __init__(self, spec: ModelSpec, weights: ModelWeights, capacity: int, dtype: str = "bfloat16",
+    def __init__(self, spec: ModelSpec, weights, capacity: int, dtype: str = "bfloat16",
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
-                 decode_kernels: DecodeKernels = DecodeKernels()):
+                 decode_kernels: DecodeKernels = DecodeKernels(), device=None):
+        """weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
+        weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context)."""
         self.spec = spec
         self.decode_kernels = decode_kernels
         self.capacity = int(capacity)
@@ -122,41 +140,58 @@ class CudaBackend:
         self.dtype = canonical_dtype(dtype)
         self.max_rows = int(max_rows)
         self.use_graphs = use_graphs
-        _check_model(spec, weights, self.capacity, self.max_rows)
-        self._drv = ck.cuda_context()
+        _check_model(spec, self.capacity, self.max_rows)
+        source = tensor_source(weights, spec)
+        self.device = device if device is not None else primary_device(0)
+        self._drv = self.device.drv
         from pycuda import gpuarray
         self._gpuarray = gpuarray
+        self._buffers: list = []          # every device allocation, freed by close()
+        self._graphs: dict = {}
+        self._landing = None
+        self.closed = False
 
         wdt = np.uint16 if self.dtype == "bfloat16" else np.float32
         plan = self._plan(wdt)
         self.planned_bytes = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in plan.values())
-        free, total = self._drv.mem_get_info()
-        if vram_ceiling_bytes is not None and self.planned_bytes > vram_ceiling_bytes:
-            raise DeviceMemoryError(
-                f"CudaBackend: weights + KV arena ({self.capacity} slots) + scratch need {self.planned_bytes / GIB:.2f} GiB, "
-                f"over the VRAM ceiling of {vram_ceiling_bytes / GIB:.2f} GiB (dtype {self.dtype}); lower kv capacity or use bf16")
-        if self.planned_bytes > free:
-            raise DeviceMemoryError(f"CudaBackend: need {self.planned_bytes / GIB:.2f} GiB, device has {free / GIB:.2f} GiB free")
+        with self.device.bound():
+            free, total = self._drv.mem_get_info()
+            if vram_ceiling_bytes is not None and self.planned_bytes > vram_ceiling_bytes:
+                raise DeviceMemoryError(
+                    f"CudaBackend: weights + KV arena ({self.capacity} slots) + scratch need {self.planned_bytes / GIB:.2f} "
+                    f"GiB, over the VRAM ceiling of {vram_ceiling_bytes / GIB:.2f} GiB (dtype {self.dtype}); lower kv "
+                    f"capacity or use bf16")
+            if self.planned_bytes > free:
+                raise DeviceMemoryError(f"CudaBackend: need {self.planned_bytes / GIB:.2f} GiB, device has "
+                                        f"{free / GIB:.2f} GiB free")
+            try:
+                self._build(source, wdt)
+            except BaseException:
+                self._free_buffers()      # a failed build (bad tensor, compile error) leaves nothing allocated
+                raise
+        log.info("CudaBackend %s on %s: %.2f GiB on device (weights %.2f GiB, KV %.3f GiB), %d slots, %d rows per pass",
+                 self.dtype, self.device.describe(), self._bytes / GIB, self.weight_bytes / GIB, self.kv_bytes / GIB,
+                 self.capacity, self.max_rows)
 
-        self.kernels = ck.CudaKernels()
+    def _build(self, source, wdt) -> None:
+        """Compile/load the kernels, upload the weights and allocate the state (device context current)."""
+        self.kernels = ck.CudaKernels(self.device)
         if self.kernels.sync_each_launch:
             self.use_graphs = False           # a synchronize inside a stream capture would invalidate it
         self.stream = self._drv.Stream()
         self._bytes = 0
-        self._upload_weights(weights, wdt)
+        self._upload_weights(source, wdt)
         self.weight_bytes = self._bytes - sum(l.w_qkv_rope.nbytes for l in self.layers if l.w_qkv_rope is not None)
         self._allocate_state()
         self.kv_bytes = self.k_cache.nbytes + self.v_cache.nbytes
-        self._graphs: dict = {}
         self._cycle_events = tuple(self._drv.Event() for _ in range(3))
-        self.last_cycle_device_ms: tuple | None = None     # (prefill, decode) of the latest run_cycle_tokens
+        self.last_cycle_ms: tuple | None = None     # (prefill, decode) of the latest run_cycle_tokens
         self.has_prefill_logits = False                     # a device prefill has run: prefill_logits() works
         self.stream.synchronize()
-        log.info("CudaBackend %s: %.2f GiB on device (weights %.2f GiB, KV %.3f GiB), %d slots, %d rows per pass",
-                 self.dtype, self._bytes / GIB, self.weight_bytes / GIB, self.kv_bytes / GIB, self.capacity, self.max_rows)
 
     # ------------------------------------------------------------------ Public API
 
+    @_on_device
     def embed(self, token_ids: np.ndarray) -> np.ndarray:
         ids = token_id_array(token_ids, self.spec.vocab_size)
         out = np.empty((ids.size, self.spec.hidden_size), np.float32)
@@ -167,6 +202,7 @@ class CudaBackend:
             out[start:start + n] = self._get(self.resid, n)
         return out
 
+    @_on_device
     def forward(self, x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
                 context_slots: np.ndarray, logits: str = "last", return_hidden: bool = False) -> ForwardResult:
         x, positions, write_slots, context_slots = self._check_inputs(x, positions, write_slots, context_slots, logits)
@@ -203,6 +239,7 @@ class CudaBackend:
         out_logits = np.concatenate(logit_chunks) if logit_chunks else None
         return ForwardResult(logits=out_logits, hidden_states=hidden)
 
+    @_on_device
     def run_cycle_tokens(self, prefill_x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
                          context_slots: np.ndarray, decode_slots: np.ndarray, decode_positions: np.ndarray,
                          action_bin_lo: int, n_tokens: int, n_bins: int | None = None) -> np.ndarray:
@@ -219,9 +256,10 @@ class CudaBackend:
             self.launch_decode_step(*bins)
         end.record(self.stream)
         tokens = self.finish_cycle(n_tokens)
-        self.last_cycle_device_ms = (after_prefill.time_since(start), end.time_since(after_prefill))
+        self.last_cycle_ms = (after_prefill.time_since(start), end.time_since(after_prefill))
         return tokens
 
+    @_on_device
     def prefill_logits(self) -> np.ndarray:
         """Full-vocabulary logits [vocab] of the last prefill row of the latest run_cycle_tokens (the
         cycle itself scores only the action bins). For checks and debugging, not for the cycle path."""
@@ -232,6 +270,7 @@ class CudaBackend:
         self.kernels.projection(self.head, self.normed, self.logits, 1, ck.MODE_STORE, self.stream)
         return self._get(self.logits, 1)[0]
 
+    @_on_device
     def begin_cycle(self, prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions,
                     n_tokens: int) -> None:
         """Upload one cycle's rows, tables and control block (async on self.stream)."""
@@ -261,15 +300,28 @@ class CudaBackend:
         self._put(self.attend_list, np.concatenate([context_slots, all_slots]).astype(np.int32))
         self._put(self.ctl, np.array([0, context_slots.size, 0, -1], np.int32))
 
+    @_on_device
+    def prepare_cycle(self, prefill_rows: int, action_bin_lo: int, n_bins: int) -> None:
+        """Capture (not run) the graphs a cycle with this prefill length needs, so the first such cycle only
+        replays them: configure and instruction changes call it, never a live cycle."""
+        if not self.use_graphs:
+            return
+        bins = self._bins(action_bin_lo, n_bins)
+        self._graph(("prefill", prefill_rows) + bins, lambda: self._enqueue_prefill(prefill_rows, *bins))
+        self._graph(("decode",) + bins, lambda: self._enqueue_decode(*bins))
+
+    @_on_device
     def launch_prefill(self, n_rows: int, bin_lo: int, n_bins: int) -> None:
         """Enqueue (or replay) the prefill of n_rows rows ending with the restricted argmax."""
         self.has_prefill_logits = True
         self._run_graph(("prefill", n_rows, bin_lo, n_bins), lambda: self._enqueue_prefill(n_rows, bin_lo, n_bins))
 
+    @_on_device
     def launch_decode_step(self, bin_lo: int, n_bins: int) -> None:
         """Enqueue (or replay) one decode step: gather the last token, 1-row forward, restricted argmax."""
         self._run_graph(("decode", bin_lo, n_bins), lambda: self._enqueue_decode(bin_lo, n_bins))
 
+    @_on_device
     def finish_cycle(self, n_tokens: int) -> np.ndarray:
         tokens = self._get(self.tokens_out, n_tokens).astype(np.int64)
         bad = np.flatnonzero(tokens < 0)
@@ -277,6 +329,7 @@ class CudaBackend:
             raise NonFiniteActionError(f"non-finite logits at action token {int(bad[0])} of {n_tokens} (device argmax)")
         return tokens
 
+    @_on_device
     def copy_slots(self, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
         src = self._slot_array(src_slots, "src_slots")
         dst = self._slot_array(dst_slots, "dst_slots")
@@ -294,6 +347,7 @@ class CudaBackend:
             self._kv_move("scatter", n)
         self.stream.synchronize()
 
+    @_on_device
     def read_kv(self, slots: np.ndarray) -> np.ndarray:
         """[2, layers, len(slots), kv_dim] float32: K (after RoPE) and V of the slots."""
         slots = self._slot_array(slots, "slots")
@@ -306,6 +360,7 @@ class CudaBackend:
             out[:, :, start:start + n] = self.kv_staging.get()[:, :, :n]
         return out
 
+    @_on_device
     def write_kv(self, slots: np.ndarray, kv: np.ndarray) -> None:
         slots = self._slot_array(slots, "slots")
         expected = (2, self.spec.num_layers, slots.size, self.spec.kv_dim)
@@ -322,24 +377,53 @@ class CudaBackend:
             self._kv_move("scatter", n)
         self.stream.synchronize()
 
-    # -- device-side KV staging (model/cuda_state_transfer.py moves KV between arenas without the host)
+    # -- whole-state KV moves on the device (model/cuda_state_transfer.py, model/cuda_ipc.py)
 
-    def gather_kv_staging(self, slots: np.ndarray) -> None:
-        """Enqueue on self.stream: K/V of up to max_rows slots into kv_staging ([2, layers, max_rows, kv_dim])."""
+    @_on_device
+    def gather_kv_rows(self, dst_ptr: int, slots: np.ndarray) -> None:
+        """Enqueue on self.stream: K/V of `slots` into the device buffer at dst_ptr, laid out as
+        [2, layers, capacity, kv_dim] float32 with row j = slots[j] (one launch). The caller synchronizes."""
         slots = self._slot_array(slots, "slots")
-        if slots.size > self.max_rows:
-            raise ValueError(f"gather_kv_staging: {slots.size} slots exceed max_rows {self.max_rows}")
-        self._put(self.kv_slots_buf, slots.astype(np.int32))
-        self._kv_move("gather", slots.size)
+        if slots.size:
+            self._put(self.kv_slots_buf, slots.astype(np.int32))
+            self.kernels.kv_move("gather", self.k_cache, self.v_cache, self.kv_slots_buf, self._rows_view(dst_ptr),
+                                 slots.size, self.spec.num_layers, self.spec.num_kv_heads, self.capacity,
+                                 self.spec.head_dim, self.stream)
 
-    def scatter_kv_staging(self, slots: np.ndarray) -> None:
-        """Enqueue on self.stream: the first len(slots) rows of kv_staging into these slots."""
+    @_on_device
+    def scatter_kv_rows(self, src_ptr: int, slots: np.ndarray) -> None:
+        """Enqueue on self.stream: rows 0..len(slots)-1 of a [2, layers, capacity, kv_dim] float32 device buffer
+        at src_ptr (this context's address, e.g. an opened IPC handle) into `slots` (one launch)."""
         slots = self._slot_array(slots, "slots")
-        if slots.size > self.max_rows:
-            raise ValueError(f"scatter_kv_staging: {slots.size} slots exceed max_rows {self.max_rows}")
-        self._put(self.kv_slots_buf, slots.astype(np.int32))
-        self._kv_move("scatter", slots.size)
+        if slots.size:
+            self._put(self.kv_slots_buf, slots.astype(np.int32))
+            self.kernels.kv_move("scatter", self.k_cache, self.v_cache, self.kv_slots_buf, self._rows_view(src_ptr),
+                                 slots.size, self.spec.num_layers, self.spec.num_kv_heads, self.capacity,
+                                 self.spec.head_dim, self.stream)
 
+    @_on_device
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def kv_rows_shape(self) -> tuple:
+        """Shape of the whole-state KV buffers gather_kv_rows / scatter_kv_rows use."""
+        sp = self.spec
+        return (2, sp.num_layers, self.capacity, sp.kv_dim)
+
+    @_on_device
+    def landing_buffer(self, nbytes: int) -> int:
+        """Address of a device buffer for KV arriving from another context of this process (made on first use,
+        freed by close): only the in-process two-context arrangement of the benchmark and tests needs it."""
+        if self._landing is None or self._landing.nbytes < nbytes:
+            self._landing = self._alloc((-(-nbytes // 4),), np.float32, zero=False)
+            log.info("KV landing buffer of %.0f MB for swaps from another context", nbytes / 1e6)
+        return int(self._landing.gpudata)
+
+    def _rows_view(self, ptr: int):
+        """A GPUArray view (no allocation) of a [2, layers, capacity, kv_dim] float32 buffer at a device address."""
+        return self._gpuarray.GPUArray(self.kv_rows_shape(), np.float32, gpudata=int(ptr))
+
+    @_on_device
     def set_decode_kernels(self, choice: DecodeKernels) -> None:
         """Switch the decode pipeline's kernels (between cycles); captured graphs are rebuilt on next use."""
         if not isinstance(choice, DecodeKernels):
@@ -365,10 +449,20 @@ class CudaBackend:
         row = self.spec.hidden_size * (2 if self.dtype == "bfloat16" else 4)
         return int(self.layer_weight_bytes + n_bins * row)
 
-    def close(self) -> None:
-        for graph in self._graphs.values():
-            graph.close()
-        self._graphs.clear()
+    def close(self) -> int:
+        """Free the device memory (weights, KV arena, scratch, graphs) now; returns the bytes freed.
+        The backend is unusable afterwards; a second close frees nothing."""
+        if self.closed:
+            return 0
+        self.closed = True
+        with self.device.bound():
+            self.stream.synchronize()
+        freed = self._free_buffers()
+        self.layers = []
+        self._landing = None
+        self._bytes = 0
+        log.info("CudaBackend closed: %.2f GiB of device memory freed", freed / GIB)
+        return freed
 
     # ------------------------------------------------------------------ Internal helpers
 
@@ -410,7 +504,7 @@ class CudaBackend:
             "part_ml": ((m, sp.num_heads, self.n_splits, 2), np.float32),
             "logits": ((m, sp.vocab_size), np.float32),
             "tables": ((3 * self.capacity + m + ck.CTL_INTS + MAX_CYCLE_TOKENS,), np.int32),
-            "kv_staging": ((2, sp.num_layers, m, sp.kv_dim), np.float32), "kv_slots": ((m,), np.int32),
+            "kv_staging": ((2, sp.num_layers, m, sp.kv_dim), np.float32), "kv_slots": ((self.capacity,), np.int32),
         })
         return plan
 
@@ -419,47 +513,81 @@ class CudaBackend:
         return qkv_rope_row_order(sp.num_heads, sp.num_kv_heads, sp.head_dim)
 
     def _alloc(self, shape, dtype, zero: bool = True):
-        arr = self._gpuarray.zeros(shape, dtype) if zero else self._gpuarray.empty(shape, dtype)
+        arr = self._gpuarray.empty(shape, dtype)
+        self._buffers.append(arr)
         self._bytes += arr.nbytes
+        if zero:
+            self._drv.memset_d8(int(arr.gpudata), 0, arr.nbytes)
         return arr
 
-    def _to_device(self, host: np.ndarray, wdt=np.float32):
-        if wdt == np.uint16:
-            host = to_bf16_bits(host)
-        elif self.dtype == "bfloat16":
-            # Norm weights and biases of a bf16 model are bf16 values too (kept as float32 on the device).
-            host = round_to_bf16(np.asarray(host, np.float32))
-        host = np.ascontiguousarray(host, dtype=host.dtype if wdt == np.uint16 else np.float32)
-        arr = self._gpuarray.to_gpu(host)
-        self._bytes += arr.nbytes
+    def _to_device(self, host: np.ndarray):
+        """A device copy of a host array (float32 or uint16 bf16 bits), counted and freed by close()."""
+        arr = self._alloc(host.shape, host.dtype, zero=False)
+        self._drv.memcpy_htod(int(arr.gpudata), np.ascontiguousarray(host))
         return arr
 
-    def _upload_weights(self, w: ModelWeights, wdt) -> None:
+    def _read(self, source, name: str, wdt, rows=None) -> np.ndarray:
+        """One tensor (or rows of it) on the host as the device stores it: bf16 bits for wdt uint16, else float32."""
+        return source.read(name, "bf16" if wdt == np.uint16 else "f32", rows=rows)
+
+    def _read_small(self, source, name: str) -> np.ndarray:
+        """Norm weights and biases: float32 on the device; a bf16 model's are bf16 values (rounded as HF stores them)."""
+        host = source.read(name, "f32")
+        return round_to_bf16(host) if self.dtype == "bfloat16" else host
+
+    def _upload_rows(self, source, name: str, wdt):
+        """A big 2-D tensor (embedding, separate head) uploaded in blocks of rows, so the host never holds it whole."""
+        rows, cols = source.shape(name)
+        arr = self._alloc((rows, cols), wdt, zero=False)
+        row_bytes = cols * np.dtype(wdt).itemsize
+        step = max(1, UPLOAD_BLOCK_BYTES // row_bytes)
+        for r0 in range(0, rows, step):
+            block = self._read(source, name, wdt, rows=(r0, min(rows, r0 + step)))
+            self._drv.memcpy_htod(int(arr.gpudata) + r0 * row_bytes, np.ascontiguousarray(block))
+        return arr
+
+    def _upload_weights(self, source, wdt) -> None:
+        """Every weight tensor to the device in its stored format, one tensor (or row block) on the host at a time."""
         sp = self.spec
-        self.embed_table = self._to_device(w.embed, wdt)                              # [vocab, hidden]
-        self.head = self.embed_table if w.tied else self._to_device(w.lm_head, wdt)   # [vocab, hidden]
-        self.final_norm = self._to_device(w.final_norm)                               # [hidden]
-        self.inv_freq = self._gpuarray.to_gpu(rope_inv_freq(sp.rope_theta, sp.head_dim))   # [hd/2], never rounded
-        self._bytes += self.inv_freq.nbytes
+        self.embed_table = self._upload_rows(source, GLOBAL_TENSOR_NAMES["embed"], wdt)           # [vocab, hidden]
+        self.head = self.embed_table if source.tied else self._upload_rows(source, GLOBAL_TENSOR_NAMES["lm_head"], wdt)
+        self.final_norm = self._to_device(self._read_small(source, GLOBAL_TENSOR_NAMES["final_norm"]))   # [hidden]
+        self.inv_freq = self._to_device(rope_inv_freq(sp.rope_theta, sp.head_dim))                      # [hd/2], never rounded
         before = self._bytes
         self.layers = []
-        for lw in w.layers:
+        for i in range(sp.num_layers):
+            name = {f: t.format(i=i) for f, t in LAYER_TENSOR_NAMES.items()}
             b_qkv = None
-            if lw.q_bias is not None:
-                b_qkv = self._to_device(np.concatenate([lw.q_bias, lw.k_bias, lw.v_bias]))
-            w_qkv = np.concatenate([lw.q_proj, lw.k_proj, lw.v_proj])                # [q+2kv, hidden]
+            if sp.qkv_bias:
+                b_qkv = self._to_device(np.concatenate([self._read_small(source, name[f]) for f in BIAS_FIELDS]))
+            w_qkv = np.concatenate([self._read(source, name[f], wdt) for f in ("q_proj", "k_proj", "v_proj")])   # [q+2kv, hidden]
+            gate_up = interleave_gate_up(self._read(source, name["gate_proj"], wdt), self._read(source, name["up_proj"], wdt))
             self.layers.append(_Layer(
-                input_norm=self._to_device(lw.input_norm),
-                post_norm=self._to_device(lw.post_norm),
-                w_qkv=self._to_device(w_qkv, wdt),
-                w_qkv_rope=self._to_device(permute_rows(w_qkv, self._rope_order()), wdt) if wdt == np.uint16 else None,
+                input_norm=self._to_device(self._read_small(source, name["input_norm"])),
+                post_norm=self._to_device(self._read_small(source, name["post_norm"])),
+                w_qkv=self._to_device(w_qkv),
+                w_qkv_rope=self._to_device(permute_rows(w_qkv, self._rope_order())) if wdt == np.uint16 else None,
                 b_qkv=b_qkv,
-                w_o=self._to_device(lw.o_proj, wdt),
-                w_gate_up=self._to_device(interleave_gate_up(lw.gate_proj, lw.up_proj), wdt),
-                w_down=self._to_device(lw.down_proj, wdt)))
+                w_o=self._to_device(self._read(source, name["o_proj"], wdt)),
+                w_gate_up=self._to_device(gate_up),
+                w_down=self._to_device(self._read(source, name["down_proj"], wdt))))
+            del w_qkv, gate_up
         # A pass streams one of the two q|k|v layouts: count one.
         duplicate = sum(layer.w_qkv_rope.nbytes for layer in self.layers if layer.w_qkv_rope is not None)
         self.layer_weight_bytes = self._bytes - before - duplicate
+
+    def _free_buffers(self) -> int:
+        """Free every device allocation now (not at garbage collection); returns the bytes freed."""
+        freed = 0
+        for graph in self._graphs.values():
+            graph.close()
+        self._graphs.clear()
+        with self.device.bound():
+            for arr in self._buffers:
+                freed += arr.nbytes
+                arr.gpudata.free()
+        self._buffers.clear()
+        return freed
 
     def _allocate_state(self) -> None:
         sp, m, cap = self.spec, self.max_rows, self.capacity
@@ -483,7 +611,7 @@ class CudaBackend:
         self.ctl = self._alloc((ck.CTL_INTS,), np.int32)
         self.tokens_out = self._alloc((MAX_CYCLE_TOKENS,), np.int32)
         self.kv_staging = self._alloc((2, sp.num_layers, m, sp.kv_dim), np.float32)
-        self.kv_slots_buf = self._alloc((m,), np.int32)
+        self.kv_slots_buf = self._alloc((cap,), np.int32)                             # slot lists of KV moves
         self._token_ids = self.ctl[ck.CTL_TOKEN:ck.CTL_TOKEN + 1]                     # decode input id (view)
         self._scale = float(sp.head_dim ** -0.5)
 
@@ -589,12 +717,16 @@ class CudaBackend:
         if not self.use_graphs:
             record()
             return
+        self._graph(key, record).launch(self.stream)
+
+    def _graph(self, key, record):
+        """The captured graph for `key`, capturing it now if needed (capture records, it runs nothing)."""
         graph = self._graphs.get(key)
         if graph is None:
             from .cuda_graphs import capture
             graph = capture("-".join(map(str, key)), self.stream, record)
             self._graphs[key] = graph
-        graph.launch(self.stream)
+        return graph
 
     def _kv_move(self, direction: str, n: int) -> None:
         sp = self.spec
@@ -622,14 +754,12 @@ class CudaBackend:
         return slot_array(slots, name, self.capacity)
 
 
-def _check_model(spec: ModelSpec, weights: ModelWeights, capacity: int, max_rows: int) -> None:
+def _check_model(spec: ModelSpec, capacity: int, max_rows: int) -> None:
     """Shapes the kernels need, with errors naming the offending dimension."""
     if capacity <= 0:
         raise ValueError(f"capacity must be > 0 KV slots, got {capacity}")
     if max_rows <= 0:
         raise ValueError(f"max_rows must be > 0, got {max_rows}")
-    if len(weights.layers) != spec.num_layers:
-        raise ValueError(f"weights have {len(weights.layers)} layers, spec says {spec.num_layers}")
     for name in ("hidden_size", "intermediate_size", "q_dim"):
         value = getattr(spec, name)
         if value % 32:

@@ -11,8 +11,10 @@ Debugging: with VLA_EDGE_CUDA_SYNC=1 every launch is followed by a stream
 synchronize, so an illegal address or launch failure raises
 `KernelLaunchError` naming the kernel that caused it.
 
-Nothing here runs at import: PyCUDA is imported, the CUDA context created and
-the modules compiled only when `cuda_context()` / `CudaKernels()` are called.
+Nothing here runs at import: PyCUDA is imported and the modules compiled only
+when `CudaKernels(device)` is built (device: model/cuda_device.CudaDevice). The
+.cu sources are found through vla_edge_ros/resources.py (the source tree, or
+share/vla_edge_ros/cuda of an installed package, through the ament index).
 """
 from __future__ import annotations
 
@@ -20,13 +22,12 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from pathlib import Path
-
 import numpy as np
+
+from ..resources import kernel_dir
 
 log = logging.getLogger(__name__)
 
-CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
 SYNC_ENV = "VLA_EDGE_CUDA_SYNC"
 
 # Must match cuda/common.cuh.
@@ -77,70 +78,42 @@ def ceil_div(a: int, b: int) -> int:
 
 
 # ----------------------------------------------------------------------------
-# Context and compilation (lazy, process-wide)
+# Compilation (lazy, per context)
 
 _lock = threading.Lock()
-_context = None
 _modules: dict = {}            # (context handle, family, arch) -> SourceModule
 
 
-def cuda_context():
-    """Retain and push device 0's primary context once per process; returns pycuda.driver."""
-    global _context
-    import pycuda.driver as drv
-
-    with _lock:
-        if _context is None:
-            drv.init()
-            if drv.Device.count() == 0:
-                raise RuntimeError("no CUDA device visible to PyCUDA")
-            ctx = drv.Device(0).retain_primary_context()
-            ctx.push()
-            _context = ctx
-            import atexit
-            atexit.register(_pop_context)
-    return drv
-
-
-def _pop_context():
-    global _context
-    if _context is not None:
-        try:
-            _context.pop()
-        except Exception as exc:  # noqa: BLE001 - interpreter shutdown: log and go
-            log.debug("context pop at exit failed: %s", exc)
-        _context = None
-
-
-def device_arch() -> str:
-    drv = cuda_context()
-    major, minor = drv.Context.get_device().compute_capability()
+def device_arch(device) -> str:
+    """'sm_90' etc. of a CudaDevice (model/cuda_device.py)."""
+    major, minor = device.device.compute_capability()
     return f"sm_{major}{minor}"
 
 
 def family_source(family: str) -> str:
     """The .cu text with common.cuh pasted in (one self-contained translation unit)."""
-    path = CUDA_DIR / f"{family}.cu"
+    directory = kernel_dir()
+    path = directory / f"{family}.cu"
     if not path.is_file():
         raise FileNotFoundError(f"kernel source {path} not found")
-    common = (CUDA_DIR / "common.cuh").read_text().replace("#pragma once", "")
+    common = (directory / "common.cuh").read_text().replace("#pragma once", "")
     return path.read_text().replace('#include "common.cuh"', common)
 
 
-def compile_family(family: str, arch: str | None = None):
-    """SourceModule of one family, compiled once per (context, family, arch) in this process
-    (PyCUDA also keeps its on-disk cubin cache)."""
+def compile_family(device, family: str, arch: str | None = None):
+    """SourceModule of one family in `device`'s context, compiled once per (context, family, arch) in this
+    process (PyCUDA also keeps its on-disk cubin cache, so a second process loads instead of compiling)."""
     from pycuda.compiler import SourceModule
 
-    drv = cuda_context()
-    arch = arch or device_arch()
-    # A module lives in the context it was loaded in: the reconciler's own context needs its own copy.
-    key = (int(drv.Context.get_current().handle), family, arch)
+    arch = arch or device_arch(device)
+    # A module lives in the context it was loaded in: a second context needs its own copy.
+    key = (device.handle, family, arch)
     with _lock:
         mod = _modules.get(key)
         if mod is None:
             log.info("compiling cuda/%s.cu for %s", family, arch)
-            mod = SourceModule(family_source(family), arch=arch, no_extern_c=True, options=["-O3", "-lineinfo"])
+            with device.bound():
+                mod = SourceModule(family_source(family), arch=arch, no_extern_c=True, options=["-O3", "-lineinfo"])
             _modules[key] = mod
     return mod
 
@@ -204,18 +177,22 @@ class RopeTarget:
 
 
 class CudaKernels:
-    """Compiled kernels of every family plus checked launchers."""
+    """Compiled kernels of every family in one device's context, plus checked launchers.
 
-    def __init__(self, arch: str | None = None):
-        self.drv = cuda_context()
-        self.arch = arch or device_arch()
+    Launches go to the context current on the calling thread, which must be `device`'s
+    (CudaBackend calls them inside `device.bound()`)."""
+
+    def __init__(self, device, arch: str | None = None):
+        self.device = device
+        self.drv = device.drv
+        self.arch = arch or device_arch(device)
         self.sync_each_launch = os.environ.get(SYNC_ENV, "") == "1"
-        dev = self.drv.Context.get_device()
+        dev = device.device
         self.num_sms = dev.get_attribute(self.drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.max_shared = dev.get_attribute(self.drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self._fns = {}
         for family, kernels in FAMILIES.items():
-            mod = compile_family(family, self.arch)
+            mod = compile_family(device, family, self.arch)
             for name, types in kernels.items():
                 fn = mod.get_function(name)
                 fn.prepare(types)

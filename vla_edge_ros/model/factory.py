@@ -1,12 +1,18 @@
 """Pick and build a transformer backend for a model directory.
 
 kind "auto" takes PyCUDA when `pycuda.driver` imports and sees a device, else
-numpy. The CUDA backend module is imported only when chosen, so this module
-(and the numpy path) never touches a GPU.
+numpy; `choose_backend` also says why, in one line, for the logs and the CLI.
+The CUDA backend module is imported only when chosen, so this module (and the
+numpy path) never touches a GPU.
+
+The numpy backend needs the whole model as float32 arrays (`load_weights`);
+the CUDA backend streams the snapshot to the device tensor by tensor in its
+stored dtype (weight_stream.py), so the host never holds the model.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import BACKENDS as BACKEND_KINDS
@@ -17,52 +23,84 @@ from .weights import ModelWeights, canonical_dtype, load_tokenizer, load_weights
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class BackendChoice:
+    kind: str          # "numpy" | "pycuda"
+    asked: str         # what the configuration said (auto | numpy | pycuda)
+    reason: str        # one line: why this kind
+
+    def describe(self) -> str:
+        return f"backend {self.kind} ({self.reason})"
+
+
 def load_model(model_dir: str | Path):
-    """(ModelSpec, ModelWeights, tokenizers.Tokenizer) of a snapshot directory."""
+    """(ModelSpec, ModelWeights, tokenizers.Tokenizer) of a snapshot directory (weights as float32 on the host)."""
     spec = ModelSpec.from_dir(model_dir)
     weights = load_weights(model_dir, spec)
     return spec, weights, load_tokenizer(model_dir)
 
 
-def create_backend(kind: str, model_dir: str | Path, capacity: int, dtype="float32") -> Backend:
-    """Load `model_dir` and build backend `kind` (auto | numpy | pycuda) with `capacity` KV slots."""
+def create_backend(kind: str, model_dir: str | Path, capacity: int, dtype="float32", device=None) -> Backend:
+    """Load `model_dir` and build backend `kind` (auto | numpy | pycuda) with `capacity` KV slots.
+    pycuda streams the weights to the device (never the whole model on the host); device: a CudaDevice."""
     spec = ModelSpec.from_dir(model_dir)
-    return create_backend_from_weights(kind, spec, load_weights(model_dir, spec), capacity, dtype)
+    choice = choose_backend(kind)
+    if choice.kind == "pycuda":
+        return _cuda_backend(spec, Path(model_dir), capacity, dtype, device, choice)
+    return create_backend_from_weights("numpy", spec, load_weights(model_dir, spec), capacity, dtype)
 
 
 def create_backend_from_weights(kind: str, spec: ModelSpec, weights: ModelWeights, capacity: int,
-                                dtype="float32") -> Backend:
+                                dtype="float32", device=None) -> Backend:
     """As create_backend, for weights already in memory. dtype is passed on as 'float32' or 'bfloat16'."""
-    dtype = canonical_dtype(dtype)
-    resolved = resolve_kind(kind)
-    if resolved == "pycuda":
-        from .cuda_backend import CudaBackend  # lazy: imports pycuda and creates a context
-        backend = CudaBackend(spec, weights, capacity, dtype)
-    else:
-        from .numpy_backend import NumpyBackend
-        backend = NumpyBackend(spec, weights, capacity, dtype)
-    logger.info("backend %s (asked %s), dtype %s, %d KV slots", resolved, kind, dtype, capacity)
+    choice = choose_backend(kind)
+    if choice.kind == "pycuda":
+        return _cuda_backend(spec, weights, capacity, dtype, device, choice)
+    from .numpy_backend import NumpyBackend
+    backend = NumpyBackend(spec, weights, capacity, canonical_dtype(dtype))
+    logger.info("%s, dtype %s, %d KV slots", choice.describe(), canonical_dtype(dtype), capacity)
     return backend
+
+
+def _cuda_backend(spec, weights, capacity, dtype, device, choice: BackendChoice):
+    from .cuda_backend import CudaBackend  # lazy: imports pycuda
+    backend = CudaBackend(spec, weights, capacity, canonical_dtype(dtype), device=device)
+    logger.info("%s, dtype %s, %d KV slots", choice.describe(), canonical_dtype(dtype), capacity)
+    return backend
+
+
+def choose_backend(kind: str) -> BackendChoice:
+    """Which backend `kind` means on this machine, and why (ValueError for an unknown kind)."""
+    if kind not in BACKEND_KINDS:
+        raise ValueError(f"backend kind {kind!r} unknown; choose one of {BACKEND_KINDS}")
+    if kind == "numpy":
+        return BackendChoice("numpy", kind, "asked for numpy")
+    found, detail = cuda_device_status()
+    if kind == "pycuda":
+        return BackendChoice("pycuda", kind, f"asked for pycuda; {detail}")
+    if found:
+        return BackendChoice("pycuda", kind, f"auto: {detail}")
+    return BackendChoice("numpy", kind, f"auto: {detail}, so the CPU")
 
 
 def resolve_kind(kind: str) -> str:
     """'auto' -> 'pycuda' or 'numpy'; other kinds are checked and returned as they are."""
-    if kind not in BACKEND_KINDS:
-        raise ValueError(f"backend kind {kind!r} unknown; choose one of {BACKEND_KINDS}")
-    if kind != "auto":
-        return kind
-    return "pycuda" if cuda_device_available() else "numpy"
+    return choose_backend(kind).kind
 
 
 def cuda_device_available() -> bool:
     """True when PyCUDA imports and the driver reports at least one device."""
+    return cuda_device_status()[0]
+
+
+def cuda_device_status() -> tuple[bool, str]:
+    """(a device is usable, one line saying what was found)."""
+    from .cuda_device import NoCudaDevice, driver
     try:
-        import pycuda.driver as drv
-    except ImportError:
-        return False
-    try:
-        drv.init()
-        return drv.Device.count() > 0
-    except drv.Error as exc:
-        logger.info("pycuda present but no usable CUDA device: %s", exc)
-        return False
+        drv = driver()
+    except NoCudaDevice as exc:
+        return False, str(exc)
+    count = drv.Device.count()
+    if count == 0:
+        return False, "PyCUDA found no CUDA device"
+    return True, f"CUDA device 0 is {drv.Device(0).name()} ({count} visible)"

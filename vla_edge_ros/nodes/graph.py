@@ -7,7 +7,7 @@ same remaps.
 
     camera_ingest  /camera/image_raw -> /vla/frame
     reasoning      /vla/frame, /vla/instruction -> /vla/action | /vla/fallback,
-                   /vla/action_tokens, /vla/state_chunk, /diagnostics
+                   /vla/action_tokens, /vla/state_chunk, /diagnostics (lifecycle node)
     reconciler     /vla/state_chunk -> /vla/reconciler/swap (lifecycle node)
 
 No rclpy import here: the table is plain data.
@@ -60,7 +60,7 @@ class NodeSpec:
 
 NODES: tuple = (
     NodeSpec(name="camera_ingest", module="vla_edge_ros.nodes.camera_ingest", executable="camera_ingest"),
-    NodeSpec(name="reasoning", module="vla_edge_ros.nodes.reasoning", executable="reasoning"),
+    NodeSpec(name="reasoning", module="vla_edge_ros.nodes.reasoning", executable="reasoning", lifecycle=True),
     NodeSpec(name="reconciler", module="vla_edge_ros.nodes.reconciler", executable="reconciler", lifecycle=True),
 )
 

@@ -1,13 +1,26 @@
-"""reasoning: the 33 ms control cycle; exactly one /vla/action or /vla/fallback per cycle.
+"""reasoning: the 33 ms control cycle; exactly one /vla/action or /vla/fallback per cycle while active.
+
+A lifecycle node, like the reconciler, because it owns the GPU:
+
+    unconfigured --configure--> inactive: builds the engine (core/engine_factory.py: weights streamed
+                                to the device, kernels compiled, KV arena allocated, CUDA graphs of
+                                the cycle captured), runs lifecycle.warmup_cycles warm-up cycles that
+                                seed the admission estimate, subscribes /vla/frame and /vla/instruction
+    inactive --activate--> active:        starts the cycle thread and the swap requests
+    active --deactivate--> inactive:      stops them after the cycle in flight (which still ends in
+                                          an action or a fallback)
+    inactive --cleanup--> unconfigured:   frees the engine (device memory given back, logged)
+A bad model or configuration fails configure with the reason logged; the node stays up, unconfigured.
 
 Threads:
     executor     /vla/frame -> core double buffer (never waits), /vla/instruction,
-                 1 Hz /diagnostics, swap requests and their answers
+                 1 Hz /diagnostics, swap requests and their answers, lifecycle transitions
     cycle        waits for each boundary of a fixed grid (hybrid sleep-then-spin,
                  core/clock.py), runs `Engine.run_cycle` on the freshest frame,
                  publishes the result, then - still at the boundary - applies a
-                 new instruction or a loaded reconciler snapshot
-    swap loader  reads a snapshot file offered by the reconciler (core/swap_protocol.py)
+                 new instruction or a loaded reconciler snapshot. It holds the
+                 engine's CUDA context for its whole life (model/cuda_device.py).
+    swap loader  reads a snapshot offered by the reconciler and maps its KV (CUDA IPC on a GPU)
 Nothing on the cycle thread waits for the reconciler; if it is gone, requests time out and
 the engine's own eviction keeps serving.
 """
@@ -16,12 +29,16 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
+import time
 import traceback
 
+import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
 from diagnostic_msgs.msg import DiagnosticStatus
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode
+from rclpy.lifecycle import LifecycleState
+from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy
 from rclpy.qos import QoSProfile
 from sensor_msgs.msg import Image
@@ -34,9 +51,11 @@ from ..config import ConfigError
 from ..core import swap_protocol as swap
 from ..core.clock import CycleGrid, hybrid_sleep_until
 from ..core.double_buffer import LatestFrameBuffer
-from ..core.engine import Engine, EngineConfigError
+from ..core.engine import EngineConfigError
+from ..core.engine_factory import describe_choice, primary_engine
 from ..core.frame_ids import FrameIdEpochs
 from ..core.state_snapshot import SnapshotError
+from ..model.cuda_device import bound
 from ..model.spec import ModelFormatError
 from . import conversions as conv
 from . import graph
@@ -45,14 +64,27 @@ from .params import NodeParameters
 
 DIAGNOSTICS_PERIOD_S = 1.0
 SWAP_TIMEOUT_POLLS = 20    # a swap request unanswered for 20 memory-sample periods is abandoned
+WARMUP_SEED = 7            # the synthetic warm-up frame (noise, so every kernel sees real-looking data)
+# What configure may fail on without the node going down: unusable model, arena over the memory
+# ceiling, no CUDA device for model.backend pycuda, a kernel that does not compile, ...
+CONFIGURE_ERRORS = (ModelFormatError, EngineConfigError, ConfigError, OSError, ValueError, MemoryError, RuntimeError,
+                    ImportError)
+GIB = 1024 ** 3
 
 
-class Reasoning(Node):
+class Reasoning(LifecycleNode):
     def __init__(self):
+        self.engine = None
+        self.swap = None
+        self._subs: list = []
+        self._pubs: dict = {}
+        self._swap_client = None
+        self._swap_timer = None
+        self._cycle_thread: threading.Thread | None = None
+        self._ipc_mapper = None
+        self.warmup: dict = {}
         super().__init__("reasoning")
         self.params = NodeParameters(self, on_change=self._on_config_change)
-        cfg = self.params.config
-        self.engine = Engine.from_config(cfg)
         self.buffer = LatestFrameBuffer()
         self.frame_ids = FrameIdEpochs()             # camera ids -> state ids that survive a camera restart
         self.rejected_frames = 0
@@ -61,26 +93,71 @@ class Reasoning(Node):
         self._pending_instruction: str | None = None
         self._instruction_lock = threading.Lock()
         self._stop = threading.Event()
-        self.failed = False                          # the cycle thread died: the process exits non-zero
-        poll_s = cfg.memory.sample_period_ms / 1000.0
-        self.swap = swap.SwapClient(poll_s, SWAP_TIMEOUT_POLLS * poll_s)
-
-        self.create_subscription(Image, graph.FRAME_TOPIC, self._on_frame, QoSProfile(depth=1))
-        latched = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
-        self.create_subscription(String, graph.INSTRUCTION_TOPIC, self._on_instruction, latched)
-        self.action_pub = self.create_publisher(JointState, graph.ACTION_TOPIC, QoSProfile(depth=1))
-        self.tokens_pub = self.create_publisher(Int32MultiArray, graph.ACTION_TOKENS_TOPIC, QoSProfile(depth=1))
-        self.fallback_pub = self.create_publisher(DiagnosticStatus, graph.FALLBACK_TOPIC, QoSProfile(depth=10))
-        self.chunk_pub = self.create_publisher(Image, graph.STATE_CHUNK_TOPIC, QoSProfile(depth=64))
         self._chunk_seq = 0                          # numbers state chunks so the reconciler sees a missed one
+        self.failed = False                          # the cycle thread died: the process exits non-zero
         self.diag_pub = self.create_publisher(DiagnosticArray, graph.DIAGNOSTICS_TOPIC, 10)
-        self.swap_client = self.create_client(Trigger, graph.SWAP_SERVICE)
-        self.create_timer(poll_s, self._maybe_request_swap)
         self.create_timer(DIAGNOSTICS_PERIOD_S, self._publish_diagnostics)
+        self.get_logger().info(f"unconfigured; {describe_choice(self.params.config.model.backend)}")
+
+    # ------------------------------------------------------------ lifecycle
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """SUCCESS -> inactive (engine built, warmed up); FAILURE (model or config unusable) stays unconfigured."""
+        cfg = self.params.config
+        t0 = time.perf_counter()
+        try:
+            engine = primary_engine(cfg)
+        except CONFIGURE_ERRORS as exc:
+            self.get_logger().error(f"configure failed: {type(exc).__name__}: {exc}")
+            return TransitionCallbackReturn.FAILURE
+        try:
+            frame = np.random.default_rng(WARMUP_SEED).integers(
+                0, 256, (cfg.vision.image_height, cfg.vision.image_width, 3), dtype=np.uint8)
+            self.warmup = engine.warm_up(cfg.lifecycle.warmup_cycles, frame)
+        except CONFIGURE_ERRORS as exc:
+            engine.close()
+            self.get_logger().error(f"configure failed in warm-up: {type(exc).__name__}: {exc}")
+            return TransitionCallbackReturn.FAILURE
+        self.engine = engine
+        self._open_interfaces(cfg)
+        w = self.warmup
+        self.get_logger().info(
+            f"configured in {time.perf_counter() - t0:.1f} s: {cfg.model.path} on {self._backend_name()}, "
+            f"{engine.backend.memory_bytes() / GIB:.2f} GiB; warm-up {w['cycles']} cycles, first {w['first_ms']:.1f} ms, "
+            f"steady {w['steady_ms']:.1f} ms of a {cfg.cycle.deadline_ms:g} ms deadline")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """SUCCESS -> active: cycles run, swaps are requested."""
+        self._stop.clear()
         self._cycle_thread = threading.Thread(target=self._cycle_loop, name="vla-cycle", daemon=True)
         self._cycle_thread.start()
-        self.get_logger().info(f"cycle {cfg.cycle.deadline_ms} ms, model {cfg.model.path} "
-                               f"({type(self.engine.backend).__name__}), deterministic={cfg.cycle.deterministic}")
+        self._swap_timer = self.create_timer(self.params.config.memory.sample_period_ms / 1000.0,
+                                             self._maybe_request_swap)
+        cfg = self.params.config
+        self.get_logger().info(f"active: cycle {cfg.cycle.deadline_ms} ms, deterministic={cfg.cycle.deterministic}")
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """SUCCESS -> inactive: no more cycles once the one in flight has published its outcome."""
+        self._stop_cycles()
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """SUCCESS -> unconfigured: the engine's memory is given back (device memory on a GPU, logged)."""
+        self._free()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """SUCCESS -> finalized, from any primary state."""
+        self._stop_cycles()
+        self._free()
+        return TransitionCallbackReturn.SUCCESS
+
+    def close(self) -> None:
+        """Process exit (node_main): stop the cycle thread and free the engine before the node is destroyed."""
+        self._stop_cycles()
+        self._free()
 
     # ---------------------------------------------------------------- executor
 
@@ -108,10 +185,10 @@ class Reasoning(Node):
                 self._pending_instruction = cfg.prompt.instruction
 
     def _maybe_request_swap(self) -> None:
-        if not self.swap.want_request() or not self.swap_client.service_is_ready():
+        if not self.swap.want_request() or not self._swap_client.service_is_ready():
             return
         self.swap.request_sent()
-        self.swap_client.call_async(Trigger.Request()).add_done_callback(self._on_swap_answer)
+        self._swap_client.call_async(Trigger.Request()).add_done_callback(self._on_swap_answer)
 
     def _on_swap_answer(self, future) -> None:
         try:
@@ -125,20 +202,26 @@ class Reasoning(Node):
             swap.start_loader(self.swap, offer)
 
     def _publish_diagnostics(self) -> None:
-        # The engine lock only guards the slot bookkeeping (cheap); metrics copy under their own
-        # short lock and sort outside it, so diagnostics never hold up a cycle.
-        with self._engine_lock:
-            state = self.engine.state_summary()
-        window = self.engine.metrics.window_summary()
-        total = self.engine.metrics.summary()
-        stats = self.buffer.stats()
-        values = conv.flatten({"window": window, "total": total, "state": state, "swap": self.swap.summary()})
-        values.update({"frames_received": stats.published, "frames_consumed": stats.consumed,
-                       "frames_overwritten": stats.overwritten, "frames_rejected": self.rejected_frames,
-                       "skipped_boundaries": self.skipped_boundaries, "backend": type(self.engine.backend).__name__,
-                       "instruction": self.engine.instruction})
-        level = DiagnosticStatus.WARN if window["deadline_miss_rate"] > 0 else DiagnosticStatus.OK
-        message = f"miss rate {window['deadline_miss_rate']:.3f}, fallback rate {window['fallback_rate']:.3f}"
+        values = {"lifecycle_state": self._state_machine.current_state[1], "backend": self._backend_name(),
+                  "frames_rejected": self.rejected_frames}
+        level, message = DiagnosticStatus.OK, values["lifecycle_state"]
+        if self.engine is not None:
+            # The engine lock only guards the slot bookkeeping (cheap); metrics copy under their own
+            # short lock and sort outside it, so diagnostics never stall a cycle.
+            with self._engine_lock:
+                state = self.engine.state_summary()
+            window = self.engine.metrics.window_summary()
+            total = self.engine.metrics.summary()
+            stats = self.buffer.stats()
+            values.update(conv.flatten({"window": window, "total": total, "state": state, "swap": self.swap.summary(),
+                                        "warmup": self.warmup}))
+            values.update({"frames_received": stats.published, "frames_consumed": stats.consumed,
+                           "frames_overwritten": stats.overwritten, "skipped_boundaries": self.skipped_boundaries,
+                           "instruction": self.engine.instruction})
+            if window["deadline_miss_rate"] > 0:
+                level = DiagnosticStatus.WARN
+            message = (f"{message}: miss rate {window['deadline_miss_rate']:.3f}, "
+                       f"fallback rate {window['fallback_rate']:.3f}")
         array = DiagnosticArray(status=[conv.status_msg(f"vla_edge: {self.get_name()}", level, message, values)])
         array.header.stamp = self.get_clock().now().to_msg()
         self.diag_pub.publish(array)
@@ -147,7 +230,8 @@ class Reasoning(Node):
 
     def _cycle_loop(self) -> None:
         try:
-            self._run_cycles()
+            with bound(self.engine.backend.device):      # this thread's CUDA context, for its whole life
+                self._run_cycles()
         except Exception:  # noqa: BLE001 - anything escaping here would stop the cycles silently
             self.get_logger().fatal(f"cycle thread failed, shutting the node down:\n{traceback.format_exc()}")
             self.failed = True
@@ -175,14 +259,15 @@ class Reasoning(Node):
             self._between_cycles(result.cycle_id)
 
     def _publish_result(self, result, frame) -> None:
+        pubs = self._pubs
         if result.is_action:
-            self.tokens_pub.publish(conv.action_tokens_msg(result))
-            self.action_pub.publish(conv.action_msg(result, self.params.config.action.dim_names))
+            pubs["tokens"].publish(conv.action_tokens_msg(result))
+            pubs["action"].publish(conv.action_msg(result, self.params.config.action.dim_names))
         else:
-            self.fallback_pub.publish(conv.fallback_msg(result, f"vla_edge: {self.get_name()}"))
+            pubs["fallback"].publish(conv.fallback_msg(result, f"vla_edge: {self.get_name()}"))
         if result.new_frame and frame is not None:
             self._chunk_seq += 1
-            self.chunk_pub.publish(conv.state_chunk_msg(frame, self.engine.state_version, self._chunk_seq))
+            pubs["chunk"].publish(conv.state_chunk_msg(frame, self.engine.state_version, self._chunk_seq))
 
     def _between_cycles(self, cycle_id: int) -> None:
         """At the boundary after cycle `cycle_id`: new instruction, reconciled state."""
@@ -196,26 +281,78 @@ class Reasoning(Node):
                 self._apply(snap, cycle_id)
 
     def _apply(self, snap, cycle_id: int) -> None:
+        t = time.perf_counter()
         try:
             dropped = self.engine.import_state(snap)
         except SnapshotError as exc:
             self.swap.mark_rejected(snap.version)
             self.get_logger().error(f"reconciled state v{snap.version} rejected: {exc}")
             return
+        apply_ms = (time.perf_counter() - t) * 1e3
         report = self.engine.last_swap
-        self.swap.mark_applied(snap.version, cycle_id, len(dropped), len(report.late), len(report.unseen))
-        self.get_logger().info(f"state v{snap.version} applied after cycle {cycle_id}: {len(snap.frames)} "
-                               f"reconciled frames, {len(report.late)} late and {len(report.unseen)} unseen by the "
-                               f"reconciler recomputed, {len(dropped)} dropped")
+        self.swap.mark_applied(snap.version, cycle_id, len(dropped), len(report.late), len(report.unseen),
+                               apply_ms=apply_ms, kv_copy_ms=report.kv_copy_ms)
+        self.get_logger().info(f"state v{snap.version} applied after cycle {cycle_id} in {apply_ms:.2f} ms (KV copy "
+                               f"{report.kv_copy_ms:.2f} ms): {len(snap.frames)} reconciled frames, {len(report.late)} "
+                               f"late and {len(report.unseen)} unseen by the reconciler recomputed, {len(dropped)} dropped")
 
-    def close(self) -> None:
-        """Stop the cycle thread (before the node is destroyed)."""
+    # ------------------------------------------------------------- resources
+
+    def _open_interfaces(self, cfg) -> None:
+        """Topics, the swap client and its protocol state, for a configured engine."""
+        poll_s = cfg.memory.sample_period_ms / 1000.0
+        if self.engine.backend.device is not None:
+            from ..model.cuda_ipc import IpcKvMapper
+            self._ipc_mapper = IpcKvMapper(self.engine.backend.device)
+        self.swap = swap.SwapClient(poll_s, SWAP_TIMEOUT_POLLS * poll_s,
+                                    open_device_kv=self._ipc_mapper.open if self._ipc_mapper is not None else None)
+        latched = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        self._subs = [self.create_subscription(Image, graph.FRAME_TOPIC, self._on_frame, QoSProfile(depth=1)),
+                      self.create_subscription(String, graph.INSTRUCTION_TOPIC, self._on_instruction, latched)]
+        self._pubs = {"action": self.create_publisher(JointState, graph.ACTION_TOPIC, QoSProfile(depth=1)),
+                      "tokens": self.create_publisher(Int32MultiArray, graph.ACTION_TOKENS_TOPIC, QoSProfile(depth=1)),
+                      "fallback": self.create_publisher(DiagnosticStatus, graph.FALLBACK_TOPIC, QoSProfile(depth=10)),
+                      "chunk": self.create_publisher(Image, graph.STATE_CHUNK_TOPIC, QoSProfile(depth=64))}
+        self._swap_client = self.create_client(Trigger, graph.SWAP_SERVICE)
+
+    def _stop_cycles(self) -> None:
         self._stop.set()
-        self._cycle_thread.join(timeout=2.0)
+        if self._cycle_thread is not None:
+            self._cycle_thread.join(timeout=5.0)
+            if self._cycle_thread.is_alive():
+                self.get_logger().error("the cycle thread did not stop within 5 s")
+            self._cycle_thread = None
+        if self._swap_timer is not None:
+            self.destroy_timer(self._swap_timer)
+            self._swap_timer = None
+
+    def _free(self) -> None:
+        for sub in self._subs:
+            self.destroy_subscription(sub)
+        for pub in self._pubs.values():
+            self.destroy_publisher(pub)
+        if self._swap_client is not None:
+            self.destroy_client(self._swap_client)
+        self._subs, self._pubs, self._swap_client = [], {}, None
+        if self._ipc_mapper is not None:
+            self._ipc_mapper.close()
+            self._ipc_mapper = None
+        if self.engine is not None:
+            device = self.engine.backend.device
+            before = device.mem_info()[0] if device is not None else None
+            freed = self.engine.close()
+            self.engine = None
+            if device is not None:
+                after = device.mem_info()[0]
+                self.get_logger().info(f"engine freed: {freed / GIB:.2f} GiB of device memory released; device free "
+                                       f"{before / GIB:.2f} -> {after / GIB:.2f} GiB")
+
+    def _backend_name(self) -> str:
+        return "-" if self.engine is None else type(self.engine.backend).__name__
 
 
 def main(args=None) -> int:
-    return run_node("reasoning", Reasoning, (ConfigError, EngineConfigError, ModelFormatError), args)
+    return run_node("reasoning", Reasoning, (ConfigError,), args)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """reconciler: a lifecycle node that mirrors the reasoning state and offers reconciled swaps.
 
     unconfigured --configure--> inactive: loads the model into an engine of its own (backend
-                                asr.backend: numpy by default, pycuda in this process's own
-                                CUDA context), a StateReconciler (core/reconciliation.py)
-                                and its snapshot directory
+                                asr.backend: numpy by default; pycuda in this process's CUDA
+                                context, its snapshots' KV then offered by CUDA IPC), a
+                                StateReconciler (core/reconciliation.py) and its snapshot directory
     inactive --activate--> active:        subscribes /vla/state_chunk, starts the worker
                                           thread, serves /vla/reconciler/swap, 1 Hz /diagnostics
     active --deactivate--> inactive:      unsubscribes, stops the worker and the service
@@ -25,11 +25,10 @@ from sensor_msgs.msg import Image
 from std_srvs.srv import Trigger
 
 from ..config import ConfigError
-from ..core.cpu_threads import limit_cpu_threads
-from ..core.engine import Engine, EngineConfigError
+from ..core.engine import EngineConfigError
+from ..core.engine_factory import describe_choice, reconciler_engine
 from ..core.reconciliation import StateReconciler
 from ..core.swap_protocol import ReconcilerWorker, SnapshotStore
-from ..model.factory import create_backend_from_weights, load_model
 from ..model.spec import ModelFormatError
 from . import conversions as conv
 from . import graph
@@ -53,19 +52,21 @@ class Reconciler(LifecycleNode):
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         """SUCCESS -> inactive; FAILURE (model or config unusable) stays unconfigured."""
         cfg = self.params.config
+        engine = None
         try:
-            limit_cpu_threads(cfg.model.cpu_threads)
-            spec, weights, tokenizer = load_model(cfg.model.path)
-            backend = create_backend_from_weights(cfg.asr.backend, spec, weights, cfg.kv.capacity_tokens,
-                                                  dtype=cfg.model.dtype)
-            reconciler = StateReconciler(cfg, Engine(cfg, backend, tokenizer))
+            engine = reconciler_engine(cfg)
+            reconciler = StateReconciler(cfg, engine)
             self.worker = ReconcilerWorker(reconciler, SnapshotStore())
         except (ModelFormatError, EngineConfigError, OSError, ValueError, MemoryError, RuntimeError, ImportError) as exc:
             # Unusable model, arena over the memory ceiling, no CUDA device for asr.backend pycuda, ...
+            if engine is not None:
+                engine.close()
             self.get_logger().error(f"configure failed: {type(exc).__name__}: {exc}")
             return TransitionCallbackReturn.FAILURE
-        self.get_logger().info(f"configured: {cfg.model.path} on {type(backend).__name__} (asr.backend {cfg.asr.backend}), "
-                               f"snapshots in {self.worker.store.directory}")
+        kv_path = "CUDA IPC (KV stays on the GPU)" if engine.kv_export is not None else "the snapshot file"
+        self.get_logger().info(f"configured: {cfg.model.path} on {type(engine.backend).__name__} "
+                               f"({describe_choice(cfg.asr.backend)}), snapshots in {self.worker.store.directory}, "
+                               f"KV by {kv_path}")
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -134,7 +135,13 @@ class Reconciler(LifecycleNode):
         if self.worker is not None:
             self.worker.stop()
             self.worker.store.close()
+            engine = self.worker.reconciler.engine
+            if engine.kv_export is not None:
+                engine.kv_export.close()
+            freed = engine.close()
             self.worker = None
+            if freed:
+                self.get_logger().info(f"engine freed: {freed / 2**30:.2f} GiB of device memory released")
 
 
 def main(args=None) -> int:

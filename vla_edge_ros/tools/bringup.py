@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 5.0         # per escalation step: SIGINT, then SIGTERM, then SIGKILL
 ANSWER_WAIT_S = 5.0          # a lifecycle answer not back by then is taken as lost (see change_state)
-LIFECYCLE_TIMEOUT_S = 30.0   # configure loads the model: allow for a cold start on a busy machine
 
 
 class BringupError(RuntimeError):
@@ -47,6 +46,10 @@ def run(args) -> int:
         overrides["model.path"] = str(Path(args.model).resolve())
     graph = GraphProcesses(params_file=args.params, overrides=overrides)
     try:
+        cfg = graph.config()
+        from ..core.engine_factory import describe_choice
+        print(f"vla-edge bringup: reasoning {describe_choice(cfg.model.backend)}; reconciler "
+              f"{describe_choice(cfg.asr.backend)}", flush=True)
         graph.start()
         graph.activate_lifecycle_nodes()
         print(f"vla-edge bringup: running {', '.join(graph.names())} (Ctrl-C stops)", flush=True)
@@ -101,6 +104,7 @@ class GraphProcesses:
         self.nodes = tuple(nodes) if nodes is not None else NODES
         self.log_dir = Path(log_dir) if log_dir else None
         self.procs: dict = {}                      # node name -> Popen
+        self.activation_s: dict = {}               # lifecycle node name -> seconds from configure sent to active
         self._tmp = tempfile.TemporaryDirectory(prefix="vla_edge_bringup_")
 
     def names(self) -> list:
@@ -125,24 +129,41 @@ class GraphProcesses:
                 out.close()                                               # the child holds its own copy
             log.info("started %s (pid %d)", spec.name, self.procs[spec.name].pid)
 
-    def activate_lifecycle_nodes(self, timeout_s: float = LIFECYCLE_TIMEOUT_S) -> None:
-        """configure + activate every lifecycle node through its standard services."""
+    def activate_lifecycle_nodes(self, timeout_s: float | None = None, leave_inactive: tuple = ()) -> None:
+        """configure + activate every lifecycle node through its standard services, in table order
+        (nodes named in leave_inactive are only configured). Waits lifecycle.configure_timeout_s for each
+        configure and lifecycle.transition_timeout_s for each activate, from the graph's configuration
+        (timeout_s, when given, bounds both)."""
         import rclpy
         from ..nodes.graph import lifecycle_service
         from lifecycle_msgs.msg import Transition
+        limits = self.config().lifecycle
+        waits = {Transition.TRANSITION_CONFIGURE: limits.configure_timeout_s,
+                 Transition.TRANSITION_ACTIVATE: limits.transition_timeout_s}
         context = rclpy.Context()
         rclpy.init(context=context, domain_id=_domain_id(self.env))
         try:
             node = rclpy.create_node("vla_edge_bringup", context=context)
             for spec in self.nodes:
                 if spec.lifecycle:
-                    for transition in (Transition.TRANSITION_CONFIGURE, Transition.TRANSITION_ACTIVATE):
-                        change_state(node, lifecycle_service(spec, "change_state"), transition, timeout_s,
+                    t0 = time.monotonic()
+                    steps = (Transition.TRANSITION_CONFIGURE,) + (
+                        () if spec.name in leave_inactive else (Transition.TRANSITION_ACTIVATE,))
+                    for transition in steps:
+                        wait = waits[transition] if timeout_s is None else min(timeout_s, waits[transition])
+                        change_state(node, lifecycle_service(spec, "change_state"), transition, wait,
                                      watch=lambda name=spec.name: self._check_alive(name))
-                    log.info("%s is active", spec.name)
+                    self.activation_s[spec.name] = time.monotonic() - t0
+                    log.info("%s is %s (%.1f s)", spec.name, "inactive" if spec.name in leave_inactive else "active",
+                             self.activation_s[spec.name])
             node.destroy_node()
         finally:
             rclpy.try_shutdown(context=context)
+
+    def config(self):
+        """The graph's configuration: the parameter file with the overrides (ConfigError if invalid)."""
+        from ..config import load
+        return load(self.params_file, self.overrides)
 
     def dead(self) -> dict:
         """{name: exit code} of node processes that have exited."""

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 DEFAULT_WIDTH = 320          # camera resolution of the demo (aspect kept); 0 publishes the clips' own size
 SETTLE_S = 1.5               # after the camera stops: one more 1 Hz diagnostics round
 FIRST_OUTPUT_TIMEOUT_S = 30.0
+RECONCILER_MODES = ("active", "inactive", "off")
 
 
 def add_arguments(parser) -> None:
@@ -35,6 +36,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--width", type=int, default=DEFAULT_WIDTH, help="camera image width; 0 = clip size")
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                         help="override one configuration key for all nodes (repeatable), e.g. --set kv.capacity_tokens=1024")
+    parser.add_argument("--reconciler", choices=RECONCILER_MODES, default="active",
+                        help="active (default): reconciled swaps; inactive: the reconciler node configured but not "
+                             "activated (the reasoning node evicts on its own); off: not started")
 
 
 def run(args) -> int:
@@ -50,8 +54,12 @@ def run(args) -> int:
         raise SystemExit(f"vla-edge demo: {exc}") from exc
     model_dir = ensure_model(Path(args.model or cfg.model.path))
     overrides["model.path"] = str(model_dir)
+    from ..core.engine_factory import describe_choice
+    print(f"vla-edge demo: reasoning {describe_choice(cfg.model.backend)}; reconciler "
+          f"{args.reconciler}" + ("" if args.reconciler == "off" else f", {describe_choice(cfg.asr.backend)}"), flush=True)
     try:
-        report, cycles = run_demo(cfg, model_dir, args.seconds, args.width, args.params, overrides)
+        report, cycles = run_demo(cfg, model_dir, args.seconds, args.width, args.params, overrides,
+                                  reconciler=args.reconciler)
     except BringupError as exc:
         print(f"vla-edge demo: {exc}", file=sys.stderr)
         return 1
@@ -184,8 +192,10 @@ class Controller:
                 self.diagnostics[status.name.split(":")[-1].strip()] = status_values(status)
 
 
-def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None, overrides: dict | None = None):
-    """Run the graph for `seconds` of camera time; returns (report dict, [CycleRecord])."""
+def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None, overrides: dict | None = None,
+             reconciler: str = "active"):
+    """Run the graph for `seconds` of camera time; returns (report dict, [CycleRecord]).
+    reconciler: active | inactive (configured only) | off (not started)."""
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
 
@@ -196,7 +206,8 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
     frames = load_camera_frames(width)
     log_dir = Path(os.environ.get("VLA_EDGE_LOG_DIR", "out/logs"))
     overrides = {**(overrides or {}), "model.path": str(model_dir)}
-    procs = GraphProcesses(params_file=params_file, overrides=overrides, log_dir=log_dir)
+    nodes = tuple(spec for spec in graph.NODES if not (reconciler == "off" and spec.name == "reconciler"))
+    procs = GraphProcesses(params_file=params_file, overrides=overrides, log_dir=log_dir, nodes=nodes)
     context = rclpy.Context()
     rclpy.init(context=context, domain_id=int(os.environ["ROS_DOMAIN_ID"]) if os.environ.get("ROS_DOMAIN_ID") else None)
     node = rclpy.create_node("vla_edge_demo", context=context)
@@ -208,8 +219,10 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
     controller = Controller(node, time.monotonic())
     print(f"vla-edge demo: starting the graph (node logs in {log_dir}/), then {seconds:g} s of camera", flush=True)
     try:
+        t_start = time.monotonic()
         procs.start()
-        procs.activate_lifecycle_nodes()
+        procs.activate_lifecycle_nodes(leave_inactive=("reconciler",) if reconciler == "inactive" else ())
+        start_to_active_s = time.monotonic() - t_start
         # Count from the first cycle output the controller receives: DDS discovery takes a moment.
         deadline = time.monotonic() + FIRST_OUTPUT_TIMEOUT_S
         while controller.outputs_seen == 0:
@@ -243,11 +256,12 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
         rclpy.try_shutdown(context=context)
     backend = controller.diagnostics.get("reasoning", {}).get("backend", cfg.model.backend)
     meta = {"seconds": seconds, "camera_hz": cfg.cycle.camera_hz, "deadline_ms": cfg.cycle.deadline_ms,
-            "camera_to_first_action_s": first_action_s,
+            "camera_to_first_action_s": first_action_s, "start_to_active_s": start_to_active_s,
+            "lifecycle_transition_s": dict(procs.activation_s), "reconciler": reconciler,
             "model": str(model_dir), "backend": backend, "camera_frames_published": camera.published,
             "camera_frame_width": width, "max_publish_ms": camera.max_publish_s * 1000.0,
             "joint_states_received": controller.joint_states, "exit_codes": codes,
-            "died_during_run": died, "graph_nodes": [s.name for s in graph.NODES],
+            "died_during_run": died, "graph_nodes": [s.name for s in nodes],
             "overrides": {k: v for k, v in overrides.items() if k != "model.path"}}
     cycles = list(controller.cycles.values())
     report = build_report(cycles, controller.diagnostics.get("reasoning", {}),

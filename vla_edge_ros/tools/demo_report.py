@@ -64,7 +64,13 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict) -> dic
             "engine_model_and_kv_bytes": _int(reasoning.get("state.memory_bytes")),
         },
         "kv": {"frames_retained": _int(reasoning.get("state.frames")), "fill": _float(reasoning.get("state.kv_fill"))},
-        "swaps": {"applied": _int(reasoning.get("swap.swaps")), "state_version": _int(reasoning.get("swap.state_version"))},
+        "swaps": {"applied": _int(reasoning.get("swap.swaps")), "state_version": _int(reasoning.get("swap.state_version")),
+                  "apply_ms_max": _float(reasoning.get("swap.swap_apply_ms_max")),
+                  "kv_copy_ms_max": _float(reasoning.get("swap.swap_kv_copy_ms_max")),
+                  "kv_copy_ms_last": _float(reasoning.get("swap.swap_kv_copy_ms_last")),
+                  "rejected": _int(reasoning.get("swap.swap_rejections")),
+                  "load_failures": _int(reasoning.get("swap.swap_load_failures"))},
+        "warmup": {"steady_ms": _float(reasoning.get("warmup.steady_ms")), "first_ms": _float(reasoning.get("warmup.first_ms"))},
     }
 
 
@@ -75,7 +81,9 @@ def format_table(report: dict) -> str:
     mem = report["peak_memory"]
     rows = [
         ("duration", f"{report['seconds']:.1f} s, camera {report['camera_hz']:g} Hz, deadline {report['deadline_ms']:g} ms"),
-        ("model", f"{report['model']} ({report['backend']})"),
+        ("model", f"{report['model']} ({report['backend']}; reconciler {report.get('reconciler', 'active')})"),
+        ("process start -> active", f"{report.get('start_to_active_s', 0.0):.1f} s (" + ", ".join(
+            f"{k} {v:.1f} s" for k, v in report.get("lifecycle_transition_s", {}).items()) + " configure+activate)"),
         ("camera start -> first action", f"{report['camera_to_first_action_s']:.2f} s (DDS discovery; before the "
                                          f"measured window)"),
         ("cycles", f"{report['cycles']} (cycle-id gaps: {report['cycle_id_gaps']})"),
@@ -92,7 +100,10 @@ def format_table(report: dict) -> str:
                                            f"reasoning {dropped['reasoning']})"),
         ("images rejected", str(frames["rejected_by_ingest"])),
         ("evictions", f"{report['evictions']} (frames retained {report['kv']['frames_retained']})"),
-        ("state swaps applied", f"{report['swaps']['applied']} (state version {report['swaps']['state_version']})"),
+        ("state swaps applied", f"{report['swaps']['applied']} (state version {report['swaps']['state_version']}; "
+                                f"apply max {_ms(report['swaps']['apply_ms_max'])} ms, KV copy max "
+                                f"{_ms(report['swaps']['kv_copy_ms_max'])} ms; rejected {report['swaps']['rejected']}, "
+                                f"load failures {report['swaps']['load_failures']})"),
         ("peak memory", f"reasoning process VmHWM {_mib(mem['reasoning_process_vm_hwm_bytes'])}, "
                         f"model + KV arena {_mib(mem['engine_model_and_kv_bytes'])}"),
     ]

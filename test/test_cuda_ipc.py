@@ -1,0 +1,67 @@
+"""A snapshot's KV crossing processes by CUDA IPC, as between the reconciler and reasoning nodes.
+
+GPU only (marker `gpu`). A second process (test/cuda_ipc_exporter.py) builds
+its own CudaBackend, computes real K/V and exports it into its ring buffer;
+this process maps the buffer through the offer's descriptor and writes the
+rows into its own arena with one kernel: they must be bit-identical to the
+exporter's, and a buffer the exporter has since rewritten must be refused.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+CAPACITY = 400
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_kv_rows_cross_processes_bit_exactly_and_a_rewritten_buffer_is_refused(tiny_model_dir, tmp_path):
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.cuda_device import primary_device
+    from vla_edge_ros.model.cuda_ipc import IpcKvMapper
+    from vla_edge_ros.model.errors import DeviceKVUnavailable
+    from vla_edge_ros.model.spec import ModelSpec
+
+    child = subprocess.Popen([sys.executable, str(ROOT / "test" / "cuda_ipc_exporter.py"), str(tiny_model_dir),
+                              str(CAPACITY), str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, cwd=ROOT)
+    try:
+        descriptor = json.loads(child.stdout.readline())
+        expected = np.load(tmp_path / "expected.npy")                  # [2, L, 150, kv_dim]
+        spec = ModelSpec.from_dir(tiny_model_dir)
+        primary = CudaBackend(spec, tiny_model_dir, CAPACITY, "float32")
+        mapper = IpcKvMapper(primary.device)
+        kv = mapper.open(descriptor)
+        assert kv.shape == expected.shape and np.isfinite(kv).all()
+        dst = np.arange(CAPACITY - 1, CAPACITY - 151, -1)             # other slots, reversed
+        kv.write_into(primary, dst)
+        np.testing.assert_array_equal(primary.read_kv(dst), expected)
+        print(f"150 KV rows across processes: {kv.last_copy_ms:.3f} ms (check, one kv_scatter, sync, check)")
+
+        for _ in range(2):                                             # the ring comes back to kv's buffer
+            child.stdin.write("export\n")
+            child.stdin.flush()
+            newer = json.loads(child.stdout.readline())
+        assert newer["handle"] == descriptor["handle"] and newer["generation"] == descriptor["generation"] + 1
+        with pytest.raises(DeviceKVUnavailable, match="moved on"):
+            kv.check_usable()
+        with pytest.raises(DeviceKVUnavailable):
+            kv.write_into(primary, dst)
+        fresh = mapper.open(newer)
+        fresh.write_into(primary, dst)
+        np.testing.assert_array_equal(primary.read_kv(dst), expected)
+        assert mapper.opened == 2, "each ring buffer is mapped once"
+        mapper.close()
+        freed = primary.close()
+        assert freed > 0
+        with primary_device(0).bound():
+            pass                                                       # the context is still usable
+    finally:
+        if child.poll() is None:
+            child.stdin.write("quit\n")
+            child.stdin.flush()
+        assert child.wait(timeout=60) == 0

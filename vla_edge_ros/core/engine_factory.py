@@ -1,0 +1,52 @@
+"""The one place engines are built from a configuration: the nodes, tools and tests all come here.
+
+    primary_engine(cfg)      the reasoning node's engine: backend model.backend
+    reconciler_engine(cfg)   the reconciler's engine: backend asr.backend; on a GPU its
+                             snapshots keep their KV on the device (DeviceKvExporter), so a
+                             swap moves it by CUDA IPC instead of through a file
+
+Both load the tokenizer and build the backend through model/factory.py (the
+CUDA backend streams the weights to the device; the numpy backend loads them
+as float32), in a process whose BLAS uses model.cpu_threads threads.
+"""
+from __future__ import annotations
+
+import logging
+
+from ..config import VlaConfig
+from ..model.factory import choose_backend, create_backend
+from ..model.weights import load_tokenizer
+from .cpu_threads import limit_cpu_threads
+from .engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+def primary_engine(cfg: VlaConfig, device=None) -> Engine:
+    """The serving engine of `cfg` (model.backend); device: a CudaDevice for the GPU backend (default device 0)."""
+    return _engine(cfg, cfg.model.backend, device)
+
+
+def reconciler_engine(cfg: VlaConfig, device=None) -> Engine:
+    """The reconciler's engine (asr.backend); on a GPU its snapshots' KV stays on the device."""
+    engine = _engine(cfg, cfg.asr.backend, device)
+    if engine.backend.device is not None:
+        from ..model.cuda_state_transfer import DeviceKvExporter
+        engine.kv_export = DeviceKvExporter(engine.backend)
+    return engine
+
+
+def describe_choice(kind: str) -> str:
+    """One line: which backend `kind` (auto | numpy | pycuda) means here, and why."""
+    return choose_backend(kind).describe()
+
+
+def _engine(cfg: VlaConfig, kind: str, device) -> Engine:
+    limit_cpu_threads(cfg.model.cpu_threads)
+    tokenizer = load_tokenizer(cfg.model.path)
+    backend = create_backend(kind, cfg.model.path, cfg.kv.capacity_tokens, dtype=cfg.model.dtype, device=device)
+    try:
+        return Engine(cfg, backend, tokenizer)
+    except BaseException:
+        backend.close()              # a configuration the engine refuses leaves no device memory behind
+        raise

@@ -1,0 +1,143 @@
+"""A reconciled snapshot's KV taken from another process through CUDA IPC: no trip through the host.
+
+The reconciler node exports each snapshot into a ring buffer of its own
+process (cuda_state_transfer.DeviceKvExporter) and puts the buffer's IPC
+handle in its swap offer (`DeviceKV.ipc_descriptor()`):
+
+    {"handle": hex of the 64-byte cuIpcMemHandle, "bytes": allocation size,
+     "header_offset": where the generation word is, "generation": g,
+     "buffer": ring index, "rows": rows in the snapshot,
+     "shape": [2, layers, capacity, kv_dim], "finite": bool, "device_pci_bus_id": ...}
+
+In the reasoning process an `IpcKvMapper` opens each handle once
+(cuIpcOpenMemHandle; the ring has two buffers, so after the first two offers
+nothing is opened again) in the backend's context, on the swap loader thread.
+At the cycle boundary `IpcKV.write_into` checks the buffer's generation word
+(it must read 2g: written completely, not reused), runs one kv_scatter from
+the mapped rows into the arena slots, synchronizes and checks the word again:
+a change means the reconciler rewrote the buffer during the copy, and the
+copy is reported as torn (DeviceKVUnavailable) so the engine can forget the frames
+rather than attend to mixed KV.
+
+A mapping stays valid while the reconciler process keeps the allocation; an
+offer is only taken from a reconciler that just answered, and the copy runs
+at the next boundary.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+
+from .errors import DeviceKVUnavailable
+
+log = logging.getLogger(__name__)
+
+DESCRIPTOR_KEYS = ("handle", "bytes", "header_offset", "generation", "rows", "shape", "finite")
+
+
+class IpcKvMapper:
+    """IPC handles of reconciler processes opened in one backend's context, kept for reuse."""
+
+    def __init__(self, device):
+        self.device = device
+        self._open: dict = {}            # handle hex -> pycuda IPCMemoryHandle
+        self._lock = threading.Lock()
+        self.opened = 0
+
+    def address(self, handle_hex: str) -> int:
+        """Device address of the mapped allocation in this context (opened on first use)."""
+        with self._lock:
+            mapped = self._open.get(handle_hex)
+            if mapped is None:
+                drv = self.device.drv
+                with self.device.bound():
+                    try:
+                        mapped = drv.IPCMemoryHandle(bytearray.fromhex(handle_hex),
+                                                     drv.ipc_mem_flags.LAZY_ENABLE_PEER_ACCESS)
+                    except drv.Error as exc:
+                        raise DeviceKVUnavailable(f"cannot open the reconciler's CUDA IPC handle: {exc}") from exc
+                self._open[handle_hex] = mapped
+                self.opened += 1
+                log.info("opened a reconciler KV buffer through CUDA IPC (%d mapped)", len(self._open))
+            return int(mapped)
+
+    def open(self, descriptor: dict) -> "IpcKV":
+        """The KV holder of an offer's descriptor, its buffer mapped now (call off the cycle thread)."""
+        kv = IpcKV(descriptor, self)
+        kv.prepare()
+        return kv
+
+    def forget(self, keep: set) -> None:
+        """Close mappings whose handle is not in `keep` (a restarted reconciler's old buffers)."""
+        with self._lock:
+            for handle in [h for h in self._open if h not in keep]:
+                with self.device.bound():
+                    try:
+                        self._open.pop(handle).close()
+                    except self.device.drv.Error as exc:     # the exporter may be gone: nothing left to do
+                        log.debug("closing an IPC mapping failed: %s", exc)
+
+    def close(self) -> None:
+        self.forget(set())
+
+
+class IpcKV:
+    """`StateSnapshot.kv` of an offer from another process (see the module docstring)."""
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, descriptor: dict, mapper: IpcKvMapper):
+        missing = [k for k in DESCRIPTOR_KEYS if k not in descriptor]
+        if missing:
+            raise ValueError(f"IPC KV descriptor lacks {missing}")
+        self.descriptor = descriptor
+        self.mapper = mapper
+        layers_shape = descriptor["shape"]
+        self.shape = (2, int(layers_shape[1]), int(descriptor["rows"]), int(layers_shape[3]))
+        self.finite = bool(descriptor["finite"])
+        self.generation = int(descriptor["generation"])
+        self.last_copy_ms: float | None = None
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if ufunc is np.isfinite and method == "__call__":
+            return np.bool_(self.finite)
+        raise TypeError(f"IpcKV stays on the device: numpy {ufunc.__name__} is not available")
+
+    def prepare(self) -> None:
+        """Map the buffer now (the loader thread), so the cycle boundary only copies."""
+        self.mapper.address(self.descriptor["handle"])
+
+    def check_usable(self) -> None:
+        """DeviceKVUnavailable unless the buffer still holds this snapshot, completely written."""
+        word = self._header()
+        if word != 2 * self.generation:
+            raise DeviceKVUnavailable(f"reconciler buffer {self.descriptor.get('buffer')} moved on (generation word {word}, "
+                                f"offer {self.generation}): the snapshot is stale")
+
+    def write_into(self, backend, slots: np.ndarray) -> None:
+        """One kv_scatter from the mapped rows into `slots` of the CudaBackend `backend`, checked before and after."""
+        slots = np.asarray(slots)
+        if slots.size != self.shape[2]:
+            raise ValueError(f"IpcKV.write_into: {slots.size} slots for {self.shape[2]} KV rows")
+        if tuple(backend.kv_rows_shape()) != tuple(self.descriptor["shape"]):
+            raise ValueError(f"IpcKV.write_into: arena layout {backend.kv_rows_shape()} differs from the reconciler's "
+                             f"{tuple(self.descriptor['shape'])} (capacity or model shape differ)")
+        t = time.perf_counter()
+        self.check_usable()
+        backend.scatter_kv_rows(self.mapper.address(self.descriptor["handle"]), slots)
+        backend.synchronize()
+        word = self._header()
+        self.last_copy_ms = (time.perf_counter() - t) * 1e3
+        if word != 2 * self.generation:
+            raise DeviceKVUnavailable(f"reconciler buffer rewritten during the copy (generation word {word}): torn KV")
+
+    def _header(self) -> int:
+        base = self.mapper.address(self.descriptor["handle"])
+        word = np.zeros(1, np.int32)
+        dev = self.mapper.device
+        with dev.bound():
+            dev.drv.memcpy_dtoh(word, base + int(self.descriptor["header_offset"]))
+        return int(word[0])

@@ -1,0 +1,55 @@
+"""One control cycle through `Backend.forward`, logits on the host: the numpy backend's cycle.
+
+The same contract as CudaBackend.run_cycle_tokens (model/backend.py): prefill
+the rows, choose token 0 as the argmax over the action bins of the last row's
+logits, then n_tokens - 1 single-token decode steps, step j feeding token j
+at decode_positions[j] into decode_slots[j] and attending to everything
+before it. On the GPU the same loop over the CUDA backend's `forward` is the
+reference the device cycle is tested against (test/test_cuda_engine.py).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import NonFiniteLogitsError
+
+
+@dataclass
+class HostCycle:
+    tokens: np.ndarray              # [n_tokens] int64 chosen token ids
+    prefill_logits: np.ndarray      # [vocab] float32 logits of the last prefill row
+    prefill_ms: float
+    decode_ms: float
+
+
+def restricted_argmax(logits: np.ndarray, bin_lo: int, n_bins: int) -> int:
+    """Vocabulary id of the highest-scoring action bin of one logits row [vocab] (first on ties);
+    NonFiniteLogitsError for NaN anywhere or +-Inf among the bins."""
+    bins = logits[bin_lo:bin_lo + n_bins]
+    if np.isnan(logits).any() or not np.isfinite(bins).all():
+        raise NonFiniteLogitsError(f"logits contain {int(np.isnan(logits).sum())} NaN values and "
+                                   f"{int(np.isinf(bins).sum())} infinite action-bin values")
+    return bin_lo + int(np.argmax(bins))
+
+
+def run_cycle_on_host(backend, prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions,
+                      bin_lo: int, n_tokens: int, n_bins: int) -> HostCycle:
+    """The cycle as a loop of backend.forward calls (see the module docstring)."""
+    t_prefill = time.perf_counter()
+    out = backend.forward(prefill_x, positions, write_slots, context_slots, logits="last")
+    prefill_logits = out.logits[-1]                                          # [vocab]
+    tokens = [restricted_argmax(prefill_logits, bin_lo, n_bins)]
+    t_decode = time.perf_counter()
+    ctx = np.concatenate([context_slots, write_slots]).astype(np.int32)
+    for slot, pos in zip(decode_slots[:n_tokens - 1], decode_positions[:n_tokens - 1]):
+        slot = np.asarray([slot], dtype=np.int32)
+        out = backend.forward(backend.embed(np.asarray(tokens[-1:], dtype=np.int64)),
+                              np.asarray([pos], dtype=np.int64), slot, ctx, logits="last")
+        tokens.append(restricted_argmax(out.logits[-1], bin_lo, n_bins))
+        ctx = np.concatenate([ctx, slot])
+    t_end = time.perf_counter()
+    return HostCycle(np.asarray(tokens, dtype=np.int64), prefill_logits, (t_decode - t_prefill) * 1e3,
+                     (t_end - t_decode) * 1e3)
