@@ -11,8 +11,12 @@ from vla_edge_ros.core.admission import AdmissionController
 CFG = config.load()
 
 
-def make(alpha=None) -> AdmissionController:
-    adm = CFG.admission if alpha is None else AdmissionConfig(ema_alpha=alpha)
+def make(alpha=None, spike_factor=None) -> AdmissionController:
+    adm = CFG.admission
+    if alpha is not None:
+        adm = AdmissionConfig(ema_alpha=alpha)
+    if spike_factor is not None:
+        adm = AdmissionConfig(ema_alpha=adm.ema_alpha, spike_factor=spike_factor)
     return AdmissionController(CFG.cycle, adm)
 
 
@@ -27,7 +31,7 @@ def test_first_cycle_is_admitted_even_past_the_deadline():
 
 
 def test_first_observation_seeds_then_separate_emas_follow_the_recurrence():
-    ctl = make()
+    ctl = make(spike_factor=1e12)          # the plain recurrence: no sample counts as a spike
     rng = np.random.default_rng(7)
     alpha = CFG.admission.ema_alpha
     ref_prefill = ref_decode = None
@@ -109,3 +113,38 @@ def test_a_stale_high_estimate_recovers_through_a_probe_cycle():
     ctl.observe(prefill_ms=4.0, prefill_tokens=40, decode_ms=3.5, decode_tokens=7)     # the probe measures fast again
     d = ctl.decide(0.0, 40, 7)
     assert d.admit and not d.probe
+
+
+def test_a_spike_is_reported_by_the_caller_but_not_learned():
+    """The reconciler's rebuild on the H200: three cycles at ~2x cost, then normal again. The estimate must
+    not move, so the cycles after the spike are admitted instead of refused for half a second."""
+    ctl = make()
+    for _ in range(20):
+        ctl.observe(16.0, 44, 8.0, 7)                        # ~24 ms cycles
+    before = (ctl.ema_prefill_ms_per_token, ctl.ema_decode_ms_per_token)
+    for _ in range(CFG.admission.spikes_to_adopt - 1):
+        assert ctl.observe(33.0, 44, 17.0, 7) is False       # ~50 ms: a spike
+    assert (ctl.ema_prefill_ms_per_token, ctl.ema_decode_ms_per_token) == before
+    assert ctl.spikes == CFG.admission.spikes_to_adopt - 1
+    assert ctl.observe(16.0, 44, 8.0, 7) is True and ctl.spikes_in_a_row == 0
+    d = ctl.decide(0.5, 44, 7)
+    assert d.admit and d.estimate_ms == pytest.approx(24.0, rel=1e-6)
+
+
+def test_spikes_in_a_row_are_a_lasting_change_and_are_learned():
+    ctl = make()
+    for _ in range(20):
+        ctl.observe(16.0, 44, 8.0, 7)
+    learned = [ctl.observe(40.0, 44, 20.0, 7) for _ in range(60)]
+    n = CFG.admission.spikes_to_adopt
+    assert learned[:n - 1] == [False] * (n - 1) and all(learned[n - 1:])
+    estimate = ctl.ema_prefill_ms_per_token * 44 + ctl.ema_decode_ms_per_token * 7
+    assert estimate == pytest.approx(60.0, rel=1e-3)           # the new cost, fully learned
+    assert not ctl.decide(0.0, 44, 7).admit                   # which no longer fits the deadline
+
+
+def test_spike_settings_are_validated():
+    with pytest.raises(config.ConfigError, match="spike_factor"):
+        AdmissionConfig(spike_factor=1.0)
+    with pytest.raises(config.ConfigError, match="spikes_to_adopt"):
+        AdmissionConfig(spikes_to_adopt=0)

@@ -19,8 +19,9 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
-CAPACITY = 256
+CAPACITY = 32768        # a 64 MiB KV arena: big enough that the memory close() gives back shows in mem_get_info
 BINS = 256
+ALLOCATION_GRANULE = 2 << 20     # the driver reports free memory in pages of its allocator
 
 SCRIPT = """
 import sys, threading
@@ -102,7 +103,7 @@ def test_a_backend_built_on_one_thread_serves_other_threads_and_leaves_no_contex
     print(f"device free: {free_before / 2**20:.0f} MiB before, {free_built / 2**20:.0f} built, "
           f"{free_after / 2**20:.0f} after close ({freed / 2**20:.0f} MiB freed)")
     assert freed >= built["b"].planned_bytes * 0.9
-    assert free_after - free_built >= freed * 0.9, "close() did not give the device memory back"
+    assert free_after - free_built >= freed - 4 * ALLOCATION_GRANULE, "close() did not give the device memory back"
     with pytest.raises(RuntimeError, match="closed"):
         built["b"].read_kv(np.arange(2))
 

@@ -65,11 +65,19 @@ class CycleConfig:
 class AdmissionConfig:
     ema_alpha: float = _doc("weight of the newest measurement in the prefill and decode ms/token EMAs", default=0.2)
     probe_after_refusals: int = _doc("after this many refusals in a row, admit one cycle to re-measure the cost", default=15)
+    spike_factor: float = _doc("a cycle costing more than this times the estimate is a spike (interference, e.g. the "
+                               "reconciler's rebuild): it does not move the estimate, so it cannot make the next "
+                               "second refuse", default=1.5)
+    spikes_to_adopt: int = _doc("this many spikes in a row are a lasting change of cost, not interference: from "
+                                "then on they are learned", default=5)
 
     def __post_init__(self):
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ConfigError(f"admission.ema_alpha must be in (0, 1], got {self.ema_alpha}")
         _positive(self, "probe_after_refusals", "admission")
+        if not self.spike_factor > 1.0:
+            raise ConfigError(f"admission.spike_factor must be > 1, got {self.spike_factor}")
+        _positive(self, "spikes_to_adopt", "admission")
 
 
 @dataclass(frozen=True)

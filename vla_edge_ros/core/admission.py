@@ -11,6 +11,14 @@ over many tokens) and decode (one forward per token) cost differently:
 The first cycle is admitted unconditionally (nothing measured yet to distrust);
 its measurement seeds both averages.
 
+Spikes are not learned. A cycle that cost more than `admission.spike_factor`
+times its estimate was slowed by something else (measured on the H200: the
+reconciler's rebuild made three cycles in a row take ~50 ms instead of ~24,
+and the inflated estimate then refused for half a second after each of its
+11 rebuilds in 30 s). Such a cycle is still reported (late if it was), but it
+does not move the estimate, unless `admission.spikes_to_adopt` of them come in
+a row: then the cost has really changed and is learned from there on.
+
 Refused cycles measure nothing, so an estimate inflated by one slow spell
 (another process on the core, a page fault storm) would refuse forever. After
 `admission.probe_after_refusals` refusals in a row one cycle is admitted as a
@@ -41,7 +49,11 @@ class AdmissionController:
         self.safety_margin_ms = cycle_cfg.safety_margin_ms
         self.alpha = admission_cfg.ema_alpha
         self.probe_after = admission_cfg.probe_after_refusals
+        self.spike_factor = admission_cfg.spike_factor
+        self.spikes_to_adopt = admission_cfg.spikes_to_adopt
         self.refusals_in_a_row = 0
+        self.spikes_in_a_row = 0
+        self.spikes = 0                 # cycles not learned from (too slow to be the engine's own cost)
         self.ema_prefill_ms_per_token = 0.0
         self.ema_decode_ms_per_token = 0.0
         self.has_sample = False
@@ -64,8 +76,9 @@ class AdmissionController:
             return AdmissionDecision(admit=True, estimate_ms=estimate, budget_ms=budget, probe=True)
         return AdmissionDecision(admit=False, estimate_ms=estimate, budget_ms=budget)
 
-    def observe(self, prefill_ms: float, prefill_tokens: int, decode_ms: float, decode_tokens: int) -> None:
-        """Fold one measured cycle into the two per-token EMAs (the first one seeds them)."""
+    def observe(self, prefill_ms: float, prefill_tokens: int, decode_ms: float, decode_tokens: int) -> bool:
+        """Fold one measured cycle into the two per-token EMAs (the first one seeds them); a spike (see the
+        module docstring) is not folded in. Returns True when the sample was learned."""
         _check_finite_non_negative("prefill_ms", prefill_ms)
         _check_finite_non_negative("decode_ms", decode_ms)
         for name, count in (("prefill_tokens", prefill_tokens), ("decode_tokens", decode_tokens)):
@@ -78,10 +91,19 @@ class AdmissionController:
             self.ema_prefill_ms_per_token = prefill_rate
             self.ema_decode_ms_per_token = decode_rate
             self.has_sample = True
-            return
+            return True
+        predicted = self.ema_prefill_ms_per_token * prefill_tokens + self.ema_decode_ms_per_token * decode_tokens
+        if prefill_ms + decode_ms > self.spike_factor * predicted:
+            self.spikes_in_a_row += 1
+            if self.spikes_in_a_row < self.spikes_to_adopt:
+                self.spikes += 1
+                return False
+        else:
+            self.spikes_in_a_row = 0
         a = self.alpha
         self.ema_prefill_ms_per_token = (1.0 - a) * self.ema_prefill_ms_per_token + a * prefill_rate
         self.ema_decode_ms_per_token = (1.0 - a) * self.ema_decode_ms_per_token + a * decode_rate
+        return True
 
 
 def _check_finite_non_negative(name: str, value: float) -> None:

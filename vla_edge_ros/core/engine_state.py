@@ -122,7 +122,7 @@ class FrameState:
     def reset_frames(self) -> None:
         """Forget every frame; the static prefix stays (it is never recomputed). The state is exact again."""
         self._require_boundary("reset_frames")
-        self.kv.evict_frames([r.frame_id for r in self.kv.retained()])
+        self.kv.evict_all()
         self.frames.clear()
         self.next_position = self.prefix_tokens
         self.approximate_evictions = 0
@@ -218,12 +218,12 @@ class FrameState:
         dropped = [r.frame_id for r in mine
                    if r.frame_id not in taken and r.frame_id <= newest and r.frame_id not in unseen_ids] + late_lost
 
-        self.kv.evict_frames([r.frame_id for r in mine])
+        self.kv.evict_all()
         self.frames.clear()
-        slots = []
+        # The snapshot fits (checked above): its frames take their slots in one pass, no policy involved.
+        slots = self.kv.place_frames([(f.frame_id, f.pooled, f.position_start) for f in snap.frames],
+                                     reserve=self.suffix_reserve)
         for i, f in enumerate(snap.frames):
-            adm = self.kv.add_frame(f.frame_id, f.pooled, f.position_start, reserve=self.suffix_reserve)
-            slots.append(adm.slots)
             rows = snap.rows[i] if snap.rows is not None else None
             self.frames[f.frame_id] = FrameRecord(f.frame_id, f.stamp_s, rows)
         kv_copy_ms = 0.0
@@ -236,7 +236,7 @@ class FrameState:
                     # The reconciler rewrote the buffer under the copy: this KV is mixed. Forget the frames
                     # (an exact, empty state) rather than attend to it; the next offer brings them back.
                     log.error("swap v%d: %s; all frames forgotten, the state stays exact", snap.version, exc)
-                    self.kv.evict_frames([r.frame_id for r in self.kv.retained()])
+                    self.kv.evict_all()
                     self.frames.clear()
                     self.next_position = self.prefix_tokens
                     self.approximate_evictions = 0

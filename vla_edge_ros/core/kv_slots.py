@@ -205,6 +205,40 @@ class KVSlotManager:
         self._added += 1
         return FrameAdmission(slots=slots, evicted=evicted)
 
+    def place_frames(self, frames: list, reserve: int) -> list:
+        """Allocate slots for a whole state at once (a swap: the manager holds no frames), oldest first,
+        with no policy call: the caller has checked that they fit beside `reserve` transient slots.
+        frames: [(frame_id, pooled [hidden], position_start)]. Returns the slot arrays in that order."""
+        if self._frames:
+            raise ValueError(f"place_frames: {len(self._frames)} frames are still retained; evict them first")
+        need = len(frames) * self.tokens_per_frame + reserve
+        if need > len(self._free):
+            raise KVCapacityError(f"place_frames: {len(frames)} frames + reserve {reserve} need {need} slots, "
+                                  f"{len(self._free)} are free")
+        ids = [int(fid) for fid, _, _ in frames]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"place_frames: duplicate frame ids in {ids[:16]}")
+        pooled = np.asarray([p for _, p, _ in frames], dtype=np.float32) if frames else np.zeros((0, 1), np.float32)
+        if frames and (pooled.ndim != 2 or not np.isfinite(pooled).all()):
+            raise ValueError(f"place_frames: pooled embeddings must be finite vectors of one size, got {pooled.shape}")
+        out = []
+        for (fid, _, start), row in zip(frames, pooled):
+            slots = self._pop(self.tokens_per_frame)
+            slots.flags.writeable = False
+            self._frames.append(RetainedFrame(frame_id=int(fid), slots=slots, pooled=row, position_start=int(start),
+                                              added_seq=self._added))
+            self._added += 1
+            out.append(slots)
+        return out
+
+    def evict_all(self) -> list:
+        """Remove every retained frame (a swap or reset), oldest first, in one pass; counted in `removals`."""
+        out, self._frames = self._frames, []
+        for frame in out:
+            self._push(frame.slots.tolist())
+        self.removals += len(out)
+        return out
+
     def evict_frames(self, frame_ids) -> list:
         """Remove these frames now (state reconciliation, failed prefills); unknown ids raise KeyError.
 

@@ -94,6 +94,7 @@ class DeviceKvExporter:
             drv.memset_d32_async(addr + self.payload_bytes, 2 * generation, 1, stream)          # complete
             stream.synchronize()
             finite = bool(np.isfinite(float(total.get())))
+            del total                      # freed here, while its context is current on this thread
         sp = backend.spec
         return DeviceKV(self, index, generation, (2, sp.num_layers, int(slots.size), sp.kv_dim), finite)
 

@@ -213,8 +213,11 @@ class Reasoning(LifecycleNode):
             window = self.engine.metrics.window_summary()
             total = self.engine.metrics.summary()
             stats = self.buffer.stats()
+            adm = self.engine.admission
+            admission = {"prefill_ms_per_token": adm.ema_prefill_ms_per_token,
+                         "decode_ms_per_token": adm.ema_decode_ms_per_token, "spikes_not_learned": adm.spikes}
             values.update(conv.flatten({"window": window, "total": total, "state": state, "swap": self.swap.summary(),
-                                        "warmup": self.warmup}))
+                                        "warmup": self.warmup, "admission": admission}))
             values.update({"frames_received": stats.published, "frames_consumed": stats.consumed,
                            "frames_overwritten": stats.overwritten, "skipped_boundaries": self.skipped_boundaries,
                            "instruction": self.engine.instruction})
