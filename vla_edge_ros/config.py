@@ -24,6 +24,7 @@ BACKENDS = ("auto", "numpy", "pycuda")
 DTYPES = ("float32", "bfloat16")
 RELIABILITIES = ("best_effort", "reliable")
 ASR_MODES = ("csr", "semantic")
+ASR_SCHEDULES = ("slack", "free")
 GIB = 1024 ** 3
 
 
@@ -210,7 +211,15 @@ class ASRConfig:
                         "kernels time-slice with the cycles, which no GPU run has measured yet, hence numpy by default",
                         default="numpy")
 
+    schedule: str = _doc("slack: the reconciler's GPU work runs only between the end of a primary cycle and the "
+                         "next boundary (core/slack_scheduler.py; the reasoning node publishes its cycle timing, "
+                         "core/cycle_clock.py); free: it runs whenever it has work", default="slack")
+    slack_margin_ms: float = _doc("slack schedule: kept free before the primary's next boundary", default=2.0)
+
     def __post_init__(self):
+        if self.schedule not in ASR_SCHEDULES:
+            raise ConfigError(f"asr.schedule must be one of {ASR_SCHEDULES}, got {self.schedule!r}")
+        _non_negative(self, "slack_margin_ms", "asr")
         if self.mode not in ASR_MODES:
             raise ConfigError(f"asr.mode must be one of {ASR_MODES}, got {self.mode!r}")
         if not 0.0 < self.threshold <= 1.0:

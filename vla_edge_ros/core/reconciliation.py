@@ -67,6 +67,7 @@ from .engine import Engine
 from .engine_state import SwapReport
 from .frames import Frame
 from .kv_slots import KVCapacityError, KVSlotManager, make_policy
+from .slack_scheduler import SlackScheduler
 from .state_snapshot import SnapshotError, StateChunk, StateSnapshot
 
 log = logging.getLogger(__name__)
@@ -487,7 +488,10 @@ class InProcessAsr:
         self.reconciler = reconciler
         self.work = work
         self.reconciler_error: BaseException | None = None
-        self._ms_per_token = None         # EMA of the reconciler's chunked-prefill cost (interleaved)
+        asr = primary.cfg.asr
+        self.scheduler = SlackScheduler(primary.cfg.vision.tokens_per_frame,
+                                        max(asr.warmup_tokens_per_step, primary.cfg.vision.tokens_per_frame),
+                                        asr.slack_margin_ms)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = None
@@ -512,32 +516,29 @@ class InProcessAsr:
         return DriverCycle(result=result, latency_ms=latency_ms, phase=phase, swap=swap)
 
     def work_until(self, deadline_perf: float, margin_ms: float | None = None) -> int:
-        """Interleaved mode: reconciler steps sized to fit before `deadline_perf` (the next cycle).
-
-        Step size comes from an EMA of the reconciler's ms per token, seeded
-        with the primary's own prefill ms/token estimate, with 1.5x headroom;
-        when not even one frame fits, the work waits for the next idle window.
-        """
+        """Interleaved mode: reconciler steps in the gap before `deadline_perf` (the next cycle), sized by
+        the same SlackScheduler the reconciler node uses (core/slack_scheduler.py), each step's device
+        work finished before the next is planned; when not even one frame fits, the work waits for the
+        next gap. margin_ms overrides asr.slack_margin_ms."""
         rec = self.reconciler
         if rec is None or self.work != "interleaved" or rec.phase is Phase.STOPPED:
             return 0
-        margin = self.primary.cfg.cycle.safety_margin_ms if margin_ms is None else margin_ms
-        tpf, most = self.primary.cfg.vision.tokens_per_frame, self.primary.cfg.asr.warmup_tokens_per_step
+        sched = self.scheduler
+        if margin_ms is not None:
+            sched.margin_ms = float(margin_ms)
         tokens = 0
         if not self._guarded(rec.receive):
             return 0
         while rec.phase in (Phase.WARMING, Phase.CATCHING_UP):
-            per_token = self._ms_per_token or self.primary.admission.ema_prefill_ms_per_token or 0.1
-            left_ms = (deadline_perf - time.perf_counter()) * 1e3 - margin
-            frames = min(int(left_ms / (1.5 * per_token * tpf)), max(1, most // tpf))
+            frames = sched.frames_for((deadline_perf - time.perf_counter()) * 1e3)
             if frames < 1:
                 break
             t = time.perf_counter()
-            done = self._guarded(lambda: rec.tick(frames * tpf))
+            done = self._guarded(lambda: rec.tick(frames * rec.tpf))
             if not done:
                 break
-            rate = (time.perf_counter() - t) * 1e3 / done
-            self._ms_per_token = rate if self._ms_per_token is None else 0.7 * self._ms_per_token + 0.3 * rate
+            self._guarded(rec.engine.backend.synchronize)
+            sched.observe((time.perf_counter() - t) * 1e3, done)
             tokens += done
         return tokens
 

@@ -50,6 +50,7 @@ from pathlib import Path
 
 from ..model.cuda_device import bound
 from .frames import Frame
+from .slack_scheduler import SlackScheduler
 from .state_snapshot import StateSnapshot
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
 KEEP_VERSIONS = 2          # snapshot files kept: the newest offer and the one before it (may still be loading)
 TIMING_SAMPLES = 256      # swap timings kept for the diagnostics' last / max
+WINDOW_POLL_S = 0.0005   # slack schedule: how often the worker looks for the primary's next cycle end
 IDLE_WAIT_S = 0.01         # worker thread: longest sleep when the reconciler has nothing to do (woken on a chunk)
 
 
@@ -126,9 +128,15 @@ class SnapshotStore:
 class ReconcilerWorker:
     """Drives a `StateReconciler` on its own thread and publishes its offers as files."""
 
-    def __init__(self, reconciler, store: SnapshotStore):
+    def __init__(self, reconciler, store: SnapshotStore, clock=None):
+        """clock: a cycle_clock.CycleClockReader of the primary (slack schedule), or None (free schedule)."""
         self.reconciler = reconciler
         self.store = store
+        self.clock = clock
+        asr = reconciler.cfg.asr
+        self.scheduler = SlackScheduler(reconciler.tpf, max(asr.warmup_tokens_per_step, reconciler.tpf),
+                                        asr.slack_margin_ms) if clock is not None else None
+        self._window_seq: int | None = None       # the primary's cycle end whose slack was used last
         self.offer: SwapOffer | None = None       # replaced whole: readers on other threads see old or new
         self._offer_epoch = 0                     # the reconciler's epoch when that offer was made
         self._primary_epoch = 0                   # primary restarts seen here (chunk numbering back at 1)
@@ -188,8 +196,10 @@ class ReconcilerWorker:
 
     def summary(self) -> dict:
         offer = self.offer
+        sched = self.scheduler.summary() if self.scheduler is not None else {}
         return {**self.reconciler.summary(), "offered_version": offer.version if offer else 0,
-                "offered_frames": offer.frames if offer else 0, "worker_error": repr(self.error) if self.error else ""}
+                "offered_frames": offer.frames if offer else 0, "worker_error": repr(self.error) if self.error else "",
+                "schedule": "slack" if self.scheduler is not None else "free", **sched}
 
     def _run(self) -> None:
         # This thread's CUDA context (the reconciler engine's), held for its whole life (model/cuda_device.py).
@@ -200,7 +210,7 @@ class ReconcilerWorker:
         rec = self.reconciler
         while not self._stop.is_set():
             try:
-                worked = rec.tick()
+                worked = self._step()
                 snap = rec.take_offer()
                 if rec.epoch != self._offer_epoch:
                     self.offer, self._offer_epoch = None, rec.epoch      # offers of a previous primary are void
@@ -217,6 +227,32 @@ class ReconcilerWorker:
             if not worked and not rec.busy:
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
+
+
+    def _step(self) -> int:
+        """One bounded piece of reconciler work; on the slack schedule only in the gap after a primary cycle,
+        sized to end before its next boundary (core/slack_scheduler.py). Returns the tokens computed."""
+        rec = self.reconciler
+        if self.scheduler is None:
+            return rec.tick()
+        if not rec.receive():
+            return 0
+        window = self.clock.window()
+        if window is None:                        # no live primary cycles: nothing to protect
+            return rec.tick()
+        seq, left_ns = window
+        if seq == self._window_seq:               # this gap is used up: wait for the next cycle to end
+            time.sleep(WINDOW_POLL_S)
+            return 0
+        self._window_seq = seq
+        frames = self.scheduler.frames_for(left_ns / 1e6)
+        if frames == 0:
+            return 0
+        t0 = time.perf_counter()
+        tokens = rec.tick(frames * rec.tpf)
+        rec.engine.backend.synchronize()          # the step's device work is done: time it, leave the GPU idle
+        self.scheduler.observe((time.perf_counter() - t0) * 1e3, tokens)
+        return tokens
 
 
 # ----------------------------------------------------------------------------

@@ -83,5 +83,8 @@ class Backend(Protocol):
     def memory_bytes(self) -> int:
         """Bytes held by weights + KV arena (device memory for GPU backends)."""
 
+    def synchronize(self) -> None:
+        """Wait until the work queued so far has finished (a GPU backend queues asynchronously)."""
+
     def close(self) -> int:
         """Free the backend's memory now (device memory for GPU backends); returns the bytes freed."""

@@ -135,6 +135,9 @@ class NumpyBackend:
         """Nothing to free early: the arrays go with the object. Returns 0 bytes freed."""
         return 0
 
+    def synchronize(self) -> None:
+        """Nothing queued: numpy computes synchronously."""
+
     def copy_slots(self, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
         src = self._slot_array(src_slots, "src_slots")
         dst = self._slot_array(dst_slots, "dst_slots")

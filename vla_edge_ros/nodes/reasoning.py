@@ -27,6 +27,7 @@ the engine's own eviction keeps serving.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import threading
 import time
@@ -50,6 +51,7 @@ from std_srvs.srv import Trigger
 from ..config import ConfigError
 from ..core import swap_protocol as swap
 from ..core.clock import CycleGrid, hybrid_sleep_until
+from ..core.cycle_clock import CycleClockWriter, clock_path
 from ..core.double_buffer import LatestFrameBuffer
 from ..core.engine import EngineConfigError
 from ..core.engine_factory import describe_choice, primary_engine
@@ -82,6 +84,7 @@ class Reasoning(LifecycleNode):
         self._swap_timer = None
         self._cycle_thread: threading.Thread | None = None
         self._ipc_mapper = None
+        self._cycle_clock = None                           # core/cycle_clock.py: cycle timing for the reconciler
         self.warmup: dict = {}
         super().__init__("reasoning")
         self.params = NodeParameters(self, on_change=self._on_config_change)
@@ -134,6 +137,9 @@ class Reasoning(LifecycleNode):
         self._cycle_thread.start()
         self._swap_timer = self.create_timer(self.params.config.memory.sample_period_ms / 1000.0,
                                              self._maybe_request_swap)
+        if self.params.config.asr.schedule == "slack":
+            self._cycle_clock = CycleClockWriter(clock_path(os.environ.get("ROS_DOMAIN_ID"), self.get_namespace()),
+                                           self.params.config.cycle.period_s)
         cfg = self.params.config
         self.get_logger().info(f"active: cycle {cfg.cycle.deadline_ms} ms, deterministic={cfg.cycle.deterministic}")
         return super().on_activate(state)
@@ -260,6 +266,8 @@ class Reasoning(LifecycleNode):
                     return                 # shutting down: the publishers went away under us
                 raise
             self._between_cycles(result.cycle_id)
+            if self._cycle_clock is not None:            # the reconciler may use the GPU until the next boundary
+                self._cycle_clock.cycle_ended(int((boundary.perf_s + cfg.cycle.period_s) * 1e9))
 
     def _publish_result(self, result, frame) -> None:
         pubs = self._pubs
@@ -325,6 +333,9 @@ class Reasoning(LifecycleNode):
             if self._cycle_thread.is_alive():
                 self.get_logger().error("the cycle thread did not stop within 5 s")
             self._cycle_thread = None
+        if self._cycle_clock is not None:
+            self._cycle_clock.close()
+            self._cycle_clock = None
         if self._swap_timer is not None:
             self.destroy_timer(self._swap_timer)
             self._swap_timer = None

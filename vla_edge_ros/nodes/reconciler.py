@@ -13,6 +13,7 @@ two processes is core/swap_protocol.py; this node only carries the messages.
 """
 from __future__ import annotations
 
+import os
 import sys
 
 from diagnostic_msgs.msg import DiagnosticArray
@@ -25,6 +26,7 @@ from sensor_msgs.msg import Image
 from std_srvs.srv import Trigger
 
 from ..config import ConfigError
+from ..core.cycle_clock import CycleClockReader, clock_path
 from ..core.engine import EngineConfigError
 from ..core.engine_factory import describe_choice, reconciler_engine
 from ..core.reconciliation import StateReconciler
@@ -56,7 +58,10 @@ class Reconciler(LifecycleNode):
         try:
             engine = reconciler_engine(cfg)
             reconciler = StateReconciler(cfg, engine)
-            self.worker = ReconcilerWorker(reconciler, SnapshotStore())
+            clock = None
+            if cfg.asr.schedule == "slack":           # GPU work only in the reasoning node's slack
+                clock = CycleClockReader(clock_path(os.environ.get("ROS_DOMAIN_ID"), self.get_namespace()))
+            self.worker = ReconcilerWorker(reconciler, SnapshotStore(), clock=clock)
         except (ModelFormatError, EngineConfigError, OSError, ValueError, MemoryError, RuntimeError, ImportError) as exc:
             # Unusable model, arena over the memory ceiling, no CUDA device for asr.backend pycuda, ...
             if engine is not None:
@@ -64,6 +69,7 @@ class Reconciler(LifecycleNode):
             self.get_logger().error(f"configure failed: {type(exc).__name__}: {exc}")
             return TransitionCallbackReturn.FAILURE
         kv_path = "CUDA IPC (KV stays on the GPU)" if engine.kv_export is not None else "the snapshot file"
+        kv_path += f"; schedule {cfg.asr.schedule}"
         self.get_logger().info(f"configured: {cfg.model.path} on {type(engine.backend).__name__} "
                                f"({describe_choice(cfg.asr.backend)}), snapshots in {self.worker.store.directory}, "
                                f"KV by {kv_path}")
@@ -135,6 +141,8 @@ class Reconciler(LifecycleNode):
         if self.worker is not None:
             self.worker.stop()
             self.worker.store.close()
+            if self.worker.clock is not None:
+                self.worker.clock.close()
             engine = self.worker.reconciler.engine
             if engine.kv_export is not None:
                 engine.kv_export.close()

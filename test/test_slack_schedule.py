@@ -1,0 +1,130 @@
+"""The reconciler works only in the primary's slack: the cycle clock shared between the two node
+processes (core/cycle_clock.py) and the step sizing both drivers use (core/slack_scheduler.py).
+
+The worker test runs a real StateReconciler on the numpy tiny engine against a
+primary that publishes cycle ends on the real shared file, and records when
+each reconciler step ran: every step must start after a cycle ended and end
+before that cycle's next boundary.
+"""
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from vla_edge_ros import config as C
+from vla_edge_ros.core.cycle_clock import CycleClockReader, CycleClockWriter, clock_path
+from vla_edge_ros.core.engine import Engine
+from vla_edge_ros.core.footage import read_clip
+from vla_edge_ros.core.frames import Frame
+from vla_edge_ros.core.reconciliation import StateReconciler
+from vla_edge_ros.core.slack_scheduler import HEADROOM, SlackScheduler
+from vla_edge_ros.core.swap_protocol import ReconcilerWorker, SnapshotStore
+
+READER = """
+import sys, time
+from vla_edge_ros.core.cycle_clock import CycleClockReader
+r = CycleClockReader(sys.argv[1])
+w = r.window()
+print("none" if w is None else f"{w[0]} {w[1]}")
+"""
+
+
+def test_the_clock_crosses_processes_and_goes_stale_without_cycles(tmp_path):
+    path = tmp_path / "clock"
+    writer = CycleClockWriter(path, period_s=0.033)
+    reader = CycleClockReader(path)
+    assert reader.window() is None                           # written, but no cycle has ended yet
+    now = time.perf_counter_ns()
+    writer.cycle_ended(now + 9_000_000, end_ns=now)
+    seq, left = reader.window(now_ns=now + 1_000_000)
+    assert left == 8_000_000 and seq % 2 == 0
+    out = subprocess.run([sys.executable, "-c", READER, str(path)], capture_output=True, text=True, timeout=60)
+    child_seq, child_left = (int(v) for v in out.stdout.split())
+    assert child_seq == seq and child_left < 9_000_000       # another process reads the same window, later
+    assert reader.window(now_ns=now + 4 * 33_000_000) is None   # no cycle for 3 periods: the primary is idle
+    second = CycleClockWriter(path, period_s=0.033)          # a restarted primary replaces the file ...
+    second.cycle_ended(time.perf_counter_ns() + 5_000_000)
+    assert reader.window() is not None                       # ... and the reader finds the new one
+    writer.close()
+    assert path.exists(), "the first writer removed its successor's file"
+    second.close()
+    assert not path.exists() and reader.window() is None
+
+
+def test_clock_paths_keep_graphs_apart():
+    assert clock_path(3, "/") != clock_path(4, "/") != clock_path(3, "/robot_b")
+    assert clock_path(None, "/").name.endswith("d0_root")
+
+
+def test_steps_are_sized_to_the_window_with_headroom_and_margin():
+    sched = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=2.0)
+    assert sched.frames_for(1.5) == 0 and sched.windows_too_small == 1
+    assert sched.frames_for(10.0) == 1                      # no measurement yet: a one-frame probe
+    sched.observe(4.8, 32)                                   # 0.15 ms/token
+    per_frame = HEADROOM * 0.15 * 32                         # 7.2 ms planned per frame
+    assert sched.frames_for(2.0 + 2 * per_frame + 0.1) == 2
+    assert sched.frames_for(100.0) == 4                      # capped at max_tokens_per_step
+    assert sched.frames_for(2.0 + per_frame - 0.1) == 0
+
+
+@pytest.fixture(scope="module")
+def frames():
+    return read_clip("bikes.mp4", max_frames=24)
+
+
+def test_the_worker_steps_only_between_a_cycle_end_and_the_next_boundary(tiny_model_dir, frames, tmp_path):
+    cfg = C.load(overrides={"model.path": str(tiny_model_dir), "model.backend": "numpy", "kv.capacity_tokens": 480,
+                            "asr.warmup_tokens_per_step": 64})
+    rec = StateReconciler(cfg, Engine.from_config(cfg))
+    steps = []
+    real_tick = rec.tick
+
+    def recorded_tick(max_tokens=None):                      # instrumentation: when each step ran
+        t0 = time.perf_counter_ns()
+        done = real_tick(max_tokens)
+        if done:
+            steps.append((t0, time.perf_counter_ns(), done))
+        return done
+
+    rec.tick = recorded_tick
+    path = tmp_path / "clock"
+    writer = CycleClockWriter(path, period_s=0.040)
+    worker = ReconcilerWorker(rec, SnapshotStore(tmp_path / "snaps"), clock=CycleClockReader(path))
+    cycles = []                                               # (cycle end, next boundary) the primary published
+    stop = threading.Event()
+
+    def primary():                                            # 40 ms cycles: 15 ms busy, then 25 ms of slack
+        boundary = time.perf_counter_ns()
+        while not stop.is_set():
+            time.sleep(max(0.0, (boundary + 15_000_000 - time.perf_counter_ns()) / 1e9))
+            end, nxt = time.perf_counter_ns(), boundary + 40_000_000
+            cycles.append((end, nxt))
+            writer.cycle_ended(nxt, end_ns=end)
+            time.sleep(max(0.0, (nxt - time.perf_counter_ns()) / 1e9))
+            boundary = nxt
+
+    thread = threading.Thread(target=primary, daemon=True)
+    thread.start()
+    while not cycles:                                         # the primary is live before the work arrives
+        time.sleep(0.005)
+    worker.start()
+    try:
+        for i, px in enumerate(frames[:12]):                  # 12 frames: a csr round starts at the 11th
+            worker.on_chunk(Frame(px, float(i), i + 1), 0, i + 1)
+        deadline = time.monotonic() + 30
+        while worker.offer is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        worker.stop()
+        stop.set()
+        thread.join(timeout=2)
+        writer.close()
+    assert worker.offer is not None and worker.error is None, worker.summary()
+    assert len(steps) >= 2, steps
+    for start, end, _ in steps:
+        gap = next(((e, n) for e, n in reversed(cycles) if e <= start), None)
+        assert gap is not None, "a step started before any cycle had ended"
+        assert end <= gap[1], f"a step ran {(end - gap[1]) / 1e6:.2f} ms into the next cycle"
+    assert worker.summary()["schedule"] == "slack" and worker.summary()["steps"] == len(steps)

@@ -1,0 +1,56 @@
+"""How much reconciler work fits in the primary's slack before its next cycle.
+
+The control cycle is periodic and its cost predicted; the reconciler's
+rebuild is bulk work with a deadline of "soon". So the rebuild runs in steps
+sized to the gap between the end of one cycle and the next boundary (minus
+`asr.slack_margin_ms`), never across a boundary. The step size comes from an
+EMA of the reconciler's own measured cost per token (device time: the caller
+synchronizes before reading its clock), with HEADROOM for its spread. With no
+measurement yet, one frame is tried: the smallest step there is.
+
+Both drivers use it: the reconciler node (core/swap_protocol.ReconcilerWorker,
+windows read from the reasoning node's core/cycle_clock.py) and the in-process
+benchmark (core/reconciliation.InProcessAsr, windows known directly).
+"""
+from __future__ import annotations
+
+HEADROOM = 1.5        # planned step cost x this must fit the window
+EMA_ALPHA = 0.3       # weight of the newest step's cost per token
+
+
+class SlackScheduler:
+    def __init__(self, tokens_per_frame: int, max_tokens_per_step: int, margin_ms: float):
+        if tokens_per_frame <= 0 or max_tokens_per_step < tokens_per_frame:
+            raise ValueError(f"SlackScheduler: {max_tokens_per_step} tokens per step cannot hold one frame of "
+                             f"{tokens_per_frame}")
+        self.tpf = int(tokens_per_frame)
+        self.max_frames = int(max_tokens_per_step) // self.tpf
+        self.margin_ms = float(margin_ms)
+        self.ms_per_token: float | None = None
+        self.steps = 0
+        self.windows_too_small = 0
+
+    def frames_for(self, window_ms: float) -> int:
+        """Whole frames to compute in a window of `window_ms` (0: wait for the next window)."""
+        usable = window_ms - self.margin_ms
+        if usable <= 0:
+            self.windows_too_small += 1
+            return 0
+        if self.ms_per_token is None:
+            return 1
+        frames = min(self.max_frames, int(usable / (HEADROOM * self.ms_per_token * self.tpf)))
+        if frames < 1:
+            self.windows_too_small += 1
+        return max(frames, 0)
+
+    def observe(self, elapsed_ms: float, tokens: int) -> None:
+        """One step's measured cost (device work finished) for `tokens` tokens."""
+        if tokens <= 0:
+            return
+        rate = elapsed_ms / tokens
+        self.ms_per_token = rate if self.ms_per_token is None else (1 - EMA_ALPHA) * self.ms_per_token + EMA_ALPHA * rate
+        self.steps += 1
+
+    def summary(self) -> dict:
+        return {"step_ms_per_token": self.ms_per_token if self.ms_per_token is not None else "",
+                "steps": self.steps, "windows_too_small": self.windows_too_small}
