@@ -78,12 +78,15 @@ for stage in $STAGES; do
         # The robot's graph on this GPU: three node processes, the 1.5B shape in bf16, 4096 slots, 60 Hz real
         # footage; once per DEMO_RECONCILER mode (default: reconciler inactive, then active on pycuda).
         make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
-        for mode in ${DEMO_RECONCILER:-inactive active}; do
-            echo "== demo, reconciler $mode, ${DEMO_SECONDS:-60} s"
-            VLA_EDGE_LOG_DIR="$OUT/logs/$mode" ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST $PY -m vla_edge_ros.cli demo \
+        # A mode may name the reconciler's schedule too: active:free, active:slack (asr.schedule).
+        for spec in ${DEMO_RECONCILER:-inactive active}; do
+            mode=${spec%%:*}; name=${spec/:/_}; extra=""
+            [ "$spec" != "$mode" ] && extra="--set asr.schedule=${spec#*:}"
+            echo "== demo, reconciler $spec, ${DEMO_SECONDS:-60} s"
+            VLA_EDGE_LOG_DIR="$OUT/logs/$name" ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST $PY -m vla_edge_ros.cli demo \
                 --seconds "${DEMO_SECONDS:-60}" --params config/gpu_demo.yaml --model "$MODELS/qwen15" \
-                --reconciler "$mode" --json "$OUT/demo_$mode.json" --png "$OUT/demo_$mode.png" ${DEMO_ARGS:-} 2>&1 \
-                | tee "$OUT/demo_$mode.txt" | grep -v " INFO " || status=1
+                --reconciler "$mode" $extra --json "$OUT/demo_$name.json" --png "$OUT/demo_$name.png" ${DEMO_ARGS:-} 2>&1 \
+                | tee "$OUT/demo_$name.txt" | grep -v " INFO " || status=1
         done
         tar -czf "$OUT/demo_logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs" ;;
     bench)

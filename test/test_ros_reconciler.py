@@ -193,3 +193,24 @@ def test_swap_applied_at_a_cycle_boundary(model, harness, tmp_path):
     assert f"applied after cycle {applied_after}" in log, log[-2000:]
     reconciler = H.latest_status(diagnostics, "reconciler")
     assert int(reconciler["k_ready"]) >= int(status["swap.state_version"]), reconciler
+
+
+def test_slack_schedule_across_processes(model, harness, tmp_path):
+    """asr.schedule slack in the graph: the reconciler process reads the reasoning process's cycle clock
+    (core/cycle_clock.py) and still brings reconciled swaps, every step inside a gap between cycles."""
+    diagnostics = harness.collect(DiagnosticArray, graph.DIAGNOSTICS_TOPIC)
+    procs = H.start_graph(harness.domain_id, {"model.path": str(model), "kv.capacity_tokens": CAPACITY,
+                                              "asr.schedule": "slack"}, log_dir=tmp_path)
+    camera = H.CameraPublisher(harness, H.footage_rgb(120))
+    try:
+        camera.start()
+        H.wait_until(lambda: int((H.latest_status(diagnostics, "reasoning") or {}).get("swap.state_version", 0)) >= 2,
+                     30.0, "two swaps applied on the slack schedule")
+        camera.stop()
+        assert procs.dead() == {}
+    finally:
+        camera.stop()
+        procs.stop()
+    reconciler = H.latest_status(diagnostics, "reconciler")
+    assert reconciler["schedule"] == "slack" and int(reconciler["steps"]) > 0, reconciler
+    assert "schedule slack" in H.node_log(tmp_path, "reconciler")

@@ -24,7 +24,7 @@ BACKENDS = ("auto", "numpy", "pycuda")
 DTYPES = ("float32", "bfloat16")
 RELIABILITIES = ("best_effort", "reliable")
 ASR_MODES = ("csr", "semantic")
-ASR_SCHEDULES = ("slack", "free")
+ASR_SCHEDULES = ("auto", "slack", "free")
 GIB = 1024 ** 3
 
 
@@ -211,9 +211,11 @@ class ASRConfig:
                         "kernels time-slice with the cycles, which no GPU run has measured yet, hence numpy by default",
                         default="numpy")
 
-    schedule: str = _doc("slack: the reconciler's GPU work runs only between the end of a primary cycle and the "
-                         "next boundary (core/slack_scheduler.py; the reasoning node publishes its cycle timing, "
-                         "core/cycle_clock.py); free: it runs whenever it has work", default="slack")
+    schedule: str = _doc("slack: the reconciler's work runs only between the end of a primary cycle and the next "
+                         "boundary (core/slack_scheduler.py; the reasoning node publishes its cycle timing, "
+                         "core/cycle_clock.py); free: it runs whenever it has work; auto: slack when the reconciler "
+                         "is on a GPU (it shares the primary's), free on the CPU (other cores do the work)",
+                         default="auto")
     slack_margin_ms: float = _doc("slack schedule: kept free before the primary's next boundary", default=2.0)
 
     def __post_init__(self):

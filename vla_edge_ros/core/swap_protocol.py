@@ -50,6 +50,7 @@ from pathlib import Path
 
 from ..model.cuda_device import bound
 from .frames import Frame
+from .reconciliation import Phase
 from .slack_scheduler import SlackScheduler
 from .state_snapshot import StateSnapshot
 
@@ -245,14 +246,20 @@ class ReconcilerWorker:
             time.sleep(WINDOW_POLL_S)
             return 0
         self._window_seq = seq
-        frames = self.scheduler.frames_for(left_ns / 1e6)
-        if frames == 0:
-            return 0
-        t0 = time.perf_counter()
-        tokens = rec.tick(frames * rec.tpf)
-        rec.engine.backend.synchronize()          # the step's device work is done: time it, leave the GPU idle
-        self.scheduler.observe((time.perf_counter() - t0) * 1e3, tokens)
-        return tokens
+        end_ns = time.perf_counter_ns() + left_ns
+        total = 0
+        while rec.phase in (Phase.WARMING, Phase.CATCHING_UP):     # steps while the gap holds another one
+            frames = self.scheduler.frames_for((end_ns - time.perf_counter_ns()) / 1e6)
+            if frames == 0:
+                break
+            t0 = time.perf_counter()
+            tokens = rec.tick(frames * rec.tpf)
+            rec.engine.backend.synchronize()      # the step's device work is done: time it, leave the GPU idle
+            self.scheduler.observe((time.perf_counter() - t0) * 1e3, tokens)
+            total += tokens
+            if not tokens:
+                break
+        return total
 
 
 # ----------------------------------------------------------------------------

@@ -137,7 +137,7 @@ class Reasoning(LifecycleNode):
         self._cycle_thread.start()
         self._swap_timer = self.create_timer(self.params.config.memory.sample_period_ms / 1000.0,
                                              self._maybe_request_swap)
-        if self.params.config.asr.schedule == "slack":
+        if self.params.config.asr.schedule != "free":    # a reconciler on the slack schedule reads it
             self._cycle_clock = CycleClockWriter(clock_path(os.environ.get("ROS_DOMAIN_ID"), self.get_namespace()),
                                            self.params.config.cycle.period_s)
         cfg = self.params.config

@@ -59,7 +59,9 @@ class Reconciler(LifecycleNode):
             engine = reconciler_engine(cfg)
             reconciler = StateReconciler(cfg, engine)
             clock = None
-            if cfg.asr.schedule == "slack":           # GPU work only in the reasoning node's slack
+            on_gpu = engine.backend.device is not None
+            if cfg.asr.schedule == "slack" or (cfg.asr.schedule == "auto" and on_gpu):
+                # Work only in the reasoning node's slack: on one GPU the two would meet inside a cycle.
                 clock = CycleClockReader(clock_path(os.environ.get("ROS_DOMAIN_ID"), self.get_namespace()))
             self.worker = ReconcilerWorker(reconciler, SnapshotStore(), clock=clock)
         except (ModelFormatError, EngineConfigError, OSError, ValueError, MemoryError, RuntimeError, ImportError) as exc:
@@ -69,7 +71,7 @@ class Reconciler(LifecycleNode):
             self.get_logger().error(f"configure failed: {type(exc).__name__}: {exc}")
             return TransitionCallbackReturn.FAILURE
         kv_path = "CUDA IPC (KV stays on the GPU)" if engine.kv_export is not None else "the snapshot file"
-        kv_path += f"; schedule {cfg.asr.schedule}"
+        kv_path += f"; schedule {'slack' if self.worker.clock is not None else 'free'} (asr.schedule {cfg.asr.schedule})"
         self.get_logger().info(f"configured: {cfg.model.path} on {type(engine.backend).__name__} "
                                f"({describe_choice(cfg.asr.backend)}), snapshots in {self.worker.store.directory}, "
                                f"KV by {kv_path}")

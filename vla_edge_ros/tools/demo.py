@@ -265,5 +265,6 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
             "overrides": {k: v for k, v in overrides.items() if k != "model.path"}}
     cycles = list(controller.cycles.values())
     report = build_report(cycles, controller.diagnostics.get("reasoning", {}),
-                          controller.diagnostics.get("camera_ingest", {}), meta)
+                          controller.diagnostics.get("camera_ingest", {}), meta,
+                          controller.diagnostics.get("reconciler", {}))
     return report, cycles

@@ -29,8 +29,9 @@ class CycleRecord:
     received_s: float         # controller clock, seconds since the demo started
 
 
-def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict) -> dict:
-    """The demo report; `reasoning` / `camera` are the last /diagnostics values of those nodes."""
+def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconciler: dict | None = None) -> dict:
+    """The demo report; `reasoning` / `camera` / `reconciler` are the last /diagnostics values of those nodes."""
+    reconciler = reconciler or {}
     cycles = sorted(cycles, key=lambda c: c.cycle_id)
     n = len(cycles)
     reasons = {r: sum(c.outcome == r for c in cycles) for r in FALLBACK_REASONS}
@@ -71,6 +72,10 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict) -> dic
                   "rejected": _int(reasoning.get("swap.swap_rejections")),
                   "load_failures": _int(reasoning.get("swap.swap_load_failures"))},
         "warmup": {"steady_ms": _float(reasoning.get("warmup.steady_ms")), "first_ms": _float(reasoning.get("warmup.first_ms"))},
+        "admission_spikes_not_learned": _int(reasoning.get("admission.spikes_not_learned")),
+        "reconciler_work": {k: reconciler.get(k, "") for k in ("schedule", "rounds_started", "rounds_offered", "rounds_applied",
+                                                            "rounds_aborted", "offers_withdrawn", "steps",
+                                                            "windows_too_small", "step_ms_per_token")},
     }
 
 
@@ -104,6 +109,8 @@ def format_table(report: dict) -> str:
                                 f"apply max {_ms(report['swaps']['apply_ms_max'])} ms, KV copy max "
                                 f"{_ms(report['swaps']['kv_copy_ms_max'])} ms; rejected {report['swaps']['rejected']}, "
                                 f"load failures {report['swaps']['load_failures']})"),
+        ("reconciler work", ", ".join(f"{k} {v}" for k, v in report["reconciler_work"].items() if v != "") or "-"),
+        ("admission spikes not learned", str(report["admission_spikes_not_learned"])),
         ("peak memory", f"reasoning process VmHWM {_mib(mem['reasoning_process_vm_hwm_bytes'])}, "
                         f"model + KV arena {_mib(mem['engine_model_and_kv_bytes'])}"),
     ]
