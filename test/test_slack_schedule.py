@@ -79,16 +79,16 @@ def test_the_worker_steps_only_between_a_cycle_end_and_the_next_boundary(tiny_mo
                             "asr.warmup_tokens_per_step": 64})
     rec = StateReconciler(cfg, Engine.from_config(cfg))
     steps = []
-    real_tick = rec.tick
+    real_step = rec.step
 
-    def recorded_tick(max_tokens=None):                      # instrumentation: when each step ran
+    def recorded_step(max_tokens):                            # instrumentation: when each step ran
         t0 = time.perf_counter_ns()
-        done = real_tick(max_tokens)
+        done = real_step(max_tokens)
         if done:
             steps.append((t0, time.perf_counter_ns(), done))
         return done
 
-    rec.tick = recorded_tick
+    rec.step = recorded_step
     path = tmp_path / "clock"
     writer = CycleClockWriter(path, period_s=0.040)
     worker = ReconcilerWorker(rec, SnapshotStore(tmp_path / "snaps"), clock=CycleClockReader(path))
@@ -128,3 +128,13 @@ def test_the_worker_steps_only_between_a_cycle_end_and_the_next_boundary(tiny_mo
         assert gap is not None, "a step started before any cycle had ended"
         assert end <= gap[1], f"a step ran {(end - gap[1]) / 1e6:.2f} ms into the next cycle"
     assert worker.summary()["schedule"] == "slack" and worker.summary()["steps"] == len(steps)
+
+
+def test_an_inflated_estimate_cannot_starve_the_rebuild():
+    from vla_edge_ros.core.slack_scheduler import PROBE_AFTER_WINDOWS
+    sched = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=2.0)
+    sched.observe(19.0, 32)                                  # one slow first step: ~0.6 ms/token
+    declined = [sched.frames_for(8.0) for _ in range(PROBE_AFTER_WINDOWS)]
+    assert declined[:-1] == [0] * (PROBE_AFTER_WINDOWS - 1) and declined[-1] == 1 and sched.probes == 1
+    sched.observe(1.6, 32)                                   # the probe re-measures: the EMA comes down
+    assert sched.ms_per_token < 0.6

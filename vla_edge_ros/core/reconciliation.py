@@ -241,6 +241,13 @@ class StateReconciler:
             return 0
         return self._step(max_tokens or self.cfg.asr.warmup_tokens_per_step)
 
+    def step(self, max_tokens: int) -> int:
+        """One chunked-prefill step of the round without draining the inbox first (call receive() for that):
+        what a scheduler times as the reconciler's device work. Returns the tokens computed."""
+        if self.phase not in (Phase.WARMING, Phase.CATCHING_UP):
+            return 0
+        return self._step(max_tokens)
+
     def receive(self) -> bool:
         """Drain the inbox only (cheap bookkeeping, may start a round); True when a step is due."""
         if self.phase is Phase.STOPPED:
@@ -534,7 +541,7 @@ class InProcessAsr:
             if frames < 1:
                 break
             t = time.perf_counter()
-            done = self._guarded(lambda: rec.tick(frames * rec.tpf))
+            done = self._guarded(lambda: rec.step(frames * rec.tpf))
             if not done:
                 break
             self._guarded(rec.engine.backend.synchronize)

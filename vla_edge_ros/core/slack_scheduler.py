@@ -16,6 +16,9 @@ from __future__ import annotations
 
 HEADROOM = 1.25       # planned step cost x this must fit the window (a step's device time varies little)
 EMA_ALPHA = 0.3       # weight of the newest step's cost per token
+# After this many windows in a row that fit no frame, one frame is tried anyway: an estimate inflated by one
+# slow step (a first launch, the host busy) must not starve the rebuild forever; the try re-measures it.
+PROBE_AFTER_WINDOWS = 30
 
 
 class SlackScheduler:
@@ -29,6 +32,8 @@ class SlackScheduler:
         self.ms_per_token: float | None = None
         self.steps = 0
         self.windows_too_small = 0
+        self.probes = 0                      # one-frame tries after PROBE_AFTER_WINDOWS declined windows
+        self._declined_in_a_row = 0
 
     def frames_for(self, window_ms: float) -> int:
         """Whole frames to compute in a window of `window_ms` (0: wait for the next window)."""
@@ -39,9 +44,16 @@ class SlackScheduler:
         if self.ms_per_token is None:
             return 1
         frames = min(self.max_frames, int(usable / (HEADROOM * self.ms_per_token * self.tpf)))
-        if frames < 1:
-            self.windows_too_small += 1
-        return max(frames, 0)
+        if frames >= 1:
+            self._declined_in_a_row = 0
+            return frames
+        self.windows_too_small += 1
+        self._declined_in_a_row += 1
+        if self._declined_in_a_row >= PROBE_AFTER_WINDOWS:
+            self._declined_in_a_row = 0
+            self.probes += 1
+            return 1
+        return 0
 
     def observe(self, elapsed_ms: float, tokens: int) -> None:
         """One step's measured cost (device work finished) for `tokens` tokens."""
@@ -53,4 +65,4 @@ class SlackScheduler:
 
     def summary(self) -> dict:
         return {"step_ms_per_token": self.ms_per_token if self.ms_per_token is not None else "",
-                "steps": self.steps, "windows_too_small": self.windows_too_small}
+                "steps": self.steps, "windows_too_small": self.windows_too_small, "probes": self.probes}

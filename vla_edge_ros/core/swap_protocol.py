@@ -253,7 +253,7 @@ class ReconcilerWorker:
             if frames == 0:
                 break
             t0 = time.perf_counter()
-            tokens = rec.tick(frames * rec.tpf)
+            tokens = rec.step(frames * rec.tpf)   # the inbox was drained above: only the step is timed
             rec.engine.backend.synchronize()      # the step's device work is done: time it, leave the GPU idle
             self.scheduler.observe((time.perf_counter() - t0) * 1e3, tokens)
             total += tokens

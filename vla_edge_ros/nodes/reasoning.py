@@ -49,6 +49,7 @@ from std_msgs.msg import String
 from std_srvs.srv import Trigger
 
 from ..config import ConfigError
+from ..core import gc_pauses
 from ..core import swap_protocol as swap
 from ..core.clock import CycleGrid, hybrid_sleep_until
 from ..core.cycle_clock import CycleClockWriter, clock_path
@@ -98,6 +99,7 @@ class Reasoning(LifecycleNode):
         self._stop = threading.Event()
         self._chunk_seq = 0                          # numbers state chunks so the reconciler sees a missed one
         self.failed = False                          # the cycle thread died: the process exits non-zero
+        self.gc = gc_pauses.GcPauses().install()     # collector pauses, in the diagnostics
         self.diag_pub = self.create_publisher(DiagnosticArray, graph.DIAGNOSTICS_TOPIC, 10)
         self.create_timer(DIAGNOSTICS_PERIOD_S, self._publish_diagnostics)
         self.get_logger().info(f"unconfigured; {describe_choice(self.params.config.model.backend)}")
@@ -123,11 +125,13 @@ class Reasoning(LifecycleNode):
             return TransitionCallbackReturn.FAILURE
         self.engine = engine
         self._open_interfaces(cfg)
+        frozen = gc_pauses.freeze()         # the long-lived heap out of every later collection (core/gc_pauses.py)
         w = self.warmup
         self.get_logger().info(
             f"configured in {time.perf_counter() - t0:.1f} s: {cfg.model.path} on {self._backend_name()}, "
             f"{engine.backend.memory_bytes() / GIB:.2f} GiB; warm-up {w['cycles']} cycles, first {w['first_ms']:.1f} ms, "
-            f"steady {w['steady_ms']:.1f} ms of a {cfg.cycle.deadline_ms:g} ms deadline")
+            f"steady {w['steady_ms']:.1f} ms of a {cfg.cycle.deadline_ms:g} ms deadline; {frozen} objects frozen out "
+            f"of garbage collection")
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -152,6 +156,7 @@ class Reasoning(LifecycleNode):
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
         """SUCCESS -> unconfigured: the engine's memory is given back (device memory on a GPU, logged)."""
         self._free()
+        gc_pauses.unfreeze()
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -209,7 +214,7 @@ class Reasoning(LifecycleNode):
 
     def _publish_diagnostics(self) -> None:
         values = {"lifecycle_state": self._state_machine.current_state[1], "backend": self._backend_name(),
-                  "frames_rejected": self.rejected_frames}
+                  "frames_rejected": self.rejected_frames, **conv.flatten({"gc": self.gc.summary()})}
         level, message = DiagnosticStatus.OK, values["lifecycle_state"]
         if self.engine is not None:
             # The engine lock only guards the slot bookkeeping (cheap); metrics copy under their own

@@ -73,9 +73,12 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
                   "load_failures": _int(reasoning.get("swap.swap_load_failures"))},
         "warmup": {"steady_ms": _float(reasoning.get("warmup.steady_ms")), "first_ms": _float(reasoning.get("warmup.first_ms"))},
         "admission_spikes_not_learned": _int(reasoning.get("admission.spikes_not_learned")),
+        "gc": {"full_collections": _int(reasoning.get("gc.full_collections")),
+               "max_pause_ms": _float(reasoning.get("gc.max_pause_ms")),
+               "max_full_pause_ms": _float(reasoning.get("gc.max_full_pause_ms"))},
         "reconciler_work": {k: reconciler.get(k, "") for k in ("schedule", "rounds_started", "rounds_offered", "rounds_applied",
                                                             "rounds_aborted", "offers_withdrawn", "steps",
-                                                            "windows_too_small", "step_ms_per_token")},
+                                                            "windows_too_small", "probes", "step_ms_per_token")},
     }
 
 
@@ -111,6 +114,8 @@ def format_table(report: dict) -> str:
                                 f"load failures {report['swaps']['load_failures']})"),
         ("reconciler work", ", ".join(f"{k} {v}" for k, v in report["reconciler_work"].items() if v != "") or "-"),
         ("admission spikes not learned", str(report["admission_spikes_not_learned"])),
+        ("garbage collection (reasoning)", f"{report['gc']['full_collections']} full collections, longest pause "
+                                           f"{_ms(report['gc']['max_pause_ms'])} ms"),
         ("peak memory", f"reasoning process VmHWM {_mib(mem['reasoning_process_vm_hwm_bytes'])}, "
                         f"model + KV arena {_mib(mem['engine_model_and_kv_bytes'])}"),
     ]
