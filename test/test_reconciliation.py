@@ -280,3 +280,15 @@ def test_a_taken_offer_is_reconciled_from_the_shadow_or_abandoned_when_never_app
         rig.cycle()
     assert rig.rec.k_applied == lost.version + 1 and rig.primary.state_exact
     assert rig.rec.primary_frame_ids == rig.held()
+
+
+def test_asr_modes_are_policy_objects_picked_by_name():
+    from vla_edge_ros.core.reconciliation import CsrMode, SemanticMode, make_asr_mode
+    cfg = C.load()
+    assert isinstance(make_asr_mode(cfg.replace({"asr.mode": "csr"})), CsrMode)
+    semantic = make_asr_mode(cfg.replace({"asr.mode": "semantic"}))
+    assert isinstance(semantic, SemanticMode)
+    assert semantic.trigger(10, 20, cfg.asr.semantic_evictions_before_rebuild) == "semantic_evictions"
+    assert semantic.trigger(10, 20, cfg.asr.semantic_evictions_before_rebuild - 1) is None
+    csr = make_asr_mode(cfg)
+    assert csr.trigger(18, 20, 0) == "csr_threshold" and csr.trigger(17, 20, 0) is None

@@ -270,15 +270,16 @@ class _Runner:
                  self.primary.state_version, "" if rec is None else f"; reconciler {rec.summary()}")
 
     def _cycle(self, frame, now_s, i) -> dict:
-        from ..core.reconciliation import plan_keep, trigger_reason
+        from ..core.reconciliation import make_asr_mode
 
         event = ""
         if self.mode == "sync":
             t = time.perf_counter()
             p = self.primary
-            why = trigger_reason(self.cfg, len(p.frames), p.frame_capacity, p.approximate_evictions)
+            rule = make_asr_mode(self.cfg)
+            why = rule.trigger(len(p.frames), p.frame_capacity, p.approximate_evictions)
             if why is not None:
-                p.rebuild_in_place(plan_keep(self.cfg, p.kv.retained(), p.frame_capacity, p.kv.policy),
+                p.rebuild_in_place(rule.keep(p.kv.retained(), p.frame_capacity, p.kv.policy),
                                    tokens_per_step=self.cfg.asr.warmup_tokens_per_step)
                 event = "rebuild"
                 self.rebuild_ms.append((time.perf_counter() - t) * 1e3)

@@ -88,31 +88,55 @@ class Phase(str, enum.Enum):
 
 
 # ----------------------------------------------------------------------------
-# The rules (shared with the synchronous baseline of the benchmark)
+# The rules: one small policy object per asr.mode (shared with the synchronous baseline of the benchmark)
 
 
-def trigger_reason(cfg: VlaConfig, frames_held: int, frame_capacity: int, approximate_evictions: int) -> str | None:
-    """Which trigger fires for a state of `frames_held` frames, or None."""
-    asr = cfg.asr
-    if asr.mode == "csr":
-        return TRIGGER_CSR if frames_held >= math.ceil(asr.threshold * frame_capacity) else None
-    return TRIGGER_SEMANTIC if approximate_evictions >= asr.semantic_evictions_before_rebuild else None
+class CsrMode:
+    """The paper's rule: at asr.threshold of the frame capacity, keep the newest (1 - asr.evict_fraction)."""
+    name = "csr"
 
+    def __init__(self, asr):
+        self.threshold, self.evict_fraction = asr.threshold, asr.evict_fraction
 
-def plan_keep(cfg: VlaConfig, retained: list, frame_capacity: int, policy) -> list[int]:
-    """Frame ids to rebuild, oldest first, from `retained` ([RetainedFrame] oldest first)."""
-    asr = cfg.asr
-    if asr.mode == "csr":
-        drop = int(len(retained) * asr.evict_fraction)
+    def trigger(self, frames_held: int, frame_capacity: int, approximate_evictions: int) -> str | None:
+        return TRIGGER_CSR if frames_held >= math.ceil(self.threshold * frame_capacity) else None
+
+    def keep(self, retained: list, frame_capacity: int, policy) -> list[int]:
+        drop = int(len(retained) * self.evict_fraction)
         return [r.frame_id for r in retained[drop:]]
-    frames = list(retained)
-    limit = max(1, int(asr.rebuild_fill * frame_capacity))
-    while len(frames) > limit:
-        idx = policy.victim(frames, need_free=True)
-        if idx is None:
-            break
-        frames.pop(idx)
-    return [r.frame_id for r in frames]
+
+
+class SemanticMode:
+    """After asr.semantic_evictions_before_rebuild approximate evictions, rebuild what the primary holds,
+    trimmed by its eviction policy to asr.rebuild_fill of the capacity (room for chunks arriving meanwhile)."""
+    name = "semantic"
+
+    def __init__(self, asr):
+        self.evictions_before_rebuild, self.rebuild_fill = asr.semantic_evictions_before_rebuild, asr.rebuild_fill
+
+    def trigger(self, frames_held: int, frame_capacity: int, approximate_evictions: int) -> str | None:
+        return TRIGGER_SEMANTIC if approximate_evictions >= self.evictions_before_rebuild else None
+
+    def keep(self, retained: list, frame_capacity: int, policy) -> list[int]:
+        frames = list(retained)
+        limit = max(1, int(self.rebuild_fill * frame_capacity))
+        while len(frames) > limit:
+            idx = policy.victim(frames, need_free=True)
+            if idx is None:
+                break
+            frames.pop(idx)
+        return [r.frame_id for r in frames]
+
+
+ASR_MODE_CLASSES = {cls.name: cls for cls in (CsrMode, SemanticMode)}
+
+
+def make_asr_mode(cfg: VlaConfig):
+    """The policy object of asr.mode (ValueError listing the known ones for any other name)."""
+    try:
+        return ASR_MODE_CLASSES[cfg.asr.mode](cfg.asr)
+    except KeyError:
+        raise ValueError(f"asr.mode {cfg.asr.mode!r} unknown; choose one of {sorted(ASR_MODE_CLASSES)}") from None
 
 
 # ----------------------------------------------------------------------------
@@ -166,6 +190,7 @@ class StateReconciler:
         self.clock = clock
         self.tpf = cfg.vision.tokens_per_frame
         self.policy = make_policy(cfg.kv.eviction_policy, cfg.kv.window_frames)
+        self.mode = make_asr_mode(cfg)             # when to reconcile and what to keep (asr.mode)
         self.phase = Phase.IDLE
         self.version = 0                  # newest version planned
         self.k_ready = 0                  # newest version offered
@@ -331,10 +356,10 @@ class StateReconciler:
 
     def _maybe_start_round(self) -> None:
         retained = self._shadow.retained()
-        why = trigger_reason(self.cfg, len(retained), self.engine.frame_capacity, self._approx_evictions)
+        why = self.mode.trigger(len(retained), self.engine.frame_capacity, self._approx_evictions)
         if why is None:
             return
-        keep = plan_keep(self.cfg, retained, self.engine.frame_capacity, self.policy)
+        keep = self.mode.keep(retained, self.engine.frame_capacity, self.policy)
         self.version += 1
         kept = set(keep)
         self._round = Round(version=self.version, trigger=why, frame_ids=list(keep), warm=len(keep),

@@ -6,7 +6,8 @@ sized to the gap between the end of one cycle and the next boundary (minus
 `asr.slack_margin_ms`), never across a boundary. The step size comes from an
 EMA of the reconciler's own measured cost per token (device time: the caller
 synchronizes before reading its clock), with HEADROOM for its spread. With no
-measurement yet, one frame is tried: the smallest step there is.
+measurement yet, one frame is tried: the smallest step there is. A step that
+does not fit is never started; when none fits for long, `starved` says so.
 
 Both drivers use it: the reconciler node (core/swap_protocol.ReconcilerWorker,
 windows read from the reasoning node's core/cycle_clock.py) and the in-process
@@ -16,9 +17,10 @@ from __future__ import annotations
 
 HEADROOM = 1.25       # planned step cost x this must fit the window (a step's device time varies little)
 EMA_ALPHA = 0.3       # weight of the newest step's cost per token
-# After this many windows in a row that fit no frame, one frame is tried anyway: an estimate inflated by one
-# slow step (a first launch, the host busy) must not starve the rebuild forever; the try re-measures it.
-PROBE_AFTER_WINDOWS = 30
+# A step that does not fit is never tried "to see": on the H200 such one-frame tries (12 ms in a 5 ms gap)
+# were exactly the late cycles this schedule exists to prevent. When this many gaps in a row fit nothing,
+# the caller is told (`starved`): the primary's slack is too small for any reconciler step.
+STARVED_AFTER_WINDOWS = 100
 
 
 class SlackScheduler:
@@ -32,7 +34,6 @@ class SlackScheduler:
         self.ms_per_token: float | None = None
         self.steps = 0
         self.windows_too_small = 0
-        self.probes = 0                      # one-frame tries after PROBE_AFTER_WINDOWS declined windows
         self._declined_in_a_row = 0
 
     def frames_for(self, window_ms: float) -> int:
@@ -49,11 +50,16 @@ class SlackScheduler:
             return frames
         self.windows_too_small += 1
         self._declined_in_a_row += 1
-        if self._declined_in_a_row >= PROBE_AFTER_WINDOWS:
-            self._declined_in_a_row = 0
-            self.probes += 1
-            return 1
         return 0
+
+    @property
+    def starved(self) -> bool:
+        """True once STARVED_AFTER_WINDOWS gaps in a row fitted no step: nothing will finish on this schedule."""
+        return self._declined_in_a_row >= STARVED_AFTER_WINDOWS
+
+    def one_frame_ms(self) -> float | None:
+        """The planned cost of the smallest step, with headroom (for the starvation warning)."""
+        return None if self.ms_per_token is None else HEADROOM * self.ms_per_token * self.tpf
 
     def observe(self, elapsed_ms: float, tokens: int) -> None:
         """One step's measured cost (device work finished) for `tokens` tokens."""
@@ -65,4 +71,4 @@ class SlackScheduler:
 
     def summary(self) -> dict:
         return {"step_ms_per_token": self.ms_per_token if self.ms_per_token is not None else "",
-                "steps": self.steps, "windows_too_small": self.windows_too_small, "probes": self.probes}
+                "steps": self.steps, "windows_too_small": self.windows_too_small, "starved": self.starved}

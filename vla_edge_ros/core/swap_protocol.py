@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
 KEEP_VERSIONS = 2          # snapshot files kept: the newest offer and the one before it (may still be loading)
 TIMING_SAMPLES = 256      # swap timings kept for the diagnostics' last / max
+STARVED_LOG_PERIOD_S = 30.0   # slack schedule: how often a starved reconciler says so
 WINDOW_POLL_S = 0.0005   # slack schedule: how often the worker looks for the primary's next cycle end
 IDLE_WAIT_S = 0.01         # worker thread: longest sleep when the reconciler has nothing to do (woken on a chunk)
 
@@ -138,6 +139,7 @@ class ReconcilerWorker:
         self.scheduler = SlackScheduler(reconciler.tpf, max(asr.warmup_tokens_per_step, reconciler.tpf),
                                         asr.slack_margin_ms) if clock is not None else None
         self._window_seq: int | None = None       # the primary's cycle end whose slack was used last
+        self._starved_logged = -float("inf")
         self.offer: SwapOffer | None = None       # replaced whole: readers on other threads see old or new
         self._offer_epoch = 0                     # the reconciler's epoch when that offer was made
         self._primary_epoch = 0                   # primary restarts seen here (chunk numbering back at 1)
@@ -247,6 +249,11 @@ class ReconcilerWorker:
             return 0
         self._window_seq = seq
         end_ns = time.perf_counter_ns() + left_ns
+        if self.scheduler.starved and time.monotonic() - self._starved_logged > STARVED_LOG_PERIOD_S:
+            self._starved_logged = time.monotonic()
+            log.warning("the primary's slack (%.1f ms before its next cycle) fits no reconciler step (one frame "
+                        "%.1f ms planned): no round can finish on asr.schedule slack; asr.schedule free gives exact "
+                        "swaps at the cost of late cycles", left_ns / 1e6, self.scheduler.one_frame_ms() or 0.0)
         total = 0
         while rec.phase in (Phase.WARMING, Phase.CATCHING_UP):     # steps while the gap holds another one
             frames = self.scheduler.frames_for((end_ns - time.perf_counter_ns()) / 1e6)
