@@ -9,7 +9,7 @@ def oracle_logits(hf, eng) -> np.ndarray:
     import torch
     emb = hf.get_input_embeddings()
     prefix = encode_text(eng.tokenizer, prefix_text(eng.cfg.prompt))
-    rows = np.concatenate([eng.frames[r.frame_id].tokens for r in eng.kv.retained()])
+    rows = np.concatenate([eng.state.frames[r.frame_id].tokens for r in eng.state.kv.retained()])
     with torch.inference_mode():
         x = torch.cat([emb(torch.from_numpy(prefix)), torch.from_numpy(rows), emb(torch.from_numpy(eng.suffix))])[None]
         return hf(inputs_embeds=x, position_ids=torch.arange(x.shape[1])[None]).logits[0, -1].numpy()

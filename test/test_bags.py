@@ -73,7 +73,7 @@ def _direct_tokens(model, bag) -> list:
         result = engine.run_cycle(frame, now_s=t_ns * 1e-9)
         assert result.is_action and result.new_frame, (result.reason, result.detail)
         tokens.append([int(t) for t in result.tokens])
-    assert engine.kv.evictions > 0, "the comparison should cover evictions"
+    assert engine.state.kv.evictions > 0, "the comparison should cover evictions"
     return tokens
 
 

@@ -56,7 +56,7 @@ def make_engine(model_dir, **overrides):
 
 def test_prefix_is_never_recomputed_and_the_suffix_is_released_every_cycle(tiny_model_dir, clip):
     eng = make_engine(tiny_model_dir, **{"kv.capacity_tokens": 384})      # room for ~9 frames: eviction starts early
-    prefix_slots = eng.prefix_slots.copy()
+    prefix_slots = eng.state.prefix_slots.copy()
     assert len(eng.backend.writes) == 1 and np.array_equal(eng.backend.writes[0], prefix_slots)
     prefix_kv = eng.backend.read_kv(prefix_slots)
     tpf, s, steps = 32, int(eng.suffix.size), eng.cfg.action.num_tokens - 1
@@ -69,8 +69,8 @@ def test_prefix_is_never_recomputed_and_the_suffix_is_released_every_cycle(tiny_
         assert [w.size for w in calls] == [tpf + s] + [1] * steps
         assert r.prefill_tokens == tpf + s
         assert not np.isin(np.concatenate(calls), prefix_slots).any(), f"cycle {i} wrote into the prefix"
-        assert eng.kv.transient_slots == 0                                  # suffix + decoded tokens released
-        assert eng.kv.used_slots == prefix_slots.size + len(eng.frames) * tpf
+        assert eng.state.kv.transient_slots == 0                                  # suffix + decoded tokens released
+        assert eng.state.kv.used_slots == prefix_slots.size + len(eng.state.frames) * tpf
     summary = eng.state_summary()
     assert summary["evictions"] > 0
     np.testing.assert_array_equal(eng.backend.read_kv(prefix_slots), prefix_kv)   # bytes unchanged
@@ -101,32 +101,32 @@ def test_evictions_mark_the_state_approximate_and_a_rebuild_rebases_it(tiny_mode
     eng = make_engine(tiny_model_dir, **{"kv.capacity_tokens": 384, "kv.eviction_policy": "fifo"})
     for i in range(14):
         eng.run_cycle(Frame(clip[i], float(i), i), now_s=float(i))
-    held = [r.frame_id for r in eng.kv.retained()]
-    assert eng.approximate_evictions == 14 - len(held) and not eng.state_exact
-    starts = [r.position_start for r in eng.kv.retained()]
-    assert starts[0] > eng.prefix_tokens                                 # a hole where evicted frames were
+    held = [r.frame_id for r in eng.state.kv.retained()]
+    assert eng.state.approximate_evictions == 14 - len(held) and not eng.state.state_exact
+    starts = [r.position_start for r in eng.state.kv.retained()]
+    assert starts[0] > eng.state.prefix_tokens                                 # a hole where evicted frames were
 
     writes_before = len(eng.backend.writes)
-    dropped = eng.rebuild_in_place(held[2:], tokens_per_step=64)
-    assert dropped == held[:2] and eng.state_exact
+    dropped = eng.state.rebuild_in_place(held[2:], tokens_per_step=64)
+    assert dropped == held[:2] and eng.state.state_exact
     kept = len(held) - 2
     assert [w.size for w in eng.backend.writes[writes_before:]] == [64] * (kept // 2) + [32] * (kept % 2)
-    starts = [r.position_start for r in eng.kv.retained()]
-    assert starts == [eng.prefix_tokens + 32 * k for k in range(len(held) - 2)]   # contiguous after the prefix
-    assert eng.next_position == eng.prefix_tokens + 32 * (len(held) - 2)
+    starts = [r.position_start for r in eng.state.kv.retained()]
+    assert starts == [eng.state.prefix_tokens + 32 * k for k in range(len(held) - 2)]   # contiguous after the prefix
+    assert eng.state.next_position == eng.state.prefix_tokens + 32 * (len(held) - 2)
 
 
 def test_state_changes_are_refused_inside_a_cycle(tiny_model_dir, clip):
     eng = make_engine(tiny_model_dir)
     eng.run_cycle(Frame(clip[0], 0.0, 0), now_s=0.0)
-    snap = eng.export_state(version=1)
+    snap = eng.state.export_state(version=1)
     seen = []
     real_forward = eng.backend.forward
 
     def forward_that_tries_a_swap(*a, **kw):
         if not seen:
             try:
-                eng.import_state(snap)        # e.g. a swap loader thread firing mid-cycle
+                eng.state.import_state(snap)        # e.g. a swap loader thread firing mid-cycle
             except SwapTimingError as exc:
                 seen.append(str(exc))
         return real_forward(*a, **kw)
@@ -134,6 +134,6 @@ def test_state_changes_are_refused_inside_a_cycle(tiny_model_dir, clip):
     eng.backend.forward = forward_that_tries_a_swap
     r = eng.run_cycle(Frame(clip[1], 1.0, 1), now_s=1.0)
     assert r.is_action and seen and "cycle boundaries" in seen[0]
-    assert eng.state_version == 0
-    eng.import_state(snap)                    # at the boundary it is fine
-    assert eng.state_version == 1
+    assert eng.state.state_version == 0
+    eng.state.import_state(snap)                    # at the boundary it is fine
+    assert eng.state.state_version == 1

@@ -100,6 +100,7 @@ class CudaRig:
 
     def __init__(self, model_dir, model, own, clip, work="interleaved", **overrides):
         from vla_edge_ros.core.engine import Engine
+        from vla_edge_ros.core.engine_state import FrameState
         from vla_edge_ros.core.reconciliation import InProcessAsr, StateReconciler
         from vla_edge_ros.model.cuda_state_transfer import DeviceKvExporter
         _, _, tokenizer = model
@@ -107,9 +108,9 @@ class CudaRig:
                                      "cycle.deterministic": True, "kv.capacity_tokens": CAPACITY, **overrides})
         primary_backend, recon_backend = _backends(model, own)
         self.primary = Engine(self.cfg, primary_backend, tokenizer)
-        recon_engine = Engine(self.cfg, recon_backend, tokenizer)
-        recon_engine.kv_export = DeviceKvExporter(recon_backend)
-        self.rec = StateReconciler(self.cfg, recon_engine)
+        recon_state = FrameState(self.cfg, recon_backend, tokenizer)        # the reconciler: no control cycle
+        recon_state.kv_export = DeviceKvExporter(recon_backend)
+        self.rec = StateReconciler(self.cfg, recon_state)
         self.driver = InProcessAsr(self.primary, self.rec, work=work)
         self.clip = clip
         self.i = 0
@@ -136,14 +137,14 @@ def test_a_device_swap_makes_the_primary_match_hf_from_scratch(tiny_model_dir, m
                                                               "asr.semantic_evictions_before_rebuild": 3})
     for _ in range(12):                  # no reconciler work yet: the primary fills up and evicts approximately
         rig.cycle()
-    assert rig.primary.approximate_evictions == 3 and not rig.primary.state_exact
+    assert rig.primary.state.approximate_evictions == 3 and not rig.primary.state.state_exact
     rig.drain()                          # on the main thread: each backend call makes its own context current
     assert rig.rec.phase is Phase.READY
     rig.primary.run_cycle(Frame(clip[(rig.i - 1) % len(clip)], float(rig.i - 1), rig.i - 1), float(rig.i - 1))
     cos_before = cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary))
 
     c = rig.cycle(new=False)             # the swap (device to device) is applied at this boundary
-    assert c.swap is not None and c.swap.version == 1 and rig.primary.state_exact
+    assert c.swap is not None and c.swap.version == 1 and rig.primary.state.state_exact
     cos_after = cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary))
     print(f"cuda semantic: 1 - cos before the swap {1 - cos_before:.3e}, after {1 - cos_after:.3e}")
     assert cos_after >= COS_EXACT
@@ -167,7 +168,7 @@ def test_a_reconciler_thread_keeps_swapping_exact_states(tiny_model_dir, model, 
             latency_ms.append(c.latency_ms)
             if c.swap is not None:
                 versions.append(c.swap.version)
-                assert rig.primary.state_exact
+                assert rig.primary.state.state_exact
             if time.perf_counter() > stop_at:
                 break                    # a stalled pair of contexts fails below instead of hanging the session
             time.sleep(0.01)             # idle time between cycles, as at 30 Hz, for the reconciler's thread
@@ -177,8 +178,8 @@ def test_a_reconciler_thread_keeps_swapping_exact_states(tiny_model_dir, model, 
           f"max {max(latency_ms):.2f} ms, swaps {versions}")
     assert rig.driver.reconciler_error is None
     assert len(versions) >= 2 and versions == list(range(1, len(versions) + 1))
-    assert rig.primary.state_version == versions[-1]
+    assert rig.primary.state.state_version == versions[-1]
     rig.drain()                          # what the stopped thread left, on this thread
     rig.cycle(new=False)                 # applies an offer left ready, if any
-    assert rig.primary.state_exact
+    assert rig.primary.state.state_exact
     assert cosine(rig.primary.last_prefill_logits, oracle_logits(load_hf_model(tiny_model_dir), rig.primary)) >= COS_EXACT

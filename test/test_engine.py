@@ -44,7 +44,7 @@ def test_action_tokens_equal_hf_recomputing_the_whole_context(tiny_model_dir, cl
     for i, px in enumerate(clip[:5]):
         res = eng.run_cycle(frame(px, i), now_s=float(i))
         assert res.is_action, res.detail
-        vision_rows.append(eng.encoder.encode(px).tokens)
+        vision_rows.append(eng.state.encoder.encode(px).tokens)
         with torch.inference_mode():
             x = torch.cat([emb(torch.from_numpy(prefix)),
                            torch.from_numpy(np.concatenate(vision_rows)),
@@ -128,12 +128,12 @@ def test_eviction_keeps_the_state_bounded_forever(tiny_model_dir, clip):
 
 def test_nan_in_the_encoder_is_an_engine_error_and_the_next_cycle_recovers(tiny_model_dir, clip):
     eng = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
-    good = eng.encoder.weight.copy()
-    eng.encoder.weight[:] = np.nan
+    good = eng.state.encoder.weight.copy()
+    eng.state.encoder.weight[:] = np.nan
     bad = eng.run_cycle(frame(clip[0], 0), now_s=0.0)
     assert bad.reason == R.ENGINE_ERROR and "NaN" in bad.detail
     assert eng.state_summary()["frames"] == 0             # the poisoned frame is not kept
-    eng.encoder.weight[:] = good
+    eng.state.encoder.weight[:] = good
     ok = eng.run_cycle(frame(clip[1], 1), now_s=1.0)
     assert ok.is_action, ok.detail
 
@@ -181,10 +181,10 @@ def test_state_exported_from_one_engine_and_imported_into_another_answers_identi
     a = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
     b = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
     for i in range(4):
-        a.append_frame(frame(clip[i], i))
-    snap = a.export_state(version=3)
+        a.state.append_frame(frame(clip[i], i))
+    snap = a.state.export_state(version=3)
     path = snap.save(tmp_path / "snap.npz")
-    b.import_state(type(snap).load(path))
+    b.state.import_state(type(snap).load(path))
     assert b.state_summary()["frames"] == 4
     same = frame(clip[3], 3)                              # already in both states: only the suffix is computed
     ra, rb = a.run_cycle(same, now_s=3.0), b.run_cycle(same, now_s=3.0)
@@ -208,9 +208,9 @@ def test_positions_are_rebased_before_they_leave_the_models_trained_range(tiny_m
     for i in range(30):
         r = eng.run_cycle(frame(clip[i % len(clip)], i), now_s=float(i))
         assert r.is_action, r.detail
-        assert eng.next_position + eng.suffix.size <= 600
+        assert eng.state.next_position + eng.suffix.size <= 600
         rebases.append("re-based" in r.detail)
     assert sum(rebases) >= 2                              # it happens, and again later
     # After a rebase the frames sit right after the prefix, as a from-scratch forward would place them.
-    starts = [f.position_start for f in eng.kv.retained()]
-    assert starts == sorted(starts) and starts[0] >= eng.prefix_tokens
+    starts = [f.position_start for f in eng.state.kv.retained()]
+    assert starts == sorted(starts) and starts[0] >= eng.state.prefix_tokens

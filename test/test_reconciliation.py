@@ -15,6 +15,7 @@ from engine_oracle import cosine, oracle_logits
 
 from vla_edge_ros import config as C
 from vla_edge_ros.core.engine import Engine
+from vla_edge_ros.core.engine_state import FrameState
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.reconciliation import InProcessAsr, Phase, StateReconciler
@@ -52,8 +53,11 @@ class Rig:
         def engine():
             return Engine(self.cfg, create_backend_from_weights("numpy", spec, weights, 384), tokenizer)
 
+        def state():                      # the reconciler owns a frame state and a backend, no cycle
+            return FrameState(self.cfg, create_backend_from_weights("numpy", spec, weights, 384), tokenizer)
+
         self.primary = engine()
-        self.rec = StateReconciler(self.cfg, engine()) if reconciler else None
+        self.rec = StateReconciler(self.cfg, state()) if reconciler else None
         self.driver = InProcessAsr(self.primary, self.rec, work=work)
         self.clip = clip
         self.i = 0
@@ -82,7 +86,7 @@ class Rig:
         return r
 
     def held(self):
-        return [r.frame_id for r in self.primary.kv.retained()]
+        return [r.frame_id for r in self.primary.state.kv.retained()]
 
 
 def drain(rec):
@@ -91,9 +95,9 @@ def drain(rec):
 
 
 def contiguous(eng) -> bool:
-    starts = [r.position_start for r in eng.kv.retained()]
-    return starts == [eng.prefix_tokens + 32 * k for k in range(len(starts))] and \
-        eng.next_position == eng.prefix_tokens + 32 * len(starts)
+    starts = [r.position_start for r in eng.state.kv.retained()]
+    return starts == [eng.state.prefix_tokens + 32 * k for k in range(len(starts))] and \
+        eng.state.next_position == eng.state.prefix_tokens + 32 * len(starts)
 
 
 # ----------------------------------------------------------------------------
@@ -106,17 +110,17 @@ def test_versions_advance_one_swap_at_a_time_and_every_swap_leaves_an_exact_stat
         c = rig.cycle()
         if c.swap is not None:
             applied.append(c.swap.version)
-            assert rig.primary.state_version == c.swap.version
-            assert contiguous(rig.primary) and rig.primary.state_exact
+            assert rig.primary.state.state_version == c.swap.version
+            assert contiguous(rig.primary) and rig.primary.state.state_exact
         assert rig.rec.primary_frame_ids == rig.held()        # the shadow tracks the primary without asking it
-        assert len(rig.held()) <= rig.primary.frame_capacity
+        assert len(rig.held()) <= rig.primary.state.frame_capacity
         assert rig.rec.k_applied <= rig.rec.k_ready <= rig.rec.version
     assert len(applied) >= 4 and applied == list(range(1, len(applied) + 1))
     assert rig.rec.k_applied == applied[-1]
     # A prompt reconciler swaps before the primary ever has to evict on its own.
-    assert rig.primary.kv.evictions == 0 and rig.rec.stats.rounds_aborted == 0
+    assert rig.primary.state.kv.evictions == 0 and rig.rec.stats.rounds_aborted == 0
     with pytest.raises(SnapshotError, match="not newer"):
-        rig.primary.import_state(rig.primary.export_state(version=applied[-1]))
+        rig.primary.state.import_state(rig.primary.state.export_state(version=applied[-1]))
 
 
 @pytest.mark.parametrize("mode,policy", [("csr", "fifo"), ("semantic", "semantic")])
@@ -126,7 +130,7 @@ def test_after_the_swap_the_next_logits_match_hf_from_scratch_and_before_it_they
                                               "asr.semantic_evictions_before_rebuild": 3})
     for _ in range(12):                  # a slow reconciler: the primary fills up and evicts approximately
         rig.cycle(reconcile=False)
-    assert rig.primary.approximate_evictions == 3 and not rig.primary.state_exact
+    assert rig.primary.state.approximate_evictions == 3 and not rig.primary.state.state_exact
     drain(rig.rec)
     assert rig.rec.phase is Phase.READY
 
@@ -134,7 +138,7 @@ def test_after_the_swap_the_next_logits_match_hf_from_scratch_and_before_it_they
     cos_before = cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary))
     c = rig.cycle(new=False)             # the swap is applied at this boundary; nothing else changes
     assert c.swap is not None and c.swap.late == [] and c.swap.evicted == []
-    assert rig.primary.state_exact and contiguous(rig.primary)
+    assert rig.primary.state.state_exact and contiguous(rig.primary)
     cos_after = cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary))
     print(f"{mode}/{policy}: 1 - cos before the swap {1 - cos_before:.3e}, after {1 - cos_after:.3e}")
     assert cos_after >= COS_EXACT
@@ -152,7 +156,7 @@ def test_chunks_arriving_between_ready_and_applied_survive_the_swap_exactly(tiny
     c = rig.cycle()
     assert c.swap is not None and c.swap.late == late
     assert rig.held() == offered + late + [rig.i - 1]                 # nothing lost, in order
-    assert rig.primary.state_exact and contiguous(rig.primary)
+    assert rig.primary.state.state_exact and contiguous(rig.primary)
     assert cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary)) >= COS_EXACT
     assert rig.rec.primary_frame_ids == rig.held()
 
@@ -167,7 +171,7 @@ def test_an_offer_that_more_than_max_late_chunks_passed_is_caught_up_again(tiny_
     assert rig.rec.offered_frame_ids[-2:] == late
     c = rig.cycle()
     assert c.swap.late == [] and rig.held()[-3:-1] == late
-    assert rig.primary.state_exact
+    assert rig.primary.state.state_exact
 
 
 def test_a_reconciler_stopped_mid_round_leaves_the_primary_serving_on_its_own(tiny_model_dir, model, clip):
@@ -177,17 +181,17 @@ def test_a_reconciler_stopped_mid_round_leaves_the_primary_serving_on_its_own(ti
         rig.rec.tick(32)                 # one frame per step: the round takes several ticks
     assert rig.rec.phase is Phase.WARMING
     rig.rec.stop()
-    version = rig.primary.state_version
+    version = rig.primary.state.state_version
     for _ in range(20):
         rig.cycle()                      # every cycle asserts it produced an action
     assert rig.rec.phase is Phase.STOPPED and rig.rec.take_offer() is None
-    assert rig.primary.state_version == version
-    assert rig.primary.approximate_evictions > 0 and len(rig.held()) <= rig.primary.frame_capacity
+    assert rig.primary.state.state_version == version
+    assert rig.primary.state.approximate_evictions > 0 and len(rig.held()) <= rig.primary.state.frame_capacity
 
     alone = Rig(tiny_model_dir, model, clip, reconciler=False)          # no reconciler at all
     for _ in range(15):
         assert alone.cycle().phase == "absent"
-    assert alone.primary.kv.evictions > 0
+    assert alone.primary.state.kv.evictions > 0
 
 
 def test_a_reconciler_thread_that_dies_on_a_malformed_chunk_does_not_take_the_primary_down(
@@ -209,7 +213,7 @@ def test_a_reconciler_thread_that_dies_on_a_malformed_chunk_does_not_take_the_pr
         assert rig.rec.phase is Phase.STOPPED
         for _ in range(10):
             rig.cycle()                  # still serving, now with its own eviction
-        assert len(rig.held()) <= rig.primary.frame_capacity
+        assert len(rig.held()) <= rig.primary.state.frame_capacity
     finally:
         rig.driver.close()
 
@@ -225,16 +229,16 @@ def test_semantic_mode_counts_the_primary_evictions_and_trims_the_rebuild(tiny_m
         assert rig.rec.primary_frame_ids == rig.held()
     assert len(evicted) == n == rig.rec.summary()["approximate_evictions"]
     kept = rig.rec.offered_frame_ids
-    assert set(kept) <= set(rig.held()) and len(kept) == int(0.75 * rig.primary.frame_capacity)
+    assert set(kept) <= set(rig.held()) and len(kept) == int(0.75 * rig.primary.state.frame_capacity)
     c = rig.cycle()
-    assert c.swap is not None and rig.primary.state_exact and rig.rec.summary()["approximate_evictions"] == 0
+    assert c.swap is not None and rig.primary.state.state_exact and rig.rec.summary()["approximate_evictions"] == 0
 
 
 def test_snapshots_round_trip_through_npz_and_mismatches_are_named(tiny_model_dir, model, clip, tmp_path):
     rig = Rig(tiny_model_dir, model, clip)
     for _ in range(3):
         rig.cycle()
-    snap = rig.primary.export_state(version=7)
+    snap = rig.primary.state.export_state(version=7)
     back = StateSnapshot.load(snap.save(tmp_path / "s.npz"))
     assert back.frame_ids == snap.frame_ids
     np.testing.assert_array_equal(back.prefix_ids, snap.prefix_ids)
@@ -244,14 +248,14 @@ def test_snapshots_round_trip_through_npz_and_mismatches_are_named(tiny_model_di
     hand = "You control a robot hand. Answer each camera frame with one action."
     other = Rig(tiny_model_dir, model, clip, **{"prompt.system_prompt": hand})
     with pytest.raises(SnapshotError, match="different static prefix"):
-        other.primary.import_state(back)
+        other.primary.state.import_state(back)
     bad_kv = StateSnapshot(version=8, frames=back.frames, kv=back.kv[:, :, :-1], next_position=back.next_position,
                            prefix_ids=back.prefix_ids)
     with pytest.raises(SnapshotError, match="kv must be float32"):
-        rig.primary.import_state(bad_kv)
+        rig.primary.state.import_state(bad_kv)
     held = rig.held()
-    rig.primary.import_state(back)                                     # v7 > 0: applied
-    assert rig.held() == held and rig.primary.state_version == 7
+    rig.primary.state.import_state(back)                                     # v7 > 0: applied
+    assert rig.held() == held and rig.primary.state.state_version == 7
 
 
 def test_a_taken_offer_is_reconciled_from_the_shadow_or_abandoned_when_never_applied(tiny_model_dir, model, clip):
@@ -263,8 +267,8 @@ def test_a_taken_offer_is_reconciled_from_the_shadow_or_abandoned_when_never_app
     late = [rig.primary_only_cycle().frame_id for _ in range(3)]   # more than max_late_chunks: cannot withdraw
     drain(rig.rec)
     assert rig.rec.phase is Phase.READY and rig.rec.stats.offers_withdrawn == 0
-    rig.primary.import_state(snap)
-    assert rig.primary.last_swap.late == late
+    rig.primary.state.import_state(snap)
+    assert rig.primary.state.last_swap.late == late
     rig.rec.notify_applied(snap.version, None)               # no frame list: the shadow works the late ones out
     drain(rig.rec)
     assert rig.rec.k_applied == snap.version and rig.rec.primary_frame_ids == rig.held()
@@ -275,10 +279,10 @@ def test_a_taken_offer_is_reconciled_from_the_shadow_or_abandoned_when_never_app
     while rig.rec.version == lost.version:                   # the primary never applies it and keeps evicting
         rig.primary_only_cycle()
         drain(rig.rec)
-    assert rig.rec.stats.rounds_aborted == 1 and rig.primary.state_version == snap.version
+    assert rig.rec.stats.rounds_aborted == 1 and rig.primary.state.state_version == snap.version
     while rig.rec.k_applied == snap.version:                 # a fresh round from what the primary holds now
         rig.cycle()
-    assert rig.rec.k_applied == lost.version + 1 and rig.primary.state_exact
+    assert rig.rec.k_applied == lost.version + 1 and rig.primary.state.state_exact
     assert rig.rec.primary_frame_ids == rig.held()
 
 

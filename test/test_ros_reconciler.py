@@ -143,8 +143,8 @@ def test_lifecycle_swap_only_when_active_and_exact_state(model, harness, tmp_pat
         oracle = Engine.from_config(cfg)
         for frame in frames:
             if frame.frame_id in snap.frame_ids:
-                oracle.append_frame(frame)
-        expected = oracle.export_state(1)
+                oracle.state.append_frame(frame)
+        expected = oracle.state.export_state(1)
         np.testing.assert_allclose(snap.kv, expected.kv, rtol=1e-4, atol=1e-5)
         assert snap.next_position == expected.next_position
 

@@ -15,7 +15,7 @@ import pytest
 
 from vla_edge_ros import config as C
 from vla_edge_ros.core.cycle_clock import CycleClockReader, CycleClockWriter, clock_path
-from vla_edge_ros.core.engine import Engine
+from vla_edge_ros.core.engine_factory import reconciler_state
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.reconciliation import StateReconciler
@@ -77,7 +77,7 @@ def frames():
 def test_the_worker_steps_only_between_a_cycle_end_and_the_next_boundary(tiny_model_dir, frames, tmp_path):
     cfg = C.load(overrides={"model.path": str(tiny_model_dir), "model.backend": "numpy", "kv.capacity_tokens": 480,
                             "asr.warmup_tokens_per_step": 64})
-    rec = StateReconciler(cfg, Engine.from_config(cfg))
+    rec = StateReconciler(cfg, reconciler_state(cfg))
     steps = []
     real_step = rec.step
 

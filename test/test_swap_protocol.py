@@ -9,6 +9,7 @@ import pytest
 
 from vla_edge_ros import config as C
 from vla_edge_ros.core.engine import Engine
+from vla_edge_ros.core.engine_factory import reconciler_state
 from vla_edge_ros.core.footage import read_clip, resize_rgb
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.reconciliation import Phase, StateReconciler
@@ -48,7 +49,7 @@ def _wait(predicate, what, timeout_s=20.0):
 
 def test_offers_are_versioned_files_and_the_applied_tag_starts_the_next_round(cfg, frames, tmp_path):
     primary = Engine.from_config(cfg)
-    worker = ReconcilerWorker(StateReconciler(cfg, Engine.from_config(cfg)), SnapshotStore(tmp_path / "snaps"))
+    worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / "snaps"))
     client = SwapClient(poll_period_s=0.0, request_timeout_s=5.0)
     assert worker.answer()[0] is False and json.loads(worker.answer()[1])["version"] == 0
     worker.start()
@@ -56,7 +57,7 @@ def test_offers_are_versioned_files_and_the_applied_tag_starts_the_next_round(cf
         # The primary admits 11 frames (11 >= ceil(0.9 * 12)): the reconciler starts round 1.
         for f in frames[:11]:
             assert primary.run_cycle(f, f.stamp_s).new_frame
-            worker.on_chunk(f, primary.state_version)
+            worker.on_chunk(f, primary.state.state_version)
         _wait(lambda: worker.offer is not None, "offer v1")
         ok, message = worker.answer()
         offer = SwapOffer.from_message(message)
@@ -66,29 +67,29 @@ def test_offers_are_versioned_files_and_the_applied_tag_starts_the_next_round(cf
 
         # Reasoning side: ask, load off-thread, apply at a boundary after one more (late) frame.
         assert primary.run_cycle(frames[11], frames[11].stamp_s).new_frame
-        worker.on_chunk(frames[11], primary.state_version)              # still tagged v0: arrived before the swap
+        worker.on_chunk(frames[11], primary.state.state_version)              # still tagged v0: arrived before the swap
         client.request_sent()
         loading = client.on_response(*worker.answer())
         start_loader(client, loading).join(timeout=10)
         snap = client.take_ready()
-        dropped = primary.import_state(snap)
-        client.mark_applied(snap.version, cycle_id=11, dropped=len(dropped), late=len(primary.last_swap.late))
-        assert dropped == [1, 2, 3, 4, 5] and primary.last_swap.late == [12] and primary.state_version == 1
+        dropped = primary.state.import_state(snap)
+        client.mark_applied(snap.version, cycle_id=11, dropped=len(dropped), late=len(primary.state.last_swap.late))
+        assert dropped == [1, 2, 3, 4, 5] and primary.state.last_swap.late == [12] and primary.state.state_version == 1
         # Exact: the KV of an engine that only ever saw frames 6..12 (up to float32 rounding: the
         # reconciler prefills several frames per forward, the oracle one at a time).
         oracle = Engine.from_config(cfg)
         for f in frames[5:12]:
-            oracle.append_frame(f)
-        np.testing.assert_allclose(primary.export_state(1).kv, oracle.export_state(1).kv, rtol=1e-4, atol=1e-5)
+            oracle.state.append_frame(f)
+        np.testing.assert_allclose(primary.state.export_state(1).kv, oracle.state.export_state(1).kv, rtol=1e-4, atol=1e-5)
 
         # The next chunk carries v1: the reconciler learns the swap happened and tracks the primary again.
         assert primary.run_cycle(frames[12], frames[12].stamp_s).new_frame
-        worker.on_chunk(frames[12], primary.state_version)
+        worker.on_chunk(frames[12], primary.state.state_version)
         _wait(lambda: worker.reconciler.k_applied == 1, "the reconciler to see v1 applied")
-        assert worker.reconciler.primary_frame_ids == [f.frame_id for f in primary.kv.retained()]
+        assert worker.reconciler.primary_frame_ids == [f.frame_id for f in primary.state.kv.retained()]
         for f in frames[13:20]:
             assert primary.run_cycle(f, f.stamp_s).new_frame
-            worker.on_chunk(f, primary.state_version)
+            worker.on_chunk(f, primary.state.state_version)
         _wait(lambda: worker.offer is not None and worker.offer.version == 2, "offer v2")
         assert worker.reconciler.phase in (Phase.READY, Phase.CATCHING_UP, Phase.IDLE)
         assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["state_v000001.npz", "state_v000002.npz"]
@@ -105,7 +106,7 @@ def test_frames_the_reconciler_never_saw_are_kept_not_dropped_at_the_swap(cfg, f
     the frames in that order. Dropped are only frames the reconciler saw and chose to drop."""
     cfg = cfg.replace({"asr.threshold": 0.6})          # a round at 8 mirrored frames (ceil(0.6 x 12))
     primary = Engine.from_config(cfg)
-    worker = ReconcilerWorker(StateReconciler(cfg, Engine.from_config(cfg)), SnapshotStore(tmp_path / "snaps"))
+    worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / "snaps"))
     worker.start()
     try:
         seq = 0
@@ -115,7 +116,7 @@ def test_frames_the_reconciler_never_saw_are_kept_not_dropped_at_the_swap(cfg, f
             assert primary.run_cycle(f, f.stamp_s).new_frame
             seq += 1
             if deliver:
-                worker.on_chunk(f, primary.state_version, seq)
+                worker.on_chunk(f, primary.state.state_version, seq)
 
         for f in frames[:3]:
             admit(f)
@@ -133,15 +134,15 @@ def test_frames_the_reconciler_never_saw_are_kept_not_dropped_at_the_swap(cfg, f
         assert snap.unseen == [(-1, 1), (3, 6), (8, 10)], snap.unseen
         assert snap.frame_ids == [7, 8, 10, 11], snap.frame_ids   # csr: the newest half of the 8 it saw
 
-        dropped = primary.import_state(snap)
+        dropped = primary.state.import_state(snap)
         assert dropped == [1, 2, 3, 6], "only frames the reconciler saw and left out are forgotten"
-        assert primary.last_swap.unseen == [4, 5, 9] and primary.last_swap.late == []
-        assert [r.frame_id for r in primary.kv.retained()] == [7, 8, 10, 11, 4, 5, 9]
-        assert primary.state_exact
+        assert primary.state.last_swap.unseen == [4, 5, 9] and primary.state.last_swap.late == []
+        assert [r.frame_id for r in primary.state.kv.retained()] == [7, 8, 10, 11, 4, 5, 9]
+        assert primary.state.state_exact
         oracle = Engine.from_config(cfg)
         for i in (6, 7, 9, 10, 3, 4, 8):
-            oracle.append_frame(frames[i])
-        np.testing.assert_allclose(primary.export_state(1).kv, oracle.export_state(1).kv, rtol=1e-4, atol=1e-5)
+            oracle.state.append_frame(frames[i])
+        np.testing.assert_allclose(primary.state.export_state(1).kv, oracle.state.export_state(1).kv, rtol=1e-4, atol=1e-5)
         assert primary.run_cycle(frames[11], frames[11].stamp_s).is_action
     finally:
         worker.stop()
@@ -151,36 +152,36 @@ def test_frames_the_reconciler_never_saw_are_kept_not_dropped_at_the_swap(cfg, f
 def test_a_restarted_reasoning_node_never_gets_frames_of_the_process_before_it(cfg, frames, tmp_path):
     """A new reasoning process starts with an empty state and numbers its chunks from 1 again; the
     reconciler must not offer it a state built from its predecessor's frames."""
-    worker = ReconcilerWorker(StateReconciler(cfg, Engine.from_config(cfg)), SnapshotStore(tmp_path / "snaps"))
+    worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / "snaps"))
     worker.start()
     try:
         before = Engine.from_config(cfg)
         for seq, f in enumerate(frames[:11], start=1):
             assert before.run_cycle(f, f.stamp_s).new_frame
-            worker.on_chunk(f, before.state_version, seq)
+            worker.on_chunk(f, before.state.state_version, seq)
         _wait(lambda: worker.answer()[0], "an offer for the first reasoning process")
 
         after = Engine.from_config(cfg)                        # restarted: empty state, frame ids go on
         assert after.run_cycle(frames[11], frames[11].stamp_s).new_frame
-        worker.on_chunk(frames[11], after.state_version, 1)
+        worker.on_chunk(frames[11], after.state.state_version, 1)
         ok, message = worker.answer()
         assert not ok and "restarted" in message, message      # the old offer is void at once
         for seq, f in enumerate(frames[12:22], start=2):
             assert after.run_cycle(f, f.stamp_s).new_frame
-            worker.on_chunk(f, after.state_version, seq)
+            worker.on_chunk(f, after.state.state_version, seq)
         _wait(lambda: worker.answer()[0], "an offer for the restarted reasoning process")
         snap = StateSnapshot.load(SwapOffer.from_message(worker.answer()[1]).path)
         assert snap.frame_ids and set(snap.frame_ids) <= {f.frame_id for f in frames[11:22]}, snap.frame_ids
         assert worker.reconciler.epoch == 1
-        after.import_state(snap)
-        assert after.state_exact and after.last_swap.unseen == []
+        after.state.import_state(snap)
+        assert after.state.state_exact and after.state.last_swap.unseen == []
     finally:
         worker.stop()
         worker.store.close()
 
 
 def test_worker_failure_stops_offers_but_not_the_caller(cfg, frames, tmp_path):
-    worker = ReconcilerWorker(StateReconciler(cfg, Engine.from_config(cfg)), SnapshotStore(tmp_path / "snaps"))
+    worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / "snaps"))
     worker.store.close()                                   # the directory is gone: publishing the offer fails
     worker.start()
     try:

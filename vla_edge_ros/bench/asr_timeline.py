@@ -13,7 +13,7 @@ run the same number of cycles:
              boundary, their cost counted in that cycle
     sync     at the same trigger, with the same choice of frames to keep, the
              primary recomputes the kept frames itself between two cycles
-             (Engine.rebuild_in_place), counted in the next cycle
+             (FrameState.rebuild_in_place), counted in the next cycle
     approx   the primary's semantic eviction only: no reconciliation at all
 
 On the GPU (`--backend pycuda --shape qwen2.5-1.5b`, bf16 random weights,
@@ -202,10 +202,11 @@ class _Engines:
         return Engine(cfg, self._backend(cfg, self.kind == "pycuda" and self.primary_backend), self.tokenizer)
 
     def reconciler(self, cfg):
-        from ..core.engine import Engine
-        engine = Engine(cfg, self._backend(cfg, self.kind == "pycuda" and self.reconciler_backend), self.tokenizer)
-        engine.kv_export = self.exporter if self.kind == "pycuda" else None
-        return engine
+        """The reconciler's FrameState (it runs no control cycle)."""
+        from ..core.engine_state import FrameState
+        state = FrameState(cfg, self._backend(cfg, self.kind == "pycuda" and self.reconciler_backend), self.tokenizer)
+        state.kv_export = self.exporter if self.kind == "pycuda" else None
+        return state
 
     def _backend(self, cfg, shared):
         if shared:
@@ -266,8 +267,8 @@ class _Runner:
             outcomes[r["reason"]] = outcomes.get(r["reason"], 0) + 1
         rec = self.reconciler
         log.info("%s: cycle %d, last %d: p50 %.1f ms, p99 %.1f ms, outcomes %s; primary holds %d frames (v%d)%s",
-                 self.mode, len(records), len(recent), lat["p50"], lat["p99"], outcomes, len(self.primary.frames),
-                 self.primary.state_version, "" if rec is None else f"; reconciler {rec.summary()}")
+                 self.mode, len(records), len(recent), lat["p50"], lat["p99"], outcomes, len(self.primary.state.frames),
+                 self.primary.state.state_version, "" if rec is None else f"; reconciler {rec.summary()}")
 
     def _cycle(self, frame, now_s, i) -> dict:
         from ..core.reconciliation import make_asr_mode
@@ -275,7 +276,7 @@ class _Runner:
         event = ""
         if self.mode == "sync":
             t = time.perf_counter()
-            p = self.primary
+            p = self.primary.state
             rule = make_asr_mode(self.cfg)
             why = rule.trigger(len(p.frames), p.frame_capacity, p.approximate_evictions)
             if why is not None:
@@ -290,7 +291,7 @@ class _Runner:
             c = self.driver.cycle(frame, now_s)
             latency, phase = c.latency_ms, c.phase
             event = "swap" if c.swap is not None else ""
-        s = self.primary
+        s = self.primary.state
         return {"i": i, "t_s": now_s, "latency_ms": latency, "reason": c.result.reason or "action", "phase": phase,
                 "event": event, "frames": len(s.frames), "state_version": s.state_version,
                 "approximate_evictions": s.approximate_evictions, "state_exact": s.state_exact}

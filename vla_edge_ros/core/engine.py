@@ -9,16 +9,17 @@
          single-token decode steps, every argmax restricted to the action bins
       -> deadline check -> CycleResult
 
-The state is the CSR layout of core/prompt.py: a static prefix computed once
-at construction, frames appended as chunks of 32 vision tokens (their vision
-rows are kept on the host so the state can be recomputed), and a transient
-suffix written each cycle and released. Between cycles the state can be
-replaced by a reconciled snapshot (`import_state`, the swap of core/
-reconciliation.py) or recomputed in place (`rebuild_in_place`), operations that
-live in core/engine_state.py (`FrameState`, which Engine inherits); both re-base
-the frames' RoPE positions right after the prefix, so the result is the state
-a from-scratch forward would build. `state_version` counts swaps;
-`approximate_evictions` counts policy evictions since the state was last exact.
+The state is the CSR layout of core/prompt.py, held by the engine's
+`FrameState` (`engine.state`, core/engine_state.py): a static prefix computed
+once at construction, frames appended as chunks of 32 vision tokens (their
+vision rows are kept on the host so the state can be recomputed), and a
+transient suffix written each cycle and released. Between cycles the state
+can be replaced by a reconciled snapshot (`engine.state.import_state`, the
+swap of core/reconciliation.py) or recomputed in place
+(`engine.state.rebuild_in_place`); both re-base the frames' RoPE positions
+right after the prefix, so the result is the state a from-scratch forward
+would build. `state.state_version` counts swaps; `state.approximate_evictions`
+counts policy evictions since the state was last exact.
 
 The engine owns no thread and no clock loop: the reasoning node, the
 benchmarks and the tests drive it. It never raises for a failure inside a
@@ -36,12 +37,11 @@ from . import cycle_result as R
 from .action_codec import ActionCodec, NonFiniteLogitsError
 from .admission import AdmissionController
 from .cycle_result import CycleResult
-from .engine_state import FrameRecord, FrameState, SwapReport
+from .engine_state import FrameState, FrameStateError
 from .failure_log import FailureLog
 from .frames import Frame
-from .kv_slots import KVSlotManager, make_policy
 from .metrics import CycleMetrics
-from .prompt import encode_text, prefix_text, suffix_ids
+from .prompt import suffix_ids
 from .vision_encoder import VisionEncoder
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,9 @@ class EngineConfigError(ValueError):
     """The engine cannot be built with this configuration and model (raised at configure time)."""
 
 
-class Engine(FrameState):
+class Engine:
+    """The control cycle over a FrameState it owns (`self.state`); see the module docstring."""
+
     def __init__(self, cfg: VlaConfig, backend, tokenizer, encoder: VisionEncoder | None = None):
         self.cfg = cfg
         self.backend = backend
@@ -60,37 +62,23 @@ class Engine(FrameState):
         spec = backend.spec
         if backend.capacity != cfg.kv.capacity_tokens:
             raise EngineConfigError(f"backend KV arena has {backend.capacity} slots, kv.capacity_tokens is {cfg.kv.capacity_tokens}")
-        self.encoder = encoder or VisionEncoder(cfg.vision, spec.hidden_size)
-        self.codec = ActionCodec(spec.vocab_size, cfg.action)
-        self.admission = AdmissionController(cfg.cycle, cfg.admission)
-        self.metrics = CycleMetrics(cfg.cycle.deadline_ms)
-        self.kv = KVSlotManager(cfg.kv.capacity_tokens, cfg.vision.tokens_per_frame,
-                                make_policy(cfg.kv.eviction_policy, cfg.kv.window_frames))
-        # Transient slots a cycle may need: the longest suffix plus the decoded tokens fed back.
-        self.suffix_reserve = cfg.prompt.max_suffix_tokens + cfg.action.num_tokens
-        self.frames: dict[int, FrameRecord] = {}
-        self.cycle_id = 0
-        self.last_frame_id: int | None = None
-        self._unwritten_frame: int | None = None
-        self._in_cycle = False
-        self.state_version = 0                  # bumped by every applied swap
-        self.approximate_evictions = 0          # policy evictions since the state was last exact
-        # Rows written to the KV arena per segment since construction (CSR accounting).
-        self.computed_tokens = {"prefix": 0, "frames": 0, "suffix": 0, "decode": 0}
-        self._last_prefill_logits: np.ndarray | None = None   # [vocab] of the latest cycle's prefill, fetched on demand
-        self._prefill_logits_ready = False                      # the latest cycle completed: the backend has them
-        self._force_admit = False                               # warm_up: every cycle runs (nothing is refused)
-        self._failures = FailureLog(log, FAILURE_LOG_PERIOD_S)
         rows = cfg.vision.tokens_per_frame + cfg.prompt.max_suffix_tokens
         if rows > backend.max_rows:
             raise EngineConfigError(f"a cycle prefill of vision.tokens_per_frame + prompt.max_suffix_tokens = {rows} "
                                     f"rows exceeds the backend's {backend.max_rows} rows per pass")
-        self.last_swap: SwapReport | None = None
-        # How export_state packs the KV rows: None reads them to the host (numpy array); a callable
-        # (backend, slots) -> KV holder keeps them on the device (model/cuda_state_transfer.DeviceKvExporter).
-        self.kv_export = None
         self._check_memory_budget()
-        self._prefill_prefix()
+        self.codec = ActionCodec(spec.vocab_size, cfg.action)
+        self.admission = AdmissionController(cfg.cycle, cfg.admission)
+        self.metrics = CycleMetrics(cfg.cycle.deadline_ms)
+        self.cycle_id = 0
+        self._last_prefill_logits: np.ndarray | None = None   # [vocab] of the latest cycle's prefill, fetched on demand
+        self._prefill_logits_ready = False                      # the latest cycle completed: the backend has them
+        self._force_admit = False                               # warm_up: every cycle runs (nothing is refused)
+        self._failures = FailureLog(log, FAILURE_LOG_PERIOD_S)
+        try:
+            self.state = FrameState(cfg, backend, tokenizer, encoder)   # computes the static prefix
+        except FrameStateError as exc:
+            raise EngineConfigError(str(exc)) from exc
         self.set_instruction(cfg.prompt.instruction)
 
     @classmethod
@@ -139,12 +127,12 @@ class Engine(FrameState):
         finally:
             self._force_admit = False
             self.admission.refusals_in_a_row = 0     # forced warm-up cycles are not refusals the probe counts
-            self.reset_frames()
-            self.last_frame_id = None
+            self.state.reset_frames()
+            self.state.last_frame_id = None
             self.cycle_id = 0
             self.metrics = CycleMetrics(self.cfg.cycle.deadline_ms)
             for key in ("frames", "suffix", "decode"):
-                self.computed_tokens[key] = 0
+                self.state.computed_tokens[key] = 0
         return {"cycles": cycles, "first_ms": elapsed[0], "last_ms": elapsed[-1],
                 "steady_ms": float(np.median(elapsed[cycles // 2:])),
                 "estimate_prefill_ms_per_token": self.admission.ema_prefill_ms_per_token,
@@ -158,8 +146,8 @@ class Engine(FrameState):
         t0 = time.perf_counter() if cycle_start_perf is None else cycle_start_perf
         result = CycleResult(cycle_id=self.cycle_id)
         self.cycle_id += 1
-        rebased = self._rebase_positions_if_needed()
-        self._in_cycle = True
+        rebased = self.state.rebase_positions_if_needed()
+        self.state.in_cycle = True
         try:
             self._run(frame, now_s, t0, result)
         except NonFiniteLogitsError as exc:
@@ -168,9 +156,9 @@ class Engine(FrameState):
             self._failures.report(f"cycle {result.cycle_id}", exc)
             self._fail(result, R.ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
         finally:
-            self.kv.release_transient()
-            self._drop_unwritten_frame()
-            self._in_cycle = False
+            self.state.kv.release_transient()
+            self.state.drop_unwritten_frame()
+            self.state.in_cycle = False
         result.elapsed_ms = (time.perf_counter() - t0) * 1000.0
         late = result.elapsed_ms > self.cfg.cycle.deadline_ms
         if late and result.is_action:
@@ -199,7 +187,8 @@ class Engine(FrameState):
             return self._fail(result, R.MEMORY_CEILING, "engine memory above memory.vram_ceiling_gib")
 
         # A frame already in the state (the last one answered, or one a swap brought in) is not appended again.
-        new = frame.frame_id != self.last_frame_id and frame.frame_id not in self.frames
+        st = self.state
+        new = frame.frame_id != st.last_frame_id and frame.frame_id not in st.frames
         tpf = self.cfg.vision.tokens_per_frame
         prefill_tokens = (tpf if new else 0) + int(self.suffix.size)
         decode_steps = self.cfg.action.num_tokens - 1
@@ -211,34 +200,34 @@ class Engine(FrameState):
 
         rows, positions, write_slots = [], [], []
         if new:
-            chunk = self.encode_chunk(frame)
-            frame_slots, result.evicted_frame_ids = self._admit_chunk(chunk, self.next_position)
-            self._unwritten_frame = frame.frame_id                              # until the prefill succeeds
+            chunk = st.encode_chunk(frame)
+            frame_slots, result.evicted_frame_ids = st.admit_chunk(chunk, st.next_position)
+            st.mark_unwritten(frame.frame_id)                                  # until the prefill succeeds
             rows.append(chunk.tokens)                                           # [32, hidden]
-            positions.append(np.arange(self.next_position, self.next_position + tpf))
+            positions.append(np.arange(st.next_position, st.next_position + tpf))
             write_slots.append(frame_slots)
-            self.next_position += tpf
-            self.last_frame_id = frame.frame_id
+            st.next_position += tpf
+            st.last_frame_id = frame.frame_id
             result.new_frame = True
-        context = self._context_excluding(write_slots)
-        suffix_slots = self.kv.alloc_transient(int(self.suffix.size) + decode_steps)
+        context = st.context_excluding(write_slots)
+        suffix_slots = st.kv.alloc_transient(int(self.suffix.size) + decode_steps)
         s = int(self.suffix.size)
         rows.append(self.backend.embed(self.suffix))                            # [S, hidden]
-        positions.append(np.arange(self.next_position, self.next_position + s))
+        positions.append(np.arange(st.next_position, st.next_position + s))
         write_slots.append(suffix_slots[:s])
         prefill = (np.concatenate(rows).astype(np.float32, copy=False), np.concatenate(positions).astype(np.int64),
                    np.concatenate(write_slots).astype(np.int32), context)
         decode_slots = suffix_slots[s:s + decode_steps]
-        decode_positions = np.arange(self.next_position + s, self.next_position + s + decode_steps, dtype=np.int64)
+        decode_positions = np.arange(st.next_position + s, st.next_position + s + decode_steps, dtype=np.int64)
         tokens, result.prefill_ms, result.decode_ms = self._prefill_decode(prefill, decode_slots, decode_positions)
-        self.computed_tokens["frames"] += tpf if new else 0
-        self.computed_tokens["suffix"] += s
-        self.computed_tokens["decode"] += decode_steps
+        st.computed_tokens["frames"] += tpf if new else 0
+        st.computed_tokens["suffix"] += s
+        st.computed_tokens["decode"] += decode_steps
         result.prefill_tokens = prefill_tokens
         self.admission.observe(result.prefill_ms, prefill_tokens, result.decode_ms, max(decode_steps, 1))
         result.tokens = np.asarray(tokens, dtype=np.int64)
         result.action = self.codec.to_values(result.tokens)
-        self._unwritten_frame = None                    # finite logits all the way: the frame's KV is good
+        st.mark_written()                               # finite logits all the way: the frame's KV is good
 
     def _prefill_decode(self, prefill, decode_slots, decode_positions) -> tuple:
         """The backend's cycle (CUDA: prefill, restricted argmax and decode steps feeding tokens back on the
@@ -265,25 +254,15 @@ class Engine(FrameState):
             self._last_prefill_logits = self.backend.prefill_logits()
         return self._last_prefill_logits
 
+    def state_summary(self) -> dict:
+        """The frame state's token accounting, with this cycle's suffix, for the diagnostics."""
+        return self.state.state_summary(int(self.suffix.size))
+
     # --------------------------------------------------------------- helpers
 
     def _fail(self, result: CycleResult, reason: str, detail: str) -> None:
         result.reason, result.detail = reason, detail
         result.action = result.tokens = None
-
-    def _prefill_prefix(self) -> None:
-        ids = encode_text(self.tokenizer, prefix_text(self.cfg.prompt))
-        free_after = self.cfg.kv.capacity_tokens - ids.size - self.suffix_reserve
-        if free_after < self.cfg.vision.tokens_per_frame:
-            raise EngineConfigError(
-                f"prompt prefix ({ids.size} tokens) leaves no room for one frame in kv.capacity_tokens={self.cfg.kv.capacity_tokens}")
-        self.prefix_slots = self.kv.reserve_prefix(int(ids.size))
-        self.prefix_ids = ids                                   # [P] int64
-        if ids.size:
-            self.backend.forward(self.backend.embed(ids), np.arange(ids.size, dtype=np.int64),
-                                 self.prefix_slots, np.zeros(0, dtype=np.int32), logits="none")
-        self.computed_tokens["prefix"] += int(ids.size)
-        self.next_position = int(ids.size)
 
     def _check_memory_budget(self) -> None:
         used = self.backend.memory_bytes()

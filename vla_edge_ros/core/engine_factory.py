@@ -1,9 +1,10 @@
 """The one place engines are built from a configuration: the nodes, tools and tests all come here.
 
-    primary_engine(cfg)      the reasoning node's engine: backend model.backend
-    reconciler_engine(cfg)   the reconciler's engine: backend asr.backend; on a GPU its
-                             snapshots keep their KV on the device (DeviceKvExporter), so a
-                             swap moves it by CUDA IPC instead of through a file
+    primary_engine(cfg)      the reasoning node's engine (control cycle + frame state):
+                             backend model.backend
+    reconciler_state(cfg)    the reconciler's frame state (no cycle): backend asr.backend; on
+                             a GPU its snapshots keep their KV on the device
+                             (DeviceKvExporter), so a swap moves it by CUDA IPC, not a file
 
 Both load the tokenizer and build the backend through model/factory.py (the
 CUDA backend streams the weights to the device; the numpy backend loads them
@@ -18,6 +19,7 @@ from ..model.factory import choose_backend, create_backend
 from ..model.weights import load_tokenizer
 from .cpu_threads import limit_cpu_threads
 from .engine import Engine
+from .engine_state import FrameState
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +29,21 @@ def primary_engine(cfg: VlaConfig, device=None) -> Engine:
     return _engine(cfg, cfg.model.backend, device)
 
 
-def reconciler_engine(cfg: VlaConfig, device=None) -> Engine:
-    """The reconciler's engine (asr.backend); on a GPU its snapshots' KV stays on the device."""
-    engine = _engine(cfg, cfg.asr.backend, device)
-    if engine.backend.device is not None:
-        from ..model.cuda_state_transfer import DeviceKvExporter
-        engine.kv_export = DeviceKvExporter(engine.backend)
-    return engine
+def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
+    """The reconciler's frame state (asr.backend; it runs no control cycle, so no Engine around it); on a
+    GPU its snapshots' KV stays on the device."""
+    limit_cpu_threads(cfg.model.cpu_threads)
+    backend = create_backend(cfg.asr.backend, cfg.model.path, cfg.kv.capacity_tokens, dtype=cfg.model.dtype,
+                             device=device)
+    try:
+        state = FrameState(cfg, backend, load_tokenizer(cfg.model.path))
+        if backend.device is not None:
+            from ..model.cuda_state_transfer import DeviceKvExporter
+            state.kv_export = DeviceKvExporter(backend)
+        return state
+    except BaseException:
+        backend.close()
+        raise
 
 
 def describe_choice(kind: str) -> str:

@@ -1,12 +1,15 @@
 """The engine's frame state between cycles: append, rebuild, export and import (the swap).
 
-`FrameState` is the half of `Engine` (core/engine.py) that owns the CSR state
-itself rather than the control cycle: frames appended exactly as chunks (the
-reconciler's mirror and chunked prefill), the synchronous rebuild in place,
-the snapshot a reconciled swap carries (`export_state` / `import_state`),
-RoPE re-basing before positions leave the model's trained range, and the
-token accounting. Engine inherits it; the attributes it uses (cfg, backend,
-kv, frames, next_position, ...) are set up by `Engine.__init__`.
+`FrameState` owns the CSR state itself: the KV slot bookkeeping of the arena
+(prefix, frames as chunks, the transient suffix), the frames' vision rows,
+their RoPE positions and the state version. Its operations are the ones the
+control cycle and the reconciler share: frames appended exactly as chunks
+(the reconciler's mirror and chunked prefill), the synchronous rebuild in
+place, the snapshot a reconciled swap carries (`export_state` /
+`import_state`), RoPE re-basing before positions leave the model's trained
+range, and the token accounting. The cycle (core/engine.py, `Engine`) owns
+one FrameState; the reconciler (core/reconciliation.py) owns one too, with
+its own backend, and no cycle.
 
 Every operation here changes the state only at a cycle boundary
 (`SwapTimingError` otherwise), and re-bases positions right after the static
@@ -21,9 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.errors import DeviceKVUnavailable
+from ..config import VlaConfig
 from .frames import Frame
-from .kv_slots import KVCapacityError
+from .kv_slots import KVCapacityError, KVSlotManager, make_policy
+from .prompt import encode_text, prefix_text
 from .state_snapshot import SnapshotError, SnapshotFrame, StateChunk, StateSnapshot
+from .vision_encoder import VisionEncoder
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +60,37 @@ class SwapReport:
     kv_copy_ms: float = 0.0      # writing the snapshot's KV into the arena (device to device on a GPU)
 
 
+class FrameStateError(ValueError):
+    """A frame state cannot be built with this configuration and model (the prefix leaves no room)."""
+
+
 class FrameState:
-    """State operations of Engine (see the module docstring); not used on its own."""
+    """The CSR frame state on one backend (see the module docstring).
+
+    Built on a backend whose arena is empty: the static prefix is computed here, once.
+    """
+
+    def __init__(self, cfg: VlaConfig, backend, tokenizer, encoder: VisionEncoder | None = None):
+        self.cfg = cfg
+        self.backend = backend
+        self.encoder = encoder or VisionEncoder(cfg.vision, backend.spec.hidden_size)
+        self.kv = KVSlotManager(cfg.kv.capacity_tokens, cfg.vision.tokens_per_frame,
+                                make_policy(cfg.kv.eviction_policy, cfg.kv.window_frames))
+        # Transient slots a cycle may need: the longest suffix plus the decoded tokens fed back.
+        self.suffix_reserve = cfg.prompt.max_suffix_tokens + cfg.action.num_tokens
+        self.frames: dict[int, FrameRecord] = {}
+        self.last_frame_id: int | None = None
+        self.in_cycle = False                   # set by the cycle around its work: state changes wait for the boundary
+        self._unwritten_frame: int | None = None
+        self.state_version = 0                  # bumped by every applied swap
+        self.approximate_evictions = 0          # policy evictions since the state was last exact
+        # Rows written to the KV arena per segment since construction (CSR accounting).
+        self.computed_tokens = {"prefix": 0, "frames": 0, "suffix": 0, "decode": 0}
+        self.last_swap: SwapReport | None = None
+        # How export_state packs the KV rows: None reads them to the host (numpy array); a callable
+        # (backend, slots) -> KV holder keeps them on the device (model/cuda_state_transfer.DeviceKvExporter).
+        self.kv_export = None
+        self._prefill_prefix(tokenizer)
 
     def append_frame(self, frame: Frame) -> list[int]:
         """Add a frame to the state exactly (no action decode): the reconciler's mirror path.
@@ -95,7 +130,7 @@ class FrameState:
                                   f"{self.kv.free_slots} free ({len(self.frames)} frames retained)")
         evicted: list[int] = []
         for i, c in enumerate(chunks):
-            _slots, out = self._admit_chunk(c, self.next_position + i * tpf)
+            _slots, out = self.admit_chunk(c, self.next_position + i * tpf)
             evicted += out
         # A policy may evict a frame of this very batch: it was never computed, so it simply is not.
         kept = [r for r in self.kv.retained() if r.frame_id in {c.frame_id for c in chunks}]    # oldest first
@@ -108,7 +143,7 @@ class FrameState:
         positions = np.concatenate([np.arange(r.position_start, r.position_start + tpf) for r in kept]).astype(np.int64)
         done = False
         try:
-            self.backend.forward(rows, positions, slots, self._context_excluding([slots]), logits="none")
+            self.backend.forward(rows, positions, slots, self.context_excluding([slots]), logits="none")
             done = True
         finally:
             if not done:    # garbage KV: forget these frames rather than attend to them later
@@ -259,7 +294,7 @@ class FrameState:
                  len(dropped), len(late_chunks))
         return dropped
 
-    def _rebase_positions_if_needed(self) -> bool:
+    def rebase_positions_if_needed(self) -> bool:
         """Keep RoPE positions inside the model's trained range when no swap has re-based them.
 
         Positions only grow between swaps (about 1000 per second at 30 Hz). A
@@ -293,15 +328,16 @@ class FrameState:
         """True when the frame KV is what a from-scratch forward of the retained frames would give."""
         return self.approximate_evictions == 0
 
-    def state_summary(self) -> dict:
-        """Token accounting of the CSR layout: prefix, chunks (frames) and the transient suffix, separately."""
+    def state_summary(self, suffix_tokens: int = 0) -> dict:
+        """Token accounting of the CSR layout: prefix, chunks (frames) and the transient suffix (of
+        `suffix_tokens` tokens, the cycle's), separately."""
         retained = self.kv.retained()
         tpf = self.cfg.vision.tokens_per_frame
         return {
             "prefix_tokens": self.prefix_tokens,
             "frames": len(retained),
             "frame_tokens": len(retained) * tpf,
-            "suffix_tokens": int(self.suffix.size),
+            "suffix_tokens": int(suffix_tokens),
             "suffix_reserve": self.suffix_reserve,
             "transient_tokens": self.kv.transient_slots,
             "frame_capacity": self.frame_capacity,
@@ -318,7 +354,7 @@ class FrameState:
 
     # --------------------------------------------------------------- helpers
 
-    def _admit_chunk(self, chunk: StateChunk, position_start: int) -> tuple[np.ndarray, list[int]]:
+    def admit_chunk(self, chunk: StateChunk, position_start: int) -> tuple[np.ndarray, list[int]]:
         """Slots for a new frame starting at `position_start` (the policy evicts if full); remembers its rows."""
         admission = self.kv.add_frame(chunk.frame_id, chunk.pooled, position_start, reserve=self.suffix_reserve)
         evicted = [f.frame_id for f in admission.evicted]
@@ -329,7 +365,7 @@ class FrameState:
         self.frames[chunk.frame_id] = FrameRecord(chunk.frame_id, chunk.stamp_s, chunk.tokens)
         return admission.slots, evicted
 
-    def _drop_unwritten_frame(self) -> None:
+    def drop_unwritten_frame(self) -> None:
         """A frame whose prefill failed has garbage KV: forget it rather than attend to it later."""
         fid, self._unwritten_frame = self._unwritten_frame, None
         if fid is not None:
@@ -343,11 +379,31 @@ class FrameState:
         return next(r.pooled for r in self.kv.retained() if r.frame_id == frame_id)
 
     def _require_boundary(self, what: str) -> None:
-        if self._in_cycle:
-            raise SwapTimingError(f"{what} called inside cycle {self.cycle_id - 1}: "
-                                  "state changes happen at cycle boundaries")
+        if self.in_cycle:
+            raise SwapTimingError(f"{what} called inside a cycle: state changes happen at cycle boundaries")
 
-    def _context_excluding(self, written: list) -> np.ndarray:
+    def mark_unwritten(self, frame_id: int) -> None:
+        """The frame's KV is not written until the cycle's prefill succeeds (drop_unwritten_frame forgets it)."""
+        self._unwritten_frame = frame_id
+
+    def mark_written(self) -> None:
+        self._unwritten_frame = None
+
+    def _prefill_prefix(self, tokenizer) -> None:
+        ids = encode_text(tokenizer, prefix_text(self.cfg.prompt))
+        free_after = self.cfg.kv.capacity_tokens - ids.size - self.suffix_reserve
+        if free_after < self.cfg.vision.tokens_per_frame:
+            raise FrameStateError(
+                f"prompt prefix ({ids.size} tokens) leaves no room for one frame in kv.capacity_tokens={self.cfg.kv.capacity_tokens}")
+        self.prefix_slots = self.kv.reserve_prefix(int(ids.size))
+        self.prefix_ids = ids                                   # [P] int64
+        if ids.size:
+            self.backend.forward(self.backend.embed(ids), np.arange(ids.size, dtype=np.int64),
+                                 self.prefix_slots, np.zeros(0, dtype=np.int32), logits="none")
+        self.computed_tokens["prefix"] += int(ids.size)
+        self.next_position = int(ids.size)
+
+    def context_excluding(self, written: list) -> np.ndarray:
         """Cached slots (prefix + retained frames) minus the ones this call is writing."""
         ctx = self.kv.context_slots()
         if written:

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from ..config import VlaConfig
 from .cycle_result import CycleResult
 from .engine import Engine
-from .engine_state import SwapReport
+from .engine_state import FrameState, SwapReport
 from .frames import Frame
 from .kv_slots import KVCapacityError, KVSlotManager, make_policy
 from .slack_scheduler import SlackScheduler
@@ -176,17 +176,17 @@ class ReconcilerStats:
 class StateReconciler:
     """ASR on a second engine; see the module docstring for phases, triggers and callers.
 
-    `engine` is the reconciler's own Engine (its own backend arena, same
-    configuration and prefix as the primary). Its frame state is rebuilt each
-    round; its static prefix is computed once, at its construction.
+    `state` is the reconciler's own FrameState (its own backend arena, same
+    configuration and prefix as the primary; no control cycle). It is rebuilt
+    each round; its static prefix is computed once, at its construction.
     """
 
-    def __init__(self, cfg: VlaConfig, engine: Engine, clock=time.perf_counter):
-        if engine.cfg.kv.capacity_tokens != cfg.kv.capacity_tokens:
-            raise ValueError(f"reconciler engine has {engine.cfg.kv.capacity_tokens} KV slots, "
+    def __init__(self, cfg: VlaConfig, state: FrameState, clock=time.perf_counter):
+        if state.cfg.kv.capacity_tokens != cfg.kv.capacity_tokens:
+            raise ValueError(f"reconciler state has {state.cfg.kv.capacity_tokens} KV slots, "
                              f"kv.capacity_tokens is {cfg.kv.capacity_tokens}")
         self.cfg = cfg
-        self.engine = engine
+        self.state = state
         self.clock = clock
         self.tpf = cfg.vision.tokens_per_frame
         self.policy = make_policy(cfg.kv.eviction_policy, cfg.kv.window_frames)
@@ -308,7 +308,7 @@ class StateReconciler:
 
     def _new_shadow(self) -> KVSlotManager:
         shadow = KVSlotManager(self.cfg.kv.capacity_tokens, self.tpf, self.policy)
-        shadow.reserve_prefix(self.engine.prefix_tokens)
+        shadow.reserve_prefix(self.state.prefix_tokens)
         return shadow
 
     def _drain(self) -> None:
@@ -329,7 +329,7 @@ class StateReconciler:
         if item.frame_id <= self._last_chunk_id:
             self.stats.duplicate_chunks += 1     # re-sent or out of order: frame ids only grow
             return
-        chunk = self.engine.encode_chunk(item) if isinstance(item, Frame) else item
+        chunk = self.state.encode_chunk(item) if isinstance(item, Frame) else item
         if self._gap_open:
             if chunk.frame_id > self._last_chunk_id + 1:
                 self._unseen = (self._unseen + [(self._last_chunk_id, chunk.frame_id)])[-MAX_GAPS:]
@@ -337,14 +337,14 @@ class StateReconciler:
         self._last_chunk_id = chunk.frame_id
         self.stats.chunks_mirrored += 1
         self._chunks[chunk.frame_id] = chunk
-        admission = self._shadow.add_frame(chunk.frame_id, chunk.pooled, 0, reserve=self.engine.suffix_reserve)
+        admission = self._shadow.add_frame(chunk.frame_id, chunk.pooled, 0, reserve=self.state.suffix_reserve)
         self._approx_evictions += len(admission.evicted)
         r = self._round
         if r is not None and self.phase is not Phase.STOPPED:
             r.frame_ids.append(chunk.frame_id)
             if self.phase is Phase.READY:
                 r.late_since_offer += 1
-                if len(r.frame_ids) > self.engine.frame_capacity:
+                if len(r.frame_ids) > self.state.frame_capacity:
                     # Taken but never reported applied (rejected, or its reader is gone), and too old to
                     # apply without approximate eviction: start over from what the primary holds now.
                     self._abort(f"offer v{r.version} and {r.late_since_offer} late chunks no longer fit")
@@ -356,15 +356,15 @@ class StateReconciler:
 
     def _maybe_start_round(self) -> None:
         retained = self._shadow.retained()
-        why = self.mode.trigger(len(retained), self.engine.frame_capacity, self._approx_evictions)
+        why = self.mode.trigger(len(retained), self.state.frame_capacity, self._approx_evictions)
         if why is None:
             return
-        keep = self.mode.keep(retained, self.engine.frame_capacity, self.policy)
+        keep = self.mode.keep(retained, self.state.frame_capacity, self.policy)
         self.version += 1
         kept = set(keep)
         self._round = Round(version=self.version, trigger=why, frame_ids=list(keep), warm=len(keep),
                             dropped=[r.frame_id for r in retained if r.frame_id not in kept], started_s=self.clock())
-        self.engine.reset_frames()
+        self.state.reset_frames()
         self.phase = Phase.WARMING
         self.stats.rounds_started += 1
         log.info("ASR round v%d (%s): rebuilding %d of %d frames", self.version, why, len(keep), len(retained))
@@ -372,18 +372,18 @@ class StateReconciler:
     def _step(self, max_tokens: int) -> int:
         r = self._round
         todo = r.frame_ids[r.done:]
-        if len(r.frame_ids) > self.engine.frame_capacity:
-            self._abort(f"{len(r.frame_ids)} frames no longer fit the reconciler's {self.engine.frame_capacity}")
+        if len(r.frame_ids) > self.state.frame_capacity:
+            self._abort(f"{len(r.frame_ids)} frames no longer fit the reconciler's {self.state.frame_capacity}")
             return 0
         tokens = 0
         if todo:
             batch = todo[:max(1, max_tokens // self.tpf)]
             try:
-                self.engine.append_chunks([self._chunks[f] for f in batch], allow_evict=False)
+                self.state.append_chunks([self._chunks[f] for f in batch], allow_evict=False)
             except KVCapacityError as exc:
                 self._abort(str(exc))
                 return 0
-            if not self.engine.state_exact:     # e.g. a sliding_window policy capped the rebuild
+            if not self.state.state_exact:     # e.g. a sliding_window policy capped the rebuild
                 self._abort(f"the reconciler's own {self.policy.name} policy evicted during the rebuild")
                 return 0
             r.done += len(batch)
@@ -398,7 +398,7 @@ class StateReconciler:
 
     def _make_ready(self) -> None:
         r = self._round
-        snap = self.engine.export_state(r.version)
+        snap = self.state.export_state(r.version)
         snap.unseen = list(self._unseen)
         r.offered_ids = snap.frame_ids
         r.late_since_offer = 0
@@ -438,7 +438,7 @@ class StateReconciler:
             if fid not in self._chunks:
                 continue            # a frame this side never saw: the shadow cannot model it
             evicted += len(self._shadow.add_frame(fid, self._chunks[fid].pooled, 0,
-                                                  reserve=self.engine.suffix_reserve).evicted)
+                                                  reserve=self.state.suffix_reserve).evicted)
         self._approx_evictions = evicted
         self.k_applied = version
         self.stats.rounds_applied += 1
@@ -460,7 +460,7 @@ class StateReconciler:
                 self.phase = Phase.IDLE
         self._round = None
         self._clear_mirror()
-        self.engine.reset_frames()
+        self.state.reset_frames()
         self.epoch += 1
         log.info("primary restarted: mirror cleared (epoch %d)", self.epoch)
 
@@ -542,7 +542,7 @@ class InProcessAsr:
         swap = self._apply_ready_swap()
         result = self.primary.run_cycle(frame, now_s, cycle_start_perf=t0)
         latency_ms = (time.perf_counter() - t0) * 1e3
-        if rec is not None and result.new_frame and frame.frame_id in self.primary.frames:
+        if rec is not None and result.new_frame and frame.frame_id in self.primary.state.frames:
             rec.mirror_encoded(self.primary_chunk(frame.frame_id))
             self._wake.set()
         return DriverCycle(result=result, latency_ms=latency_ms, phase=phase, swap=swap)
@@ -569,7 +569,7 @@ class InProcessAsr:
             done = self._guarded(lambda: rec.step(frames * rec.tpf))
             if not done:
                 break
-            self._guarded(rec.engine.backend.synchronize)
+            self._guarded(rec.state.backend.synchronize)
             sched.observe((time.perf_counter() - t) * 1e3, done)
             tokens += done
         return tokens
@@ -580,8 +580,8 @@ class InProcessAsr:
         return self._thread is None or self._thread.is_alive()
 
     def primary_chunk(self, frame_id: int) -> StateChunk:
-        rec = self.primary.frames[frame_id]
-        pooled = next(r.pooled for r in self.primary.kv.retained() if r.frame_id == frame_id)
+        rec = self.primary.state.frames[frame_id]
+        pooled = next(r.pooled for r in self.primary.state.kv.retained() if r.frame_id == frame_id)
         return StateChunk(frame_id, rec.stamp_s, rec.tokens, pooled)
 
     def close(self) -> None:
@@ -600,14 +600,14 @@ class InProcessAsr:
         if snap is None:
             return None
         try:
-            self.primary.import_state(snap)
+            self.primary.state.import_state(snap)
         except SnapshotError as exc:
             log.warning("swap v%d rejected: %s", snap.version, exc)
             rec.notify_rejected(snap.version, str(exc))
             return None
-        rec.notify_applied(snap.version, self.primary.last_swap.late)
+        rec.notify_applied(snap.version, self.primary.state.last_swap.late)
         self._wake.set()
-        return self.primary.last_swap
+        return self.primary.state.last_swap
 
     def _guarded_tick(self) -> int:
         return self._guarded(self.reconciler.tick)

@@ -48,6 +48,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..model.cuda_device import bound
 from .frames import Frame
 from .reconciliation import Phase
@@ -116,7 +118,8 @@ class SnapshotStore:
 
     def publish(self, snap: StateSnapshot) -> SwapOffer:
         """Write the snapshot file; KV left on a GPU goes in the offer as its CUDA IPC descriptor instead."""
-        descriptor = snap.kv.ipc_descriptor() if hasattr(snap.kv, "ipc_descriptor") else None
+        on_device = snap.kv is not None and not isinstance(snap.kv, np.ndarray)     # a DeviceKV (model/)
+        descriptor = snap.kv.ipc_descriptor() if on_device else None
         path = snap.save(self.directory / f"state_v{snap.version:06d}.npz")
         for old in sorted(self.directory.glob("state_v*.npz"))[:-KEEP_VERSIONS]:
             old.unlink(missing_ok=True)
@@ -206,7 +209,7 @@ class ReconcilerWorker:
 
     def _run(self) -> None:
         # This thread's CUDA context (the reconciler engine's), held for its whole life (model/cuda_device.py).
-        with bound(self.reconciler.engine.backend.device):
+        with bound(self.reconciler.state.backend.device):
             self._work()
 
     def _work(self) -> None:
@@ -261,7 +264,7 @@ class ReconcilerWorker:
                 break
             t0 = time.perf_counter()
             tokens = rec.step(frames * rec.tpf)   # the inbox was drained above: only the step is timed
-            rec.engine.backend.synchronize()      # the step's device work is done: time it, leave the GPU idle
+            rec.state.backend.synchronize()      # the step's device work is done: time it, leave the GPU idle
             self.scheduler.observe((time.perf_counter() - t0) * 1e3, tokens)
             total += tokens
             if not tokens:

@@ -114,7 +114,7 @@ def tensor_source(weights, spec: ModelSpec):
         if len(weights.layers) != spec.num_layers:
             raise ValueError(f"weights have {len(weights.layers)} layers, spec says {spec.num_layers}")
         return MemoryTensors(weights, spec)
-    if hasattr(weights, "read") and hasattr(weights, "spec"):
+    if isinstance(weights, (SnapshotTensors, MemoryTensors)):
         return weights
     raise TypeError(f"weights must be a model directory, a ModelWeights or a tensor source, got {type(weights).__name__}")
 

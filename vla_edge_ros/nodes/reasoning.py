@@ -283,7 +283,7 @@ class Reasoning(LifecycleNode):
             pubs["fallback"].publish(conv.fallback_msg(result, f"vla_edge: {self.get_name()}"))
         if result.new_frame and frame is not None:
             self._chunk_seq += 1
-            pubs["chunk"].publish(conv.state_chunk_msg(frame, self.engine.state_version, self._chunk_seq))
+            pubs["chunk"].publish(conv.state_chunk_msg(frame, self.engine.state.state_version, self._chunk_seq))
 
     def _between_cycles(self, cycle_id: int) -> None:
         """At the boundary after cycle `cycle_id`: new instruction, reconciled state."""
@@ -299,13 +299,13 @@ class Reasoning(LifecycleNode):
     def _apply(self, snap, cycle_id: int) -> None:
         t = time.perf_counter()
         try:
-            dropped = self.engine.import_state(snap)
+            dropped = self.engine.state.import_state(snap)
         except SnapshotError as exc:
             self.swap.mark_rejected(snap.version)
             self.get_logger().error(f"reconciled state v{snap.version} rejected: {exc}")
             return
         apply_ms = (time.perf_counter() - t) * 1e3
-        report = self.engine.last_swap
+        report = self.engine.state.last_swap
         self.swap.mark_applied(snap.version, cycle_id, len(dropped), len(report.late), len(report.unseen),
                                apply_ms=apply_ms, kv_copy_ms=report.kv_copy_ms)
         self.get_logger().info(f"state v{snap.version} applied after cycle {cycle_id} in {apply_ms:.2f} ms (KV copy "

@@ -28,7 +28,7 @@ from std_srvs.srv import Trigger
 from ..config import ConfigError
 from ..core.cycle_clock import CycleClockReader, clock_path
 from ..core.engine import EngineConfigError
-from ..core.engine_factory import describe_choice, reconciler_engine
+from ..core.engine_factory import describe_choice, reconciler_state
 from ..core.reconciliation import StateReconciler
 from ..core.swap_protocol import ReconcilerWorker, SnapshotStore
 from ..model.spec import ModelFormatError
@@ -54,25 +54,25 @@ class Reconciler(LifecycleNode):
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         """SUCCESS -> inactive; FAILURE (model or config unusable) stays unconfigured."""
         cfg = self.params.config
-        engine = None
+        state = None
         try:
-            engine = reconciler_engine(cfg)
-            reconciler = StateReconciler(cfg, engine)
+            state = reconciler_state(cfg)
+            reconciler = StateReconciler(cfg, state)
             clock = None
-            on_gpu = engine.backend.device is not None
+            on_gpu = state.backend.device is not None
             if cfg.asr.schedule == "slack" or (cfg.asr.schedule == "auto" and on_gpu):
                 # Work only in the reasoning node's slack: on one GPU the two would meet inside a cycle.
                 clock = CycleClockReader(clock_path(os.environ.get("ROS_DOMAIN_ID"), self.get_namespace()))
             self.worker = ReconcilerWorker(reconciler, SnapshotStore(), clock=clock)
         except (ModelFormatError, EngineConfigError, OSError, ValueError, MemoryError, RuntimeError, ImportError) as exc:
             # Unusable model, arena over the memory ceiling, no CUDA device for asr.backend pycuda, ...
-            if engine is not None:
-                engine.close()
+            if state is not None:
+                state.backend.close()
             self.get_logger().error(f"configure failed: {type(exc).__name__}: {exc}")
             return TransitionCallbackReturn.FAILURE
-        kv_path = "CUDA IPC (KV stays on the GPU)" if engine.kv_export is not None else "the snapshot file"
+        kv_path = "CUDA IPC (KV stays on the GPU)" if state.kv_export is not None else "the snapshot file"
         kv_path += f"; schedule {'slack' if self.worker.clock is not None else 'free'} (asr.schedule {cfg.asr.schedule})"
-        self.get_logger().info(f"configured: {cfg.model.path} on {type(engine.backend).__name__} "
+        self.get_logger().info(f"configured: {cfg.model.path} on {type(state.backend).__name__} "
                                f"({describe_choice(cfg.asr.backend)}), snapshots in {self.worker.store.directory}, "
                                f"KV by {kv_path}")
         return TransitionCallbackReturn.SUCCESS
@@ -145,10 +145,10 @@ class Reconciler(LifecycleNode):
             self.worker.store.close()
             if self.worker.clock is not None:
                 self.worker.clock.close()
-            engine = self.worker.reconciler.engine
-            if engine.kv_export is not None:
-                engine.kv_export.close()
-            freed = engine.close()
+            state = self.worker.reconciler.state
+            if state.kv_export is not None:
+                state.kv_export.close()
+            freed = state.backend.close()
             self.worker = None
             if freed:
                 self.get_logger().info(f"engine freed: {freed / 2**30:.2f} GiB of device memory released")
