@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .frames import Frame
+from .stale_snapshots import remove_stale_snapshot_dirs, snapshot_dir_prefix
 from .state_snapshot import StateSnapshot
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,8 @@ class SnapshotStore:
     def __init__(self, directory: Path | None = None):
         if directory is None:
             base = SHM_DIR if SHM_DIR.is_dir() else Path(tempfile.gettempdir())
-            directory = Path(tempfile.mkdtemp(prefix=f"vla_edge_swap_{os.getpid()}_", dir=base))
+            remove_stale_snapshot_dirs(base)            # left by reconcilers that were killed
+            directory = Path(tempfile.mkdtemp(prefix=snapshot_dir_prefix(os.getpid()), dir=base))
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
 
