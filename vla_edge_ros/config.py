@@ -334,8 +334,14 @@ def load(path: str | os.PathLike | None = None, overrides: dict | None = None) -
     path = Path(path) if path else default_config_path()
     try:
         raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+    except OSError as exc:
         raise ConfigError(f"cannot read configuration {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        # PyYAML's own text spans several lines (with a caret drawing); one line says the same.
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"cannot read configuration {path}: not valid YAML{where}: "
+                          f"{getattr(exc, 'problem', None) or exc}") from exc
     cfg = from_dict(_unwrap_ros(raw, path))
     return cfg.replace(overrides) if overrides else cfg
 

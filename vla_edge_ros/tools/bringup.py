@@ -5,8 +5,12 @@ with the parameter file (config/vla_edge.yaml by default) plus a second,
 generated parameter file for overrides (`--model`, `--set key=value`), brings
 each lifecycle node to active through its standard lifecycle services
 (lifecycle_msgs/srv/ChangeState on /<node>/change_state: configure, then
-activate), and on Ctrl-C stops the children with SIGINT (SIGTERM, then SIGKILL
-for any that do not exit in time).
+activate), and keeps them up by their table policy (tools/supervisor.py):
+a dead reconciler or camera_ingest is restarted, a dead reasoning node ends
+the run with exit code 1. Ctrl-C, SIGTERM or SIGHUP stop the children one by
+one with SIGINT (SIGTERM, then SIGKILL for any that do not exit in time).
+The configuration is checked before any node starts: a bad file or value is
+one line and exit code 2.
 
 `GraphProcesses` is the same machinery as a library for the demo and tests.
 """
@@ -18,10 +22,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import yaml
+
+from ..nodes.parent_death import PARENT_PID_ENV
 
 log = logging.getLogger(__name__)
 
@@ -42,28 +49,36 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from ..config import ConfigError, load
+    from .supervisor import NodeDied, StopSignal, Supervisor
+
     overrides = parse_sets(args.set)
     if args.model:
         overrides["model.path"] = str(Path(args.model).resolve())
-    graph = GraphProcesses(params_file=args.params, overrides=overrides)
     try:
-        graph.start()
-        graph.activate_lifecycle_nodes()
-        print(f"vla-edge bringup: running {', '.join(graph.names())} (Ctrl-C stops)", flush=True)
-        while True:
-            dead = graph.dead()
-            if dead:
-                print(f"vla-edge bringup: node process exited: {dead}", file=sys.stderr)
-                return 1
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        return 0
-    except BringupError as exc:
+        cfg = load(args.params, overrides)          # one clean line for a bad file, before any node starts
+    except ConfigError as exc:
         print(f"vla-edge bringup: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        codes = graph.stop()
-        print(f"vla-edge bringup: stopped, exit codes {codes}", flush=True)
+        return 2
+    graph = GraphProcesses(params_file=args.params, overrides=overrides)
+    supervisor = Supervisor(graph, cfg.supervisor, say=lambda text: print(f"vla-edge bringup: {text}",
+                                                                          file=sys.stderr, flush=True))
+    with supervisor.signals_handled():
+        try:
+            supervisor.start()
+            print(f"vla-edge bringup: running {', '.join(graph.names())} (Ctrl-C stops)", flush=True)
+            supervisor.run()
+        except StopSignal:
+            return 0
+        except NodeDied:
+            return 1                                # already reported by the supervisor
+        except BringupError as exc:
+            print(f"vla-edge bringup: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            codes = supervisor.stop()
+            print(f"vla-edge bringup: stopped, exit codes {codes}", flush=True)
+    return 0
 
 
 def parse_sets(items: list) -> dict:
@@ -100,45 +115,58 @@ class GraphProcesses:
         self.env = dict(os.environ if env is None else env)
         self.nodes = tuple(nodes) if nodes is not None else NODES
         self.log_dir = Path(log_dir) if log_dir else None
-        self.procs: dict = {}                      # node name -> Popen
+        self.procs: dict = {}                      # node name -> Popen (the newest process of a restarted node)
+        self._files: list | None = None            # parameter files, written at the first start
         self._tmp = tempfile.TemporaryDirectory(prefix="vla_edge_bringup_")
 
     def names(self) -> list:
         return [spec.name for spec in self.nodes]
 
     def start(self) -> None:
-        files = [self.params_file]
-        if self.overrides:
-            extra = Path(self._tmp.name) / "overrides.yaml"
-            extra.write_text(overrides_params_yaml(self.overrides))
-            files.append(extra)
         for spec in self.nodes:
-            out = None
-            if self.log_dir is not None:
-                self.log_dir.mkdir(parents=True, exist_ok=True)
-                out = open(self.log_dir / f"{spec.name}.log", "wb")      # closed when the process is reaped
-            # Own session: a terminal's Ctrl-C reaches only us, and each child gets exactly one SIGINT from stop().
-            self.procs[spec.name] = subprocess.Popen(spec.command(files), env=self.env, stdout=out,
-                                                     stderr=subprocess.STDOUT if out else None,
-                                                     start_new_session=True)
-            if out is not None:
-                out.close()                                               # the child holds its own copy
-            log.info("started %s (pid %d)", spec.name, self.procs[spec.name].pid)
+            self.spawn(spec)
 
-    def activate_lifecycle_nodes(self, timeout_s: float = LIFECYCLE_TIMEOUT_S) -> None:
-        """configure + activate every lifecycle node through its standard services."""
+    def spawn(self, spec) -> None:
+        """Start (or restart) one node process. Call from the main thread: a node's parent-death
+        signal (nodes/parent_death.py) follows the thread that started it."""
+        if self._files is None:
+            self._files = [self.params_file]
+            if self.overrides:
+                extra = Path(self._tmp.name) / "overrides.yaml"
+                extra.write_text(overrides_params_yaml(self.overrides))
+                self._files.append(extra)
+        out = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            mode = "ab" if spec.name in self.procs else "wb"                # a restart appends to the log
+            out = open(self.log_dir / f"{spec.name}.log", mode)             # closed when the process is reaped
+        env = {**self.env, PARENT_PID_ENV: str(os.getpid())}
+        # Own session: a terminal's Ctrl-C reaches only us, and each child gets exactly one SIGINT from stop().
+        self.procs[spec.name] = subprocess.Popen(spec.command(self._files), env=env, stdout=out,
+                                                 stderr=subprocess.STDOUT if out else None,
+                                                 start_new_session=True)
+        if out is not None:
+            out.close()                                                   # the child holds its own copy
+        log.info("started %s (pid %d)", spec.name, self.procs[spec.name].pid)
+
+    def activate_lifecycle_nodes(self, timeout_s: float = LIFECYCLE_TIMEOUT_S, specs: tuple | None = None) -> None:
+        """configure + activate every lifecycle node (of `specs`, default all) through its standard services;
+        BringupError, naming the node and the cause, when any node process exits meanwhile."""
         import rclpy
         from ..nodes.graph import lifecycle_service
         from lifecycle_msgs.msg import Transition
+        from rclpy.signals import SignalHandlerOptions
         context = rclpy.Context()
-        rclpy.init(context=context, domain_id=_domain_id(self.env))
+        rclpy.init(context=context, domain_id=_domain_id(self.env), signal_handler_options=SignalHandlerOptions.NO)
+        watched = [spec.name for spec in (self.nodes if specs is None else specs)]
         try:
-            node = rclpy.create_node("vla_edge_bringup", context=context)
-            for spec in self.nodes:
+            node = rclpy.create_node(f"vla_edge_bringup_{os.getpid()}_{threading.get_ident() % 100000}",
+                                     context=context)
+            for spec in self.nodes if specs is None else specs:
                 if spec.lifecycle:
                     for transition in (Transition.TRANSITION_CONFIGURE, Transition.TRANSITION_ACTIVATE):
                         change_state(node, lifecycle_service(spec, "change_state"), transition, timeout_s,
-                                     watch=lambda name=spec.name: self._check_alive(name))
+                                     watch=lambda: self._check_alive(watched))
                     log.info("%s is active", spec.name)
             node.destroy_node()
         finally:
@@ -152,26 +180,34 @@ class GraphProcesses:
         self.procs[name].send_signal(sig)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> dict:
-        """SIGINT every child, escalate for stragglers; returns {name: exit code}."""
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-            running = [p for p in self.procs.values() if p.poll() is None]
-            if not running:
-                break
-            for p in running:
-                p.send_signal(sig)
-            deadline = time.monotonic() + timeout_s
-            for p in running:
-                try:
-                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    log.warning("pid %d did not exit on %s", p.pid, signal.Signals(sig).name)
+        """Stop the nodes one after the other in table order (the camera first: nothing new comes in,
+        then the policy, then its helper): SIGINT, then SIGTERM and SIGKILL for one that does not
+        exit in time. Returns {name: exit code}."""
+        for name in self.names():
+            proc = self.procs.get(name)
+            if proc is not None:
+                stop_process(proc, timeout_s)
         self._tmp.cleanup()
         return {name: p.returncode for name, p in self.procs.items()}
 
-    def _check_alive(self, name: str) -> None:
-        code = self.procs[name].poll()
-        if code is not None:
-            raise BringupError(f"node {name!r} exited with code {code} during bring-up")
+    def last_error(self, name: str) -> str:
+        """The node's last FATAL or ERROR log line (its log file), or '' (no log file, no such line)."""
+        if self.log_dir is None:
+            return ""
+        try:
+            lines = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        found = [line for line in lines if line.startswith(("[FATAL]", "[ERROR]"))]
+        return found[-1] if found else ""
+
+    def _check_alive(self, names) -> None:
+        for name in names:
+            code = self.procs[name].poll()
+            if code is not None:
+                cause = self.last_error(name)
+                raise BringupError(f"node {name!r} exited with code {code} during bring-up"
+                                   + (f": {cause}" if cause else ""))
 
     def __enter__(self):
         self.start()
@@ -180,6 +216,19 @@ class GraphProcesses:
     def __exit__(self, *exc):
         self.stop()
         return False
+
+
+def stop_process(proc, timeout_s: float = STOP_TIMEOUT_S) -> int:
+    """SIGINT, then SIGTERM, then SIGKILL, each given `timeout_s`; returns the exit code."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            break
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("pid %d did not exit on %s", proc.pid, signal.Signals(sig).name)
+    return proc.wait()
 
 
 def change_state(node, service: str, transition_id: int, timeout_s: float, watch=None) -> None:
