@@ -193,6 +193,20 @@ def latest_status(collector: Collector, name_suffix: str, since: float | None = 
     return None
 
 
+def latest_status_msg(collector: Collector, name_suffix: str):
+    """The newest /diagnostics DiagnosticStatus whose name ends with `name_suffix` (level, message, values)."""
+    for _, array in reversed(collector.items()):
+        for status in array.status:
+            if status.name.endswith(name_suffix):
+                return status
+    return None
+
+
+def log_lines(log_dir: Path, name: str, levels=("INFO", "WARN", "ERROR", "FATAL")) -> list:
+    """The lines of a node's log at the given levels (rclpy and Python logging both write '[LEVEL] ...')."""
+    return [line for line in node_log(log_dir, name).splitlines() if line.startswith(tuple(f"[{lv}" for lv in levels))]
+
+
 def cycle_outputs(tokens: Collector, fallbacks: Collector) -> dict:
     """{cycle_id: ('action', fields) | ('fallback', reason, values)}; raises on a duplicate cycle id."""
     out: dict = {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
+import time
 import traceback
 
 from diagnostic_msgs.msg import DiagnosticArray
@@ -33,13 +34,16 @@ from std_srvs.srv import Trigger
 from ..config import ConfigError
 from ..core import swap_protocol as swap
 from ..core.clock import CycleGrid, hybrid_sleep_until
+from ..core.cycle_result import DEADLINE_MISSED
 from ..core.double_buffer import LatestFrameBuffer
 from ..core.engine import Engine, EngineConfigError
 from ..core.frame_ids import FrameIdEpochs
+from ..core.health import HealthLog, ReasoningHealth
 from ..core.state_snapshot import SnapshotError
 from ..model.spec import ModelFormatError
 from . import conversions as conv
 from . import graph
+from . import health_status
 from .node_main import run_node
 from .params import NodeParameters
 
@@ -62,6 +66,8 @@ class Reasoning(Node):
         self._instruction_lock = threading.Lock()
         self._stop = threading.Event()
         self.failed = False                          # the cycle thread died: the process exits non-zero
+        self.health = ReasoningHealth(cfg.health, start_s=time.monotonic())    # what /diagnostics levels say
+        self._health_log = HealthLog()
         poll_s = cfg.memory.sample_period_ms / 1000.0
         self.swap = swap.SwapClient(poll_s, SWAP_TIMEOUT_POLLS * poll_s)
 
@@ -114,6 +120,7 @@ class Reasoning(Node):
         self.swap_client.call_async(Trigger.Request()).add_done_callback(self._on_swap_answer)
 
     def _on_swap_answer(self, future) -> None:
+        self.health.on_swap_answer(time.monotonic())
         try:
             answer = future.result()
             offer = self.swap.on_response(answer.success, answer.message)
@@ -137,11 +144,12 @@ class Reasoning(Node):
                        "frames_overwritten": stats.overwritten, "frames_rejected": self.rejected_frames,
                        "skipped_boundaries": self.skipped_boundaries, "backend": type(self.engine.backend).__name__,
                        "instruction": self.engine.instruction})
-        level = DiagnosticStatus.WARN if window["deadline_miss_rate"] > 0 else DiagnosticStatus.OK
-        message = f"miss rate {window['deadline_miss_rate']:.3f}, fallback rate {window['fallback_rate']:.3f}"
-        array = DiagnosticArray(status=[conv.status_msg(f"vla_edge: {self.get_name()}", level, message, values)])
-        array.header.stamp = self.get_clock().now().to_msg()
-        self.diag_pub.publish(array)
+        now = time.monotonic()
+        self.health.on_swap_timeouts(self.swap.timeouts, now)
+        health = self.health.assess(now)
+        health_status.log_change(self.get_logger(), self._health_log, health)
+        detail = f"miss rate {window['deadline_miss_rate']:.3f}, fallback rate {window['fallback_rate']:.3f}"
+        self.diag_pub.publish(health_status.diagnostics_array(self, health, values, detail))
 
     # ------------------------------------------------------------ cycle thread
 
@@ -166,6 +174,7 @@ class Reasoning(Node):
             now_s = self.get_clock().now().nanoseconds * 1e-9
             with self._engine_lock:
                 result = self.engine.run_cycle(frame, now_s, cycle_start_perf=boundary.perf_s)
+            self.health.on_cycle(result.is_action, result.reason == DEADLINE_MISSED, time.monotonic())
             try:
                 self._publish_result(result, frame)
             except (_rclpy.RCLError, _rclpy.InvalidHandle):
@@ -204,9 +213,15 @@ class Reasoning(Node):
             return
         report = self.engine.last_swap
         self.swap.mark_applied(snap.version, cycle_id, len(dropped), len(report.late), len(report.unseen))
-        self.get_logger().info(f"state v{snap.version} applied after cycle {cycle_id}: {len(snap.frames)} "
-                               f"reconciled frames, {len(report.late)} late and {len(report.unseen)} unseen by the "
-                               f"reconciler recomputed, {len(dropped)} dropped")
+        self.get_logger().debug(f"state v{snap.version} applied after cycle {cycle_id}: {len(snap.frames)} "
+                                f"reconciled frames, {len(report.late)} late and {len(report.unseen)} unseen by the "
+                                f"reconciler recomputed, {len(dropped)} dropped")
+        # Routine: each swap at DEBUG above, a running total at INFO at most every health.log_summary_s.
+        total = self.swap.summary()
+        self.get_logger().info(f"{total['swaps']} reconciled states applied so far (latest v{snap.version} after "
+                               f"cycle {cycle_id}); frames recomputed: {total['swap_late_frames']} late, "
+                               f"{total['swap_unseen_frames']} unseen; dropped {total['swap_dropped_frames']}",
+                               throttle_duration_sec=self.params.config.health.log_summary_s)
 
     def close(self) -> None:
         """Stop the cycle thread (before the node is destroyed)."""
