@@ -234,7 +234,7 @@ class FrameState:
                                     late=[c.frame_id for c in late_chunks if c.frame_id not in unseen_ids],
                                     late_lost=late_lost, evicted=evicted, next_position=self.next_position,
                                     unseen=[c.frame_id for c in late_chunks if c.frame_id in unseen_ids])
-        log.info("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
+        log.debug("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
                  len(dropped), len(late_chunks))
         return dropped
 

@@ -191,7 +191,7 @@ class ReconcilerWorker:
                     self.offer, self._offer_epoch = None, rec.epoch      # offers of a previous primary are void
                 if snap is not None:
                     self.offer = self.store.publish(snap)
-                    log.info("offering state v%d (%d frames) at %s", snap.version, len(snap.frames), self.offer.path)
+                    log.debug("offering state v%d (%d frames) at %s", snap.version, len(snap.frames), self.offer.path)
             except (KeyError, ValueError, RuntimeError, ArithmeticError, MemoryError, OSError) as exc:
                 # The reasoning node does not depend on us: stop offering, keep the node up, say why.
                 log.exception("reconciler worker failed; no further offers")
