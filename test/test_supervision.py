@@ -113,8 +113,7 @@ def test_bringup_restarts_a_killed_reconciler_while_reasoning_serves(tiny_model_
     fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
     env, marker = H.marked_env(domain)
     # Room for 12 frames: the reconciler has work (and a snapshot directory) within a second.
-    proc, out = _start(["bringup", "--model", str(tiny_model_dir), "--set", "kv.capacity_tokens=480",
-                        "--set", "supervisor.restart_backoff_s=0.5"], env)
+    proc, out = _start(["bringup", "--model", str(tiny_model_dir), "--set", "kv.capacity_tokens=480"], env)
     camera = H.CameraPublisher(harness, H.footage_rgb(120))
     try:
         out.wait_for("Ctrl-C stops", H.GRAPH_START_TIMEOUT_S, proc)
@@ -190,13 +189,17 @@ def test_demo_with_a_broken_model_names_the_cause_and_leaves_no_node(tiny_model_
 
 def test_demo_ends_at_once_when_reasoning_dies_and_counts_the_lost_cycles(tiny_model_dir, tmp_path):
     seconds = 8.0
-    env, marker = H.marked_env(H.ros_domain(__name__))
+    domain = H.ros_domain(__name__)
+    harness = H.RosHarness(domain)
+    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)      # listening beside the demo
+    env, marker = H.marked_env(domain)
     env["VLA_EDGE_LOG_DIR"] = str(tmp_path / "logs")
     report_path = tmp_path / "demo.json"
     proc, out = _start(["demo", "--seconds", str(seconds), "--params", str(CPU_DEMO), "--model", str(tiny_model_dir),
                         "--json", str(report_path)], env)
     try:
-        out.wait_for("measuring", H.GRAPH_START_TIMEOUT_S + 30, proc)
+        # The demo's window opens at the first action; kill the policy about 2 s into it.
+        H.wait_until(lambda: len(tokens) > 0 or proc.poll() is not None, H.GRAPH_START_TIMEOUT_S + 30, "an action")
         time.sleep(2.0)
         t_kill = time.monotonic()
         os.kill(H.node_pid(proc.pid, "reasoning"), signal.SIGKILL)
@@ -206,6 +209,7 @@ def test_demo_ends_at_once_when_reasoning_dies_and_counts_the_lost_cycles(tiny_m
         if proc.poll() is None:
             proc.kill()
         _kill_leftovers(marker)
+        harness.close()
     text = out.text()
     assert proc.returncode == 1, text[-3000:]
     assert t_end - t_kill < seconds - 2.0, "the demo waited out its window with the policy dead"
