@@ -42,7 +42,9 @@ class CameraIngest(Node):
     def __init__(self):
         super().__init__("camera_ingest")
         self.params = NodeParameters(self, sections=("camera", "vision", "cycle", "health"))
-        cfg = self.params.config
+        # Frame size and limits stay those of the start: a live vision.* change would send frames of a size
+        # the reasoning node's encoder was not built for.
+        self.cfg = cfg = self.params.config
         self.health = CameraHealth(cfg.health, cfg.cycle.stale_frame_ms, start_s=time.monotonic())
         self._health_log = HealthLog()
         self.buffer = LatestFrameBuffer()
@@ -63,7 +65,7 @@ class CameraIngest(Node):
                                f"frames {cfg.vision.image_width}x{cfg.vision.image_height} on {graph.FRAME_TOPIC}")
 
     def _on_image(self, msg) -> None:
-        cfg = self.params.config
+        cfg = self.cfg                   # as started: parameter changes apply at the next start (params.py)
         self.counts["received"] += 1
         try:
             if isinstance(msg, CompressedImage):
