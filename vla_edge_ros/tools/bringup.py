@@ -46,6 +46,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", metavar="DIR", help="model snapshot directory (sets model.path)")
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                         help="override one configuration key, YAML value (repeatable), e.g. --set cycle.deadline_ms=50.0")
+    parser.add_argument("--nodes", metavar="NAME[,NAME]",
+                        help="start only these nodes of the table (a graph split across hosts), e.g. --nodes camera_ingest")
 
 
 def run(args) -> int:
@@ -60,7 +62,13 @@ def run(args) -> int:
     except ConfigError as exc:
         print(f"vla-edge bringup: {exc}", file=sys.stderr)
         return 2
-    graph = GraphProcesses(params_file=args.params, overrides=overrides)
+    from ..nodes import graph as node_table
+    try:
+        nodes = None if not args.nodes else tuple(node_table.node(n.strip()) for n in args.nodes.split(","))
+    except KeyError as exc:
+        print(f"vla-edge bringup: --nodes: {exc.args[0]}", file=sys.stderr)
+        return 2
+    graph = GraphProcesses(params_file=args.params, overrides=overrides, nodes=nodes)
     supervisor = Supervisor(graph, cfg.supervisor, say=lambda text: print(f"vla-edge bringup: {text}",
                                                                           file=sys.stderr, flush=True))
     with supervisor.signals_handled():
