@@ -28,11 +28,12 @@ from pathlib import Path
 
 import yaml
 
+from ..config import SupervisorConfig
 from ..nodes.parent_death import PARENT_PID_ENV
 
 log = logging.getLogger(__name__)
 
-STOP_TIMEOUT_S = 5.0         # per escalation step: SIGINT, then SIGTERM, then SIGKILL
+STOP_TIMEOUT_S = SupervisorConfig().stop_timeout_s   # per escalation step: SIGINT, then SIGTERM, then SIGKILL
 ANSWER_WAIT_S = 5.0          # a lifecycle answer not back by then is taken as lost (see change_state)
 LIFECYCLE_TIMEOUT_S = 30.0   # configure loads the model: allow for a cold start on a busy machine
 
