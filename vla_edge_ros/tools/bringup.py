@@ -8,7 +8,8 @@ each lifecycle node to active through its standard lifecycle services
 activate), and keeps them up by their table policy (tools/supervisor.py):
 a dead reconciler or camera_ingest is restarted, a dead reasoning node ends
 the run with exit code 1. Ctrl-C, SIGTERM or SIGHUP stop the children one by
-one with SIGINT (SIGTERM, then SIGKILL for any that do not exit in time).
+one, last started first, with SIGINT (SIGTERM, then SIGKILL for any that do
+not exit in time).
 The configuration is checked before any node starts: a bad file or value is
 one line and exit code 2.
 
@@ -189,10 +190,11 @@ class GraphProcesses:
         self.procs[name].send_signal(sig)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> dict:
-        """Stop the nodes one after the other in table order (the camera first: nothing new comes in,
-        then the policy, then its helper): SIGINT, then SIGTERM and SIGKILL for one that does not
-        exit in time. Returns {name: exit code}."""
-        for name in self.names():
+        """Stop the nodes one after the other, last started first (reconciler, reasoning, camera_ingest):
+        the policy stops while its camera still runs, so its last outputs are real ones and not
+        stale_frame fallbacks made by the shutdown itself. Each gets SIGINT, then SIGTERM and SIGKILL
+        if it does not exit in time. Returns {name: exit code}."""
+        for name in reversed(self.names()):
             proc = self.procs.get(name)
             if proc is not None:
                 stop_process(proc, timeout_s)

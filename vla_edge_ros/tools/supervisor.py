@@ -12,7 +12,7 @@ bringup` and `vla-edge demo`:
                  helper thread, so the watch goes on meanwhile; one whose configure or
                  activate fails is stopped and tried again later;
                - otherwise reported at once: `NodeDied` (the run ends non-zero)
-    stop     the nodes one by one in table order (GraphProcesses.stop), waiting for each
+    stop     the nodes one by one, last started first (GraphProcesses.stop), waiting for each
     signals  SIGINT, SIGTERM and SIGHUP raise `StopSignal` in the main thread once, so the
              caller's `finally` stops the nodes; a second signal while stopping is ignored
              (the escalation to SIGKILL bounds the stop anyway). If this process is killed
@@ -130,7 +130,7 @@ class Supervisor:
             time.sleep(POLL_PERIOD_S if end is None else max(0.0, min(POLL_PERIOD_S, end - time.monotonic())))
 
     def stop(self) -> dict:
-        """Stop every node in table order and wait; {name: exit code}."""
+        """Stop every node, last started first, and wait; {name: exit code}."""
         self._stopping = True
         codes = self.procs.stop(self.cfg.stop_timeout_s)
         for watch in self.watches.values():
