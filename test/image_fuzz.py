@@ -38,6 +38,8 @@ def expected_kind(msg: Image):
         return "step"
     if len(msg.data) != msg.step * msg.height:
         return "data_length"
+    if msg.encoding == "yuv422" and msg.width % 2:
+        return "geometry"          # 4:2:2: two pixels share one U and one V
     return None
 
 
