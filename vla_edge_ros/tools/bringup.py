@@ -175,8 +175,13 @@ class GraphProcesses:
             for spec in self.nodes if specs is None else specs:
                 if spec.lifecycle:
                     for transition in (Transition.TRANSITION_CONFIGURE, Transition.TRANSITION_ACTIVATE):
-                        change_state(node, lifecycle_service(spec, "change_state"), transition, timeout_s,
-                                     watch=lambda: self._check_alive(watched))
+                        try:
+                            change_state(node, lifecycle_service(spec, "change_state"), transition, timeout_s,
+                                         watch=lambda: self._check_alive(watched))
+                        except BringupError as exc:
+                            self._check_alive(watched)          # a node that died is the first cause
+                            cause = self.last_error(spec.name)  # else what the refusing node logged
+                            raise BringupError(f"{exc}" + (f": {cause}" if cause else "")) from None
                     log.info("%s is active", spec.name)
             node.destroy_node()
         finally:
