@@ -52,7 +52,8 @@ def run(args) -> int:
     try:
         cfg = load(args.params, overrides)
     except ConfigError as exc:
-        raise SystemExit(f"vla-edge demo: {exc}") from exc
+        print(f"vla-edge demo: {exc}", file=sys.stderr)      # exit code 2, as bringup
+        return 2
     try:
         model_dir = ensure_model(Path(args.model or cfg.model.path))
     except FileNotFoundError as exc:
