@@ -4,8 +4,15 @@
 
 One process per node of `vla_edge_ros.nodes.graph.NODES` (the same table
 `vla-edge bringup` starts from, so the two cannot drift), all reading the
-parameter file. Lifecycle nodes (the reconciler) are configured as soon as
-they start and activated when they reach 'inactive'.
+parameter file, with the table's restart policy (as tools/supervisor.py
+applies it without launch):
+  - the parameter file is checked first (config.load): a bad file or value
+    ends the launch with one line naming it, before any node starts;
+  - a node whose row says `respawn` is restarted after
+    supervisor.restart_backoff_s (launch's respawn has a fixed delay, no
+    doubling); any other node's exit shuts the launch down;
+  - lifecycle nodes are configured each time their process starts (so a
+    respawned reconciler comes back too) and activated on reaching 'inactive'.
 """
 import os
 
@@ -13,7 +20,10 @@ from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument
 from launch.actions import EmitEvent
+from launch.actions import OpaqueFunction
 from launch.actions import RegisterEventHandler
+from launch.actions import Shutdown
+from launch.event_handlers import OnProcessStart
 from launch.events import matches_action
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import LifecycleNode
@@ -22,39 +32,57 @@ from launch_ros.event_handlers import OnStateTransition
 from launch_ros.events.lifecycle import ChangeState
 from lifecycle_msgs.msg import Transition
 
+from vla_edge_ros.config import ConfigError
+from vla_edge_ros.config import load
 from vla_edge_ros.nodes.graph import NODES
 from vla_edge_ros.nodes.graph import PACKAGE
 from vla_edge_ros.nodes.graph import PARAMS_FILE
 
 
-def _node_action(spec, params):
+def _node_action(spec, params: str, cfg):
     common = dict(package=PACKAGE, executable=spec.executable, name=spec.name, output="screen",
                   parameters=[params] + ([dict(spec.parameters)] if spec.parameters else []),
                   remappings=list(spec.remaps))
+    if spec.respawn:
+        common.update(respawn=True, respawn_delay=cfg.supervisor.restart_backoff_s)
+    else:
+        common.update(on_exit=[Shutdown(reason=f"node {spec.name} exited")])
     if spec.lifecycle:
         return LifecycleNode(namespace="", **common)
     return Node(**common)
 
 
 def _bring_to_active(action):
-    """configure now; activate once the node reports 'inactive'."""
+    """configure whenever the process starts; activate once the node reports 'inactive'."""
     def change(transition_id):
         return EmitEvent(event=ChangeState(lifecycle_node_matcher=matches_action(action), transition_id=transition_id))
     return [
+        RegisterEventHandler(OnProcessStart(target_action=action, on_start=[change(Transition.TRANSITION_CONFIGURE)])),
         RegisterEventHandler(OnStateTransition(target_lifecycle_node=action, goal_state="inactive",
                                                entities=[change(Transition.TRANSITION_ACTIVATE)])),
-        change(Transition.TRANSITION_CONFIGURE),
     ]
+
+
+def graph_actions(context):
+    """The node processes, once the parameter file is known and valid."""
+    params = LaunchConfiguration("params_file").perform(context)
+    try:
+        cfg = load(params)
+    except ConfigError as exc:
+        raise RuntimeError(f"vla_edge_ros: {exc}") from None      # launch prints it as one line
+    entities = []
+    for spec in NODES:
+        action = _node_action(spec, params, cfg)
+        entities.append(action)
+        if spec.lifecycle:
+            entities.extend(_bring_to_active(action))
+    return entities
 
 
 def generate_launch_description():
     default_params = os.path.join(get_package_share_directory(PACKAGE), "config", PARAMS_FILE)
-    params = LaunchConfiguration("params_file")
-    entities = [DeclareLaunchArgument("params_file", default_value=default_params,
-                                      description="ROS parameter file of all nodes (ros__parameters)")]
-    for spec in NODES:
-        action = _node_action(spec, params)
-        entities.append(action)
-        if spec.lifecycle:
-            entities.extend(_bring_to_active(action))
-    return LaunchDescription(entities)
+    return LaunchDescription([
+        DeclareLaunchArgument("params_file", default_value=default_params,
+                              description="ROS parameter file of all nodes (ros__parameters)"),
+        OpaqueFunction(function=graph_actions),
+    ])

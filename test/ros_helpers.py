@@ -193,6 +193,20 @@ def latest_status(collector: Collector, name_suffix: str, since: float | None = 
     return None
 
 
+def latest_status_msg(collector: Collector, name_suffix: str):
+    """The newest /diagnostics DiagnosticStatus whose name ends with `name_suffix` (level, message, values)."""
+    for _, array in reversed(collector.items()):
+        for status in array.status:
+            if status.name.endswith(name_suffix):
+                return status
+    return None
+
+
+def log_lines(log_dir: Path, name: str, levels=("INFO", "WARN", "ERROR", "FATAL")) -> list:
+    """The lines of a node's log at the given levels (rclpy and Python logging both write '[LEVEL] ...')."""
+    return [line for line in node_log(log_dir, name).splitlines() if line.startswith(tuple(f"[{lv}" for lv in levels))]
+
+
 def cycle_outputs(tokens: Collector, fallbacks: Collector) -> dict:
     """{cycle_id: ('action', fields) | ('fallback', reason, values)}; raises on a duplicate cycle id."""
     out: dict = {}
@@ -243,3 +257,66 @@ def service_available(harness: RosHarness, srv_type, name: str, timeout_s: float
         return client.wait_for_service(timeout_sec=timeout_s)
     finally:
         harness.node.destroy_client(client)
+
+
+# ----------------------------------------------------------------------------
+# Processes (from /proc): which node processes of a run are still there
+
+
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def child_pids(pid: int) -> dict:
+    """{child pid: command line} of the live children of `pid`."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out[int(entry.name)] = cmdline
+    return out
+
+
+def node_pid(parent: int, node_name: str) -> int | None:
+    """The pid of the graph node `node_name` started by `parent`, or None."""
+    module = graph.node(node_name).module
+    for pid, cmdline in child_pids(parent).items():
+        if f"-m {module} " in cmdline:
+            return pid
+    return None
+
+
+def marked_env(domain_id: int) -> tuple:
+    """(env, marker): graph_env plus a unique variable every child inherits, to find them in /proc."""
+    marker = f"{os.getpid()}_{time.monotonic_ns()}"
+    env = graph_env(domain_id)
+    env["VLA_EDGE_TEST_MARK"] = marker
+    return env, marker
+
+
+def marked_processes(marker: str) -> list:
+    """Live pids whose environment carries VLA_EDGE_TEST_MARK=marker."""
+    needle = f"VLA_EDGE_TEST_MARK={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and pid_alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from lifecycle_msgs.msg import Transition
 
+from vla_edge_ros import config as C
 from vla_edge_ros.nodes import graph
 from vla_edge_ros.tools.bringup import GraphProcesses
 
@@ -44,7 +45,8 @@ class _Recorder:
 def _stub_modules(share_dir: str) -> dict:
     names = {
         "launch": ["LaunchDescription"],
-        "launch.actions": ["DeclareLaunchArgument", "EmitEvent", "RegisterEventHandler"],
+        "launch.actions": ["DeclareLaunchArgument", "EmitEvent", "RegisterEventHandler", "OpaqueFunction", "Shutdown"],
+        "launch.event_handlers": ["OnProcessStart"],
         "launch.substitutions": ["LaunchConfiguration"],
         "launch_ros.actions": ["Node", "LifecycleNode"],
         "launch_ros.event_handlers": ["OnStateTransition"],
@@ -56,6 +58,8 @@ def _stub_modules(share_dir: str) -> dict:
         for cls in classes:
             setattr(mod, cls, type(cls, (_Recorder,), {}))
         modules[mod_name] = mod
+    # LaunchConfiguration(name).perform(context): the stand-in context is a dict of launch arguments.
+    modules["launch.substitutions"].LaunchConfiguration.perform = lambda self, context: context[self.args[0]]
     modules["launch.events"] = types.ModuleType("launch.events")
     modules["launch.events"].matches_action = lambda action: ("matches", action)
     modules["launch_ros"] = types.ModuleType("launch_ros")
@@ -66,25 +70,49 @@ def _stub_modules(share_dir: str) -> dict:
     return modules
 
 
-def test_launch_description_has_one_process_per_table_row(monkeypatch, tmp_path):
+def _launch(monkeypatch, tmp_path, params_file):
+    """generate_launch_description() and its OpaqueFunction run with params_file:=params_file."""
     for name, module in _stub_modules(str(tmp_path)).items():
         monkeypatch.setitem(sys.modules, name, module)
     description = runpy.run_path(str(LAUNCH_FILE))["generate_launch_description"]()
-    entities = description.args[0]
+    top = description.args[0]
+    declared = [e for e in top if type(e).__name__ == "DeclareLaunchArgument"]
+    assert declared[0].kwargs["default_value"] == str(tmp_path / "config" / graph.PARAMS_FILE)
+    (opaque,) = [e for e in top if type(e).__name__ == "OpaqueFunction"]
+    return opaque.kwargs["function"]({"params_file": str(params_file)})
+
+
+def test_launch_description_has_one_process_per_table_row(monkeypatch, tmp_path):
+    entities = _launch(monkeypatch, tmp_path, ROOT / "config" / graph.PARAMS_FILE)
     processes = [e for e in entities if type(e).__name__ in ("Node", "LifecycleNode")]
     assert [(p.kwargs["name"], p.kwargs["executable"], type(p).__name__ == "LifecycleNode") for p in processes] == \
         [(s.name, s.executable, s.lifecycle) for s in graph.NODES]
     assert all(p.kwargs["package"] == graph.PACKAGE for p in processes)
-    declared = [e for e in entities if type(e).__name__ == "DeclareLaunchArgument"]
-    assert declared[0].kwargs["default_value"] == str(tmp_path / "config" / graph.PARAMS_FILE)
-    # Lifecycle nodes: configure emitted at once, activate emitted when 'inactive' is reached.
+    # The table's restart policy: respawn with the supervisor's first backoff, else the launch shuts down.
+    for p, spec in zip(processes, graph.NODES):
+        if spec.respawn:
+            assert p.kwargs["respawn"] is True and p.kwargs["respawn_delay"] == C.load().supervisor.restart_backoff_s
+        else:
+            assert "respawn" not in p.kwargs and type(p.kwargs["on_exit"][0]).__name__ == "Shutdown"
+    # Lifecycle nodes: configure emitted each time the process starts, activate when 'inactive' is reached.
+    handlers = [e.args[0] for e in entities if type(e).__name__ == "RegisterEventHandler"]
     for node in (p for p in processes if type(p).__name__ == "LifecycleNode"):
-        emitted = [e.kwargs["event"].kwargs for e in entities if type(e).__name__ == "EmitEvent"]
-        assert {"lifecycle_node_matcher": ("matches", node), "transition_id": Transition.TRANSITION_CONFIGURE} in emitted
-        handlers = [e.args[0].kwargs for e in entities if type(e).__name__ == "RegisterEventHandler"]
-        on_inactive = [h for h in handlers if h["target_lifecycle_node"] is node and h["goal_state"] == "inactive"]
+        on_start = [h.kwargs for h in handlers if type(h).__name__ == "OnProcessStart" and h.kwargs["target_action"] is node]
+        assert len(on_start) == 1
+        event = on_start[0]["on_start"][0].kwargs["event"].kwargs
+        assert event == {"lifecycle_node_matcher": ("matches", node), "transition_id": Transition.TRANSITION_CONFIGURE}
+        on_inactive = [h.kwargs for h in handlers if type(h).__name__ == "OnStateTransition"
+                       and h.kwargs["target_lifecycle_node"] is node and h.kwargs["goal_state"] == "inactive"]
         assert len(on_inactive) == 1
         assert on_inactive[0]["entities"][0].kwargs["event"].kwargs["transition_id"] == Transition.TRANSITION_ACTIVATE
+
+
+def test_launch_checks_the_parameter_file_before_any_node(monkeypatch, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("/**:\n  ros__parameters:\n    cycle: {deadline_ms: -1.0}\n")
+    with pytest.raises(RuntimeError) as err:
+        _launch(monkeypatch, tmp_path, bad)
+    assert "cycle.deadline_ms must be > 0" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_bringup_starts_the_same_table(tmp_path):

@@ -158,3 +158,8 @@ def test_reasoning_carries_on_when_the_reconciler_is_killed(model, harness, tmp_
     assert sum(o[0] == "action" for o in after.values()) >= 30
     status = H.latest_status(diagnostics, "reasoning")
     assert int(status["swap.swap_requests"]) >= 1, {k: v for k, v in status.items() if k.startswith(("state", "swap"))}
+    # Losing the reconciler is not silent (issue 11, defect 4): /diagnostics says so, and the log once.
+    lost = H.latest_status_msg(diagnostics, "reasoning")
+    assert lost.level == DiagnosticStatus.WARN and "reconciler lost" in lost.message, (lost.level, lost.message)
+    said = [line for line in H.log_lines(tmp_path, "reasoning", ("WARN",)) if "reconciler lost" in line]
+    assert 1 <= len(said) <= 3, H.node_log(tmp_path, "reasoning")[-3000:]       # on a change, not every second

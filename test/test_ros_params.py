@@ -73,8 +73,8 @@ def test_parameters_declared_described_and_validated_on_change(tmp_path):
         undeclared = set_params(Parameter(name="camera.frobnicate",
                                           value=_value(ParameterType.PARAMETER_BOOL, bool_value=True)))[0]
         assert not undeclared.successful
-        not_ours = set_params(Parameter(name="cycle.deadline_ms",        # a config key camera_ingest does not use
-                                        value=_value(ParameterType.PARAMETER_DOUBLE, double_value=50.0)))[0]
+        not_ours = set_params(Parameter(name="admission.ema_alpha",      # a config key camera_ingest does not use
+                                        value=_value(ParameterType.PARAMETER_DOUBLE, double_value=0.5)))[0]
         assert not not_ours.successful
         good = set_params(Parameter(name="camera.max_pixels",
                                     value=_value(ParameterType.PARAMETER_INTEGER, integer_value=1000)))[0]

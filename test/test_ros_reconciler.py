@@ -178,7 +178,11 @@ def test_swap_applied_at_a_cycle_boundary(model, harness, tmp_path):
         camera.start()
         status = H.wait_until(lambda: (s := H.latest_status(diagnostics, "reasoning")) and
                               int(s.get("swap.state_version", 0)) >= 1 and s, 30.0, "a swap applied by reasoning")
-        time.sleep(1.0)                   # cycles keep running after the swap
+        # A few more swaps: routine ones must not fill the log (issue 11, defect 10).
+        status = H.wait_until(lambda: (s := H.latest_status(diagnostics, "reasoning")) and
+                              int(s.get("swap.swaps", 0)) >= 4 and s, 30.0, "four swaps applied")
+        swaps = int(status["swap.swaps"])          # the latest swap: its cycles are surely in the collectors
+        time.sleep(1.0)                   # cycles keep running after the swap; one more 1 Hz diagnostics round
         camera.stop()
         assert procs.dead() == {}, H.node_log(tmp_path, "reasoning")
     finally:
@@ -189,8 +193,13 @@ def test_swap_applied_at_a_cycle_boundary(model, harness, tmp_path):
     H.assert_no_gaps(outputs)
     # Applied between two cycles: the cycle before and the cycle after both published their one output.
     assert applied_after in outputs and applied_after + 1 in outputs
-    log = H.node_log(tmp_path, "reasoning")
-    assert f"applied after cycle {applied_after}" in log, log[-2000:]
+    # Each swap at DEBUG; at INFO one running summary at most every health.log_summary_s (60 s): here one.
+    # (Unusual events, e.g. an aborted round, stay warnings.)
+    info = H.log_lines(tmp_path, "reasoning", ("INFO",)) + H.log_lines(tmp_path, "reconciler", ("INFO",))
+    about_swaps = [line for line in info if "applied" in line or "offering" in line or "ASR round" in line]
+    assert len(about_swaps) == 1 and "reconciled states applied so far (latest v" in about_swaps[0], \
+        f"{swaps} swaps gave {len(about_swaps)} INFO lines:\n" + "\n".join(about_swaps[:10])
+    assert len(info) <= 12, "\n".join(info)
     reconciler = H.latest_status(diagnostics, "reconciler")
     assert int(reconciler["k_ready"]) >= int(status["swap.state_version"]), reconciler
 

@@ -2,6 +2,9 @@
 reasoning and reconciler processes; offers travel as files and JSON, the applied version
 travels back as the tag of the next state chunk."""
 import json
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -13,6 +16,7 @@ from vla_edge_ros.core.engine_factory import reconciler_state
 from vla_edge_ros.core.footage import read_clip, resize_rgb
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.reconciliation import Phase, StateReconciler
+from vla_edge_ros.core import swap_protocol
 from vla_edge_ros.core.state_snapshot import StateSnapshot
 from vla_edge_ros.core.swap_protocol import (ReconcilerWorker, SnapshotStore, SwapClient, SwapOffer,
                                              SwapProtocolError, start_loader)
@@ -236,3 +240,33 @@ def test_client_survives_a_vanished_or_mismatched_file_and_bad_answers(tmp_path)
     assert client.load_failures == 2 and client.take_ready() is None
     with pytest.raises(SwapProtocolError, match="not an offer"):
         client.on_response(True, "{not json")
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_new_store_removes_the_snapshot_directories_of_dead_reconcilers(tmp_path, monkeypatch):
+    """A SIGKILLed reconciler leaves vla_edge_swap_<pid>_* behind; the next store removes it, and
+    never the directory of a live process or anything not named like a store."""
+    monkeypatch.setattr(swap_protocol, "SHM_DIR", tmp_path)
+    dead = tmp_path / f"vla_edge_swap_{_dead_pid()}_k1ll3d"
+    (dead / "sub").mkdir(parents=True)
+    (dead / "state_v000003.npz").write_bytes(b"x" * 4096)
+    live = tmp_path / f"vla_edge_swap_{os.getppid()}_alive"
+    live.mkdir()
+    (live / "state_v000001.npz").write_bytes(b"y")
+    other = tmp_path / "vla_edge_swap_notapid_x"
+    other.mkdir()
+    store = SnapshotStore()
+    try:
+        assert store.directory.parent == tmp_path and store.directory.name.startswith(f"vla_edge_swap_{os.getpid()}_")
+        assert not dead.exists(), "the dead reconciler's snapshots were kept"
+        assert (live / "state_v000001.npz").exists() and other.exists()
+        SnapshotStore().close()                              # a second store keeps the first (alive: us)
+        assert store.directory.exists()
+    finally:
+        store.close()

@@ -9,6 +9,7 @@ import sys
 # subcommand -> (module under vla_edge_ros.tools, one-line help)
 SUBCOMMANDS = {
     "demo": ("demo", "run the live pipeline on bundled real footage and print a report"),
+    "soak": ("soak", "the demo for --minutes N, judged as a long run (gaps, misses, memory growth)"),
     "bringup": ("bringup", "start the three nodes as separate processes (no launch_ros needed)"),
     "bench": ("bench", "benchmarks against a baseline measured in the same run"),
     "verify": ("verify", "check a backend against HuggingFace transformers"),

@@ -254,6 +254,44 @@ class LifecycleConfig:
 
 
 @dataclass(frozen=True)
+class HealthConfig:
+    window_s: float = _doc("the 'last second' of the /diagnostics levels: rates are counted over this window", default=1.0)
+    max_fallback_rate: float = _doc("reasoning /diagnostics is WARN when the fraction of fallbacks among the cycles of "
+                                    "the last window_s is above this", default=0.2)
+    no_action_error_s: float = _doc("reasoning /diagnostics is ERROR when no action was published for this long while "
+                                    "the node is active", default=1.0)
+    reconciler_silence_s: float = _doc("reasoning /diagnostics is WARN (reconciler lost) when a reconciler that once "
+                                       "answered has not answered a swap request for this long, or one timed out "
+                                       "within the last window_s", default=2.0)
+    log_summary_s: float = _doc("routine events (state swaps, reconciler offers) are logged at DEBUG each, and at INFO "
+                                "as a running summary at most this often", default=60.0)
+
+    def __post_init__(self):
+        for name in ("window_s", "no_action_error_s", "reconciler_silence_s", "log_summary_s"):
+            _positive(self, name, "health")
+        if not 0.0 <= self.max_fallback_rate <= 1.0:
+            raise ConfigError(f"health.max_fallback_rate must be in [0, 1], got {self.max_fallback_rate}")
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    restart_backoff_s: float = _doc("`vla-edge bringup` / `demo`: wait before restarting a node whose table entry says "
+                                    "respawn; doubled after each restart that did not last restart_stable_s", default=1.0)
+    restart_backoff_max_s: float = _doc("the longest wait before a restart", default=30.0)
+    restart_stable_s: float = _doc("a restarted node that stays up this long counts as recovered: the next restart "
+                                   "waits restart_backoff_s again", default=30.0)
+    stop_timeout_s: float = _doc("stopping: each node gets this long after SIGINT, then after SIGTERM, before SIGKILL",
+                                 default=5.0)
+
+    def __post_init__(self):
+        for name in ("restart_backoff_s", "restart_backoff_max_s", "restart_stable_s", "stop_timeout_s"):
+            _positive(self, name, "supervisor")
+        if self.restart_backoff_max_s < self.restart_backoff_s:
+            raise ConfigError(f"supervisor.restart_backoff_max_s ({self.restart_backoff_max_s}) must be >= "
+                              f"supervisor.restart_backoff_s ({self.restart_backoff_s})")
+
+
+@dataclass(frozen=True)
 class VlaConfig:
     cycle: CycleConfig = field(default_factory=CycleConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
@@ -266,6 +304,8 @@ class VlaConfig:
     camera: CameraConfig = field(default_factory=CameraConfig)
     asr: ASRConfig = field(default_factory=ASRConfig)
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
 
     def __post_init__(self):
         # A frame plus one cycle's suffix (prompt + decoded actions) must fit at least once.
@@ -324,8 +364,14 @@ def load(path: str | os.PathLike | None = None, overrides: dict | None = None) -
     path = Path(path) if path else default_config_path()
     try:
         raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+    except OSError as exc:
         raise ConfigError(f"cannot read configuration {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        # PyYAML's own text spans several lines (with a caret drawing); one line says the same.
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"cannot read configuration {path}: not valid YAML{where}: "
+                          f"{getattr(exc, 'problem', None) or exc}") from exc
     cfg = from_dict(_unwrap_ros(raw, path))
     return cfg.replace(overrides) if overrides else cfg
 

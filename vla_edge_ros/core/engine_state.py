@@ -290,7 +290,7 @@ class FrameState:
                                     late_lost=late_lost, evicted=evicted, next_position=self.next_position,
                                     unseen=[c.frame_id for c in late_chunks if c.frame_id in unseen_ids],
                                     kv_copy_ms=kv_copy_ms)
-        log.info("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
+        log.debug("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
                  len(dropped), len(late_chunks))
         return dropped
 

@@ -367,7 +367,7 @@ class StateReconciler:
         self.state.reset_frames()
         self.phase = Phase.WARMING
         self.stats.rounds_started += 1
-        log.info("ASR round v%d (%s): rebuilding %d of %d frames", self.version, why, len(keep), len(retained))
+        log.debug("ASR round v%d (%s): rebuilding %d of %d frames", self.version, why, len(keep), len(retained))
 
     def _step(self, max_tokens: int) -> int:
         r = self._round
@@ -449,7 +449,7 @@ class StateReconciler:
             if self.phase is not Phase.STOPPED:
                 self.phase = Phase.IDLE
         self._prune_chunks()
-        log.info("ASR v%d applied by the primary (%d late frames recomputed there)", version, len(late_ids))
+        log.debug("ASR v%d applied by the primary (%d late frames recomputed there)", version, len(late_ids))
         if self.phase is Phase.IDLE:
             self._maybe_start_round()
 

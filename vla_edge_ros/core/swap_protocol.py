@@ -54,6 +54,7 @@ from ..model.cuda_device import bound
 from .frames import Frame
 from .reconciliation import Phase
 from .slack_scheduler import SlackScheduler
+from .stale_snapshots import remove_stale_snapshot_dirs, snapshot_dir_prefix
 from .state_snapshot import StateSnapshot
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,8 @@ class SnapshotStore:
     def __init__(self, directory: Path | None = None):
         if directory is None:
             base = SHM_DIR if SHM_DIR.is_dir() else Path(tempfile.gettempdir())
-            directory = Path(tempfile.mkdtemp(prefix=f"vla_edge_swap_{os.getpid()}_", dir=base))
+            remove_stale_snapshot_dirs(base)            # left by reconcilers that were killed
+            directory = Path(tempfile.mkdtemp(prefix=snapshot_dir_prefix(os.getpid()), dir=base))
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
 
@@ -222,7 +224,7 @@ class ReconcilerWorker:
                     self.offer, self._offer_epoch = None, rec.epoch      # offers of a previous primary are void
                 if snap is not None:
                     self.offer = self.store.publish(snap)
-                    log.info("offering state v%d (%d frames) at %s", snap.version, len(snap.frames), self.offer.path)
+                    log.debug("offering state v%d (%d frames) at %s", snap.version, len(snap.frames), self.offer.path)
             except (KeyError, ValueError, RuntimeError, ArithmeticError, MemoryError, OSError) as exc:
                 # The reasoning node does not depend on us: stop offering, keep the node up, say why.
                 log.exception("reconciler worker failed; no further offers")

@@ -10,6 +10,7 @@ field:
     kind "too_large"    width * height above camera.max_pixels
     kind "step"         step smaller than width * bytes per pixel
     kind "data_length"  len(data) != step * height
+    kind "geometry"     a size the encoding cannot have (yuv422: odd width)
     kind "decode"       a compressed payload that does not decode
 
 The PyPI `cv-bridge` (a pure-Python port) decodes and colour-converts the
@@ -62,8 +63,13 @@ class ImageDecodeError(ImageRejected):
     kind = "decode"
 
 
+class GeometryError(ImageRejected):
+    kind = "geometry"
+
+
 REJECTION_KINDS = tuple(c.kind for c in (UnsupportedEncodingError, EmptyImageError, ImageTooLargeError,
-                                         StepMismatchError, DataLengthMismatchError, ImageDecodeError))
+                                         StepMismatchError, DataLengthMismatchError, ImageDecodeError,
+                                         GeometryError))
 
 
 # ----------------------------------------------------------------------------
@@ -106,6 +112,8 @@ _LAYOUTS = {
     "yuv422": (np.uint8, 2, _cvt(cv2.COLOR_YUV2RGB_UYVY)),
 }
 SUPPORTED_ENCODINGS = tuple(_LAYOUTS)
+# 4:2:2 chroma: two horizontally adjacent pixels share one U and one V, so rows hold whole pairs.
+_EVEN_WIDTH = ("yuv422",)
 # Encodings whose cv-bridge conversion to rgb8 is correct for packed rows.
 _BRIDGE_RGB8 = ("rgb8", "bgr8", "rgba8", "bgra8", "mono8", "bayer_rggb8", "bayer_bggr8", "bayer_gbrg8")
 _NOT_CAMERA = ("8S", "16S", "32S", "32F", "64F")
@@ -141,6 +149,8 @@ def image_msg_to_rgb(msg: Image, max_pixels: int) -> np.ndarray:
                                 f"{np.dtype(dtype).itemsize} bytes = {row_bytes} (encoding {msg.encoding!r})")
     if len(msg.data) != step * height:
         raise DataLengthMismatchError(f"len(data) = {len(msg.data)} but step * height = {step} * {height} = {step * height}")
+    if msg.encoding in _EVEN_WIDTH and width % 2:
+        raise GeometryError(f"{msg.encoding} packs two pixels per U/V pair: width {width} must be even")
 
     # (cv-bridge byte-swaps with ndarray.newbyteorder, gone in numpy 2: big-endian rows take the numpy path.)
     if step == row_bytes and not msg.is_bigendian and _bridge_agrees(msg.encoding):
@@ -151,7 +161,11 @@ def image_msg_to_rgb(msg: Image, max_pixels: int) -> np.ndarray:
     pixels = pixels.reshape(height, width, channels) if channels > 1 else pixels.reshape(height, width)
     if pixels.dtype.itemsize == 2:
         pixels = (pixels.astype(np.uint16) >> 8).astype(np.uint8)   # 16 -> 8 bit: keep the high byte
-    return np.ascontiguousarray(to_rgb(pixels), dtype=np.uint8)    # [H, W, 3]
+    try:
+        rgb = to_rgb(pixels)
+    except cv2.error as exc:       # a size OpenCV's conversion refuses and the checks above missed
+        raise ImageDecodeError(f"{msg.encoding} image {width}x{height} cannot be converted to RGB: {exc}") from exc
+    return np.ascontiguousarray(rgb, dtype=np.uint8)    # [H, W, 3]
 
 
 def compressed_msg_to_rgb(msg, max_pixels: int) -> np.ndarray:

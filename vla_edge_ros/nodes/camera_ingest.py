@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections import Counter
 
 from diagnostic_msgs.msg import DiagnosticArray
-from diagnostic_msgs.msg import DiagnosticStatus
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.node import Node
 from rclpy.qos import QoSProfile
@@ -26,9 +26,11 @@ from ..config import ConfigError
 from ..core.double_buffer import LatestFrameBuffer
 from ..core.footage import resize_rgb
 from ..core.frames import Frame
+from ..core.health import CameraHealth, HealthLog
 from . import camera_images as images
 from . import conversions as conv
 from . import graph
+from . import health_status
 from .node_main import run_node
 from .params import NodeParameters
 
@@ -39,8 +41,12 @@ DIAGNOSTICS_PERIOD_S = 1.0
 class CameraIngest(Node):
     def __init__(self):
         super().__init__("camera_ingest")
-        self.params = NodeParameters(self, sections=("camera", "vision"))
-        cfg = self.params.config
+        self.params = NodeParameters(self, sections=("camera", "vision", "cycle", "health"))
+        # Frame size and limits stay those of the start: a live vision.* change would send frames of a size
+        # the reasoning node's encoder was not built for.
+        self.cfg = cfg = self.params.config
+        self.health = CameraHealth(cfg.health, cfg.cycle.stale_frame_ms, start_s=time.monotonic())
+        self._health_log = HealthLog()
         self.buffer = LatestFrameBuffer()
         self.counts = Counter()                      # received, accepted, unstamped, published, rejected_<kind>
         self._next_id = 1
@@ -59,7 +65,7 @@ class CameraIngest(Node):
                                f"frames {cfg.vision.image_width}x{cfg.vision.image_height} on {graph.FRAME_TOPIC}")
 
     def _on_image(self, msg) -> None:
-        cfg = self.params.config
+        cfg = self.cfg                   # as started: parameter changes apply at the next start (params.py)
         self.counts["received"] += 1
         try:
             if isinstance(msg, CompressedImage):
@@ -69,6 +75,7 @@ class CameraIngest(Node):
         except images.ImageRejected as exc:
             self.counts[f"rejected_{exc.kind}"] += 1
             self.counts["rejected"] += 1
+            self.health.on_rejected(time.monotonic())
             self.get_logger().error(f"image rejected ({exc.kind}): {exc}", throttle_duration_sec=LOG_THROTTLE_S)
             return
         stamp_s = conv.stamp_to_s(msg.header.stamp)
@@ -80,6 +87,7 @@ class CameraIngest(Node):
         self.buffer.publish(Frame(pixels=pixels, stamp_s=stamp_s, frame_id=self._next_id))
         self._next_id += 1
         self.counts["accepted"] += 1
+        self.health.on_image(time.monotonic())
         self._wake.set()
 
     def _publish_loop(self) -> None:
@@ -104,12 +112,9 @@ class CameraIngest(Node):
         values = {k: self.counts.get(k, 0) for k in ("received", "accepted", "published", "unstamped", "rejected")}
         values.update({f"rejected_{kind}": self.counts.get(f"rejected_{kind}", 0) for kind in images.REJECTION_KINDS})
         values["overwritten"] = stats.overwritten
-        level = DiagnosticStatus.WARN if values["rejected"] else DiagnosticStatus.OK
-        status = conv.status_msg(f"vla_edge: {self.get_name()}", level, "ok" if level == DiagnosticStatus.OK
-                                 else f"{values['rejected']} images rejected", values)
-        array = DiagnosticArray(status=[status])
-        array.header.stamp = self.get_clock().now().to_msg()
-        self.diag_pub.publish(array)
+        health = self.health.assess(time.monotonic())
+        health_status.log_change(self.get_logger(), self._health_log, health)
+        self.diag_pub.publish(health_status.diagnostics_array(self, health, values))
 
     def close(self) -> None:
         """Stop the publisher thread (before the node is destroyed)."""

@@ -39,6 +39,8 @@ class NodeSpec:
     module: str                    # `python -m <module>` runs it
     executable: str                # console script installed by setup.py (launch_ros `executable=`)
     lifecycle: bool = False        # managed node: brought to active after start
+    respawn: bool = False          # supervisor policy: restarted (with backoff, back to active) when it dies;
+                                   # False: its death ends the run with an error
     remaps: tuple = field(default_factory=tuple)       # ((from, to), ...)
     parameters: tuple = field(default_factory=tuple)   # ((dotted key, value), ...) on top of the params file
 
@@ -58,10 +60,19 @@ class NodeSpec:
         return [python or sys.executable, "-m", self.module] + self.ros_arguments(params_files, extra_remaps)
 
 
+# Restart policy (tools/supervisor.py, and launch's respawn):
+#   camera_ingest  respawn: it holds no state, and the reasoning node already continues its frame ids
+#                  across a camera restart (core/frame_ids.py); meanwhile the cycles answer
+#                  stale_frame / no_frame fallbacks, which is what a controller must see.
+#   reasoning      no respawn: it is the policy. A restart would lose its cached state and restart
+#                  cycle ids at 1 under the controller; its death ends the run, non-zero, at once.
+#   reconciler     respawn: nothing waits on it; the reasoning node serves with its own eviction.
 NODES: tuple = (
-    NodeSpec(name="camera_ingest", module="vla_edge_ros.nodes.camera_ingest", executable="camera_ingest"),
+    NodeSpec(name="camera_ingest", module="vla_edge_ros.nodes.camera_ingest", executable="camera_ingest",
+             respawn=True),
     NodeSpec(name="reasoning", module="vla_edge_ros.nodes.reasoning", executable="reasoning", lifecycle=True),
-    NodeSpec(name="reconciler", module="vla_edge_ros.nodes.reconciler", executable="reconciler", lifecycle=True),
+    NodeSpec(name="reconciler", module="vla_edge_ros.nodes.reconciler", executable="reconciler", lifecycle=True,
+             respawn=True),
 )
 
 

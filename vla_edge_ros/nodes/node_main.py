@@ -1,8 +1,8 @@
 """The process entry every node's `main` uses: init, build, spin, shut down cleanly.
 
 Exit codes: 0 after Ctrl-C / SIGINT / SIGTERM / an external shutdown, 2 when
-the node cannot start (invalid configuration, unusable model; the reason is
-logged), 1 when the node shut itself down after a failure (`node.failed`).
+the node cannot start (invalid configuration, an unreadable parameter file,
+unusable model; the reason is logged in one line), 1 when the node shut itself down after a failure (`node.failed`).
 A callback that hits the context while it is being shut down is part of a
 normal shutdown, not a failure.
 
@@ -17,7 +17,8 @@ SPIN_PERIOD_S, then the node's worker threads are joined (`node.close()`),
 the node is destroyed, and only then is the context shut down. A second
 signal while that runs interrupts it (KeyboardInterrupt) for a stuck close.
 faulthandler is on, so a native crash still prints every thread's Python
-stack into the node's log.
+stack into the node's log. A node stops (SIGTERM) when the process that
+started it dies, even by SIGKILL (parent_death.py).
 
 Nodes spin with `spin_resilient`: one failing callback or message take is
 logged and counted, and the node goes on serving. Two failures seen here
@@ -39,6 +40,8 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.logging import get_logger
 from rclpy.signals import SignalHandlerOptions
+
+from .parent_death import exit_with_parent
 
 LOG_FORMAT = "[%(levelname)s] [%(name)s]: %(message)s"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -95,7 +98,12 @@ def run_node(name: str, build, start_errors: tuple, args=None, spin=spin_resilie
     faulthandler.enable()
     stop = StopRequest()
     stop.install()
-    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    exit_with_parent()
+    try:
+        rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.NO)
+    except _rclpy.RCLError as exc:      # e.g. a parameter file that is not valid YAML
+        get_logger(name).fatal(f"cannot start: invalid ROS arguments: {exc}")
+        return 2
     node = None
     try:
         node = build()

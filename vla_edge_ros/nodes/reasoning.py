@@ -53,15 +53,18 @@ from ..core import gc_pauses
 from ..core import swap_protocol as swap
 from ..core.clock import CycleGrid, hybrid_sleep_until
 from ..core.cycle_clock import CycleClockWriter, clock_path
+from ..core.cycle_result import DEADLINE_MISSED
 from ..core.double_buffer import LatestFrameBuffer
 from ..core.engine import EngineConfigError
 from ..core.engine_factory import describe_choice, primary_engine
 from ..core.frame_ids import FrameIdEpochs
+from ..core.health import HealthLog, ReasoningHealth
 from ..core.state_snapshot import SnapshotError
 from ..model.cuda_device import bound
 from ..model.spec import ModelFormatError
 from . import conversions as conv
 from . import graph
+from . import health_status
 from .node_main import run_node
 from .params import NodeParameters
 
@@ -97,6 +100,8 @@ class Reasoning(LifecycleNode):
         self._pending_instruction: str | None = None
         self._instruction_lock = threading.Lock()
         self._stop = threading.Event()
+        self.health = ReasoningHealth(self.params.config.health, start_s=time.monotonic(), active=False)
+        self._health_log = HealthLog()                # what /diagnostics levels say (core/health.py)
         self._chunk_seq = 0                          # numbers state chunks so the reconciler sees a missed one
         self.failed = False                          # the cycle thread died: the process exits non-zero
         self.gc = gc_pauses.GcPauses().install()     # collector pauses, in the diagnostics
@@ -145,12 +150,14 @@ class Reasoning(LifecycleNode):
             self._cycle_clock = CycleClockWriter(clock_path(os.environ.get("ROS_DOMAIN_ID"), self.get_namespace()),
                                            self.params.config.cycle.period_s)
         cfg = self.params.config
+        self.health.set_active(True, time.monotonic())      # "no action" is an ERROR only while active
         self.get_logger().info(f"active: cycle {cfg.cycle.deadline_ms} ms, deterministic={cfg.cycle.deterministic}")
         return super().on_activate(state)
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """SUCCESS -> inactive: no more cycles once the one in flight has published its outcome."""
         self._stop_cycles()
+        self.health.set_active(False, time.monotonic())
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -202,6 +209,8 @@ class Reasoning(LifecycleNode):
         self._swap_client.call_async(Trigger.Request()).add_done_callback(self._on_swap_answer)
 
     def _on_swap_answer(self, future) -> None:
+        self.health.on_swap_answer(time.monotonic())
+        self.health.on_swap_answer(time.monotonic())
         try:
             answer = future.result()
             offer = self.swap.on_response(answer.success, answer.message)
@@ -215,10 +224,10 @@ class Reasoning(LifecycleNode):
     def _publish_diagnostics(self) -> None:
         values = {"lifecycle_state": self._state_machine.current_state[1], "backend": self._backend_name(),
                   "frames_rejected": self.rejected_frames, **conv.flatten({"gc": self.gc.summary()})}
-        level, message = DiagnosticStatus.OK, values["lifecycle_state"]
+        detail = values["lifecycle_state"]
         if self.engine is not None:
             # The engine lock only guards the slot bookkeeping (cheap); metrics copy under their own
-            # short lock and sort outside it, so diagnostics never stall a cycle.
+            # short lock and sort outside it, so diagnostics never hold up a cycle.
             with self._engine_lock:
                 state = self.engine.state_summary()
             window = self.engine.metrics.window_summary()
@@ -232,13 +241,11 @@ class Reasoning(LifecycleNode):
             values.update({"frames_received": stats.published, "frames_consumed": stats.consumed,
                            "frames_overwritten": stats.overwritten, "skipped_boundaries": self.skipped_boundaries,
                            "instruction": self.engine.instruction})
-            if window["deadline_miss_rate"] > 0:
-                level = DiagnosticStatus.WARN
-            message = (f"{message}: miss rate {window['deadline_miss_rate']:.3f}, "
-                       f"fallback rate {window['fallback_rate']:.3f}")
-        array = DiagnosticArray(status=[conv.status_msg(f"vla_edge: {self.get_name()}", level, message, values)])
-        array.header.stamp = self.get_clock().now().to_msg()
-        self.diag_pub.publish(array)
+            detail += f": miss rate {window['deadline_miss_rate']:.3f}, fallback rate {window['fallback_rate']:.3f}"
+            self.health.on_swap_timeouts(self.swap.timeouts, time.monotonic())
+        health = self.health.assess(time.monotonic())
+        health_status.log_change(self.get_logger(), self._health_log, health)
+        self.diag_pub.publish(health_status.diagnostics_array(self, health, values, detail))
 
     # ------------------------------------------------------------ cycle thread
 
@@ -264,6 +271,7 @@ class Reasoning(LifecycleNode):
             now_s = self.get_clock().now().nanoseconds * 1e-9
             with self._engine_lock:
                 result = self.engine.run_cycle(frame, now_s, cycle_start_perf=boundary.perf_s)
+            self.health.on_cycle(result.is_action, result.reason == DEADLINE_MISSED, time.monotonic())
             try:
                 self._publish_result(result, frame)
             except (_rclpy.RCLError, _rclpy.InvalidHandle):
@@ -308,9 +316,17 @@ class Reasoning(LifecycleNode):
         report = self.engine.state.last_swap
         self.swap.mark_applied(snap.version, cycle_id, len(dropped), len(report.late), len(report.unseen),
                                apply_ms=apply_ms, kv_copy_ms=report.kv_copy_ms)
-        self.get_logger().info(f"state v{snap.version} applied after cycle {cycle_id} in {apply_ms:.2f} ms (KV copy "
-                               f"{report.kv_copy_ms:.2f} ms): {len(snap.frames)} reconciled frames, {len(report.late)} "
-                               f"late and {len(report.unseen)} unseen by the reconciler recomputed, {len(dropped)} dropped")
+        self.get_logger().debug(f"state v{snap.version} applied after cycle {cycle_id} in {apply_ms:.2f} ms (KV copy "
+                                f"{report.kv_copy_ms:.2f} ms): {len(snap.frames)} reconciled frames, {len(report.late)} "
+                                f"late and {len(report.unseen)} unseen by the reconciler recomputed, {len(dropped)} "
+                                f"dropped")
+        # Routine: each swap at DEBUG above, a running total at INFO at most every health.log_summary_s.
+        total = self.swap.summary()
+        self.get_logger().info(f"{total['swaps']} reconciled states applied so far (latest v{snap.version} after "
+                               f"cycle {cycle_id}, applied in {apply_ms:.2f} ms); frames recomputed: "
+                               f"{total['swap_late_frames']} late, {total['swap_unseen_frames']} unseen; dropped "
+                               f"{total['swap_dropped_frames']}",
+                               throttle_duration_sec=self.params.config.health.log_summary_s)
 
     # ------------------------------------------------------------- resources
 

@@ -17,7 +17,6 @@ import os
 import sys
 
 from diagnostic_msgs.msg import DiagnosticArray
-from diagnostic_msgs.msg import DiagnosticStatus
 from rclpy.lifecycle import LifecycleNode
 from rclpy.lifecycle import LifecycleState
 from rclpy.lifecycle import TransitionCallbackReturn
@@ -29,11 +28,13 @@ from ..config import ConfigError
 from ..core.cycle_clock import CycleClockReader, clock_path
 from ..core.engine import EngineConfigError
 from ..core.engine_factory import describe_choice, reconciler_state
+from ..core.health import reconciler_health
 from ..core.reconciliation import StateReconciler
 from ..core.swap_protocol import ReconcilerWorker, SnapshotStore
 from ..model.spec import ModelFormatError
 from . import conversions as conv
 from . import graph
+from . import health_status
 from .node_main import run_node
 from .params import NodeParameters
 
@@ -119,10 +120,8 @@ class Reconciler(LifecycleNode):
     def _publish_diagnostics(self) -> None:
         values = conv.flatten(self.worker.summary())
         values["rejected_chunks"] = self.rejected_chunks
-        status = conv.status_msg(f"vla_edge: {self.get_name()}", DiagnosticStatus.OK, "active", values)
-        array = DiagnosticArray(status=[status])
-        array.header.stamp = self.get_clock().now().to_msg()
-        self.diag_pub.publish(array)
+        health = reconciler_health(values["worker_error"])
+        self.diag_pub.publish(health_status.diagnostics_array(self, health, values, "active"))
 
     # ------------------------------------------------------------- resources
 

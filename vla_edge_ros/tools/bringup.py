@@ -5,8 +5,13 @@ with the parameter file (config/vla_edge.yaml by default) plus a second,
 generated parameter file for overrides (`--model`, `--set key=value`), brings
 each lifecycle node to active through its standard lifecycle services
 (lifecycle_msgs/srv/ChangeState on /<node>/change_state: configure, then
-activate), and on Ctrl-C stops the children with SIGINT (SIGTERM, then SIGKILL
-for any that do not exit in time).
+activate), and keeps them up by their table policy (tools/supervisor.py):
+a dead reconciler or camera_ingest is restarted, a dead reasoning node ends
+the run with exit code 1. Ctrl-C, SIGTERM or SIGHUP stop the children one by
+one, last started first, with SIGINT (SIGTERM, then SIGKILL for any that do
+not exit in time).
+The configuration is checked before any node starts: a bad file or value is
+one line and exit code 2.
 
 `GraphProcesses` is the same machinery as a library for the demo and tests.
 """
@@ -18,14 +23,18 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import yaml
 
+from ..config import SupervisorConfig
+from ..nodes.parent_death import PARENT_PID_ENV
+
 log = logging.getLogger(__name__)
 
-STOP_TIMEOUT_S = 5.0         # per escalation step: SIGINT, then SIGTERM, then SIGKILL
+STOP_TIMEOUT_S = SupervisorConfig().stop_timeout_s   # per escalation step: SIGINT, then SIGTERM, then SIGKILL
 ANSWER_WAIT_S = 5.0          # a lifecycle answer not back by then is taken as lost (see change_state)
 
 
@@ -38,35 +47,50 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", metavar="DIR", help="model snapshot directory (sets model.path)")
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                         help="override one configuration key, YAML value (repeatable), e.g. --set cycle.deadline_ms=50.0")
+    parser.add_argument("--nodes", metavar="NAME[,NAME]",
+                        help="start only these nodes of the table (a graph split across hosts), e.g. --nodes camera_ingest")
 
 
 def run(args) -> int:
+    from ..config import ConfigError, load
+    from .supervisor import NodeDied, StopSignal, Supervisor
+
     overrides = parse_sets(args.set)
     if args.model:
         overrides["model.path"] = str(Path(args.model).resolve())
-    graph = GraphProcesses(params_file=args.params, overrides=overrides)
     try:
-        cfg = graph.config()
-        from ..core.engine_factory import describe_choice
-        print(f"vla-edge bringup: reasoning {describe_choice(cfg.model.backend)}; reconciler "
-              f"{describe_choice(cfg.asr.backend)}", flush=True)
-        graph.start()
-        graph.activate_lifecycle_nodes()
-        print(f"vla-edge bringup: running {', '.join(graph.names())} (Ctrl-C stops)", flush=True)
-        while True:
-            dead = graph.dead()
-            if dead:
-                print(f"vla-edge bringup: node process exited: {dead}", file=sys.stderr)
-                return 1
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        return 0
-    except BringupError as exc:
+        cfg = load(args.params, overrides)          # one clean line for a bad file, before any node starts
+    except ConfigError as exc:
         print(f"vla-edge bringup: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        codes = graph.stop()
-        print(f"vla-edge bringup: stopped, exit codes {codes}", flush=True)
+        return 2
+    from ..nodes import graph as node_table
+    try:
+        nodes = None if not args.nodes else tuple(node_table.node(n.strip()) for n in args.nodes.split(","))
+    except KeyError as exc:
+        print(f"vla-edge bringup: --nodes: {exc.args[0]}", file=sys.stderr)
+        return 2
+    from ..core.engine_factory import describe_choice
+    print(f"vla-edge bringup: reasoning {describe_choice(cfg.model.backend)}; reconciler "
+          f"{describe_choice(cfg.asr.backend)}", flush=True)
+    graph = GraphProcesses(params_file=args.params, overrides=overrides, nodes=nodes)
+    supervisor = Supervisor(graph, cfg.supervisor, say=lambda text: print(f"vla-edge bringup: {text}",
+                                                                          file=sys.stderr, flush=True))
+    with supervisor.signals_handled():
+        try:
+            supervisor.start()
+            print(f"vla-edge bringup: running {', '.join(graph.names())} (Ctrl-C stops)", flush=True)
+            supervisor.run()
+        except StopSignal:
+            return 0
+        except NodeDied:
+            return 1                                # already reported by the supervisor
+        except BringupError as exc:
+            print(f"vla-edge bringup: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            codes = supervisor.stop()
+            print(f"vla-edge bringup: stopped, exit codes {codes}", flush=True)
+    return 0
 
 
 def parse_sets(items: list) -> dict:
@@ -103,56 +127,75 @@ class GraphProcesses:
         self.env = dict(os.environ if env is None else env)
         self.nodes = tuple(nodes) if nodes is not None else NODES
         self.log_dir = Path(log_dir) if log_dir else None
-        self.procs: dict = {}                      # node name -> Popen
+        self.procs: dict = {}                      # node name -> Popen (the newest process of a restarted node)
         self.activation_s: dict = {}               # lifecycle node name -> seconds from configure sent to active
+        self._files: list | None = None            # parameter files, written at the first start
         self._tmp = tempfile.TemporaryDirectory(prefix="vla_edge_bringup_")
 
     def names(self) -> list:
         return [spec.name for spec in self.nodes]
 
     def start(self) -> None:
-        files = [self.params_file]
-        if self.overrides:
-            extra = Path(self._tmp.name) / "overrides.yaml"
-            extra.write_text(overrides_params_yaml(self.overrides))
-            files.append(extra)
         for spec in self.nodes:
-            out = None
-            if self.log_dir is not None:
-                self.log_dir.mkdir(parents=True, exist_ok=True)
-                out = open(self.log_dir / f"{spec.name}.log", "wb")      # closed when the process is reaped
-            # Own session: a terminal's Ctrl-C reaches only us, and each child gets exactly one SIGINT from stop().
-            self.procs[spec.name] = subprocess.Popen(spec.command(files), env=self.env, stdout=out,
-                                                     stderr=subprocess.STDOUT if out else None,
-                                                     start_new_session=True)
-            if out is not None:
-                out.close()                                               # the child holds its own copy
-            log.info("started %s (pid %d)", spec.name, self.procs[spec.name].pid)
+            self.spawn(spec)
 
-    def activate_lifecycle_nodes(self, timeout_s: float | None = None, leave_inactive: tuple = ()) -> None:
-        """configure + activate every lifecycle node through its standard services, in table order
-        (nodes named in leave_inactive are only configured). Waits lifecycle.configure_timeout_s for each
+    def spawn(self, spec) -> None:
+        """Start (or restart) one node process. Call from the main thread: a node's parent-death
+        signal (nodes/parent_death.py) follows the thread that started it."""
+        if self._files is None:
+            self._files = [self.params_file]
+            if self.overrides:
+                extra = Path(self._tmp.name) / "overrides.yaml"
+                extra.write_text(overrides_params_yaml(self.overrides))
+                self._files.append(extra)
+        out = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            mode = "ab" if spec.name in self.procs else "wb"                # a restart appends to the log
+            out = open(self.log_dir / f"{spec.name}.log", mode)             # closed when the process is reaped
+        env = {**self.env, PARENT_PID_ENV: str(os.getpid())}
+        # Own session: a terminal's Ctrl-C reaches only us, and each child gets exactly one SIGINT from stop().
+        self.procs[spec.name] = subprocess.Popen(spec.command(self._files), env=env, stdout=out,
+                                                 stderr=subprocess.STDOUT if out else None,
+                                                 start_new_session=True)
+        if out is not None:
+            out.close()                                                   # the child holds its own copy
+        log.info("started %s (pid %d)", spec.name, self.procs[spec.name].pid)
+
+    def activate_lifecycle_nodes(self, timeout_s: float | None = None, specs: tuple | None = None,
+                                 leave_inactive: tuple = ()) -> None:
+        """configure + activate every lifecycle node (of `specs`, default all) through its standard services,
+        in table order (nodes named in leave_inactive are only configured); BringupError, naming the node and
+        the cause, when any node process exits meanwhile. Waits lifecycle.configure_timeout_s for each
         configure and lifecycle.transition_timeout_s for each activate, from the graph's configuration
         (timeout_s, when given, bounds both)."""
         import rclpy
         from ..nodes.graph import lifecycle_service
         from lifecycle_msgs.msg import Transition
+        from rclpy.signals import SignalHandlerOptions
         limits = self.config().lifecycle
         waits = {Transition.TRANSITION_CONFIGURE: limits.configure_timeout_s,
                  Transition.TRANSITION_ACTIVATE: limits.transition_timeout_s}
         context = rclpy.Context()
-        rclpy.init(context=context, domain_id=_domain_id(self.env))
+        rclpy.init(context=context, domain_id=_domain_id(self.env), signal_handler_options=SignalHandlerOptions.NO)
+        watched = [spec.name for spec in (self.nodes if specs is None else specs)]
         try:
-            node = rclpy.create_node("vla_edge_bringup", context=context)
-            for spec in self.nodes:
+            node = rclpy.create_node(f"vla_edge_bringup_{os.getpid()}_{threading.get_ident() % 100000}",
+                                     context=context)
+            for spec in self.nodes if specs is None else specs:
                 if spec.lifecycle:
                     t0 = time.monotonic()
                     steps = (Transition.TRANSITION_CONFIGURE,) + (
                         () if spec.name in leave_inactive else (Transition.TRANSITION_ACTIVATE,))
                     for transition in steps:
                         wait = waits[transition] if timeout_s is None else min(timeout_s, waits[transition])
-                        change_state(node, lifecycle_service(spec, "change_state"), transition, wait,
-                                     watch=lambda name=spec.name: self._check_alive(name))
+                        try:
+                            change_state(node, lifecycle_service(spec, "change_state"), transition, wait,
+                                         watch=lambda: self._check_alive(watched))
+                        except BringupError as exc:
+                            self._check_alive(watched)          # a node that died is the first cause
+                            cause = self.last_error(spec.name)  # else what the refusing node logged
+                            raise BringupError(f"{exc}" + (f": {cause}" if cause else "")) from None
                     self.activation_s[spec.name] = time.monotonic() - t0
                     log.info("%s is %s (%.1f s)", spec.name, "inactive" if spec.name in leave_inactive else "active",
                              self.activation_s[spec.name])
@@ -173,26 +216,35 @@ class GraphProcesses:
         self.procs[name].send_signal(sig)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> dict:
-        """SIGINT every child, escalate for stragglers; returns {name: exit code}."""
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-            running = [p for p in self.procs.values() if p.poll() is None]
-            if not running:
-                break
-            for p in running:
-                p.send_signal(sig)
-            deadline = time.monotonic() + timeout_s
-            for p in running:
-                try:
-                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    log.warning("pid %d did not exit on %s", p.pid, signal.Signals(sig).name)
+        """Stop the nodes one after the other, last started first (reconciler, reasoning, camera_ingest):
+        the policy stops while its camera still runs, so its last outputs are real ones and not
+        stale_frame fallbacks made by the shutdown itself. Each gets SIGINT, then SIGTERM and SIGKILL
+        if it does not exit in time. Returns {name: exit code}."""
+        for name in reversed(self.names()):
+            proc = self.procs.get(name)
+            if proc is not None:
+                stop_process(proc, timeout_s)
         self._tmp.cleanup()
         return {name: p.returncode for name, p in self.procs.items()}
 
-    def _check_alive(self, name: str) -> None:
-        code = self.procs[name].poll()
-        if code is not None:
-            raise BringupError(f"node {name!r} exited with code {code} during bring-up")
+    def last_error(self, name: str) -> str:
+        """The node's last FATAL or ERROR log line (its log file), or '' (no log file, no such line)."""
+        if self.log_dir is None:
+            return ""
+        try:
+            lines = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        found = [line for line in lines if line.startswith(("[FATAL]", "[ERROR]"))]
+        return found[-1] if found else ""
+
+    def _check_alive(self, names) -> None:
+        for name in names:
+            code = self.procs[name].poll()
+            if code is not None:
+                cause = self.last_error(name)
+                raise BringupError(f"node {name!r} exited with code {code} during bring-up"
+                                   + (f": {cause}" if cause else ""))
 
     def __enter__(self):
         self.start()
@@ -201,6 +253,19 @@ class GraphProcesses:
     def __exit__(self, *exc):
         self.stop()
         return False
+
+
+def stop_process(proc, timeout_s: float = STOP_TIMEOUT_S) -> int:
+    """SIGINT, then SIGTERM, then SIGKILL, each given `timeout_s`; returns the exit code."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            break
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("pid %d did not exit on %s", proc.pid, signal.Signals(sig).name)
+    return proc.wait()
 
 
 def change_state(node, service: str, transition_id: int, timeout_s: float, watch=None) -> None:

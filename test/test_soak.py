@@ -1,0 +1,41 @@
+"""`vla-edge soak` verdict (tools/soak.py): what a long run must show, judged from its report and
+the memory samples, without running one (the soak itself is a command, not a CI test)."""
+from vla_edge_ros.tools import soak
+
+MIB = 2 ** 20
+
+
+def _samples(rss_by_minute: dict, pid_change_at: float | None = None) -> list:
+    """Samples every 10 s for 3 minutes; rss_by_minute: node -> function(t_s) -> MiB."""
+    out = []
+    for i in range(19):
+        t = i * soak.SAMPLE_PERIOD_S
+        out.append({"t_s": t, "rss_bytes": {n: int(f(t) * MIB) for n, f in rss_by_minute.items()},
+                    "pid": {n: (2 if pid_change_at is not None and t >= pid_change_at else 1) for n in rss_by_minute}})
+    return out
+
+
+def _report(**kw) -> dict:
+    return {"cycle_id_gaps": 0, "lost_cycles": 0, "admitted_miss_rate": 0.0, "ended_early": "", **kw}
+
+
+def test_growth_in_the_first_minute_is_not_judged_growth_after_it_is():
+    warm = _samples({"reasoning": lambda t: 100 + min(t, 60) * 0.5})           # +30 MiB while warming up, flat after
+    result = soak.verdict(_report(), warm)
+    assert result["passed"] and result["checks"]["rss_growth_reasoning"]["value"] == 0
+    leak = _samples({"reasoning": lambda t: 100 + t / 20})                      # 3 MiB a minute, for ever
+    result = soak.verdict(_report(), leak)
+    assert not result["passed"] and result["checks"]["rss_growth_reasoning"]["value"] == int(109 * MIB) - int(103 * MIB)   # t = 180 s against t = 60 s
+    assert "FAIL rss_growth_reasoning" in soak.format_verdict(result)
+
+
+def test_gaps_lost_cycles_misses_and_a_restart_fail_the_soak():
+    flat = _samples({"reasoning": lambda t: 100, "reconciler": lambda t: 80})
+    assert soak.verdict(_report(), flat)["passed"]
+    assert not soak.verdict(_report(cycle_id_gaps=1), flat)["passed"]
+    assert not soak.verdict(_report(lost_cycles=3, ended_early="node 'reasoning' exited"), flat)["passed"]
+    assert not soak.verdict(_report(admitted_miss_rate=0.0011), flat)["passed"]
+    assert soak.verdict(_report(admitted_miss_rate=0.001), flat)["passed"]
+    restarted = _samples({"reconciler": lambda t: 80}, pid_change_at=120.0)     # a new process: growth unknown
+    result = soak.verdict(_report(), restarted)
+    assert result["checks"]["rss_growth_reconciler"]["value"] is None and not result["passed"]

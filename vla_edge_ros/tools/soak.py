@@ -1,0 +1,181 @@
+"""`vla-edge soak --minutes N`: the demo for as long as asked, judged as a long run.
+
+It is `vla-edge demo` (tools/demo.py: the three node processes under the
+supervisor, real footage at cycle.camera_hz, a controller counting every
+cycle) for N minutes, plus the resident memory (VmRSS) of each node process
+sampled from outside every SAMPLE_PERIOD_S into the JSON and a PNG. The
+verdict, printed and in the JSON, checks what a long run must show:
+
+    cycle-id gaps and lost cycles   0
+    deadline misses among admitted  <= MAX_ADMITTED_MISS_RATE (cycles that ran the model)
+    RSS growth after the first      < MAX_RSS_GROWTH_BYTES per node process: the last sample
+    minute                            against the first one at or after WARMUP_S
+
+Exit code 0 when every check passes, 1 otherwise (2 for bad arguments).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+SAMPLE_PERIOD_S = 10.0
+WARMUP_S = 60.0                        # allocations settle (arena, caches, DDS history) in the first minute
+MAX_RSS_GROWTH_BYTES = 5 * 2 ** 20
+MAX_ADMITTED_MISS_RATE = 0.001
+
+
+def add_arguments(parser) -> None:
+    from . import demo
+    parser.add_argument("--minutes", type=float, default=10.0, help="how long the camera runs (default 10)")
+    parser.add_argument("--json", metavar="PATH", default="out/soak.json", help="report (default out/soak.json)")
+    parser.add_argument("--png", metavar="PATH", default="out/soak_memory.png",
+                        help="memory over time (default out/soak_memory.png; the cycle timeline goes beside it)")
+    parser.add_argument("--model", metavar="DIR", help="model directory (default model.path of the config)")
+    parser.add_argument("--params", metavar="FILE", help="ROS parameter file (default config/vla_edge.yaml)")
+    parser.add_argument("--width", type=int, default=demo.DEFAULT_WIDTH, help="camera image width; 0 = clip size")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                        help="override one configuration key for all nodes (repeatable)")
+
+
+def run(args) -> int:
+    from ..config import ConfigError, load
+    from .bringup import BringupError, parse_sets
+    from .demo import ensure_model, run_demo
+    from .demo_report import format_table, write_json, write_timeline_png
+
+    if not args.minutes > 0:
+        print(f"vla-edge soak: --minutes must be > 0, got {args.minutes}", file=sys.stderr)
+        return 2
+    overrides = parse_sets(args.set)
+    try:
+        cfg = load(args.params, overrides)
+        model_dir = ensure_model(Path(args.model or cfg.model.path))
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"vla-edge soak: {exc}", file=sys.stderr)
+        return 2
+    sampler = MemorySampler()
+    try:
+        report, cycles = run_demo(cfg, model_dir, args.minutes * 60.0, args.width, args.params,
+                                  {**overrides, "model.path": str(model_dir)}, tick=sampler.maybe_sample)
+    except BringupError as exc:
+        print(f"vla-edge soak: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:
+        print("vla-edge soak: interrupted; node processes stopped", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
+    report["memory_samples"] = sampler.samples
+    report["soak"] = verdict(report, sampler.samples)
+    print(format_table(report))
+    print(format_verdict(report["soak"]))
+    write_json(report, args.json)
+    write_memory_png(sampler.samples, args.png)
+    timeline = Path(args.png).with_name(Path(args.png).stem.replace("_memory", "") + "_cycles.png")
+    write_timeline_png(cycles, cfg.cycle.deadline_ms, timeline)
+    print(f"report: {args.json}\nmemory: {args.png}\ntimeline: {timeline}")
+    return 0 if report["soak"]["passed"] else 1
+
+
+class MemorySampler:
+    """VmRSS of every node process every SAMPLE_PERIOD_S (called about once a second)."""
+
+    def __init__(self):
+        self.samples: list = []          # {"t_s", "rss_bytes": {node: bytes}, "pid": {node: pid}}
+        self._t0: float | None = None
+        self._next = 0.0
+
+    def maybe_sample(self, procs) -> None:
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        if now - self._t0 < self._next:
+            return
+        self._next += SAMPLE_PERIOD_S
+        rss, pids = {}, {}
+        for name, proc in procs.procs.items():
+            pids[name] = proc.pid
+            rss[name] = _vm_rss_bytes(proc.pid)
+        self.samples.append({"t_s": round(now - self._t0, 3), "rss_bytes": rss, "pid": pids})
+
+
+def verdict(report: dict, samples: list) -> dict:
+    """The checks of a soak run (see the module docstring)."""
+    growth = rss_growth(samples)
+    checks = {
+        "cycle_id_gaps": {"value": report["cycle_id_gaps"], "bound": 0, "ok": report["cycle_id_gaps"] == 0},
+        "lost_cycles": {"value": report["lost_cycles"], "bound": 0, "ok": report["lost_cycles"] == 0},
+        "admitted_miss_rate": {"value": report["admitted_miss_rate"], "bound": MAX_ADMITTED_MISS_RATE,
+                               "ok": report["admitted_miss_rate"] <= MAX_ADMITTED_MISS_RATE},
+        "ended_early": {"value": report.get("ended_early", ""), "bound": "", "ok": not report.get("ended_early")},
+    }
+    for name, value in growth.items():
+        checks[f"rss_growth_{name}"] = {"value": value, "bound": MAX_RSS_GROWTH_BYTES,
+                                        "ok": value is not None and value < MAX_RSS_GROWTH_BYTES}
+    return {"checks": checks, "passed": all(c["ok"] for c in checks.values()),
+            "rss_growth_from_s": _baseline(samples)["t_s"] if samples else None}
+
+
+def rss_growth(samples: list) -> dict:
+    """{node: last RSS - RSS at the first sample at or after WARMUP_S} (None: restarted in between, or no sample)."""
+    if not samples:
+        return {}
+    base, last = _baseline(samples), samples[-1]
+    out = {}
+    for name, rss in last["rss_bytes"].items():
+        same_process = base["pid"].get(name) == last["pid"].get(name)
+        start = base["rss_bytes"].get(name)
+        out[name] = rss - start if same_process and rss is not None and start is not None else None
+    return out
+
+
+def format_verdict(soak: dict) -> str:
+    lines = [f"soak verdict: {'PASS' if soak['passed'] else 'FAIL'} (RSS growth from t = {soak['rss_growth_from_s']} s)"]
+    for name, c in soak["checks"].items():
+        value, bound = c["value"], c["bound"]
+        if name.startswith("rss_growth_"):
+            value = "n/a" if value is None else f"{value / 2**20:+.2f} MiB"
+            bound = f"< {bound / 2**20:g} MiB"
+        elif isinstance(value, float):
+            value, bound = f"{value:.5f}", f"<= {bound}"
+        else:
+            bound = f"== {bound!r}" if bound == "" else f"<= {bound}"
+        lines.append(f"  {'ok  ' if c['ok'] else 'FAIL'} {name:<28} {value}  ({bound})")
+    return "\n".join(lines)
+
+
+def write_memory_png(samples: list, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    names = sorted({n for s in samples for n in s["rss_bytes"]})
+    for name in names:
+        points = [(s["t_s"], s["rss_bytes"][name] / 2**20) for s in samples if s["rss_bytes"].get(name) is not None]
+        if points:
+            ax.plot(*zip(*points), marker="o", markersize=3, label=name)
+    ax.axvspan(0, WARMUP_S, color="grey", alpha=0.15, label=f"first {WARMUP_S:g} s (not judged)")
+    ax.set_xlabel("time since the first action (s)")
+    ax.set_ylabel("VmRSS (MiB)")
+    ax.set_title(f"vla-edge soak: resident memory of each node process, sampled every {SAMPLE_PERIOD_S:g} s")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _baseline(samples: list) -> dict:
+    return next((s for s in samples if s["t_s"] >= WARMUP_S), samples[-1])
+
+
+def _vm_rss_bytes(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024          # "VmRSS:    123456 kB"
+    except OSError:
+        return None
+    return None
