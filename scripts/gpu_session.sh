@@ -4,7 +4,8 @@
 # (bf16 and fp32), kernel probes, the cycle benchmark, then the CSR and ASR benchmarks. Logs go to $OUT.
 #   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (the default, in that order); more
 #   stages: probes, csr, asr, asr-shared, asr-32k, suite (the whole test suite, needs prepare.sh --ros) and demo
-#   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each). Run from the repo root after
+#   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each), pack (all but the tables, the suite
+#   log and one timeline into results.tgz: the device tool returns 8 files). Run from the repo root after
 #   `source .whl/on-device.sh`. The device tool returns at most 8 files: choose stages accordingly.
 #   verify-small covers VERIFY_MODELS (default "tiny llama-tiny") x VERIFY_DTYPES (default "fp32 bf16");
 #   BENCH_ARGS go to the cycle benchmark, ASR_ARGS to every ASR run. FRAMES: pre-decoded footage
@@ -89,6 +90,13 @@ for stage in $STAGES; do
                 | tee "$OUT/demo_$name.txt" | grep -v " INFO " || status=1
         done
         tar -czf "$OUT/demo_logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs" ;;
+    pack)
+        # The device tool returns at most 8 files: the tables, the suite log and one timeline stay as they are,
+        # everything else goes into results.tgz.
+        (cd "$OUT" && tar -czf results.tgz --exclude results.tgz --exclude '*.txt' --exclude suite.log \
+            --exclude demo_active.png * && find . -maxdepth 1 -type f ! -name results.tgz ! -name '*.txt' \
+            ! -name suite.log ! -name demo_active.png -delete && find . -mindepth 1 -type d -exec rm -rf {} +)
+        ls "$OUT" ;;
     bench)
         echo "== bench"
         $PY -m vla_edge_ros.bench.pycuda_cycle --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | grep -v " INFO " \
