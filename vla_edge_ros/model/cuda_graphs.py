@@ -76,5 +76,5 @@ def capture(name: str, stream, record) -> CapturedGraph:
     counted = drv.cuGraphGetNodes(graph, 0)          # (err, nodes, count) with count asked as 0
     n_nodes = int(counted[-1]) if counted[0] == drv.CUresult.CUDA_SUCCESS else -1
     graph_exec = _ok(drv.cuGraphInstantiate(graph, 0), f"cuGraphInstantiate({name})")
-    log.info("captured CUDA graph %s (%d nodes)", name, n_nodes)
+    log.debug("captured CUDA graph %s (%d nodes)", name, n_nodes)
     return CapturedGraph(name, graph, graph_exec, n_nodes)

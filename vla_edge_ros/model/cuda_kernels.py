@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 import numpy as np
 
@@ -111,7 +112,7 @@ def compile_family(device, family: str, arch: str | None = None):
     with _lock:
         mod = _modules.get(key)
         if mod is None:
-            log.info("compiling cuda/%s.cu for %s", family, arch)
+            log.debug("compiling cuda/%s.cu for %s", family, arch)
             with device.bound():
                 mod = SourceModule(family_source(family), arch=arch, no_extern_c=True, options=["-O3", "-lineinfo"])
             _modules[key] = mod
@@ -191,12 +192,15 @@ class CudaKernels:
         self.num_sms = dev.get_attribute(self.drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.max_shared = dev.get_attribute(self.drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self._fns = {}
+        t0, fresh = time.perf_counter(), sum((device.handle, f, self.arch) not in _modules for f in FAMILIES)
         for family, kernels in FAMILIES.items():
             mod = compile_family(device, family, self.arch)
             for name, types in kernels.items():
                 fn = mod.get_function(name)
                 fn.prepare(types)
                 self._fns[name] = fn
+        log.info("%d kernel families ready for %s in %.1f s (%d loaded into this context: compiled, or from "
+                 "PyCUDA's disk cache)", len(FAMILIES), self.arch, time.perf_counter() - t0, fresh)
         # The attention chunk lives in dynamic shared memory beyond the default 48 KB.
         for name in ("attention_partial", "attention_partial_tiled"):
             self._fns[name].set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.max_shared)
