@@ -214,3 +214,31 @@ def test_positions_are_rebased_before_they_leave_the_models_trained_range(tiny_m
     # After a rebase the frames sit right after the prefix, as a from-scratch forward would place them.
     starts = [f.position_start for f in eng.state.kv.retained()]
     assert starts == sorted(starts) and starts[0] >= eng.state.prefix_tokens
+
+
+def test_a_rebase_in_a_live_cycle_recomputes_only_what_fits_its_budget(tiny_model_dir, clip, tmp_path):
+    """Live (not deterministic): the re-base keeps the newest frames its cycle's slack can recompute and
+    forgets the older ones, so that cycle is not late. On the H200 recomputing all 125 frames took ~400 ms."""
+    import json
+    import shutil
+
+    small = tmp_path / "tiny_600"
+    shutil.copytree(tiny_model_dir, small)
+    cfg_json = json.loads((small / "config.json").read_text())
+    cfg_json["max_position_embeddings"] = 600
+    (small / "config.json").write_text(json.dumps(cfg_json))
+    eng = make_engine(small, **{"cycle.deterministic": False, "kv.capacity_tokens": 320, "cycle.stale_frame_ms": 1e9})
+    adm = eng.admission
+    details = []
+    for i in range(30):
+        # A known cost model (the slack of 33 - 2 ms fits exactly 2 frames beside the cycle itself), set
+        # before each cycle so real timings on a busy machine cannot move it.
+        adm.has_sample, adm.ema_decode_ms_per_token = True, 0.0
+        adm.ema_prefill_ms_per_token = (eng.cfg.cycle.deadline_ms - eng.cfg.cycle.safety_margin_ms) / (
+            3 * eng.cfg.vision.tokens_per_frame + int(eng.suffix.size))
+        r = eng.run_cycle(frame(clip[i % len(clip)], i), now_s=float(i))
+        if "re-based" in r.detail:
+            details.append(r.detail)
+            assert eng.state.last_rebase["kept"] == 2 and eng.state.last_rebase["budget_frames"] == 2
+            assert len(eng.state.frames) == 3             # the two kept and this cycle's new frame
+    assert details and all("2 frames kept" in d for d in details), details

@@ -146,7 +146,7 @@ class Engine:
         t0 = time.perf_counter() if cycle_start_perf is None else cycle_start_perf
         result = CycleResult(cycle_id=self.cycle_id)
         self.cycle_id += 1
-        rebased = self.state.rebase_positions_if_needed()
+        rebased = self.state.rebase_positions_if_needed(self._rebase_budget_frames())
         self.state.in_cycle = True
         try:
             self._run(frame, now_s, t0, result)
@@ -169,7 +169,9 @@ class Engine:
                 result.action = None          # tokens stay for debugging; nothing actionable leaves
                 result.detail = f"finished at {result.elapsed_ms:.2f} ms > deadline {self.cfg.cycle.deadline_ms} ms"
         if rebased:
-            result.detail = (result.detail + "; " if result.detail else "") + "RoPE positions re-based (state recomputed)"
+            rb = self.state.last_rebase
+            result.detail = (result.detail + "; " if result.detail else "") + (
+                f"RoPE positions re-based (state recomputed: {rb['kept']} frames kept, {rb['forgotten']} forgotten)")
         self.metrics.record(result)
         return result
 
@@ -253,6 +255,19 @@ class Engine:
         if self._last_prefill_logits is None and self._prefill_logits_ready:
             self._last_prefill_logits = self.backend.prefill_logits()
         return self._last_prefill_logits
+
+    def _rebase_budget_frames(self) -> int | None:
+        """Frames a re-base may recompute in this cycle without making it late: the slack the admission
+        estimate leaves, over its prefill cost per frame. None (all of them) with nothing measured yet, or
+        in deterministic mode (offline replay: exactness over time)."""
+        adm, cyc = self.admission, self.cfg.cycle
+        if cyc.deterministic or self._force_admit or not adm.has_sample or adm.ema_prefill_ms_per_token <= 0:
+            return None
+        tpf = self.cfg.vision.tokens_per_frame
+        cycle_ms = (adm.ema_prefill_ms_per_token * (tpf + int(self.suffix.size))
+                    + adm.ema_decode_ms_per_token * max(self.cfg.action.num_tokens - 1, 1))
+        slack_ms = cyc.deadline_ms - cyc.safety_margin_ms - cycle_ms
+        return max(0, int(slack_ms // (adm.ema_prefill_ms_per_token * tpf)))
 
     def state_summary(self) -> dict:
         """The frame state's token accounting, with this cycle's suffix, for the diagnostics."""

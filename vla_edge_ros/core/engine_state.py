@@ -87,6 +87,7 @@ class FrameState:
         # Rows written to the KV arena per segment since construction (CSR accounting).
         self.computed_tokens = {"prefix": 0, "frames": 0, "suffix": 0, "decode": 0}
         self.last_swap: SwapReport | None = None
+        self.last_rebase: dict | None = None    # what the latest re-base kept and forgot
         # How export_state packs the KV rows: None reads them to the host (numpy array); a callable
         # (backend, slots) -> KV holder keeps them on the device (model/cuda_state_transfer.DeviceKvExporter).
         self.kv_export = None
@@ -294,24 +295,33 @@ class FrameState:
                  len(dropped), len(late_chunks))
         return dropped
 
-    def rebase_positions_if_needed(self) -> bool:
+    def rebase_positions_if_needed(self, max_frames: int | None = None) -> bool:
         """Keep RoPE positions inside the model's trained range when no swap has re-based them.
 
         Positions only grow between swaps (about 1000 per second at 30 Hz). A
-        reconciler's swap re-bases them; without one (absent, dead) the next
-        frame would eventually pass `max_position_embeddings`, where the model
-        was never trained and float32 angles lose precision. Then the retained
-        frames are recomputed in place right after the prefix: one slow cycle,
-        reported in its detail, instead of a slow decay of every later answer.
+        reconciler's swap re-bases them; without one (absent, inactive, starved)
+        the next frame would eventually pass `max_position_embeddings`, where the
+        model was never trained and float32 angles lose precision. Then the
+        retained frames are recomputed in place right after the prefix, exactly.
+        `max_frames` bounds that recompute: only the newest max_frames frames are
+        kept and the older ones are forgotten (an exact, smaller state), so the
+        cycle that pays for it still ends on time. Measured on the H200 with the
+        1.5B shape at 4096 slots: recomputing all 125 frames took ~400 ms, a
+        cycle started 12 boundaries late. `last_rebase` says what happened.
         """
         limit = self.backend.spec.max_position_embeddings
         if self.next_position + self.cfg.vision.tokens_per_frame + self.suffix_reserve <= limit:
             return False
         keep = [r.frame_id for r in self.kv.retained() if self.frames[r.frame_id].tokens is not None]
+        forgotten = []
+        if max_frames is not None and len(keep) > max_frames:
+            forgotten, keep = keep[:len(keep) - max_frames], keep[len(keep) - max_frames:]
         dropped = self.rebuild_in_place(keep)
-        log.warning("RoPE positions reached %d of %d: %d frames recomputed from position %d, %d dropped",
+        self.last_rebase = {"kept": len(keep), "forgotten": len(dropped), "budget_frames": max_frames}
+        log.warning("RoPE positions reached %d of %d: %d frames recomputed from position %d, %d forgotten "
+                    "(%d of them to keep the recompute within the cycle's budget)",
                     limit - self.cfg.vision.tokens_per_frame - self.suffix_reserve, limit, len(keep),
-                    self.prefix_tokens, len(dropped))
+                    self.prefix_tokens, len(dropped), len(forgotten))
         return True
 
     @property
