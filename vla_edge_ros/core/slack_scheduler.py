@@ -41,6 +41,7 @@ class SlackScheduler:
         usable = window_ms - self.margin_ms
         if usable <= 0:
             self.windows_too_small += 1
+            self._declined_in_a_row += 1
             return 0
         if self.ms_per_token is None:
             return 1
