@@ -126,7 +126,8 @@ class Engine:
                 elapsed.append(r.elapsed_ms)
         finally:
             self._force_admit = False
-            self.admission.refusals_in_a_row = 0     # forced warm-up cycles are not refusals the probe counts
+            # Forced warm-up cycles are neither refusals the probe counts nor spikes of the live estimate.
+            self.admission.refusals_in_a_row = self.admission.spikes_in_a_row = 0
             self.state.reset_frames()
             self.state.last_frame_id = None
             self.cycle_id = 0

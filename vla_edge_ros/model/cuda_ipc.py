@@ -127,8 +127,12 @@ class IpcKV:
                              f"{tuple(self.descriptor['shape'])} (capacity or model shape differ)")
         t = time.perf_counter()
         self.check_usable()
-        backend.scatter_kv_rows(self.mapper.address(self.descriptor["handle"]), slots)
-        backend.synchronize()
+        drv = self.mapper.device.drv
+        try:
+            backend.scatter_kv_rows(self.mapper.address(self.descriptor["handle"]), slots)
+            backend.synchronize()
+        except drv.Error as exc:          # e.g. the reconciler's process went away under the mapping
+            raise DeviceKVUnavailable(f"copying the reconciler's KV failed: {exc}") from exc
         word = self._header()
         self.last_copy_ms = (time.perf_counter() - t) * 1e3
         if word != 2 * self.generation:
@@ -138,6 +142,9 @@ class IpcKV:
         base = self.mapper.address(self.descriptor["handle"])
         word = np.zeros(1, np.int32)
         dev = self.mapper.device
-        with dev.bound():
-            dev.drv.memcpy_dtoh(word, base + int(self.descriptor["header_offset"]))
+        try:
+            with dev.bound():
+                dev.drv.memcpy_dtoh(word, base + int(self.descriptor["header_offset"]))
+        except dev.drv.Error as exc:
+            raise DeviceKVUnavailable(f"reading the reconciler's buffer failed: {exc}") from exc
         return int(word[0])

@@ -129,6 +129,9 @@ class Reasoning(LifecycleNode):
             self.get_logger().error(f"configure failed in warm-up: {type(exc).__name__}: {exc}")
             return TransitionCallbackReturn.FAILURE
         self.engine = engine
+        # A fresh state: chunk numbering starts at 1 again, which tells a running reconciler to clear its
+        # mirror (core/swap_protocol.py), exactly as for a restarted reasoning process.
+        self._chunk_seq = 0
         self._open_interfaces(cfg)
         frozen = gc_pauses.freeze()         # the long-lived heap out of every later collection (core/gc_pauses.py)
         w = self.warmup
