@@ -320,3 +320,19 @@ def marked_processes(marker: str) -> list:
             continue
     return found
 
+
+def lifecycle_state(harness: RosHarness, node_name: str, timeout_s: float = 10.0) -> int:
+    """Primary state id of a lifecycle node, through its standard /<node>/get_state service."""
+    from lifecycle_msgs.srv import GetState
+    return call_service(harness, GetState, f"/{node_name}/get_state", GetState.Request(),
+                        timeout_s=timeout_s).current_state.id
+
+
+def lifecycle_transition(harness: RosHarness, node_name: str, transition_id: int, timeout_s: float = 30.0) -> None:
+    """A transition through /<node>/change_state, as bringup drives it (BringupError when refused)."""
+    from vla_edge_ros.tools.bringup import change_state
+    manager = rclpy.create_node("lifecycle_manager", context=harness.context)
+    try:
+        change_state(manager, f"/{node_name}/change_state", transition_id, timeout_s=timeout_s)
+    finally:
+        manager.destroy_node()

@@ -12,6 +12,7 @@ from vla_edge_ros.core.engine import Engine
 from vla_edge_ros.core.engine_state import SwapTimingError
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
+from vla_edge_ros.model.host_cycle import HostLoopCycles
 from vla_edge_ros.core.prompt import encode_text, prefix_text, suffix_ids
 
 
@@ -20,8 +21,9 @@ def clip():
     return read_clip("bikes.mp4", max_frames=40)
 
 
-class RecordingBackend:
-    """Delegates everything to a real backend and records the write slots of each forward."""
+class RecordingBackend(HostLoopCycles):
+    """Delegates everything to a real backend and records the write slots of each forward; its cycle is the
+    numpy backend's own loop (HostLoopCycles), run through this wrapper's forward so it is recorded too."""
 
     def __init__(self, backend):
         self._backend = backend
@@ -30,16 +32,6 @@ class RecordingBackend:
     def forward(self, x, positions, write_slots, context_slots, **kw):
         self.writes.append(np.asarray(write_slots).copy())
         return self._backend.forward(x, positions, write_slots, context_slots, **kw)
-
-    def run_cycle_tokens(self, *args):
-        """The numpy backend's own cycle loop, but through this wrapper's forward (so it is recorded)."""
-        from vla_edge_ros.model.host_cycle import run_cycle_on_host
-        cycle = run_cycle_on_host(self, *args)
-        self.last_cycle_ms, self._logits = (cycle.prefill_ms, cycle.decode_ms), cycle.prefill_logits
-        return cycle.tokens
-
-    def prefill_logits(self):
-        return self._logits
 
     def __getattr__(self, name):
         return getattr(self._backend, name)

@@ -16,6 +16,7 @@ from engine_oracle import cosine
 
 from vla_edge_ros import config as C
 from vla_edge_ros.core.frames import Frame
+from vla_edge_ros.model.host_cycle import HostLoopCycles
 
 pytestmark = pytest.mark.gpu
 
@@ -30,23 +31,12 @@ def clip():
     return frames[:CYCLES]
 
 
-class HostLoopBackend:
+class HostLoopBackend(HostLoopCycles):
     """The CUDA backend with its cycle run as the host loop of `forward` calls (model/host_cycle.py), logits
     on the host: the reference the device cycle must match."""
 
     def __init__(self, backend):
         self._backend = backend
-        self.last_cycle_ms = None
-        self._logits = None
-
-    def run_cycle_tokens(self, *args):
-        from vla_edge_ros.model.host_cycle import run_cycle_on_host
-        cycle = run_cycle_on_host(self._backend, *args)
-        self.last_cycle_ms, self._logits = (cycle.prefill_ms, cycle.decode_ms), cycle.prefill_logits
-        return cycle.tokens
-
-    def prefill_logits(self):
-        return self._logits
 
     def __getattr__(self, name):
         return getattr(self._backend, name)

@@ -7,22 +7,21 @@ first live cycles are not refused); activate starts cycles; deactivate stops
 them after a last outcome; cleanup and a second configure work again; a model
 that cannot load fails configure with the reason and leaves the node alive.
 """
+import shutil
 import time
+from pathlib import Path
 
 import pytest
-import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from diagnostic_msgs.msg import DiagnosticStatus
 from lifecycle_msgs.msg import State
 from lifecycle_msgs.msg import Transition
-from lifecycle_msgs.srv import GetState
 from std_msgs.msg import Int32MultiArray
 
 import ros_helpers as H
 from vla_edge_ros.nodes import graph
 from vla_edge_ros.tools.bringup import BringupError
 from vla_edge_ros.tools.bringup import GraphProcesses
-from vla_edge_ros.tools.bringup import change_state
 
 pytestmark = pytest.mark.ros
 NODE = "reasoning"
@@ -36,16 +35,11 @@ def harness():
 
 
 def _state(harness) -> int:
-    return H.call_service(harness, GetState, f"/{NODE}/get_state", GetState.Request(),
-                          timeout_s=H.GRAPH_START_TIMEOUT_S).current_state.id
+    return H.lifecycle_state(harness, NODE, timeout_s=H.GRAPH_START_TIMEOUT_S)
 
 
 def _transition(harness, transition_id: int) -> None:
-    manager = rclpy.create_node("lifecycle_manager", context=harness.context)
-    try:
-        change_state(manager, f"/{NODE}/change_state", transition_id, timeout_s=60.0)
-    finally:
-        manager.destroy_node()
+    H.lifecycle_transition(harness, NODE, transition_id, timeout_s=60.0)
 
 
 def _outputs(tokens, fallbacks) -> int:
@@ -108,10 +102,7 @@ def test_configure_activate_deactivate_cleanup_and_again(tiny_model_dir, harness
 
 
 def test_a_model_that_cannot_load_fails_configure_and_the_node_stays_up(tiny_model_dir, harness, tmp_path):
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    for f in tiny_model_dir.iterdir():
-        (broken / f.name).write_bytes(f.read_bytes())
+    broken = Path(shutil.copytree(tiny_model_dir, tmp_path / "broken"))
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])            # truncated
     procs = GraphProcesses(overrides={"model.path": str(broken)}, env=H.graph_env(harness.domain_id),

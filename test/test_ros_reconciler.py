@@ -7,13 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from diagnostic_msgs.msg import DiagnosticStatus
 from lifecycle_msgs.msg import State
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState
-from lifecycle_msgs.srv import GetState
 from rclpy.qos import QoSProfile
 from sensor_msgs.msg import Image
 from std_msgs.msg import Int32MultiArray
@@ -31,7 +29,6 @@ from vla_edge_ros.nodes import conversions as conv
 from vla_edge_ros.nodes import graph
 from vla_edge_ros.tools.bringup import BringupError
 from vla_edge_ros.tools.bringup import GraphProcesses
-from vla_edge_ros.tools.bringup import change_state
 
 pytestmark = pytest.mark.ros
 CAPACITY = 480          # prefix 25 + one cycle's suffix 56 + room for 12 frames of 32 tokens
@@ -50,16 +47,12 @@ def harness():
 
 
 def _state(harness) -> int:
-    return H.call_service(harness, GetState, "/reconciler/get_state", GetState.Request()).current_state.id
+    return H.lifecycle_state(harness, "reconciler")
 
 
 def _transition(harness, transition_id: int) -> None:
     """Through the standard service, as bringup drives it (BringupError when refused)."""
-    manager = rclpy.create_node("lifecycle_manager", context=harness.context)
-    try:
-        change_state(manager, "/reconciler/change_state", transition_id, timeout_s=30.0)
-    finally:
-        manager.destroy_node()
+    H.lifecycle_transition(harness, "reconciler", transition_id, timeout_s=30.0)
 
 
 def _refused_transition(harness, transition_id: int) -> None:

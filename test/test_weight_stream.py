@@ -6,7 +6,9 @@ plus the failures a streamed read must still name: a truncated file and a NaN
 in a block.
 """
 import json
+import shutil
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -60,10 +62,7 @@ def _tensor_span(path, name):
 
 
 def test_a_nan_in_a_block_is_named_with_its_row(snapshot, tmp_path):
-    path = tmp_path / "model"
-    path.mkdir()
-    for f in snapshot.iterdir():
-        (path / f.name).write_bytes(f.read_bytes())
+    path = Path(shutil.copytree(snapshot, tmp_path / "model"))
     weights = path / "model.safetensors"
     offset, tag = _tensor_span(weights, DOWN)
     cols = SnapshotTensors(path).shape(DOWN)[1]
@@ -81,10 +80,7 @@ def test_a_nan_in_a_block_is_named_with_its_row(snapshot, tmp_path):
 
 
 def test_a_truncated_snapshot_is_refused_before_any_tensor_is_read(snapshot, tmp_path):
-    path = tmp_path / "model"
-    path.mkdir()
-    for f in snapshot.iterdir():
-        (path / f.name).write_bytes(f.read_bytes())
+    path = Path(shutil.copytree(snapshot, tmp_path / "model"))
     weights = path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
     with pytest.raises(ModelFormatError, match="truncated"):

@@ -53,3 +53,26 @@ def run_cycle_on_host(backend, prefill_x, positions, write_slots, context_slots,
     t_end = time.perf_counter()
     return HostCycle(np.asarray(tokens, dtype=np.int64), prefill_logits, (t_decode - t_prefill) * 1e3,
                      (t_end - t_decode) * 1e3)
+
+
+class HostLoopCycles:
+    """`run_cycle_tokens`, `prefill_logits` and `last_cycle_ms` of the Backend protocol, as the loop of
+    `self.forward` calls above: the numpy backend's cycle, and (for tests) any object with forward/embed."""
+
+    last_cycle_ms: tuple | None = None          # (prefill, decode) of the latest cycle
+    _host_prefill_logits: np.ndarray | None = None
+
+    def run_cycle_tokens(self, prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions,
+                         action_bin_lo: int, n_tokens: int, n_bins: int) -> np.ndarray:
+        self._host_prefill_logits = None
+        cycle = run_cycle_on_host(self, prefill_x, positions, write_slots, context_slots, decode_slots,
+                                  decode_positions, action_bin_lo, n_tokens, n_bins)
+        self._host_prefill_logits = cycle.prefill_logits
+        self.last_cycle_ms = (cycle.prefill_ms, cycle.decode_ms)
+        return cycle.tokens
+
+    def prefill_logits(self) -> np.ndarray:
+        """[vocab] logits of the last prefill row of the latest cycle."""
+        if self._host_prefill_logits is None:
+            raise RuntimeError("prefill_logits: no cycle has completed yet")
+        return self._host_prefill_logits

@@ -22,7 +22,7 @@ import numpy as np
 
 from .backend import ForwardResult
 from .forward_inputs import check_forward_inputs, slot_array, token_id_array
-from .host_cycle import run_cycle_on_host
+from .host_cycle import HostLoopCycles
 from .spec import ModelSpec
 from .weights import ModelWeights, canonical_dtype
 
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 ATTENTION_SCORE_ELEMENTS = 1 << 24
 
 
-class NumpyBackend:
+class NumpyBackend(HostLoopCycles):
     """Vectorized numpy transformer with a slot-addressed KV arena."""
 
     device = None                   # no GPU: threads need no context (cuda_device.bound(None) is a no-op)
@@ -61,8 +61,6 @@ class NumpyBackend:
         self._inv_freq = (1.0 / (np.float32(spec.rope_theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)))
                           ).astype(np.float32)                   # [head_dim / 2]
         self.max_rows = self.capacity                             # any prefill that fits the arena is one call
-        self.last_cycle_ms: tuple | None = None                   # (prefill, decode) of the latest cycle
-        self._prefill_logits: np.ndarray | None = None
 
     # ------------------------------------------------------------------ Public API
 
@@ -111,22 +109,6 @@ class NumpyBackend:
         else:
             rows_normed = _rms_norm(rows, self._final_norm, spec.rms_norm_eps)
         return ForwardResult(logits=rows_normed @ self._lm_head_t, hidden_states=hidden)  # [1 or N, vocab]
-
-    def run_cycle_tokens(self, prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions,
-                         action_bin_lo: int, n_tokens: int, n_bins: int) -> np.ndarray:
-        """One control cycle as a loop of forward calls (model/host_cycle.py); see backend.py."""
-        self._prefill_logits = None
-        cycle = run_cycle_on_host(self, prefill_x, positions, write_slots, context_slots, decode_slots,
-                                  decode_positions, action_bin_lo, n_tokens, n_bins)
-        self._prefill_logits = cycle.prefill_logits
-        self.last_cycle_ms = (cycle.prefill_ms, cycle.decode_ms)
-        return cycle.tokens
-
-    def prefill_logits(self) -> np.ndarray:
-        """[vocab] logits of the last prefill row of the latest cycle."""
-        if self._prefill_logits is None:
-            raise RuntimeError("prefill_logits: no cycle has completed yet")
-        return self._prefill_logits
 
     def prepare_cycle(self, prefill_rows: int, action_bin_lo: int, n_bins: int) -> None:
         """Nothing to prepare on the CPU (the CUDA backend captures its graphs here)."""
