@@ -8,6 +8,7 @@
 // Layouts:   logits [n_bins] float32 (the head was evaluated on the bin rows only);
 //            tokens_out [max tokens] int32; ctl: control block (common.cuh).
 // Launch:    grid (1), block 256; 256 floats + 256 ints of shared memory.
+//            May be launched programmatically (griddep_wait before the first dependent read).
 #include "common.cuh"
 
 #define ARGMAX_THREADS 256
@@ -17,6 +18,8 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_bins(
     __shared__ float best_v[ARGMAX_THREADS];
     __shared__ int best_i[ARGMAX_THREADS];
     __shared__ int bad;
+    griddep_wait();                                   // the logits come from the head projection
+    griddep_launch_dependents();
     if (threadIdx.x == 0) bad = 0;
     __syncthreads();
     float v = -INFINITY;

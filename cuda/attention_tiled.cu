@@ -19,7 +19,7 @@
 //            out [n_rows, out_stride] float32, head h at columns h*hd ..
 // Launch:    partial: grid (n_splits, KVH, ceil_div(n_rows, R)), block 256 (8 warps), dynamic shared
 //            memory 4 * (CHUNK*(2hd+4) + R*group*(hd+CHUNK)) bytes, R = rows_per_block <= 8.
-//            merge: grid (Hq, n_rows), block 128.
+//            merge: attention.cu's attention_merge, grid (Hq, n_rows), block 256.
 // Preconditions: group <= ATTN_MAX_GROUP, hd <= ATTN_MAX_HEAD_DIM, hd % 4 == 0, ATTN_CHUNK == 64,
 //            n_splits * ATTN_CHUNK >= the longest len_i (checked on the host).
 #include "common.cuh"

@@ -53,3 +53,20 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t bits) {
     return __uint_as_float(((uint32_t)bits) << 16);
 }
+
+// Programmatic dependent launch (sm_90+). A kernel launched with the programmatic-serialization
+// attribute may start while the kernel before it on the stream is still running; it must call
+// griddep_wait() before touching anything that kernel (or any earlier one) writes or reads, and
+// may call griddep_launch_dependents() to let the next kernel start early in turn. Both are
+// no-ops for an ordinary launch and compile to nothing before sm_90.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}

@@ -7,6 +7,7 @@
 //                  the control block's CTL_TOKEN, written by argmax on the device)
 //            out   [n_rows, hidden] float32 row-major
 // Launch:    grid (n_rows), block 256; no shared memory.
+//            May be launched programmatically (griddep_wait before the first dependent read).
 // Preconditions: none on sizes. An id outside [0, vocab) writes a NaN row, so a
 //            bad token is loud downstream instead of silently reading another row.
 #include "common.cuh"
@@ -17,6 +18,8 @@ template <> __device__ __forceinline__ float load_elem<float>(const float* p, si
 
 template <typename T>
 __device__ void gather_rows(const T* table, const int* ids, float* out, int hidden, int vocab) {
+    griddep_wait();                                   // a decode step's id is the previous step's argmax
+    griddep_launch_dependents();
     const int row = blockIdx.x;                       // range [0, n_rows)
     const int id = ids[row];
     float* dst = out + (size_t)row * hidden;

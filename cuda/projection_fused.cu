@@ -32,10 +32,13 @@
 //            split that range again and add their partial tiles in shared memory, so only
 //            MODE_ADD with kb > 1 needs atomics. NT (1, 2, 4) token tiles of 8 share every weight
 //            fragment: a 32-token prefill streams W once.
-// Loads:     lane (g, t) loads 16 bytes (8 bf16) of rows g and g+8 per 32-wide K step, 4 steps
-//            unrolled (8 x 16 B in flight). The K order inside a step is permuted identically for
-//            weights and activations (a dot product allows it): lane (g, t) holds physical
+// Loads:     lane (g, t) loads 16 bytes (8 bf16) of rows g and g+8 per 32-wide K step, in batches
+//            of 4 steps, software-pipelined (the next batch's 8 x 16 B are in flight during this
+//            batch's mma). The K order inside a step is permuted identically for weights and
+//            activations (a dot product allows it): lane (g, t) holds physical
 //            k = k0 + 8t .. k0 + 8t + 7, feeding logical k {2t, 2t+1, 2t+8, 2t+9} of two mma.
+// PDL:       the first batch of weight loads is issued before griddep_wait (common.cuh), so a
+//            programmatic launch streams weights while the kernel before it finishes.
 // Preconditions: K % 32 == 0; x_stride % 8 == 0; WK <= 16; head_dim even (QKV_ROPE); norm_w
 //            only with n_tokens <= 8 * NT per block (the prologue reads each token's whole row).
 #include "common.cuh"
@@ -174,7 +177,7 @@ __device__ void fused_body(const uint16_t* __restrict__ W, const float* __restri
                            const float* __restrict__ norm_w, float eps, const float* __restrict__ bias, float* out,
                            int out_stride, int out_cols, int rows, int K, int n_tokens, int mode, const RopeTarget& rt) {
     __shared__ float red[FUSED_MAX_WARPS - 1][NT * 4][32];     // partial tiles of warps 1 .. WK-1
-    __shared__ float inv_rms[8 * NT];                           // RMSNorm scale of this block's tokens
+    __shared__ float sumsq[FUSED_MAX_WARPS][8 * NT];            // RMSNorm: each warp's share of sum x^2 per token
     const int lane = threadIdx.x & 31;                          // range [0, 32)
     const int warp = threadIdx.x >> 5;                          // range [0, WK)
     const int n_warps = blockDim.x >> 5;
@@ -184,20 +187,6 @@ __device__ void fused_body(const uint16_t* __restrict__ W, const float* __restri
     const int tok_base = blockIdx.z * 8 * NT;                   // first token of this block
     const int g = lane >> 2;                                    // range [0, 8): row in tile / token in tile
     const int t = lane & 3;                                     // range [0, 4): k group / token pair
-
-    if (norm_w != nullptr) {
-        const int n_here = min(8 * NT, n_tokens - tok_base);
-        for (int tk = warp; tk < n_here; tk += n_warps) {       // one warp per token row
-            const float4* xr = reinterpret_cast<const float4*>(x + (size_t)(tok_base + tk) * x_stride);
-            float ss = 0.f;
-            for (int c = lane; c < (K >> 2); c += 32) {         // c range [0, K/4)
-                const float4 v = xr[c];
-                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            }
-            ss = warp_sum(ss);
-            if (lane == 0) inv_rms[tk] = rsqrtf(ss / (float)K + eps);
-        }
-    }
 
     const int row_a = tile * 16 + g, row_b = row_a + 8;
     const bool ok_a = row_a < rows, ok_b = row_b < rows;
@@ -210,28 +199,68 @@ __device__ void fused_body(const uint16_t* __restrict__ W, const float* __restri
     const int s_end = blk_begin + ((warp + 1) * blk_len) / n_warps;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 
+    // Weights never depend on an earlier kernel: load this warp's first batch before waiting for
+    // the kernel that writes x (programmatic dependent launch), so the weight stream of this launch
+    // overlaps the tail of the previous one. An ordinary launch waits for nothing here.
+    const int n_first = min(FUSED_UNROLL, s_end - s_begin);
+    uint4 wa0[FUSED_UNROLL], wb0[FUSED_UNROLL];
+#pragma unroll
+    for (int u = 0; u < FUSED_UNROLL; ++u) {
+        const int k = (s_begin + u) * 32 + t * 8;
+        wa0[u] = (u < n_first && ok_a) ? load_weights16(wa_row + k) : zero;
+        wb0[u] = (u < n_first && ok_b) ? load_weights16(wb_row + k) : zero;
+    }
+    griddep_wait();
+    griddep_launch_dependents();
+
+    // Every warp sums x^2 over its own slice of K for each token (a 1-row decode call would otherwise
+    // leave one warp walking the whole row while the rest wait at the barrier below).
+    const int n_here = min(8 * NT, n_tokens - tok_base);
+    if (norm_w != nullptr) {
+        const int k4 = K >> 2;
+        const int per_warp = (k4 + n_warps - 1) / n_warps;
+        const int c_end = min(k4, (warp + 1) * per_warp);
+        for (int tk = 0; tk < n_here; ++tk) {
+            const float4* xr = reinterpret_cast<const float4*>(x + (size_t)(tok_base + tk) * x_stride);
+            float ss = 0.f;
+            for (int c = warp * per_warp + lane; c < c_end; c += 32) {   // c range [0, K/4)
+                const float4 v = xr[c];
+                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+            ss = warp_sum(ss);
+            if (lane == 0) sumsq[warp][tk] = ss;
+        }
+    }
+
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 
-    int s = s_begin;
-    for (; s + FUSED_UNROLL <= s_end; s += FUSED_UNROLL) {
-        uint4 wa[FUSED_UNROLL], wb[FUSED_UNROLL];
+    // Software pipeline: the loads of the next FUSED_UNROLL steps are issued before the tensor-core
+    // work on the current ones, so each warp has a batch in flight while it computes and pays the
+    // DRAM latency once instead of once per batch. The first batch was loaded before griddep_wait.
+    int s = s_begin, n_cur = n_first;
+    while (n_cur > 0) {                                         // warp-uniform
+        const int s_next = s + n_cur;
+        const int n_next = min(FUSED_UNROLL, s_end - s_next);
+        uint4 wa1[FUSED_UNROLL], wb1[FUSED_UNROLL];
 #pragma unroll
         for (int u = 0; u < FUSED_UNROLL; ++u) {
-            const int k = (s + u) * 32 + t * 8;
-            wa[u] = ok_a ? load_weights16(wa_row + k) : zero;
-            wb[u] = ok_b ? load_weights16(wb_row + k) : zero;
+            const int k = (s_next + u) * 32 + t * 8;
+            wa1[u] = (u < n_next && ok_a) ? load_weights16(wa_row + k) : zero;
+            wb1[u] = (u < n_next && ok_b) ? load_weights16(wb_row + k) : zero;
         }
 #pragma unroll
         for (int u = 0; u < FUSED_UNROLL; ++u)
-            k_step<NT>(acc, wa[u], wb[u], x, norm_w, x_stride, tok_base, g, n_tokens, (s + u) * 32 + t * 8);
-    }
-    for (; s < s_end; ++s) {
-        const int k = s * 32 + t * 8;
-        const uint4 wa = ok_a ? load_weights16(wa_row + k) : zero;
-        const uint4 wb = ok_b ? load_weights16(wb_row + k) : zero;
-        k_step<NT>(acc, wa, wb, x, norm_w, x_stride, tok_base, g, n_tokens, k);
+            if (u < n_cur)
+                k_step<NT>(acc, wa0[u], wb0[u], x, norm_w, x_stride, tok_base, g, n_tokens, (s + u) * 32 + t * 8);
+#pragma unroll
+        for (int u = 0; u < FUSED_UNROLL; ++u) {
+            wa0[u] = wa1[u];
+            wb0[u] = wb1[u];
+        }
+        s = s_next;
+        n_cur = n_next;
     }
 
     // Add the warps' partial tiles: warps 1.. park theirs in shared memory, warp 0 sums and stores.
@@ -241,7 +270,7 @@ __device__ void fused_body(const uint16_t* __restrict__ W, const float* __restri
 #pragma unroll
             for (int e = 0; e < 4; ++e) red[warp - 1][nt * 4 + e][lane] = acc[nt][e];
     }
-    __syncthreads();                                            // also publishes inv_rms
+    __syncthreads();                                            // also publishes sumsq
     if (warp != 0) return;
     for (int w = 1; w < n_warps; ++w) {
 #pragma unroll
@@ -258,7 +287,12 @@ __device__ void fused_body(const uint16_t* __restrict__ W, const float* __restri
         for (int j = 0; j < 2; ++j) {
             const int n = n0 + j;
             if (n >= n_tokens) continue;
-            const float scale = norm_w != nullptr ? inv_rms[n - tok_base] : 1.f;
+            float scale = 1.f;                                  // RMSNorm scale of token n
+            if (norm_w != nullptr) {
+                float ss = 0.f;
+                for (int w = 0; w < n_warps; ++w) ss += sumsq[w][n - tok_base];
+                scale = rsqrtf(ss / (float)K + eps);
+            }
             const float va = acc[nt][j] * scale, vb = acc[nt][2 + j] * scale;
             float* orow = out + (size_t)n * out_stride;
             if (mode == PMODE_QKV_ROPE) {

@@ -3,7 +3,7 @@
 # `vla-edge verify` against HuggingFace on tiny / llama-tiny / the Qwen2.5-1.5B-shaped random model
 # (bf16 and fp32), kernel probes, the cycle benchmark, then the CSR and ASR benchmarks. Logs go to $OUT.
 #   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (the default, in that order); more
-#   stages: probes, csr, asr, asr-shared, asr-32k, suite (the whole test suite, needs prepare.sh --ros) and demo
+#   stages: profile (decode variants + ncu per kernel), probes, csr, asr, asr-shared, asr-32k, suite (the whole test suite, needs prepare.sh --ros) and demo
 #   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each), pack (all but the tables, the suite
 #   log and one timeline into results.tgz: the device tool returns 8 files). Run from the repo root after
 #   `source .whl/on-device.sh`. The device tool returns at most 8 files: choose stages accordingly.
@@ -97,6 +97,21 @@ for stage in $STAGES; do
             --exclude demo_active.png * && find . -maxdepth 1 -type f ! -name results.tgz ! -name '*.txt' \
             ! -name suite.log ! -name demo_active.png -delete && find . -mindepth 1 -type d -exec rm -rf {} +)
         ls "$OUT" ;;
+    profile)
+        # Decode variants side by side as graph replays, then ncu per kernel (one decode step, one prefill) for
+        # the first variant. PROFILE_VARIANTS: model.cuda_backend.DecodeKernels strings.
+        make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
+        variants=${PROFILE_VARIANTS:-"mma:chunk:plain mma:split:plain mma:chunk:pdl mma:split:pdl"}
+        echo "== decode profile: $variants"
+        $PY -m vla_edge_ros.bench.decode_profile --model "$MODELS/qwen15" --variants $variants 2>&1 \
+            | tee "$OUT/profile.log" || status=1
+        for phase in ${NCU_PHASES:-decode prefill}; do
+            echo "== ncu $phase (${variants%% *})"
+            ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \
+                --log-file "$OUT/ncu_$phase.csv" $PY -m vla_edge_ros.bench.decode_profile --model "$MODELS/qwen15" \
+                --variants "${variants%% *}" --replays 3 --ncu-window "$phase" > /dev/null 2>&1 || status=1
+            $PY scripts/ncu_summary.py "$OUT/ncu_$phase.csv" | tee "$OUT/ncu_$phase.txt" || status=1
+        done ;;
     bench)
         echo "== bench"
         $PY -m vla_edge_ros.bench.pycuda_cycle --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | grep -v " INFO " \

@@ -99,6 +99,9 @@ class Engine:
             self.backend.prepare_cycle(rows, self.codec.first_bin_id, self.codec.num_bins)
         self.instruction = text
         self.suffix = ids                                       # [S] int64
+        # Embedded once per instruction, not per cycle: on the GPU an embed is a device -> host round
+        # trip, and the cycle should have exactly one host sync (the tokens at its end).
+        self.suffix_rows = np.ascontiguousarray(self.backend.embed(ids), dtype=np.float32)   # [S, hidden]
 
     def warm_up(self, cycles: int, frame_pixels: np.ndarray) -> dict:
         """Run `cycles` cycles on a synthetic frame before serving, then forget them.
@@ -215,7 +218,7 @@ class Engine:
         context = st.context_excluding(write_slots)
         suffix_slots = st.kv.alloc_transient(int(self.suffix.size) + decode_steps)
         s = int(self.suffix.size)
-        rows.append(self.backend.embed(self.suffix))                            # [S, hidden]
+        rows.append(self.suffix_rows)                                           # [S, hidden]
         positions.append(np.arange(st.next_position, st.next_position + s))
         write_slots.append(suffix_slots[:s])
         prefill = (np.concatenate(rows).astype(np.float32, copy=False), np.concatenate(positions).astype(np.int64),

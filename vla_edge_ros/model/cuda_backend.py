@@ -69,28 +69,32 @@ class DecodeKernels:
     """Kernels of the decode pipeline (bf16 calls of <= DECODE_MAX_ROWS rows). Alternatives stay
     selectable so `vla-edge bench --backend pycuda --decode-variants` can time them side by side."""
     projection: str = "mma"      # "mma": projection_fused.cu (tensor cores, tiles of 16 rows)
-    attention: str = "chunk"     # "chunk": attention.cu (K/V chunk in shared memory + merge)
+    attention: str = "chunk"     # "chunk": attention.cu (K/V chunk in shared memory); "split": attention_decode.cu
+    launch: str = "plain"        # "pdl": programmatic dependent launch of the decode kernels (cuda_pdl.py)
 
     def __post_init__(self):
         if self.projection not in DECODE_PROJECTIONS:
             raise ValueError(f"DecodeKernels.projection must be one of {DECODE_PROJECTIONS}, got {self.projection!r}")
         if self.attention not in DECODE_ATTENTIONS:
             raise ValueError(f"DecodeKernels.attention must be one of {DECODE_ATTENTIONS}, got {self.attention!r}")
+        if self.launch not in DECODE_LAUNCHES:
+            raise ValueError(f"DecodeKernels.launch must be one of {DECODE_LAUNCHES}, got {self.launch!r}")
 
     @classmethod
     def parse(cls, text: str) -> "DecodeKernels":
-        """'projection:attention', e.g. 'mma:chunk'."""
+        """'projection:attention[:launch]', e.g. 'mma:chunk' or 'mma:split:pdl'."""
         parts = text.split(":")
-        if len(parts) != 2:
-            raise ValueError(f"decode variant {text!r}: expected 'projection:attention', e.g. 'mma:chunk'")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"decode variant {text!r}: expected 'projection:attention[:launch]', e.g. 'mma:split:pdl'")
         return cls(*parts)
 
     def __str__(self) -> str:
-        return f"{self.projection}:{self.attention}"
+        return f"{self.projection}:{self.attention}:{self.launch}"
 
 
 DECODE_PROJECTIONS = ("mma",)
-DECODE_ATTENTIONS = ("chunk",)
+DECODE_ATTENTIONS = ("chunk", "split", "splitall")
+DECODE_LAUNCHES = ("plain", "pdl")
 
 
 class DeviceMemoryError(MemoryError):
@@ -178,6 +182,7 @@ class CudaBackend:
         self.kernels = ck.CudaKernels(self.device)
         if self.kernels.sync_each_launch:
             self.use_graphs = False           # a synchronize inside a stream capture would invalidate it
+        self._apply_launch_mode()
         self.stream = self._drv.Stream()
         self._bytes = 0
         self._upload_weights(source, wdt)
@@ -433,6 +438,15 @@ class CudaBackend:
             graph.close()
         self._graphs.clear()
         self.decode_kernels = choice
+        self._apply_launch_mode()
+
+    def _apply_launch_mode(self) -> None:
+        """Programmatic dependent launch as decode_kernels.launch asks, where the device supports it."""
+        if self.decode_kernels.launch == "pdl":
+            if not self.kernels.enable_programmatic_launch():
+                self.decode_kernels = DecodeKernels(self.decode_kernels.projection, self.decode_kernels.attention, "plain")
+        else:
+            self.kernels.disable_programmatic_launch()
 
     def layer_groups(self, n: int) -> tuple:
         """Kernel groups (LAYER_GROUPS) that a pass over n rows launches."""
@@ -677,9 +691,16 @@ class CudaBackend:
         self.kernels.projection_fused(W, x, out, n, mode, stream, **kw)
 
     def _enqueue_attention(self, li: int, n: int) -> None:
-        """attention.cu for decode rows, attention_tiled.cu (K/V chunk shared by up to 8 rows) for longer calls."""
+        """attention_decode.cu (or attention.cu) for decode rows, attention_tiled.cu (K/V chunk shared by up to 8
+        rows) for longer calls."""
         sp = self.spec
         k_ptr, v_ptr = self._kv_ptrs(li)
+        att = self.decode_kernels.attention
+        if (n <= DECODE_MAX_ROWS and att == "split") or att == "splitall":
+            self.kernels.attention_decode(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o,
+                                          self.part_ml, self.attn, n, sp.num_heads, sp.num_kv_heads, sp.head_dim,
+                                          self.capacity, self.n_splits, self._scale, self.stream)
+            return
         self.kernels.attention(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o, self.part_ml, self.attn,
                                n, sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, self.n_splits,
                                self._scale, self.stream, tiled=n > DECODE_MAX_ROWS)
@@ -702,11 +723,12 @@ class CudaBackend:
 
     def _enqueue_prefill(self, n_rows: int, bin_lo: int, n_bins: int) -> None:
         self._enqueue_layers(n_rows)
-        # Keep the last row's final hidden state: decode reuses resid, prefill_logits() reads this.
+        self._enqueue_head_argmax(n_rows - 1, bin_lo, n_bins, n_rows)
+        # Keep the last row's final hidden state: decode reuses resid, prefill_logits() reads this. The copy
+        # comes last so that no programmatically launched kernel follows a copy node in the graph.
         row_bytes = self.spec.hidden_size * 4
         self._drv.memcpy_dtod_async(int(self.prefill_last.gpudata), int(self.resid.gpudata) + (n_rows - 1) * row_bytes,
                                     row_bytes, self.stream)
-        self._enqueue_head_argmax(n_rows - 1, bin_lo, n_bins, n_rows)
 
     def _enqueue_decode(self, bin_lo: int, n_bins: int) -> None:
         self.kernels.embed_gather(self.embed_table, self._token_ids, self.resid, 1, self.stream)

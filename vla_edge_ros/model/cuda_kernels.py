@@ -49,6 +49,9 @@ PROJ_MIN_STEPS_PER_SPLIT = 4   # = the unrolled steps of projection_bf16.cu
 # Query rows one attention block serves (its K/V chunk is loaded once for all of them).
 ATTN_MAX_ROWS_PER_BLOCK = 8
 ATTN_TILED_THREADS = 256
+# attention.cu's merge keeps one weight per split in shared memory.
+ATTN_MERGE_MAX_SPLITS = 4096
+ATTN_DECODE_THREADS = 256       # attention_decode.cu: 8 warps x 8 list entries = one ATTN_CHUNK
 
 # family -> kernel name -> PyCUDA prepare() argument types
 FAMILIES = {
@@ -60,6 +63,8 @@ FAMILIES = {
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_partial": "PiPPPPPPiiiiifii", "attention_merge": "PPPPiiii"},
     "attention_tiled": {"attention_partial_tiled": "PiPPPPPPiiiiifii"},   # merged by attention.cu's kernel
+    "attention_decode": {"attention_decode_partial_v1": "PiPPPPPPiiiiif",     # merged by attention.cu's kernel
+                         "attention_decode_partial_v2": "PiPPPPPPiiiiif"},
     "argmax": {"argmax_bins": "PiiPPi"},
     "kv_slots": {"kv_gather": "PPPPiiiii", "kv_scatter": "PPPPiiiii"},
     "vision": {"patch_embed": "PiiiPPPi", "pool_rows": "PiiP", "adjacent_cosine": "PiP"},
@@ -76,6 +81,11 @@ class KernelLaunchError(RuntimeError):
 
 def ceil_div(a: int, b: int) -> int:
     return -(-int(a) // int(b))
+
+
+# Kernels whose dynamic shared memory may exceed the default 48 KB (opted in at load).
+DYNAMIC_SHARED_KERNELS = ("attention_partial", "attention_partial_tiled", "attention_decode_partial_v1",
+                          "attention_decode_partial_v2")
 
 
 # ----------------------------------------------------------------------------
@@ -101,6 +111,9 @@ def family_source(family: str) -> str:
     return path.read_text().replace('#include "common.cuh"', common)
 
 
+COMPILE_OPTIONS = ["-O3", "-lineinfo"]
+
+
 def compile_family(device, family: str, arch: str | None = None):
     """SourceModule of one family in `device`'s context, compiled once per (context, family, arch) in this
     process (PyCUDA also keeps its on-disk cubin cache, so a second process loads instead of compiling)."""
@@ -114,9 +127,17 @@ def compile_family(device, family: str, arch: str | None = None):
         if mod is None:
             log.debug("compiling cuda/%s.cu for %s", family, arch)
             with device.bound():
-                mod = SourceModule(family_source(family), arch=arch, no_extern_c=True, options=["-O3", "-lineinfo"])
+                mod = SourceModule(family_source(family), arch=arch, no_extern_c=True, options=COMPILE_OPTIONS)
             _modules[key] = mod
     return mod
+
+
+def family_cubin(family: str, arch: str) -> bytes:
+    """The cubin of one family, compiled exactly as compile_family does (PyCUDA's disk cache answers the
+    second request): cuda_pdl.py loads it a second time through cuda.bindings."""
+    from pycuda.compiler import compile as compile_source
+
+    return compile_source(family_source(family), no_extern_c=True, arch=arch, options=COMPILE_OPTIONS)
 
 
 # ----------------------------------------------------------------------------
@@ -140,6 +161,19 @@ def ptr(a, elem_offset: int = 0) -> int:
     if a is None:
         return 0
     return int(a.gpudata) + int(elem_offset) * a.dtype.itemsize
+
+
+def fused_config(n_tiles: int, n_steps: int, mode: int, num_sms: int, warps: int | None = None) -> tuple[int, int]:
+    """(warps per block, K parts) of a projection_fused launch over n_tiles 16-row tiles and n_steps
+    32-wide K steps: about PROJ_TARGET_WARPS warps in all, each streaming at least
+    PROJ_MIN_STEPS_PER_SPLIT steps; K parts (atomic adds) only for MODE_ADD. `warps` fixes the first."""
+    if warps is None:
+        most = max(1, min(FUSED_MAX_WARPS, n_steps // PROJ_MIN_STEPS_PER_SPLIT))
+        warps = min(most, max(1, ceil_div(PROJ_TARGET_WARPS, n_tiles)))
+    kb = 1
+    if mode == MODE_ADD:
+        kb = max(1, min(ceil_div(PROJ_TARGET_WARPS, n_tiles * warps), n_steps // (warps * PROJ_MIN_STEPS_PER_SPLIT)))
+    return warps, kb
 
 
 # ----------------------------------------------------------------------------
@@ -202,18 +236,49 @@ class CudaKernels:
         log.info("%d kernel families ready for %s in %.1f s (%d loaded into this context: compiled, or from "
                  "PyCUDA's disk cache)", len(FAMILIES), self.arch, time.perf_counter() - t0, fresh)
         # The attention chunk lives in dynamic shared memory beyond the default 48 KB.
-        for name in ("attention_partial", "attention_partial_tiled"):
+        for name in DYNAMIC_SHARED_KERNELS:
             self._fns[name].set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.max_shared)
+        self.programmatic = None          # a cuda_pdl.ProgrammaticLauncher once enabled
+
+    def enable_programmatic_launch(self) -> bool:
+        """Launch the kernels of cuda_pdl.PDL_KERNELS with programmatic dependent launch from now on.
+        False (and ordinary launches) where the device or cuda.bindings cannot do it, with the reason logged."""
+        from . import cuda_pdl
+
+        if self.programmatic is not None:
+            return True
+        if not cuda_pdl.supported(self.device):
+            log.warning("programmatic dependent launch needs sm_90 or newer; %s launches ordinarily", self.arch)
+            return False
+        try:
+            self.programmatic = cuda_pdl.ProgrammaticLauncher(self.device, self.arch, FAMILIES,
+                                                              lambda family: family_cubin(family, self.arch))
+            for name in DYNAMIC_SHARED_KERNELS:
+                if self.programmatic.handles(name):
+                    self.programmatic.set_max_dynamic_shared(name, self.max_shared)
+        except (ImportError, AttributeError, cuda_pdl.ProgrammaticLaunchError) as exc:
+            log.warning("programmatic dependent launch unavailable (%s: %s); launching ordinarily",
+                        type(exc).__name__, exc)
+            return False
+        return True
+
+    def disable_programmatic_launch(self) -> None:
+        self.programmatic = None
 
     def _launch(self, name: str, grid, block, stream, *args, shared: int = 0):
         grid = tuple(int(g) for g in grid)
         if any(g <= 0 for g in grid):
             raise KernelError(f"{name}: empty grid {grid}")
         try:
-            self._fns[name].prepared_async_call(grid, (int(block), 1, 1), stream, *args, shared_size=shared)
+            if self.programmatic is not None and self.programmatic.handles(name):
+                self.programmatic.launch(name, grid, block, stream, args, shared=shared)
+            else:
+                self._fns[name].prepared_async_call(grid, (int(block), 1, 1), stream, *args, shared_size=shared)
             if self.sync_each_launch:
                 stream.synchronize()
         except self.drv.Error as exc:
+            raise KernelLaunchError(f"kernel {name} grid={grid} block={block}: {exc}") from exc
+        except RuntimeError as exc:          # cuda_pdl.ProgrammaticLaunchError
             raise KernelLaunchError(f"kernel {name} grid={grid} block={block}: {exc}") from exc
 
     # -- embedding ---------------------------------------------------------
@@ -340,13 +405,9 @@ class CudaKernels:
         _check(bias is None or mode in (MODE_STORE, MODE_QKV_ROPE), "projection bias: only STORE and QKV_ROPE add one")
         _check(bias is None or mode == MODE_QKV_ROPE or bias.shape[0] >= out_cols, "projection bias: shorter than out_cols")
         n_tiles, n_steps = ceil_div(rows, 16), K // 32
-        if warps is None:
-            most = max(1, min(FUSED_MAX_WARPS, n_steps // PROJ_MIN_STEPS_PER_SPLIT))
-            warps = min(most, max(1, ceil_div(PROJ_TARGET_WARPS, n_tiles)))
-        if kb is None:
-            kb = 1
-            if mode == MODE_ADD:
-                kb = max(1, min(ceil_div(PROJ_TARGET_WARPS, n_tiles * warps), n_steps // (warps * PROJ_MIN_STEPS_PER_SPLIT)))
+        default_warps, default_kb = fused_config(n_tiles, n_steps, mode, self.num_sms, warps)
+        warps = default_warps if warps is None else warps
+        kb = default_kb if kb is None else kb
         _check(1 <= warps <= FUSED_MAX_WARPS, f"projection: {warps} warps per block outside [1, {FUSED_MAX_WARPS}]")
         _check(kb == 1 or mode == MODE_ADD, f"projection: kb {kb} > 1 needs MODE_ADD (atomic accumulation)")
         _check(kb * warps <= n_steps, f"projection: {kb} x {warps} K parts > {n_steps} K steps")
@@ -409,8 +470,41 @@ class CudaKernels:
                      ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim),
                      np.int32(capacity), np.int32(n_splits), np.float32(scale), np.int32(n_rows), np.int32(rows),
                      shared=smem(rows))
-        self._launch("attention_merge", (n_q_heads, n_rows), 128, stream, ptr(part_o), ptr(part_ml), ptr(ctl), ptr(out),
+        self._merge(part_o, part_ml, ctl, out, n_rows, n_q_heads, head_dim, n_splits, stream)
+
+    def _merge(self, part_o, part_ml, ctl, out, n_rows, n_q_heads, head_dim, n_splits, stream):
+        _check(n_splits <= ATTN_MERGE_MAX_SPLITS, f"attention: {n_splits} splits > {ATTN_MERGE_MAX_SPLITS} (merge)")
+        _check(out.shape[1] % 4 == 0, f"attention out: row stride {out.shape[1]} not a multiple of 4 (float4 stores)")
+        self._launch("attention_merge", (n_q_heads, n_rows), 256, stream, ptr(part_o), ptr(part_ml), ptr(ctl), ptr(out),
                      np.int32(out.shape[1]), np.int32(n_q_heads), np.int32(head_dim), np.int32(n_splits))
+
+    def attention_decode(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
+                         n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float,
+                         stream):
+        """attention_decode.cu: the same function as attention() for a few query rows (decode), partial sums
+        from registers, same split layout (ATTN_CHUNK entries per split) and merge."""
+        _check_array("attention qkv", qkv, np.float32, 2)
+        _check_array("attention list", attend_list, np.int32)
+        _check_array("attention out", out, np.float32, 2)
+        _check_array("attention part_o", part_o, np.float32)
+        _check_array("attention part_ml", part_ml, np.float32)
+        _check(n_q_heads % n_kv_heads == 0, f"attention: {n_q_heads} heads not a multiple of {n_kv_heads} KV heads")
+        _check(n_q_heads // n_kv_heads <= ATTN_MAX_GROUP, f"attention: group {n_q_heads // n_kv_heads} > {ATTN_MAX_GROUP}")
+        _check(head_dim % 4 == 0 and head_dim <= 256, f"attention decode: head_dim {head_dim} must be a multiple of 4, <= 256")
+        _check(qkv.shape[1] % 4 == 0, f"attention qkv: row stride {qkv.shape[1]} not a multiple of 4 (float4 loads)")
+        _check(n_splits * ATTN_CHUNK >= capacity, f"attention decode: {n_splits} splits do not cover {capacity} slots")
+        _check(part_o.size >= n_rows * n_q_heads * n_splits * head_dim, "attention part_o: too small for the split count")
+        _check(part_ml.size >= n_rows * n_q_heads * n_splits * 2, "attention part_ml: too small for the split count")
+        _check(out.shape[1] >= n_q_heads * head_dim and out.shape[0] >= n_rows, f"attention out: shape {out.shape} too small")
+        group = n_q_heads // n_kv_heads
+        shared = (ATTN_DECODE_THREADS // 32) * group * (8 + 4 * head_dim)   # per warp: m, l and o of each head
+        _check(shared <= self.max_shared, f"attention decode: {shared} bytes of shared memory > {self.max_shared}")
+        name = "attention_decode_partial_v1" if head_dim <= 128 else "attention_decode_partial_v2"
+        self._launch(name, (n_splits, n_kv_heads, n_rows), ATTN_DECODE_THREADS, stream, ptr(qkv), np.int32(qkv.shape[1]),
+                     np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl), ptr(part_o), ptr(part_ml),
+                     np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim), np.int32(capacity),
+                     np.int32(n_splits), np.float32(scale), shared=shared)
+        self._merge(part_o, part_ml, ctl, out, n_rows, n_q_heads, head_dim, n_splits, stream)
 
     # -- restricted argmax -------------------------------------------------
 

@@ -1,0 +1,129 @@
+"""attention_decode.cu (the decode rows' attention) against its numpy reference, and a decode step
+launched with programmatic dependent launch against the same step launched ordinarily.
+
+GPU only (marker `gpu`). Fresh random inputs per case, outputs poisoned with NaN, slot lists that are
+permutations of the arena (holes everywhere, order unrelated to slot numbers), lengths on and off the
+64-entry chunk edges.
+"""
+import numpy as np
+import pytest
+
+from vla_edge_ros.model import kernel_reference as ref
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def kn(cuda_device):
+    from vla_edge_ros.model.cuda_kernels import CudaKernels
+    return CudaKernels(cuda_device)
+
+
+@pytest.fixture(scope="module")
+def gpu(cuda_device):
+    from pycuda import gpuarray
+    return gpuarray, cuda_device.drv.Stream()
+
+
+def assert_close(got, expected, rtol, atol, what):
+    """|got - expected| <= atol + rtol |expected| element by element; names the worst element."""
+    assert np.all(np.isfinite(got)), f"{what}: unwritten or non-finite elements at {np.argwhere(~np.isfinite(got))[:3]}"
+    err = np.abs(got.astype(np.float64) - expected)
+    excess = err - (atol + rtol * np.abs(expected))
+    worst = np.unravel_index(np.argmax(excess), excess.shape)
+    assert excess[worst] <= 0, (f"{what}: element {worst} = {got[worst]!r}, reference {expected[worst]!r} "
+                                f"(|diff| {err[worst]:.3g} > atol {atol:.3g} + rtol {rtol:.3g} |ref|)")
+
+
+# (q heads, kv heads, head_dim, cached context, rows, arena capacity)
+CASES = [(12, 2, 128, 4064, 1, 4104), (12, 2, 128, 300, 2, 512), (12, 2, 128, 0, 1, 512), (4, 1, 32, 60, 1, 512),
+         (4, 1, 32, 61, 2, 512), (8, 1, 64, 65, 1, 512), (4, 1, 24, 70, 2, 512), (4, 2, 256, 200, 2, 512),
+         (8, 8, 64, 95, 1, 200), (16, 2, 256, 127, 1, 300)]
+
+
+@pytest.mark.parametrize("hq,kvh,hd,ctx,n,cap", CASES)
+def test_attention_decode_over_slot_list_with_holes(kn, gpu, hq, kvh, hd, ctx, n, cap):
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import ATTN_CHUNK
+    rng = np.random.default_rng(ctx * 7 + n + hd)
+    n_splits = -(-cap // ATTN_CHUNK)
+    k = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
+    v = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
+    qkv = (rng.standard_normal((n, (hq + 2 * kvh) * hd)) * 2).astype(np.float32)
+    row_offset = 3
+    attend = rng.permutation(cap)[:ctx + row_offset + n].astype(np.int32)
+    ctl = np.array([row_offset, ctx, 0, -1], np.int32)
+    out = ga.to_gpu(np.full((n, hq * hd), np.nan, np.float32))
+    part_o = ga.to_gpu(np.full((n, hq, n_splits, hd), np.nan, np.float32))
+    part_ml = ga.to_gpu(np.full((n, hq, n_splits, 2), np.nan, np.float32))
+    k_d, v_d = ga.to_gpu(k), ga.to_gpu(v)
+    scale = hd ** -0.5
+    kn.attention_decode(ga.to_gpu(qkv), int(k_d.gpudata), int(v_d.gpudata), ga.to_gpu(attend), ga.to_gpu(ctl), part_o,
+                        part_ml, out, n, hq, kvh, hd, cap, n_splits, scale, stream)
+    stream.synchronize()
+    expected = ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, scale)
+    # fp32 dot products of <= 256 terms and a softmax over <= 4k entries: the outputs are convex
+    # combinations of N(0, 1) values (|out| <= ~4), so a few 1e-6 of that is rounding.
+    assert_close(out.get(), expected, rtol=1e-5, atol=2e-6 * max(1.0, np.abs(expected).max()), what="attention_decode")
+
+
+def test_attention_decode_rejects_what_it_cannot_do(kn, gpu):
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import KernelError
+    qkv, ctl, lst = ga.zeros((1, 1024), np.float32), ga.zeros((4,), np.int32), ga.zeros((64,), np.int32)
+    part_o, part_ml, out = ga.zeros((1, 4, 2, 128), np.float32), ga.zeros((1, 4, 2, 2), np.float32), ga.zeros((1, 512), np.float32)
+    with pytest.raises(KernelError, match="do not cover"):
+        kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 4, 1, 128, 200, 2, 1.0, stream)
+    with pytest.raises(KernelError, match="head_dim 130"):
+        kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 4, 1, 130, 64, 2, 1.0, stream)
+    with pytest.raises(KernelError, match="group 16"):
+        kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 16, 1, 32, 64, 2, 1.0, stream)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from vla_edge_ros.model.make_model import make_model
+    from vla_edge_ros.model.spec import ModelSpec
+    from vla_edge_ros.model.weights import load_weights
+    path = make_model("tiny", tmp_path_factory.mktemp("tiny"), seed=13)
+    spec = ModelSpec.from_dir(path)
+    return spec, load_weights(path, spec)
+
+
+@pytest.mark.parametrize("variant", ["mma:chunk:plain", "mma:split:plain", "mma:split:pdl", "mma:splitall:pdl"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_device_cycles_agree_with_numpy_for_each_decode_variant(tiny_model, variant, dtype):
+    """The captured cycle (graphs) with the decode attention and launch mode of `variant` chooses the same
+    tokens as the numpy backend stepping token by token (every token in fp32), cycle after cycle."""
+    from vla_edge_ros.model.cuda_backend import CudaBackend, DecodeKernels
+    from vla_edge_ros.model.numpy_backend import NumpyBackend
+    spec, weights = tiny_model
+    cap, lo, n_tokens = 300, spec.vocab_size - 256, 9
+    cuda = CudaBackend(spec, weights, cap, dtype, decode_kernels=DecodeKernels.parse(variant))
+    host = NumpyBackend(spec, weights, cap, dtype)
+    if variant.endswith("pdl"):
+        assert cuda.kernels.programmatic is not None, "programmatic launch was asked for but not enabled"
+    rng = np.random.default_rng(8)
+    ctx_ids = rng.integers(0, spec.vocab_size, size=60)
+    ctx_slots = rng.permutation(cap)[:60]
+    for b in (cuda, host):
+        b.forward(b.embed(ctx_ids), np.arange(60), ctx_slots, np.array([], np.int64), logits="none")
+    agree = []
+    for cycle in range(3):
+        p_ids = rng.integers(0, spec.vocab_size, size=12)
+        free = np.setdiff1d(np.arange(cap), ctx_slots)
+        w_slots, d_slots = free[:12], free[12:20]
+        pos = 60 + np.arange(12) + cycle * 40
+        d_pos = pos[-1] + 1 + np.arange(8)
+        got = cuda.run_cycle_tokens(cuda.embed(p_ids), pos, w_slots, ctx_slots, d_slots, d_pos, lo, n_tokens)
+        logits = host.forward(host.embed(p_ids), pos, w_slots, ctx_slots).logits[0]
+        expected = [lo + int(np.argmax(logits[lo:]))]
+        ctx = np.concatenate([ctx_slots, w_slots])
+        for j in range(n_tokens - 1):
+            # teacher forcing with the device's own tokens: one early disagreement must not cascade
+            logits = host.forward(host.embed(got[j:j + 1]), d_pos[j:j + 1], d_slots[j:j + 1], ctx).logits[0]
+            ctx = np.concatenate([ctx, d_slots[j:j + 1]])
+            expected.append(lo + int(np.argmax(logits[lo:])))
+        agree.append(np.mean(got == np.array(expected)))
+    assert min(agree) == 1.0 if dtype == "float32" else np.mean(agree) >= 0.9, agree
+    cuda.close()

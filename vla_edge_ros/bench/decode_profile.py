@@ -1,0 +1,104 @@
+"""Where a cycle's device time goes, per decode variant, on a model snapshot (GPU only).
+
+    python -m vla_edge_ros.bench.decode_profile --model DIR --variants mma:chunk:plain mma:split:pdl
+    ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \\
+        python -m vla_edge_ros.bench.decode_profile --model DIR --variants mma:split:pdl --ncu-window decode
+
+For each variant: the decode step and the 32-row prefill as CUDA-graph replays (median of CUDA
+events over `--replays`), the graphs' node counts, and the per-group breakdown of
+bench/pycuda_cycle.py. `--ncu-window decode|prefill` brackets one replay of that graph with cuProfilerStart/Stop, so
+`ncu --profile-from-start off` times exactly its kernels, one by one
+(scripts/ncu_summary.py sums them per kernel name). This is a diagnosis tool; the benchmark of
+record is `vla-edge bench --backend pycuda` (bench/pycuda_cycle.py).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import numpy as np
+
+from .pycuda_cycle import BINS, DECODE_STEPS, PREFILL_ROWS, _breakdown, _fill_context
+
+log = logging.getLogger(__name__)
+
+
+def profile_variant(backend, spec, variant, n_cached: int, replays: int, ncu_window: str | None) -> dict:
+    import pycuda.driver as drv
+
+    backend.set_decode_kernels(variant)
+    lo = spec.vocab_size - BINS
+    ctx = np.arange(n_cached)
+    w_slots = np.arange(n_cached, n_cached + PREFILL_ROWS)
+    d_slots = np.arange(n_cached + PREFILL_ROWS, n_cached + PREFILL_ROWS + DECODE_STEPS)
+    rng = np.random.default_rng(0)
+    x = backend.embed(rng.integers(0, spec.vocab_size, size=PREFILL_ROWS))
+    for _ in range(3):                                     # capture + warm
+        backend.run_cycle_tokens(x, w_slots, w_slots, ctx, d_slots, d_slots, lo, DECODE_STEPS + 1, BINS)
+    start, end = drv.Event(), drv.Event()
+    out = {"variant": str(backend.decode_kernels)}
+    for phase in ("decode", "prefill"):
+        times = []
+        for _ in range(replays):
+            backend.begin_cycle(x, w_slots, w_slots, ctx, d_slots, d_slots, DECODE_STEPS + 1)
+            if phase == "decode":
+                backend.launch_prefill(PREFILL_ROWS, lo, BINS)
+            start.record(backend.stream)
+            if phase == "decode":
+                backend.launch_decode_step(lo, BINS)
+            else:
+                backend.launch_prefill(PREFILL_ROWS, lo, BINS)
+            end.record(backend.stream)
+            end.synchronize()
+            times.append(end.time_since(start))
+        out[f"{phase}_ms"] = float(np.median(times))
+    out["graph_nodes"] = {"-".join(map(str, k)): g.n_nodes for k, g in backend._graphs.items()}
+    out["breakdown_ms"] = {"decode": _breakdown(backend, 1, n_cached + PREFILL_ROWS, n_cached),
+                           "prefill": _breakdown(backend, PREFILL_ROWS, 0, n_cached)}
+    if ncu_window:
+        from cuda.bindings import driver as cu
+        backend.begin_cycle(x, w_slots, w_slots, ctx, d_slots, d_slots, DECODE_STEPS + 1)
+        backend.synchronize()
+        if ncu_window == "decode":
+            backend.launch_prefill(PREFILL_ROWS, lo, BINS)
+            backend.synchronize()
+        cu.cuProfilerStart()
+        if ncu_window == "decode":
+            backend.launch_decode_step(lo, BINS)
+        else:
+            backend.launch_prefill(PREFILL_ROWS, lo, BINS)
+        backend.synchronize()
+        cu.cuProfilerStop()
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="model snapshot directory (bf16)")
+    p.add_argument("--variants", nargs="+", default=["mma:chunk:plain"])
+    p.add_argument("--cached", type=int, default=4064)
+    p.add_argument("--replays", type=int, default=50)
+    p.add_argument("--ncu-window", choices=("decode", "prefill"), help="bracket one replay of this graph for ncu")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    from ..model.cuda_backend import CudaBackend, DecodeKernels
+    from ..model.cuda_device import primary_device
+    from ..model.spec import ModelSpec
+
+    spec = ModelSpec.from_dir(args.model)
+    with primary_device(0).bound():
+        backend = CudaBackend(spec, args.model, args.cached + PREFILL_ROWS + DECODE_STEPS, "bfloat16")
+        _fill_context(backend, spec, args.cached, np.random.default_rng(1))
+        for text in args.variants:
+            r = profile_variant(backend, spec, DecodeKernels.parse(text), args.cached, args.replays, args.ncu_window)
+            parts = "; ".join(f"{ph}: " + ", ".join(f"{k} {v:.3f}" for k, v in groups.items())
+                              for ph, groups in r["breakdown_ms"].items())
+            print(f"{r['variant']:>16}  decode step {r['decode_ms']:.3f} ms  prefill {r['prefill_ms']:.3f} ms  "
+                  f"nodes {r['graph_nodes']}  [{parts}]", flush=True)
+        backend.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Programmatic dependent launch (PDL) of chosen kernels through `cuLaunchKernelEx` (cuda.bindings).
+
+Why: a decode step is ~170 small kernels in a row. On an ordinary stream each one starts only
+after the one before has drained, so every boundary costs the launch, the ramp-up and the tail of
+the previous grid. With the programmatic-stream-serialization attribute the next kernel may start
+while the previous one is still running; it loads what does not depend on it (weights) and then
+waits in `griddep_wait()` (cuda/common.cuh) for the previous grid's results. Graph capture keeps
+these programmatic edges, so the captured decode step replays with them.
+
+PyCUDA cannot pass launch attributes, so the kernels launched this way are loaded a second time,
+through cuda.bindings, from the same cubin PyCUDA compiled (its disk cache makes that a load, not a
+compile). Only kernels that call `griddep_wait()` before their first dependent access may be in
+PDL_KERNELS: a kernel without it would race the one before it.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+
+log = logging.getLogger(__name__)
+
+# Kernels whose code waits (griddep_wait) before reading or writing anything an earlier kernel touches.
+PDL_KERNELS = frozenset({
+    "projection_fused_nt1", "projection_fused_nt2", "projection_fused_nt4",
+    "attention_decode_partial_v1", "attention_decode_partial_v2", "attention_merge",
+    "embed_gather_bf16", "embed_gather_f32", "argmax_bins",
+})
+_CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
+
+_lock = threading.Lock()
+_modules: dict = {}          # (context handle, family, arch) -> cuda.bindings CUmodule
+
+
+class ProgrammaticLaunchError(RuntimeError):
+    """cuLaunchKernelEx or loading a kernel for it failed (names the kernel and the driver error)."""
+
+
+def _driver():
+    from cuda.bindings import driver
+    return driver
+
+
+def _check(result, what: str):
+    drv = _driver()
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        name = drv.cuGetErrorName(err)[1]
+        raise ProgrammaticLaunchError(f"{what}: {name.decode() if isinstance(name, bytes) else name} ({int(err)})")
+    return values[0] if len(values) == 1 else (values or None)
+
+
+def supported(device) -> bool:
+    """PDL needs compute capability 9.0 or newer (griddepcontrol)."""
+    return device.device.compute_capability()[0] >= 9
+
+
+class ProgrammaticLauncher:
+    """Launches PDL_KERNELS with the programmatic-serialization attribute in `device`'s context.
+
+    `cubin_of(family)` returns the compiled cubin bytes of a family (cuda_kernels supplies it);
+    `types_of(name)` the PyCUDA argument-type string of a kernel ('P' pointer, 'i' int, 'f' float)."""
+
+    def __init__(self, device, arch: str, families: dict, cubin_of):
+        drv = _driver()
+        self._drv = drv
+        self._fns: dict = {}
+        self._types: dict = {}
+        for family, kernels in families.items():
+            wanted = [name for name in kernels if name in PDL_KERNELS]
+            if not wanted:
+                continue
+            key = (device.handle, family, arch)
+            with _lock:
+                module = _modules.get(key)
+                if module is None:
+                    module = _check(drv.cuModuleLoadData(cubin_of(family)), f"cuModuleLoadData({family})")
+                    _modules[key] = module
+            for name in wanted:
+                self._fns[name] = _check(drv.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+                self._types[name] = tuple(_CTYPES[c] for c in kernels[name])
+        attr = drv.CUlaunchAttribute()
+        attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        self._attrs = [attr]
+
+    def handles(self, name: str) -> bool:
+        return name in self._fns
+
+    def set_max_dynamic_shared(self, name: str, nbytes: int) -> None:
+        drv = self._drv
+        _check(drv.cuFuncSetAttribute(self._fns[name],
+                                      drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                      int(nbytes)), f"cuFuncSetAttribute({name})")
+
+    def launch(self, name: str, grid: tuple, block: int, stream, args: tuple, shared: int = 0) -> None:
+        drv = self._drv
+        cfg = drv.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (tuple(grid) + (1, 1))[:3]
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = int(block), 1, 1
+        cfg.sharedMemBytes = int(shared)
+        cfg.hStream = drv.CUstream(stream.handle)
+        cfg.attrs = self._attrs
+        cfg.numAttrs = len(self._attrs)
+        types = self._types[name]
+        values = tuple(float(a) if t is ctypes.c_float else int(a) for a, t in zip(args, types))
+        _check(drv.cuLaunchKernelEx(cfg, self._fns[name], (values, types), 0), f"cuLaunchKernelEx({name})")
