@@ -3,6 +3,11 @@
 // cuda_kernels.py pastes this text in place of `#include "common.cuh"` before
 // compiling a family, so each family is one self-contained translation unit.
 //
+// It is also the one place where the numbers shared with the host are written: the control
+// block indices and the projection modes below are read from here by
+// vla_edge_ros/model/kernel_constants.py, so keep each as `#define NAME <integer>`.
+// (The attention limits are mirrored in cuda_kernels.py; test_kernel_sources.py checks them.)
+//
 // Control block: a small int32 array in device memory that the host writes
 // before a call and that the argmax kernel advances on the device. Kernels
 // read their per-call numbers from it (never from kernel arguments), so one
@@ -16,6 +21,13 @@
 #define CTL_N_OUT      2   // action tokens emitted so far in this cycle
 #define CTL_TOKEN      3   // last emitted token id: the next decode step's input
 #define CTL_INTS       4
+
+// Projection epilogue modes: the `mode` argument of projection_f32, projection_bf16 and
+// projection_fused (each .cu header says what its modes compute).
+#define PMODE_STORE    0   // out = acc (+ bias)
+#define PMODE_ADD      1   // out += acc (residual stream, or a bias-initialised accumulator)
+#define PMODE_SWIGLU   2   // out = silu(gate) * up, gate/up rows interleaved in blocks of 8
+#define PMODE_QKV_ROPE 3   // projection_fused only: q out, k/v into the arena, RoPE applied
 
 // Attention splits the attend list into chunks of this many slots (flash-decoding).
 #define ATTN_CHUNK 64

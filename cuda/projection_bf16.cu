@@ -5,13 +5,13 @@
 //            x is split exactly-ish as x = hi + lo (hi = bf16(x), lo = bf16(x - hi)) and both
 //            halves go through the tensor cores, so the product keeps ~16 mantissa bits of
 //            x (bf16 x alone keeps 8): accuracy close to fp32 FFMA at tensor-core speed.
-//            Epilogue by `mode`:
-//              MODE_STORE  (0): out[n, r]  = acc + (bias ? bias[r] : 0)       ksplit must be 1
-//              MODE_ADD    (1): out[n, r] += acc   (atomicAdd when ksplit > 1; used to add into
-//                               the residual stream, or into a bias-initialised q/k/v buffer)
-//              MODE_SWIGLU (2): W rows are gate/up interleaved in blocks of 8 (tile t = rows
-//                               16t..16t+7 gate[8t..8t+7], rows 16t+8..16t+15 up[8t..8t+7]);
-//                               out[n, j] = silu(gate_j) * up_j, j = 8t + g    ksplit must be 1
+//            Epilogue by `mode` (PMODE_* of common.cuh):
+//              PMODE_STORE  (0): out[n, r]  = acc + (bias ? bias[r] : 0)      ksplit must be 1
+//              PMODE_ADD    (1): out[n, r] += acc   (atomicAdd when ksplit > 1; used to add into
+//                                the residual stream, or into a bias-initialised q/k/v buffer)
+//              PMODE_SWIGLU (2): W rows are gate/up interleaved in blocks of 8 (tile t = rows
+//                                16t..16t+7 gate[8t..8t+7], rows 16t+8..16t+15 up[8t..8t+7]);
+//                                out[n, j] = silu(gate_j) * up_j, j = 8t + g    ksplit must be 1
 //
 // Layouts:   W   [rows, K] row-major bf16 bits (HF nn.Linear layout [out, in])
 //            x   [n_tokens, x_stride] float32, the first K columns used
@@ -29,45 +29,9 @@
 // Preconditions: K % 32 == 0; x_stride % 8 == 0 (32-byte aligned float4 pairs); W rows
 //            beyond `rows` are never read (their fragments are zero).
 #include "common.cuh"
+#include "mma_bf16.cuh"
 
-#define MODE_STORE 0
-#define MODE_ADD 1
-#define MODE_SWIGLU 2
 #define PROJ_WARPS 4
-
-__device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Streaming 16-byte weight load: read once per forward pass, so keep it out of L1.
-__device__ __forceinline__ uint4 load_weights16(const uint16_t* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo_k, float hi_k) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo_k, hi_k);   // .x (low 16 bits) = lower k
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// 8 activations -> hi and lo bf16 pairs (pairs (0,1) (2,3) (4,5) (6,7)).
-__device__ __forceinline__ void split_activations(const float* v, uint32_t* hi, uint32_t* lo) {
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-        const float a = v[2 * p], b = v[2 * p + 1];
-        const float ha = __bfloat162float(__float2bfloat16_rn(a));
-        const float hb = __bfloat162float(__float2bfloat16_rn(b));
-        hi[p] = pack_bf16x2(ha, hb);
-        lo[p] = pack_bf16x2(a - ha, b - hb);
-    }
-}
 
 template <int NT>
 __device__ __forceinline__ void k_step(float (&acc)[NT][4], const uint4& wa, const uint4& wb,
@@ -150,10 +114,10 @@ __device__ void projection_body(const uint16_t* __restrict__ W, const float* __r
             const int n = n0 + j;
             if (n >= n_tokens) continue;
             float* orow = out + (size_t)n * out_stride;
-            if (mode == MODE_SWIGLU) {
+            if (mode == PMODE_SWIGLU) {
                 const int col = tile * 8 + g;
                 if (col < out_cols) orow[col] = silu(acc[nt][j]) * acc[nt][2 + j];
-            } else if (mode == MODE_STORE) {
+            } else if (mode == PMODE_STORE) {
                 if (ok_a && row_a < out_cols) orow[row_a] = acc[nt][j] + (bias ? bias[row_a] : 0.f);
                 if (ok_b && row_b < out_cols) orow[row_b] = acc[nt][2 + j] + (bias ? bias[row_b] : 0.f);
             } else if (ksplit > 1) {

@@ -2,19 +2,15 @@
 // to verify against HuggingFace in fp32; speed is secondary here).
 //
 // Computes   acc[n, c] = sum_k W[r(c), k] * x[n, k]          fp32, fixed summation order
-//            with the same epilogue modes and W layouts as projection_bf16.cu:
-//              MODE_STORE (0): out[n, c] = acc + bias[c];  MODE_ADD (1): out[n, c] += acc
-//              MODE_SWIGLU(2): out[n, j] = silu(W[gate row of j] . x) * (W[up row of j] . x),
-//                              gate row of j = 16*(j/8) + j%8, up row = that + 8
+//            with the same epilogue modes (PMODE_* of common.cuh) and W layouts as projection_bf16.cu:
+//              PMODE_STORE (0): out[n, c] = acc + bias[c];  PMODE_ADD (1): out[n, c] += acc
+//              PMODE_SWIGLU(2): out[n, j] = silu(W[gate row of j] . x) * (W[up row of j] . x),
+//                               gate row of j = 16*(j/8) + j%8, up row = that + 8
 // Layouts:   W [rows, K] float32 row-major; x [n_tokens, x_stride]; out [n_tokens, out_stride].
 // Launch:    block 256 = 8 warps, one warp per output column c = blockIdx.x*8 + warp in
 //            [0, out_cols); blockIdx.y = token n in [0, n_tokens). Deterministic (no atomics).
 // Preconditions: K % 4 == 0, x_stride % 4 == 0 (float4 loads).
 #include "common.cuh"
-
-#define MODE_STORE 0
-#define MODE_ADD 1
-#define MODE_SWIGLU 2
 
 __device__ __forceinline__ float row_dot(const float* __restrict__ w, const float* __restrict__ x, int K, int lane) {
     float s = 0.f;
@@ -34,7 +30,7 @@ extern "C" __global__ void projection_f32(const float* W, const float* x, const 
     if (c >= out_cols || n >= n_tokens) return;
     const float* xr = x + (size_t)n * x_stride;
     float* orow = out + (size_t)n * out_stride;
-    if (mode == MODE_SWIGLU) {
+    if (mode == PMODE_SWIGLU) {
         const int gate_row = 16 * (c >> 3) + (c & 7);
         const float gate = row_dot(W + (size_t)gate_row * K, xr, K, lane);
         const float up = row_dot(W + (size_t)(gate_row + 8) * K, xr, K, lane);
@@ -44,7 +40,7 @@ extern "C" __global__ void projection_f32(const float* W, const float* x, const 
     if (c >= rows) return;
     const float acc = row_dot(W + (size_t)c * K, xr, K, lane);
     if (lane == 0) {
-        if (mode == MODE_STORE) orow[c] = acc + (bias ? bias[c] : 0.f);
+        if (mode == PMODE_STORE) orow[c] = acc + (bias ? bias[c] : 0.f);
         else orow[c] += acc;
     }
 }

@@ -42,47 +42,10 @@
 // Preconditions: K % 32 == 0; x_stride % 8 == 0; WK <= 16; head_dim even (QKV_ROPE); norm_w
 //            only with n_tokens <= 8 * NT per block (the prologue reads each token's whole row).
 #include "common.cuh"
+#include "mma_bf16.cuh"
 
-#define PMODE_STORE 0
-#define PMODE_ADD 1
-#define PMODE_SWIGLU 2
-#define PMODE_QKV_ROPE 3
 #define FUSED_MAX_WARPS 16
 #define FUSED_UNROLL 4
-
-__device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Streaming 16-byte weight load: read once per forward pass, so keep it out of L1.
-__device__ __forceinline__ uint4 load_weights16(const uint16_t* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo_k, float hi_k) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo_k, hi_k);   // .x (low 16 bits) = lower k
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// 8 activations -> hi and lo bf16 pairs (pairs (0,1) (2,3) (4,5) (6,7)).
-__device__ __forceinline__ void split_activations(const float* v, uint32_t* hi, uint32_t* lo) {
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-        const float a = v[2 * p], b = v[2 * p + 1];
-        const float ha = __bfloat162float(__float2bfloat16_rn(a));
-        const float hb = __bfloat162float(__float2bfloat16_rn(b));
-        hi[p] = pack_bf16x2(ha, hb);
-        lo[p] = pack_bf16x2(a - ha, b - hb);
-    }
-}
 
 template <int NT>
 __device__ __forceinline__ void k_step(float (&acc)[NT][4], const uint4& wa, const uint4& wb, const float* x,

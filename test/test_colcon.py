@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from vla_edge_ros.model.kernel_constants import header_values
 from vla_edge_ros.nodes import graph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,17 +70,19 @@ def test_installed_package_imports_and_finds_its_config(installed):
 
 
 def test_installed_package_finds_its_kernels_through_the_ament_index(installed):
-    """An installed (non-source) package finds cuda/*.cu under share/ via the ament index, not next to
-    site-packages; without the index it says where it looked and how to fix it."""
+    """An installed (non-source) package finds cuda/*.cu and the headers they include under share/ via the
+    ament index, not next to site-packages, and reads the shared constants from its common.cuh; without
+    the index it says where it looked and how to fix it."""
     site = next(installed.glob("lib/python3*/site-packages"))
-    code = ("from vla_edge_ros.resources import kernel_dir; from vla_edge_ros.model.cuda_kernels import family_source; "
-            "print(kernel_dir()); print(len(family_source('rmsnorm')))")
+    code = ("from vla_edge_ros.resources import kernel_dir; from vla_edge_ros.model import cuda_kernels as ck; "
+            "print(kernel_dir()); print(len(ck.family_source('projection_fused'))); print(ck.MODE_QKV_ROPE)")
     env = {**os.environ, "PYTHONPATH": str(site), "AMENT_PREFIX_PATH": str(installed)}
     done = subprocess.run([sys.executable, "-c", code], cwd=installed, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    directory, length = done.stdout.split()
+    directory, length, mode = done.stdout.split()
     assert Path(directory) == installed / "share" / graph.PACKAGE / "cuda"
-    assert int(length) > 0
+    assert int(length) > 0          # projection_fused.cu includes common.cuh and mma_bf16.cuh: both installed
+    assert int(mode) == header_values(ROOT / "cuda" / "common.cuh")["MODE_QKV_ROPE"]
     env.pop("AMENT_PREFIX_PATH")
     done = subprocess.run([sys.executable, "-c", code], cwd=installed, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "ament index" in done.stderr and "AMENT_PREFIX_PATH" in done.stderr, done.stderr[-2000:]

@@ -61,7 +61,7 @@ def data_dir(name: str, must_contain: str) -> Path:
 
 
 def kernel_dir() -> Path:
-    """The directory of the CUDA kernel sources (cuda/*.cu, common.cuh)."""
+    """The directory of the CUDA kernel sources (cuda/*.cu and the *.cuh headers they include)."""
     return data_dir("cuda", "common.cuh")
 
 

@@ -5,38 +5,44 @@ launcher checks dtypes, shapes and divisibility, computes its grid with
 `ceil_div` and launches asynchronously on the given stream. Arrays are
 `pycuda.gpuarray.GPUArray`s (bf16 weights are stored as uint16 bit patterns);
 the per-call numbers of the cycle (row offset, context length, emitted tokens)
-live in the device control block described in `cuda/common.cuh`.
+live in the device control block described in `cuda/common.cuh`. Its indices
+(CTL_*) and the projection modes (MODE_*) are read from that header
+(kernel_constants.py) and served here as module attributes: `ck.MODE_ADD`.
 
 Debugging: with VLA_EDGE_CUDA_SYNC=1 every launch is followed by a stream
 synchronize, so an illegal address or launch failure raises
 `KernelLaunchError` naming the kernel that caused it.
 
 Nothing here runs at import: PyCUDA is imported and the modules compiled only
-when `CudaKernels(device)` is built (device: model/cuda_device.CudaDevice). The
-.cu sources are found through vla_edge_ros/resources.py (the source tree, or
-share/vla_edge_ros/cuda of an installed package, through the ament index).
+when `CudaKernels(device)` is built (device: model/cuda_device.CudaDevice), and
+the families of ON_DEMAND_FAMILIES only when one of their kernels is first
+launched. The .cu sources are found through vla_edge_ros/resources.py (the
+source tree, or share/vla_edge_ros/cuda of an installed package, through the
+ament index).
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
 import numpy as np
 
 from ..resources import kernel_dir
+from . import kernel_constants as kc
 
 log = logging.getLogger(__name__)
 
 SYNC_ENV = "VLA_EDGE_CUDA_SYNC"
 
-# Must match cuda/common.cuh.
-CTL_ROW_OFFSET, CTL_CTX_LEN, CTL_N_OUT, CTL_TOKEN, CTL_INTS = 0, 1, 2, 3, 4
+# CTL_* and MODE_* come from cuda/common.cuh on first use (kernel_constants.py); the limits
+# below mirror #defines of the .cu files, and test_kernel_sources.py checks that they agree.
+__getattr__ = kc.reexport(__name__)
 ATTN_CHUNK = 64
 ATTN_MAX_GROUP = 8
 ATTN_MAX_HEAD_DIM = 256
-MODE_STORE, MODE_ADD, MODE_SWIGLU, MODE_QKV_ROPE = 0, 1, 2, 3
 PROJ_WARPS = 4
 # projection_fused.cu: at most this many warps of one block split a 16-row tile's K range.
 FUSED_MAX_WARPS = 16
@@ -69,6 +75,9 @@ FAMILIES = {
     "kv_slots": {"kv_gather": "PPPPiiiii", "kv_scatter": "PPPPiiiii"},
     "vision": {"patch_embed": "PiiiPPPi", "pool_rows": "PiiP", "adjacent_cosine": "PiP"},
 }
+# Families compiled on the first launch of one of their kernels rather than by CudaKernels():
+# only the GPU vision path uses these, and the decoder should not pay their compile time.
+ON_DEMAND_FAMILIES = frozenset({"vision"})
 
 
 class KernelError(ValueError):
@@ -101,14 +110,34 @@ def device_arch(device) -> str:
     return f"sm_{major}{minor}"
 
 
+_LOCAL_HEADER = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"/]+\.cuh)"[ \t]*$', re.MULTILINE)
+_PRAGMA_ONCE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once[ \t]*\n?", re.MULTILINE)
+
+
 def family_source(family: str) -> str:
-    """The .cu text with common.cuh pasted in (one self-contained translation unit)."""
+    """cuda/<family>.cu with each `#include "<name>.cuh"` of the kernel directory pasted in: one
+    self-contained translation unit (PyCUDA compiles it in a temporary directory without our headers)."""
     directory = kernel_dir()
     path = directory / f"{family}.cu"
     if not path.is_file():
         raise FileNotFoundError(f"kernel source {path} not found")
-    common = (directory / "common.cuh").read_text().replace("#pragma once", "")
-    return path.read_text().replace('#include "common.cuh"', common)
+    return paste_headers(path.read_text(), directory, path.name, pasted=set())
+
+
+def paste_headers(text: str, directory, origin: str, pasted: set) -> str:
+    """`text` with every `#include "<name>.cuh"` replaced by that header's text, its own includes pasted
+    in turn. A header is pasted at its first include only, without its `#pragma once`: later includes
+    become a comment, as the pragma would have made them empty."""
+    def paste(match):
+        name = match.group(1)
+        if name in pasted:
+            return f"// {name}: pasted above"
+        header = directory / name
+        if not header.is_file():
+            raise FileNotFoundError(f'{origin} includes "{name}", which is not in {directory}')
+        pasted.add(name)
+        return paste_headers(_PRAGMA_ONCE.sub("", header.read_text()), directory, name, pasted)
+    return _LOCAL_HEADER.sub(paste, text)
 
 
 COMPILE_OPTIONS = ["-O3", "-lineinfo"]
@@ -171,7 +200,7 @@ def fused_config(n_tiles: int, n_steps: int, mode: int, num_sms: int, warps: int
         most = max(1, min(FUSED_MAX_WARPS, n_steps // PROJ_MIN_STEPS_PER_SPLIT))
         warps = min(most, max(1, ceil_div(PROJ_TARGET_WARPS, n_tiles)))
     kb = 1
-    if mode == MODE_ADD:
+    if mode == kc.MODE_ADD:
         kb = max(1, min(ceil_div(PROJ_TARGET_WARPS, n_tiles * warps), n_steps // (warps * PROJ_MIN_STEPS_PER_SPLIT)))
     return warps, kb
 
@@ -215,7 +244,8 @@ class CudaKernels:
     """Compiled kernels of every family in one device's context, plus checked launchers.
 
     Launches go to the context current on the calling thread, which must be `device`'s
-    (CudaBackend calls them inside `device.bound()`)."""
+    (CudaBackend calls them inside `device.bound()`). The families of ON_DEMAND_FAMILIES
+    are compiled at their first launch, so do not launch those first inside a graph capture."""
 
     def __init__(self, device, arch: str | None = None):
         self.device = device
@@ -226,15 +256,12 @@ class CudaKernels:
         self.num_sms = dev.get_attribute(self.drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.max_shared = dev.get_attribute(self.drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self._fns = {}
-        t0, fresh = time.perf_counter(), sum((device.handle, f, self.arch) not in _modules for f in FAMILIES)
-        for family, kernels in FAMILIES.items():
-            mod = compile_family(device, family, self.arch)
-            for name, types in kernels.items():
-                fn = mod.get_function(name)
-                fn.prepare(types)
-                self._fns[name] = fn
+        eager = [family for family in FAMILIES if family not in ON_DEMAND_FAMILIES]
+        t0, fresh = time.perf_counter(), sum((device.handle, f, self.arch) not in _modules for f in eager)
+        for family in eager:
+            self._load_family(family)
         log.info("%d kernel families ready for %s in %.1f s (%d loaded into this context: compiled, or from "
-                 "PyCUDA's disk cache)", len(FAMILIES), self.arch, time.perf_counter() - t0, fresh)
+                 "PyCUDA's disk cache)", len(eager), self.arch, time.perf_counter() - t0, fresh)
         # The attention chunk lives in dynamic shared memory beyond the default 48 KB.
         for name in DYNAMIC_SHARED_KERNELS:
             self._fns[name].set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.max_shared)
@@ -265,15 +292,35 @@ class CudaKernels:
     def disable_programmatic_launch(self) -> None:
         self.programmatic = None
 
+    def _load_family(self, family: str):
+        """Compile (or fetch) one family in this context and prepare its kernels for launching."""
+        with self.device.bound():
+            mod = compile_family(self.device, family, self.arch)
+            for name, types in FAMILIES[family].items():
+                fn = mod.get_function(name)
+                fn.prepare(types)
+                self._fns[name] = fn
+
+    def _function(self, name: str):
+        """The prepared kernel `name`; the first call for a kernel of ON_DEMAND_FAMILIES compiles its family."""
+        if name not in self._fns:
+            family = next((f for f, kernels in FAMILIES.items() if name in kernels), None)
+            if family is None:
+                raise KeyError(f"kernel {name} belongs to no family of FAMILIES")
+            log.info("loading on-demand kernel family %s at the first launch of %s", family, name)
+            self._load_family(family)
+        return self._fns[name]
+
     def _launch(self, name: str, grid, block, stream, *args, shared: int = 0):
         grid = tuple(int(g) for g in grid)
         if any(g <= 0 for g in grid):
             raise KernelError(f"{name}: empty grid {grid}")
+        fn = self._function(name)
         try:
             if self.programmatic is not None and self.programmatic.handles(name):
                 self.programmatic.launch(name, grid, block, stream, args, shared=shared)
             else:
-                self._fns[name].prepared_async_call(grid, (int(block), 1, 1), stream, *args, shared_size=shared)
+                fn.prepared_async_call(grid, (int(block), 1, 1), stream, *args, shared_size=shared)
             if self.sync_each_launch:
                 stream.synchronize()
         except self.drv.Error as exc:
@@ -325,11 +372,11 @@ class CudaKernels:
         _check(W.dtype in (np.uint16, np.float32), f"projection weight: dtype {W.dtype}, expected uint16 (bf16) or float32")
         _check_array("projection x", x, np.float32, 2)
         _check_array("projection out", out, np.float32, 2)
-        _check(mode in (MODE_STORE, MODE_ADD, MODE_SWIGLU), f"projection: unknown mode {mode}")
+        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU), f"projection: unknown mode {mode}")
         total_rows, K = W.shape
         rows = total_rows - w_row0 if rows is None else rows
         _check(0 < rows and w_row0 + rows <= total_rows, f"projection weight: rows {w_row0}+{rows} > {total_rows}")
-        if mode == MODE_SWIGLU:
+        if mode == kc.MODE_SWIGLU:
             _check(rows % 16 == 0, f"projection swiglu weight: {rows} rows, expected a multiple of 16 (interleaved gate/up)")
             out_cols = rows // 2 if out_cols is None else out_cols
             _check(out_cols <= rows // 2, f"projection swiglu: out_cols {out_cols} > {rows // 2}")
@@ -353,9 +400,9 @@ class CudaKernels:
         n_steps = K // 32
         if ksplit is None:
             ksplit = 1
-            if mode == MODE_ADD:
+            if mode == kc.MODE_ADD:
                 ksplit = max(1, min(n_steps // PROJ_MIN_STEPS_PER_SPLIT, ceil_div(PROJ_TARGET_WARPS, n_tiles)))
-        _check(ksplit == 1 or mode == MODE_ADD, f"projection: ksplit {ksplit} needs MODE_ADD (atomic accumulation)")
+        _check(ksplit == 1 or mode == kc.MODE_ADD, f"projection: ksplit {ksplit} needs MODE_ADD (atomic accumulation)")
         _check(1 <= ksplit <= n_steps, f"projection: ksplit {ksplit} outside [1, {n_steps}]")
         nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
         grid = (ceil_div(n_tiles * ksplit, PROJ_WARPS), ceil_div(n_tokens, 8 * nt))
@@ -372,7 +419,7 @@ class CudaKernels:
         _check_array("projection weight", W, np.uint16, 2)
         _check_array("projection x", x, np.float32, 2)
         _check_array("projection out", out, np.float32, 2)
-        _check(mode in (MODE_STORE, MODE_ADD, MODE_SWIGLU, MODE_QKV_ROPE), f"projection: unknown mode {mode}")
+        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU, kc.MODE_QKV_ROPE), f"projection: unknown mode {mode}")
         total_rows, K = W.shape
         rows = total_rows - w_row0 if rows is None else rows
         _check(0 < rows and w_row0 + rows <= total_rows, f"projection weight: rows {w_row0}+{rows} > {total_rows}")
@@ -384,7 +431,7 @@ class CudaKernels:
             _check_array("projection norm weight", norm_w, np.float32, 1)
             _check(norm_w.shape[0] == K, f"projection norm weight: {norm_w.shape[0]} values, K is {K}")
         rope_args = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        if mode == MODE_QKV_ROPE:
+        if mode == kc.MODE_QKV_ROPE:
             _check(rope is not None, "projection QKV_ROPE: rope target missing")
             _check(rows == rope.weight_rows(), f"projection QKV_ROPE weight: {rows} rows, the rope layout of "
                    f"{rope.n_q_heads}/{rope.n_kv_heads} heads x {rope.head_dim} has {rope.weight_rows()}")
@@ -393,7 +440,7 @@ class CudaKernels:
                    "projection QKV_ROPE bias: natural q|k|v float32 vector expected")
             out_cols = 0
             rope_args = rope.launch_args()
-        elif mode == MODE_SWIGLU:
+        elif mode == kc.MODE_SWIGLU:
             _check(rows % 16 == 0, f"projection swiglu weight: {rows} rows, expected a multiple of 16 (interleaved gate/up)")
             out_cols = rows // 2 if out_cols is None else out_cols
             _check(out_cols <= rows // 2, f"projection swiglu: out_cols {out_cols} > {rows // 2}")
@@ -402,14 +449,14 @@ class CudaKernels:
             _check(out_cols <= rows, f"projection: out_cols {out_cols} > rows {rows}")
         _check(out_cols <= out.shape[1], f"projection out: {out.shape[1]} columns < {out_cols}")
         _check(bias is None or bias.dtype == np.float32, "projection bias: float32 expected")
-        _check(bias is None or mode in (MODE_STORE, MODE_QKV_ROPE), "projection bias: only STORE and QKV_ROPE add one")
-        _check(bias is None or mode == MODE_QKV_ROPE or bias.shape[0] >= out_cols, "projection bias: shorter than out_cols")
+        _check(bias is None or mode in (kc.MODE_STORE, kc.MODE_QKV_ROPE), "projection bias: only STORE and QKV_ROPE add one")
+        _check(bias is None or mode == kc.MODE_QKV_ROPE or bias.shape[0] >= out_cols, "projection bias: shorter than out_cols")
         n_tiles, n_steps = ceil_div(rows, 16), K // 32
         default_warps, default_kb = fused_config(n_tiles, n_steps, mode, self.num_sms, warps)
         warps = default_warps if warps is None else warps
         kb = default_kb if kb is None else kb
         _check(1 <= warps <= FUSED_MAX_WARPS, f"projection: {warps} warps per block outside [1, {FUSED_MAX_WARPS}]")
-        _check(kb == 1 or mode == MODE_ADD, f"projection: kb {kb} > 1 needs MODE_ADD (atomic accumulation)")
+        _check(kb == 1 or mode == kc.MODE_ADD, f"projection: kb {kb} > 1 needs MODE_ADD (atomic accumulation)")
         _check(kb * warps <= n_steps, f"projection: {kb} x {warps} K parts > {n_steps} K steps")
         nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
         grid = (n_tiles, kb, ceil_div(n_tokens, 8 * nt))

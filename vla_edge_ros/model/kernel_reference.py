@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import kernel_constants as kc
 from .weights import bf16_bits_to_float32, float32_to_bf16_bits
 
-MODE_STORE, MODE_ADD, MODE_SWIGLU, MODE_QKV_ROPE = 0, 1, 2, 3
-CTL_ROW_OFFSET, CTL_CTX_LEN, CTL_N_OUT, CTL_TOKEN = 0, 1, 2, 3
+# MODE_* and CTL_* as the kernels see them: read from cuda/common.cuh on first use (kernel_constants.py).
+__getattr__ = kc.reexport(__name__)
 
 
 # ----------------------------------------------------------------------------
@@ -113,7 +114,7 @@ def projection_ref(W: np.ndarray, x: np.ndarray, mode: int, out: np.ndarray | No
     w = (from_bf16_bits(W) if W.dtype == np.uint16 else W).astype(np.float64)
     rows, k = w.shape
     acc = x[:, :k].astype(np.float64) @ w.T                                    # [N, rows]
-    if mode == MODE_SWIGLU:
+    if mode == kc.MODE_SWIGLU:
         tiles = acc.reshape(len(x), rows // 16, 2, 8)                         # [N, T, gate|up, 8]
         gate, up = tiles[:, :, 0].reshape(len(x), -1), tiles[:, :, 1].reshape(len(x), -1)
         res = gate / (1.0 + np.exp(-gate)) * up
@@ -121,7 +122,7 @@ def projection_ref(W: np.ndarray, x: np.ndarray, mode: int, out: np.ndarray | No
         return res[:, :cols].astype(np.float32)
     cols = out_cols or rows
     acc = acc[:, :cols]
-    if mode == MODE_STORE:
+    if mode == kc.MODE_STORE:
         return (acc + (bias[:cols] if bias is not None else 0.0)).astype(np.float32)
     if out is None:
         raise ValueError("projection_ref: MODE_ADD needs the output it adds into")
@@ -145,7 +146,7 @@ def rope_store_ref(qkv: np.ndarray, pos_table: np.ndarray, slot_table: np.ndarra
     qkv, k_cache, v_cache = qkv.copy(), k_cache.copy(), v_cache.copy()
     half = head_dim // 2
     for i in range(qkv.shape[0]):
-        t = ctl[CTL_ROW_OFFSET] + i
+        t = ctl[kc.CTL_ROW_OFFSET] + i
         angle = np.float32(pos_table[t]) * inv_freq                           # [half] fp32 as HF
         c, s = np.cos(angle.astype(np.float64)), np.sin(angle.astype(np.float64))
         heads = qkv[i, :(n_q_heads + n_kv_heads) * head_dim].reshape(-1, head_dim).astype(np.float64)
@@ -165,7 +166,7 @@ def attention_ref(qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, att
     group = n_q_heads // n_kv_heads
     out = np.zeros((qkv.shape[0], n_q_heads * head_dim), np.float32)
     for i in range(qkv.shape[0]):
-        n = ctl[CTL_CTX_LEN] + ctl[CTL_ROW_OFFSET] + i + 1
+        n = ctl[kc.CTL_CTX_LEN] + ctl[kc.CTL_ROW_OFFSET] + i + 1
         slots = attend_list[:n]
         for h in range(n_q_heads):
             q = qkv[i, h * head_dim:(h + 1) * head_dim].astype(np.float64)

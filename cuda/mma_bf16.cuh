@@ -1,0 +1,48 @@
+// mma_bf16.cuh: the tensor-core building blocks of the bf16 projections (projection_bf16.cu and
+// projection_fused.cu), written once so both kernels multiply and round exactly alike.
+//
+// mma_bf16_16816:    one mma.sync m16n8k16, bf16 inputs, fp32 accumulators c[0..3] (in place).
+// load_weights16:    one streaming 16-byte load of 8 bf16 weights, kept out of L1.
+// pack_bf16x2:       two floats -> one register of two bf16 (round to nearest even).
+// split_activations: 8 fp32 activations -> bf16 halves hi + lo with hi + lo ~ x to ~16 mantissa
+//                    bits (hi = bf16(x), lo = bf16(x - hi)); feeding both halves through the
+//                    tensor cores keeps close to fp32 accuracy where bf16(x) alone keeps 8 bits.
+//
+// cuda_kernels.py pastes this text in place of `#include "mma_bf16.cuh"` (as it does common.cuh).
+#pragma once
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+__device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Streaming 16-byte weight load: read once per forward pass, so keep it out of L1.
+__device__ __forceinline__ uint4 load_weights16(const uint16_t* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo_k, float hi_k) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo_k, hi_k);   // .x (low 16 bits) = lower k
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// 8 activations -> hi and lo bf16 pairs (pairs (0,1) (2,3) (4,5) (6,7)).
+__device__ __forceinline__ void split_activations(const float* v, uint32_t* hi, uint32_t* lo) {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        const float a = v[2 * p], b = v[2 * p + 1];
+        const float ha = __bfloat162float(__float2bfloat16_rn(a));
+        const float hb = __bfloat162float(__float2bfloat16_rn(b));
+        hi[p] = pack_bf16x2(ha, hb);
+        lo[p] = pack_bf16x2(a - ha, b - hb);
+    }
+}

@@ -1,0 +1,166 @@
+"""The kernel sources as the package compiles them, checked on the CPU (no nvcc, PyCUDA or device).
+
+Numbers shared by host and kernels are written once, in cuda/common.cuh, and Python reads them
+from there; the limits Python mirrors equal their #defines. family_source pastes each local
+header once; the bf16 mma helpers live in mma_bf16.cuh alone. CudaKernels compiles the
+on-demand families (vision) at their first launch, not at construction.
+"""
+import contextlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from vla_edge_ros.model import cuda_kernels as ck
+from vla_edge_ros.model import kernel_constants as kc
+from vla_edge_ros.model import kernel_reference as ref
+
+ROOT = Path(__file__).resolve().parents[1]
+CUDA = ROOT / "cuda"
+ANY_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)", re.MULTILINE)
+MMA_HELPERS = ("mma_bf16_16816", "load_weights16", "pack_bf16x2", "split_activations")
+
+
+def _defines(name: str) -> dict:
+    return kc.parse_defines((CUDA / name).read_text())
+
+
+# ----------------------------------------------------------------------------
+# Shared numbers
+
+
+def test_python_reads_control_block_and_modes_from_common_cuh():
+    assert ck.kernel_dir() == CUDA
+    header = _defines("common.cuh")
+    for py_name, c_name in kc.HEADER_NAMES.items():
+        assert getattr(kc, py_name) == getattr(ck, py_name) == getattr(ref, py_name) == header[c_name], py_name
+    modes = [kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU, kc.MODE_QKV_ROPE]
+    assert len(set(modes)) == 4, f"projection modes collide: {modes}"
+    slots = [kc.CTL_ROW_OFFSET, kc.CTL_CTX_LEN, kc.CTL_N_OUT, kc.CTL_TOKEN]
+    assert sorted(slots) == list(range(kc.CTL_INTS)), f"control block slots {slots} vs CTL_INTS {kc.CTL_INTS}"
+
+
+def test_kernel_limits_mirrored_in_python_match_the_sources():
+    common = _defines("common.cuh")
+    assert (ck.ATTN_CHUNK, ck.ATTN_MAX_GROUP, ck.ATTN_MAX_HEAD_DIM) == \
+        (common["ATTN_CHUNK"], common["ATTN_MAX_GROUP"], common["ATTN_MAX_HEAD_DIM"])
+    assert ck.FUSED_MAX_WARPS == _defines("projection_fused.cu")["FUSED_MAX_WARPS"]
+    assert ck.PROJ_WARPS == _defines("projection_bf16.cu")["PROJ_WARPS"]
+
+
+def test_shared_numbers_are_defined_only_in_common_cuh():
+    shared = set(kc.HEADER_NAMES.values()) | {"ATTN_CHUNK", "ATTN_MAX_GROUP", "ATTN_MAX_HEAD_DIM"}
+    for path in sorted(CUDA.glob("*.cu*")):
+        if path.name != "common.cuh":
+            again = shared & set(ANY_DEFINE.findall(path.read_text()))
+            assert not again, f"{path.name} defines {sorted(again)} again: common.cuh is their one definition"
+
+
+def test_parse_defines_takes_integer_macros_only():
+    text = ("#define A 3\n  #  define B -2   // why\n#define C (A + 1)\n#define D(x) 4\n#define E 1.5f\n"
+            "#define F 7 /* note */\nint G = 5;\n")
+    assert kc.parse_defines(text) == {"A": 3, "B": -2, "F": 7}
+
+
+def test_kernel_modules_import_without_pycuda_and_read_no_file():
+    code = ("import sys; import vla_edge_ros.model.kernel_reference; import vla_edge_ros.model.cuda_kernels; "
+            "from vla_edge_ros.model import kernel_constants as kc; "
+            "print('pycuda' in sys.modules, kc.header_values.cache_info().currsize)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "0"]
+
+
+# ----------------------------------------------------------------------------
+# Headers
+
+
+@pytest.mark.parametrize("family", sorted(ck.FAMILIES))
+def test_family_source_is_one_translation_unit(family):
+    src = ck.family_source(family)
+    assert not re.search(r'^[ \t]*#[ \t]*include[ \t]+"', src, re.MULTILINE), "a local include was left in"
+    assert not re.search(r"^[ \t]*#[ \t]*pragma[ \t]+once", src, re.MULTILINE)
+    assert src.count("#define CTL_INTS") == 1, "common.cuh pasted once"
+    mma_definitions = src.count("void mma_bf16_16816(")
+    assert mma_definitions <= 1, "mma_bf16.cuh pasted once"
+    if family in ("projection_bf16", "projection_fused"):
+        assert mma_definitions == 1, f"{family}.cu includes mma_bf16.cuh"
+
+
+def test_bf16_mma_helpers_are_defined_in_mma_bf16_cuh_only():
+    for path in sorted(CUDA.glob("*.cu*")):
+        text = path.read_text()
+        for helper in MMA_HELPERS:
+            defined = re.search(rf"^[ \t]*__device__[^\n]*\b{helper}[ \t]*\(", text, re.MULTILINE) is not None
+            assert defined == (path.name == "mma_bf16.cuh"), \
+                f"{path.name}: {helper} {'defined' if defined else 'missing'}; it belongs in mma_bf16.cuh"
+
+
+def test_headers_are_pasted_once_in_include_order(tmp_path, monkeypatch):
+    (tmp_path / "common.cuh").write_text("#pragma once\nint common_part;\n")
+    (tmp_path / "inner.cuh").write_text('#pragma once\n#include "common.cuh"\nint inner_part;\n')
+    (tmp_path / "family.cu").write_text('#include "common.cuh"\n#include "inner.cuh"\n#include <stdint.h>\n'
+                                        "int family_part;\n")
+    (tmp_path / "broken.cu").write_text('#include "absent.cuh"\n')
+    monkeypatch.setattr(ck, "kernel_dir", lambda: tmp_path)
+    src = ck.family_source("family")
+    assert src.count("int common_part;") == 1 and src.count("int inner_part;") == 1
+    assert src.index("int common_part;") < src.index("int inner_part;") < src.index("int family_part;")
+    assert "#include <stdint.h>" in src and "pragma once" not in src
+    with pytest.raises(FileNotFoundError, match='broken.cu includes "absent.cuh"'):
+        ck.family_source("broken")
+
+
+# ----------------------------------------------------------------------------
+# On-demand families
+
+
+class _FakeModule:
+    """What compile_family returns, minus PyCUDA: functions that record their launches."""
+
+    def __init__(self, launches: list):
+        self.launches = launches
+
+    def get_function(self, name: str):
+        launches = self.launches
+
+        class Function:
+            def prepare(self, types):
+                pass
+
+            def set_attribute(self, attribute, value):
+                pass
+
+            def prepared_async_call(self, grid, block, stream, *args, shared_size=0):
+                launches.append(name)
+        return Function()
+
+
+def _fake_array(shape):
+    return SimpleNamespace(dtype=np.dtype(np.float32), shape=shape, size=int(np.prod(shape)), gpudata=0)
+
+
+def test_vision_family_is_compiled_at_its_first_launch_only(monkeypatch):
+    compiled, launches = [], []
+
+    def compile_family(device, family, arch=None):
+        compiled.append(family)
+        return _FakeModule(launches)
+    monkeypatch.setattr(ck, "compile_family", compile_family)
+    drv = SimpleNamespace(Error=RuntimeError,
+                          device_attribute=SimpleNamespace(MULTIPROCESSOR_COUNT=0, MAX_SHARED_MEMORY_PER_BLOCK_OPTIN=1),
+                          function_attribute=SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=2))
+    device = SimpleNamespace(drv=drv, handle=object(), bound=contextlib.nullcontext,
+                             device=SimpleNamespace(get_attribute=lambda attribute: 232448))
+
+    kn = ck.CudaKernels(device, arch="sm_90")
+    assert "vision" in ck.ON_DEMAND_FAMILIES
+    assert sorted(compiled) == sorted(set(ck.FAMILIES) - ck.ON_DEMAND_FAMILIES)
+    pooled, sims = _fake_array((4, 128)), _fake_array((3,))
+    kn.adjacent_cosine(pooled, 4, sims, stream=None)
+    kn.pool_rows(pooled, pooled, stream=None)
+    assert compiled.count("vision") == 1 and launches == ["adjacent_cosine", "pool_rows"]
