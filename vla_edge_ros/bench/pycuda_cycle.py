@@ -1,4 +1,4 @@
-"""One control cycle of the PyCUDA backend vs HuggingFace eager bf16, on the same weights and inputs.
+"""One control cycle of the PyCUDA backend vs HuggingFace bf16 (eager, and static cache + torch.compile), same weights.
 
     python -m vla_edge_ros.bench.pycuda_cycle --json out/pycuda_cycle.json
     vla-edge bench --backend pycuda --shape qwen2.5-1.5b
@@ -12,6 +12,15 @@ action bins (9 tokens chosen). Measured in one run, on one GPU:
     and decode separately with CUDA events;
   * HF transformers eager bf16 (same weights, same prefill embeddings, its own
     DynamicCache cropped back to `cached` after every cycle), timed the same way;
+  * HF transformers bf16 the fast way: SDPA attention, a StaticCache of
+    `cached` + 32 + 8 slots, the forward under torch.compile (mode
+    "reduce-overhead": inductor kernels replayed as CUDA graphs, one graph for
+    the 32-row prefill and one for the 1-row decode step, the argmax over the
+    bins inside the graph). The context is written once per cached length,
+    uncompiled; every cycle then rewrites the same slots [cached, cached + 40)
+    by rewinding the cache's write counter, so no cycle recompiles or grows
+    the cache. Compilation is timed apart (untimed warm-up cycles, logged); a
+    compile failure is recorded as that column's error, not raised;
   * the weight-streaming floor: bytes a decode step must read (layer weights +
     the 256 head rows; and all weights incl. the full head, HF's case) over the
     device-to-device copy bandwidth measured here (bytes read + written / time).
@@ -46,6 +55,10 @@ def add_arguments(p) -> None:
     p.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(SHAPES))
     p.add_argument("--cycles", type=int, default=50, help="timed cycles per cached length (ours)")
     p.add_argument("--hf-cycles", type=int, default=10, help="timed cycles per cached length (HF eager)")
+    p.add_argument("--hf-compiled-cycles", type=int, default=10,
+                   help="timed cycles per cached length (HF static cache + torch.compile)")
+    p.add_argument("--no-hf-compiled", action="store_true",
+                   help="skip the HF static cache + torch.compile baseline (its compilation takes minutes)")
     p.add_argument("--cached", type=int, nargs="+", help=f"cached lengths (default {DEFAULT_CACHED})")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--seed", type=int, default=0)
@@ -70,16 +83,20 @@ def _run(args) -> int:
     cached = list(getattr(args, "cached", None) or DEFAULT_CACHED)
     cycles = int(getattr(args, "cycles", None) or 50)
     hf_cycles = int(getattr(args, "hf_cycles", None) or 10)
+    hf_compiled_cycles = 0 if getattr(args, "no_hf_compiled", False) else int(
+        getattr(args, "hf_compiled_cycles", None) or 10)
     seed = int(getattr(args, "seed", 0) or 0)
     from ..model.cuda_backend import DecodeKernels
     variants = [DecodeKernels.parse(v) for v in (getattr(args, "decode_variants", None) or [str(DecodeKernels())])]
-    result = bench(shape, cached, cycles, hf_cycles, seed, variants)
+    result = bench(shape, cached, cycles, hf_cycles, seed, variants, hf_compiled_cycles)
     _print(result)
     write_json(getattr(args, "json", None), result)
     return 0
 
 
-def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, variants: list) -> dict:
+def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, variants: list,
+          hf_compiled_cycles: int = 10) -> dict:
+    """hf_compiled_cycles = 0 skips the compiled HF baseline (its columns are then None)."""
     import torch
 
     from ..model.cuda_backend import CudaBackend
@@ -94,6 +111,9 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, vari
     backend = CudaBackend(spec, weights, capacity, "bfloat16")
     del weights
     log.info("backend ready in %.1f s", time.perf_counter() - t0)
+    # The compiled baseline needs SDPA attention; the eager column keeps its eager attention, so it gets a second
+    # model holding a copy of the same weights (made once: 3 GB more at 1.5B).
+    hf_sdpa = _hf_twin(hf, shape, "sdpa") if hf_compiled_cycles > 0 else None
     bandwidth = copy_bandwidth()
     floor_bytes = backend.decode_stream_bytes(BINS)
     full_bytes = backend.weight_bytes
@@ -103,12 +123,17 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, vari
     for n_cached in cached:
         _fill_context(backend, spec, n_cached, rng)
         theirs = _time_hf(hf, spec, n_cached, hf_cycles, rng)
+        compiled = (_time_hf_compiled_or_error(hf_sdpa, spec, n_cached, hf_compiled_cycles, rng)
+                    if hf_sdpa is not None else None)
         for variant in variants:
             backend.set_decode_kernels(variant)
             ours = _time_ours(backend, spec, n_cached, cycles, rng)
             rows.append({"cached": n_cached, "variant": str(variant), "ours": ours, "hf_eager_bf16": theirs,
+                         "hf_compiled_static": compiled,
                          "ratio_p50": theirs["cycle_ms"]["p50"] / ours["cycle_ms"]["p50"],
                          "ratio_p99": theirs["cycle_ms"]["p99"] / ours["cycle_ms"]["p99"],
+                         "ratio_p50_compiled": _ratio(compiled, ours, "p50"),
+                         "ratio_p99_compiled": _ratio(compiled, ours, "p99"),
                          "decode_vs_floor": ours["decode_ms_per_token"] / floor_ms})
     last = [r for r in rows if r["variant"] == str(variants[0])][-1]
     return {
@@ -124,6 +149,10 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, vari
         "baseline_latency_ms": {"p50": last["hf_eager_bf16"]["cycle_ms"]["p50"],
                                 "p99": last["hf_eager_bf16"]["cycle_ms"]["p99"]},
         "ratio": last["ratio_p50"],
+        "baseline_compiled_latency_ms": ({"p50": last["hf_compiled_static"]["cycle_ms"]["p50"],
+                                          "p99": last["hf_compiled_static"]["cycle_ms"]["p99"]}
+                                         if _timed(last["hf_compiled_static"]) else None),
+        "ratio_compiled": last["ratio_p50_compiled"],
         "decode_ms_per_token": last["ours"]["decode_ms_per_token"],
     }
 
@@ -201,25 +230,48 @@ def _breakdown(backend, n: int, row_offset: int, n_cached: int, replays: int = 2
 
 
 # ----------------------------------------------------------------------------
-# HuggingFace eager bf16
+# HuggingFace: eager bf16, and static cache + torch.compile
+
+# How the compiled baseline compiles: transformers' own defaults for compiled decoding (generation CompileConfig:
+# inductor, "reduce-overhead" = CUDA-graph replay, no fullgraph requirement), except dynamic=False: we also compile
+# the 32-row prefill, and a second input length must give a second static graph, not one dynamic-length graph.
+COMPILE_OPTIONS = {"mode": "reduce-overhead", "fullgraph": False, "dynamic": False}
+COMPILE_WARMUP_CYCLES = 3       # 1st: trace + compile both graphs; 2nd: CUDA-graph recording; 3rd: first replay
 
 
-def _hf_model(shape: str):
+def _hf_model(shape: str, device: str = "cuda", dtype: str = "bfloat16"):
+    """A random HF Qwen2 model of `shape` (eager attention) and its config as a dict."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(**SHAPES[shape])
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="eager")
+    model = _hf_skeleton(shape, device, dtype, "eager")
     with torch.no_grad():                                       # HF inits biases and norms to constants: draw them
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.copy_(1.0 * (name.endswith("norm.weight") or "layernorm" in name) + 0.02 * torch.randn_like(p))
-    model.eval()
-    d = cfg.to_dict()
+    d = model.config.to_dict()
     d["model_type"] = "qwen2"
     d.setdefault("rope_theta", SHAPES[shape]["rope_theta"])
     return model, d
+
+
+def _hf_twin(model, shape: str, attn_implementation: str):
+    """A second HF model with a copy of `model`'s weights and another attention implementation. A copy, not a
+    switch of `model.config`: the attention choice is read from the config at every forward, so switching it
+    back and forth would change the eager column (and invalidate compiled graphs) too."""
+    twin = _hf_skeleton(shape, str(model.device), str(model.dtype).removeprefix("torch."), attn_implementation)
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+def _hf_skeleton(shape: str, device: str, dtype: str, attn_implementation: str):
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    cfg = Qwen2Config(**SHAPES[shape])
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype),
+                                                 attn_implementation=attn_implementation)
+    return model.eval()
 
 
 def _weights_from_hf(model, spec):
@@ -247,25 +299,162 @@ def _time_hf(model, spec, n_cached: int, cycles: int, rng) -> dict:
         cycle_ms, prefill_ms, decode_ms = [], [], []
         for i in range(cycles + 2):
             ids = torch.as_tensor(rng.integers(0, spec.vocab_size, size=(1, PREFILL_ROWS)), device=dev)
-            x = embed(ids)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = model(inputs_embeds=x, past_key_values=cache, use_cache=True)   # positions follow the cache
-            token = lo + int(out.logits[0, -1, lo:].argmax())
-            torch.cuda.synchronize()
-            t1 = time.perf_counter()
-            for j in range(DECODE_STEPS):
-                out = model(input_ids=torch.tensor([[token]], device=dev), past_key_values=cache, use_cache=True)
-                token = lo + int(out.logits[0, -1, lo:].argmax())
-            torch.cuda.synchronize()
-            t2 = time.perf_counter()
-            cache.crop(-(PREFILL_ROWS + DECODE_STEPS))             # back to the cached context
+            _, t0, t1, t2 = _hf_eager_cycle(model, cache, embed(ids), lo)
             if i >= 2:
                 cycle_ms.append((t2 - t0) * 1e3)
                 prefill_ms.append((t1 - t0) * 1e3)
                 decode_ms.append((t2 - t1) * 1e3 / DECODE_STEPS)
     return {"cycle_ms": percentiles(cycle_ms), "prefill_ms": float(np.median(prefill_ms)),
             "decode_ms_per_token": float(np.median(decode_ms)), "cycles": len(cycle_ms)}
+
+
+def _hf_eager_cycle(model, cache, x, lo: int) -> tuple[list, float, float, float]:
+    """One cycle on a DynamicCache holding the context: prefill the rows x [1, 32, hidden], decode 8 tokens, crop the
+    cache back. Returns the 9 chosen tokens and the host clock at start, after prefill, at the end."""
+    import torch
+
+    dev = model.device
+    _sync(dev)
+    t0 = time.perf_counter()
+    out = model(inputs_embeds=x, past_key_values=cache, use_cache=True)   # positions follow the cache
+    tokens = [lo + int(out.logits[0, -1, lo:].argmax())]
+    _sync(dev)
+    t1 = time.perf_counter()
+    for _ in range(DECODE_STEPS):
+        out = model(input_ids=torch.tensor([[tokens[-1]]], device=dev), past_key_values=cache, use_cache=True)
+        tokens.append(lo + int(out.logits[0, -1, lo:].argmax()))
+    _sync(dev)
+    t2 = time.perf_counter()
+    cache.crop(-(PREFILL_ROWS + DECODE_STEPS))             # back to the cached context
+    return tokens, t0, t1, t2
+
+
+class HFStaticCycle:
+    """The control cycle on an HF model over a StaticCache that holds `n_cached` context tokens for good.
+
+    Every cycle writes its 40 tokens' K/V to the same slots [n_cached, n_cached + 40): transformers 5's StaticLayer
+    writes where its own counter (`cumulative_length`, a device tensor at a fixed address) points and its forward
+    takes no cache_position, so the positions go in explicitly as position_ids and the counter is set back to
+    n_cached in place after each cycle (a StaticCache cannot be cropped). With `compile_options`, one
+    torch.compile'd step serves prefill and decode; the shapes differ, so it holds two graphs.
+    """
+
+    def __init__(self, model, n_cached: int, lo: int, compile_options: dict | None = None):
+        import torch
+        from transformers import StaticCache
+
+        self.model, self.n_cached, self.lo = model, n_cached, lo
+        dev = model.device
+        self.cache = StaticCache(config=model.config, max_cache_len=n_cached + PREFILL_ROWS + DECODE_STEPS)
+        self.prefill_positions = torch.arange(n_cached, n_cached + PREFILL_ROWS, device=dev)[None]     # [1, 32]
+        self.decode_positions = [torch.tensor([[n_cached + PREFILL_ROWS + j]], device=dev)
+                                 for j in range(DECODE_STEPS)]                                        # [1, 1] each
+        self.step = (torch.compile(self._greedy_bin_step, **compile_options) if compile_options is not None
+                     else self._greedy_bin_step)
+
+    def fill(self, ctx_ids) -> None:
+        """The context [1, n_cached] into slots [0, n_cached), uncompiled. The first write also allocates the static
+        K/V tensors, outside any compiled region, which is what lets them be marked as fixed addresses."""
+        assert ctx_ids.shape == (1, self.n_cached), f"{tuple(ctx_ids.shape)=}"
+        self.model(input_ids=ctx_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+
+    def cycle(self, x) -> tuple:
+        """Prefill the rows x [1, 32, hidden], decode 8 tokens. Returns the 9 tokens (int64 [9], host) and the
+        host clock at start, after prefill, at the end."""
+        import torch
+
+        dev = self.model.device
+        _sync(dev)
+        t0 = time.perf_counter()
+        # Outputs of a CUDA-graph replay are overwritten by the next replay: keep clones of the tokens.
+        token = self.step(self.prefill_positions, inputs_embeds=x).clone()
+        tokens = [token]
+        _sync(dev)
+        t1 = time.perf_counter()
+        for pos in self.decode_positions:
+            token = self.step(pos, input_ids=token).clone()
+            tokens.append(token)
+        chosen = torch.cat(tokens, dim=1)[0].cpu()      # the one download of the cycle; waits for the last step
+        t2 = time.perf_counter()
+        self._rewind()
+        return chosen, t0, t1, t2
+
+    def _greedy_bin_step(self, position_ids, input_ids=None, inputs_embeds=None):
+        """Forward of the new rows at position_ids [1, n], then the action-bin argmax of the last row: token [1, 1]."""
+        out = self.model(input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=position_ids,
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        return self.lo + out.logits[:, -1, self.lo:].argmax(dim=-1, keepdim=True)
+
+    def _rewind(self) -> None:
+        from transformers.cache_utils import StaticLayer
+
+        for layer in self.cache.layers:
+            assert type(layer) is StaticLayer, f"{type(layer).__name__}: only full-attention static layers rewind"
+            layer.cumulative_length.fill_(self.n_cached)    # in place: compiled graphs hold its address
+
+
+def _time_hf_compiled(model, spec, n_cached: int, cycles: int, rng, compile_options: dict | None = None) -> dict:
+    """Like _time_hf, on HFStaticCycle with the step compiled (COMPILE_OPTIONS unless given). The first
+    COMPILE_WARMUP_CYCLES cycles are untimed; the first one's duration is reported as compile_s."""
+    import torch
+
+    options = dict(COMPILE_OPTIONS if compile_options is None else compile_options)
+    dev = model.device
+    lo = spec.vocab_size - BINS
+    # Graphs of an earlier cached length are of no further use (other cache shape) and would count against
+    # dynamo's recompile limit, after which it silently runs uncompiled: start clean.
+    torch._dynamo.reset()
+    run = HFStaticCycle(model, n_cached, lo, options)
+    embed = model.get_input_embeddings()
+    cycle_ms, prefill_ms, decode_ms = [], [], []
+    with torch.no_grad():
+        run.fill(torch.as_tensor(rng.integers(0, spec.vocab_size, size=(1, n_cached)), device=dev))
+        for i in range(cycles + COMPILE_WARMUP_CYCLES):
+            ids = torch.as_tensor(rng.integers(0, spec.vocab_size, size=(1, PREFILL_ROWS)), device=dev)
+            tokens, t0, t1, t2 = run.cycle(embed(ids))
+            if i == 0:
+                compile_s = t2 - t0
+                log.info("HF static cache + torch.compile %s, cached %d: first cycle (compilation) %.1f s",
+                         options, n_cached, compile_s)
+            if i >= COMPILE_WARMUP_CYCLES:
+                cycle_ms.append((t2 - t0) * 1e3)
+                prefill_ms.append((t1 - t0) * 1e3)
+                decode_ms.append((t2 - t1) * 1e3 / DECODE_STEPS)
+    assert int(tokens.min()) >= lo, tokens
+    return {"cycle_ms": percentiles(cycle_ms), "prefill_ms": float(np.median(prefill_ms)),
+            "decode_ms_per_token": float(np.median(decode_ms)), "cycles": len(cycle_ms),
+            "compile_s": compile_s, "compile_options": {k: str(v) for k, v in options.items()}}
+
+
+def _time_hf_compiled_or_error(model, spec, n_cached: int, cycles: int, rng) -> dict:
+    """_time_hf_compiled, or {"error": ...} when compiling or running it fails: the baseline is optional, the rest
+    of the bench still stands."""
+    import torch
+
+    try:
+        return _time_hf_compiled(model, spec, n_cached, cycles, rng)
+    except Exception as e:  # noqa: BLE001 - dynamo / inductor / the C compiler fail in too many ways to name
+        log.exception("HF static cache + torch.compile failed at cached %d; recording the error", n_cached)
+        torch._dynamo.reset()
+        return {"error": f"{type(e).__name__}: {e}"[:2000]}
+
+
+def _sync(device) -> None:
+    """Wait for the device's queued work (the host clock then covers it); CPU work is already done."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(column) -> bool:
+    """Whether a baseline column holds timings (not skipped, not an error)."""
+    return column is not None and "error" not in column
+
+
+def _ratio(theirs, ours: dict, pct: str):
+    """Their cycle time over ours at a percentile (> 1: we are faster); None without timings."""
+    return theirs["cycle_ms"][pct] / ours["cycle_ms"][pct] if _timed(theirs) else None
 
 
 # ----------------------------------------------------------------------------
@@ -309,14 +498,15 @@ def _shape_name(shape: str) -> str:
 
 
 def _print(r: dict) -> None:
-    headers = ["cached", "decode", "ours p50", "ours p99", "prefill", "dec/tok", "HF p50", "HF p99", "HF prefill", "HF dec/tok",
-               "x p50", "x p99", "dec/floor"]
+    title = f"pycuda cycle ({r['cycle']}), {r['shape']}, ms; on {r['machine'].get('gpu_pycuda')}"
+    headers = ["cached", "decode", "ours p50", "ours p99", "prefill", "dec/tok", "dec/floor",
+               "x eager p50", "x eager p99", "x compiled p50", "x compiled p99"]
     rows = [[c["cached"], c["variant"], c["ours"]["cycle_ms"]["p50"], c["ours"]["cycle_ms"]["p99"], c["ours"]["prefill_ms"],
-             c["ours"]["decode_ms_per_token"], c["hf_eager_bf16"]["cycle_ms"]["p50"],
-             c["hf_eager_bf16"]["cycle_ms"]["p99"], c["hf_eager_bf16"]["prefill_ms"],
-             c["hf_eager_bf16"]["decode_ms_per_token"], c["ratio_p50"], c["ratio_p99"], c["decode_vs_floor"]]
+             c["ours"]["decode_ms_per_token"], c["decode_vs_floor"], c["ratio_p50"], c["ratio_p99"],
+             _or_na(c.get("ratio_p50_compiled")), _or_na(c.get("ratio_p99_compiled"))]
             for c in r["cycles"]]
-    print_table(f"pycuda cycle ({r['cycle']}), {r['shape']}, ms; on {r['machine'].get('gpu_pycuda')}", headers, rows)
+    print_table(title + "; x = HF time / ours (> 1: ours is faster)", headers, rows)
+    _print_baselines(r)
     print(f"copy bandwidth {r['copy_bandwidth_gbs']:.0f} GB/s (read+write); decode floor "
           f"{r['decode_stream_bytes'] / 1e9:.3f} GB -> {r['floor_decode_ms']:.3f} ms/token; all weights "
           f"{r['weight_bytes'] / 1e9:.3f} GB -> {r['floor_full_weights_ms']:.3f} ms; device memory "
@@ -324,6 +514,31 @@ def _print(r: dict) -> None:
     for c in r["cycles"]:
         for phase, parts in c["ours"]["breakdown_ms"].items():
             print(f"  cached {c['cached']:>5} {c['variant']:>11} {phase:>8}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in parts.items()))
+
+
+def _print_baselines(r: dict) -> None:
+    """The HF columns, once per cached length (they do not depend on our decode variant)."""
+    by_cached = {c["cached"]: c for c in r["cycles"]}
+    headers = ["cached", "eager p50", "eager p99", "eager prefill", "eager dec/tok",
+               "compiled p50", "compiled p99", "compiled prefill", "compiled dec/tok", "compile s"]
+    rows, errors = [], []
+    for n_cached, c in by_cached.items():
+        eager, compiled = c["hf_eager_bf16"], c.get("hf_compiled_static")
+        timed = _timed(compiled)
+        rows.append([n_cached, eager["cycle_ms"]["p50"], eager["cycle_ms"]["p99"], eager["prefill_ms"],
+                     eager["decode_ms_per_token"]]
+                    + ([compiled["cycle_ms"]["p50"], compiled["cycle_ms"]["p99"], compiled["prefill_ms"],
+                        compiled["decode_ms_per_token"], compiled["compile_s"]] if timed else ["n/a"] * 5))
+        if compiled is not None and not timed:
+            errors.append(f"  cached {n_cached}: compiled baseline failed: {compiled['error'].splitlines()[0]}")
+    print_table("HF transformers bf16, ms: eager (DynamicCache) and compiled (SDPA, StaticCache, torch.compile "
+                "reduce-overhead)", headers, rows)
+    for line in errors:
+        print(line)
+
+
+def _or_na(value):
+    return "n/a" if value is None else value
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,8 @@
 """`vla-edge bench [cycle|csr|asr]`: benchmarks, each against a baseline timed in the same run.
 
     vla-edge bench --backend numpy                              engine cycle vs HF transformers (CPU, tiny model)
-    vla-edge bench --backend pycuda --shape qwen2.5-1.5b        CUDA cycle vs HF eager bf16 (GPU machine)
+    vla-edge bench --backend pycuda --shape qwen2.5-1.5b        CUDA cycle vs HF bf16, eager and static cache +
+                                                                torch.compile (GPU machine)
     vla-edge bench csr                                          time-to-first-token: CSR vs recompute-everything
     vla-edge bench asr --png out/asr.png                        latency over eviction cycles: ASR / sync / approximate
     vla-edge bench csr --backend pycuda --shape qwen2.5-1.5b    the same on the GPU (random 1.5B-shaped model)
@@ -36,6 +37,8 @@ def add_arguments(p) -> None:
     p.add_argument("--json", help="write the results here")
     p.add_argument("--decode-variants", nargs="+", metavar="PROJ:ATTN",
                    help="cycle on pycuda: decode-pipeline kernels to time side by side, e.g. mma:chunk gemv:split")
+    p.add_argument("--no-hf-compiled", action="store_true",
+                   help="cycle on pycuda: skip the HF static cache + torch.compile baseline (minutes of compilation)")
     csr = p.add_argument_group("csr / asr suites")
     csr.add_argument("--suffix", type=int, nargs="+", help="csr: dynamic-suffix lengths M to sweep")
     csr.add_argument("--repeats", type=int, help="csr: timed repeats per (N, M)")
