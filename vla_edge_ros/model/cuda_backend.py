@@ -92,7 +92,7 @@ class DecodeKernels:
         return f"{self.projection}:{self.attention}:{self.launch}"
 
 
-DECODE_PROJECTIONS = ("mma",)
+DECODE_PROJECTIONS = ("mma", "wide", "widepipe")    # block shapes: cuda_kernels.fused_config / fused_config_wide
 DECODE_ATTENTIONS = ("chunk", "split", "splitall")
 DECODE_LAUNCHES = ("plain", "pdl")
 
@@ -688,6 +688,11 @@ class CudaBackend:
 
     def _decode_projection(self, W, x, out, n: int, mode: int, stream, **kw) -> None:
         """A projection of the decode pipeline with the kernel self.decode_kernels names (same contract)."""
+        choice = self.decode_kernels.projection
+        if choice != "mma":
+            rows = kw.get("rows") or W.shape[0] - kw.get("w_row0", 0)
+            kw["warps"], kw["kb"] = ck.fused_config_wide(ck.ceil_div(rows, 16), W.shape[1] // 32, mode)
+            kw["pipelined"] = choice == "widepipe"
         self.kernels.projection_fused(W, x, out, n, mode, stream, **kw)
 
     def _enqueue_attention(self, li: int, n: int) -> None:
