@@ -33,8 +33,7 @@
 //            MODE_ADD with kb > 1 needs atomics. NT (1, 2, 4) token tiles of 8 share every weight
 //            fragment: a 32-token prefill streams W once.
 // Loads:     lane (g, t) loads 16 bytes (8 bf16) of rows g and g+8 per 32-wide K step, in batches
-//            of 4 steps (8 x 16 B in flight); the _pipe entry also has the next batch's loads in
-//            flight during this batch's mma. The K order inside a step is permuted identically for weights and
+//            of 4 steps (8 x 16 B in flight). The K order inside a step is permuted identically for weights and
 //            activations (a dot product allows it): lane (g, t) holds physical
 //            k = k0 + 8t .. k0 + 8t + 7, feeding logical k {2t, 2t+1, 2t+8, 2t+9} of two mma.
 // PDL:       the first batch of weight loads is issued before griddep_wait (common.cuh), so a
@@ -135,7 +134,7 @@ __device__ __forceinline__ void qkv_rope_epilogue(const RopeTarget& rt, const fl
     }
 }
 
-template <int NT, bool PIPE>
+template <int NT>
 __device__ void fused_body(const uint16_t* __restrict__ W, const float* __restrict__ x, int x_stride,
                            const float* __restrict__ norm_w, float eps, const float* __restrict__ bias, float* out,
                            int out_stride, int out_cols, int rows, int K, int n_tokens, int mode, const RopeTarget& rt) {
@@ -199,57 +198,31 @@ __device__ void fused_body(const uint16_t* __restrict__ W, const float* __restri
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 
-    int s = s_begin, n_cur = n_first;
-    if (PIPE) {
-        // Software pipeline: the loads of the next FUSED_UNROLL steps are issued before the tensor-core
-        // work on the current ones, so each warp keeps a batch in flight while it computes.
-        while (n_cur > 0) {                                     // warp-uniform
-            const int s_next = s + n_cur;
-            const int n_next = min(FUSED_UNROLL, s_end - s_next);
-            uint4 wa1[FUSED_UNROLL], wb1[FUSED_UNROLL];
+    // The first batch (loaded before griddep_wait), then load-and-use batches. (Keeping the next batch's
+    // loads in flight during this batch's mma, a software pipeline, measured 1.4x slower on the H200:
+    // notes/cuda_notes.md, run 8.)
 #pragma unroll
-            for (int u = 0; u < FUSED_UNROLL; ++u) {
-                const int k = (s_next + u) * 32 + t * 8;
-                wa1[u] = (u < n_next && ok_a) ? load_weights16(wa_row + k) : zero;
-                wb1[u] = (u < n_next && ok_b) ? load_weights16(wb_row + k) : zero;
-            }
+    for (int u = 0; u < FUSED_UNROLL; ++u)
+        if (u < n_first)
+            k_step<NT>(acc, wa0[u], wb0[u], x, norm_w, x_stride, tok_base, g, n_tokens, (s_begin + u) * 32 + t * 8);
+    int s = s_begin + n_first;
+    for (; s + FUSED_UNROLL <= s_end; s += FUSED_UNROLL) {
+        uint4 wa[FUSED_UNROLL], wb[FUSED_UNROLL];
 #pragma unroll
-            for (int u = 0; u < FUSED_UNROLL; ++u)
-                if (u < n_cur)
-                    k_step<NT>(acc, wa0[u], wb0[u], x, norm_w, x_stride, tok_base, g, n_tokens, (s + u) * 32 + t * 8);
-#pragma unroll
-            for (int u = 0; u < FUSED_UNROLL; ++u) {
-                wa0[u] = wa1[u];
-                wb0[u] = wb1[u];
-            }
-            s = s_next;
-            n_cur = n_next;
+        for (int u = 0; u < FUSED_UNROLL; ++u) {
+            const int k = (s + u) * 32 + t * 8;
+            wa[u] = ok_a ? load_weights16(wa_row + k) : zero;
+            wb[u] = ok_b ? load_weights16(wb_row + k) : zero;
         }
-    } else {
-        // One batch at a time: the first (loaded before griddep_wait), then load-and-use batches.
 #pragma unroll
         for (int u = 0; u < FUSED_UNROLL; ++u)
-            if (u < n_cur)
-                k_step<NT>(acc, wa0[u], wb0[u], x, norm_w, x_stride, tok_base, g, n_tokens, (s + u) * 32 + t * 8);
-        s += n_cur;
-        for (; s + FUSED_UNROLL <= s_end; s += FUSED_UNROLL) {
-            uint4 wa[FUSED_UNROLL], wb[FUSED_UNROLL];
-#pragma unroll
-            for (int u = 0; u < FUSED_UNROLL; ++u) {
-                const int k = (s + u) * 32 + t * 8;
-                wa[u] = ok_a ? load_weights16(wa_row + k) : zero;
-                wb[u] = ok_b ? load_weights16(wb_row + k) : zero;
-            }
-#pragma unroll
-            for (int u = 0; u < FUSED_UNROLL; ++u)
-                k_step<NT>(acc, wa[u], wb[u], x, norm_w, x_stride, tok_base, g, n_tokens, (s + u) * 32 + t * 8);
-        }
-        for (; s < s_end; ++s) {
-            const int k = s * 32 + t * 8;
-            const uint4 wa = ok_a ? load_weights16(wa_row + k) : zero;
-            const uint4 wb = ok_b ? load_weights16(wb_row + k) : zero;
-            k_step<NT>(acc, wa, wb, x, norm_w, x_stride, tok_base, g, n_tokens, k);
-        }
+            k_step<NT>(acc, wa[u], wb[u], x, norm_w, x_stride, tok_base, g, n_tokens, (s + u) * 32 + t * 8);
+    }
+    for (; s < s_end; ++s) {
+        const int k = s * 32 + t * 8;
+        const uint4 wa = ok_a ? load_weights16(wa_row + k) : zero;
+        const uint4 wb = ok_b ? load_weights16(wb_row + k) : zero;
+        k_step<NT>(acc, wa, wb, x, norm_w, x_stride, tok_base, g, n_tokens, k);
     }
 
     // Add the warps' partial tiles: warps 1.. park theirs in shared memory, warp 0 sums and stores.
@@ -303,19 +276,17 @@ __device__ void fused_body(const uint16_t* __restrict__ W, const float* __restri
     }
 }
 
-#define FUSED_ENTRY(NAME, NT, PIPE)                                                                            \
-    extern "C" __global__ void __launch_bounds__(FUSED_MAX_WARPS * 32) NAME(                                  \
+#define FUSED_ENTRY(NT)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(FUSED_MAX_WARPS * 32) projection_fused_nt##NT(              \
         const uint16_t* W, const float* x, int x_stride, const float* norm_w, float eps, const float* bias,    \
         float* out, int out_stride, int out_cols, int rows, int K, int n_tokens, int mode,                     \
         const int* pos_table, const int* slot_table, const int* ctl, const float* inv_freq, float* k_cache,    \
         float* v_cache, int n_q_heads, int n_kv_heads, int head_dim, int capacity) {                          \
         const RopeTarget rt{pos_table, slot_table, ctl, inv_freq, k_cache, v_cache,                            \
                             n_q_heads, n_kv_heads, head_dim, capacity};                                        \
-        fused_body<NT, PIPE>(W, x, x_stride, norm_w, eps, bias, out, out_stride, out_cols, rows, K, n_tokens,  \
-                             mode, rt);                                                                        \
+        fused_body<NT>(W, x, x_stride, norm_w, eps, bias, out, out_stride, out_cols, rows, K, n_tokens, mode, rt); \
     }
 
-FUSED_ENTRY(projection_fused_nt1, 1, false)
-FUSED_ENTRY(projection_fused_nt2, 2, false)
-FUSED_ENTRY(projection_fused_nt4, 4, false)
-FUSED_ENTRY(projection_fused_pipe_nt1, 1, true)      // decode rows: the software-pipelined loop
+FUSED_ENTRY(1)
+FUSED_ENTRY(2)
+FUSED_ENTRY(4)

@@ -98,18 +98,18 @@ for stage in $STAGES; do
             ! -name suite.log ! -name demo_active.png -delete && find . -mindepth 1 -type d -exec rm -rf {} +)
         ls "$OUT" ;;
     profile)
-        # Decode variants side by side as graph replays, then ncu per kernel (one decode step, one prefill) for
-        # the first variant. PROFILE_VARIANTS: model.cuda_backend.DecodeKernels strings.
+        # Decode launch modes side by side as graph replays, then ncu per kernel (one decode step, one prefill,
+        # NCU_PHASES="none" skips it) with ordinary launches.
         make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
-        variants=${PROFILE_VARIANTS:-"mma:chunk:plain mma:split:plain mma:chunk:pdl mma:split:pdl"}
-        echo "== decode profile: $variants"
-        $PY -m vla_edge_ros.bench.decode_profile --model "$MODELS/qwen15" --variants $variants 2>&1 \
+        echo "== decode profile"
+        $PY -m vla_edge_ros.bench.decode_profile --model "$MODELS/qwen15" --launch-modes pdl plain 2>&1 \
             | tee "$OUT/profile.log" || status=1
         for phase in ${NCU_PHASES:-decode prefill}; do
-            echo "== ncu $phase (${variants%% *})"
+            [ "$phase" = none ] && continue
+            echo "== ncu $phase"
             ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \
                 --log-file "$OUT/ncu_$phase.csv" $PY -m vla_edge_ros.bench.decode_profile --model "$MODELS/qwen15" \
-                --variants "${variants%% *}" --replays 3 --ncu-window "$phase" > /dev/null 2>&1 || status=1
+                --launch-modes plain --replays 3 --ncu-window "$phase" > /dev/null 2>&1 || status=1
             $PY scripts/ncu_summary.py "$OUT/ncu_$phase.csv" | tee "$OUT/ncu_$phase.txt" || status=1
         done ;;
     bench)

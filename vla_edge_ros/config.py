@@ -169,6 +169,9 @@ class ModelConfig:
     backend: str = _doc("auto | numpy | pycuda (auto: pycuda when a CUDA device exists)", default="auto")
     dtype: str = _doc("weight precision of the backend: float32 | bfloat16", default="float32")
     cpu_threads: int = _doc("BLAS threads of the numpy backend per process (small matrices: 1 is fastest)", default=1)
+    programmatic_launch: bool = _doc("pycuda on sm_90+: launch the decode kernels with programmatic dependent launch "
+                                     "(each starts streaming its weights while the one before finishes); false: "
+                                     "ordinary launches", default=True)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:

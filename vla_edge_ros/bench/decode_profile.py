@@ -1,10 +1,10 @@
 """Where a cycle's device time goes, per decode variant, on a model snapshot (GPU only).
 
-    python -m vla_edge_ros.bench.decode_profile --model DIR --variants mma:chunk:plain mma:split:pdl
+    python -m vla_edge_ros.bench.decode_profile --model DIR --launch-modes pdl plain
     ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \\
-        python -m vla_edge_ros.bench.decode_profile --model DIR --variants mma:split:pdl --ncu-window decode
+        python -m vla_edge_ros.bench.decode_profile --model DIR --launch-modes plain --ncu-window decode
 
-For each variant: the decode step and the 32-row prefill as CUDA-graph replays (median of CUDA
+For each decode launch mode (pdl, plain): the decode step and the 32-row prefill as CUDA-graph replays (median of CUDA
 events over `--replays`), the graphs' node counts, and the per-group breakdown of
 bench/pycuda_cycle.py. `--ncu-window decode|prefill` brackets one replay of that graph with cuProfilerStart/Stop, so
 `ncu --profile-from-start off` times exactly its kernels, one by one
@@ -24,10 +24,10 @@ from .pycuda_cycle import BINS, DECODE_STEPS, PREFILL_ROWS, _breakdown, _fill_co
 log = logging.getLogger(__name__)
 
 
-def profile_variant(backend, spec, variant, n_cached: int, replays: int, ncu_window: str | None) -> dict:
+def profile_mode(backend, spec, mode: str, n_cached: int, replays: int, ncu_window: str | None) -> dict:
     import pycuda.driver as drv
 
-    backend.set_decode_kernels(variant)
+    in_effect = backend.set_programmatic_launch(mode == "pdl")
     lo = spec.vocab_size - BINS
     ctx = np.arange(n_cached)
     w_slots = np.arange(n_cached, n_cached + PREFILL_ROWS)
@@ -37,7 +37,7 @@ def profile_variant(backend, spec, variant, n_cached: int, replays: int, ncu_win
     for _ in range(3):                                     # capture + warm
         backend.run_cycle_tokens(x, w_slots, w_slots, ctx, d_slots, d_slots, lo, DECODE_STEPS + 1, BINS)
     start, end = drv.Event(), drv.Event()
-    out = {"variant": str(backend.decode_kernels)}
+    out = {"launch": "pdl" if in_effect else "plain"}
     for phase in ("decode", "prefill"):
         times = []
         for _ in range(replays):
@@ -76,13 +76,13 @@ def profile_variant(backend, spec, variant, n_cached: int, replays: int, ncu_win
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model snapshot directory (bf16)")
-    p.add_argument("--variants", nargs="+", default=["mma:chunk:plain"])
+    p.add_argument("--launch-modes", nargs="+", default=["pdl", "plain"], choices=["pdl", "plain"])
     p.add_argument("--cached", type=int, default=4064)
     p.add_argument("--replays", type=int, default=50)
     p.add_argument("--ncu-window", choices=("decode", "prefill"), help="bracket one replay of this graph for ncu")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    from ..model.cuda_backend import CudaBackend, DecodeKernels
+    from ..model.cuda_backend import CudaBackend
     from ..model.cuda_device import primary_device
     from ..model.spec import ModelSpec
 
@@ -90,11 +90,11 @@ def main(argv=None) -> int:
     with primary_device(0).bound():
         backend = CudaBackend(spec, args.model, args.cached + PREFILL_ROWS + DECODE_STEPS, "bfloat16")
         _fill_context(backend, spec, args.cached, np.random.default_rng(1))
-        for text in args.variants:
-            r = profile_variant(backend, spec, DecodeKernels.parse(text), args.cached, args.replays, args.ncu_window)
+        for mode in args.launch_modes:
+            r = profile_mode(backend, spec, mode, args.cached, args.replays, args.ncu_window)
             parts = "; ".join(f"{ph}: " + ", ".join(f"{k} {v:.3f}" for k, v in groups.items())
                               for ph, groups in r["breakdown_ms"].items())
-            print(f"{r['variant']:>16}  decode step {r['decode_ms']:.3f} ms  prefill {r['prefill_ms']:.3f} ms  "
+            print(f"{r['launch']:>6}  decode step {r['decode_ms']:.3f} ms  prefill {r['prefill_ms']:.3f} ms  "
                   f"nodes {r['graph_nodes']}  [{parts}]", flush=True)
         backend.close()
     return 0

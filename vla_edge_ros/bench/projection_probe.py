@@ -7,7 +7,7 @@ prologue and SwiGLU, down) and each (warps per block, K parts) that the launcher
 graph of one launch per layer, each on its own weights (so the weights stream from HBM, as in a
 real step, not from L2), is replayed; the table gives the time per launch and the bandwidth
 against the copy bandwidth measured in the same run, with the launcher's default choice marked.
-Ordinary and programmatic (PDL) launches are both timed, and the software-pipelined loop (_pipe). A diagnosis tool for choosing
+Ordinary and programmatic (PDL) launches are both timed. A diagnosis tool for choosing
 cuda_kernels.projection_fused's defaults; the benchmark of record is bench/pycuda_cycle.py.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ def probe(shape: str, layers: int, replays: int) -> dict:
         norm_w = gpuarray.to_gpu(np.ones(K, np.float32)) if norm else None
         out_cols = rows // 2 if name == "gate_up" else None
         default = _default_config(kn, rows, K, mode)
-        for pdl, pipelined in ((False, False), (True, False), (True, True)):
+        for pdl in (False, True):
             if pdl and not kn.enable_programmatic_launch():
                 continue
             if not pdl:
@@ -73,7 +73,7 @@ def probe(shape: str, layers: int, replays: int) -> dict:
                 def record():
                     for w in weights:
                         kn.projection_fused(w, x, out, 1, mode, stream, norm_w=norm_w, eps=1e-6,
-                                            out_cols=out_cols, warps=warps, kb=kb, pipelined=pipelined)
+                                            out_cols=out_cols, warps=warps, kb=kb)
                 graph = capture(f"probe-{name}", stream, record)
                 graph.launch(stream)
                 start, end = drv.Event(), drv.Event()
@@ -85,7 +85,7 @@ def probe(shape: str, layers: int, replays: int) -> dict:
                 graph.close()
                 us = start.time_till(end) * 1e3 / (replays * layers)
                 nbytes = rows * K * 2
-                results.append({"proj": name, "pdl": pdl, "pipelined": pipelined, "warps": warps, "kb": kb, "us": us,
+                results.append({"proj": name, "pdl": pdl, "warps": warps, "kb": kb, "us": us,
                                 "blocks": ceil_div(rows, 16) * kb, "default": (warps, kb) == default,
                                 "bw_fraction": nbytes / (us * 1e-6) / bandwidth})
         for w in weights:
@@ -116,8 +116,8 @@ def main(argv=None) -> int:
     for name in dict.fromkeys(x["proj"] for x in r["results"]):
         mine = sorted((x for x in r["results"] if x["proj"] == name), key=lambda x: x["us"])
         shown = mine[:8] + [x for x in mine[8:] if x["default"]]
-        rows += [[name, ("pdl" if x["pdl"] else "plain") + ("+pipe" if x["pipelined"] else ""), x["warps"], x["kb"],
-                  x["blocks"], x["us"], x["bw_fraction"], "<- default" if x["default"] else ""] for x in shown]
+        rows += [[name, "pdl" if x["pdl"] else "plain", x["warps"], x["kb"], x["blocks"], x["us"], x["bw_fraction"],
+                  "<- default" if x["default"] else ""] for x in shown]
     print_table(f"decode projections, one row, {r['shape']}, on {r['gpu']} (copy {r['copy_bandwidth_gbs']:.0f} GB/s)",
                 ["proj", "launch", "warps", "kb", "blocks", "us", "of copy bw", ""], rows)
     write_json(args.json, r)

@@ -9,7 +9,8 @@ action bins (9 tokens chosen). Measured in one run, on one GPU:
 
   * ours: `CudaBackend.run_cycle_tokens` end to end on the host clock (upload,
     captured prefill graph, 8 decode-graph replays, token download); prefill
-    and decode separately with CUDA events;
+    and decode separately with CUDA events; once per decode launch mode (pdl:
+    programmatic dependent launch, the backend's default; plain: ordinary);
   * HF transformers eager bf16 (same weights, same prefill embeddings, its own
     DynamicCache cropped back to `cached` after every cycle), timed the same way;
   * HF transformers bf16 the fast way: SDPA attention, a StaticCache of
@@ -45,6 +46,7 @@ SHAPES = {"qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate
                        num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
                        tie_word_embeddings=True, max_position_embeddings=32768)}
 DEFAULT_CACHED = (256, 2048, 4064)
+LAUNCH_MODES = ("pdl", "plain")
 PREFILL_ROWS = 32
 DECODE_STEPS = 8
 BINS = 256
@@ -62,9 +64,9 @@ def add_arguments(p) -> None:
     p.add_argument("--cached", type=int, nargs="+", help=f"cached lengths (default {DEFAULT_CACHED})")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--decode-variants", nargs="+", default=None, metavar="PROJ:ATTN",
-                   help="decode-pipeline kernels to time side by side (model.cuda_backend.DecodeKernels), "
-                        "e.g. mma:chunk gemv:split; the first is the one the summary reports (default: the backend's)")
+    p.add_argument("--launch-modes", nargs="+", default=None, choices=list(LAUNCH_MODES),
+                   help="decode launch modes to time side by side: pdl (programmatic dependent launch, the "
+                        "backend's default) and plain; the first is the one the summary reports (default: both)")
 
 
 def run(args) -> int:
@@ -86,17 +88,17 @@ def _run(args) -> int:
     hf_compiled_cycles = 0 if getattr(args, "no_hf_compiled", False) else int(
         getattr(args, "hf_compiled_cycles", None) or 10)
     seed = int(getattr(args, "seed", 0) or 0)
-    from ..model.cuda_backend import DecodeKernels
-    variants = [DecodeKernels.parse(v) for v in (getattr(args, "decode_variants", None) or [str(DecodeKernels())])]
-    result = bench(shape, cached, cycles, hf_cycles, seed, variants, hf_compiled_cycles)
+    modes = list(getattr(args, "launch_modes", None) or LAUNCH_MODES)
+    result = bench(shape, cached, cycles, hf_cycles, seed, modes, hf_compiled_cycles)
     _print(result)
     write_json(getattr(args, "json", None), result)
     return 0
 
 
-def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, variants: list,
+def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, modes: list,
           hf_compiled_cycles: int = 10) -> dict:
-    """hf_compiled_cycles = 0 skips the compiled HF baseline (its columns are then None)."""
+    """modes: decode launch modes ("pdl", "plain"); hf_compiled_cycles = 0 skips the compiled HF baseline
+    (its columns are then None)."""
     import torch
 
     from ..model.cuda_backend import CudaBackend
@@ -125,21 +127,21 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, vari
         theirs = _time_hf(hf, spec, n_cached, hf_cycles, rng)
         compiled = (_time_hf_compiled_or_error(hf_sdpa, spec, n_cached, hf_compiled_cycles, rng)
                     if hf_sdpa is not None else None)
-        for variant in variants:
-            backend.set_decode_kernels(variant)
+        for mode in modes:
+            in_effect = "pdl" if backend.set_programmatic_launch(mode == "pdl") else "plain"
             ours = _time_ours(backend, spec, n_cached, cycles, rng)
-            rows.append({"cached": n_cached, "variant": str(variant), "ours": ours, "hf_eager_bf16": theirs,
+            rows.append({"cached": n_cached, "variant": in_effect, "ours": ours, "hf_eager_bf16": theirs,
                          "hf_compiled_static": compiled,
                          "ratio_p50": theirs["cycle_ms"]["p50"] / ours["cycle_ms"]["p50"],
                          "ratio_p99": theirs["cycle_ms"]["p99"] / ours["cycle_ms"]["p99"],
                          "ratio_p50_compiled": _ratio(compiled, ours, "p50"),
                          "ratio_p99_compiled": _ratio(compiled, ours, "p99"),
                          "decode_vs_floor": ours["decode_ms_per_token"] / floor_ms})
-    last = [r for r in rows if r["variant"] == str(variants[0])][-1]
+    last = rows[len(modes) * (len(cached) - 1)]                  # the first mode at the longest context
     return {
         "benchmark": "pycuda_cycle", "shape": shape, "machine": _machine(),
         "cycle": f"{PREFILL_ROWS}-row prefill + {DECODE_STEPS} decode steps, argmax over {BINS} action bins",
-        "decode_variants": [str(v) for v in variants], "summary_variant": str(variants[0]),
+        "launch_modes": [r["variant"] for r in rows[:len(modes)]], "summary_launch_mode": last["variant"],
         "kv_capacity": capacity, "device_memory_bytes": backend.memory_bytes(),
         "weight_bytes": full_bytes, "decode_stream_bytes": floor_bytes,
         "copy_bandwidth_gbs": bandwidth / 1e9,
@@ -499,7 +501,7 @@ def _shape_name(shape: str) -> str:
 
 def _print(r: dict) -> None:
     title = f"pycuda cycle ({r['cycle']}), {r['shape']}, ms; on {r['machine'].get('gpu_pycuda')}"
-    headers = ["cached", "decode", "ours p50", "ours p99", "prefill", "dec/tok", "dec/floor",
+    headers = ["cached", "launch", "ours p50", "ours p99", "prefill", "dec/tok", "dec/floor",
                "x eager p50", "x eager p99", "x compiled p50", "x compiled p99"]
     rows = [[c["cached"], c["variant"], c["ours"]["cycle_ms"]["p50"], c["ours"]["cycle_ms"]["p99"], c["ours"]["prefill_ms"],
              c["ours"]["decode_ms_per_token"], c["decode_vs_floor"], c["ratio_p50"], c["ratio_p99"],
@@ -517,7 +519,7 @@ def _print(r: dict) -> None:
 
 
 def _print_baselines(r: dict) -> None:
-    """The HF columns, once per cached length (they do not depend on our decode variant)."""
+    """The HF columns, once per cached length (they do not depend on our launch mode)."""
     by_cached = {c["cached"]: c for c in r["cycles"]}
     headers = ["cached", "eager p50", "eager p99", "eager prefill", "eager dec/tok",
                "compiled p50", "compiled p99", "compiled prefill", "compiled dec/tok", "compile s"]

@@ -19,8 +19,11 @@ Two ways in:
 
 Two pipelines (DECODE_MAX_ROWS): bf16 calls of 1-2 rows run 6 kernels per layer
 (projection_fused.cu: RMSNorm prologue, RoPE + K/V store and residual-add
-epilogues; attention.cu), longer calls and fp32 one kernel per step
-(projection_bf16.cu / projection_f32.cu, rope.cu, attention_tiled.cu).
+epilogues; attention_decode.cu + the merge of attention.cu), longer calls and fp32
+one kernel per step (projection_bf16.cu / projection_f32.cu, rope.cu,
+attention_tiled.cu; fp32 decode rows also take attention_decode.cu). On sm_90+
+the decode kernels are launched programmatically (cuda_pdl.py): each may start
+while the one before finishes, streaming its weights before it waits.
 
 Device layouts:
     k_cache, v_cache   [layers, kv_heads, capacity, head_dim] float32
@@ -57,44 +60,11 @@ MAX_CYCLE_TOKENS = 256          # action tokens one cycle may emit
 # projection_fused.cu (each block normalises its own row, RoPE + K/V store and residual adds in the
 # epilogues: 6 launches per layer) and attention.cu. Longer calls (prefill) take one kernel per
 # step with projection_bf16.cu and attention_tiled.cu. Chosen by measurement (notes/cuda_notes.md,
-# run 5): the fused projections lose to the split ones on 32 rows, the tiled attention to the
-# chunk kernel on one row.
+# run 5): the fused projections lose to the split ones on 32 rows; on decode rows the register
+# attention (attention_decode.cu) beats the shared-memory kernels, on 32 rows it loses 3x (run 8).
 DECODE_MAX_ROWS = 2
 LAYER_GROUPS = ("projections", "attention", "norms+rope")
 UPLOAD_BLOCK_BYTES = 64 << 20   # rows of the embedding table per host->device copy: bounds the host's share
-
-
-@dataclass(frozen=True)
-class DecodeKernels:
-    """Kernels of the decode pipeline (bf16 calls of <= DECODE_MAX_ROWS rows). Alternatives stay
-    selectable so `vla-edge bench --backend pycuda --decode-variants` can time them side by side."""
-    projection: str = "mma"      # "mma": projection_fused.cu (tensor cores, tiles of 16 rows)
-    attention: str = "chunk"     # "chunk": attention.cu (K/V chunk in shared memory); "split": attention_decode.cu
-    launch: str = "plain"        # "pdl": programmatic dependent launch of the decode kernels (cuda_pdl.py)
-
-    def __post_init__(self):
-        if self.projection not in DECODE_PROJECTIONS:
-            raise ValueError(f"DecodeKernels.projection must be one of {DECODE_PROJECTIONS}, got {self.projection!r}")
-        if self.attention not in DECODE_ATTENTIONS:
-            raise ValueError(f"DecodeKernels.attention must be one of {DECODE_ATTENTIONS}, got {self.attention!r}")
-        if self.launch not in DECODE_LAUNCHES:
-            raise ValueError(f"DecodeKernels.launch must be one of {DECODE_LAUNCHES}, got {self.launch!r}")
-
-    @classmethod
-    def parse(cls, text: str) -> "DecodeKernels":
-        """'projection:attention[:launch]', e.g. 'mma:chunk' or 'mma:split:pdl'."""
-        parts = text.split(":")
-        if len(parts) not in (2, 3):
-            raise ValueError(f"decode variant {text!r}: expected 'projection:attention[:launch]', e.g. 'mma:split:pdl'")
-        return cls(*parts)
-
-    def __str__(self) -> str:
-        return f"{self.projection}:{self.attention}:{self.launch}"
-
-
-DECODE_PROJECTIONS = ("mma", "wide", "widepipe")    # block shapes: cuda_kernels.fused_config / fused_config_wide
-DECODE_ATTENTIONS = ("chunk", "split", "splitall")
-DECODE_LAUNCHES = ("plain", "pdl")
 
 
 class DeviceMemoryError(MemoryError):
@@ -134,11 +104,13 @@ class CudaBackend:
 
     def __init__(self, spec: ModelSpec, weights, capacity: int, dtype: str = "bfloat16",
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
-                 decode_kernels: DecodeKernels = DecodeKernels(), device=None):
+                 programmatic_launch: bool = True, device=None):
         """weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
-        weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context)."""
+        weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context);
+        programmatic_launch: launch the decode kernels with programmatic dependent launch (cuda_pdl.py)
+        where the device supports it (sm_90+), else ordinarily."""
         self.spec = spec
-        self.decode_kernels = decode_kernels
+        self.programmatic_launch = bool(programmatic_launch)
         self.capacity = int(capacity)
         self._slot_marks = np.zeros(self.capacity, dtype=bool)    # scratch for the slot-set checks of forward()
         self.dtype = canonical_dtype(dtype)
@@ -182,7 +154,7 @@ class CudaBackend:
         self.kernels = ck.CudaKernels(self.device)
         if self.kernels.sync_each_launch:
             self.use_graphs = False           # a synchronize inside a stream capture would invalidate it
-        self._apply_launch_mode()
+        self.set_programmatic_launch(self.programmatic_launch)
         self.stream = self._drv.Stream()
         self._bytes = 0
         self._upload_weights(source, wdt)
@@ -429,24 +401,19 @@ class CudaBackend:
         return self._gpuarray.GPUArray(self.kv_rows_shape(), np.float32, gpudata=int(ptr))
 
     @_on_device
-    def set_decode_kernels(self, choice: DecodeKernels) -> None:
-        """Switch the decode pipeline's kernels (between cycles); captured graphs are rebuilt on next use."""
-        if not isinstance(choice, DecodeKernels):
-            raise TypeError(f"set_decode_kernels needs a DecodeKernels, got {type(choice).__name__}")
+    def set_programmatic_launch(self, enabled: bool) -> bool:
+        """Launch the decode kernels programmatically (True) or ordinarily, between cycles; captured graphs
+        are rebuilt on next use. Returns what is in effect (False where the device cannot)."""
         self.stream.synchronize()
         for graph in self._graphs.values():
             graph.close()
         self._graphs.clear()
-        self.decode_kernels = choice
-        self._apply_launch_mode()
-
-    def _apply_launch_mode(self) -> None:
-        """Programmatic dependent launch as decode_kernels.launch asks, where the device supports it."""
-        if self.decode_kernels.launch == "pdl":
-            if not self.kernels.enable_programmatic_launch():
-                self.decode_kernels = DecodeKernels(self.decode_kernels.projection, self.decode_kernels.attention, "plain")
+        if enabled:
+            enabled = self.kernels.enable_programmatic_launch()
         else:
             self.kernels.disable_programmatic_launch()
+        self.programmatic_launch = enabled
+        return enabled
 
     def layer_groups(self, n: int) -> tuple:
         """Kernel groups (LAYER_GROUPS) that a pass over n rows launches."""
@@ -650,7 +617,7 @@ class CudaBackend:
     def _enqueue_layer_fused(self, li: int, layer: _Layer, n: int, groups) -> None:
         """bf16 decode: RMSNorm folded into the q|k|v and gate/up projections, RoPE and the K/V store
         in the q|k|v epilogue, residual adds in the o/down epilogues."""
-        sp, s, proj = self.spec, self.stream, self._decode_projection
+        sp, s, proj = self.spec, self.stream, self.kernels.projection_fused
         if "projections" in groups:
             proj(layer.w_qkv_rope, self.resid, self.qkv, n, ck.MODE_QKV_ROPE, s, norm_w=layer.input_norm,
                  eps=sp.rms_norm_eps, bias=layer.b_qkv, rope=self._rope_target(li))
@@ -686,29 +653,19 @@ class CudaBackend:
             kn.projection(layer.w_gate_up, self.normed, self.act, n, ck.MODE_SWIGLU, s, out_cols=sp.intermediate_size)
             kn.projection(layer.w_down, self.act, self.resid, n, ck.MODE_ADD, s)
 
-    def _decode_projection(self, W, x, out, n: int, mode: int, stream, **kw) -> None:
-        """A projection of the decode pipeline with the kernel self.decode_kernels names (same contract)."""
-        choice = self.decode_kernels.projection
-        if choice != "mma":
-            rows = kw.get("rows") or W.shape[0] - kw.get("w_row0", 0)
-            kw["warps"], kw["kb"] = ck.fused_config_wide(ck.ceil_div(rows, 16), W.shape[1] // 32, mode)
-            kw["pipelined"] = choice == "widepipe"
-        self.kernels.projection_fused(W, x, out, n, mode, stream, **kw)
-
     def _enqueue_attention(self, li: int, n: int) -> None:
-        """attention_decode.cu (or attention.cu) for decode rows, attention_tiled.cu (K/V chunk shared by up to 8
-        rows) for longer calls."""
+        """attention_decode.cu (partial sums from registers) for decode rows, attention_tiled.cu (K/V chunk
+        in shared memory, shared by up to 8 rows) for longer calls; attention.cu's merge after either."""
         sp = self.spec
         k_ptr, v_ptr = self._kv_ptrs(li)
-        att = self.decode_kernels.attention
-        if (n <= DECODE_MAX_ROWS and att == "split") or att == "splitall":
+        if n <= DECODE_MAX_ROWS:
             self.kernels.attention_decode(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o,
                                           self.part_ml, self.attn, n, sp.num_heads, sp.num_kv_heads, sp.head_dim,
                                           self.capacity, self.n_splits, self._scale, self.stream)
             return
         self.kernels.attention(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o, self.part_ml, self.attn,
                                n, sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, self.n_splits,
-                               self._scale, self.stream, tiled=n > DECODE_MAX_ROWS)
+                               self._scale, self.stream, tiled=True)
 
     def _rope_target(self, li: int) -> ck.RopeTarget:
         sp = self.spec
@@ -719,8 +676,8 @@ class CudaBackend:
     def _enqueue_head_argmax(self, row: int, bin_lo: int, n_bins: int, rows_consumed: int) -> None:
         sp, kn, s = self.spec, self.kernels, self.stream
         if self._fused(1):                      # final RMSNorm folded into the head projection
-            self._decode_projection(self.head, self.resid, self.logits, 1, ck.MODE_STORE, s, norm_w=self.final_norm,
-                                    eps=sp.rms_norm_eps, w_row0=bin_lo, rows=n_bins, x_row0=row)
+            kn.projection_fused(self.head, self.resid, self.logits, 1, ck.MODE_STORE, s, norm_w=self.final_norm,
+                                eps=sp.rms_norm_eps, w_row0=bin_lo, rows=n_bins, x_row0=row)
         else:
             kn.rmsnorm(self.resid, self.final_norm, self.normed, 1, sp.rms_norm_eps, s, row0=row)
             kn.projection(self.head, self.normed, self.logits, 1, ck.MODE_STORE, s, w_row0=bin_lo, rows=n_bins, x_row0=row)

@@ -65,8 +65,7 @@ FAMILIES = {
     "rmsnorm": {"rmsnorm_rows": "PPPifPPi"},
     "projection_bf16": {f"projection_bf16_nt{nt}": "PPPPiiiiiiii" for nt in (1, 2, 4)},
     "projection_f32": {"projection_f32": "PPPPiiiiiii"},
-    "projection_fused": {f"projection_fused{kind}_nt{nt}": "PPiPfPPiiiiiiPPPPPPiiii"
-                         for kind, nt in (("", 1), ("", 2), ("", 4), ("_pipe", 1))},
+    "projection_fused": {f"projection_fused_nt{nt}": "PPiPfPPiiiiiiPPPPPPiiii" for nt in (1, 2, 4)},
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_partial": "PiPPPPPPiiiiifii", "attention_merge": "PPPPiiii"},
     "attention_tiled": {"attention_partial_tiled": "PiPPPPPPiiiiifii"},   # merged by attention.cu's kernel
@@ -204,15 +203,6 @@ def fused_config(n_tiles: int, n_steps: int, mode: int, num_sms: int, warps: int
     if mode == kc.MODE_ADD:
         kb = max(1, min(ceil_div(PROJ_TARGET_WARPS, n_tiles * warps), n_steps // (warps * PROJ_MIN_STEPS_PER_SPLIT)))
     return warps, kb
-
-
-def fused_config_wide(n_tiles: int, n_steps: int, mode: int) -> tuple[int, int]:
-    """The alternative block shapes the H200 probe favoured (bench/projection_probe.py): residual adds
-    (MODE_ADD) as many small blocks of 2 warps with K split up to ~1536 warps in all; the others (K not
-    split) about 4096 warps, at least 3 K steps per warp."""
-    if mode == kc.MODE_ADD:
-        return 2, max(1, min(ceil_div(1536, n_tiles * 2), n_steps // 6))
-    return max(1, min(ceil_div(4096, n_tiles), FUSED_MAX_WARPS, n_steps // 3)), 1
 
 
 # ----------------------------------------------------------------------------
@@ -423,7 +413,7 @@ class CudaKernels:
     def projection_fused(self, W, x, out, n_tokens: int, mode: int, stream, norm_w=None, eps: float = 0.0,
                          bias=None, out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
                          x_row0: int = 0, rope: "RopeTarget | None" = None, warps: int | None = None,
-                         kb: int | None = None, pipelined: bool = False):
+                         kb: int | None = None):
         """bf16 W: acc = v[x_row0 : x_row0+n_tokens, :K] @ W[w_row0 : w_row0+rows]^T with v = x, or
         x * norm_w scaled by each row's RMS (norm_w given); epilogue by mode (projection_fused.cu)."""
         _check_array("projection weight", W, np.uint16, 2)
@@ -470,8 +460,7 @@ class CudaKernels:
         _check(kb * warps <= n_steps, f"projection: {kb} x {warps} K parts > {n_steps} K steps")
         nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
         grid = (n_tiles, kb, ceil_div(n_tokens, 8 * nt))
-        kind = "_pipe" if pipelined and nt == 1 else ""
-        self._launch(f"projection_fused{kind}_nt{nt}", grid, 32 * warps, stream, ptr(W, w_row0 * K), ptr(x, x_row0 * x.shape[1]),
+        self._launch(f"projection_fused_nt{nt}", grid, 32 * warps, stream, ptr(W, w_row0 * K), ptr(x, x_row0 * x.shape[1]),
                      np.int32(x.shape[1]), ptr(norm_w), np.float32(eps), ptr(bias), ptr(out), np.int32(out.shape[1]),
                      np.int32(out_cols), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(mode), *rope_args)
 

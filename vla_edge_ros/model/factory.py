@@ -40,13 +40,15 @@ def load_model(model_dir: str | Path):
     return spec, weights, load_tokenizer(model_dir)
 
 
-def create_backend(kind: str, model_dir: str | Path, capacity: int, dtype="float32", device=None) -> Backend:
+def create_backend(kind: str, model_dir: str | Path, capacity: int, dtype="float32", device=None,
+                   programmatic_launch: bool = True) -> Backend:
     """Load `model_dir` and build backend `kind` (auto | numpy | pycuda) with `capacity` KV slots.
-    pycuda streams the weights to the device (never the whole model on the host); device: a CudaDevice."""
+    pycuda streams the weights to the device (never the whole model on the host); device: a CudaDevice;
+    programmatic_launch: pycuda's decode launch mode (model.programmatic_launch)."""
     spec = ModelSpec.from_dir(model_dir)
     choice = choose_backend(kind)
     if choice.kind == "pycuda":
-        return _cuda_backend(spec, Path(model_dir), capacity, dtype, device, choice)
+        return _cuda_backend(spec, Path(model_dir), capacity, dtype, device, choice, programmatic_launch)
     return create_backend_from_weights("numpy", spec, load_weights(model_dir, spec), capacity, dtype)
 
 
@@ -62,10 +64,12 @@ def create_backend_from_weights(kind: str, spec: ModelSpec, weights: ModelWeight
     return backend
 
 
-def _cuda_backend(spec, weights, capacity, dtype, device, choice: BackendChoice):
+def _cuda_backend(spec, weights, capacity, dtype, device, choice: BackendChoice, programmatic_launch: bool = True):
     from .cuda_backend import CudaBackend  # lazy: imports pycuda
-    backend = CudaBackend(spec, weights, capacity, canonical_dtype(dtype), device=device)
-    logger.info("%s, dtype %s, %d KV slots", choice.describe(), canonical_dtype(dtype), capacity)
+    backend = CudaBackend(spec, weights, capacity, canonical_dtype(dtype), device=device,
+                          programmatic_launch=programmatic_launch)
+    logger.info("%s, dtype %s, %d KV slots, %s decode launches", choice.describe(), canonical_dtype(dtype), capacity,
+                "programmatic" if backend.programmatic_launch else "ordinary")
     return backend
 
 

@@ -35,8 +35,8 @@ def add_arguments(p) -> None:
     p.add_argument("--cycles", type=int, default=20, help="timed cycles per cached length")
     p.add_argument("--cached", type=int, nargs="+", help="cached lengths to sweep")
     p.add_argument("--json", help="write the results here")
-    p.add_argument("--decode-variants", nargs="+", metavar="PROJ:ATTN",
-                   help="cycle on pycuda: decode-pipeline kernels to time side by side, e.g. mma:chunk gemv:split")
+    p.add_argument("--launch-modes", nargs="+", choices=["pdl", "plain"],
+                   help="cycle on pycuda: decode launch modes to time side by side (default: pdl then plain)")
     p.add_argument("--no-hf-compiled", action="store_true",
                    help="cycle on pycuda: skip the HF static cache + torch.compile baseline (minutes of compilation)")
     csr = p.add_argument_group("csr / asr suites")
