@@ -3,7 +3,7 @@
 # `vla-edge verify` against HuggingFace on tiny / llama-tiny / the Qwen2.5-1.5B-shaped random model
 # (bf16 and fp32), kernel probes, the cycle benchmark, then the CSR and ASR benchmarks. Logs go to $OUT.
 #   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (the default, in that order); more
-#   stages: profile (decode variants + ncu per kernel), probes, csr, asr, asr-shared, asr-32k, suite (the whole test suite, needs prepare.sh --ros) and demo
+#   stages: profile (decode launch modes + ncu per kernel), ncu-gemv, probes, csr, asr, asr-shared, asr-32k, suite (the whole test suite, needs prepare.sh --ros) and demo
 #   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each), pack (all but the tables, the suite
 #   log and one timeline into results.tgz: the device tool returns 8 files). Run from the repo root after
 #   `source .whl/on-device.sh`. The device tool returns at most 8 files: choose stages accordingly.
@@ -45,7 +45,7 @@ for stage in $STAGES; do
             $(ls test/test_cuda_gemv.py test/test_cuda_attention_decode.py 2>/dev/null) -q -rs 2>&1 \
             | tee -a "$OUT/tests.log" | tail -15 || status=1 ;;
     probes)
-        for probe in projection_probe attention_probe; do
+        for probe in ${PROBES:-projection_probe gemv_probe attention_probe}; do
             [ -f vla_edge_ros/bench/$probe.py ] || continue
             echo "== $probe"
             $PY -m vla_edge_ros.bench.$probe 2>&1 | grep -v " INFO " | tee "$OUT/$probe.log" || status=1
@@ -112,6 +112,15 @@ for stage in $STAGES; do
                 --launch-modes plain --replays 3 --ncu-window "$phase" > /dev/null 2>&1 || status=1
             $PY scripts/ncu_summary.py "$OUT/ncu_$phase.csv" | tee "$OUT/ncu_$phase.txt" || status=1
         done ;;
+    ncu-gemv)
+        # Why the decode projections stream at half the copy bandwidth: ncu's throughput, occupancy and stall
+        # sections for one launch of projection_fused and of each candidate GEMV on the gate/up shape.
+        echo "== ncu gemv (gate_up)"
+        ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+            --section MemoryWorkloadAnalysis $PY -m vla_edge_ros.bench.gemv_probe --once gate_up > "$OUT/ncu_gemv.txt" 2>&1 \
+            || status=1
+        grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" \
+            "$OUT/ncu_gemv.txt" | head -120 ;;
     bench)
         echo "== bench"
         $PY -m vla_edge_ros.bench.pycuda_cycle --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | grep -v " INFO " \

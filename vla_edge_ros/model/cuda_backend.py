@@ -17,8 +17,8 @@ Two ways in:
     lengths and slot lists from device memory, so one decode graph serves
     every step and one prefill graph every cycle of the same prefill length.
 
-Two pipelines (DECODE_MAX_ROWS): bf16 calls of 1-2 rows run 6 kernels per layer
-(projection_fused.cu: RMSNorm prologue, RoPE + K/V store and residual-add
+Two pipelines (DECODE_MAX_ROWS): bf16 one-row calls run 6 kernels per layer
+(gemv.cu: RMSNorm prologue, RoPE + K/V store, SwiGLU and residual-add
 epilogues; attention_decode.cu + the merge of attention.cu), longer calls and fp32
 one kernel per step (projection_bf16.cu / projection_f32.cu, rope.cu,
 attention_tiled.cu; fp32 decode rows also take attention_decode.cu). On sm_90+
@@ -56,13 +56,13 @@ log = logging.getLogger(__name__)
 GIB = 1024 ** 3
 DEFAULT_MAX_ROWS = 128          # rows per kernel pass: a frame (32) + the longest suffix (48) fit in one
 MAX_CYCLE_TOKENS = 256          # action tokens one cycle may emit
-# Calls of at most this many rows take the decode pipeline: bf16 projections from
-# projection_fused.cu (each block normalises its own row, RoPE + K/V store and residual adds in the
-# epilogues: 6 launches per layer) and attention.cu. Longer calls (prefill) take one kernel per
-# step with projection_bf16.cu and attention_tiled.cu. Chosen by measurement (notes/cuda_notes.md,
-# run 5): the fused projections lose to the split ones on 32 rows; on decode rows the register
-# attention (attention_decode.cu) beats the shared-memory kernels, on 32 rows it loses 3x (run 8).
-DECODE_MAX_ROWS = 2
+# Calls of at most this many rows take the decode pipeline: bf16 one-row projections from gemv.cu
+# (RMSNorm prologue, RoPE + K/V store, SwiGLU and residual adds in the epilogues: 6 launches per
+# layer with the attention) and attention_decode.cu. Longer calls (prefill) take one kernel per step
+# with projection_bf16.cu and attention_tiled.cu. Chosen by measurement (notes/cuda_notes.md, run 8):
+# on one row the CUDA-core GEMV streams weights ~1.4x faster than the tensor-core projection_fused.cu,
+# and the register attention beats the shared-memory kernels; on 32 rows that attention loses 3x.
+DECODE_MAX_ROWS = 1
 LAYER_GROUPS = ("projections", "attention", "norms+rope")
 UPLOAD_BLOCK_BYTES = 64 << 20   # rows of the embedding table per host->device copy: bounds the host's share
 
@@ -154,8 +154,8 @@ class CudaBackend:
         self.kernels = ck.CudaKernels(self.device)
         if self.kernels.sync_each_launch:
             self.use_graphs = False           # a synchronize inside a stream capture would invalidate it
-        self.set_programmatic_launch(self.programmatic_launch)
         self.stream = self._drv.Stream()
+        self.set_programmatic_launch(self.programmatic_launch)
         self._bytes = 0
         self._upload_weights(source, wdt)
         self.weight_bytes = self._bytes - sum(l.w_qkv_rope.nbytes for l in self.layers if l.w_qkv_rope is not None)
@@ -615,19 +615,19 @@ class CudaBackend:
                 layer_outs.append(self._get(self.resid, n))
 
     def _enqueue_layer_fused(self, li: int, layer: _Layer, n: int, groups) -> None:
-        """bf16 decode: RMSNorm folded into the q|k|v and gate/up projections, RoPE and the K/V store
-        in the q|k|v epilogue, residual adds in the o/down epilogues."""
-        sp, s, proj = self.spec, self.stream, self.kernels.projection_fused
+        """bf16 decode (one row, gemv.cu): RMSNorm folded into the q|k|v and gate/up projections, RoPE and
+        the K/V store in the q|k|v epilogue, SwiGLU in the gate/up one, residual adds in the o/down ones."""
+        sp, s, gemv = self.spec, self.stream, self.kernels.gemv
         if "projections" in groups:
-            proj(layer.w_qkv_rope, self.resid, self.qkv, n, ck.MODE_QKV_ROPE, s, norm_w=layer.input_norm,
+            gemv(layer.w_qkv_rope, self.resid, self.qkv, ck.MODE_QKV_ROPE, s, norm_w=layer.input_norm,
                  eps=sp.rms_norm_eps, bias=layer.b_qkv, rope=self._rope_target(li))
         if "attention" in groups:
             self._enqueue_attention(li, n)
         if "projections" in groups:
-            proj(layer.w_o, self.attn, self.resid, n, ck.MODE_ADD, s)
-            proj(layer.w_gate_up, self.resid, self.act, n, ck.MODE_SWIGLU, s, norm_w=layer.post_norm,
+            gemv(layer.w_o, self.attn, self.resid, ck.MODE_ADD, s)
+            gemv(layer.w_gate_up, self.resid, self.act, ck.MODE_SWIGLU, s, norm_w=layer.post_norm,
                  eps=sp.rms_norm_eps, out_cols=sp.intermediate_size)
-            proj(layer.w_down, self.act, self.resid, n, ck.MODE_ADD, s)
+            gemv(layer.w_down, self.act, self.resid, ck.MODE_ADD, s)
 
     def _enqueue_layer_split(self, li: int, layer: _Layer, n: int, groups) -> None:
         """One kernel per step: RMSNorm (+ bias init), q|k|v, RoPE + K/V store, attention, o, RMSNorm,
@@ -676,8 +676,8 @@ class CudaBackend:
     def _enqueue_head_argmax(self, row: int, bin_lo: int, n_bins: int, rows_consumed: int) -> None:
         sp, kn, s = self.spec, self.kernels, self.stream
         if self._fused(1):                      # final RMSNorm folded into the head projection
-            kn.projection_fused(self.head, self.resid, self.logits, 1, ck.MODE_STORE, s, norm_w=self.final_norm,
-                                eps=sp.rms_norm_eps, w_row0=bin_lo, rows=n_bins, x_row0=row)
+            kn.gemv(self.head, self.resid, self.logits, ck.MODE_STORE, s, norm_w=self.final_norm, eps=sp.rms_norm_eps,
+                    w_row0=bin_lo, rows=n_bins, x_row0=row)
         else:
             kn.rmsnorm(self.resid, self.final_norm, self.normed, 1, sp.rms_norm_eps, s, row0=row)
             kn.projection(self.head, self.normed, self.logits, 1, ck.MODE_STORE, s, w_row0=bin_lo, rows=n_bins, x_row0=row)

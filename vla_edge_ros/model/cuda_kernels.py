@@ -66,6 +66,7 @@ FAMILIES = {
     "projection_bf16": {f"projection_bf16_nt{nt}": "PPPPiiiiiiii" for nt in (1, 2, 4)},
     "projection_f32": {"projection_f32": "PPPPiiiiiii"},
     "projection_fused": {f"projection_fused_nt{nt}": "PPiPfPPiiiiiiPPPPPPiiii" for nt in (1, 2, 4)},
+    "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii"},
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_partial": "PiPPPPPPiiiiifii", "attention_merge": "PPPPiiii"},
     "attention_tiled": {"attention_partial_tiled": "PiPPPPPPiiiiifii"},   # merged by attention.cu's kernel
@@ -94,7 +95,8 @@ def ceil_div(a: int, b: int) -> int:
 
 # Kernels whose dynamic shared memory may exceed the default 48 KB (opted in at load).
 DYNAMIC_SHARED_KERNELS = ("attention_partial", "attention_partial_tiled", "attention_decode_partial_v1",
-                          "attention_decode_partial_v2")
+                          "attention_decode_partial_v2", "gemv_bf16")
+GEMV_THREADS = 256              # gemv.cu: 8 warps, one weight row each
 
 
 # ----------------------------------------------------------------------------
@@ -463,6 +465,49 @@ class CudaKernels:
         self._launch(f"projection_fused_nt{nt}", grid, 32 * warps, stream, ptr(W, w_row0 * K), ptr(x, x_row0 * x.shape[1]),
                      np.int32(x.shape[1]), ptr(norm_w), np.float32(eps), ptr(bias), ptr(out), np.int32(out.shape[1]),
                      np.int32(out_cols), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(mode), *rope_args)
+
+    def gemv(self, W, x, out, mode: int, stream, norm_w=None, eps: float = 0.0, bias=None, out_cols: int | None = None,
+             w_row0: int = 0, rows: int | None = None, x_row0: int = 0, rope: "RopeTarget | None" = None):
+        """gemv.cu, one activation row: acc = v[x_row0, :K] @ W[w_row0 : w_row0+rows]^T with v = x, or x * norm_w
+        scaled by the row's RMS (norm_w given); epilogue by mode, as projection_fused for one token."""
+        _check_array("gemv weight", W, np.uint16, 2)
+        _check_array("gemv x", x, np.float32, 2)
+        _check_array("gemv out", out, np.float32, 2)
+        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU, kc.MODE_QKV_ROPE), f"gemv: unknown mode {mode}")
+        total_rows, K = W.shape
+        rows = total_rows - w_row0 if rows is None else rows
+        _check(0 < rows and w_row0 + rows <= total_rows, f"gemv weight: rows {w_row0}+{rows} > {total_rows}")
+        _check(K % 8 == 0 and x.shape[1] >= K and x.shape[1] % 4 == 0,
+               f"gemv: K {K} must be a multiple of 8, x's row stride ({x.shape[1]}) >= K and a multiple of 4")
+        _check(x_row0 < x.shape[0], f"gemv x: row {x_row0} >= {x.shape[0]} rows")
+        _check(4 * K <= self.max_shared, f"gemv: K {K} needs {4 * K} bytes of shared memory > {self.max_shared}")
+        if norm_w is not None:
+            _check_array("gemv norm weight", norm_w, np.float32, 1)
+            _check(norm_w.shape[0] == K, f"gemv norm weight: {norm_w.shape[0]} values, K is {K}")
+        rope_args = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        if mode == kc.MODE_QKV_ROPE:
+            _check(rope is not None, "gemv QKV_ROPE: rope target missing")
+            _check(rows == rope.weight_rows(), f"gemv QKV_ROPE weight: {rows} rows, the rope layout of "
+                   f"{rope.n_q_heads}/{rope.n_kv_heads} heads x {rope.head_dim} has {rope.weight_rows()}")
+            _check(out.shape[1] >= rope.n_q_heads * rope.head_dim, f"gemv QKV_ROPE out: {out.shape[1]} columns too few")
+            _check(bias is None or bias.shape[0] == (rope.n_q_heads + 2 * rope.n_kv_heads) * rope.head_dim,
+                   "gemv QKV_ROPE bias: natural q|k|v float32 vector expected")
+            out_cols = 0
+            rope_args = rope.launch_args()
+        elif mode == kc.MODE_SWIGLU:
+            _check(rows % 16 == 0, f"gemv swiglu weight: {rows} rows, expected a multiple of 16 (interleaved gate/up)")
+            out_cols = rows // 2 if out_cols is None else out_cols
+            _check(out_cols <= rows // 2, f"gemv swiglu: out_cols {out_cols} > {rows // 2}")
+        else:
+            out_cols = rows if out_cols is None else out_cols
+            _check(out_cols <= rows, f"gemv: out_cols {out_cols} > rows {rows}")
+        _check(out_cols <= out.shape[1], f"gemv out: {out.shape[1]} columns < {out_cols}")
+        _check(bias is None or bias.dtype == np.float32, "gemv bias: float32 expected")
+        _check(bias is None or mode in (kc.MODE_STORE, kc.MODE_QKV_ROPE), "gemv bias: only STORE and QKV_ROPE add one")
+        _check(bias is None or mode == kc.MODE_QKV_ROPE or bias.shape[0] >= out_cols, "gemv bias: shorter than out_cols")
+        self._launch("gemv_bf16", (ceil_div(rows, 8),), GEMV_THREADS, stream, ptr(W, w_row0 * K),
+                     ptr(x, x_row0 * x.shape[1]), ptr(norm_w), np.float32(eps), ptr(bias), ptr(out), np.int32(out_cols),
+                     np.int32(rows), np.int32(K), np.int32(mode), *rope_args, shared=4 * K)
 
     # -- rope + KV store ---------------------------------------------------
 

@@ -1,0 +1,145 @@
+// gemv.cu: the one-row projections of a decode step, y = x @ W^T for bf16 weights and an fp32
+// activation row, on the CUDA cores, with the neighbouring small steps of a decoder layer folded in.
+//
+// Computes   acc[r] = sum_k W[r, k] * v[k]       r in [0, rows)
+//            v = x (norm_w == NULL), or v = x * norm_w and acc scaled by s = rsqrt(mean_k x[k]^2 + eps)
+//            (the RMSNorm prologue: s * acc[r] = (rmsnorm(x) * norm_w) . W[r]).
+//            Epilogue by mode (common.cuh), val = s * acc[r]:
+//              STORE    : out[r]  = val + (bias ? bias[r] : 0)
+//              ADD      : out[r] += val          (each row has one writer: no atomics)
+//              SWIGLU   : W is gate/up interleaved in tiles of 16 rows (kernel_reference.interleave_gate_up):
+//                         rows 16t + g and 16t + g + 8 are gate j and up j, j = 8t + g;
+//                         out[j] = silu(val_gate) * val_up                 (j < out_cols)
+//              QKV_ROPE : W in kernel_reference.qkv_rope_row_order; rows 16t + g and 16t + g + 8 are a
+//                         RoPE pair (or two v rows): qkv_rope.cuh's epilogue (q to out, k, v to the arena)
+//
+// Why not the tensor cores (projection_fused.cu): with one activation row an mma uses 1 of its 8
+// columns and the bf16 hi/lo split of the activations costs more instructions than the FMAs it
+// replaces; measured on the H200 with one launch per layer on its own weights (bench/gemv_probe.py),
+// this plain loop streams the gate/up weights at ~0.8 of the copy bandwidth against ~0.55.
+//
+// Layouts:   W [rows, K] row-major bf16 bits; x [K] float32 (the caller offsets the row); norm_w [K];
+//            out [out_cols or rows] float32; rope tables as qkv_rope.cuh.
+// Launch:    grid ceil(rows / 8), block GEMV_THREADS (8 warps), dynamic shared memory 4 K bytes.
+//            Warp w of block b owns one row: b*8 + w (STORE, ADD) or, for the pair modes, row
+//            16t + g + 8 (w & 1) of pair p = 4b + (w >> 1) = 8t + g, so a block holds whole pairs.
+//            The block stages v in shared memory once; lane l streams the 16-byte chunks l, l + 32,
+//            ... of its warp's row, GEMV_UNROLL chunks per batch, the next batch's loads issued
+//            before this batch's arithmetic (software pipeline).
+// PDL:       the first batch of weight loads is issued before griddep_wait, so a programmatic
+//            launch streams weights while the kernel before it finishes.
+// Preconditions: K % 8 == 0; x and norm_w 16-byte aligned; rows % 16 == 0 for the pair modes.
+#include "common.cuh"
+#include "qkv_rope.cuh"
+
+#define GEMV_THREADS 256
+#define GEMV_WARPS (GEMV_THREADS / 32)
+#define GEMV_UNROLL 4
+
+// Streaming 16-byte weight load: read once per step, so keep it out of L1.
+__device__ __forceinline__ uint4 gemv_load16(const uint16_t* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// 8 bf16 weights (low half of each word = the lower k) against 8 staged activations.
+__device__ __forceinline__ float dot8_bf16(const uint4& w, const float* v) {
+    const float4 a = *reinterpret_cast<const float4*>(v);
+    const float4 b = *reinterpret_cast<const float4*>(v + 4);
+    float s = __uint_as_float(w.x << 16) * a.x;
+    s = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, s);
+    s = fmaf(__uint_as_float(w.y << 16), a.z, s);
+    s = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, s);
+    s = fmaf(__uint_as_float(w.z << 16), b.x, s);
+    s = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, s);
+    s = fmaf(__uint_as_float(w.w << 16), b.z, s);
+    s = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, s);
+    return s;
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16(
+        const uint16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+        const float* bias, float* out, int out_cols, int rows, int K, int mode, const int* pos_table,
+        const int* slot_table, const int* ctl, const float* inv_freq, float* k_cache, float* v_cache, int n_q_heads,
+        int n_kv_heads, int head_dim, int capacity) {
+    extern __shared__ float4 v_s4[];                            // [K / 4] staged activations
+    __shared__ float row_sum[GEMV_WARPS];
+    __shared__ float scratch[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool pairs = mode == PMODE_SWIGLU || mode == PMODE_QKV_ROPE;
+    const int pair = blockIdx.x * (GEMV_WARPS / 2) + (warp >> 1);   // pair modes: range [0, rows / 2)
+    const int row = pairs ? 16 * (pair >> 3) + (pair & 7) + 8 * (warp & 1) : blockIdx.x * GEMV_WARPS + warp;
+    const bool ok = row < rows;
+    const uint16_t* w_row = W + (size_t)(ok ? row : 0) * K;
+    const int chunks = K >> 3;                                  // 16-byte chunks per row
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+
+    uint4 w[GEMV_UNROLL];
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u) {
+        const int c = lane + 32 * u;
+        w[u] = (ok && c < chunks) ? gemv_load16(w_row + 8 * c) : zero;
+    }
+    griddep_wait();                                             // x (and the tables) come from earlier kernels
+    griddep_launch_dependents();
+
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const float4* n4 = reinterpret_cast<const float4*>(norm_w);
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < (K >> 2); i += GEMV_THREADS) {   // i range [0, K/4)
+        float4 v = x4[i];
+        if (norm_w != nullptr) {
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            const float4 g = n4[i];
+            v.x *= g.x; v.y *= g.y; v.z *= g.z; v.w *= g.w;
+        }
+        v_s4[i] = v;
+    }
+    float scale = 1.f;
+    if (norm_w != nullptr) scale = rsqrtf(block_sum(ss, scratch) / (float)K + eps);   // barriers publish v_s4
+    else __syncthreads();
+    const float* v_s = reinterpret_cast<const float*>(v_s4);
+
+    float acc = 0.f;
+    for (int c0 = 0; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
+        const int c1 = c0 + 32 * GEMV_UNROLL;
+        uint4 w_next[GEMV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const int c = c1 + lane + 32 * u;
+            w_next[u] = (ok && c < chunks) ? gemv_load16(w_row + 8 * c) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const int c = c0 + lane + 32 * u;
+            if (c < chunks) acc += dot8_bf16(w[u], v_s + 8 * c);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) w[u] = w_next[u];
+    }
+    acc = warp_sum(acc) * scale;
+    if (lane == 0) row_sum[warp] = acc;
+    __syncthreads();
+
+    if (pairs) {
+        if (threadIdx.x >= GEMV_WARPS / 2) return;
+        const int p = blockIdx.x * (GEMV_WARPS / 2) + threadIdx.x;   // this thread's pair
+        if (16 * (p >> 3) + (p & 7) + 8 >= rows) return;
+        const float va = row_sum[2 * threadIdx.x], vb = row_sum[2 * threadIdx.x + 1];
+        if (mode == PMODE_SWIGLU) {
+            if (p < out_cols) out[p] = silu(va) * vb;
+        } else {
+            const RopeTarget rt{pos_table, slot_table, ctl, inv_freq, k_cache, v_cache,
+                                n_q_heads, n_kv_heads, head_dim, capacity};
+            qkv_rope_epilogue(rt, bias, out, 0, p >> 3, p & 7, 0, va, vb);
+        }
+        return;
+    }
+    if (threadIdx.x >= GEMV_WARPS) return;
+    const int r = blockIdx.x * GEMV_WARPS + threadIdx.x;
+    if (r >= rows || r >= out_cols) return;
+    if (mode == PMODE_ADD) out[r] += row_sum[threadIdx.x];
+    else out[r] = row_sum[threadIdx.x] + (bias != nullptr ? bias[r] : 0.f);
+}

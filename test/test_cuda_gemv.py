@@ -1,0 +1,136 @@
+"""gemv.cu (the one-row decode projections) against the numpy references of kernel_reference.py.
+
+GPU only (marker `gpu`). Fresh random inputs per case, outputs poisoned with NaN, ragged row
+counts and K not a multiple of the 512-element batch, every mode with and without the RMSNorm
+prologue, the head's slice of rows (w_row0, rows) and a row other than the first (x_row0).
+"""
+import numpy as np
+import pytest
+
+from kernel_compare import assert_close, peak
+from vla_edge_ros.model import kernel_reference as ref
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def kn(cuda_device):
+    from vla_edge_ros.model.cuda_kernels import CudaKernels
+    return CudaKernels(cuda_device)
+
+
+@pytest.fixture(scope="module")
+def gpu(cuda_device):
+    from pycuda import gpuarray
+    return gpuarray, cuda_device.drv.Stream()
+
+
+def _nan(ga, shape):
+    return ga.to_gpu(np.full(shape, np.nan, np.float32))
+
+
+def _close(got, expected, what):
+    # fp32 FMAs over K <= 8960 bf16 x fp32 products, summed in a different order than numpy's float64:
+    # ~1e-6 of the output's scale; 1e-5 of it leaves room and still fails any wrong row or column.
+    assert_close(got, expected, rtol=1e-5, atol=1e-5 * max(peak(expected), 1e-3), what=what, norm_rtol=1e-5)
+
+
+SHAPES = [(40, 96), (256, 1536), (1536, 8960), (130, 520)]
+
+
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("rows,k", SHAPES)
+def test_gemv_modes_match_reference(kn, gpu, rows, k, norm):
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
+    rng = np.random.default_rng(rows * 7 + k + norm)
+    w = ref.to_bf16_bits((rng.standard_normal((rows, k)) / np.sqrt(k)).astype(np.float32))
+    x = (rng.standard_normal((3, k)) * 2).astype(np.float32)        # row 1 is the one projected
+    norm_w = rng.standard_normal(k).astype(np.float32) if norm else None
+    nw_dev = ga.to_gpu(norm_w) if norm else None
+    bias = rng.standard_normal(rows).astype(np.float32)
+    eps, case = 1e-6, f"gemv {rows}x{k} norm={norm}"
+    w_dev, x_dev = ga.to_gpu(w), ga.to_gpu(x)
+
+    out = _nan(ga, (1, rows))
+    kn.gemv(w_dev, x_dev, out, MODE_STORE, stream, norm_w=nw_dev, eps=eps, bias=ga.to_gpu(bias), x_row0=1)
+    stream.synchronize()
+    _close(out.get(), ref.projection_fused_ref(w, x[1:2], MODE_STORE, norm_w=norm_w, eps=eps, bias=bias), f"{case} STORE")
+
+    base = rng.standard_normal((1, rows)).astype(np.float32)
+    acc = ga.to_gpu(base)
+    kn.gemv(w_dev, x_dev, acc, MODE_ADD, stream, norm_w=nw_dev, eps=eps, x_row0=1)
+    stream.synchronize()
+    expected = ref.projection_fused_ref(w, x[1:2], MODE_ADD, out=base, norm_w=norm_w, eps=eps)
+    _close(acc.get(), expected, f"{case} ADD")
+
+    if rows >= 64:                                              # the head's slice: rows [w_row0, w_row0 + n)
+        lo, n = 17, rows // 2
+        out = _nan(ga, (1, n))
+        kn.gemv(w_dev, x_dev, out, MODE_STORE, stream, norm_w=nw_dev, eps=eps, w_row0=lo, rows=n, x_row0=1)
+        stream.synchronize()
+        _close(out.get(), ref.projection_fused_ref(w[lo:lo + n], x[1:2], MODE_STORE, norm_w=norm_w, eps=eps),
+               f"{case} STORE rows [{lo}, {lo + n})")
+
+    if rows % 16 == 0:
+        inter = rows // 2 - 3                                   # ragged: the last tile has padding rows
+        wf = ref.from_bf16_bits(w)
+        w_gu = ref.to_bf16_bits(ref.interleave_gate_up(wf[:inter], wf[rows // 2: rows // 2 + inter]))
+        act = _nan(ga, (1, inter))
+        kn.gemv(ga.to_gpu(w_gu), x_dev, act, MODE_SWIGLU, stream, norm_w=nw_dev, eps=eps, out_cols=inter, x_row0=1)
+        stream.synchronize()
+        expected = ref.projection_fused_ref(w_gu, x[1:2], MODE_SWIGLU, norm_w=norm_w, eps=eps, out_cols=inter)
+        _close(act.get(), expected, f"{case} SWIGLU")
+
+
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("hq,kvh,hd", [(12, 2, 128), (4, 1, 24), (4, 2, 32), (16, 2, 256)])
+def test_gemv_qkv_rope_writes_q_and_kv_slots(kn, gpu, hq, kvh, hd, norm):
+    """The QKV_ROPE epilogue against RMSNorm -> natural q|k|v projection + bias -> rope_store_ref."""
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import MODE_QKV_ROPE, MODE_STORE, RopeTarget
+    rng = np.random.default_rng(hq * hd + norm)
+    hidden, cap, row_offset = 96 if hd == 24 else 256, 64, 3
+    qkv_rows = (hq + 2 * kvh) * hd
+    w_nat = ref.from_bf16_bits(ref.to_bf16_bits((rng.standard_normal((qkv_rows, hidden)) / 16).astype(np.float32)))
+    w_dev = ref.to_bf16_bits(ref.permute_rows(w_nat, ref.qkv_rope_row_order(hq, kvh, hd)))
+    bias = rng.standard_normal(qkv_rows).astype(np.float32)
+    x = (rng.standard_normal((1, hidden)) * 2).astype(np.float32)
+    norm_w = rng.standard_normal(hidden).astype(np.float32) if norm else None
+    pos = rng.integers(0, 30000, size=row_offset + 1).astype(np.int32)
+    slots = rng.permutation(cap)[:row_offset + 1].astype(np.int32)
+    inv = ref.rope_inv_freq(1e6, hd)
+    ctl = np.array([row_offset, 0, 0, -1], np.int32)
+    k0 = np.full((kvh, cap, hd), 7.0, np.float32)
+    k_d, v_d = ga.to_gpu(k0), ga.to_gpu(k0.copy())
+    out = _nan(ga, (1, qkv_rows))
+    rope = RopeTarget(ga.to_gpu(pos), ga.to_gpu(slots), ga.to_gpu(ctl), ga.to_gpu(inv), int(k_d.gpudata),
+                      int(v_d.gpudata), hq, kvh, hd, cap)
+    kn.gemv(ga.to_gpu(w_dev), ga.to_gpu(x), out, MODE_QKV_ROPE, stream, norm_w=ga.to_gpu(norm_w) if norm else None,
+            eps=1e-6, bias=ga.to_gpu(bias), rope=rope)
+    stream.synchronize()
+    pre = ref.projection_fused_ref(w_nat, x, MODE_STORE, norm_w=norm_w, eps=1e-6, bias=bias)   # [1, q+2kv]
+    e_qkv, e_k, e_v = ref.rope_store_ref(pre, pos, slots, ctl, inv, k0, k0.copy(), hq, kvh, hd)
+    got = out.get()
+    case = f"gemv QKV_ROPE {hq}/{kvh}x{hd} norm={norm}"
+    _close(got[:, :hq * hd], e_qkv[:, :hq * hd], f"{case} q")
+    assert np.isnan(got[:, hq * hd:]).all(), "QKV_ROPE writes only the q columns of its output"
+    _close(k_d.get(), e_k, f"{case} k cache")
+    _close(v_d.get(), e_v, f"{case} v cache")
+
+
+def test_gemv_rejects_bad_arguments(kn, gpu):
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import MODE_QKV_ROPE, MODE_STORE, MODE_SWIGLU, KernelError
+    w = ga.to_gpu(np.zeros((32, 64), np.uint16))
+    x, out = ga.zeros((1, 64), np.float32), ga.zeros((1, 32), np.float32)
+    with pytest.raises(KernelError, match="rope target missing"):
+        kn.gemv(w, x, out, MODE_QKV_ROPE, stream)
+    with pytest.raises(KernelError, match="norm weight: 32 values"):
+        kn.gemv(w, x, out, MODE_STORE, stream, norm_w=ga.zeros((32,), np.float32))
+    with pytest.raises(KernelError, match="dtype float32, expected uint16"):
+        kn.gemv(ga.zeros((32, 64), np.float32), x, out, MODE_STORE, stream)
+    with pytest.raises(KernelError, match="multiple of 16"):
+        kn.gemv(ga.to_gpu(np.zeros((24, 64), np.uint16)), x, out, MODE_SWIGLU, stream)
+    with pytest.raises(KernelError, match="x: row 1"):
+        kn.gemv(w, x, out, MODE_STORE, stream, x_row0=1)
