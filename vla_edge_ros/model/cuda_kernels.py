@@ -264,9 +264,10 @@ class CudaKernels:
             self._load_family(family)
         log.info("%d kernel families ready for %s in %.1f s (%d loaded into this context: compiled, or from "
                  "PyCUDA's disk cache)", len(eager), self.arch, time.perf_counter() - t0, fresh)
-        # The attention chunk lives in dynamic shared memory beyond the default 48 KB.
+        # Attention chunks and staged GEMV rows may need dynamic shared memory beyond the default 48 KB.
         for name in DYNAMIC_SHARED_KERNELS:
-            self._fns[name].set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.max_shared)
+            self._fns[name].set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          self._dynamic_shared_limit(name))
         self.programmatic = None          # a cuda_pdl.ProgrammaticLauncher once enabled
 
     def enable_programmatic_launch(self) -> bool:
@@ -284,12 +285,18 @@ class CudaKernels:
                                                               lambda family: family_cubin(family, self.arch))
             for name in DYNAMIC_SHARED_KERNELS:
                 if self.programmatic.handles(name):
-                    self.programmatic.set_max_dynamic_shared(name, self.max_shared)
+                    self.programmatic.set_max_dynamic_shared(name, self._dynamic_shared_limit(name))
         except (ImportError, AttributeError, cuda_pdl.ProgrammaticLaunchError) as exc:
             log.warning("programmatic dependent launch unavailable (%s: %s); launching ordinarily",
                         type(exc).__name__, exc)
             return False
         return True
+
+    def _dynamic_shared_limit(self, name: str) -> int:
+        """The most dynamic shared memory `name` may ask for: the opt-in limit less its static shared memory
+        (asking for more than that is an invalid argument)."""
+        static = self._fns[name].get_attribute(self.drv.function_attribute.SHARED_SIZE_BYTES)
+        return self.max_shared - int(static)
 
     def disable_programmatic_launch(self) -> None:
         self.programmatic = None
@@ -480,7 +487,8 @@ class CudaKernels:
         _check(K % 8 == 0 and x.shape[1] >= K and x.shape[1] % 4 == 0,
                f"gemv: K {K} must be a multiple of 8, x's row stride ({x.shape[1]}) >= K and a multiple of 4")
         _check(x_row0 < x.shape[0], f"gemv x: row {x_row0} >= {x.shape[0]} rows")
-        _check(4 * K <= self.max_shared, f"gemv: K {K} needs {4 * K} bytes of shared memory > {self.max_shared}")
+        limit = self._dynamic_shared_limit("gemv_bf16")
+        _check(4 * K <= limit, f"gemv: K {K} needs {4 * K} bytes of shared memory > {limit}")
         if norm_w is not None:
             _check_array("gemv norm weight", norm_w, np.float32, 1)
             _check(norm_w.shape[0] == K, f"gemv norm weight: {norm_w.shape[0]} values, K is {K}")
