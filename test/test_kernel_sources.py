@@ -135,6 +135,9 @@ class _FakeModule:
             def set_attribute(self, attribute, value):
                 pass
 
+            def get_attribute(self, attribute):
+                return 0                                        # no static shared memory
+
             def prepared_async_call(self, grid, block, stream, *args, shared_size=0):
                 launches.append(name)
         return Function()
@@ -153,7 +156,7 @@ def test_vision_family_is_compiled_at_its_first_launch_only(monkeypatch):
     monkeypatch.setattr(ck, "compile_family", compile_family)
     drv = SimpleNamespace(Error=RuntimeError,
                           device_attribute=SimpleNamespace(MULTIPROCESSOR_COUNT=0, MAX_SHARED_MEMORY_PER_BLOCK_OPTIN=1),
-                          function_attribute=SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=2))
+                          function_attribute=SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=2, SHARED_SIZE_BYTES=3))
     device = SimpleNamespace(drv=drv, handle=object(), bound=contextlib.nullcontext,
                              device=SimpleNamespace(get_attribute=lambda attribute: 232448))
 
