@@ -10,7 +10,7 @@ action bins (9 tokens chosen). Measured in one run, on one GPU:
   * ours: `CudaBackend.run_cycle_tokens` end to end on the host clock (upload,
     captured prefill graph, 8 decode-graph replays, token download); prefill
     and decode separately with CUDA events; once per decode launch mode (pdl:
-    programmatic dependent launch, the backend's default; plain: ordinary);
+    programmatic dependent launch; plain: ordinary, the backend's default);
   * HF transformers eager bf16 (same weights, same prefill embeddings, its own
     DynamicCache cropped back to `cached` after every cycle), timed the same way;
   * HF transformers bf16 the fast way: SDPA attention, a StaticCache of
@@ -46,7 +46,7 @@ SHAPES = {"qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate
                        num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
                        tie_word_embeddings=True, max_position_embeddings=32768)}
 DEFAULT_CACHED = (256, 2048, 4064)
-LAUNCH_MODES = ("pdl", "plain")
+LAUNCH_MODES = ("plain", "pdl")
 PREFILL_ROWS = 32
 DECODE_STEPS = 8
 BINS = 256
@@ -65,8 +65,8 @@ def add_arguments(p) -> None:
     p.add_argument("--json", help="write the results here")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--launch-modes", nargs="+", default=None, choices=list(LAUNCH_MODES),
-                   help="decode launch modes to time side by side: pdl (programmatic dependent launch, the "
-                        "backend's default) and plain; the first is the one the summary reports (default: both)")
+                   help="decode launch modes to time side by side: plain (the backend's default) and pdl "
+                        "(programmatic dependent launch); the first is the one the summary reports (default: both)")
 
 
 def run(args) -> int:

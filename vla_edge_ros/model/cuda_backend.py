@@ -22,8 +22,9 @@ Two pipelines (DECODE_MAX_ROWS): bf16 one-row calls run 6 kernels per layer
 epilogues; attention_decode.cu + the merge of attention.cu), longer calls and fp32
 one kernel per step (projection_bf16.cu / projection_f32.cu, rope.cu,
 attention_tiled.cu; fp32 decode rows also take attention_decode.cu). On sm_90+
-the decode kernels are launched programmatically (cuda_pdl.py): each may start
-while the one before finishes, streaming its weights before it waits.
+the decode kernels can be launched programmatically (cuda_pdl.py,
+model.programmatic_launch): each may start while the one before finishes,
+streaming its weights before it waits; off by default (measured slower, run 9).
 
 Device layouts:
     k_cache, v_cache   [layers, kv_heads, capacity, head_dim] float32
@@ -104,7 +105,7 @@ class CudaBackend:
 
     def __init__(self, spec: ModelSpec, weights, capacity: int, dtype: str = "bfloat16",
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
-                 programmatic_launch: bool = True, device=None):
+                 programmatic_launch: bool = False, device=None):
         """weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
         weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context);
         programmatic_launch: launch the decode kernels with programmatic dependent launch (cuda_pdl.py)

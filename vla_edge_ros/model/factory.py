@@ -41,7 +41,7 @@ def load_model(model_dir: str | Path):
 
 
 def create_backend(kind: str, model_dir: str | Path, capacity: int, dtype="float32", device=None,
-                   programmatic_launch: bool = True) -> Backend:
+                   programmatic_launch: bool = False) -> Backend:
     """Load `model_dir` and build backend `kind` (auto | numpy | pycuda) with `capacity` KV slots.
     pycuda streams the weights to the device (never the whole model on the host); device: a CudaDevice;
     programmatic_launch: pycuda's decode launch mode (model.programmatic_launch)."""
@@ -64,7 +64,7 @@ def create_backend_from_weights(kind: str, spec: ModelSpec, weights: ModelWeight
     return backend
 
 
-def _cuda_backend(spec, weights, capacity, dtype, device, choice: BackendChoice, programmatic_launch: bool = True):
+def _cuda_backend(spec, weights, capacity, dtype, device, choice: BackendChoice, programmatic_launch: bool = False):
     from .cuda_backend import CudaBackend  # lazy: imports pycuda
     backend = CudaBackend(spec, weights, capacity, canonical_dtype(dtype), device=device,
                           programmatic_launch=programmatic_launch)

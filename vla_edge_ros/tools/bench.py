@@ -36,7 +36,7 @@ def add_arguments(p) -> None:
     p.add_argument("--cached", type=int, nargs="+", help="cached lengths to sweep")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--launch-modes", nargs="+", choices=["pdl", "plain"],
-                   help="cycle on pycuda: decode launch modes to time side by side (default: pdl then plain)")
+                   help="cycle on pycuda: decode launch modes to time side by side (default: plain then pdl)")
     p.add_argument("--no-hf-compiled", action="store_true",
                    help="cycle on pycuda: skip the HF static cache + torch.compile baseline (minutes of compilation)")
     csr = p.add_argument_group("csr / asr suites")
