@@ -1,6 +1,10 @@
 // projection_fused.cu: y = x @ W^T for bf16 weights (fp32 activations, fp32 accumulation) with the
 // neighbouring small steps of a decoder layer folded into the same launch.
 //
+// Not launched by the engine since gemv.cu took the one-row projections (1.4x faster on the H200,
+// notes/cuda_notes.md, issue 10 runs 5-7); compiled on demand (cuda_kernels.ON_DEMAND_FAMILIES) for
+// bench/gemv_probe.py's comparison and its tests.
+//
 // Computes   acc[n, r] = sum_k W[r, k] * v[n, k]      r in [0, rows), n in [0, n_tokens)
 //            v = x                         when norm_w == NULL
 //            v = x * norm_w, s[n] = rsqrt(mean_k x[n,k]^2 + eps)   otherwise (RMSNorm prologue:
@@ -144,7 +148,7 @@ __device__ void fused_body(const uint16_t* __restrict__ W, const float* __restri
 
     // The first batch (loaded before griddep_wait), then load-and-use batches. (Keeping the next batch's
     // loads in flight during this batch's mma, a software pipeline, measured 1.4x slower on the H200:
-    // notes/cuda_notes.md, run 8.)
+    // notes/cuda_notes.md, issue 10 run 3.)
 #pragma unroll
     for (int u = 0; u < FUSED_UNROLL; ++u)
         if (u < n_first)

@@ -45,7 +45,7 @@ for stage in $STAGES; do
             $(ls test/test_cuda_gemv.py test/test_cuda_attention_decode.py 2>/dev/null) -q -rs 2>&1 \
             | tee -a "$OUT/tests.log" | tail -15 || status=1 ;;
     probes)
-        for probe in ${PROBES:-projection_probe gemv_probe attention_probe}; do
+        for probe in ${PROBES:-gemv_probe}; do
             [ -f vla_edge_ros/bench/$probe.py ] || continue
             echo "== $probe"
             $PY -m vla_edge_ros.bench.$probe 2>&1 | grep -v " INFO " | tee "$OUT/$probe.log" || status=1

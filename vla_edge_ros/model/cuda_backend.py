@@ -24,7 +24,8 @@ one kernel per step (projection_bf16.cu / projection_f32.cu, rope.cu,
 attention_tiled.cu; fp32 decode rows also take attention_decode.cu). On sm_90+
 the decode kernels can be launched programmatically (cuda_pdl.py,
 model.programmatic_launch): each may start while the one before finishes,
-streaming its weights before it waits; off by default (measured slower, run 9).
+streaming its weights before it waits; off by default (measured slower:
+notes/cuda_notes.md, issue 10, run 7).
 
 Device layouts:
     k_cache, v_cache   [layers, kv_heads, capacity, head_dim] float32
@@ -60,7 +61,7 @@ MAX_CYCLE_TOKENS = 256          # action tokens one cycle may emit
 # Calls of at most this many rows take the decode pipeline: bf16 one-row projections from gemv.cu
 # (RMSNorm prologue, RoPE + K/V store, SwiGLU and residual adds in the epilogues: 6 launches per
 # layer with the attention) and attention_decode.cu. Longer calls (prefill) take one kernel per step
-# with projection_bf16.cu and attention_tiled.cu. Chosen by measurement (notes/cuda_notes.md, run 8):
+# with projection_bf16.cu and attention_tiled.cu. Chosen by measurement (notes/cuda_notes.md, issue 10 runs 2-7):
 # on one row the CUDA-core GEMV streams weights ~1.4x faster than the tensor-core projection_fused.cu,
 # and the register attention beats the shared-memory kernels; on 32 rows that attention loses 3x.
 DECODE_MAX_ROWS = 1

@@ -76,9 +76,11 @@ FAMILIES = {
     "kv_slots": {"kv_gather": "PPPPiiiii", "kv_scatter": "PPPPiiiii"},
     "vision": {"patch_embed": "PiiiPPPi", "pool_rows": "PiiP", "adjacent_cosine": "PiP"},
 }
-# Families compiled on the first launch of one of their kernels rather than by CudaKernels():
-# only the GPU vision path uses these, and the decoder should not pay their compile time.
-ON_DEMAND_FAMILIES = frozenset({"vision"})
+# Families compiled on the first launch of one of their kernels rather than by CudaKernels(): the
+# decoder never launches these (vision: the GPU vision path; projection_fused: the tensor-core one-row
+# projection gemv.cu replaced, kept for bench/gemv_probe.py's comparison and its tests), so it should
+# not pay their compile time.
+ON_DEMAND_FAMILIES = frozenset({"vision", "projection_fused"})
 
 
 class KernelError(ValueError):

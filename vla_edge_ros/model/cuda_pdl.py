@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 # Kernels whose code waits (griddep_wait) before reading or writing anything an earlier kernel touches.
 PDL_KERNELS = frozenset({
-    "projection_fused_nt1", "projection_fused_nt2", "projection_fused_nt4", "gemv_bf16",
+    "gemv_bf16",
     "attention_decode_partial_v1", "attention_decode_partial_v2", "attention_merge",
     "embed_gather_bf16", "embed_gather_f32", "argmax_bins",
 })
