@@ -42,7 +42,7 @@ for stage in $STAGES; do
         VLA_EDGE_CUDA_SYNC=1 $PY -m pytest test/test_cuda_kernels.py -q -rs 2>&1 | tee "$OUT/tests.log" | tail -3 || status=1
         echo "== backend, engine and ASR tests"
         $PY -m pytest test/test_cuda_backend.py test/test_cuda_engine.py test/test_cuda_asr.py \
-            $(ls test/test_cuda_gemv.py test/test_cuda_attention_decode.py 2>/dev/null) -q -rs 2>&1 \
+            test/test_cuda_gemv.py test/test_cuda_attention_decode.py test/test_cuda_projection_staged.py -q -rs 2>&1 \
             | tee -a "$OUT/tests.log" | tail -15 || status=1 ;;
     probes)
         for probe in ${PROBES:-gemv_probe}; do
@@ -99,10 +99,10 @@ for stage in $STAGES; do
         ls "$OUT" ;;
     profile)
         # Decode launch modes side by side as graph replays, then ncu per kernel (one decode step, one prefill,
-        # NCU_PHASES="none" skips it) with ordinary launches.
+        # NCU_PHASES="none" skips it) with ordinary launches. PROFILE_ARGS, e.g. --staged-prefill, go to the profile.
         make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
         echo "== decode profile"
-        $PY -m vla_edge_ros.bench.decode_profile --model "$MODELS/qwen15" --launch-modes pdl plain 2>&1 \
+        $PY -m vla_edge_ros.bench.decode_profile --model "$MODELS/qwen15" --launch-modes pdl plain ${PROFILE_ARGS:-} 2>&1 \
             | tee "$OUT/profile.log" || status=1
         for phase in ${NCU_PHASES:-decode prefill}; do
             [ "$phase" = none ] && continue

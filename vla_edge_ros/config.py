@@ -172,6 +172,9 @@ class ModelConfig:
     programmatic_launch: bool = _doc("pycuda on sm_90+: launch the decode kernels with programmatic dependent launch "
                                      "(each starts streaming its weights while the one before finishes). Off: with "
                                      "gemv.cu it measured 0.1 ms per decode step slower on the H200", default=False)
+    staged_prefill_projections: bool = _doc("pycuda, bf16: prefill projections through projection_staged.cu (activations "
+                                            "split once per block of 8 tiles). NOT MEASURED on a GPU yet: off until a "
+                                            "device run has timed and verified it", default=False)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:

@@ -80,6 +80,8 @@ def main(argv=None) -> int:
     p.add_argument("--cached", type=int, default=4064)
     p.add_argument("--replays", type=int, default=50)
     p.add_argument("--ncu-window", choices=("decode", "prefill"), help="bracket one replay of this graph for ncu")
+    p.add_argument("--staged-prefill", action="store_true",
+                   help="prefill projections through projection_staged.cu (model.staged_prefill_projections)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from ..model.cuda_backend import CudaBackend
@@ -88,7 +90,8 @@ def main(argv=None) -> int:
 
     spec = ModelSpec.from_dir(args.model)
     with primary_device(0).bound():
-        backend = CudaBackend(spec, args.model, args.cached + PREFILL_ROWS + DECODE_STEPS, "bfloat16")
+        backend = CudaBackend(spec, args.model, args.cached + PREFILL_ROWS + DECODE_STEPS, "bfloat16",
+                              staged_prefill_projections=args.staged_prefill)
         _fill_context(backend, spec, args.cached, np.random.default_rng(1))
         for mode in args.launch_modes:
             r = profile_mode(backend, spec, mode, args.cached, args.replays, args.ncu_window)

@@ -106,13 +106,15 @@ class CudaBackend:
 
     def __init__(self, spec: ModelSpec, weights, capacity: int, dtype: str = "bfloat16",
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
-                 programmatic_launch: bool = False, device=None):
+                 programmatic_launch: bool = False, staged_prefill_projections: bool = False, device=None):
         """weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
         weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context);
         programmatic_launch: launch the decode kernels with programmatic dependent launch (cuda_pdl.py)
-        where the device supports it (sm_90+), else ordinarily."""
+        where the device supports it (sm_90+), else ordinarily; staged_prefill_projections: bf16 prefill
+        projections through projection_staged.cu (not measured yet)."""
         self.spec = spec
         self.programmatic_launch = bool(programmatic_launch)
+        self.staged_prefill_projections = bool(staged_prefill_projections)
         self.capacity = int(capacity)
         self._slot_marks = np.zeros(self.capacity, dtype=bool)    # scratch for the slot-set checks of forward()
         self.dtype = canonical_dtype(dtype)
@@ -641,19 +643,27 @@ class CudaBackend:
             kn.rmsnorm(self.resid, layer.input_norm, self.normed, n, sp.rms_norm_eps, s, init_dst=self.qkv,
                        init_src=layer.b_qkv)
         if proj:
-            kn.projection(layer.w_qkv, self.normed, self.qkv, n, ck.MODE_ADD, s)
+            self._project(layer.w_qkv, self.normed, self.qkv, n, ck.MODE_ADD)
         if other:
             kn.rope_store(self.qkv, self.pos_table, self.slot_table, self.ctl, self.inv_freq, k_ptr, v_ptr, n,
                           sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, s)
         if "attention" in groups:
             self._enqueue_attention(li, n)
         if proj:
-            kn.projection(layer.w_o, self.attn, self.resid, n, ck.MODE_ADD, s)
+            self._project(layer.w_o, self.attn, self.resid, n, ck.MODE_ADD)
         if other:
             kn.rmsnorm(self.resid, layer.post_norm, self.normed, n, sp.rms_norm_eps, s)
         if proj:
-            kn.projection(layer.w_gate_up, self.normed, self.act, n, ck.MODE_SWIGLU, s, out_cols=sp.intermediate_size)
-            kn.projection(layer.w_down, self.act, self.resid, n, ck.MODE_ADD, s)
+            self._project(layer.w_gate_up, self.normed, self.act, n, ck.MODE_SWIGLU, out_cols=sp.intermediate_size)
+            self._project(layer.w_down, self.act, self.resid, n, ck.MODE_ADD)
+
+    def _project(self, W, x, out, n: int, mode: int, **kw) -> None:
+        """A projection of the split pipeline: projection_staged.cu where model.staged_prefill_projections asks
+        for it (bf16, up to 32 rows; not measured yet), else projection_bf16.cu / projection_f32.cu."""
+        if self.staged_prefill_projections and W.dtype == np.uint16 and n <= ck.STAGED_MAX_TOKENS:
+            self.kernels.projection_staged(W, x, out, n, mode, self.stream, **kw)
+        else:
+            self.kernels.projection(W, x, out, n, mode, self.stream, **kw)
 
     def _enqueue_attention(self, li: int, n: int) -> None:
         """attention_decode.cu (partial sums from registers) for decode rows, attention_tiled.cu (K/V chunk

@@ -67,6 +67,7 @@ FAMILIES = {
     "projection_f32": {"projection_f32": "PPPPiiiiiii"},
     "projection_fused": {f"projection_fused_nt{nt}": "PPiPfPPiiiiiiPPPPPPiiii" for nt in (1, 2, 4)},
     "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii"},
+    "projection_staged": {"projection_staged": "PPPPiiiiiiii"},
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_partial": "PiPPPPPPiiiiifii", "attention_merge": "PPPPiiii"},
     "attention_tiled": {"attention_partial_tiled": "PiPPPPPPiiiiifii"},   # merged by attention.cu's kernel
@@ -78,9 +79,10 @@ FAMILIES = {
 }
 # Families compiled on the first launch of one of their kernels rather than by CudaKernels(): the
 # decoder never launches these (vision: the GPU vision path; projection_fused: the tensor-core one-row
-# projection gemv.cu replaced, kept for bench/gemv_probe.py's comparison and its tests), so it should
-# not pay their compile time.
-ON_DEMAND_FAMILIES = frozenset({"vision", "projection_fused"})
+# projection gemv.cu replaced, kept for bench/gemv_probe.py's comparison and its tests;
+# projection_staged: only with model.staged_prefill_projections, not measured yet), so it should not
+# pay their compile time.
+ON_DEMAND_FAMILIES = frozenset({"vision", "projection_fused", "projection_staged"})
 
 
 class KernelError(ValueError):
@@ -99,6 +101,7 @@ def ceil_div(a: int, b: int) -> int:
 DYNAMIC_SHARED_KERNELS = ("attention_partial", "attention_partial_tiled", "attention_decode_partial_v1",
                           "attention_decode_partial_v2", "gemv_bf16")
 GEMV_THREADS = 256              # gemv.cu: 8 warps, one weight row each
+STAGED_MAX_TOKENS = 32          # projection_staged.cu: activation rows staged per block
 
 
 # ----------------------------------------------------------------------------
@@ -420,6 +423,39 @@ class CudaKernels:
         self._launch(f"projection_bf16_nt{nt}", grid, PROJ_WARPS * 32, stream, ptr(W, w_row0 * K), x_ptr, ptr(bias),
                      ptr(out), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(x.shape[1]),
                      np.int32(out.shape[1]), np.int32(out_cols), np.int32(mode), np.int32(ksplit))
+
+    def projection_staged(self, W, x, out, n_tokens: int, mode: int, stream, bias=None, out_cols: int | None = None,
+                          ksplit: int | None = None):
+        """projection_staged.cu (NOT MEASURED YET; model.staged_prefill_projections): what projection() computes
+        for bf16 W and n_tokens <= 32, with each 128-wide chunk of the activations split into hi/lo once per
+        block of 8 tiles in shared memory instead of once per tile."""
+        _check_array("projection weight", W, np.uint16, 2)
+        _check_array("projection x", x, np.float32, 2)
+        _check_array("projection out", out, np.float32, 2)
+        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU), f"projection: unknown mode {mode}")
+        rows, K = W.shape
+        _check(K % 32 == 0, f"projection bf16: K {K} not a multiple of 32")
+        _check(1 <= n_tokens <= STAGED_MAX_TOKENS, f"projection_staged: {n_tokens} tokens outside [1, {STAGED_MAX_TOKENS}]")
+        _check(x.shape[1] >= K and x.shape[1] % 4 == 0, f"projection x: row stride {x.shape[1]} must be >= K and % 4 == 0")
+        _check(n_tokens <= x.shape[0] and n_tokens <= out.shape[0], f"projection: {n_tokens} tokens exceed x/out rows")
+        if mode == kc.MODE_SWIGLU:
+            _check(rows % 16 == 0, f"projection swiglu weight: {rows} rows, expected a multiple of 16 (interleaved gate/up)")
+            out_cols = rows // 2 if out_cols is None else out_cols
+            _check(out_cols <= rows // 2, f"projection swiglu: out_cols {out_cols} > {rows // 2}")
+        else:
+            out_cols = rows if out_cols is None else out_cols
+            _check(out_cols <= rows, f"projection: out_cols {out_cols} > rows {rows}")
+        _check(out_cols <= out.shape[1], f"projection out: {out.shape[1]} columns < {out_cols}")
+        _check(bias is None or (bias.dtype == np.float32 and bias.shape[0] >= out_cols and mode == kc.MODE_STORE),
+               "projection bias: float32 [out_cols] expected, STORE only")
+        n_groups, n_steps = ceil_div(ceil_div(rows, 16), 8), K // 32
+        if ksplit is None:                      # about two blocks per SM, each at least one staged chunk
+            ksplit = 1 if mode != kc.MODE_ADD else max(1, min(n_steps // 4, ceil_div(2 * self.num_sms, n_groups)))
+        _check(ksplit == 1 or mode == kc.MODE_ADD, f"projection: ksplit {ksplit} needs MODE_ADD (atomic accumulation)")
+        _check(1 <= ksplit <= n_steps, f"projection: ksplit {ksplit} outside [1, {n_steps}]")
+        self._launch("projection_staged", (n_groups * ksplit,), 256, stream, ptr(W), ptr(x), ptr(bias), ptr(out),
+                     np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(x.shape[1]), np.int32(out.shape[1]),
+                     np.int32(out_cols), np.int32(mode), np.int32(ksplit))
 
     def projection_fused(self, W, x, out, n_tokens: int, mode: int, stream, norm_w=None, eps: float = 0.0,
                          bias=None, out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
