@@ -160,6 +160,8 @@ class CudaBackend:
             self.use_graphs = False           # a synchronize inside a stream capture would invalidate it
         self.stream = self._drv.Stream()
         self.set_programmatic_launch(self.programmatic_launch)
+        if self.staged_prefill_projections and wdt == np.uint16:
+            self.kernels.load_family("projection_staged")   # on demand, but its first launch may be in a capture
         self._bytes = 0
         self._upload_weights(source, wdt)
         self.weight_bytes = self._bytes - sum(l.w_qkv_rope.nbytes for l in self.layers if l.w_qkv_rope is not None)

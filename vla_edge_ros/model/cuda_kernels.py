@@ -306,6 +306,11 @@ class CudaKernels:
     def disable_programmatic_launch(self) -> None:
         self.programmatic = None
 
+    def load_family(self, family: str) -> None:
+        """Compile an ON_DEMAND_FAMILIES family now (before a graph capture that would launch it first)."""
+        if any(name not in self._fns for name in FAMILIES[family]):
+            self._load_family(family)
+
     def _load_family(self, family: str):
         """Compile (or fetch) one family in this context and prepare its kernels for launching."""
         with self.device.bound():
