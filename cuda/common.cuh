@@ -62,6 +62,9 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return total;
 }
 
+// SwiGLU's gate activation, the one definition every kernel family uses.
+__device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
+
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t bits) {
     return __uint_as_float(((uint32_t)bits) << 16);
 }

@@ -30,19 +30,13 @@
 //            launch streams weights while the kernel before it finishes.
 // Preconditions: K % 8 == 0; x and norm_w 16-byte aligned; rows % 16 == 0 for the pair modes.
 #include "common.cuh"
+// mma_bf16.cuh for load_weights16, the streaming weight load (its mma helpers go unused here).
+#include "mma_bf16.cuh"
 #include "qkv_rope.cuh"
 
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
 #define GEMV_UNROLL 4
-
-// Streaming 16-byte weight load: read once per step, so keep it out of L1.
-__device__ __forceinline__ uint4 gemv_load16(const uint16_t* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
 
 // 8 bf16 weights (low half of each word = the lower k) against 8 staged activations.
 __device__ __forceinline__ float dot8_bf16(const uint4& w, const float* v) {
@@ -80,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16(
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; ++u) {
         const int c = lane + 32 * u;
-        w[u] = (ok && c < chunks) ? gemv_load16(w_row + 8 * c) : zero;
+        w[u] = (ok && c < chunks) ? load_weights16(w_row + 8 * c) : zero;
     }
     griddep_wait();                                             // x (and the tables) come from earlier kernels
     griddep_launch_dependents();
@@ -109,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16(
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const int c = c1 + lane + 32 * u;
-            w_next[u] = (ok && c < chunks) ? gemv_load16(w_row + 8 * c) : zero;
+            w_next[u] = (ok && c < chunks) ? load_weights16(w_row + 8 * c) : zero;
         }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {

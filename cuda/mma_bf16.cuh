@@ -7,11 +7,14 @@
 // split_activations: 8 fp32 activations -> bf16 halves hi + lo with hi + lo ~ x to ~16 mantissa
 //                    bits (hi = bf16(x), lo = bf16(x - hi)); feeding both halves through the
 //                    tensor cores keeps close to fp32 accuracy where bf16(x) alone keeps 8 bits.
+// store_mma_tile:    the STORE / ADD / SWIGLU epilogue of a warp's 16-row tile x 8 NT tokens
+//                    (projection_bf16.cu, projection_staged.cu).
 //
 // cuda_kernels.py pastes this text in place of `#include "mma_bf16.cuh"` (as it does common.cuh).
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include "common.cuh"
 
 __device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1) {
@@ -44,5 +47,39 @@ __device__ __forceinline__ void split_activations(const float* v, uint32_t* hi, 
         const float hb = __bfloat162float(__float2bfloat16_rn(b));
         hi[p] = pack_bf16x2(ha, hb);
         lo[p] = pack_bf16x2(a - ha, b - hb);
+    }
+}
+
+// acc[nt][0..1]: row_a = 16 tile + g, tokens n0, n0 + 1 (n0 = tok_base + 8 nt + 2t); acc[nt][2..3]:
+// row_b = row_a + 8, the same tokens. SWIGLU: rows a and b are gate j and up j, j = 8 tile + g.
+// atomic: ADD with the K range split over several warps or blocks (atomicAdd into out).
+template <int NT>
+__device__ __forceinline__ void store_mma_tile(const float (&acc)[NT][4], float* out, int out_stride,
+                                               const float* bias, int rows, int out_cols, int n_tokens,
+                                               int tok_base, int tile, int g, int t, int mode, bool atomic) {
+    const int row_a = tile * 16 + g, row_b = row_a + 8;
+    const bool ok_a = row_a < rows, ok_b = row_b < rows;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int n0 = tok_base + nt * 8 + 2 * t;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int n = n0 + j;
+            if (n >= n_tokens) continue;
+            float* orow = out + (size_t)n * out_stride;
+            if (mode == PMODE_SWIGLU) {
+                const int col = tile * 8 + g;
+                if (col < out_cols) orow[col] = silu(acc[nt][j]) * acc[nt][2 + j];
+            } else if (mode == PMODE_STORE) {
+                if (ok_a && row_a < out_cols) orow[row_a] = acc[nt][j] + (bias ? bias[row_a] : 0.f);
+                if (ok_b && row_b < out_cols) orow[row_b] = acc[nt][2 + j] + (bias ? bias[row_b] : 0.f);
+            } else if (atomic) {
+                if (ok_a && row_a < out_cols) atomicAdd(orow + row_a, acc[nt][j]);
+                if (ok_b && row_b < out_cols) atomicAdd(orow + row_b, acc[nt][2 + j]);
+            } else {
+                if (ok_a && row_a < out_cols) orow[row_a] += acc[nt][j];
+                if (ok_b && row_b < out_cols) orow[row_b] += acc[nt][2 + j];
+            }
+        }
     }
 }

@@ -58,8 +58,6 @@ __device__ __forceinline__ void k_step(float (&acc)[NT][4], const uint4& wa, con
     }
 }
 
-__device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
-
 template <int NT>
 __device__ void projection_body(const uint16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ bias,
                                 float* out, int rows, int K, int n_tokens, int x_stride, int out_stride,
@@ -105,30 +103,7 @@ __device__ void projection_body(const uint16_t* __restrict__ W, const float* __r
         k_step<NT>(acc, wa, wb, x, x_stride, tok_base, g, n_tokens, k);
     }
 
-    // acc[nt][0..1]: row_a, tokens n0, n0+1; acc[nt][2..3]: row_b, same tokens.
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        const int n0 = tok_base + nt * 8 + 2 * t;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int n = n0 + j;
-            if (n >= n_tokens) continue;
-            float* orow = out + (size_t)n * out_stride;
-            if (mode == PMODE_SWIGLU) {
-                const int col = tile * 8 + g;
-                if (col < out_cols) orow[col] = silu(acc[nt][j]) * acc[nt][2 + j];
-            } else if (mode == PMODE_STORE) {
-                if (ok_a && row_a < out_cols) orow[row_a] = acc[nt][j] + (bias ? bias[row_a] : 0.f);
-                if (ok_b && row_b < out_cols) orow[row_b] = acc[nt][2 + j] + (bias ? bias[row_b] : 0.f);
-            } else if (ksplit > 1) {
-                if (ok_a && row_a < out_cols) atomicAdd(orow + row_a, acc[nt][j]);
-                if (ok_b && row_b < out_cols) atomicAdd(orow + row_b, acc[nt][2 + j]);
-            } else {
-                if (ok_a && row_a < out_cols) orow[row_a] += acc[nt][j];
-                if (ok_b && row_b < out_cols) orow[row_b] += acc[nt][2 + j];
-            }
-        }
-    }
+    store_mma_tile<NT>(acc, out, out_stride, bias, rows, out_cols, n_tokens, tok_base, tile, g, t, mode, ksplit > 1);
 }
 
 #define PROJECTION_ENTRY(NT)                                                                                  \

@@ -34,7 +34,7 @@ extern "C" __global__ void projection_f32(const float* W, const float* x, const 
         const int gate_row = 16 * (c >> 3) + (c & 7);
         const float gate = row_dot(W + (size_t)gate_row * K, xr, K, lane);
         const float up = row_dot(W + (size_t)(gate_row + 8) * K, xr, K, lane);
-        if (lane == 0) orow[c] = gate / (1.f + expf(-gate)) * up;
+        if (lane == 0) orow[c] = silu(gate) * up;
         return;
     }
     if (c >= rows) return;

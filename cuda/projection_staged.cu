@@ -29,8 +29,6 @@
 #define STG_CHUNK_STEPS 4                                       // 32-wide K steps per staged chunk
 #define STG_ROW 80                                              // words per staged token row (64 + 16 pad)
 
-__device__ __forceinline__ float staged_silu(float v) { return v / (1.f + expf(-v)); }
-
 extern "C" __global__ void __launch_bounds__(STG_THREADS) projection_staged(
         const uint16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ bias, float* out,
         int rows, int K, int n_tokens, int x_stride, int out_stride, int out_cols, int mode, int ksplit) {
@@ -102,28 +100,6 @@ extern "C" __global__ void __launch_bounds__(STG_THREADS) projection_staged(
         }
     }
 
-    // acc[nt][0..1]: row_a, tokens n0, n0+1; acc[nt][2..3]: row_b, same tokens (projection_bf16.cu's epilogue).
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-        const int n0 = nt * 8 + 2 * t;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const int n = n0 + j;
-            if (n >= n_tokens) continue;
-            float* orow = out + (size_t)n * out_stride;
-            if (mode == PMODE_SWIGLU) {
-                const int col = tile * 8 + g;
-                if (ok_a && col < out_cols) orow[col] = staged_silu(acc[nt][j]) * acc[nt][2 + j];
-            } else if (mode == PMODE_STORE) {
-                if (ok_a && row_a < out_cols) orow[row_a] = acc[nt][j] + (bias ? bias[row_a] : 0.f);
-                if (ok_b && row_b < out_cols) orow[row_b] = acc[nt][2 + j] + (bias ? bias[row_b] : 0.f);
-            } else if (ksplit > 1) {
-                if (ok_a && row_a < out_cols) atomicAdd(orow + row_a, acc[nt][j]);
-                if (ok_b && row_b < out_cols) atomicAdd(orow + row_b, acc[nt][2 + j]);
-            } else {
-                if (ok_a && row_a < out_cols) orow[row_a] += acc[nt][j];
-                if (ok_b && row_b < out_cols) orow[row_b] += acc[nt][2 + j];
-            }
-        }
-    }
+    if (tile * 16 < rows)                                       // warps past the last tile hold nothing
+        store_mma_tile<4>(acc, out, out_stride, bias, rows, out_cols, n_tokens, 0, tile, g, t, mode, ksplit > 1);
 }
