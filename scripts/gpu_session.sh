@@ -114,7 +114,7 @@ for stage in $STAGES; do
         done ;;
     ncu-gemv)
         # Why the decode projections stream at half the copy bandwidth: ncu's throughput, occupancy and stall
-        # sections for one launch of projection_fused and of each candidate GEMV on the gate/up shape.
+        # sections for one launch of projection_fused.cu and of gemv.cu on the gate/up shape.
         echo "== ncu gemv (gate_up)"
         ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
             --section MemoryWorkloadAnalysis $PY -m vla_edge_ros.bench.gemv_probe --once gate_up > "$OUT/ncu_gemv.txt" 2>&1 \
