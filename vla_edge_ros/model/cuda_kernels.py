@@ -212,6 +212,45 @@ def fused_config(n_tiles: int, n_steps: int, mode: int, num_sms: int, warps: int
     return warps, kb
 
 
+def _output_columns(what: str, mode: int, rows: int, out_cols: int | None, out) -> int:
+    """out_cols of a STORE / ADD / SWIGLU projection over `rows` weight rows (SWIGLU: interleaved gate/up
+    rows, half as many outputs), checked against the output buffer."""
+    if mode == kc.MODE_SWIGLU:
+        _check(rows % 16 == 0, f"{what} swiglu weight: {rows} rows, expected a multiple of 16 (interleaved gate/up)")
+        out_cols = rows // 2 if out_cols is None else out_cols
+        _check(out_cols <= rows // 2, f"{what} swiglu: out_cols {out_cols} > {rows // 2}")
+    else:
+        out_cols = rows if out_cols is None else out_cols
+        _check(out_cols <= rows, f"{what}: out_cols {out_cols} > rows {rows}")
+    _check(out_cols <= out.shape[1], f"{what} out: {out.shape[1]} columns < {out_cols}")
+    return out_cols
+
+
+def _one_row_epilogue(what: str, mode: int, rows: int, K: int, out_cols: int | None, out, norm_w, bias,
+                      rope: "RopeTarget | None") -> tuple[int, tuple]:
+    """Checks shared by the launchers of the folded one-row projections (projection_fused, gemv): the RMSNorm
+    weight, the QKV_ROPE target, the output columns and the bias. -> (out_cols, rope launch arguments)."""
+    if norm_w is not None:
+        _check_array(f"{what} norm weight", norm_w, np.float32, 1)
+        _check(norm_w.shape[0] == K, f"{what} norm weight: {norm_w.shape[0]} values, K is {K}")
+    rope_args = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    if mode == kc.MODE_QKV_ROPE:
+        _check(rope is not None, f"{what} QKV_ROPE: rope target missing")
+        _check(rows == rope.weight_rows(), f"{what} QKV_ROPE weight: {rows} rows, the rope layout of "
+               f"{rope.n_q_heads}/{rope.n_kv_heads} heads x {rope.head_dim} has {rope.weight_rows()}")
+        _check(out.shape[1] >= rope.n_q_heads * rope.head_dim, f"{what} QKV_ROPE out: {out.shape[1]} columns too few")
+        _check(bias is None or bias.shape[0] == (rope.n_q_heads + 2 * rope.n_kv_heads) * rope.head_dim,
+               f"{what} QKV_ROPE bias: natural q|k|v float32 vector expected")
+        out_cols = 0
+        rope_args = rope.launch_args()
+    else:
+        out_cols = _output_columns(what, mode, rows, out_cols, out)
+    _check(bias is None or bias.dtype == np.float32, f"{what} bias: float32 expected")
+    _check(bias is None or mode in (kc.MODE_STORE, kc.MODE_QKV_ROPE), f"{what} bias: only STORE and QKV_ROPE add one")
+    _check(bias is None or mode == kc.MODE_QKV_ROPE or bias.shape[0] >= out_cols, f"{what} bias: shorter than out_cols")
+    return out_cols, rope_args
+
+
 # ----------------------------------------------------------------------------
 # Launchers
 
@@ -270,9 +309,12 @@ class CudaKernels:
         log.info("%d kernel families ready for %s in %.1f s (%d loaded into this context: compiled, or from "
                  "PyCUDA's disk cache)", len(eager), self.arch, time.perf_counter() - t0, fresh)
         # Attention chunks and staged GEMV rows may need dynamic shared memory beyond the default 48 KB.
-        for name in DYNAMIC_SHARED_KERNELS:
-            self._fns[name].set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                          self._dynamic_shared_limit(name))
+        # Opt-in limit less the kernel's static shared memory (asking for more is an invalid argument); kept
+        # for the launchers' checks rather than queried per launch.
+        self._shared_limits = {name: self.max_shared - int(self._fns[name].get_attribute(
+            self.drv.function_attribute.SHARED_SIZE_BYTES)) for name in DYNAMIC_SHARED_KERNELS}
+        for name, limit in self._shared_limits.items():
+            self._fns[name].set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, limit)
         self.programmatic = None          # a cuda_pdl.ProgrammaticLauncher once enabled
 
     def enable_programmatic_launch(self) -> bool:
@@ -290,18 +332,12 @@ class CudaKernels:
                                                               lambda family: family_cubin(family, self.arch))
             for name in DYNAMIC_SHARED_KERNELS:
                 if self.programmatic.handles(name):
-                    self.programmatic.set_max_dynamic_shared(name, self._dynamic_shared_limit(name))
+                    self.programmatic.set_max_dynamic_shared(name, self._shared_limits[name])
         except (ImportError, AttributeError, cuda_pdl.ProgrammaticLaunchError) as exc:
             log.warning("programmatic dependent launch unavailable (%s: %s); launching ordinarily",
                         type(exc).__name__, exc)
             return False
         return True
-
-    def _dynamic_shared_limit(self, name: str) -> int:
-        """The most dynamic shared memory `name` may ask for: the opt-in limit less its static shared memory
-        (asking for more than that is an invalid argument)."""
-        static = self._fns[name].get_attribute(self.drv.function_attribute.SHARED_SIZE_BYTES)
-        return self.max_shared - int(static)
 
     def disable_programmatic_launch(self) -> None:
         self.programmatic = None
@@ -395,17 +431,10 @@ class CudaKernels:
         total_rows, K = W.shape
         rows = total_rows - w_row0 if rows is None else rows
         _check(0 < rows and w_row0 + rows <= total_rows, f"projection weight: rows {w_row0}+{rows} > {total_rows}")
-        if mode == kc.MODE_SWIGLU:
-            _check(rows % 16 == 0, f"projection swiglu weight: {rows} rows, expected a multiple of 16 (interleaved gate/up)")
-            out_cols = rows // 2 if out_cols is None else out_cols
-            _check(out_cols <= rows // 2, f"projection swiglu: out_cols {out_cols} > {rows // 2}")
-        else:
-            out_cols = rows if out_cols is None else out_cols
-            _check(out_cols <= rows, f"projection: out_cols {out_cols} > rows {rows}")
+        out_cols = _output_columns("projection", mode, rows, out_cols, out)
         _check(x.shape[1] >= K, f"projection x: {x.shape[1]} columns < K {K}")
         _check(x.shape[1] % 8 == 0, f"projection x: row stride {x.shape[1]} not a multiple of 8")
         _check(x_row0 + n_tokens <= x.shape[0] and n_tokens <= out.shape[0], f"projection: {n_tokens} tokens exceed x/out rows")
-        _check(out_cols <= out.shape[1], f"projection out: {out.shape[1]} columns < {out_cols}")
         _check(bias is None or (bias.dtype == np.float32 and bias.shape[0] >= out_cols), "projection bias: float32 [out_cols] expected")
         x_ptr = ptr(x, x_row0 * x.shape[1])
         if W.dtype == np.float32:
@@ -443,14 +472,7 @@ class CudaKernels:
         _check(1 <= n_tokens <= STAGED_MAX_TOKENS, f"projection_staged: {n_tokens} tokens outside [1, {STAGED_MAX_TOKENS}]")
         _check(x.shape[1] >= K and x.shape[1] % 4 == 0, f"projection x: row stride {x.shape[1]} must be >= K and % 4 == 0")
         _check(n_tokens <= x.shape[0] and n_tokens <= out.shape[0], f"projection: {n_tokens} tokens exceed x/out rows")
-        if mode == kc.MODE_SWIGLU:
-            _check(rows % 16 == 0, f"projection swiglu weight: {rows} rows, expected a multiple of 16 (interleaved gate/up)")
-            out_cols = rows // 2 if out_cols is None else out_cols
-            _check(out_cols <= rows // 2, f"projection swiglu: out_cols {out_cols} > {rows // 2}")
-        else:
-            out_cols = rows if out_cols is None else out_cols
-            _check(out_cols <= rows, f"projection: out_cols {out_cols} > rows {rows}")
-        _check(out_cols <= out.shape[1], f"projection out: {out.shape[1]} columns < {out_cols}")
+        out_cols = _output_columns("projection", mode, rows, out_cols, out)
         _check(bias is None or (bias.dtype == np.float32 and bias.shape[0] >= out_cols and mode == kc.MODE_STORE),
                "projection bias: float32 [out_cols] expected, STORE only")
         n_groups, n_steps = ceil_div(ceil_div(rows, 16), 8), K // 32
@@ -479,30 +501,7 @@ class CudaKernels:
         _check(x.shape[1] >= K and x.shape[1] % 8 == 0,
                f"projection x: row stride {x.shape[1]} must be >= K {K} and a multiple of 8")
         _check(x_row0 + n_tokens <= x.shape[0] and n_tokens <= out.shape[0], f"projection: {n_tokens} tokens exceed x/out rows")
-        if norm_w is not None:
-            _check_array("projection norm weight", norm_w, np.float32, 1)
-            _check(norm_w.shape[0] == K, f"projection norm weight: {norm_w.shape[0]} values, K is {K}")
-        rope_args = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        if mode == kc.MODE_QKV_ROPE:
-            _check(rope is not None, "projection QKV_ROPE: rope target missing")
-            _check(rows == rope.weight_rows(), f"projection QKV_ROPE weight: {rows} rows, the rope layout of "
-                   f"{rope.n_q_heads}/{rope.n_kv_heads} heads x {rope.head_dim} has {rope.weight_rows()}")
-            _check(out.shape[1] >= rope.n_q_heads * rope.head_dim, f"projection QKV_ROPE out: {out.shape[1]} columns too few")
-            _check(bias is None or bias.shape[0] == (rope.n_q_heads + 2 * rope.n_kv_heads) * rope.head_dim,
-                   "projection QKV_ROPE bias: natural q|k|v float32 vector expected")
-            out_cols = 0
-            rope_args = rope.launch_args()
-        elif mode == kc.MODE_SWIGLU:
-            _check(rows % 16 == 0, f"projection swiglu weight: {rows} rows, expected a multiple of 16 (interleaved gate/up)")
-            out_cols = rows // 2 if out_cols is None else out_cols
-            _check(out_cols <= rows // 2, f"projection swiglu: out_cols {out_cols} > {rows // 2}")
-        else:
-            out_cols = rows if out_cols is None else out_cols
-            _check(out_cols <= rows, f"projection: out_cols {out_cols} > rows {rows}")
-        _check(out_cols <= out.shape[1], f"projection out: {out.shape[1]} columns < {out_cols}")
-        _check(bias is None or bias.dtype == np.float32, "projection bias: float32 expected")
-        _check(bias is None or mode in (kc.MODE_STORE, kc.MODE_QKV_ROPE), "projection bias: only STORE and QKV_ROPE add one")
-        _check(bias is None or mode == kc.MODE_QKV_ROPE or bias.shape[0] >= out_cols, "projection bias: shorter than out_cols")
+        out_cols, rope_args = _one_row_epilogue("projection", mode, rows, K, out_cols, out, norm_w, bias, rope)
         n_tiles, n_steps = ceil_div(rows, 16), K // 32
         default_warps, default_kb = fused_config(n_tiles, n_steps, mode, self.num_sms, warps)
         warps = default_warps if warps is None else warps
@@ -530,32 +529,9 @@ class CudaKernels:
         _check(K % 8 == 0 and x.shape[1] >= K and x.shape[1] % 4 == 0,
                f"gemv: K {K} must be a multiple of 8, x's row stride ({x.shape[1]}) >= K and a multiple of 4")
         _check(x_row0 < x.shape[0], f"gemv x: row {x_row0} >= {x.shape[0]} rows")
-        limit = self._dynamic_shared_limit("gemv_bf16")
+        limit = self._shared_limits["gemv_bf16"]
         _check(4 * K <= limit, f"gemv: K {K} needs {4 * K} bytes of shared memory > {limit}")
-        if norm_w is not None:
-            _check_array("gemv norm weight", norm_w, np.float32, 1)
-            _check(norm_w.shape[0] == K, f"gemv norm weight: {norm_w.shape[0]} values, K is {K}")
-        rope_args = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-        if mode == kc.MODE_QKV_ROPE:
-            _check(rope is not None, "gemv QKV_ROPE: rope target missing")
-            _check(rows == rope.weight_rows(), f"gemv QKV_ROPE weight: {rows} rows, the rope layout of "
-                   f"{rope.n_q_heads}/{rope.n_kv_heads} heads x {rope.head_dim} has {rope.weight_rows()}")
-            _check(out.shape[1] >= rope.n_q_heads * rope.head_dim, f"gemv QKV_ROPE out: {out.shape[1]} columns too few")
-            _check(bias is None or bias.shape[0] == (rope.n_q_heads + 2 * rope.n_kv_heads) * rope.head_dim,
-                   "gemv QKV_ROPE bias: natural q|k|v float32 vector expected")
-            out_cols = 0
-            rope_args = rope.launch_args()
-        elif mode == kc.MODE_SWIGLU:
-            _check(rows % 16 == 0, f"gemv swiglu weight: {rows} rows, expected a multiple of 16 (interleaved gate/up)")
-            out_cols = rows // 2 if out_cols is None else out_cols
-            _check(out_cols <= rows // 2, f"gemv swiglu: out_cols {out_cols} > {rows // 2}")
-        else:
-            out_cols = rows if out_cols is None else out_cols
-            _check(out_cols <= rows, f"gemv: out_cols {out_cols} > rows {rows}")
-        _check(out_cols <= out.shape[1], f"gemv out: {out.shape[1]} columns < {out_cols}")
-        _check(bias is None or bias.dtype == np.float32, "gemv bias: float32 expected")
-        _check(bias is None or mode in (kc.MODE_STORE, kc.MODE_QKV_ROPE), "gemv bias: only STORE and QKV_ROPE add one")
-        _check(bias is None or mode == kc.MODE_QKV_ROPE or bias.shape[0] >= out_cols, "gemv bias: shorter than out_cols")
+        out_cols, rope_args = _one_row_epilogue("gemv", mode, rows, K, out_cols, out, norm_w, bias, rope)
         self._launch("gemv_bf16", (ceil_div(rows, 8),), GEMV_THREADS, stream, ptr(W, w_row0 * K),
                      ptr(x, x_row0 * x.shape[1]), ptr(norm_w), np.float32(eps), ptr(bias), ptr(out), np.int32(out_cols),
                      np.int32(rows), np.int32(K), np.int32(mode), *rope_args, shared=4 * K)
