@@ -42,3 +42,26 @@ def cuda_device():
     device = primary_device(0)
     with device.bound():
         yield device
+
+
+@pytest.fixture(scope="session")
+def kn(cuda_device):
+    """The kernels of cuda/*.cu compiled into the session's context (cuda_kernels.CudaKernels)."""
+    from vla_edge_ros.model.cuda_kernels import CudaKernels
+    return CudaKernels(cuda_device)
+
+
+@pytest.fixture(scope="session")
+def gpu(cuda_device):
+    """(pycuda.gpuarray, a stream of the session's context) for tests that build device arrays."""
+    from pycuda import gpuarray
+    return gpuarray, cuda_device.drv.Stream()
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(tiny_model_dir):
+    """(ModelSpec, ModelWeights) of the session's tiny model, for backends built from memory."""
+    from vla_edge_ros.model.spec import ModelSpec
+    from vla_edge_ros.model.weights import load_weights
+    spec = ModelSpec.from_dir(tiny_model_dir)
+    return spec, load_weights(tiny_model_dir, spec)

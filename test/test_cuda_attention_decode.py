@@ -13,18 +13,6 @@ from vla_edge_ros.model import kernel_reference as ref
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def kn(cuda_device):
-    from vla_edge_ros.model.cuda_kernels import CudaKernels
-    return CudaKernels(cuda_device)
-
-
-@pytest.fixture(scope="module")
-def gpu(cuda_device):
-    from pycuda import gpuarray
-    return gpuarray, cuda_device.drv.Stream()
-
-
 def assert_close(got, expected, rtol, atol, what):
     """|got - expected| <= atol + rtol |expected| element by element; names the worst element."""
     assert np.all(np.isfinite(got)), f"{what}: unwritten or non-finite elements at {np.argwhere(~np.isfinite(got))[:3]}"
@@ -80,24 +68,14 @@ def test_attention_decode_rejects_what_it_cannot_do(kn, gpu):
         kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 16, 1, 32, 64, 2, 1.0, stream)
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from vla_edge_ros.model.make_model import make_model
-    from vla_edge_ros.model.spec import ModelSpec
-    from vla_edge_ros.model.weights import load_weights
-    path = make_model("tiny", tmp_path_factory.mktemp("tiny"), seed=13)
-    spec = ModelSpec.from_dir(path)
-    return spec, load_weights(path, spec)
-
-
 @pytest.mark.parametrize("programmatic", [True, False], ids=["pdl", "plain"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_device_cycles_agree_with_numpy_in_both_launch_modes(tiny_model, programmatic, dtype):
+def test_device_cycles_agree_with_numpy_in_both_launch_modes(tiny_weights, programmatic, dtype):
     """The captured cycle (graphs), with the decode kernels launched programmatically or ordinarily, chooses
     the same tokens as the numpy backend stepping token by token (every token in fp32), cycle after cycle."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
     from vla_edge_ros.model.numpy_backend import NumpyBackend
-    spec, weights = tiny_model
+    spec, weights = tiny_weights
     cap, lo, n_tokens = 300, spec.vocab_size - 256, 9
     cuda = CudaBackend(spec, weights, cap, dtype, programmatic_launch=programmatic)
     host = NumpyBackend(spec, weights, cap, dtype)

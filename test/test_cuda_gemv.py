@@ -13,18 +13,6 @@ from vla_edge_ros.model import kernel_reference as ref
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def kn(cuda_device):
-    from vla_edge_ros.model.cuda_kernels import CudaKernels
-    return CudaKernels(cuda_device)
-
-
-@pytest.fixture(scope="module")
-def gpu(cuda_device):
-    from pycuda import gpuarray
-    return gpuarray, cuda_device.drv.Stream()
-
-
 def _nan(ga, shape):
     return ga.to_gpu(np.full(shape, np.nan, np.float32))
 

@@ -30,18 +30,6 @@ pytestmark = pytest.mark.gpu
 RTOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def kn(cuda_device):
-    from vla_edge_ros.model.cuda_kernels import CudaKernels
-    return CudaKernels(cuda_device)
-
-
-@pytest.fixture(scope="module")
-def gpu(cuda_device):
-    from pycuda import gpuarray
-    return gpuarray, cuda_device.drv.Stream()
-
-
 def _nan(gpuarray, shape, dtype=np.float32):
     return gpuarray.to_gpu(np.full(shape, np.nan, dtype))
 

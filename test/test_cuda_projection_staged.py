@@ -16,18 +16,6 @@ from vla_edge_ros.model import kernel_reference as ref
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def kn(cuda_device):
-    from vla_edge_ros.model.cuda_kernels import CudaKernels
-    return CudaKernels(cuda_device)
-
-
-@pytest.fixture(scope="module")
-def gpu(cuda_device):
-    from pycuda import gpuarray
-    return gpuarray, cuda_device.drv.Stream()
-
-
 def _nan(ga, shape):
     return ga.to_gpu(np.full(shape, np.nan, np.float32))
 
@@ -88,21 +76,11 @@ def test_projection_staged_rejects_what_it_cannot_do(kn, gpu):
         kn.projection_staged(ga.zeros((32, 64), np.float32), x, out, 4, MODE_ADD, stream)
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from vla_edge_ros.model.make_model import make_model
-    from vla_edge_ros.model.spec import ModelSpec
-    from vla_edge_ros.model.weights import load_weights
-    path = make_model("tiny", tmp_path_factory.mktemp("tiny"), seed=17)
-    spec = ModelSpec.from_dir(path)
-    return spec, load_weights(path, spec)
-
-
-def test_a_backend_with_staged_prefill_gives_the_same_cycle(tiny_model):
+def test_a_backend_with_staged_prefill_gives_the_same_cycle(tiny_weights):
     """The same cycle with its prefill through projection_staged.cu (graphs) picks the same tokens, and its
     prefill logits agree to rounding (the residual adds split K and add atomically, in another order)."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
-    spec, weights = tiny_model
+    spec, weights = tiny_weights
     cap, lo = 300, spec.vocab_size - 256
     rng = np.random.default_rng(3)
     ctx_ids = rng.integers(0, spec.vocab_size, size=40)
