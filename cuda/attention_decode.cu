@@ -1,18 +1,19 @@
 // attention_decode.cu: grouped-query attention for the decode rows (one query row per call in the
 // engine; any n_rows works, each row re-reading the K/V, which is why prefill rows do not use it):
-// the partial sums of attention.cu's split scheme, computed from registers instead of shared memory.
+// the partial sums of the split scheme attention.cu merges, from registers instead of shared memory.
 //
-// Same contract as attention.cu: query row i (table index t = ctl[CTL_ROW_OFFSET] + i) attends to
-// attend_list[0, len_i), len_i = ctl[CTL_CTX_LEN] + t + 1; query head h uses KV head h / group.
+// Same contract as attention_tiled.cu: query row i (table index t = ctl[CTL_ROW_OFFSET] + i) attends
+// to attend_list[0, len_i), len_i = ctl[CTL_CTX_LEN] + t + 1; query head h uses KV head h / group.
 //
 // attention_decode_partial: split s covers list entries [s*ATTN_CHUNK, (s+1)*ATTN_CHUNK) ∩ [0, len_i):
 //            m = max_j score_j,  l = sum_j exp(score_j - m),  o[:] = sum_j exp(score_j - m) v_j[:]
 //            score_j = (q . k_j) * scale. Splits past len_i write nothing; attention.cu's
-//            attention_merge combines the splits (the same layout as attention_partial).
+//            attention_merge combines the splits (the same layout as attention_tiled.cu's).
 //
-// Why not attention.cu for one row: it stages a 64-slot chunk in shared memory and then runs
-// 128-long scalar loops per (head, slot), so each of its ~130 blocks spends most of its time in
-// dependent shared-memory arithmetic (23 us per layer on the H200 for 2 us worth of K/V bytes).
+// Why not a shared-memory kernel for one row: attention.cu's former partial kernel staged a 64-slot
+// chunk in shared memory, then ran 128-long scalar loops per (head, slot), so each of its ~130
+// blocks spent most of its time in dependent shared-memory arithmetic (23 us per layer on the H200
+// for 2 us worth of K/V bytes).
 // Here a warp owns DEC_SLOTS_PER_WARP slots, every lane holds 4 (or 8) dimensions of each slot's
 // K and V in registers (one coalesced 512-byte row per load instruction, all the warp's rows in
 // flight at once), and the dot products are warp reductions: no shared memory until the eight

@@ -679,7 +679,7 @@ class CudaBackend:
             return
         self.kernels.attention(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o, self.part_ml, self.attn,
                                n, sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, self.n_splits,
-                               self._scale, self.stream, tiled=True)
+                               self._scale, self.stream)
 
     def _rope_target(self, li: int) -> ck.RopeTarget:
         sp = self.spec

@@ -69,7 +69,7 @@ FAMILIES = {
     "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii"},
     "projection_staged": {"projection_staged": "PPPPiiiiiiii"},
     "rope": {"rope_store": "PiPPPPPPiiii"},
-    "attention": {"attention_partial": "PiPPPPPPiiiiifii", "attention_merge": "PPPPiiii"},
+    "attention": {"attention_merge": "PPPPiiii"},
     "attention_tiled": {"attention_partial_tiled": "PiPPPPPPiiiiifii"},   # merged by attention.cu's kernel
     "attention_decode": {"attention_decode_partial_v1": "PiPPPPPPiiiiif",     # merged by attention.cu's kernel
                          "attention_decode_partial_v2": "PiPPPPPPiiiiif"},
@@ -98,7 +98,7 @@ def ceil_div(a: int, b: int) -> int:
 
 
 # Kernels whose dynamic shared memory may exceed the default 48 KB (opted in at load).
-DYNAMIC_SHARED_KERNELS = ("attention_partial", "attention_partial_tiled", "attention_decode_partial_v1",
+DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", "attention_decode_partial_v1",
                           "attention_decode_partial_v2", "gemv_bf16")
 GEMV_THREADS = 256              # gemv.cu: 8 warps, one weight row each
 STAGED_MAX_TOKENS = 32          # projection_staged.cu: activation rows staged per block
@@ -557,10 +557,9 @@ class CudaKernels:
     # -- attention ---------------------------------------------------------
 
     def attention(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
-                  n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float, stream,
-                  tiled: bool = False):
-        """out[i, h*hd:(h+1)*hd] = softmax(q k^T * scale) v over attend_list[:len_i] (see attention.cu);
-        tiled: the partial sums by attention_tiled.cu (256 threads, register-tiled; faster on prefill rows)."""
+                  n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float, stream):
+        """out[i, h*hd:(h+1)*hd] = softmax(q k^T * scale) v over attend_list[:len_i]: the partial sums by
+        attention_tiled.cu (K/V chunk in shared memory, shared by up to 8 rows: the prefill), then the merge."""
         _check_array("attention qkv", qkv, np.float32, 2)
         _check_array("attention list", attend_list, np.int32)
         _check_array("attention out", out, np.float32, 2)
@@ -574,17 +573,16 @@ class CudaKernels:
         _check(out.shape[1] >= n_q_heads * head_dim and out.shape[0] >= n_rows, f"attention out: shape {out.shape} too small")
         _check(head_dim % 4 == 0, f"attention: head_dim {head_dim} not a multiple of 4 (float4 loads)")
         group = n_q_heads // n_kv_heads
-        _check(not tiled or qkv.shape[1] % 4 == 0, f"attention qkv: row stride {qkv.shape[1]} not a multiple of 4")
-        pad = 4 if tiled else 1
+        _check(qkv.shape[1] % 4 == 0, f"attention qkv: row stride {qkv.shape[1]} not a multiple of 4")
 
         def smem(rows):
-            return 4 * (ATTN_CHUNK * (2 * head_dim + pad) + rows * group * (head_dim + ATTN_CHUNK))
+            return 4 * (ATTN_CHUNK * (2 * head_dim + 4) + rows * group * (head_dim + ATTN_CHUNK))
         rows = min(n_rows, ATTN_MAX_ROWS_PER_BLOCK)
         while rows > 1 and smem(rows) > self.max_shared:
             rows -= 1
         _check(smem(rows) <= self.max_shared, f"attention: {smem(rows)} bytes of shared memory > {self.max_shared}")
-        name, threads = ("attention_partial_tiled", ATTN_TILED_THREADS) if tiled else ("attention_partial", 128)
-        self._launch(name, (n_splits, n_kv_heads, ceil_div(n_rows, rows)), threads, stream, ptr(qkv),
+        self._launch("attention_partial_tiled", (n_splits, n_kv_heads, ceil_div(n_rows, rows)), ATTN_TILED_THREADS,
+                     stream, ptr(qkv),
                      np.int32(qkv.shape[1]), np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl),
                      ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim),
                      np.int32(capacity), np.int32(n_splits), np.float32(scale), np.int32(n_rows), np.int32(rows),
