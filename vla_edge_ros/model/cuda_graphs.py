@@ -23,13 +23,14 @@ def _driver():
     return driver
 
 
-def _ok(result, what: str):
-    """cuda.bindings returns (CUresult, *values); raise on error, return the values."""
+def _ok(result, what: str, error: type = GraphError):
+    """cuda.bindings returns (CUresult, *values); raise `error` on a failure (naming the call and the driver
+    error), return the values. cuda_pdl.py uses it too, with its own error type."""
     drv = _driver()
     err, *values = result if isinstance(result, tuple) else (result,)
     if err != drv.CUresult.CUDA_SUCCESS:
         name = drv.cuGetErrorName(err)[1]
-        raise GraphError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name} ({int(err)})")
+        raise error(f"{what} failed: {name.decode() if isinstance(name, bytes) else name} ({int(err)})")
     if not values:
         return None
     return values[0] if len(values) == 1 else values

@@ -18,6 +18,8 @@ import ctypes
 import logging
 import threading
 
+from .cuda_graphs import _driver, _ok
+
 log = logging.getLogger(__name__)
 
 # Kernels whose code waits (griddep_wait) before reading or writing anything an earlier kernel touches.
@@ -36,18 +38,8 @@ class ProgrammaticLaunchError(RuntimeError):
     """cuLaunchKernelEx or loading a kernel for it failed (names the kernel and the driver error)."""
 
 
-def _driver():
-    from cuda.bindings import driver
-    return driver
-
-
 def _check(result, what: str):
-    drv = _driver()
-    err, *values = result if isinstance(result, tuple) else (result,)
-    if err != drv.CUresult.CUDA_SUCCESS:
-        name = drv.cuGetErrorName(err)[1]
-        raise ProgrammaticLaunchError(f"{what}: {name.decode() if isinstance(name, bytes) else name} ({int(err)})")
-    return values[0] if len(values) == 1 else (values or None)
+    return _ok(result, what, ProgrammaticLaunchError)
 
 
 def supported(device) -> bool:
