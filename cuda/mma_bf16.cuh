@@ -7,6 +7,7 @@
 // split_activations: 8 fp32 activations -> bf16 halves hi + lo with hi + lo ~ x to ~16 mantissa
 //                    bits (hi = bf16(x), lo = bf16(x - hi)); feeding both halves through the
 //                    tensor cores keeps close to fp32 accuracy where bf16(x) alone keeps 8 bits.
+// load_activations8: 8 consecutive fp32 activations (32-byte aligned) through the read-only path.
 // store_mma_tile:    the STORE / ADD / SWIGLU epilogue of a warp's 16-row tile x 8 NT tokens
 //                    (projection_bf16.cu, projection_staged.cu).
 //
@@ -36,6 +37,13 @@ __device__ __forceinline__ uint4 load_weights16(const uint16_t* p) {
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo_k, float hi_k) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo_k, hi_k);   // .x (low 16 bits) = lower k
     return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void load_activations8(const float* p, float* v) {
+    const float4* src = reinterpret_cast<const float4*>(p);
+    const float4 p0 = __ldg(src), p1 = __ldg(src + 1);
+    v[0] = p0.x; v[1] = p0.y; v[2] = p0.z; v[3] = p0.w;
+    v[4] = p1.x; v[5] = p1.y; v[6] = p1.z; v[7] = p1.w;
 }
 
 // 8 activations -> hi and lo bf16 pairs (pairs (0,1) (2,3) (4,5) (6,7)).

@@ -59,10 +59,7 @@ __device__ __forceinline__ void k_step(float (&acc)[NT][4], const uint4& wa, con
         const int n = tok_base + nt * 8 + g;          // token of this lane's B column
         float v[8];
         if (n < n_tokens) {
-            const float4* src = reinterpret_cast<const float4*>(x + (size_t)n * x_stride + k);
-            const float4 p0 = __ldg(src), p1 = __ldg(src + 1);
-            v[0] = p0.x; v[1] = p0.y; v[2] = p0.z; v[3] = p0.w;
-            v[4] = p1.x; v[5] = p1.y; v[6] = p1.z; v[7] = p1.w;
+            load_activations8(x + (size_t)n * x_stride + k, v);
             if (norm_w != nullptr) {
                 const float4* ws = reinterpret_cast<const float4*>(norm_w + k);
                 const float4 q0 = __ldg(ws), q1 = __ldg(ws + 1);

@@ -70,10 +70,7 @@ extern "C" __global__ void __launch_bounds__(STG_THREADS) projection_staged(
             const int k = c0 * 32 + grp * 8;
             float v[8];
             if (n < n_tokens && grp < 4 * n_here) {
-                const float4* src = reinterpret_cast<const float4*>(x + (size_t)n * x_stride + k);
-                const float4 p0 = src[0], p1 = src[1];
-                v[0] = p0.x; v[1] = p0.y; v[2] = p0.z; v[3] = p0.w;
-                v[4] = p1.x; v[5] = p1.y; v[6] = p1.z; v[7] = p1.w;
+                load_activations8(x + (size_t)n * x_stride + k, v);
             } else {
 #pragma unroll
                 for (int e = 0; e < 8; ++e) v[e] = 0.f;
