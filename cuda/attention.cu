@@ -16,10 +16,6 @@
 // attention_decode.cu took the decode rows: notes/cuda_notes.md, issue 10.)
 #include "common.cuh"
 
-__device__ __forceinline__ int list_length(const int* ctl, int i) {
-    return ctl[CTL_CTX_LEN] + ctl[CTL_ROW_OFFSET] + i + 1;
-}
-
 // One block per (query head, row). The splits' weights e^(m_s - M) go to shared memory once; then
 // warp w sums splits w, w + 8, ... with each lane holding 4 output dimensions (one coalesced
 // 512-byte row of part_o per load, several loads in flight), and the 8 warps' sums are added in

@@ -36,10 +36,6 @@
 #define DEC_WARPS (DEC_THREADS / 32)
 #define DEC_SLOTS_PER_WARP (ATTN_CHUNK / DEC_WARPS)          // 8: a warp's K/V rows all in flight at once
 
-__device__ __forceinline__ int dec_list_length(const int* ctl, int i) {
-    return ctl[CTL_CTX_LEN] + ctl[CTL_ROW_OFFSET] + i + 1;
-}
-
 __device__ __forceinline__ float dot4(const float4& a, const float4& b) {
     return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
@@ -68,7 +64,7 @@ __device__ void decode_partial_body(const float* qkv, int qkv_stride, const floa
     const int kvh = blockIdx.y;                                 // range [0, KVH)
     const int i = blockIdx.z;                                   // query row, range [0, n_rows)
     const int group = n_q_heads / n_kv_heads;
-    const int len = dec_list_length(ctl, i);
+    const int len = list_length(ctl, i);
     const int j0 = split * ATTN_CHUNK;
     if (j0 >= len) return;                                      // block-uniform
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -33,10 +33,6 @@
 #define AT_PV_QV 16                                         // query vectors per thread, V sum (hd <= 256)
 #define AT_GATHER_BATCH 8                                   // 16-byte K and V loads in flight per thread
 
-__device__ __forceinline__ int list_length(const int* ctl, int i) {
-    return ctl[CTL_CTX_LEN] + ctl[CTL_ROW_OFFSET] + i + 1;
-}
-
 // One block = one chunk of the attend list x one KV head x up to R query rows (R*group query
 // vectors qv = rr*group + g). The chunk's K and V rows are gathered into shared memory once and
 // reused by every query vector.

@@ -29,6 +29,12 @@
 #define PMODE_SWIGLU   2   // out = silu(gate) * up, gate/up rows interleaved in blocks of 8
 #define PMODE_QKV_ROPE 3   // projection_fused only: q out, k/v into the arena, RoPE applied
 
+// Entries of the attend list that query row i of a call sees: the cached context, then the call's
+// rows up to and including its own (table index ctl[CTL_ROW_OFFSET] + i); shared by the attention kernels.
+__device__ __forceinline__ int list_length(const int* ctl, int i) {
+    return ctl[CTL_CTX_LEN] + ctl[CTL_ROW_OFFSET] + i + 1;
+}
+
 // Attention splits the attend list into chunks of this many slots (flash-decoding).
 #define ATTN_CHUNK 64
 // Largest query-heads-per-KV-head group and head_dim the attention kernels hold in shared memory.
