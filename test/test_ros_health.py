@@ -20,10 +20,13 @@ def test_levels_say_when_nothing_comes_in_and_nothing_goes_out(tiny_model_dir, t
                           log_dir=tmp_path)
     camera = H.CameraPublisher(harness, H.footage_rgb(60))
     try:
-        # No camera: every cycle is a no_frame fallback (fallback rate 1.0) and no action ever comes.
+        # No camera: every cycle is a no_frame fallback (fallback rate 1.0) and no action ever comes. The
+        # ERROR needs health.no_action_error_s (1 s) of activity, and is seen at the next diagnostics
+        # message (one a second): a fixed 1.1 s after the first message could still read the WARN before it.
         H.wait_until(lambda: H.latest_status(diagnostics, "reasoning") and H.latest_status(diagnostics, "camera_ingest"),
                      H.GRAPH_START_TIMEOUT_S, "diagnostics of both nodes")
-        time.sleep(1.1)
+        H.wait_until(lambda: (s := H.latest_status_msg(diagnostics, "reasoning")) and s.level == DiagnosticStatus.ERROR,
+                     5.0, "reasoning ERROR while nothing comes in")
         reasoning = H.latest_status_msg(diagnostics, "reasoning")
         ingest = H.latest_status_msg(diagnostics, "camera_ingest")
         assert reasoning.level == DiagnosticStatus.ERROR, (reasoning.level, reasoning.message)
