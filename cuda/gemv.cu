@@ -29,29 +29,7 @@
 // PDL:       the first batch of weight loads is issued before griddep_wait, so a programmatic
 //            launch streams weights while the kernel before it finishes.
 // Preconditions: K % 8 == 0; x and norm_w 16-byte aligned; rows % 16 == 0 for the pair modes.
-#include "common.cuh"
-// mma_bf16.cuh for load_weights16, the streaming weight load (its mma helpers go unused here).
-#include "mma_bf16.cuh"
-#include "qkv_rope.cuh"
-
-#define GEMV_THREADS 256
-#define GEMV_WARPS (GEMV_THREADS / 32)
-#define GEMV_UNROLL 4
-
-// 8 bf16 weights (low half of each word = the lower k) against 8 staged activations.
-__device__ __forceinline__ float dot8_bf16(const uint4& w, const float* v) {
-    const float4 a = *reinterpret_cast<const float4*>(v);
-    const float4 b = *reinterpret_cast<const float4*>(v + 4);
-    float s = __uint_as_float(w.x << 16) * a.x;
-    s = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, s);
-    s = fmaf(__uint_as_float(w.y << 16), a.z, s);
-    s = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, s);
-    s = fmaf(__uint_as_float(w.z << 16), b.x, s);
-    s = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, s);
-    s = fmaf(__uint_as_float(w.w << 16), b.z, s);
-    s = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, s);
-    return s;
-}
+#include "gemv_rows.cuh"
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16(
         const uint16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
@@ -62,38 +40,16 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16(
     __shared__ float row_sum[GEMV_WARPS];
     __shared__ float scratch[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const bool pairs = mode == PMODE_SWIGLU || mode == PMODE_QKV_ROPE;
-    const int pair = blockIdx.x * (GEMV_WARPS / 2) + (warp >> 1);   // pair modes: range [0, rows / 2)
-    const int row = pairs ? 16 * (pair >> 3) + (pair & 7) + 8 * (warp & 1) : blockIdx.x * GEMV_WARPS + warp;
+    const int row = gemv_row(mode, blockIdx.x, warp);
     const bool ok = row < rows;
     const uint16_t* w_row = W + (size_t)(ok ? row : 0) * K;
     const int chunks = K >> 3;                                  // 16-byte chunks per row
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 
     uint4 w[GEMV_UNROLL];
-#pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u) {
-        const int c = lane + 32 * u;
-        w[u] = (ok && c < chunks) ? load_weights16(w_row + 8 * c) : zero;
-    }
+    gemv_first_loads(W, row, rows, K, w);
     griddep_wait();                                             // x (and the tables) come from earlier kernels
     griddep_launch_dependents();
-
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-    const float4* n4 = reinterpret_cast<const float4*>(norm_w);
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < (K >> 2); i += GEMV_THREADS) {   // i range [0, K/4)
-        float4 v = x4[i];
-        if (norm_w != nullptr) {
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            const float4 g = n4[i];
-            v.x *= g.x; v.y *= g.y; v.z *= g.z; v.w *= g.w;
-        }
-        v_s4[i] = v;
-    }
-    float scale = 1.f;
-    if (norm_w != nullptr) scale = rsqrtf(block_sum(ss, scratch) / (float)K + eps);   // barriers publish v_s4
-    else __syncthreads();
+    const float scale = gemv_stage_activations(x, norm_w, eps, K, v_s4, scratch);
     const float* v_s = reinterpret_cast<const float*>(v_s4);
 
     float acc = 0.f;
@@ -103,37 +59,16 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16(
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const int c = c1 + lane + 32 * u;
-            w_next[u] = (ok && c < chunks) ? load_weights16(w_row + 8 * c) : zero;
+            w_next[u] = (ok && c < chunks) ? load_weights16(w_row + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
         }
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int c = c0 + lane + 32 * u;
-            if (c < chunks) acc += dot8_bf16(w[u], v_s + 8 * c);
-        }
+        acc = gemv_batch(w, v_s, c0, chunks, acc);
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) w[u] = w_next[u];
     }
     acc = warp_sum(acc) * scale;
     if (lane == 0) row_sum[warp] = acc;
     __syncthreads();
-
-    if (pairs) {
-        if (threadIdx.x >= GEMV_WARPS / 2) return;
-        const int p = blockIdx.x * (GEMV_WARPS / 2) + threadIdx.x;   // this thread's pair
-        if (16 * (p >> 3) + (p & 7) + 8 >= rows) return;
-        const float va = row_sum[2 * threadIdx.x], vb = row_sum[2 * threadIdx.x + 1];
-        if (mode == PMODE_SWIGLU) {
-            if (p < out_cols) out[p] = silu(va) * vb;
-        } else {
-            const RopeTarget rt{pos_table, slot_table, ctl, inv_freq, k_cache, v_cache,
-                                n_q_heads, n_kv_heads, head_dim, capacity};
-            qkv_rope_epilogue(rt, bias, out, 0, p >> 3, p & 7, 0, va, vb);
-        }
-        return;
-    }
-    if (threadIdx.x >= GEMV_WARPS) return;
-    const int r = blockIdx.x * GEMV_WARPS + threadIdx.x;
-    if (r >= rows || r >= out_cols) return;
-    if (mode == PMODE_ADD) out[r] += row_sum[threadIdx.x];
-    else out[r] = row_sum[threadIdx.x] + (bias != nullptr ? bias[r] : 0.f);
+    const RopeTarget rt{pos_table, slot_table, ctl, inv_freq, k_cache, v_cache, n_q_heads, n_kv_heads, head_dim,
+                        capacity};
+    gemv_epilogue(mode, blockIdx.x, row_sum, bias, out, out_cols, rows, rt);
 }

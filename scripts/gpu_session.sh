@@ -42,7 +42,8 @@ for stage in $STAGES; do
         VLA_EDGE_CUDA_SYNC=1 $PY -m pytest test/test_cuda_kernels.py -q -rs 2>&1 | tee "$OUT/tests.log" | tail -3 || status=1
         echo "== backend, engine and ASR tests"
         $PY -m pytest test/test_cuda_backend.py test/test_cuda_engine.py test/test_cuda_asr.py \
-            test/test_cuda_gemv.py test/test_cuda_attention_decode.py test/test_cuda_projection_staged.py -q -rs 2>&1 \
+            test/test_cuda_gemv.py test/test_cuda_attention_decode.py test/test_cuda_projection_staged.py \
+            test/test_cuda_decode_persistent.py -q -rs 2>&1 \
             | tee -a "$OUT/tests.log" | tail -15 || status=1 ;;
     probes)
         for probe in ${PROBES:-gemv_probe}; do

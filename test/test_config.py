@@ -17,6 +17,10 @@ def test_shipped_yaml_holds_the_design_defaults():
     assert cfg.memory.vram_ceiling_bytes == 8 * 1024 ** 3
     assert cfg.admission.ema_alpha == 0.2
     assert cfg.kv.eviction_policy == "semantic"
+    # The pycuda kernel switches, as CudaBackend takes them: the measured-faster staged prefill on, the unmeasured
+    # persistent decode off.
+    assert cfg.model.kernel_options() == {"programmatic_launch": False, "staged_prefill_projections": True,
+                                          "persistent_decode": False}
 
 
 def test_yaml_and_dataclass_defaults_agree_so_there_is_one_truth():

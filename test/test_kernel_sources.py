@@ -167,3 +167,28 @@ def test_vision_family_is_compiled_at_its_first_launch_only(monkeypatch):
     kn.adjacent_cosine(pooled, 4, sims, stream=None)
     kn.pool_rows(pooled, pooled, stream=None)
     assert compiled.count("vision") == 1 and launches == ["adjacent_cosine", "pool_rows"]
+
+
+def test_persistent_decode_shares_its_stage_bodies_and_layer_table_layout():
+    """decode_persistent.cu runs gemv.cu's, attention_decode.cu's and the merge's device code (one definition
+    each, in their .cuh), and its DecodeLayer holds as many pointers as the host packs per layer."""
+    bodies = {"dot8_bf16": "gemv_rows.cuh", "gemv_epilogue": "gemv_rows.cuh", "decode_partial_body": "attention_decode.cuh",
+              "merge_body": "attention_merge.cuh"}
+    for path in sorted(CUDA.glob("*.cu*")):
+        text = path.read_text()
+        for body, home in bodies.items():
+            defined = re.search(rf"^[ \t]*(template[^\n]*\n[ \t]*)?__device__[^\n]*\b{body}[ \t]*\(", text,
+                                re.MULTILINE) is not None
+            assert defined == (path.name == home), f"{path.name}: {body} {'defined' if defined else 'missing'}"
+    for family in ("gemv", "attention_decode", "attention", "decode_persistent"):
+        src = ck.family_source(family)
+        assert src.count("#define GEMV_THREADS") + src.count("#define DEC_THREADS") + src.count("#define MERGE_THREADS") \
+            >= 1
+    persistent = (CUDA / "decode_persistent.cu").read_text()
+    struct = re.search(r"struct DecodeLayer \{(.*?)\};", persistent, re.DOTALL).group(1)
+    fields = re.findall(r"^\s*[\w ]+\*\s*\w+;", struct, re.MULTILINE)
+    assert len(fields) == ck.DECODE_LAYER_POINTERS, fields
+    assert _defines("gemv_rows.cuh")["GEMV_THREADS"] == ck.GEMV_THREADS
+    assert _defines("attention_decode.cuh")["DEC_THREADS"] == ck.ATTN_DECODE_THREADS
+    assert _defines("attention_merge.cuh")["MERGE_MAX_SPLITS"] == ck.ATTN_MERGE_MAX_SPLITS
+    assert "decode_persistent" in ck.ON_DEMAND_FAMILIES

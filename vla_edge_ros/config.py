@@ -173,8 +173,18 @@ class ModelConfig:
                                      "(each starts streaming its weights while the one before finishes). Off: with "
                                      "gemv.cu it measured 0.1 ms per decode step slower on the H200", default=False)
     staged_prefill_projections: bool = _doc("pycuda, bf16: prefill projections through projection_staged.cu (activations "
-                                            "split once per block of 8 tiles). NOT MEASURED on a GPU yet: off until a "
-                                            "device run has timed and verified it", default=False)
+                                            "split once per block of 8 tiles). Measured on the H200: 2.75 -> 1.86 ms of "
+                                            "projections per 32-row prefill", default=True)
+    persistent_decode: bool = _doc("pycuda, bf16: every layer of a decode step in one persistent kernel "
+                                   "(decode_persistent.cu, cooperative launch, grid barriers between stages) instead "
+                                   "of six launches per layer. NOT MEASURED on a GPU yet: off until a device run has "
+                                   "timed and verified it", default=False)
+
+    def kernel_options(self) -> dict:
+        """The pycuda backend's kernel switches, as CudaBackend's keyword arguments."""
+        return {"programmatic_launch": self.programmatic_launch,
+                "staged_prefill_projections": self.staged_prefill_projections,
+                "persistent_decode": self.persistent_decode}
 
     def __post_init__(self):
         if self.backend not in BACKENDS:

@@ -4,7 +4,7 @@
     ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \\
         python -m vla_edge_ros.bench.decode_profile --model DIR --launch-modes plain --ncu-window decode
 
-For each decode launch mode (pdl, plain): the decode step and the 32-row prefill as CUDA-graph replays (median of CUDA
+For each decode launch mode (plain, pdl, persistent[:blocks[:MiB]]): the decode step and the 32-row prefill as CUDA-graph replays (median of CUDA
 events over `--replays`), the graphs' node counts, and the per-group breakdown of
 bench/pycuda_cycle.py. `--ncu-window decode|prefill` brackets one replay of that graph with cuProfilerStart/Stop, so
 `ncu --profile-from-start off` times exactly its kernels, one by one
@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from .pycuda_cycle import BINS, DECODE_STEPS, PREFILL_ROWS, _breakdown, _fill_context
+from .pycuda_cycle import BINS, DECODE_STEPS, PREFILL_ROWS, _breakdown, _fill_context, apply_launch_mode, launch_mode
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 def profile_mode(backend, spec, mode: str, n_cached: int, replays: int, ncu_window: str | None) -> dict:
     import pycuda.driver as drv
 
-    in_effect = backend.set_programmatic_launch(mode == "pdl")
+    in_effect = apply_launch_mode(backend, mode)
     lo = spec.vocab_size - BINS
     ctx = np.arange(n_cached)
     w_slots = np.arange(n_cached, n_cached + PREFILL_ROWS)
@@ -35,9 +35,9 @@ def profile_mode(backend, spec, mode: str, n_cached: int, replays: int, ncu_wind
     rng = np.random.default_rng(0)
     x = backend.embed(rng.integers(0, spec.vocab_size, size=PREFILL_ROWS))
     for _ in range(3):                                     # capture + warm
-        backend.run_cycle_tokens(x, w_slots, w_slots, ctx, d_slots, d_slots, lo, DECODE_STEPS + 1, BINS)
+        tokens = backend.run_cycle_tokens(x, w_slots, w_slots, ctx, d_slots, d_slots, lo, DECODE_STEPS + 1, BINS)
     start, end = drv.Event(), drv.Event()
-    out = {"launch": "pdl" if in_effect else "plain"}
+    out = {"launch": in_effect, "tokens": [int(t) for t in np.asarray(tokens).ravel()]}
     for phase in ("decode", "prefill"):
         times = []
         for _ in range(replays):
@@ -76,12 +76,14 @@ def profile_mode(backend, spec, mode: str, n_cached: int, replays: int, ncu_wind
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model snapshot directory (bf16)")
-    p.add_argument("--launch-modes", nargs="+", default=["pdl", "plain"], choices=["pdl", "plain"])
+    p.add_argument("--launch-modes", nargs="+", default=["plain", "pdl", "persistent"], type=launch_mode,
+                   help="plain | pdl | persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (bench/pycuda_cycle.py)")
     p.add_argument("--cached", type=int, default=4064)
     p.add_argument("--replays", type=int, default=50)
     p.add_argument("--ncu-window", choices=("decode", "prefill"), help="bracket one replay of this graph for ncu")
-    p.add_argument("--staged-prefill", action="store_true",
-                   help="prefill projections through projection_staged.cu (model.staged_prefill_projections)")
+    p.add_argument("--unstaged-prefill", action="store_true",
+                   help="prefill projections through projection_bf16.cu instead of projection_staged.cu "
+                        "(model.staged_prefill_projections: false)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from ..model.cuda_backend import CudaBackend
@@ -91,14 +93,17 @@ def main(argv=None) -> int:
     spec = ModelSpec.from_dir(args.model)
     with primary_device(0).bound():
         backend = CudaBackend(spec, args.model, args.cached + PREFILL_ROWS + DECODE_STEPS, "bfloat16",
-                              staged_prefill_projections=args.staged_prefill)
+                              staged_prefill_projections=not args.unstaged_prefill)
         _fill_context(backend, spec, args.cached, np.random.default_rng(1))
+        first_tokens = None
         for mode in args.launch_modes:
             r = profile_mode(backend, spec, mode, args.cached, args.replays, args.ncu_window)
             parts = "; ".join(f"{ph}: " + ", ".join(f"{k} {v:.3f}" for k, v in groups.items())
                               for ph, groups in r["breakdown_ms"].items())
-            print(f"{r['launch']:>6}  decode step {r['decode_ms']:.3f} ms  prefill {r['prefill_ms']:.3f} ms  "
-                  f"nodes {r['graph_nodes']}  [{parts}]", flush=True)
+            first_tokens = r["tokens"] if first_tokens is None else first_tokens
+            same = "same tokens as the first mode" if r["tokens"] == first_tokens else f"TOKENS DIFFER: {r['tokens']}"
+            print(f"{r['launch']:>16}  decode step {r['decode_ms']:.3f} ms  prefill {r['prefill_ms']:.3f} ms  "
+                  f"nodes {r['graph_nodes']}  [{parts}]  {same}", flush=True)
         backend.close()
     return 0
 

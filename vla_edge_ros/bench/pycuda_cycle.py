@@ -9,8 +9,10 @@ action bins (9 tokens chosen). Measured in one run, on one GPU:
 
   * ours: `CudaBackend.run_cycle_tokens` end to end on the host clock (upload,
     captured prefill graph, 8 decode-graph replays, token download); prefill
-    and decode separately with CUDA events; once per decode launch mode (pdl:
-    programmatic dependent launch; plain: ordinary, the backend's default);
+    and decode separately with CUDA events; once per decode launch mode (plain:
+    ordinary launches, the backend's default; pdl: programmatic dependent
+    launch; persistent: every layer of a step in one persistent kernel,
+    model.persistent_decode, optionally persistent:<blocks per SM>:<L2 MiB>);
   * HF transformers eager bf16 (same weights, same prefill embeddings, its own
     DynamicCache cropped back to `cached` after every cycle), timed the same way;
   * HF transformers bf16 the fast way: SDPA attention, a StaticCache of
@@ -46,7 +48,7 @@ SHAPES = {"qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate
                        num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
                        tie_word_embeddings=True, max_position_embeddings=32768)}
 DEFAULT_CACHED = (256, 2048, 4064)
-LAUNCH_MODES = ("plain", "pdl")
+LAUNCH_MODES = ("plain", "pdl", "persistent")
 PREFILL_ROWS = 32
 DECODE_STEPS = 8
 BINS = 256
@@ -64,9 +66,38 @@ def add_arguments(p) -> None:
     p.add_argument("--cached", type=int, nargs="+", help=f"cached lengths (default {DEFAULT_CACHED})")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--launch-modes", nargs="+", default=None, choices=list(LAUNCH_MODES),
-                   help="decode launch modes to time side by side: plain (the backend's default) and pdl "
-                        "(programmatic dependent launch); the first is the one the summary reports (default: both)")
+    p.add_argument("--launch-modes", nargs="+", default=None, type=launch_mode,
+                   help="decode launch modes to time side by side: plain (the backend's default), pdl "
+                        "(programmatic dependent launch), persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (one "
+                        "persistent kernel per step); the first is the one the summary reports (default: all three)")
+
+
+def launch_mode(text: str) -> str:
+    """argparse type of a decode launch mode: plain | pdl | persistent[:blocks[:MiB]]."""
+    kind, *opts = text.split(":")
+    try:
+        ok = kind in LAUNCH_MODES and len(opts) <= (2 if kind == "persistent" else 0) and \
+            all(float(o) >= 0 for o in opts) and (not opts or int(opts[0]) in (1, 2))
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"launch mode {text!r}: plain, pdl or persistent[:1|2[:MiB]]")
+    return text
+
+
+def apply_launch_mode(backend, mode: str) -> str:
+    """Switch `backend` to decode launch mode `mode` (launch_mode's syntax); returns the mode in effect
+    (plain where the device cannot do the one asked for)."""
+    from ..model import cuda_backend as cb
+
+    kind, *opts = mode.split(":")
+    pdl = backend.set_programmatic_launch(kind == "pdl")
+    if kind == "persistent":
+        blocks = int(opts[0]) if opts else cb.PERSISTENT_BLOCKS_PER_SM
+        l2 = int(float(opts[1]) * (1 << 20)) if len(opts) > 1 else cb.PERSISTENT_L2_PREFETCH_BYTES
+        return mode if backend.set_persistent_decode(True, blocks, l2) else "plain"
+    backend.set_persistent_decode(False)
+    return "pdl" if pdl else "plain"
 
 
 def run(args) -> int:
@@ -97,7 +128,7 @@ def _run(args) -> int:
 
 def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, modes: list,
           hf_compiled_cycles: int = 10) -> dict:
-    """modes: decode launch modes ("pdl", "plain"); hf_compiled_cycles = 0 skips the compiled HF baseline
+    """modes: decode launch modes (launch_mode's syntax); hf_compiled_cycles = 0 skips the compiled HF baseline
     (its columns are then None)."""
     import torch
 
@@ -128,7 +159,7 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, mode
         compiled = (_time_hf_compiled_or_error(hf_sdpa, spec, n_cached, hf_compiled_cycles, rng)
                     if hf_sdpa is not None else None)
         for mode in modes:
-            in_effect = "pdl" if backend.set_programmatic_launch(mode == "pdl") else "plain"
+            in_effect = apply_launch_mode(backend, mode)
             ours = _time_ours(backend, spec, n_cached, cycles, rng)
             rows.append({"cached": n_cached, "variant": in_effect, "ours": ours, "hf_eager_bf16": theirs,
                          "hf_compiled_static": compiled,
@@ -201,8 +232,10 @@ def _time_ours(backend, spec, n_cached: int, cycles: int, rng) -> dict:
             prefill_ms.append(ev[1].time_since(ev[0]))
             decode_ms.append(ev[2].time_since(ev[1]) / DECODE_STEPS)
     assert tokens.min() >= lo, tokens
-    breakdown = {"decode": _breakdown(backend, 1, n_cached + PREFILL_ROWS, n_cached),
-                 "prefill": _breakdown(backend, PREFILL_ROWS, 0, n_cached)}
+    # The breakdown replays the launched pipeline's kernel groups: a persistent step has no groups to time.
+    breakdown = {"prefill": _breakdown(backend, PREFILL_ROWS, 0, n_cached)}
+    if not backend.persistent_decode:
+        breakdown["decode"] = _breakdown(backend, 1, n_cached + PREFILL_ROWS, n_cached)
     return {"cycle_ms": percentiles(cycle_ms), "prefill_ms": float(np.median(prefill_ms)),
             "decode_ms_per_token": float(np.median(decode_ms)), "cycles": len(cycle_ms), "breakdown_ms": breakdown}
 
@@ -515,7 +548,7 @@ def _print(r: dict) -> None:
           f"{r['device_memory_bytes'] / 2**30:.2f} GiB for {r['kv_capacity']} KV slots")
     for c in r["cycles"]:
         for phase, parts in c["ours"]["breakdown_ms"].items():
-            print(f"  cached {c['cached']:>5} {c['variant']:>11} {phase:>8}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in parts.items()))
+            print(f"  cached {c['cached']:>5} {c['variant']:>16} {phase:>8}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in parts.items()))
 
 
 def _print_baselines(r: dict) -> None:

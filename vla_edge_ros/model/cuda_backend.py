@@ -66,6 +66,11 @@ MAX_CYCLE_TOKENS = 256          # action tokens one cycle may emit
 # and the register attention beats the shared-memory kernels; on 32 rows that attention loses 3x.
 DECODE_MAX_ROWS = 1
 LAYER_GROUPS = ("projections", "attention", "norms+rope")
+# model.persistent_decode (decode_persistent.cu, NOT the default until measured): blocks per SM of the
+# persistent grid, and how many bytes of the o and gate/up weights the blocks without an attention
+# item prefetch into L2 while attention runs (0: none).
+PERSISTENT_BLOCKS_PER_SM = 1
+PERSISTENT_L2_PREFETCH_BYTES = 0
 UPLOAD_BLOCK_BYTES = 64 << 20   # rows of the embedding table per host->device copy: bounds the host's share
 
 
@@ -106,13 +111,19 @@ class CudaBackend:
 
     def __init__(self, spec: ModelSpec, weights, capacity: int, dtype: str = "bfloat16",
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
-                 programmatic_launch: bool = False, staged_prefill_projections: bool = False, device=None):
+                 programmatic_launch: bool = False, staged_prefill_projections: bool = True,
+                 persistent_decode: bool = False, device=None):
         """weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
         weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context);
         programmatic_launch: launch the decode kernels with programmatic dependent launch (cuda_pdl.py)
         where the device supports it (sm_90+), else ordinarily; staged_prefill_projections: bf16 prefill
-        projections through projection_staged.cu (not measured yet)."""
+        projections through projection_staged.cu (the measured faster default); persistent_decode: bf16
+        decode steps as one persistent kernel (decode_persistent.cu, cooperative launch) instead of six
+        launches per layer."""
         self.spec = spec
+        self.persistent_decode = False                     # set_persistent_decode() turns it on after the build
+        self.persistent_blocks_per_sm = PERSISTENT_BLOCKS_PER_SM
+        self.persistent_l2_prefetch_bytes = PERSISTENT_L2_PREFETCH_BYTES
         self.programmatic_launch = bool(programmatic_launch)
         self.staged_prefill_projections = bool(staged_prefill_projections)
         self.capacity = int(capacity)
@@ -152,6 +163,12 @@ class CudaBackend:
         log.info("CudaBackend %s on %s: %.2f GiB on device (weights %.2f GiB, KV %.3f GiB), %d slots, %d rows per pass",
                  self.dtype, self.device.describe(), self._bytes / GIB, self.weight_bytes / GIB, self.kv_bytes / GIB,
                  self.capacity, self.max_rows)
+        if persistent_decode:
+            try:
+                self.set_persistent_decode(True)
+            except BaseException:
+                self.close()
+                raise
 
     def _build(self, source, wdt) -> None:
         """Compile/load the kernels, upload the weights and allocate the state (device context current)."""
@@ -421,6 +438,31 @@ class CudaBackend:
         self.programmatic_launch = enabled
         return enabled
 
+    @_on_device
+    def set_persistent_decode(self, enabled: bool, blocks_per_sm: int | None = None,
+                              l2_prefetch_bytes: int | None = None) -> bool:
+        """Run bf16 decode steps as one persistent kernel (True) or six launches per layer, between cycles;
+        captured graphs are rebuilt on next use. Returns what is in effect: False for fp32 weights (the
+        persistent kernel streams bf16 only). The kernel is loaded here, outside any graph capture."""
+        self.stream.synchronize()
+        for graph in self._graphs.values():
+            graph.close()
+        self._graphs.clear()
+        if blocks_per_sm is not None:
+            self.persistent_blocks_per_sm = int(blocks_per_sm)
+        if l2_prefetch_bytes is not None:
+            self.persistent_l2_prefetch_bytes = int(l2_prefetch_bytes)
+        if enabled and self.dtype != "bfloat16":
+            log.warning("persistent decode streams bf16 weights only; %s decodes with one launch per step", self.dtype)
+            enabled = False
+        if enabled:
+            sp = self.spec
+            self.persistent_grid = self.kernels.prepare_decode_layers(
+                sp.hidden_size, sp.intermediate_size, sp.num_heads, sp.num_kv_heads, sp.head_dim,
+                self.persistent_blocks_per_sm)
+        self.persistent_decode = bool(enabled)
+        return self.persistent_decode
+
     def layer_groups(self, n: int) -> tuple:
         """Kernel groups (LAYER_GROUPS) that a pass over n rows launches."""
         if self._fused(n):
@@ -493,6 +535,9 @@ class CudaBackend:
             "tables": ((3 * self.capacity + m + ck.CTL_INTS + MAX_CYCLE_TOKENS,), np.int32),
             "kv_staging": ((2, sp.num_layers, m, sp.kv_dim), np.float32), "kv_slots": ((self.capacity,), np.int32),
         })
+        if wdt == np.uint16:
+            plan["decode_layer_table"] = ((sp.num_layers, ck.DECODE_LAYER_POINTERS), np.uint64)
+            plan["decode_counters"] = ((2,), np.uint32)
         return plan
 
     def _rope_order(self) -> np.ndarray:
@@ -598,9 +643,21 @@ class CudaBackend:
         self.ctl = self._alloc((ck.CTL_INTS,), np.int32)
         self.tokens_out = self._alloc((MAX_CYCLE_TOKENS,), np.int32)
         self.kv_staging = self._alloc((2, sp.num_layers, m, sp.kv_dim), np.float32)
+        if self.dtype == "bfloat16":
+            self.decode_layer_table = self._to_device(self._layer_pointers())
+            self.decode_counters = self._alloc((2,), np.uint32)                      # zero: the barrier's start
         self.kv_slots_buf = self._alloc((cap,), np.int32)                             # slot lists of KV moves
         self._token_ids = self.ctl[ck.CTL_TOKEN:ck.CTL_TOKEN + 1]                     # decode input id (view)
         self._scale = float(sp.head_dim ** -0.5)
+
+    def _layer_pointers(self) -> np.ndarray:
+        """decode_persistent.cu's layer table: per layer, DecodeLayer's pointers in its order."""
+        table = np.zeros((self.spec.num_layers, ck.DECODE_LAYER_POINTERS), np.uint64)
+        for li, layer in enumerate(self.layers):
+            k_ptr, v_ptr = self._kv_ptrs(li)
+            table[li] = [ck.ptr(layer.w_qkv_rope), ck.ptr(layer.b_qkv), ck.ptr(layer.input_norm), ck.ptr(layer.w_o),
+                         ck.ptr(layer.w_gate_up), ck.ptr(layer.post_norm), ck.ptr(layer.w_down), k_ptr, v_ptr]
+        return table
 
     def _kv_ptrs(self, layer: int) -> tuple[int, int]:
         off = layer * self._layer_stride
@@ -708,8 +765,23 @@ class CudaBackend:
 
     def _enqueue_decode(self, bin_lo: int, n_bins: int) -> None:
         self.kernels.embed_gather(self.embed_table, self._token_ids, self.resid, 1, self.stream)
-        self._enqueue_layers(1)
+        if self.persistent_decode:
+            self._enqueue_persistent_layers()
+        else:
+            self._enqueue_layers(1)
         self._enqueue_head_argmax(0, bin_lo, n_bins, 1)
+
+    def _enqueue_persistent_layers(self) -> None:
+        """Every layer of the decode step in one cooperative launch of decode_persistent.cu."""
+        sp = self.spec
+        self.kernels.decode_layers(
+            self.decode_layer_table, self.resid, self.qkv, self.attn, self.act, self.part_o, self.part_ml,
+            self.attend_list, self.pos_table, self.slot_table, self.ctl, self.inv_freq, self.decode_counters,
+            qkv_rows=self.layers[0].w_qkv_rope.shape[0], inter=sp.intermediate_size,
+            gate_up_rows=self.layers[0].w_gate_up.shape[0], n_q_heads=sp.num_heads, n_kv_heads=sp.num_kv_heads,
+            head_dim=sp.head_dim, capacity=self.capacity, n_splits=self.n_splits, eps=sp.rms_norm_eps,
+            scale=self._scale, stream=self.stream, blocks_per_sm=self.persistent_blocks_per_sm,
+            l2_prefetch_bytes=self.persistent_l2_prefetch_bytes)
 
     def _run_graph(self, key, record) -> None:
         if not self.use_graphs:

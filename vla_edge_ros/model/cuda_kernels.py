@@ -76,13 +76,15 @@ FAMILIES = {
     "argmax": {"argmax_bins": "PiiPPi"},
     "kv_slots": {"kv_gather": "PPPPiiiii", "kv_scatter": "PPPPiiiii"},
     "vision": {"patch_embed": "PiiiPPPi", "pool_rows": "PiiP", "adjacent_cosine": "PiP"},
+    "decode_persistent": {f"decode_layers_v{vpl}_b{blocks}": "PiPPiPiPPPPPPPPPPiiiiiiiiiffq"
+                          for vpl in (1, 2) for blocks in (1, 2)},
 }
 # Families compiled on the first launch of one of their kernels rather than by CudaKernels(): the
 # decoder never launches these (vision: the GPU vision path; projection_fused: the tensor-core one-row
 # projection gemv.cu replaced, kept for bench/gemv_probe.py's comparison and its tests;
-# projection_staged: only with model.staged_prefill_projections, not measured yet), so it should not
-# pay their compile time.
-ON_DEMAND_FAMILIES = frozenset({"vision", "projection_fused", "projection_staged"})
+# projection_staged: only with model.staged_prefill_projections; decode_persistent: only with
+# model.persistent_decode), so it should not pay their compile time.
+ON_DEMAND_FAMILIES = frozenset({"vision", "projection_fused", "projection_staged", "decode_persistent"})
 
 
 class KernelError(ValueError):
@@ -101,6 +103,7 @@ def ceil_div(a: int, b: int) -> int:
 DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", "attention_decode_partial_v1",
                           "attention_decode_partial_v2", "gemv_bf16")
 GEMV_THREADS = 256              # gemv.cu: 8 warps, one weight row each
+DECODE_LAYER_POINTERS = 9       # decode_persistent.cu: pointers per DecodeLayer entry of the layer table
 STAGED_MAX_TOKENS = 32          # projection_staged.cu: activation rows staged per block
 
 
@@ -316,6 +319,7 @@ class CudaKernels:
         for name, limit in self._shared_limits.items():
             self._fns[name].set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, limit)
         self.programmatic = None          # a cuda_pdl.ProgrammaticLauncher once enabled
+        self._cooperative: dict = {}      # kernel name -> cuda_cooperative.CooperativeKernel
 
     def enable_programmatic_launch(self) -> bool:
         """Launch the kernels of cuda_pdl.PDL_KERNELS with programmatic dependent launch from now on.
@@ -460,7 +464,7 @@ class CudaKernels:
 
     def projection_staged(self, W, x, out, n_tokens: int, mode: int, stream, bias=None, out_cols: int | None = None,
                           ksplit: int | None = None):
-        """projection_staged.cu (NOT MEASURED YET; model.staged_prefill_projections): what projection() computes
+        """projection_staged.cu (model.staged_prefill_projections, the default): what projection() computes
         for bf16 W and n_tokens <= 32, with each 128-wide chunk of the activations split into hi/lo once per
         block of 8 tiles in shared memory instead of once per tile."""
         _check_array("projection weight", W, np.uint16, 2)
@@ -622,6 +626,89 @@ class CudaKernels:
                      np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim), np.int32(capacity),
                      np.int32(n_splits), np.float32(scale), shared=shared)
         self._merge(part_o, part_ml, ctl, out, n_rows, n_q_heads, head_dim, n_splits, stream)
+
+    # -- persistent decode step ---------------------------------------------
+
+    def decode_layers(self, layer_table, resid, qkv, attn, act, part_o, part_ml, attend_list, pos_table, slot_table,
+                      ctl, inv_freq, counters, *, qkv_rows: int, inter: int, gate_up_rows: int, n_q_heads: int,
+                      n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, eps: float, scale: float, stream,
+                      blocks_per_sm: int = 1, l2_prefetch_bytes: int = 0) -> int:
+        """decode_persistent.cu: every layer of one bf16 decode step (row 0 of resid) in one cooperative launch
+        whose stages compute what gemv() and attention_decode() do, bit for bit. layer_table: uint64
+        [n_layers, DECODE_LAYER_POINTERS] device pointers in DecodeLayer's order; counters: two uint32 zeros
+        (the kernel leaves them zero). Returns the grid size (blocks)."""
+        _check_array("decode layer table", layer_table, np.uint64, 2)
+        _check(layer_table.shape[1] == DECODE_LAYER_POINTERS,
+               f"decode layer table: {layer_table.shape[1]} pointers per layer, expected {DECODE_LAYER_POINTERS}")
+        _check_array("decode counters", counters, np.uint32, 1)
+        _check(counters.size >= 2, "decode counters: need 2 entries (arrived, departed)")
+        for name, a in (("resid", resid), ("qkv", qkv), ("attn", attn), ("act", act)):
+            _check_array(f"decode {name}", a, np.float32, 2)
+        for name, a in (("attend list", attend_list), ("positions", pos_table), ("slots", slot_table), ("ctl", ctl)):
+            _check_array(f"decode {name}", a, np.int32)
+        _check_array("decode part_o", part_o, np.float32)
+        _check_array("decode part_ml", part_ml, np.float32)
+        _check_array("decode inv_freq", inv_freq, np.float32, 1)
+        hidden = resid.shape[1]
+        group = n_q_heads // max(n_kv_heads, 1)
+        _check(hidden % 8 == 0 and inter % 8 == 0, f"decode: hidden {hidden} and inter {inter} must be multiples of 8")
+        _check(hidden == n_q_heads * head_dim, f"decode: hidden {hidden} != {n_q_heads} heads x {head_dim}")
+        _check(gate_up_rows % 16 == 0 and gate_up_rows >= 2 * inter and qkv_rows % 16 == 0,
+               f"decode: q|k|v rows {qkv_rows} and gate/up rows {gate_up_rows} must be whole 16-row tiles")
+        _check(n_kv_heads > 0 and n_q_heads % n_kv_heads == 0 and group <= ATTN_MAX_GROUP,
+               f"decode: {n_q_heads} heads over {n_kv_heads} KV heads (group <= {ATTN_MAX_GROUP})")
+        _check(head_dim % 4 == 0 and head_dim <= 256, f"decode: head_dim {head_dim} must be a multiple of 4, <= 256")
+        _check(n_splits * ATTN_CHUNK >= capacity and n_splits <= ATTN_MERGE_MAX_SPLITS,
+               f"decode: {n_splits} splits must cover {capacity} slots and be <= {ATTN_MERGE_MAX_SPLITS}")
+        _check(part_o.size >= n_q_heads * n_splits * head_dim and part_ml.size >= n_q_heads * n_splits * 2,
+               "decode part_o / part_ml: too small for the split count")
+        _check(qkv.shape[1] % 4 == 0 and attn.shape[1] % 4 == 0 and attn.shape[1] >= hidden and act.shape[1] >= inter,
+               f"decode: qkv {qkv.shape} / attn {attn.shape} / act {act.shape} strides")
+        kernel, grid = self._decode_layers_kernel(hidden, inter, group, head_dim, blocks_per_sm)
+        name = kernel.name
+        args = (ptr(layer_table), layer_table.shape[0], ptr(resid), ptr(qkv), qkv.shape[1], ptr(attn), attn.shape[1],
+                ptr(act), ptr(part_o), ptr(part_ml), ptr(attend_list), ptr(pos_table), ptr(slot_table), ptr(ctl),
+                ptr(inv_freq), ptr(counters), ptr(counters, 1), hidden, qkv_rows, inter, gate_up_rows, n_q_heads,
+                n_kv_heads, head_dim, capacity, n_splits, eps, scale, int(l2_prefetch_bytes))
+        try:
+            kernel.launch(grid, stream, args)
+            if self.sync_each_launch:
+                stream.synchronize()
+        except (RuntimeError, self.drv.Error) as exc:
+            raise KernelLaunchError(f"kernel {name} grid=({grid},) block={GEMV_THREADS}: {exc}") from exc
+        return grid
+
+    def prepare_decode_layers(self, hidden: int, inter: int, n_q_heads: int, n_kv_heads: int, head_dim: int,
+                              blocks_per_sm: int = 1) -> int:
+        """Load decode_layers' kernel for this shape now (a graph capture must not be the first to need it);
+        returns the grid size it will launch with."""
+        return self._decode_layers_kernel(hidden, inter, n_q_heads // max(n_kv_heads, 1), head_dim, blocks_per_sm)[1]
+
+    def _decode_layers_kernel(self, hidden: int, inter: int, group: int, head_dim: int, blocks_per_sm: int):
+        """(CooperativeKernel, grid) of decode_persistent.cu for this shape: the entry by head_dim and blocks
+        per SM, its dynamic shared memory (staged activations or attention's state), every block resident."""
+        _check(blocks_per_sm in (1, 2), f"decode: blocks_per_sm {blocks_per_sm} not 1 or 2")
+        shared = max(4 * max(hidden, inter), (ATTN_DECODE_THREADS // 32) * group * (8 + 4 * head_dim))
+        name = f"decode_layers_v{1 if head_dim <= 128 else 2}_b{blocks_per_sm}"
+        kernel = self._cooperative_kernel(name, shared)
+        _check(kernel.blocks_per_sm >= 1, f"{name}: no block fits on an SM with {shared} + {kernel.static_shared} "
+                                          f"bytes of shared memory")
+        return kernel, self.num_sms * min(blocks_per_sm, kernel.blocks_per_sm)
+
+    def _cooperative_kernel(self, name: str, shared: int):
+        """The cuda_cooperative.CooperativeKernel `name` (loaded once) set up for `shared` dynamic bytes."""
+        kernel = self._cooperative.get(name)
+        if kernel is None:
+            from .cuda_cooperative import CooperativeKernel
+            family = next(f for f, kernels in FAMILIES.items() if name in kernels)
+            kernel = CooperativeKernel(self.device, self.arch, family, name, FAMILIES[family][name],
+                                       lambda fam: family_cubin(fam, self.arch), GEMV_THREADS)
+            self._cooperative[name] = kernel
+        if kernel.dynamic_shared != shared:
+            _check(shared + kernel.static_shared <= self.max_shared,
+                   f"{name}: {shared} + {kernel.static_shared} bytes of shared memory > {self.max_shared}")
+            kernel.set_dynamic_shared(shared)
+        return kernel
 
     # -- restricted argmax -------------------------------------------------
 

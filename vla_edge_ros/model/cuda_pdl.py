@@ -28,7 +28,7 @@ PDL_KERNELS = frozenset({
     "attention_decode_partial_v1", "attention_decode_partial_v2", "attention_merge",
     "embed_gather_bf16", "embed_gather_f32", "argmax_bins",
 })
-_CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
+_CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float, "q": ctypes.c_longlong}
 
 _lock = threading.Lock()
 _modules: dict = {}          # (context handle, family, arch) -> cuda.bindings CUmodule
@@ -40,6 +40,38 @@ class ProgrammaticLaunchError(RuntimeError):
 
 def _check(result, what: str):
     return _ok(result, what, ProgrammaticLaunchError)
+
+
+def driver_function(device, arch: str, family: str, name: str, cubin_of):
+    """Kernel `name` of `family` as a cuda.bindings CUfunction in `device`'s context, its module loaded once
+    per (context, family, arch) from the cubin PyCUDA compiled (cubin_of(family) returns its bytes)."""
+    drv = _driver()
+    key = (device.handle, family, arch)
+    with _lock:
+        module = _modules.get(key)
+        if module is None:
+            module = _check(drv.cuModuleLoadData(cubin_of(family)), f"cuModuleLoadData({family})")
+            _modules[key] = module
+    return _check(drv.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+
+
+def argument_types(types: str) -> tuple:
+    """ctypes of a PyCUDA argument-type string ('P' pointer, 'i' int, 'f' float, 'q' long long)."""
+    return tuple(_CTYPES[c] for c in types)
+
+
+def launch_ex(drv, fn, name: str, grid: tuple, block: int, stream, args: tuple, types: tuple, attrs: list,
+              shared: int = 0) -> None:
+    """cuLaunchKernelEx of `fn` with launch attributes `attrs` (driver errors raise ProgrammaticLaunchError)."""
+    cfg = drv.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (tuple(grid) + (1, 1))[:3]
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = int(block), 1, 1
+    cfg.sharedMemBytes = int(shared)
+    cfg.hStream = drv.CUstream(stream.handle)
+    cfg.attrs = attrs
+    cfg.numAttrs = len(attrs)
+    values = tuple(float(a) if t is ctypes.c_float else int(a) for a, t in zip(args, types))
+    _check(drv.cuLaunchKernelEx(cfg, fn, (values, types), 0), f"cuLaunchKernelEx({name})")
 
 
 def supported(device) -> bool:
@@ -62,15 +94,9 @@ class ProgrammaticLauncher:
             wanted = [name for name in kernels if name in PDL_KERNELS]
             if not wanted:
                 continue
-            key = (device.handle, family, arch)
-            with _lock:
-                module = _modules.get(key)
-                if module is None:
-                    module = _check(drv.cuModuleLoadData(cubin_of(family)), f"cuModuleLoadData({family})")
-                    _modules[key] = module
             for name in wanted:
-                self._fns[name] = _check(drv.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
-                self._types[name] = tuple(_CTYPES[c] for c in kernels[name])
+                self._fns[name] = driver_function(device, arch, family, name, cubin_of)
+                self._types[name] = argument_types(kernels[name])
         attr = drv.CUlaunchAttribute()
         attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attr.value.programmaticStreamSerializationAllowed = 1
@@ -86,14 +112,4 @@ class ProgrammaticLauncher:
                                       int(nbytes)), f"cuFuncSetAttribute({name})")
 
     def launch(self, name: str, grid: tuple, block: int, stream, args: tuple, shared: int = 0) -> None:
-        drv = self._drv
-        cfg = drv.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (tuple(grid) + (1, 1))[:3]
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = int(block), 1, 1
-        cfg.sharedMemBytes = int(shared)
-        cfg.hStream = drv.CUstream(stream.handle)
-        cfg.attrs = self._attrs
-        cfg.numAttrs = len(self._attrs)
-        types = self._types[name]
-        values = tuple(float(a) if t is ctypes.c_float else int(a) for a, t in zip(args, types))
-        _check(drv.cuLaunchKernelEx(cfg, self._fns[name], (values, types), 0), f"cuLaunchKernelEx({name})")
+        launch_ex(self._drv, self._fns[name], name, grid, block, stream, args, self._types[name], self._attrs, shared)

@@ -41,15 +41,14 @@ def load_model(model_dir: str | Path):
 
 
 def create_backend(kind: str, model_dir: str | Path, capacity: int, dtype="float32", device=None,
-                   programmatic_launch: bool = False, staged_prefill_projections: bool = False) -> Backend:
+                   kernel_options: dict | None = None) -> Backend:
     """Load `model_dir` and build backend `kind` (auto | numpy | pycuda) with `capacity` KV slots.
     pycuda streams the weights to the device (never the whole model on the host); device: a CudaDevice;
-    programmatic_launch, staged_prefill_projections: pycuda's kernel options (model.* of the config)."""
+    kernel_options: pycuda's kernel switches (ModelConfig.kernel_options(); CudaBackend's keyword arguments)."""
     spec = ModelSpec.from_dir(model_dir)
     choice = choose_backend(kind)
     if choice.kind == "pycuda":
-        return _cuda_backend(spec, Path(model_dir), capacity, dtype, device, choice, programmatic_launch,
-                             staged_prefill_projections)
+        return _cuda_backend(spec, Path(model_dir), capacity, dtype, device, choice, kernel_options)
     return create_backend_from_weights("numpy", spec, load_weights(model_dir, spec), capacity, dtype)
 
 
@@ -65,14 +64,12 @@ def create_backend_from_weights(kind: str, spec: ModelSpec, weights: ModelWeight
     return backend
 
 
-def _cuda_backend(spec, weights, capacity, dtype, device, choice: BackendChoice, programmatic_launch: bool = False,
-                  staged_prefill_projections: bool = False):
+def _cuda_backend(spec, weights, capacity, dtype, device, choice: BackendChoice, kernel_options: dict | None = None):
     from .cuda_backend import CudaBackend  # lazy: imports pycuda
-    backend = CudaBackend(spec, weights, capacity, canonical_dtype(dtype), device=device,
-                          programmatic_launch=programmatic_launch,
-                          staged_prefill_projections=staged_prefill_projections)
-    logger.info("%s, dtype %s, %d KV slots, %s decode launches", choice.describe(), canonical_dtype(dtype), capacity,
-                "programmatic" if backend.programmatic_launch else "ordinary")
+    backend = CudaBackend(spec, weights, capacity, canonical_dtype(dtype), device=device, **(kernel_options or {}))
+    logger.info("%s, dtype %s, %d KV slots, decode %s", choice.describe(), canonical_dtype(dtype), capacity,
+                "in one persistent kernel" if backend.persistent_decode else
+                f"in {'programmatic' if backend.programmatic_launch else 'ordinary'} launches")
     return backend
 
 

@@ -1,0 +1,116 @@
+// gemv_rows.cuh: the pieces of gemv.cu's one-row projection that decode_persistent.cu runs as its
+// projection stages, so both compute every output with the same arithmetic in the same order.
+//
+// An "item" is what one gemv.cu block does: 8 weight rows, one per warp (STORE, ADD), or 4 row
+// pairs (SWIGLU, QKV_ROPE: warps 2p and 2p + 1 hold pair p's two rows). gemv.cu runs item
+// blockIdx.x; the persistent kernel runs items blockIdx.x, blockIdx.x + gridDim.x, ...
+//
+// Activations and the residual row are read through L2 only (__ldcg): in the persistent kernel
+// other blocks of the same grid wrote them since this SM last read those addresses, and L1 is not
+// coherent. (For gemv.cu alone it changes nothing: every value is read once per block.)
+#pragma once
+#include "common.cuh"
+// mma_bf16.cuh for load_weights16, the streaming weight load (its mma helpers go unused here).
+#include "mma_bf16.cuh"
+#include "qkv_rope.cuh"
+
+#define GEMV_THREADS 256
+#define GEMV_WARPS (GEMV_THREADS / 32)
+#define GEMV_UNROLL 4
+
+// 8 bf16 weights (low half of each word = the lower k) against 8 staged activations.
+__device__ __forceinline__ float dot8_bf16(const uint4& w, const float* v) {
+    const float4 a = *reinterpret_cast<const float4*>(v);
+    const float4 b = *reinterpret_cast<const float4*>(v + 4);
+    float s = __uint_as_float(w.x << 16) * a.x;
+    s = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, s);
+    s = fmaf(__uint_as_float(w.y << 16), a.z, s);
+    s = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, s);
+    s = fmaf(__uint_as_float(w.z << 16), b.x, s);
+    s = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, s);
+    s = fmaf(__uint_as_float(w.w << 16), b.z, s);
+    s = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, s);
+    return s;
+}
+
+__device__ __forceinline__ bool gemv_pair_mode(int mode) {
+    return mode == PMODE_SWIGLU || mode == PMODE_QKV_ROPE;
+}
+
+// Items of a projection with `rows` weight rows (the grid of gemv.cu).
+__device__ __forceinline__ int gemv_items(int rows) { return (rows + GEMV_WARPS - 1) / GEMV_WARPS; }
+
+// The weight row warp `warp` streams in item `item`.
+__device__ __forceinline__ int gemv_row(int mode, int item, int warp) {
+    if (!gemv_pair_mode(mode)) return item * GEMV_WARPS + warp;
+    const int pair = item * (GEMV_WARPS / 2) + (warp >> 1);          // range [0, rows / 2)
+    return 16 * (pair >> 3) + (pair & 7) + 8 * (warp & 1);
+}
+
+// Lane `lane`'s first GEMV_UNROLL 16-byte chunks of weight row `row` (zeros past the row or the matrix).
+__device__ __forceinline__ void gemv_first_loads(const uint16_t* W, int row, int rows, int K, uint4 (&w)[GEMV_UNROLL]) {
+    const int lane = threadIdx.x & 31, chunks = K >> 3;
+    const bool ok = row < rows;
+    const uint16_t* w_row = W + (size_t)(ok ? row : 0) * K;
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u) {
+        const int c = lane + 32 * u;
+        w[u] = (ok && c < chunks) ? load_weights16(w_row + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+// Stage v = x (or x * norm_w) in shared memory for the whole block; returns the RMSNorm factor
+// rsqrt(mean(x^2) + eps), or 1 without norm_w. Ends with a barrier that publishes v_s4.
+__device__ __forceinline__ float gemv_stage_activations(const float* x, const float* norm_w, float eps, int K,
+                                                        float4* v_s4, float* scratch) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const float4* n4 = reinterpret_cast<const float4*>(norm_w);
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < (K >> 2); i += GEMV_THREADS) {   // i range [0, K/4)
+        float4 v = __ldcg(x4 + i);
+        if (norm_w != nullptr) {
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            const float4 g = n4[i];
+            v.x *= g.x; v.y *= g.y; v.z *= g.z; v.w *= g.w;
+        }
+        v_s4[i] = v;
+    }
+    if (norm_w != nullptr) return rsqrtf(block_sum(ss, scratch) / (float)K + eps);   // barriers publish v_s4
+    __syncthreads();
+    return 1.f;
+}
+
+// This lane's share of batch c0 (chunks c0 + lane + 32 u) of a row against the staged activations.
+__device__ __forceinline__ float gemv_batch(const uint4 (&w)[GEMV_UNROLL], const float* v_s, int c0, int chunks,
+                                            float acc) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u) {
+        const int c = c0 + lane + 32 * u;
+        if (c < chunks) acc += dot8_bf16(w[u], v_s + 8 * c);
+    }
+    return acc;
+}
+
+// Epilogue of item `item` once row_sum[warp] holds each warp's scaled row sum (after a barrier).
+// STORE/ADD: threads [0, 8) write a row each; pair modes: threads [0, 4) a pair each.
+__device__ __forceinline__ void gemv_epilogue(int mode, int item, const float* row_sum, const float* bias, float* out,
+                                              int out_cols, int rows, const RopeTarget& rt) {
+    if (gemv_pair_mode(mode)) {
+        if (threadIdx.x >= GEMV_WARPS / 2) return;
+        const int p = item * (GEMV_WARPS / 2) + threadIdx.x;       // this thread's pair
+        if (16 * (p >> 3) + (p & 7) + 8 >= rows) return;
+        const float va = row_sum[2 * threadIdx.x], vb = row_sum[2 * threadIdx.x + 1];
+        if (mode == PMODE_SWIGLU) {
+            if (p < out_cols) out[p] = silu(va) * vb;
+        } else {
+            qkv_rope_epilogue(rt, bias, out, 0, p >> 3, p & 7, 0, va, vb);
+        }
+        return;
+    }
+    if (threadIdx.x >= GEMV_WARPS) return;
+    const int r = item * GEMV_WARPS + threadIdx.x;
+    if (r >= rows || r >= out_cols) return;
+    if (mode == PMODE_ADD) out[r] = __ldcg(out + r) + row_sum[threadIdx.x];   // one writer per row: no atomics
+    else out[r] = row_sum[threadIdx.x] + (bias != nullptr ? bias[r] : 0.f);
+}

@@ -1,0 +1,22 @@
+"""The decode launch modes the cycle benchmark and the decode profile accept (bench/pycuda_cycle.launch_mode)."""
+import argparse
+
+import pytest
+
+from vla_edge_ros.bench.pycuda_cycle import LAUNCH_MODES, launch_mode
+
+
+@pytest.mark.parametrize("text", ["plain", "pdl", "persistent", "persistent:1", "persistent:2:24", "persistent:1:0.5"])
+def test_launch_modes_that_parse(text):
+    assert launch_mode(text) == text
+
+
+@pytest.mark.parametrize("text", ["fast", "pdl:1", "persistent:3", "persistent:1:x", "persistent:1:-4",
+                                  "persistent:1:2:3", "plain:"])
+def test_launch_modes_that_are_refused_with_the_syntax(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="plain, pdl or persistent"):
+        launch_mode(text)
+
+
+def test_the_default_bench_times_every_mode():
+    assert LAUNCH_MODES == ("plain", "pdl", "persistent")
