@@ -2,8 +2,8 @@
 // (split, KV head, query row), so that decode_persistent.cu runs the very same arithmetic as one of
 // its stages. What it computes, the layouts and the preconditions: attention_decode.cu's header.
 //
-// Loads of q and K/V go through L2 only (__ldcg): in the persistent kernel they were written by
-// other blocks of the same grid since this SM last read those addresses, and L1 is not coherent.
+// q and K/V are loaded with LOAD_GRID_WRITTEN (common.cuh): through L2 only in the persistent kernel,
+// where other blocks of the same grid wrote them during the launch.
 #pragma once
 #include "common.cuh"
 
@@ -53,7 +53,7 @@ __device__ void decode_partial_body(const float* qkv, int qkv_stride, const floa
             const int c = lane + 32 * v;                        // float4 index, range [0, vec)
             float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
             if (g < group && c < vec) {
-                val = __ldcg(reinterpret_cast<const float4*>(q_row + (size_t)g * head_dim + 4 * c));
+                val = LOAD_GRID_WRITTEN(reinterpret_cast<const float4*>(q_row + (size_t)g * head_dim + 4 * c));
                 scale4(val, scale);
             }
             q[g][v] = val;
@@ -84,8 +84,8 @@ __device__ void decode_partial_body(const float* qkv, int qkv_stride, const floa
                 const int c = lane + 32 * v;
                 const bool ok = u < n_b && c < vec;
                 const size_t off = (size_t)slot * head_dim + 4 * c;
-                kf[u][v] = ok ? __ldcg(reinterpret_cast<const float4*>(k_head + off)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                vf[u][v] = ok ? __ldcg(reinterpret_cast<const float4*>(v_head + off)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                kf[u][v] = ok ? LOAD_GRID_WRITTEN(reinterpret_cast<const float4*>(k_head + off)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                vf[u][v] = ok ? LOAD_GRID_WRITTEN(reinterpret_cast<const float4*>(v_head + off)) : make_float4(0.f, 0.f, 0.f, 0.f);
             }
         }
 #pragma unroll

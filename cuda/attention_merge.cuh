@@ -3,8 +3,8 @@
 // the layouts: attention.cu's header. A block calling it more than once must __syncthreads() between
 // calls (the shared arrays are reused).
 //
-// The partial sums are read through L2 only (__ldcg): in the persistent kernel other blocks of the
-// same grid wrote them since this SM last read those addresses, and L1 is not coherent.
+// The partial sums are loaded with LOAD_GRID_WRITTEN (common.cuh): through L2 only in the persistent
+// kernel, where other blocks of the same grid wrote them during the launch.
 #pragma once
 #include "common.cuh"
 
@@ -27,7 +27,7 @@ __device__ void merge_body(const float* part_o, const float* part_ml, const int*
     const int active = min(n_splits, (len + ATTN_CHUNK - 1) / ATTN_CHUNK);
     const float* ml = part_ml + ((size_t)i * n_q_heads + h) * n_splits * 2;
     float mx = -INFINITY;
-    for (int s = threadIdx.x; s < active; s += MERGE_THREADS) mx = fmaxf(mx, __ldcg(ml + 2 * s));   // s range [0, active)
+    for (int s = threadIdx.x; s < active; s += MERGE_THREADS) mx = fmaxf(mx, LOAD_GRID_WRITTEN(ml + 2 * s));   // s range [0, active)
     mx = warp_max(mx);
     if (lane == 0) scratch[warp] = mx;
     __syncthreads();
@@ -36,9 +36,9 @@ __device__ void merge_body(const float* part_o, const float* part_ml, const int*
     for (int w = 0; w < MERGE_WARPS; ++w) mx = fmaxf(mx, scratch[w]);
     float denom = 0.f;
     for (int s = threadIdx.x; s < active; s += MERGE_THREADS) {
-        const float e = expf(__ldcg(ml + 2 * s) - mx);
+        const float e = expf(LOAD_GRID_WRITTEN(ml + 2 * s) - mx);
         wgt[s] = e;
-        denom += e * __ldcg(ml + 2 * s + 1);
+        denom += e * LOAD_GRID_WRITTEN(ml + 2 * s + 1);
     }
     denom = block_sum(denom, scratch);                          // its barriers also publish wgt
     const int vec = head_dim >> 2;
@@ -47,7 +47,7 @@ __device__ void merge_body(const float* part_o, const float* part_ml, const int*
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
         for (int s = warp; s < active; s += MERGE_WARPS) {
-            const float4 o = __ldcg(po + (size_t)s * vec + c);
+            const float4 o = LOAD_GRID_WRITTEN(po + (size_t)s * vec + c);
             const float e = wgt[s];
             a.x += e * o.x; a.y += e * o.y; a.z += e * o.z; a.w += e * o.w;
         }

@@ -10,7 +10,7 @@
 // attention_partial_tiled: split s covers list entries [s*ATTN_CHUNK, (s+1)*ATTN_CHUNK) ∩ [0, len_i):
 //            m = max_j score_j,  l = sum_j exp(score_j - m),  o[:] = sum_j exp(score_j - m) v_j[:]
 //            score_j = (q . k_j) * scale. Splits a row cannot see write nothing (the merge skips them).
-// attention_merge: M = max_s m_s;  out[i, h, :] = sum_s e^(m_s - M) o_s[:] / sum_s e^(m_s - M) l_s
+// The splits are merged by attention.cu's attention_merge.
 //
 // Layouts:   q rows in qkv [n_rows, qkv_stride] float32 (head h at columns h*hd .. h*hd+hd-1)
 //            k_cache, v_cache: one layer's arena [KVH, capacity, hd] float32
@@ -176,25 +176,5 @@ extern "C" __global__ void __launch_bounds__(AT_THREADS) attention_partial_tiled
         const size_t h = (size_t)kvh * group + g;
         float4* dst = reinterpret_cast<float4*>(part_o + (((size_t)i * n_q_heads + h) * n_splits + split) * head_dim);
         dst[dv] = o[u];
-    }
-}
-
-extern "C" __global__ void attention_merge(const float* part_o, const float* part_ml, const int* ctl, float* out,
-                                           int out_stride, int n_q_heads, int head_dim, int n_splits) {
-    const int h = blockIdx.x;                                   // range [0, Hq)
-    const int i = blockIdx.y;                                   // range [0, n_rows)
-    const int len = list_length(ctl, i);
-    const int active = min(n_splits, (len + ATTN_CHUNK - 1) / ATTN_CHUNK);
-    const float* ml = part_ml + ((size_t)i * n_q_heads + h) * n_splits * 2;
-    float m_max = -INFINITY;
-    for (int s = 0; s < active; ++s) m_max = fmaxf(m_max, ml[2 * s]);
-    float denom = 0.f;
-    for (int s = 0; s < active; ++s) denom += expf(ml[2 * s] - m_max) * ml[2 * s + 1];
-    const float inv = 1.f / denom;
-    const float* po = part_o + ((size_t)i * n_q_heads + h) * n_splits * head_dim;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {   // d range [0, hd)
-        float acc = 0.f;
-        for (int s = 0; s < active; ++s) acc += expf(ml[2 * s] - m_max) * po[(size_t)s * head_dim + d];
-        out[(size_t)i * out_stride + (size_t)h * head_dim + d] = acc * inv;
     }
 }

@@ -41,6 +41,16 @@ __device__ __forceinline__ int list_length(const int* ctl, int i) {
 #define ATTN_MAX_GROUP 8
 #define ATTN_MAX_HEAD_DIM 256
 
+// Loads of values that other blocks of the same grid may have written during this kernel. In
+// decode_persistent.cu (which defines GRID_WRITTEN_THROUGH_L2 before its includes) they go through
+// L2 only, as L1 is not coherent within a kernel; in the launched kernels those values were written
+// before the launch, and an ordinary load keeps their code as it was measured.
+#ifdef GRID_WRITTEN_THROUGH_L2
+#define LOAD_GRID_WRITTEN(p) __ldcg(p)
+#else
+#define LOAD_GRID_WRITTEN(p) (*(p))
+#endif
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);

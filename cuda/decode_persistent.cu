@@ -22,7 +22,7 @@
 // Grid barrier: `arrived` counts block arrivals over the whole launch; barrier n is passed when it
 // reaches n * gridDim.x. Thread 0 releases the block's writes (threadfence + atomic) and acquires
 // the others' (ld.acquire.gpu) before the block goes on; data written by other blocks is then read
-// through L2 (__ldcg in the shared bodies). Every block must be resident at once: the host
+// through L2 (LOAD_GRID_WRITTEN in the shared bodies). Every block must be resident at once: the host
 // launches it cooperatively (CU_LAUNCH_ATTRIBUTE_COOPERATIVE, grid <= SMs x occupancy), which the
 // driver refuses rather than deadlocks when the grid does not fit. The last block to leave resets
 // `arrived` and `departed` to 0 for the next launch (both start at 0 when allocated).
@@ -33,6 +33,11 @@
 //          entry _v1 for hd <= 128, _v2 for hd <= 256 (attention_decode.cu's VPL), _b1 / _b2 below.
 // Preconditions (checked on the host): bf16 weights in gemv.cu's layouts; one query row; hidden and
 //          inter multiples of 8; the attention preconditions of attention_decode.cu.
+#define GRID_WRITTEN_THROUGH_L2      // LOAD_GRID_WRITTEN (common.cuh): the stages read each other's results
+// Twice gemv.cu's loads in flight per lane: this grid has 8 or 16 warps per SM where the launched
+// gemv runs up to 32 (the weight stream needs ~3 MB in flight). Each lane still adds its chunks in
+// the same order (lane, lane + 32, ...), so the sums stay bit-identical to gemv.cu's.
+#define GEMV_UNROLL 8
 #include "gemv_rows.cuh"
 #include "attention_decode.cuh"
 #include "attention_merge.cuh"

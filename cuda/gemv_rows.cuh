@@ -5,9 +5,8 @@
 // pairs (SWIGLU, QKV_ROPE: warps 2p and 2p + 1 hold pair p's two rows). gemv.cu runs item
 // blockIdx.x; the persistent kernel runs items blockIdx.x, blockIdx.x + gridDim.x, ...
 //
-// Activations and the residual row are read through L2 only (__ldcg): in the persistent kernel
-// other blocks of the same grid wrote them since this SM last read those addresses, and L1 is not
-// coherent. (For gemv.cu alone it changes nothing: every value is read once per block.)
+// Activations and the residual row are loaded with LOAD_GRID_WRITTEN (common.cuh): through L2 only
+// in the persistent kernel, where other blocks of the same grid wrote them during the launch.
 #pragma once
 #include "common.cuh"
 // mma_bf16.cuh for load_weights16, the streaming weight load (its mma helpers go unused here).
@@ -16,7 +15,11 @@
 
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
+// 16-byte chunks per lane per batch (a batch's loads are all in flight together). decode_persistent.cu
+// asks for more: it runs 8 or 16 warps per SM where gemv.cu's launches run up to 32.
+#ifndef GEMV_UNROLL
 #define GEMV_UNROLL 4
+#endif
 
 // 8 bf16 weights (low half of each word = the lower k) against 8 staged activations.
 __device__ __forceinline__ float dot8_bf16(const uint4& w, const float* v) {
@@ -67,7 +70,7 @@ __device__ __forceinline__ float gemv_stage_activations(const float* x, const fl
     const float4* n4 = reinterpret_cast<const float4*>(norm_w);
     float ss = 0.f;
     for (int i = threadIdx.x; i < (K >> 2); i += GEMV_THREADS) {   // i range [0, K/4)
-        float4 v = __ldcg(x4 + i);
+        float4 v = LOAD_GRID_WRITTEN(x4 + i);
         if (norm_w != nullptr) {
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
             const float4 g = n4[i];
@@ -111,6 +114,6 @@ __device__ __forceinline__ void gemv_epilogue(int mode, int item, const float* r
     if (threadIdx.x >= GEMV_WARPS) return;
     const int r = item * GEMV_WARPS + threadIdx.x;
     if (r >= rows || r >= out_cols) return;
-    if (mode == PMODE_ADD) out[r] = __ldcg(out + r) + row_sum[threadIdx.x];   // one writer per row: no atomics
+    if (mode == PMODE_ADD) out[r] = LOAD_GRID_WRITTEN(out + r) + row_sum[threadIdx.x];   // one writer per row: no atomics
     else out[r] = row_sum[threadIdx.x] + (bias != nullptr ? bias[r] : 0.f);
 }

@@ -4,7 +4,9 @@ Its stages run the device code of gemv.cu, attention_decode.cu and attention.cu'
 it must give the launched pipeline's results bit for bit: the same tokens, the same residual stream and the same KV
 written. Checked on the tiny model (head_dim 32, several attention splits) and on two layers of the Qwen2.5-1.5B
 shape (head_dim 128, group 6, inter 8960: the shapes the robot runs), in both grid sizes, with and without the L2
-prefetch, over several cycles so the grid barrier's counters are reused.
+prefetch, over 8 decode steps (the grid barrier's counters are reset and reused by each launch). Every variant starts
+from one device snapshot taken after the prefill: the prefill's split-K atomic adds make two prefills differ in the
+last bits, which would hide what is compared here.
 """
 import numpy as np
 import pytest
@@ -21,53 +23,56 @@ def qwen15_two_layers(tmp_path_factory):
     return ModelSpec.from_dir(out), out
 
 
-def _cycles(spec, weights, variant, n_ctx: int, cycles: int = 3):
-    """Tokens, final residual row and the KV of every written slot after `cycles` cycles of one backend,
-    decoding with `variant` (None: launched pipeline; (blocks per SM, L2 prefetch bytes): persistent)."""
+def _decode_ways(spec, weights, variants, n_ctx: int, steps: int = 8):
+    """One prefill, then `steps` decode steps from that same device state once per variant (None: the launched
+    pipeline; (blocks per SM, L2 prefetch bytes): persistent). Per variant: tokens, final residual row, KV."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
-    cap = n_ctx + 48
-    lo = spec.vocab_size - 256
+    cap, lo = n_ctx + 48, spec.vocab_size - 256
     rng = np.random.default_rng(11)
     b = CudaBackend(spec, weights, cap, "bfloat16")
     try:
-        if variant is not None:
-            assert b.set_persistent_decode(True, *variant)
         ctx = rng.integers(0, spec.vocab_size, size=n_ctx)
         b.forward(b.embed(ctx), np.arange(n_ctx), np.arange(n_ctx), np.array([], np.int64), logits="none")
-        rows, dec = np.arange(n_ctx, n_ctx + 32), np.arange(n_ctx + 32, n_ctx + 40)
-        tokens = []
-        for c in range(cycles):
-            # Each cycle attends to the context and rewrites the same slots at later positions.
-            frame = rng.integers(0, spec.vocab_size, size=32)
-            shift = 40 * c
-            tokens.append(b.run_cycle_tokens(b.embed(frame), rows + shift, rows, np.arange(n_ctx), dec, dec + shift,
-                                             lo, 9))
-        with b.device.bound():
-            resid = b._get(b.resid, 1)
-        kv = b.read_kv(np.arange(n_ctx + 40))
-        return np.stack(tokens), resid, kv
+        rows, dec = np.arange(n_ctx, n_ctx + 32), np.arange(n_ctx + 32, n_ctx + 32 + steps)
+        b.begin_cycle(b.embed(rng.integers(0, spec.vocab_size, size=32)), rows, rows, np.arange(n_ctx), dec, dec,
+                      steps + 1)
+        b.launch_prefill(32, lo, 256)
+        start = b.decode_state()
+        out = []
+        for variant in variants:
+            b.restore_decode_state(start)
+            assert b.set_persistent_decode(variant is not None, *(variant or (None, None))) == (variant is not None)
+            for _ in range(steps):
+                b.launch_decode_step(lo, 256)
+            tokens = b.finish_cycle(steps + 1)
+            with b.device.bound():
+                resid = b._get(b.resid, 1)
+            out.append((tokens, resid, b.read_kv(np.arange(n_ctx + 32 + steps))))
+        return out
     finally:
         b.close()
 
 
-@pytest.mark.parametrize("variant", [(1, 0), (2, 0), (1, 8 << 20)], ids=["b1", "b2", "b1-l2"])
-def test_persistent_decode_matches_the_launched_pipeline_on_tiny(tiny_weights, variant):
+def _assert_same(ref, got, what):
+    np.testing.assert_array_equal(got[0], ref[0], err_msg=f"{what}: tokens")
+    np.testing.assert_array_equal(got[1], ref[1], err_msg=f"{what}: final residual row of the last decode step")
+    np.testing.assert_array_equal(got[2], ref[2], err_msg=f"{what}: KV of the context and the cycle's rows")
+
+
+def test_persistent_decode_matches_the_launched_pipeline_on_tiny(tiny_weights):
     spec, weights = tiny_weights
-    ref = _cycles(spec, weights, None, n_ctx=200)
-    got = _cycles(spec, weights, variant, n_ctx=200)
-    np.testing.assert_array_equal(got[0], ref[0], err_msg="tokens")
-    np.testing.assert_array_equal(got[1], ref[1], err_msg="final residual row of the last decode step")
-    np.testing.assert_array_equal(got[2], ref[2], err_msg="KV of the context and the cycles' rows")
+    variants = [None, (1, 0), (2, 0), (1, 8 << 20), None]
+    ref, *rest = _decode_ways(spec, weights, variants, n_ctx=200)
+    for variant, got in zip(variants[1:], rest):
+        _assert_same(ref, got, f"tiny {variant}")
 
 
-@pytest.mark.parametrize("variant", [(1, 24 << 20), (2, 0)], ids=["b1-l2", "b2"])
-def test_persistent_decode_matches_the_launched_pipeline_on_the_1_5b_shape(qwen15_two_layers, variant):
+def test_persistent_decode_matches_the_launched_pipeline_on_the_1_5b_shape(qwen15_two_layers):
     spec, model_dir = qwen15_two_layers
-    ref = _cycles(spec, model_dir, None, n_ctx=700)
-    got = _cycles(spec, model_dir, variant, n_ctx=700)
-    np.testing.assert_array_equal(got[0], ref[0], err_msg="tokens")
-    np.testing.assert_array_equal(got[1], ref[1], err_msg="final residual row of the last decode step")
-    np.testing.assert_array_equal(got[2], ref[2], err_msg="KV of the context and the cycles' rows")
+    variants = [None, (1, 0), (2, 24 << 20), None]
+    ref, *rest = _decode_ways(spec, model_dir, variants, n_ctx=700)
+    for variant, got in zip(variants[1:], rest):
+        _assert_same(ref, got, f"1.5B shape {variant}")
 
 
 def test_persistent_decode_is_refused_for_fp32_weights(tiny_weights):

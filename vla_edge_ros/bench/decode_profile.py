@@ -35,9 +35,9 @@ def profile_mode(backend, spec, mode: str, n_cached: int, replays: int, ncu_wind
     rng = np.random.default_rng(0)
     x = backend.embed(rng.integers(0, spec.vocab_size, size=PREFILL_ROWS))
     for _ in range(3):                                     # capture + warm
-        tokens = backend.run_cycle_tokens(x, w_slots, w_slots, ctx, d_slots, d_slots, lo, DECODE_STEPS + 1, BINS)
+        backend.run_cycle_tokens(x, w_slots, w_slots, ctx, d_slots, d_slots, lo, DECODE_STEPS + 1, BINS)
     start, end = drv.Event(), drv.Event()
-    out = {"launch": in_effect, "tokens": [int(t) for t in np.asarray(tokens).ravel()]}
+    out = {"launch": in_effect}
     for phase in ("decode", "prefill"):
         times = []
         for _ in range(replays):
@@ -73,6 +73,31 @@ def profile_mode(backend, spec, mode: str, n_cached: int, replays: int, ncu_wind
     return out
 
 
+def compare_modes(backend, spec, modes: list, n_cached: int) -> list:
+    """The decode steps of one cycle in every mode, each from the same device state after one prefill (two
+    prefills differ in the last bits: split-K atomic adds). Per mode: (mode in effect, tokens, final residual row);
+    the modes compute the same functions in the same order, so all should agree bit for bit."""
+    lo = spec.vocab_size - BINS
+    ctx = np.arange(n_cached)
+    w_slots = np.arange(n_cached, n_cached + PREFILL_ROWS)
+    d_slots = np.arange(n_cached + PREFILL_ROWS, n_cached + PREFILL_ROWS + DECODE_STEPS)
+    x = backend.embed(np.random.default_rng(2).integers(0, spec.vocab_size, size=PREFILL_ROWS))
+    backend.begin_cycle(x, w_slots, w_slots, ctx, d_slots, d_slots, DECODE_STEPS + 1)
+    backend.launch_prefill(PREFILL_ROWS, lo, BINS)
+    start = backend.decode_state()
+    out = []
+    for mode in modes:
+        backend.restore_decode_state(start)
+        in_effect = apply_launch_mode(backend, mode)
+        for _ in range(DECODE_STEPS):
+            backend.launch_decode_step(lo, BINS)
+        tokens = backend.finish_cycle(DECODE_STEPS + 1)
+        with backend.device.bound():
+            resid = backend._get(backend.resid, 1)
+        out.append((in_effect, [int(t) for t in tokens], resid))
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model snapshot directory (bf16)")
@@ -95,15 +120,20 @@ def main(argv=None) -> int:
         backend = CudaBackend(spec, args.model, args.cached + PREFILL_ROWS + DECODE_STEPS, "bfloat16",
                               staged_prefill_projections=not args.unstaged_prefill)
         _fill_context(backend, spec, args.cached, np.random.default_rng(1))
-        first_tokens = None
         for mode in args.launch_modes:
             r = profile_mode(backend, spec, mode, args.cached, args.replays, args.ncu_window)
             parts = "; ".join(f"{ph}: " + ", ".join(f"{k} {v:.3f}" for k, v in groups.items())
                               for ph, groups in r["breakdown_ms"].items())
-            first_tokens = r["tokens"] if first_tokens is None else first_tokens
-            same = "same tokens as the first mode" if r["tokens"] == first_tokens else f"TOKENS DIFFER: {r['tokens']}"
             print(f"{r['launch']:>16}  decode step {r['decode_ms']:.3f} ms  prefill {r['prefill_ms']:.3f} ms  "
-                  f"nodes {r['graph_nodes']}  [{parts}]  {same}", flush=True)
+                  f"nodes {r['graph_nodes']}  [{parts}]", flush=True)
+        if len(args.launch_modes) > 1 and not args.ncu_window:
+            runs = compare_modes(backend, spec, args.launch_modes, args.cached)
+            first, tokens, resid = runs[0]
+            print(f"decode from one prefill state: {first} tokens {tokens}")
+            for mode, t, r in runs[1:]:
+                diff = float(np.max(np.abs(r - resid)))
+                print(f"  {mode:>16}: tokens {'identical' if t == tokens else t}, final residual row "
+                      f"{'bit-identical' if diff == 0.0 else f'max |diff| {diff:.3e}'}")
         backend.close()
     return 0
 

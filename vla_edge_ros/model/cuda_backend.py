@@ -438,6 +438,24 @@ class CudaBackend:
         self.programmatic_launch = enabled
         return enabled
 
+    # Device state a decode step reads or writes: what decode_state()/restore_decode_state() copy.
+    DECODE_STATE = ("k_cache", "v_cache", "resid", "ctl", "tokens_out")
+
+    @_on_device
+    def decode_state(self) -> dict:
+        """Device copies of the state the decode steps of a begun cycle start from (after launch_prefill), so
+        that two decode launch modes can be compared from the very same state (the prefill's split-K atomics
+        make two prefills differ in the last bits)."""
+        self.stream.synchronize()
+        return {name: getattr(self, name).copy() for name in self.DECODE_STATE}
+
+    @_on_device
+    def restore_decode_state(self, state: dict) -> None:
+        self.stream.synchronize()
+        for name in self.DECODE_STATE:
+            dst, src = getattr(self, name), state[name]
+            self._drv.memcpy_dtod(int(dst.gpudata), int(src.gpudata), src.nbytes)
+
     @_on_device
     def set_persistent_decode(self, enabled: bool, blocks_per_sm: int | None = None,
                               l2_prefetch_bytes: int | None = None) -> bool:
