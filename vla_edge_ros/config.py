@@ -177,8 +177,8 @@ class ModelConfig:
                                             "projections per 32-row prefill", default=True)
     persistent_decode: bool = _doc("pycuda, bf16: every layer of a decode step in one persistent kernel "
                                    "(decode_persistent.cu, cooperative launch, grid barriers between stages) instead "
-                                   "of six launches per layer. NOT MEASURED on a GPU yet: off until a device run has "
-                                   "timed and verified it", default=False)
+                                   "of six launches per layer. Bit-identical to them, but measured slower on the H200 "
+                                   "(1.63 vs 1.58 ms per decode step): off", default=False)
 
     def kernel_options(self) -> dict:
         """The pycuda backend's kernel switches, as CudaBackend's keyword arguments."""

@@ -66,10 +66,12 @@ MAX_CYCLE_TOKENS = 256          # action tokens one cycle may emit
 # and the register attention beats the shared-memory kernels; on 32 rows that attention loses 3x.
 DECODE_MAX_ROWS = 1
 LAYER_GROUPS = ("projections", "attention", "norms+rope")
-# model.persistent_decode (decode_persistent.cu, NOT the default until measured): blocks per SM of the
-# persistent grid, and how many bytes of the o and gate/up weights the blocks without an attention
-# item prefetch into L2 while attention runs (0: none).
-PERSISTENT_BLOCKS_PER_SM = 1
+# model.persistent_decode (decode_persistent.cu; off: measured slower than the launches, 1.63 vs 1.58 ms
+# per step on the H200): blocks per SM of the persistent grid (2 was the faster: 16 warps per SM, the
+# attention state partly spilled, against 8 warps with it all in registers), and how many bytes of the
+# o and gate/up weights each block prefetches into L2 after its attention items (0: none; 24 MiB
+# measured no faster).
+PERSISTENT_BLOCKS_PER_SM = 2
 PERSISTENT_L2_PREFETCH_BYTES = 0
 UPLOAD_BLOCK_BYTES = 64 << 20   # rows of the embedding table per host->device copy: bounds the host's share
 
