@@ -10,7 +10,8 @@ these programmatic edges, so the captured decode step replays with them.
 PyCUDA cannot pass launch attributes, so the kernels launched this way are loaded a second time,
 through cuda.bindings, from the same cubin PyCUDA compiled (its disk cache makes that a load, not a
 compile). Only kernels that call `griddep_wait()` before their first dependent access may be in
-PDL_KERNELS: a kernel without it would race the one before it.
+PDL_KERNELS: a kernel without it would race the one before it. The loading and `cuLaunchKernelEx`
+helpers here also serve cuda_cooperative.py.
 """
 from __future__ import annotations
 
