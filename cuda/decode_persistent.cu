@@ -19,6 +19,11 @@
 // an attention item prefetch the o and gate/up weights into L2 while attention runs (the DRAM is
 // nearly idle then: attention reads ~8 MB in ~10 us).
 //
+// Measured on the H200 (notes/cuda_notes.md): bit-identical to the launches, and slower (1.61 vs
+// 1.57 ms per step), so model.persistent_decode is off. One register count serves every stage and
+// the attention body needs ~220: at 1 block per SM the projection stages run 8 warps per SM where
+// gemv.cu's launches run up to 32; capped at 128 registers (2 blocks per SM) attention spills.
+//
 // Grid barrier: `arrived` counts block arrivals over the whole launch; barrier n is passed when it
 // reaches n * gridDim.x. Thread 0 releases the block's writes (threadfence + atomic) and acquires
 // the others' (ld.acquire.gpu) before the block goes on; data written by other blocks is then read

@@ -178,7 +178,7 @@ class ModelConfig:
     persistent_decode: bool = _doc("pycuda, bf16: every layer of a decode step in one persistent kernel "
                                    "(decode_persistent.cu, cooperative launch, grid barriers between stages) instead "
                                    "of six launches per layer. Bit-identical to them, but measured slower on the H200 "
-                                   "(1.63 vs 1.58 ms per decode step): off", default=False)
+                                   "(1.61 vs 1.57 ms per decode step in the bench): off", default=False)
 
     def kernel_options(self) -> dict:
         """The pycuda backend's kernel switches, as CudaBackend's keyword arguments."""

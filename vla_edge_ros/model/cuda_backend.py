@@ -66,8 +66,8 @@ MAX_CYCLE_TOKENS = 256          # action tokens one cycle may emit
 # and the register attention beats the shared-memory kernels; on 32 rows that attention loses 3x.
 DECODE_MAX_ROWS = 1
 LAYER_GROUPS = ("projections", "attention", "norms+rope")
-# model.persistent_decode (decode_persistent.cu; off: measured slower than the launches, 1.63 vs 1.58 ms
-# per step on the H200): blocks per SM of the persistent grid (2 was the faster: 16 warps per SM, the
+# model.persistent_decode (decode_persistent.cu; off: measured slower than the launches, 1.61 vs 1.57 ms
+# per step in the H200 bench): blocks per SM of the persistent grid (2 was the faster: 16 warps per SM, the
 # attention state partly spilled, against 8 warps with it all in registers), and how many bytes of the
 # o and gate/up weights each block prefetches into L2 after its attention items (0: none; 24 MiB
 # measured no faster).
@@ -453,6 +453,7 @@ class CudaBackend:
 
     @_on_device
     def restore_decode_state(self, state: dict) -> None:
+        """Copy a decode_state() back into the live buffers (the cycle's tables stay as begin_cycle wrote them)."""
         self.stream.synchronize()
         for name in self.DECODE_STATE:
             dst, src = getattr(self, name), state[name]
@@ -477,9 +478,10 @@ class CudaBackend:
             enabled = False
         if enabled:
             sp = self.spec
-            self.persistent_grid = self.kernels.prepare_decode_layers(
-                sp.hidden_size, sp.intermediate_size, sp.num_heads, sp.num_kv_heads, sp.head_dim,
-                self.persistent_blocks_per_sm)
+            grid = self.kernels.prepare_decode_layers(sp.hidden_size, sp.intermediate_size, sp.num_heads,
+                                                      sp.num_kv_heads, sp.head_dim, self.persistent_blocks_per_sm)
+            log.info("persistent decode: one cooperative launch of %d blocks per step, L2 prefetch %d bytes", grid,
+                     self.persistent_l2_prefetch_bytes)
         self.persistent_decode = bool(enabled)
         return self.persistent_decode
 
