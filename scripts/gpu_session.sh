@@ -100,7 +100,7 @@ for stage in $STAGES; do
         ls "$OUT" ;;
     profile)
         # Decode launch modes side by side as graph replays, then ncu per kernel (one decode step, one prefill,
-        # NCU_PHASES="none" skips it) with ordinary launches. PROFILE_ARGS, e.g. --staged-prefill, go to the profile.
+        # NCU_PHASES="none" skips it) with ordinary launches. PROFILE_ARGS (e.g. --unstaged-prefill, --launch-modes plain persistent:2) go to the profile.
         make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
         echo "== decode profile"
         $PY -m vla_edge_ros.bench.decode_profile --model "$MODELS/qwen15" --launch-modes pdl plain ${PROFILE_ARGS:-} 2>&1 \
