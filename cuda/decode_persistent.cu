@@ -39,13 +39,13 @@
 // Preconditions (checked on the host): bf16 weights in gemv.cu's layouts; one query row; hidden and
 //          inter multiples of 8; the attention preconditions of attention_decode.cu.
 #define GRID_WRITTEN_THROUGH_L2      // LOAD_GRID_WRITTEN (common.cuh): the stages read each other's results
-// Twice gemv.cu's loads in flight per lane: this grid has 8 or 16 warps per SM where the launched
-// gemv runs up to 32 (the weight stream needs ~3 MB in flight). Each lane still adds its chunks in
-// the same order (lane, lane + 32, ...), so the sums stay bit-identical to gemv.cu's.
-#define GEMV_UNROLL 8
 #include "gemv_rows.cuh"
 #include "attention_decode.cuh"
 #include "attention_merge.cuh"
+
+// 16-byte weight chunks per lane in flight (gemv_rows.cuh's U): twice gemv_bf16's, as this grid has
+// 8 or 16 warps per SM where the launched gemv runs up to 32 (the weight stream needs ~3 MB in flight).
+#define PERSISTENT_UNROLL 8
 
 static_assert(GEMV_THREADS == DEC_THREADS && GEMV_THREADS == MERGE_THREADS,
               "the stages share one block shape");
@@ -90,7 +90,7 @@ __device__ __forceinline__ void grid_barrier(unsigned int* arrived, unsigned int
 
 // The first weight loads of this block's first item of `p`: issued before the barrier that waits
 // for p's activations.
-__device__ __forceinline__ void projection_prefetch(const Projection& p, uint4 (&w)[GEMV_UNROLL]) {
+__device__ __forceinline__ void projection_prefetch(const Projection& p, uint4 (&w)[PERSISTENT_UNROLL]) {
     const int row = blockIdx.x < gemv_items(p.rows) ? gemv_row(p.mode, blockIdx.x, threadIdx.x >> 5) : p.rows;
     gemv_first_loads(p.W, row, p.rows, p.K, w);
 }
@@ -98,12 +98,11 @@ __device__ __forceinline__ void projection_prefetch(const Projection& p, uint4 (
 // Items blockIdx.x, blockIdx.x + gridDim.x, ... of projection `p`, w holding the first item's first
 // loads. The software pipeline runs across items: after an item's last batch come the next item's
 // first loads.
-__device__ void projection_stage(const Projection& p, const RopeTarget& rt, uint4 (&w)[GEMV_UNROLL], float4* v_s4,
+__device__ void projection_stage(const Projection& p, const RopeTarget& rt, uint4 (&w)[PERSISTENT_UNROLL], float4* v_s4,
                                  float* row_sum, float* scratch) {
     const int n_items = gemv_items(p.rows);
     if (blockIdx.x >= n_items) return;                          // block-uniform
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int chunks = p.K >> 3;
     const float scale = gemv_stage_activations(p.x, p.norm_w, p.eps, p.K, v_s4, scratch);
     const float* v_s = reinterpret_cast<const float*>(v_s4);
     for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
@@ -113,28 +112,7 @@ __device__ void projection_stage(const Projection& p, const RopeTarget& rt, uint
         const int next = item + gridDim.x;
         const int next_row = next < n_items ? gemv_row(p.mode, next, warp) : p.rows;
         const bool next_ok = next_row < p.rows;
-        const uint16_t* next_w = p.W + (size_t)(next_ok ? next_row : 0) * p.K;
-        float acc = 0.f;
-        for (int c0 = 0; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
-            const int c1 = c0 + 32 * GEMV_UNROLL;
-            uint4 w_next[GEMV_UNROLL];
-            if (c1 < chunks) {                                  // warp-uniform
-#pragma unroll
-                for (int u = 0; u < GEMV_UNROLL; ++u) {
-                    const int c = c1 + lane + 32 * u;
-                    w_next[u] = (ok && c < chunks) ? load_weights16(w_row + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
-                }
-            } else {
-#pragma unroll
-                for (int u = 0; u < GEMV_UNROLL; ++u) {
-                    const int c = lane + 32 * u;
-                    w_next[u] = (next_ok && c < chunks) ? load_weights16(next_w + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
-                }
-            }
-            acc = gemv_batch(w, v_s, c0, chunks, acc);
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; ++u) w[u] = w_next[u];
-        }
+        float acc = gemv_item(w, w_row, ok, p.K, v_s, p.W + (size_t)(next_ok ? next_row : 0) * p.K, next_ok);
         acc = warp_sum(acc) * scale;
         if (lane == 0) row_sum[warp] = acc;
         __syncthreads();
@@ -169,7 +147,7 @@ __device__ void decode_layers_body(const DecodeLayer* layers, int n_layers, floa
     const int len = list_length(ctl, 0);
     const int active = min(n_splits, (len + ATTN_CHUNK - 1) / ATTN_CHUNK);
     const int attention_items = active * n_kv_heads;
-    uint4 w[GEMV_UNROLL];
+    uint4 w[PERSISTENT_UNROLL];
 
     for (int li = 0; li < n_layers; ++li) {
         const DecodeLayer L = layers[li];

@@ -15,11 +15,9 @@
 
 #define GEMV_THREADS 256
 #define GEMV_WARPS (GEMV_THREADS / 32)
-// 16-byte chunks per lane per batch (a batch's loads are all in flight together). decode_persistent.cu
-// asks for more: it runs 8 or 16 warps per SM where gemv.cu's launches run up to 32.
-#ifndef GEMV_UNROLL
-#define GEMV_UNROLL 4
-#endif
+// U, the template parameter of the pieces below: 16-byte chunks per lane per batch (a batch's loads
+// are all in flight together). Each lane adds its chunks in the same order (lane, lane + 32, ...)
+// whatever U is, so every U gives bit-identical sums; U only sets how many loads wait at once.
 
 // 8 bf16 weights (low half of each word = the lower k) against 8 staged activations.
 __device__ __forceinline__ float dot8_bf16(const uint4& w, const float* v) {
@@ -50,13 +48,14 @@ __device__ __forceinline__ int gemv_row(int mode, int item, int warp) {
     return 16 * (pair >> 3) + (pair & 7) + 8 * (warp & 1);
 }
 
-// Lane `lane`'s first GEMV_UNROLL 16-byte chunks of weight row `row` (zeros past the row or the matrix).
-__device__ __forceinline__ void gemv_first_loads(const uint16_t* W, int row, int rows, int K, uint4 (&w)[GEMV_UNROLL]) {
+// Lane `lane`'s first U 16-byte chunks of weight row `row` (zeros past the row or the matrix).
+template <int U>
+__device__ __forceinline__ void gemv_first_loads(const uint16_t* W, int row, int rows, int K, uint4 (&w)[U]) {
     const int lane = threadIdx.x & 31, chunks = K >> 3;
     const bool ok = row < rows;
     const uint16_t* w_row = W + (size_t)(ok ? row : 0) * K;
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u) {
+    for (int u = 0; u < U; ++u) {
         const int c = lane + 32 * u;
         w[u] = (ok && c < chunks) ? load_weights16(w_row + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
     }
@@ -84,13 +83,46 @@ __device__ __forceinline__ float gemv_stage_activations(const float* x, const fl
 }
 
 // This lane's share of batch c0 (chunks c0 + lane + 32 u) of a row against the staged activations.
-__device__ __forceinline__ float gemv_batch(const uint4 (&w)[GEMV_UNROLL], const float* v_s, int c0, int chunks,
-                                            float acc) {
+template <int U>
+__device__ __forceinline__ float gemv_batch(const uint4 (&w)[U], const float* v_s, int c0, int chunks, float acc) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u) {
+    for (int u = 0; u < U; ++u) {
         const int c = c0 + lane + 32 * u;
         if (c < chunks) acc += dot8_bf16(w[u], v_s + 8 * c);
+    }
+    return acc;
+}
+
+// One warp's weight row against the staged activations: the lane's partial sum (before the warp
+// reduction). w holds the row's first U chunks on entry (gemv_first_loads); each batch's arithmetic
+// runs while the next batch's loads are in flight. After the last batch come the first loads of
+// `next_row` (gemv.cu: none, next_ok false; the persistent kernel: its next item's row), so w holds
+// them on return and the pipeline runs on across items.
+template <int U>
+__device__ __forceinline__ float gemv_item(uint4 (&w)[U], const uint16_t* w_row, bool ok, int K, const float* v_s,
+                                           const uint16_t* next_row, bool next_ok) {
+    const int lane = threadIdx.x & 31, chunks = K >> 3;
+    float acc = 0.f;
+    for (int c0 = 0; c0 < chunks; c0 += 32 * U) {
+        const int c1 = c0 + 32 * U;
+        uint4 w_next[U];
+        if (c1 < chunks) {                                      // warp-uniform
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int c = c1 + lane + 32 * u;
+                w_next[u] = (ok && c < chunks) ? load_weights16(w_row + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int c = lane + 32 * u;
+                w_next[u] = (next_ok && c < chunks) ? load_weights16(next_row + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        acc = gemv_batch(w, v_s, c0, chunks, acc);
+#pragma unroll
+        for (int u = 0; u < U; ++u) w[u] = w_next[u];
     }
     return acc;
 }

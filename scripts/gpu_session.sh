@@ -43,10 +43,10 @@ for stage in $STAGES; do
         echo "== backend, engine and ASR tests"
         $PY -m pytest test/test_cuda_backend.py test/test_cuda_engine.py test/test_cuda_asr.py \
             test/test_cuda_gemv.py test/test_cuda_attention_decode.py test/test_cuda_projection_staged.py \
-            test/test_cuda_decode_persistent.py -q -rs 2>&1 \
+            test/test_cuda_decode_persistent.py test/test_cuda_attention_mma.py -q -rs 2>&1 \
             | tee -a "$OUT/tests.log" | tail -15 || status=1 ;;
     probes)
-        for probe in ${PROBES:-gemv_probe}; do
+        for probe in ${PROBES:-gemv_probe attention_probe}; do
             [ -f vla_edge_ros/bench/$probe.py ] || continue
             echo "== $probe"
             $PY -m vla_edge_ros.bench.$probe 2>&1 | grep -v " INFO " | tee "$OUT/$probe.log" || status=1

@@ -17,10 +17,10 @@ def test_shipped_yaml_holds_the_design_defaults():
     assert cfg.memory.vram_ceiling_bytes == 8 * 1024 ** 3
     assert cfg.admission.ema_alpha == 0.2
     assert cfg.kv.eviction_policy == "semantic"
-    # The pycuda kernel switches, as CudaBackend takes them: the measured-faster staged prefill on, the unmeasured
-    # persistent decode off.
+    # The pycuda kernel switches, as CudaBackend takes them: the measured-faster staged prefill and tensor-core
+    # attention on, the measured-slower persistent decode off.
     assert cfg.model.kernel_options() == {"programmatic_launch": False, "staged_prefill_projections": True,
-                                          "persistent_decode": False}
+                                          "persistent_decode": False, "tensor_core_attention": True}
 
 
 def test_yaml_and_dataclass_defaults_agree_so_there_is_one_truth():
@@ -105,3 +105,11 @@ def test_cpu_demo_preset_changes_only_what_it_says():
     changed = {k for k, v in preset.flat().items() if base.flat()[k] != v}
     assert changed == {"kv.capacity_tokens"}
     assert preset.kv.capacity_tokens // preset.vision.tokens_per_frame >= 16   # still a real history of frames
+
+
+def test_the_cuda_backend_defaults_are_the_configured_kernel_switches():
+    # Benches and tests that build a CudaBackend without a config get what a robot's config gives it: one truth.
+    import inspect
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    params = inspect.signature(CudaBackend.__init__).parameters
+    assert {k: params[k].default for k in C.ModelConfig().kernel_options()} == C.ModelConfig().kernel_options()

@@ -102,7 +102,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model snapshot directory (bf16)")
     p.add_argument("--launch-modes", nargs="+", default=["plain", "pdl", "persistent"], type=launch_mode,
-                   help="plain | pdl | persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (bench/pycuda_cycle.py)")
+                   help="plain | pdl | persistent[:<blocks per SM>[:<L2 prefetch MiB>]], each optionally with a "
+                        "prefill attention variant +tiled|+mma|+mma2 (bench/pycuda_cycle.py)")
     p.add_argument("--cached", type=int, default=4064)
     p.add_argument("--replays", type=int, default=50)
     p.add_argument("--ncu-window", choices=("decode", "prefill"), help="bracket one replay of this graph for ncu")
@@ -111,14 +112,15 @@ def main(argv=None) -> int:
                         "(model.staged_prefill_projections: false)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    from ..config import ModelConfig
     from ..model.cuda_backend import CudaBackend
     from ..model.cuda_device import primary_device
     from ..model.spec import ModelSpec
 
     spec = ModelSpec.from_dir(args.model)
     with primary_device(0).bound():
-        backend = CudaBackend(spec, args.model, args.cached + PREFILL_ROWS + DECODE_STEPS, "bfloat16",
-                              staged_prefill_projections=not args.unstaged_prefill)
+        options = {**ModelConfig().kernel_options(), "staged_prefill_projections": not args.unstaged_prefill}
+        backend = CudaBackend(spec, args.model, args.cached + PREFILL_ROWS + DECODE_STEPS, "bfloat16", **options)
         _fill_context(backend, spec, args.cached, np.random.default_rng(1))
         for mode in args.launch_modes:
             r = profile_mode(backend, spec, mode, args.cached, args.replays, args.ncu_window)

@@ -69,35 +69,55 @@ def add_arguments(p) -> None:
     p.add_argument("--launch-modes", nargs="+", default=None, type=launch_mode,
                    help="decode launch modes to time side by side: plain (the backend's default), pdl "
                         "(programmatic dependent launch), persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (one "
-                        "persistent kernel per step); the first is the one the summary reports (default: all three)")
+                        "persistent kernel per step), each optionally with a prefill attention variant "
+                        "+tiled|+mma|+mma2, e.g. plain+tiled for the kernel before attention_mma.cu; the first is "
+                        "the one the summary reports (default: the three launch modes with the configured kernels)")
+
+
+# Kernel variants a launch mode may add with '+' (launch_mode): the prefill attention (tiled: attention_tiled.cu;
+# mma / mma2: attention_mma.cu at 1 / 2 blocks per SM). Unnamed, it is the backend's configured default.
+KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
+                   "mma": {"tensor_core_attention": True, "attention_blocks_per_sm": 1},
+                   "mma2": {"tensor_core_attention": True, "attention_blocks_per_sm": 2}}
 
 
 def launch_mode(text: str) -> str:
-    """argparse type of a decode launch mode: plain | pdl | persistent[:blocks[:MiB]]."""
-    kind, *opts = text.split(":")
+    """argparse type of a decode launch mode with optional kernel variants:
+    plain | pdl | persistent[:blocks[:MiB]], then at most one of +tiled +mma +mma2 (KERNEL_VARIANTS)."""
+    mode, *variants = text.split("+")
+    kind, *opts = mode.split(":")
     try:
         ok = kind in LAUNCH_MODES and len(opts) <= (2 if kind == "persistent" else 0) and \
             all(float(o) >= 0 for o in opts) and (not opts or int(opts[0]) in (1, 2))
     except ValueError:
         ok = False
+    ok = ok and len(variants) <= 1 and all(v in KERNEL_VARIANTS for v in variants)
     if not ok:
-        raise argparse.ArgumentTypeError(f"launch mode {text!r}: plain, pdl or persistent[:1|2[:MiB]]")
+        raise argparse.ArgumentTypeError(f"launch mode {text!r}: plain, pdl or persistent[:1|2[:MiB]], then at most one "
+                                         f"of +tiled +mma +mma2")
     return text
 
 
 def apply_launch_mode(backend, mode: str) -> str:
-    """Switch `backend` to decode launch mode `mode` (launch_mode's syntax); returns the mode in effect
-    (plain where the device cannot do the one asked for)."""
+    """Switch `backend` to decode launch mode `mode` (launch_mode's syntax) and its kernel variants (the backend's
+    construction-time choices where the mode names none); returns the mode in effect (plain where the device
+    cannot do the one asked for, and the variants in effect)."""
     from ..model import cuda_backend as cb
 
-    kind, *opts = mode.split(":")
+    launch, *variants = mode.split("+")
+    kind, *opts = launch.split(":")
+    chosen = dict(backend.kernel_variant_defaults)
+    for v in variants:
+        chosen.update(KERNEL_VARIANTS[v])
+    in_effect = backend.set_kernel_variants(**chosen)
+    suffix = "".join(f"+{v}" for v in variants if all(in_effect[k] == want for k, want in KERNEL_VARIANTS[v].items()))
     pdl = backend.set_programmatic_launch(kind == "pdl")
     if kind == "persistent":
         blocks = int(opts[0]) if opts else cb.PERSISTENT_BLOCKS_PER_SM
         l2 = int(float(opts[1]) * (1 << 20)) if len(opts) > 1 else cb.PERSISTENT_L2_PREFETCH_BYTES
-        return mode if backend.set_persistent_decode(True, blocks, l2) else "plain"
+        return (launch if backend.set_persistent_decode(True, blocks, l2) else "plain") + suffix
     backend.set_persistent_decode(False)
-    return "pdl" if pdl else "plain"
+    return ("pdl" if pdl else "plain") + suffix
 
 
 def run(args) -> int:
@@ -132,6 +152,7 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, mode
     (its columns are then None)."""
     import torch
 
+    from ..config import ModelConfig
     from ..model.cuda_backend import CudaBackend
     from ..model.spec import ModelSpec
 
@@ -141,7 +162,7 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, mode
     weights = _weights_from_hf(hf, spec)
     capacity = max(cached) + PREFILL_ROWS + DECODE_STEPS
     t0 = time.perf_counter()
-    backend = CudaBackend(spec, weights, capacity, "bfloat16")
+    backend = CudaBackend(spec, weights, capacity, "bfloat16", **ModelConfig().kernel_options())   # as a robot runs it
     del weights
     log.info("backend ready in %.1f s", time.perf_counter() - t0)
     # The compiled baseline needs SDPA attention; the eager column keeps its eager attention, so it gets a second

@@ -20,8 +20,9 @@ Two ways in:
 Two pipelines (DECODE_MAX_ROWS): bf16 one-row calls run 6 kernels per layer
 (gemv.cu: RMSNorm prologue, RoPE + K/V store, SwiGLU and residual-add
 epilogues; attention_decode.cu + the merge of attention.cu), longer calls and fp32
-one kernel per step (projection_bf16.cu / projection_f32.cu, rope.cu,
-attention_tiled.cu; fp32 decode rows also take attention_decode.cu). On sm_90+
+one kernel per step (projection_staged.cu / projection_bf16.cu / projection_f32.cu,
+rope.cu, attention_mma.cu on the tensor cores for bf16 / attention_tiled.cu for fp32;
+fp32 decode rows also take attention_decode.cu). On sm_90+
 the decode kernels can be launched programmatically (cuda_pdl.py,
 model.programmatic_launch): each may start while the one before finishes,
 streaming its weights before it waits; off by default (measured slower:
@@ -61,7 +62,7 @@ MAX_CYCLE_TOKENS = 256          # action tokens one cycle may emit
 # Calls of at most this many rows take the decode pipeline: bf16 one-row projections from gemv.cu
 # (RMSNorm prologue, RoPE + K/V store, SwiGLU and residual adds in the epilogues: 6 launches per
 # layer with the attention) and attention_decode.cu. Longer calls (prefill) take one kernel per step
-# with projection_bf16.cu and attention_tiled.cu. Chosen by measurement (notes/cuda_notes.md, issue 10 runs 2-7):
+# with projection_staged.cu / projection_bf16.cu and attention_mma.cu / attention_tiled.cu. Chosen by measurement (notes/cuda_notes.md, issue 10 runs 2-7):
 # on one row the CUDA-core GEMV streams weights ~1.4x faster than the tensor-core projection_fused.cu,
 # and the register attention beats the shared-memory kernels; on 32 rows that attention loses 3x.
 DECODE_MAX_ROWS = 1
@@ -73,6 +74,10 @@ LAYER_GROUPS = ("projections", "attention", "norms+rope")
 # measured no faster).
 PERSISTENT_BLOCKS_PER_SM = 2
 PERSISTENT_L2_PREFETCH_BYTES = 0
+# model.tensor_core_attention (attention_mma.cu): blocks per SM of its head_dim-128 entry (1: every
+# accumulator in registers; 2: capped at 128 registers, a little spilled). Measured on the H200 (32 rows
+# at 4064 cached): 0.71 ms of prefill attention at 2, 0.82 at 1.
+ATTENTION_MMA_BLOCKS_PER_SM = 2
 UPLOAD_BLOCK_BYTES = 64 << 20   # rows of the embedding table per host->device copy: bounds the host's share
 
 
@@ -114,20 +119,23 @@ class CudaBackend:
     def __init__(self, spec: ModelSpec, weights, capacity: int, dtype: str = "bfloat16",
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
                  programmatic_launch: bool = False, staged_prefill_projections: bool = True,
-                 persistent_decode: bool = False, device=None):
+                 persistent_decode: bool = False, tensor_core_attention: bool = True, device=None):
         """weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
         weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context);
         programmatic_launch: launch the decode kernels with programmatic dependent launch (cuda_pdl.py)
         where the device supports it (sm_90+), else ordinarily; staged_prefill_projections: bf16 prefill
         projections through projection_staged.cu (the measured faster default); persistent_decode: bf16
         decode steps as one persistent kernel (decode_persistent.cu, cooperative launch) instead of six
-        launches per layer."""
+        launches per layer; tensor_core_attention: bf16 prefill attention partials on the tensor cores
+        (attention_mma.cu) where head_dim has an entry there (the measured faster default)."""
         self.spec = spec
         self.persistent_decode = False                     # set_persistent_decode() turns it on after the build
         self.persistent_blocks_per_sm = PERSISTENT_BLOCKS_PER_SM
         self.persistent_l2_prefetch_bytes = PERSISTENT_L2_PREFETCH_BYTES
         self.programmatic_launch = bool(programmatic_launch)
         self.staged_prefill_projections = bool(staged_prefill_projections)
+        self.tensor_core_attention = False                 # set_kernel_variants() after the build
+        self.attention_blocks_per_sm = ATTENTION_MMA_BLOCKS_PER_SM
         self.capacity = int(capacity)
         self._slot_marks = np.zeros(self.capacity, dtype=bool)    # scratch for the slot-set checks of forward()
         self.dtype = canonical_dtype(dtype)
@@ -165,12 +173,16 @@ class CudaBackend:
         log.info("CudaBackend %s on %s: %.2f GiB on device (weights %.2f GiB, KV %.3f GiB), %d slots, %d rows per pass",
                  self.dtype, self.device.describe(), self._bytes / GIB, self.weight_bytes / GIB, self.kv_bytes / GIB,
                  self.capacity, self.max_rows)
-        if persistent_decode:
-            try:
+        # What this backend was built with: bench/pycuda_cycle.apply_launch_mode returns to it between variants.
+        self.kernel_variant_defaults = {"tensor_core_attention": bool(tensor_core_attention),
+                                        "attention_blocks_per_sm": ATTENTION_MMA_BLOCKS_PER_SM}
+        try:
+            self.set_kernel_variants(**self.kernel_variant_defaults)
+            if persistent_decode:
                 self.set_persistent_decode(True)
-            except BaseException:
-                self.close()
-                raise
+        except BaseException:
+            self.close()
+            raise
 
     def _build(self, source, wdt) -> None:
         """Compile/load the kernels, upload the weights and allocate the state (device context current)."""
@@ -459,16 +471,45 @@ class CudaBackend:
             dst, src = getattr(self, name), state[name]
             self._drv.memcpy_dtod(int(dst.gpudata), int(src.gpudata), src.nbytes)
 
+    def _drop_graphs(self) -> None:
+        """Forget the captured graphs (a kernel choice changed): the next cycle captures them anew."""
+        self.stream.synchronize()
+        for graph in self._graphs.values():
+            graph.close()
+        self._graphs.clear()
+
+    @_on_device
+    def set_kernel_variants(self, tensor_core_attention: bool | None = None,
+                            attention_blocks_per_sm: int | None = None) -> dict:
+        """Between cycles: choose the prefill attention kernel (tensor_core_attention: attention_mma.cu, bf16 and a
+        head_dim it has an entry for; else attention_tiled.cu) and its blocks per SM (1 or 2). Captured graphs are
+        rebuilt on next use; the kernels are loaded here, outside any capture. Returns the variants in effect."""
+        self._drop_graphs()
+        if attention_blocks_per_sm is not None:
+            if int(attention_blocks_per_sm) not in (1, 2):
+                raise ValueError(f"attention_blocks_per_sm must be 1 or 2, got {attention_blocks_per_sm}")
+            self.attention_blocks_per_sm = int(attention_blocks_per_sm)
+        if tensor_core_attention is not None:
+            enabled = bool(tensor_core_attention)
+            if enabled and (self.dtype != "bfloat16" or self.spec.head_dim not in ck.ATTN_MMA_HEAD_DIMS):
+                log.info("tensor-core attention serves bf16 models with head_dim in %s; %s with head_dim %d keeps "
+                            "attention_tiled.cu", ck.ATTN_MMA_HEAD_DIMS, self.dtype, self.spec.head_dim)
+                enabled = False
+            if enabled:
+                self.kernels.load_family("attention_mma")
+            self.tensor_core_attention = enabled
+        if self.spec.head_dim != 128:
+            self.attention_blocks_per_sm = 1            # the two-blocks entry exists for head_dim 128 only
+        return {"tensor_core_attention": self.tensor_core_attention,
+                "attention_blocks_per_sm": self.attention_blocks_per_sm}
+
     @_on_device
     def set_persistent_decode(self, enabled: bool, blocks_per_sm: int | None = None,
                               l2_prefetch_bytes: int | None = None) -> bool:
         """Run bf16 decode steps as one persistent kernel (True) or six launches per layer, between cycles;
         captured graphs are rebuilt on next use. Returns what is in effect: False for fp32 weights (the
         persistent kernel streams bf16 only). The kernel is loaded here, outside any graph capture."""
-        self.stream.synchronize()
-        for graph in self._graphs.values():
-            graph.close()
-        self._graphs.clear()
+        self._drop_graphs()
         if blocks_per_sm is not None:
             self.persistent_blocks_per_sm = int(blocks_per_sm)
         if l2_prefetch_bytes is not None:
@@ -740,7 +781,7 @@ class CudaBackend:
 
     def _project(self, W, x, out, n: int, mode: int, **kw) -> None:
         """A projection of the split pipeline: projection_staged.cu where model.staged_prefill_projections asks
-        for it (bf16, up to 32 rows; not measured yet), else projection_bf16.cu / projection_f32.cu."""
+        for it (bf16, up to 32 rows; the measured faster default), else projection_bf16.cu / projection_f32.cu."""
         if self.staged_prefill_projections and W.dtype == np.uint16 and n <= ck.STAGED_MAX_TOKENS:
             self.kernels.projection_staged(W, x, out, n, mode, self.stream, **kw)
         else:
@@ -748,7 +789,8 @@ class CudaBackend:
 
     def _enqueue_attention(self, li: int, n: int) -> None:
         """attention_decode.cu (partial sums from registers) for decode rows, attention_tiled.cu (K/V chunk
-        in shared memory, shared by up to 8 rows) for longer calls; attention.cu's merge after either."""
+        in shared memory, shared by up to 8 rows) or attention_mma.cu (the same on the tensor cores, with
+        model.tensor_core_attention) for longer calls; attention.cu's merge after any of them."""
         sp = self.spec
         k_ptr, v_ptr = self._kv_ptrs(li)
         if n <= DECODE_MAX_ROWS:
@@ -758,7 +800,8 @@ class CudaBackend:
             return
         self.kernels.attention(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o, self.part_ml, self.attn,
                                n, sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, self.n_splits,
-                               self._scale, self.stream)
+                               self._scale, self.stream, tensor_cores=self.tensor_core_attention,
+                               blocks_per_sm=self.attention_blocks_per_sm)
 
     def _rope_target(self, li: int) -> ck.RopeTarget:
         sp = self.spec

@@ -71,6 +71,8 @@ FAMILIES = {
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_merge": "PPPPiiii"},
     "attention_tiled": {"attention_partial_tiled": "PiPPPPPPiiiiifii"},   # merged by attention.cu's kernel
+    "attention_mma": {f"attention_partial_mma_hd{hd}_b{b}": "PiPPPPPPiiiifii"        # merged as attention_tiled
+                      for hd, b in ((32, 1), (64, 1), (128, 1), (128, 2))},
     "attention_decode": {"attention_decode_partial_v1": "PiPPPPPPiiiiif",     # merged by attention.cu's kernel
                          "attention_decode_partial_v2": "PiPPPPPPiiiiif"},
     "argmax": {"argmax_bins": "PiiPPi"},
@@ -83,8 +85,10 @@ FAMILIES = {
 # decoder never launches these (vision: the GPU vision path; projection_fused: the tensor-core one-row
 # projection gemv.cu replaced, kept for bench/gemv_probe.py's comparison and its tests;
 # projection_staged: only with model.staged_prefill_projections; decode_persistent: only with
-# model.persistent_decode), so it should not pay their compile time.
-ON_DEMAND_FAMILIES = frozenset({"vision", "projection_fused", "projection_staged", "decode_persistent"})
+# model.persistent_decode; attention_mma: only with model.tensor_core_attention), so it should not pay
+# their compile time.
+ON_DEMAND_FAMILIES = frozenset({"vision", "projection_fused", "projection_staged", "decode_persistent",
+                                "attention_mma"})
 
 
 class KernelError(ValueError):
@@ -101,7 +105,13 @@ def ceil_div(a: int, b: int) -> int:
 
 # Kernels whose dynamic shared memory may exceed the default 48 KB (opted in at load).
 DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", "attention_decode_partial_v1",
-                          "attention_decode_partial_v2", "gemv_bf16")
+                          "attention_decode_partial_v2", "gemv_bf16",
+                          *FAMILIES["attention_mma"])
+# attention_mma.cu: the head_dims with an entry point; the query vectors (row x head) one block serves by
+# default (one 16-row mma tile per warp), and at most (the warps loop over the tiles).
+ATTN_MMA_HEAD_DIMS = (32, 64, 128)
+ATTN_MMA_TARGET_QV = 128
+ATTN_MMA_MAX_QV = 256
 GEMV_THREADS = 256              # gemv.cu: 8 warps, one weight row each
 DECODE_LAYER_POINTERS = 9       # decode_persistent.cu: pointers per DecodeLayer entry of the layer table
 STAGED_MAX_TOKENS = 32          # projection_staged.cu: activation rows staged per block
@@ -305,19 +315,13 @@ class CudaKernels:
         self.num_sms = dev.get_attribute(self.drv.device_attribute.MULTIPROCESSOR_COUNT)
         self.max_shared = dev.get_attribute(self.drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self._fns = {}
+        self._shared_limits: dict = {}    # kernel -> dynamic shared memory it may use (DYNAMIC_SHARED_KERNELS)
         eager = [family for family in FAMILIES if family not in ON_DEMAND_FAMILIES]
         t0, fresh = time.perf_counter(), sum((device.handle, f, self.arch) not in _modules for f in eager)
         for family in eager:
             self._load_family(family)
         log.info("%d kernel families ready for %s in %.1f s (%d loaded into this context: compiled, or from "
                  "PyCUDA's disk cache)", len(eager), self.arch, time.perf_counter() - t0, fresh)
-        # Attention chunks and staged GEMV rows may need dynamic shared memory beyond the default 48 KB.
-        # Opt-in limit less the kernel's static shared memory (asking for more is an invalid argument); kept
-        # for the launchers' checks rather than queried per launch.
-        self._shared_limits = {name: self.max_shared - int(self._fns[name].get_attribute(
-            self.drv.function_attribute.SHARED_SIZE_BYTES)) for name in DYNAMIC_SHARED_KERNELS}
-        for name, limit in self._shared_limits.items():
-            self._fns[name].set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, limit)
         self.programmatic = None          # a cuda_pdl.ProgrammaticLauncher once enabled
         self._cooperative: dict = {}      # kernel name -> cuda_cooperative.CooperativeKernel
 
@@ -334,7 +338,7 @@ class CudaKernels:
         try:
             self.programmatic = cuda_pdl.ProgrammaticLauncher(self.device, self.arch, FAMILIES,
                                                               lambda family: family_cubin(family, self.arch))
-            for name in DYNAMIC_SHARED_KERNELS:
+            for name in self._shared_limits:
                 if self.programmatic.handles(name):
                     self.programmatic.set_max_dynamic_shared(name, self._shared_limits[name])
         except (ImportError, AttributeError, cuda_pdl.ProgrammaticLaunchError) as exc:
@@ -358,6 +362,13 @@ class CudaKernels:
             for name, types in FAMILIES[family].items():
                 fn = mod.get_function(name)
                 fn.prepare(types)
+                if name in DYNAMIC_SHARED_KERNELS:
+                    # Attention chunks and staged GEMV rows may need dynamic shared memory beyond the default
+                    # 48 KB: opt in to the limit less the kernel's static shared memory (asking for more is an
+                    # invalid argument), kept for the launchers' checks rather than queried per launch.
+                    limit = self.max_shared - int(fn.get_attribute(self.drv.function_attribute.SHARED_SIZE_BYTES))
+                    fn.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, limit)
+                    self._shared_limits[name] = limit
                 self._fns[name] = fn
 
     def _function(self, name: str):
@@ -536,7 +547,7 @@ class CudaKernels:
         limit = self._shared_limits["gemv_bf16"]
         _check(4 * K <= limit, f"gemv: K {K} needs {4 * K} bytes of shared memory > {limit}")
         out_cols, rope_args = _one_row_epilogue("gemv", mode, rows, K, out_cols, out, norm_w, bias, rope)
-        self._launch("gemv_bf16", (ceil_div(rows, 8),), GEMV_THREADS, stream, ptr(W, w_row0 * K),
+        self._launch("gemv_bf16", (ceil_div(rows, GEMV_THREADS // 32),), GEMV_THREADS, stream, ptr(W, w_row0 * K),
                      ptr(x, x_row0 * x.shape[1]), ptr(norm_w), np.float32(eps), ptr(bias), ptr(out), np.int32(out_cols),
                      np.int32(rows), np.int32(K), np.int32(mode), *rope_args, shared=4 * K)
 
@@ -561,37 +572,67 @@ class CudaKernels:
     # -- attention ---------------------------------------------------------
 
     def attention(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
-                  n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float, stream):
-        """out[i, h*hd:(h+1)*hd] = softmax(q k^T * scale) v over attend_list[:len_i]: the partial sums by
-        attention_tiled.cu (K/V chunk in shared memory, shared by up to 8 rows: the prefill), then the merge."""
-        _check_array("attention qkv", qkv, np.float32, 2)
-        _check_array("attention list", attend_list, np.int32)
-        _check_array("attention out", out, np.float32, 2)
-        _check_array("attention part_o", part_o, np.float32)
-        _check_array("attention part_ml", part_ml, np.float32)
-        _check(n_q_heads % n_kv_heads == 0, f"attention: {n_q_heads} heads not a multiple of {n_kv_heads} KV heads")
-        _check(n_q_heads // n_kv_heads <= ATTN_MAX_GROUP, f"attention: group {n_q_heads // n_kv_heads} > {ATTN_MAX_GROUP}")
+                  n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float, stream,
+                  tensor_cores: bool = False, blocks_per_sm: int = 1, rows_per_block: int | None = None):
+        """out[i, h*hd:(h+1)*hd] = softmax(q k^T * scale) v over attend_list[:len_i]: the partial sums of each
+        ATTN_CHUNK-slot split, then the merge. Partial sums by attention_tiled.cu (fp32, K/V chunk in shared
+        memory, shared by up to 8 rows), or with tensor_cores by attention_mma.cu (bf16 hi/lo products, ~1e-5
+        relative; head_dim in ATTN_MMA_HEAD_DIMS; blocks_per_sm 1 or 2 (hd 128) picks its entry;
+        rows_per_block defaults to the fewest blocks of at most ATTN_MMA_TARGET_QV query vectors)."""
+        group = self._attention_checks("attention", qkv, attend_list, out, part_o, part_ml, n_rows, n_q_heads,
+                                       n_kv_heads, head_dim, n_splits)
         _check(head_dim <= ATTN_MAX_HEAD_DIM, f"attention: head_dim {head_dim} > {ATTN_MAX_HEAD_DIM}")
-        _check(part_o.size >= n_rows * n_q_heads * n_splits * head_dim, "attention part_o: too small for the split count")
-        _check(part_ml.size >= n_rows * n_q_heads * n_splits * 2, "attention part_ml: too small for the split count")
-        _check(out.shape[1] >= n_q_heads * head_dim and out.shape[0] >= n_rows, f"attention out: shape {out.shape} too small")
-        _check(head_dim % 4 == 0, f"attention: head_dim {head_dim} not a multiple of 4 (float4 loads)")
-        group = n_q_heads // n_kv_heads
-        _check(qkv.shape[1] % 4 == 0, f"attention qkv: row stride {qkv.shape[1]} not a multiple of 4")
-
-        def smem(rows):
-            return 4 * (ATTN_CHUNK * (2 * head_dim + 4) + rows * group * (head_dim + ATTN_CHUNK))
-        rows = min(n_rows, ATTN_MAX_ROWS_PER_BLOCK)
-        while rows > 1 and smem(rows) > self.max_shared:
-            rows -= 1
-        _check(smem(rows) <= self.max_shared, f"attention: {smem(rows)} bytes of shared memory > {self.max_shared}")
-        self._launch("attention_partial_tiled", (n_splits, n_kv_heads, ceil_div(n_rows, rows)), ATTN_TILED_THREADS,
-                     stream, ptr(qkv),
-                     np.int32(qkv.shape[1]), np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl),
-                     ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim),
-                     np.int32(capacity), np.int32(n_splits), np.float32(scale), np.int32(n_rows), np.int32(rows),
-                     shared=smem(rows))
+        args = (ptr(qkv), np.int32(qkv.shape[1]), np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl),
+                ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads))
+        if tensor_cores:
+            name = f"attention_partial_mma_hd{head_dim}_b{blocks_per_sm}"
+            _check(head_dim in ATTN_MMA_HEAD_DIMS, f"attention (tensor cores): head_dim {head_dim} not in "
+                                                   f"{ATTN_MMA_HEAD_DIMS}")
+            _check(name in FAMILIES["attention_mma"], f"attention (tensor cores): no entry {name}")
+            if rows_per_block is None:
+                rows_per_block = ceil_div(n_rows, ceil_div(n_rows * group, ATTN_MMA_TARGET_QV))
+            rows = max(1, min(int(rows_per_block), n_rows))
+            _check(rows * group <= ATTN_MMA_MAX_QV, f"attention (tensor cores): {rows} rows x group {group} > "
+                                                    f"{ATTN_MMA_MAX_QV} query vectors per block")
+            shared = 4 * (ATTN_CHUNK * (head_dim + 8) + head_dim * (ATTN_CHUNK + 8))
+            self._function(name)                       # loads the family, and with it the shared-memory limit
+            _check(shared <= self._shared_limits[name],
+                   f"attention (tensor cores): {shared} bytes of shared memory > {self._shared_limits[name]}")
+            self._launch(name, (n_splits, n_kv_heads, ceil_div(n_rows, rows)), ATTN_TILED_THREADS, stream, *args,
+                         np.int32(capacity), np.int32(n_splits), np.float32(scale), np.int32(n_rows), np.int32(rows),
+                         shared=shared)
+        else:
+            def smem(rows):
+                return 4 * (ATTN_CHUNK * (2 * head_dim + 4) + rows * group * (head_dim + ATTN_CHUNK))
+            rows = min(n_rows, ATTN_MAX_ROWS_PER_BLOCK)
+            while rows > 1 and smem(rows) > self.max_shared:
+                rows -= 1
+            _check(smem(rows) <= self.max_shared, f"attention: {smem(rows)} bytes of shared memory > {self.max_shared}")
+            self._launch("attention_partial_tiled", (n_splits, n_kv_heads, ceil_div(n_rows, rows)),
+                         ATTN_TILED_THREADS, stream, *args, np.int32(head_dim), np.int32(capacity), np.int32(n_splits),
+                         np.float32(scale), np.int32(n_rows), np.int32(rows), shared=smem(rows))
         self._merge(part_o, part_ml, ctl, out, n_rows, n_q_heads, head_dim, n_splits, stream)
+
+    @staticmethod
+    def _attention_checks(what: str, qkv, attend_list, out, part_o, part_ml, n_rows: int, n_q_heads: int,
+                          n_kv_heads: int, head_dim: int, n_splits: int) -> int:
+        """The preconditions every attention kernel shares (dtypes, grouping, float4 strides, partial-sum sizes);
+        returns the group (query heads per KV head)."""
+        _check_array(f"{what} qkv", qkv, np.float32, 2)
+        _check_array(f"{what} list", attend_list, np.int32)
+        _check_array(f"{what} out", out, np.float32, 2)
+        _check_array(f"{what} part_o", part_o, np.float32)
+        _check_array(f"{what} part_ml", part_ml, np.float32)
+        _check(n_kv_heads > 0 and n_q_heads % n_kv_heads == 0,
+               f"{what}: {n_q_heads} heads not a multiple of {n_kv_heads} KV heads")
+        group = n_q_heads // n_kv_heads
+        _check(group <= ATTN_MAX_GROUP, f"{what}: group {group} > {ATTN_MAX_GROUP}")
+        _check(head_dim % 4 == 0, f"{what}: head_dim {head_dim} not a multiple of 4 (float4 loads)")
+        _check(qkv.shape[1] % 4 == 0, f"{what} qkv: row stride {qkv.shape[1]} not a multiple of 4 (float4 loads)")
+        _check(part_o.size >= n_rows * n_q_heads * n_splits * head_dim, f"{what} part_o: too small for the split count")
+        _check(part_ml.size >= n_rows * n_q_heads * n_splits * 2, f"{what} part_ml: too small for the split count")
+        _check(out.shape[1] >= n_q_heads * head_dim and out.shape[0] >= n_rows, f"{what} out: shape {out.shape} too small")
+        return group
 
     def _merge(self, part_o, part_ml, ctl, out, n_rows, n_q_heads, head_dim, n_splits, stream):
         _check(n_splits <= ATTN_MERGE_MAX_SPLITS, f"attention: {n_splits} splits > {ATTN_MERGE_MAX_SPLITS} (merge)")
@@ -604,20 +645,10 @@ class CudaKernels:
                          stream):
         """attention_decode.cu: the same function as attention() for a few query rows (decode), partial sums
         from registers, same split layout (ATTN_CHUNK entries per split) and merge."""
-        _check_array("attention qkv", qkv, np.float32, 2)
-        _check_array("attention list", attend_list, np.int32)
-        _check_array("attention out", out, np.float32, 2)
-        _check_array("attention part_o", part_o, np.float32)
-        _check_array("attention part_ml", part_ml, np.float32)
-        _check(n_q_heads % n_kv_heads == 0, f"attention: {n_q_heads} heads not a multiple of {n_kv_heads} KV heads")
-        _check(n_q_heads // n_kv_heads <= ATTN_MAX_GROUP, f"attention: group {n_q_heads // n_kv_heads} > {ATTN_MAX_GROUP}")
-        _check(head_dim % 4 == 0 and head_dim <= 256, f"attention decode: head_dim {head_dim} must be a multiple of 4, <= 256")
-        _check(qkv.shape[1] % 4 == 0, f"attention qkv: row stride {qkv.shape[1]} not a multiple of 4 (float4 loads)")
+        group = self._attention_checks("attention decode", qkv, attend_list, out, part_o, part_ml, n_rows, n_q_heads,
+                                       n_kv_heads, head_dim, n_splits)
+        _check(head_dim <= 256, f"attention decode: head_dim {head_dim} must be <= 256")
         _check(n_splits * ATTN_CHUNK >= capacity, f"attention decode: {n_splits} splits do not cover {capacity} slots")
-        _check(part_o.size >= n_rows * n_q_heads * n_splits * head_dim, "attention part_o: too small for the split count")
-        _check(part_ml.size >= n_rows * n_q_heads * n_splits * 2, "attention part_ml: too small for the split count")
-        _check(out.shape[1] >= n_q_heads * head_dim and out.shape[0] >= n_rows, f"attention out: shape {out.shape} too small")
-        group = n_q_heads // n_kv_heads
         shared = (ATTN_DECODE_THREADS // 32) * group * (8 + 4 * head_dim)   # per warp: m, l and o of each head
         _check(shared <= self.max_shared, f"attention decode: {shared} bytes of shared memory > {self.max_shared}")
         name = "attention_decode_partial_v1" if head_dim <= 128 else "attention_decode_partial_v2"
@@ -642,28 +673,23 @@ class CudaKernels:
                f"decode layer table: {layer_table.shape[1]} pointers per layer, expected {DECODE_LAYER_POINTERS}")
         _check_array("decode counters", counters, np.uint32, 1)
         _check(counters.size >= 2, "decode counters: need 2 entries (arrived, departed)")
-        for name, a in (("resid", resid), ("qkv", qkv), ("attn", attn), ("act", act)):
+        for name, a in (("resid", resid), ("act", act)):
             _check_array(f"decode {name}", a, np.float32, 2)
-        for name, a in (("attend list", attend_list), ("positions", pos_table), ("slots", slot_table), ("ctl", ctl)):
+        for name, a in (("positions", pos_table), ("slots", slot_table), ("ctl", ctl)):
             _check_array(f"decode {name}", a, np.int32)
-        _check_array("decode part_o", part_o, np.float32)
-        _check_array("decode part_ml", part_ml, np.float32)
         _check_array("decode inv_freq", inv_freq, np.float32, 1)
+        group = self._attention_checks("decode", qkv, attend_list, attn, part_o, part_ml, 1, n_q_heads, n_kv_heads,
+                                       head_dim, n_splits)
         hidden = resid.shape[1]
-        group = n_q_heads // max(n_kv_heads, 1)
         _check(hidden % 8 == 0 and inter % 8 == 0, f"decode: hidden {hidden} and inter {inter} must be multiples of 8")
         _check(hidden == n_q_heads * head_dim, f"decode: hidden {hidden} != {n_q_heads} heads x {head_dim}")
         _check(gate_up_rows % 16 == 0 and gate_up_rows >= 2 * inter and qkv_rows % 16 == 0,
                f"decode: q|k|v rows {qkv_rows} and gate/up rows {gate_up_rows} must be whole 16-row tiles")
-        _check(n_kv_heads > 0 and n_q_heads % n_kv_heads == 0 and group <= ATTN_MAX_GROUP,
-               f"decode: {n_q_heads} heads over {n_kv_heads} KV heads (group <= {ATTN_MAX_GROUP})")
-        _check(head_dim % 4 == 0 and head_dim <= 256, f"decode: head_dim {head_dim} must be a multiple of 4, <= 256")
+        _check(head_dim <= 256, f"decode: head_dim {head_dim} must be <= 256")
         _check(n_splits * ATTN_CHUNK >= capacity and n_splits <= ATTN_MERGE_MAX_SPLITS,
                f"decode: {n_splits} splits must cover {capacity} slots and be <= {ATTN_MERGE_MAX_SPLITS}")
-        _check(part_o.size >= n_q_heads * n_splits * head_dim and part_ml.size >= n_q_heads * n_splits * 2,
-               "decode part_o / part_ml: too small for the split count")
-        _check(qkv.shape[1] % 4 == 0 and attn.shape[1] % 4 == 0 and attn.shape[1] >= hidden and act.shape[1] >= inter,
-               f"decode: qkv {qkv.shape} / attn {attn.shape} / act {act.shape} strides")
+        _check(attn.shape[1] % 4 == 0 and act.shape[1] >= inter,
+               f"decode: attn {attn.shape} / act {act.shape} strides")
         kernel, grid = self._decode_layers_kernel(hidden, inter, group, head_dim, blocks_per_sm)
         name = kernel.name
         args = (ptr(layer_table), layer_table.shape[0], ptr(resid), ptr(qkv), qkv.shape[1], ptr(attn), attn.shape[1],

@@ -1,0 +1,269 @@
+// attention_mma.cu: the partial sums of attention_tiled.cu (same inputs, same split layout, same
+// merge), computed on the tensor cores: the prefill's 32 query rows against a 64-slot chunk of
+// the attend list as two small matrix products per query tile.
+//
+// Why: attention_tiled.cu multiplies fp32 values out of shared memory on the CUDA cores (80 us
+// per layer at 32 rows x 4064 slots on the H200, the largest single item of the prefill). Here
+// the products are bf16 mma.sync: measured 24.5 us per layer (bench/attention_probe.py; the
+// prefill's attention 2.28 -> 0.70 ms). What is left is mostly the gather: every block loads
+// its chunk's fp32 K/V rows (64 KB) through the slot list, splits them and transposes V into
+// shared memory before the first product (bf16 KV in the arena would halve and skip that).
+//
+// Precision: K, V, the scaled q and the softmax weights P are fp32; each goes into the mma as a
+// bf16 pair hi + lo (mma_bf16.cuh's split, ~16 mantissa bits), and a product x.y is taken as
+// hi_x.hi_y + hi_x.lo_y + lo_x.hi_y (the lo.lo term, ~2^-16 of the product, is dropped).
+// Scores and sums accumulate in fp32. The error is ~1e-5 relative, that of
+// the bf16 prefill projections; the fp32 model keeps attention_tiled.cu (cuda_backend.py).
+//
+// Per split s, query vector (row i, head h), as attention_tiled.cu:
+//            m = max_j score_j,  l = sum_j exp(score_j - m),  o[:] = sum_j exp(score_j - m) v_j[:]
+//            over list entries j in [s*ATTN_CHUNK, (s+1)*ATTN_CHUNK) ∩ [0, len_i), score_j = (q.k_j) * scale.
+//            Splits a row cannot see write nothing (attention.cu's merge skips them).
+//
+// Layouts:   as attention_tiled.cu (qkv rows, one layer's k/v arena [KVH, capacity, hd] fp32, attend_list,
+//            part_o [n_rows, Hq, n_splits, hd], part_ml [n_rows, Hq, n_splits, 2]).
+// Launch:    grid (n_splits, KVH, ceil_div(n_rows, R)), block AM_THREADS (8 warps), dynamic shared memory
+//            4 * (CHUNK * (hd + 8) + hd * (CHUNK + 8)) bytes; R = rows_per_block, R * group <= 256
+//            (cuda_kernels.ATTN_MMA_MAX_QV).
+//            Entry points attention_partial_mma_hd<hd>_b<blocks per SM> (below): head_dim is a template
+//            parameter, as it sizes the per-warp accumulators.
+// Block:     one chunk x one KV head x R query rows: its query vectors qv = rr * group + g form tiles
+//            of 16 (the mma's M); warp w takes tiles w, w + 8, ... The chunk's K (slot-major) and V
+//            (transposed, dimension-major) are gathered once into shared memory as bf16 hi/lo.
+//            Per tile: S[16 x 64] = Q K^T (8 n-tiles of 8 slots, hd/16 k-steps); the softmax
+//            statistics of each row from its quad's registers; then O[16 x hd] = P V with P taken
+//            straight from S's accumulator registers (an m16n8 accumulator pair is an m16k16 A fragment).
+#include "mma_bf16.cuh"
+
+#define AM_THREADS 256
+#define AM_WARPS (AM_THREADS / 32)
+#define AM_GATHER 4                        // 32-byte K (and V) loads per thread in flight
+
+// Shared-memory row strides in bf16 elements: 8 extra halves (16 bytes) so that the fragment loads
+// of a warp (8 rows g x 4 words t) fall in 32 distinct banks.
+template <int HD> struct MmaLayout {
+    static constexpr int KS = HD + 8;                  // K_hi / K_lo: [ATTN_CHUNK][KS]
+    static constexpr int VS = ATTN_CHUNK + 8;          // V_hi / V_lo: [HD][VS] (transposed)
+    static constexpr int K_HALVES = ATTN_CHUNK * KS;
+    static constexpr int V_HALVES = HD * VS;
+};
+
+// 8 fp32 values -> 4 words of bf16 hi and 4 of lo (low half = lower index).
+__device__ __forceinline__ void split8(const float4& a, const float4& b, uint4& hi, uint4& lo) {
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    uint32_t h[4], l[4];
+    split_activations(v, h, l);
+    hi = make_uint4(h[0], h[1], h[2], h[3]);
+    lo = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+// Two fp32 values -> one hi word and one lo word.
+__device__ __forceinline__ void split2(float a, float b, uint32_t& hi, uint32_t& lo) {
+    const float ha = __bfloat162float(__float2bfloat16_rn(a));
+    const float hb = __bfloat162float(__float2bfloat16_rn(b));
+    hi = pack_bf16x2(ha, hb);
+    lo = pack_bf16x2(a - ha, b - hb);
+}
+
+// c += x.y as three bf16 products (hi.hi + hi.lo + lo.hi).
+__device__ __forceinline__ void mma_split(float* c, const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                          uint32_t bh0, uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    mma_bf16_16816(c, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+    mma_bf16_16816(c, al[0], al[1], al[2], al[3], bh0, bh1);
+    mma_bf16_16816(c, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+}
+
+// Gather the chunk's K and V rows (list entries j0 .. j0 + n_here) into shared memory as bf16 hi/lo;
+// slots past n_here are zeros (their scores are masked, and 0 * garbage could be NaN).
+template <int HD>
+__device__ __forceinline__ void gather_chunk(const float* k_head, const float* v_head, const int* attend_list,
+                                             int j0, int n_here, uint16_t* kh, uint16_t* kl, uint16_t* vh,
+                                             uint16_t* vl) {
+    using L = MmaLayout<HD>;
+    constexpr int C8 = HD / 8;                           // 32-byte pieces per K/V row
+    constexpr int TOTAL = ATTN_CHUNK * C8;
+    for (int base = threadIdx.x; base < TOTAL; base += AM_THREADS * AM_GATHER) {
+        float4 k0[AM_GATHER], k1[AM_GATHER], v0[AM_GATHER], v1[AM_GATHER];
+#pragma unroll
+        for (int u = 0; u < AM_GATHER; ++u) {
+            const int e = base + u * AM_THREADS;         // range [0, TOTAL) when in bounds
+            // K: 8 consecutive dimensions of one slot per thread, dimension-fastest (coalesced rows);
+            // V: slot-fastest, so the transposed 16-bit stores of a warp land in one shared-memory row.
+            const int kj = e / C8, kc = e - kj * C8;
+            const int vj = e % ATTN_CHUNK, vc = e / ATTN_CHUNK;
+            const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+            k0[u] = k1[u] = v0[u] = v1[u] = zero;
+            if (e < TOTAL && kj < n_here) {
+                const float4* src = reinterpret_cast<const float4*>(k_head + (size_t)attend_list[j0 + kj] * HD + 8 * kc);
+                k0[u] = __ldg(src);
+                k1[u] = __ldg(src + 1);
+            }
+            if (e < TOTAL && vj < n_here) {
+                const float4* src = reinterpret_cast<const float4*>(v_head + (size_t)attend_list[j0 + vj] * HD + 8 * vc);
+                v0[u] = __ldg(src);
+                v1[u] = __ldg(src + 1);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < AM_GATHER; ++u) {
+            const int e = base + u * AM_THREADS;
+            if (e >= TOTAL) continue;
+            uint4 hi, lo;
+            const int kj = e / C8, kc = e - kj * C8;
+            split8(k0[u], k1[u], hi, lo);
+            *reinterpret_cast<uint4*>(kh + kj * L::KS + 8 * kc) = hi;
+            *reinterpret_cast<uint4*>(kl + kj * L::KS + 8 * kc) = lo;
+            const int vj = e % ATTN_CHUNK, vc = e / ATTN_CHUNK;
+            split8(v0[u], v1[u], hi, lo);
+            const uint32_t hw[4] = {hi.x, hi.y, hi.z, hi.w}, lw[4] = {lo.x, lo.y, lo.z, lo.w};
+#pragma unroll
+            for (int d = 0; d < 8; ++d) {
+                const int row = (8 * vc + d) * L::VS + vj;
+                vh[row] = (uint16_t)(hw[d >> 1] >> (16 * (d & 1)));
+                vl[row] = (uint16_t)(lw[d >> 1] >> (16 * (d & 1)));
+            }
+        }
+    }
+}
+
+template <int HD>
+__device__ __forceinline__ void attention_partial_mma(
+        const float* qkv, int qkv_stride, const float* k_cache, const float* v_cache, const int* attend_list,
+        const int* ctl, float* part_o, float* part_ml, int n_q_heads, int n_kv_heads, int capacity, int n_splits,
+        float scale, int n_rows, int rows_per_block) {
+    using L = MmaLayout<HD>;
+    extern __shared__ uint4 smem_mma[];
+    uint16_t* kh = reinterpret_cast<uint16_t*>(smem_mma);
+    uint16_t* kl = kh + L::K_HALVES;
+    uint16_t* vh = kl + L::K_HALVES;
+    uint16_t* vl = vh + L::V_HALVES;
+    const int split = blockIdx.x;                               // range [0, n_splits)
+    const int kvh = blockIdx.y;                                 // range [0, KVH)
+    const int r_begin = blockIdx.z * rows_per_block;            // rows [r_begin, r_end) of the call
+    const int r_end = min(n_rows, r_begin + rows_per_block);
+    const int group = n_q_heads / n_kv_heads;
+    const int j0 = split * ATTN_CHUNK;
+    const int n_here = min(ATTN_CHUNK, list_length(ctl, r_end - 1) - j0);   // the last row sees the most
+    if (n_here <= 0) return;                                    // block-uniform: no barrier skipped
+    gather_chunk<HD>(k_cache + (size_t)kvh * capacity * HD, v_cache + (size_t)kvh * capacity * HD, attend_list,
+                     j0, n_here, kh, kl, vh, vl);
+    __syncthreads();
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;                      // mma fragment coordinates
+    const int n_q = (r_end - r_begin) * group;                  // query vectors of this block
+    const uint32_t* kh32 = reinterpret_cast<const uint32_t*>(kh);
+    const uint32_t* kl32 = reinterpret_cast<const uint32_t*>(kl);
+    const uint32_t* vh32 = reinterpret_cast<const uint32_t*>(vh);
+    const uint32_t* vl32 = reinterpret_cast<const uint32_t*>(vl);
+    for (int tile = warp; tile * 16 < n_q; tile += AM_WARPS) {
+        // This thread's two query vectors: rows g and g + 8 of the tile.
+        int qv[2], row[2], lim[2];
+        const float* q_src[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            qv[r] = tile * 16 + g + 8 * r;
+            const bool ok = qv[r] < n_q;
+            const int rr = ok ? qv[r] / group : 0;
+            row[r] = r_begin + rr;
+            const int h = kvh * group + (ok ? qv[r] - rr * group : 0);
+            q_src[r] = qkv + (size_t)row[r] * qkv_stride + (size_t)h * HD;
+            lim[r] = ok ? min(n_here, list_length(ctl, row[r]) - j0) : 0;   // visible slots of the chunk
+        }
+
+        // S = (q * scale) K^T: 8 n-tiles of 8 slots.
+        float s[ATTN_CHUNK / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ++ks) {
+            uint32_t ah[4], al[4];
+#pragma unroll
+            for (int f = 0; f < 4; ++f) {                       // fragment f: row (f & 1), column half (f >> 1)
+                const float2 q = *reinterpret_cast<const float2*>(q_src[f & 1] + 16 * ks + 2 * t + 8 * (f >> 1));
+                split2(q.x * scale, q.y * scale, ah[f], al[f]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt) {
+                const int w = ((nt * 8 + g) * L::KS + 16 * ks + 2 * t) >> 1;
+                mma_split(s[nt], ah, al, kh32[w], kh32[w + 4], kl32[w], kl32[w + 4]);
+            }
+        }
+
+        // Softmax statistics per row, over the quad of 4 threads that holds it (slots 8 nt + 2t + j).
+        float m[2], l[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+                    if (nt * 8 + 2 * t + j < lim[r]) mx = fmaxf(mx, s[nt][2 * r + j]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            m[r] = lim[r] > 0 ? mx : 0.f;                       // a row that sees nothing: all weights 0
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const float p = nt * 8 + 2 * t + j < lim[r] ? expf(s[nt][2 * r + j] - m[r]) : 0.f;
+                    s[nt][2 * r + j] = p;
+                    sum += p;
+                }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            l[r] = sum;
+        }
+
+        // O = P V: 4 k-steps of 16 slots, hd / 8 n-tiles of 8 dimensions.
+        float o[HD / 8][4];
+#pragma unroll
+        for (int nd = 0; nd < HD / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < ATTN_CHUNK / 16; ++kk) {
+            uint32_t ph[4], pl[4];
+            split2(s[2 * kk][0], s[2 * kk][1], ph[0], pl[0]);           // row g,     slots 16kk + 2t
+            split2(s[2 * kk][2], s[2 * kk][3], ph[1], pl[1]);           // row g + 8, slots 16kk + 2t
+            split2(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);   // row g,     slots 16kk + 8 + 2t
+            split2(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);   // row g + 8, slots 16kk + 8 + 2t
+#pragma unroll
+            for (int nd = 0; nd < HD / 8; ++nd) {
+                const int w = ((nd * 8 + g) * L::VS + 16 * kk + 2 * t) >> 1;
+                mma_split(o[nd], ph, pl, vh32[w], vh32[w + 4], vl32[w], vl32[w + 4]);
+            }
+        }
+
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (lim[r] <= 0) continue;                          // not written: the merge skips it
+            const int h = kvh * group + (qv[r] - (row[r] - r_begin) * group);
+            const size_t base = ((size_t)row[r] * n_q_heads + h) * n_splits + split;
+            if (t == 0) {
+                part_ml[2 * base] = m[r];
+                part_ml[2 * base + 1] = l[r];
+            }
+            float* dst = part_o + base * HD;
+#pragma unroll
+            for (int nd = 0; nd < HD / 8; ++nd)
+                *reinterpret_cast<float2*>(dst + nd * 8 + 2 * t) = make_float2(o[nd][2 * r], o[nd][2 * r + 1]);
+        }
+    }
+}
+
+// Entries by head_dim and blocks per SM: _b1 keeps every accumulator in registers (169 of them at
+// hd 128: one block of 8 warps per SM); _b2 caps registers at 128 for two blocks per SM (a little of
+// the state spilled), so one block's gather overlaps another's products.
+#define ATTENTION_MMA_ENTRY(HD, MINB)                                                                        \
+    extern "C" __global__ void __launch_bounds__(AM_THREADS, MINB) attention_partial_mma_hd##HD##_b##MINB(   \
+            const float* qkv, int qkv_stride, const float* k_cache, const float* v_cache,                    \
+            const int* attend_list, const int* ctl, float* part_o, float* part_ml, int n_q_heads,            \
+            int n_kv_heads, int capacity, int n_splits, float scale, int n_rows, int rows_per_block) {      \
+        attention_partial_mma<HD>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl, part_o, part_ml,       \
+                                  n_q_heads, n_kv_heads, capacity, n_splits, scale, n_rows, rows_per_block); \
+    }
+ATTENTION_MMA_ENTRY(32, 1)
+ATTENTION_MMA_ENTRY(64, 1)
+ATTENTION_MMA_ENTRY(128, 1)
+ATTENTION_MMA_ENTRY(128, 2)

@@ -1,0 +1,99 @@
+"""attention_mma.cu (prefill attention partials on the tensor cores, model.tensor_core_attention) against the
+numpy reference, beside attention_tiled.cu, and a backend cycle with it.
+
+GPU only (marker `gpu`). The kernel takes K, V, the scaled q and the softmax weights into the mma as bf16 hi/lo
+pairs (three products per pair of operands, the lo.lo term dropped: ~2^-16 of each product), so it is held to
+1e-4 of the output's scale where the fp32 kernels are held to 1e-5. A kernel fed plain bf16 (q, K, V rounded
+once, ~2^-9 each) would miss that by an order of magnitude, so the bound checks the split too. Cases: holes and a permuted attend list,
+rows that see only part of a chunk (causal within the call), partial 16-row tiles, several row blocks
+(rows_per_block), both entries of head_dim 128.
+"""
+import numpy as np
+import pytest
+
+from kernel_compare import assert_close, peak
+from vla_edge_ros.model import kernel_reference as ref
+
+pytestmark = pytest.mark.gpu
+
+# (q heads, KV heads, head_dim, cached context, rows of the call)
+CASES = [(12, 2, 128, 300, 32), (12, 2, 128, 130, 9), (4, 1, 32, 0, 6), (4, 2, 32, 61, 13), (8, 1, 64, 100, 12),
+         (12, 2, 128, 0, 1)]
+
+
+def _run(kn, gpu, hq, kvh, hd, ctx, n, **variant):
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import ATTN_CHUNK
+    rng = np.random.default_rng(ctx * 3 + n + hd)
+    cap = 512
+    n_splits = -(-cap // ATTN_CHUNK)
+    k = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
+    v = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
+    qkv = (rng.standard_normal((n, (hq + 2 * kvh) * hd)) * 2).astype(np.float32)
+    row_offset = 2
+    attend = rng.permutation(cap)[:ctx + row_offset + n].astype(np.int32)
+    ctl = np.array([row_offset, ctx, 0, -1], np.int32)
+    out = ga.to_gpu(np.full((n, hq * hd), np.nan, np.float32))
+    part_o = ga.zeros((n, hq, n_splits, hd), np.float32)
+    part_ml = ga.zeros((n, hq, n_splits, 2), np.float32)
+    k_d, v_d = ga.to_gpu(k), ga.to_gpu(v)
+    scale = hd ** -0.5
+    kn.attention(ga.to_gpu(qkv), int(k_d.gpudata), int(v_d.gpudata), ga.to_gpu(attend), ga.to_gpu(ctl), part_o, part_ml,
+                 out, n, hq, kvh, hd, cap, n_splits, scale, stream, **variant)
+    stream.synchronize()
+    return out.get(), ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, scale)
+
+
+@pytest.mark.parametrize("hq,kvh,hd,ctx,n", CASES)
+def test_tensor_core_attention_matches_the_reference(kn, gpu, hq, kvh, hd, ctx, n):
+    variants = [{}, {"rows_per_block": 3}, {"rows_per_block": 32}]        # 32 rows: up to 12 tiles on 8 warps
+    if hd == 128:
+        variants.append({"blocks_per_sm": 2})
+    for variant in variants:
+        got, expected = _run(kn, gpu, hq, kvh, hd, ctx, n, tensor_cores=True, **variant)
+        assert not np.isnan(got).any(), f"{variant}: rows left unwritten"
+        what = f"attention_mma {hq}/{kvh}x{hd} ctx={ctx} n={n} {variant}"
+        assert_close(got, expected, rtol=1e-4, atol=2e-4 * peak(expected), what=what, norm_rtol=1e-4)
+
+
+def test_tensor_core_attention_refuses_what_it_has_no_entry_for(kn, gpu):
+    from vla_edge_ros.model.cuda_kernels import KernelError
+    with pytest.raises(KernelError, match="head_dim 24 not in"):
+        _run(kn, gpu, 4, 1, 24, 70, 3, tensor_cores=True)
+    with pytest.raises(KernelError, match="no entry attention_partial_mma_hd64_b2"):
+        _run(kn, gpu, 8, 1, 64, 10, 4, tensor_cores=True, blocks_per_sm=2)
+    with pytest.raises(KernelError, match="query vectors per block"):
+        _run(kn, gpu, 12, 2, 128, 10, 48, tensor_cores=True, rows_per_block=48)   # 288 query vectors
+
+
+def test_a_backend_with_tensor_core_attention_gives_the_same_cycle(tiny_weights):
+    """A bf16 cycle (graphs) with its prefill attention on the tensor cores picks the same tokens as with
+    attention_tiled.cu, and its prefill logits agree to the split's rounding."""
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    spec, weights = tiny_weights
+    cap, lo = 300, spec.vocab_size - 256
+    rng = np.random.default_rng(4)
+    ctx_ids = rng.integers(0, spec.vocab_size, size=100)
+    p_ids = rng.integers(0, spec.vocab_size, size=32)
+    results = []
+    for tensor_cores in (False, True):
+        b = CudaBackend(spec, weights, cap, "bfloat16", tensor_core_attention=tensor_cores)
+        assert b.tensor_core_attention == tensor_cores
+        b.forward(b.embed(ctx_ids), np.arange(100), np.arange(100), np.array([], np.int64), logits="none")
+        tokens = b.run_cycle_tokens(b.embed(p_ids), np.arange(100, 132), np.arange(100, 132), np.arange(100),
+                                    np.arange(132, 140), np.arange(132, 140), lo, 9)
+        results.append((tokens, b.prefill_logits()))
+        b.close()
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-4 * peak(results[0][1]), what="prefill logits")
+
+
+def test_fp32_weights_keep_the_fp32_attention(tiny_weights):
+    """tensor_core_attention is a bf16 switch: an fp32 backend asked for it keeps attention_tiled.cu."""
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    spec, weights = tiny_weights
+    b = CudaBackend(spec, weights, 64, "float32", tensor_core_attention=True)
+    try:
+        assert b.tensor_core_attention is False
+    finally:
+        b.close()
