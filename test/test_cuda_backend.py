@@ -108,7 +108,31 @@ def test_device_cycle_tokens_match_host_greedy(model, dtype):
         np.testing.assert_array_equal(got, got_eager)
         agree = np.mean(got == expected)
         assert agree == 1.0 if dtype == "float32" else agree >= 7 / 9, (got, expected)
-    assert len(cuda._graphs) == 2                            # one prefill graph + one decode graph
+    # one prefill graph + one decode graph, and the layers graph of the 50-row context forward
+    assert sorted(key[0] for key in cuda._graphs) == ["decode", "layers", "prefill"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_forward_without_logits_replays_one_graph_per_row_count(model, dtype):
+    """forward() without hidden states (frames written into the arena: the reconciler's steps, a RoPE re-base)
+    runs its layers as a captured graph per row count; replayed with other positions, slots and context it writes
+    the KV the numpy backend writes, as the next call's logits show."""
+    spec = model[0]
+    cuda, ref = _backends(model, dtype)
+    rng = np.random.default_rng(9)
+    slots = rng.permutation(300)
+    for rnd in range(3):                                      # the same 32-row shape, new tables each time
+        ids = rng.integers(0, spec.vocab_size, size=32)
+        w = slots[32 * rnd: 32 * rnd + 32]
+        ctx = slots[:32 * rnd]
+        pos = np.arange(32) + 40 * rnd
+        for b in (cuda, ref):
+            b.forward(b.embed(ids), pos, w, ctx, logits="none")
+        q = rng.integers(0, spec.vocab_size, size=1)
+        q_slot, q_pos = slots[250:251], pos[-1:] + 1
+        got, exp = (b.forward(b.embed(q), q_pos, q_slot, slots[:32 * rnd + 32], logits="last").logits for b in (cuda, ref))
+        assert _rel(got, exp) < TOL[dtype], rnd
+    assert sorted(key for key in cuda._graphs if key[0] == "layers") == [("layers", 1), ("layers", 32)]
 
 
 def _host_greedy(b, x, pos, w_slots, ctx_slots, d_slots, d_pos, lo, n_tokens):

@@ -62,6 +62,8 @@ def test_steps_are_sized_to_the_window_with_headroom_and_margin():
     sched = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=2.0)
     assert sched.frames_for(1.5) == 0 and sched.windows_too_small == 1
     assert sched.frames_for(10.0) == 1                      # no measurement yet: a one-frame probe
+    sched.observe(19.2, 32)                                  # the first step: one-time costs, not a measurement
+    assert sched.ms_per_token is None and sched.frames_for(10.0) == 1   # so a second one-frame probe
     sched.observe(4.8, 32)                                   # 0.15 ms/token
     per_frame = HEADROOM * 0.15 * 32                         # 7.2 ms planned per frame
     assert sched.frames_for(2.0 + 2 * per_frame + 0.1) == 2
@@ -135,6 +137,7 @@ def test_a_step_that_does_not_fit_is_never_started_and_starvation_is_reported():
     made late cycles. It is declined every time, and after STARVED_AFTER_WINDOWS the scheduler says so."""
     from vla_edge_ros.core.slack_scheduler import STARVED_AFTER_WINDOWS
     sched = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=2.0)
+    sched.observe(12.0, 32)                                  # warm-up step
     sched.observe(12.0, 32)
     assert [sched.frames_for(7.0) for _ in range(STARVED_AFTER_WINDOWS)] == [0] * STARVED_AFTER_WINDOWS
     assert sched.starved and sched.one_frame_ms() == pytest.approx(HEADROOM * 12.0)

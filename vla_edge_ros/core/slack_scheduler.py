@@ -6,7 +6,8 @@ sized to the gap between the end of one cycle and the next boundary (minus
 `asr.slack_margin_ms`), never across a boundary. The step size comes from an
 EMA of the reconciler's own measured cost per token (device time: the caller
 synchronizes before reading its clock), with HEADROOM for its spread. With no
-measurement yet, one frame is tried: the smallest step there is. A step that
+measurement yet, one frame is tried: the smallest step there is (twice: the
+first step's cost includes one-time work and is not used as a measurement). A step that
 does not fit is never started; when none fits for long, `starved` says so.
 
 Both drivers use it: the reconciler node (core/swap_protocol.ReconcilerWorker,
@@ -32,6 +33,7 @@ class SlackScheduler:
         self.max_frames = int(max_tokens_per_step) // self.tpf
         self.margin_ms = float(margin_ms)
         self.ms_per_token: float | None = None
+        self.warmup_ms_per_token: float | None = None     # the first step's cost (observe says why apart)
         self.steps = 0
         self.windows_too_small = 0
         self._declined_in_a_row = 0
@@ -63,13 +65,20 @@ class SlackScheduler:
         return None if self.ms_per_token is None else HEADROOM * self.ms_per_token * self.tpf
 
     def observe(self, elapsed_ms: float, tokens: int) -> None:
-        """One step's measured cost (device work finished) for `tokens` tokens."""
+        """One step's measured cost (device work finished) for `tokens` tokens. The first step is not a
+        measurement: it pays one-time costs (the first launches of a process, a graph capture), ~4x a later
+        step on the H200, and taken as the estimate it declined every later window. So the next window
+        probes one frame again, and the estimate starts from the second step."""
         if tokens <= 0:
+            return
+        self.steps += 1
+        if self.steps == 1:
+            self.warmup_ms_per_token = elapsed_ms / tokens
             return
         rate = elapsed_ms / tokens
         self.ms_per_token = rate if self.ms_per_token is None else (1 - EMA_ALPHA) * self.ms_per_token + EMA_ALPHA * rate
-        self.steps += 1
 
     def summary(self) -> dict:
         return {"step_ms_per_token": self.ms_per_token if self.ms_per_token is not None else "",
+                "warmup_step_ms_per_token": self.warmup_ms_per_token if self.warmup_ms_per_token is not None else "",
                 "steps": self.steps, "windows_too_small": self.windows_too_small, "starved": self.starved}

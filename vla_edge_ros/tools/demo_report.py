@@ -94,7 +94,8 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
                "max_full_pause_ms": _float(reasoning.get("gc.max_full_pause_ms"))},
         "reconciler_work": {k: reconciler.get(k, "") for k in ("schedule", "rounds_started", "rounds_offered", "rounds_applied",
                                                             "rounds_aborted", "offers_withdrawn", "steps",
-                                                            "windows_too_small", "starved", "step_ms_per_token")},
+                                                            "windows_too_small", "starved", "warmup_step_ms_per_token",
+                                                            "step_ms_per_token")},
     }
 
 
