@@ -3,8 +3,8 @@
 # `vla-edge verify` against HuggingFace on tiny / llama-tiny / the Qwen2.5-1.5B-shaped random model
 # (bf16 and fp32), kernel probes, the cycle benchmark, then the CSR and ASR benchmarks. Logs go to $OUT.
 #   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (the default, in that order); more
-#   stages: profile (decode launch modes + ncu per kernel), ncu-gemv, ncu-decode (stall reasons of layer 0's decode
-#   kernels), probes, csr, asr, asr-shared, asr-32k, suite (the whole test suite, needs prepare.sh --ros) and demo
+#   stages: profile (decode launch modes + ncu per kernel), ncu-gemv, ncu-decode and ncu-prefill (stall reasons of
+#   layer 0's kernels; not run yet), probes, csr, asr, asr-shared, asr-32k, suite (the whole test suite, needs prepare.sh --ros) and demo
 #   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each), pack (all but the tables, the suite
 #   log and one timeline into results.tgz: the device tool returns 8 files). Run from the repo root after
 #   `source .whl/on-device.sh`. The device tool returns at most 8 files: choose stages accordingly.
@@ -123,18 +123,21 @@ for stage in $STAGES; do
             || status=1
         grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued" \
             "$OUT/ncu_gemv.txt" | head -120 ;;
-    ncu-decode)
-        # Why a decode step's kernels run below the copy bandwidth: ncu's throughput, occupancy, stall and memory
-        # sections for the first 7 kernels of one decode-graph replay (embedding, then layer 0's q|k|v gemv,
-        # attention partials, merge, o, gate/up and down), ordinary launches, cold caches.
+    ncu-decode|ncu-prefill)
+        # Why a cycle's kernels run below the copy bandwidth: ncu's throughput, occupancy, stall and memory sections
+        # for the first kernels of one graph replay (ordinary launches, cold caches). ncu-decode: the first 7 of a
+        # decode step (embedding, then layer 0's q|k|v gemv, attention partials, merge, o, gate/up, down);
+        # ncu-prefill: the first 5 of the prefill (layer 0's RMSNorm, q|k|v projection, RoPE, attention_mma, merge).
         make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
-        echo "== ncu decode (layer 0)"
-        ncu --clock-control none --profile-from-start off --launch-count 7 --section SpeedOfLight --section Occupancy \
-            --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
+        phase=${stage#ncu-}
+        count=$([ "$phase" = decode ] && echo 7 || echo 5)
+        echo "== ncu $phase (layer 0)"
+        ncu --clock-control none --profile-from-start off --launch-count "$count" --section SpeedOfLight \
+            --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
             $PY -m vla_edge_ros.bench.decode_profile --model "$MODELS/qwen15" --launch-modes plain --replays 3 \
-            --ncu-window decode > "$OUT/ncu_decode.txt" 2>&1 || status=1
+            --ncu-window "$phase" > "$OUT/ncu_$phase.txt" 2>&1 || status=1
         grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Stall|Warp Cycles Per Issued|L2 Hit" \
-            "$OUT/ncu_decode.txt" | head -200 ;;
+            "$OUT/ncu_$phase.txt" | head -200 ;;
     bench)
         echo "== bench"
         $PY -m vla_edge_ros.bench.pycuda_cycle --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | grep -v " INFO " \
