@@ -5,9 +5,10 @@
 // Why: attention_tiled.cu multiplies fp32 values out of shared memory on the CUDA cores (80 us
 // per layer at 32 rows x 4064 slots on the H200, the largest single item of the prefill). Here
 // the products are bf16 mma.sync: measured 24.5 us per layer (bench/attention_probe.py; the
-// prefill's attention 2.28 -> 0.70 ms). What is left is mostly the gather: every block loads
-// its chunk's fp32 K/V rows (64 KB) through the slot list, splits them and transposes V into
-// shared memory before the first product (bf16 KV in the arena would halve and skip that).
+// prefill's attention 2.28 -> 0.70 ms). Where the rest goes is not measured per part; the
+// probe's launch shapes point at both the gather (every block loads its chunk's fp32 K/V rows,
+// 64 KB, through the slot list, splits them and transposes V before the first product; bf16 KV
+// in the arena would halve that) and each tile's chain of q loads and products.
 //
 // Precision: K, V, the scaled q and the softmax weights P are fp32; each goes into the mma as a
 // bf16 pair hi + lo (mma_bf16.cuh's split, ~16 mantissa bits), and a product x.y is taken as
