@@ -11,8 +11,8 @@ rows that see only part of a chunk (causal within the call), partial 16-row tile
 import numpy as np
 import pytest
 
+from gpu_cases import attention_case, one_cycle
 from kernel_compare import assert_close, peak
-from vla_edge_ros.model import kernel_reference as ref
 
 pytestmark = pytest.mark.gpu
 
@@ -22,26 +22,7 @@ CASES = [(12, 2, 128, 300, 32), (12, 2, 128, 130, 9), (4, 1, 32, 0, 6), (4, 2, 3
 
 
 def _run(kn, gpu, hq, kvh, hd, ctx, n, **variant):
-    ga, stream = gpu
-    from vla_edge_ros.model.cuda_kernels import ATTN_CHUNK
-    rng = np.random.default_rng(ctx * 3 + n + hd)
-    cap = 512
-    n_splits = -(-cap // ATTN_CHUNK)
-    k = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
-    v = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
-    qkv = (rng.standard_normal((n, (hq + 2 * kvh) * hd)) * 2).astype(np.float32)
-    row_offset = 2
-    attend = rng.permutation(cap)[:ctx + row_offset + n].astype(np.int32)
-    ctl = np.array([row_offset, ctx, 0, -1], np.int32)
-    out = ga.to_gpu(np.full((n, hq * hd), np.nan, np.float32))
-    part_o = ga.zeros((n, hq, n_splits, hd), np.float32)
-    part_ml = ga.zeros((n, hq, n_splits, 2), np.float32)
-    k_d, v_d = ga.to_gpu(k), ga.to_gpu(v)
-    scale = hd ** -0.5
-    kn.attention(ga.to_gpu(qkv), int(k_d.gpudata), int(v_d.gpudata), ga.to_gpu(attend), ga.to_gpu(ctl), part_o, part_ml,
-                 out, n, hq, kvh, hd, cap, n_splits, scale, stream, **variant)
-    stream.synchronize()
-    return out.get(), ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, scale)
+    return attention_case(kn, gpu, hq, kvh, hd, ctx, n, seed=ctx * 3 + n + hd, **variant)
 
 
 @pytest.mark.parametrize("hq,kvh,hd,ctx,n", CASES)
@@ -71,18 +52,11 @@ def test_a_backend_with_tensor_core_attention_gives_the_same_cycle(tiny_weights)
     attention_tiled.cu, and its prefill logits agree to the split's rounding."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
     spec, weights = tiny_weights
-    cap, lo = 300, spec.vocab_size - 256
-    rng = np.random.default_rng(4)
-    ctx_ids = rng.integers(0, spec.vocab_size, size=100)
-    p_ids = rng.integers(0, spec.vocab_size, size=32)
     results = []
     for tensor_cores in (False, True):
-        b = CudaBackend(spec, weights, cap, "bfloat16", tensor_core_attention=tensor_cores)
+        b = CudaBackend(spec, weights, 300, "bfloat16", tensor_core_attention=tensor_cores)
         assert b.tensor_core_attention == tensor_cores
-        b.forward(b.embed(ctx_ids), np.arange(100), np.arange(100), np.array([], np.int64), logits="none")
-        tokens = b.run_cycle_tokens(b.embed(p_ids), np.arange(100, 132), np.arange(100, 132), np.arange(100),
-                                    np.arange(132, 140), np.arange(132, 140), lo, 9)
-        results.append((tokens, b.prefill_logits()))
+        results.append(one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=4))
         b.close()
     np.testing.assert_array_equal(results[0][0], results[1][0])
     assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-4 * peak(results[0][1]), what="prefill logits")

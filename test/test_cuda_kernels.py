@@ -21,6 +21,7 @@ Tolerances. Each float comparison is `_close(got, expected, norm_tol, what)`:
 import numpy as np
 import pytest
 
+from gpu_cases import attention_case
 from kernel_compare import assert_close, peak
 from vla_edge_ros.model import kernel_reference as ref
 
@@ -280,31 +281,11 @@ ATTN_CASES = [(12, 2, 128, 300, 1), (12, 2, 128, 130, 9), (4, 1, 32, 0, 6), (12,
 
 @pytest.mark.parametrize("hq,kvh,hd,ctx,n", ATTN_CASES)
 def test_attention_over_slot_list_with_holes(kn, gpu, hq, kvh, hd, ctx, n):
-    ga, stream = gpu
-    from vla_edge_ros.model.cuda_kernels import ATTN_CHUNK
-    rng = np.random.default_rng(ctx + n)
-    cap = 512
-    n_splits = -(-cap // ATTN_CHUNK)
-    k = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
-    v = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
-    qkv = (rng.standard_normal((n, (hq + 2 * kvh) * hd)) * 2).astype(np.float32)
-    row_offset = 2
-    # a permutation of half the arena: holes everywhere, order unrelated to slot number
-    attend = rng.permutation(cap)[:ctx + row_offset + n].astype(np.int32)
-    ctl = _ctl(row_offset, ctx)
-    out = _nan(ga, (n, hq * hd))
-    part_o = ga.zeros((n, hq, n_splits, hd), np.float32)
-    part_ml = ga.zeros((n, hq, n_splits, 2), np.float32)
-    k_d, v_d = ga.to_gpu(k), ga.to_gpu(v)
-    scale = hd ** -0.5
-    kn.attention(ga.to_gpu(qkv), int(k_d.gpudata), int(v_d.gpudata), ga.to_gpu(attend), ga.to_gpu(ctl), part_o, part_ml,
-                 out, n, hq, kvh, hd, cap, n_splits, scale, stream)
-    stream.synchronize()
-    expected = ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, scale)
+    got, expected = attention_case(kn, gpu, hq, kvh, hd, ctx, n, seed=ctx + n)
     # fp32 scores (hd terms of q ~ N(0, 4) times k ~ N(0, 1), scaled to ~N(0, 4)): ~1e-6 absolute, which
     # expf turns into that relative error of each weight; the output averages v ~ N(0, 1) with those
     # weights, and the split merge rescales partial sums by expf of max differences (a few ulp).
-    _close(out.get(), expected, 1e-5, f"attention {hq}/{kvh}x{hd} ctx={ctx} n={n}")
+    _close(got, expected, 1e-5, f"attention {hq}/{kvh}x{hd} ctx={ctx} n={n}")
 
 
 def test_argmax_bins_ties_nan_and_control_block(kn, gpu):

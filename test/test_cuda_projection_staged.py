@@ -10,6 +10,7 @@ staged chunk, token counts below 32.
 import numpy as np
 import pytest
 
+from gpu_cases import one_cycle
 from kernel_compare import assert_close, peak
 from vla_edge_ros.model import kernel_reference as ref
 
@@ -81,17 +82,10 @@ def test_a_backend_with_staged_prefill_gives_the_same_cycle(tiny_weights):
     prefill logits agree to rounding (the residual adds split K and add atomically, in another order)."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
     spec, weights = tiny_weights
-    cap, lo = 300, spec.vocab_size - 256
-    rng = np.random.default_rng(3)
-    ctx_ids = rng.integers(0, spec.vocab_size, size=40)
-    p_ids = rng.integers(0, spec.vocab_size, size=24)
     results = []
     for staged in (False, True):
-        b = CudaBackend(spec, weights, cap, "bfloat16", staged_prefill_projections=staged)
-        b.forward(b.embed(ctx_ids), np.arange(40), np.arange(40), np.array([], np.int64), logits="none")
-        tokens = b.run_cycle_tokens(b.embed(p_ids), np.arange(40, 64), np.arange(40, 64), np.arange(40),
-                                    np.arange(64, 72), np.arange(64, 72), lo, 9)
-        results.append((tokens, b.prefill_logits()))
+        b = CudaBackend(spec, weights, 300, "bfloat16", staged_prefill_projections=staged)
+        results.append(one_cycle(b, spec.vocab_size, n_ctx=40, n_prefill=24, seed=3))
         b.close()
     np.testing.assert_array_equal(results[0][0], results[1][0])
     assert_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-4 * peak(results[0][1]), what="prefill logits")
