@@ -16,10 +16,17 @@
 // attention_decode.cu took the decode rows: notes/cuda_notes.md, issue 10.)
 #include "attention_merge.cuh"
 
-extern "C" __global__ void __launch_bounds__(MERGE_THREADS) attention_merge(
-        const float* part_o, const float* part_ml, const int* ctl, float* out, int out_stride, int n_q_heads,
-        int head_dim, int n_splits) {
-    griddep_wait();                                             // the partial sums come from the kernel before
-    griddep_launch_dependents();
-    merge_body(part_o, part_ml, ctl, out, out_stride, n_q_heads, head_dim, n_splits, blockIdx.x, blockIdx.y);
-}
+// attention_merge: the merge of many rows (the prefill); attention_merge_prefetch: the same sums with each
+// warp's first MERGE_PREFETCH part_o rows loaded up front (attention_merge.cuh), for grids of a few rows.
+#define MERGE_ENTRY(NAME, PRE)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(MERGE_THREADS) NAME(                                         \
+            const float* part_o, const float* part_ml, const int* ctl, float* out, int out_stride,             \
+            int n_q_heads, int head_dim, int n_splits) {                                                       \
+        griddep_wait();                   /* the partial sums come from the kernel before */                   \
+        griddep_launch_dependents();                                                                           \
+        merge_body<PRE>(part_o, part_ml, ctl, out, out_stride, n_q_heads, head_dim, n_splits, blockIdx.x,     \
+                        blockIdx.y);                                                                           \
+    }
+
+MERGE_ENTRY(attention_merge, 0)
+MERGE_ENTRY(attention_merge_prefetch, MERGE_PREFETCH)

@@ -32,17 +32,21 @@
 // wrote, so it may be launched with the programmatic-serialization attribute.
 #include "attention_decode.cuh"
 
-#define DECODE_PARTIAL_ENTRY(VPL)                                                                              \
-    extern "C" __global__ void __launch_bounds__(DEC_THREADS) attention_decode_partial_v##VPL(                \
+// Entries _v<VPL> (8 warps per block) and _v<VPL>_h2 (16 warps: two per 8-slot group, each with half of the
+// query heads; attention_decode.cuh's HEAD_SPLIT). The same results bit for bit.
+#define DECODE_PARTIAL_ENTRY(VPL, HS, SUFFIX)                                                                  \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS * HS) attention_decode_partial_v##VPL##SUFFIX(   \
             const float* qkv, int qkv_stride, const float* k_cache, const float* v_cache,                      \
             const int* attend_list, const int* ctl, float* part_o, float* part_ml, int n_q_heads,              \
             int n_kv_heads, int head_dim, int capacity, int n_splits, float scale) {                           \
         griddep_wait();                   /* q and this step's K/V come from the q|k|v kernel */               \
         griddep_launch_dependents();                                                                           \
-        decode_partial_body<VPL>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl, part_o, part_ml,         \
-                                 n_q_heads, n_kv_heads, head_dim, capacity, n_splits, scale,                   \
-                                 blockIdx.x, blockIdx.y, blockIdx.z);                                          \
+        decode_partial_body<VPL, HS>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl, part_o, part_ml,     \
+                                     n_q_heads, n_kv_heads, head_dim, capacity, n_splits, scale,               \
+                                     blockIdx.x, blockIdx.y, blockIdx.z);                                      \
     }
 
-DECODE_PARTIAL_ENTRY(1)
-DECODE_PARTIAL_ENTRY(2)
+DECODE_PARTIAL_ENTRY(1, 1, )
+DECODE_PARTIAL_ENTRY(2, 1, )
+DECODE_PARTIAL_ENTRY(1, 2, _h2)
+DECODE_PARTIAL_ENTRY(2, 2, _h2)

@@ -7,9 +7,11 @@
 #pragma once
 #include "common.cuh"
 
-#define DEC_THREADS 256
+#define DEC_THREADS 256                                      // the warps of one split's 8-slot groups
 #define DEC_WARPS (DEC_THREADS / 32)
 #define DEC_SLOTS_PER_WARP (ATTN_CHUNK / DEC_WARPS)          // 8: a warp's K/V rows all in flight at once
+#define DEC_LOG2E 1.4426950408889634f
+#define DEC_LN2 0.6931471805599453f
 
 __device__ __forceinline__ float dot4(const float4& a, const float4& b) {
     return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
@@ -23,61 +25,104 @@ __device__ __forceinline__ void scale4(float4& acc, float c) {
     acc.x *= c; acc.y *= c; acc.z *= c; acc.w *= c;
 }
 
-// VPL float4s per lane: lane l holds dimensions 4 (l + 32 v) .. +3, v < VPL.
-template <int VPL>
+// 2^x in one instruction (MUFU.EX2, a few ulp; subnormal results flush to 0, as does x = -inf). The
+// decode body works in log2 units (q pre-scaled by log2 e), so its softmax needs no expf range reduction.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// The N per-lane partial sums v[0..N) of N values (N a power of two, 2..32), each summed over the warp's
+// 32 lanes: returns, in lane l, the total of value l / (32 / N). Each exchange sends half of the values
+// still held and keeps the other half (the upper half where the lane's bit of that offset is set), so
+// N sums cost N - 1 + log2(32 / N) shuffles instead of N warp_sums' 5 N.
+template <int N>
+__device__ __forceinline__ float warp_sum_spread(float (&v)[N]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int half = N / 2, off = 16; half >= 1; half >>= 1, off >>= 1) {
+        const bool upper = (lane & off) != 0;
+#pragma unroll
+        for (int k = 0; k < half; ++k) {
+            const float keep = upper ? v[k + half] : v[k];
+            const float send = upper ? v[k] : v[k + half];
+            v[k] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+    }
+    float s = v[0];
+#pragma unroll
+    for (int off = 16 / N; off >= 1; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    return s;
+}
+
+// VPL float4s per lane: lane l holds dimensions 4 (l + 32 v) .. +3, v < VPL, of each of the warp's
+// slots. HEAD_SPLIT warps share each 8-slot group (the block has DEC_WARPS * HEAD_SPLIT warps): warp
+// w takes slot group w % DEC_WARPS and query heads p, p + HEAD_SPLIT, ... of the group (p = w /
+// DEC_WARPS), so more warps hide the latency of the softmax's dependent steps. Per (head, slot) the
+// arithmetic is the same whatever HEAD_SPLIT is, so every split computes bit-identical results.
+template <int VPL, int HEAD_SPLIT>
 __device__ void decode_partial_body(const float* qkv, int qkv_stride, const float* k_cache, const float* v_cache,
                                     const int* attend_list, const int* ctl, float* part_o, float* part_ml,
                                     int n_q_heads, int n_kv_heads, int head_dim, int capacity, int n_splits,
                                     float scale, int split, int kvh, int i) {
     // Slots per warp pass: VPL 2 holds twice the registers per slot, so half as many at a time.
     constexpr int BATCH = DEC_SLOTS_PER_WARP / VPL;
+    constexpr int LANES_PER_SLOT = 32 / BATCH;                  // warp_sum_spread leaves slot u in these lanes
+    constexpr int HEADS = (ATTN_MAX_GROUP + HEAD_SPLIT - 1) / HEAD_SPLIT;   // most heads one warp takes
     extern __shared__ float4 dec_smem[];
 
     const int group = n_q_heads / n_kv_heads;
     const int len = list_length(ctl, i);
     const int j0 = split * ATTN_CHUNK;
     if (j0 >= len) return;                                      // block-uniform
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31;
+    const int warp = (threadIdx.x >> 5) % DEC_WARPS;            // slot group, range [0, DEC_WARPS)
+    const int part = (threadIdx.x >> 5) / DEC_WARPS;            // head share, range [0, HEAD_SPLIT)
     const int vec = head_dim >> 2;                              // float4 per row
+    const int my_u = lane / LANES_PER_SLOT;                     // the slot of a pass whose score this lane holds
     float4* o_s = dec_smem;                                     // [DEC_WARPS][group][vec]
     float* m_s = reinterpret_cast<float*>(o_s + DEC_WARPS * group * vec);   // [DEC_WARPS][group]
     float* l_s = m_s + DEC_WARPS * group;                       // [DEC_WARPS][group]
 
-    // This lane's slice of every query head of the group, pre-scaled.
-    float4 q[ATTN_MAX_GROUP][VPL];
+    // This lane's slice of each query head the warp takes, pre-scaled into log2 units.
+    float4 q[HEADS][VPL];
     const float* q_row = qkv + (size_t)i * qkv_stride + (size_t)kvh * group * head_dim;
 #pragma unroll
-    for (int g = 0; g < ATTN_MAX_GROUP; ++g) {
+    for (int j = 0; j < HEADS; ++j) {
+        const int g = part + HEAD_SPLIT * j;
 #pragma unroll
         for (int v = 0; v < VPL; ++v) {
             const int c = lane + 32 * v;                        // float4 index, range [0, vec)
             float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
             if (g < group && c < vec) {
                 val = LOAD_GRID_WRITTEN(reinterpret_cast<const float4*>(q_row + (size_t)g * head_dim + 4 * c));
-                scale4(val, scale);
+                scale4(val, scale * DEC_LOG2E);
             }
-            q[g][v] = val;
+            q[j][v] = val;
         }
     }
-    float m[ATTN_MAX_GROUP], l[ATTN_MAX_GROUP];
-    float4 acc[ATTN_MAX_GROUP][VPL];
+    // Online softmax state per head: m is warp-uniform; l is this lane's slot position's running sum
+    // (lanes of one position agree), summed over positions at the end.
+    float m[HEADS], l[HEADS];
+    float4 acc[HEADS][VPL];
 #pragma unroll
-    for (int g = 0; g < ATTN_MAX_GROUP; ++g) {
-        m[g] = -INFINITY;
-        l[g] = 0.f;
+    for (int j = 0; j < HEADS; ++j) {
+        m[j] = -INFINITY;
+        l[j] = 0.f;
 #pragma unroll
-        for (int v = 0; v < VPL; ++v) acc[g][v] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int v = 0; v < VPL; ++v) acc[j][v] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 
     const float* k_head = k_cache + (size_t)kvh * capacity * head_dim;
     const float* v_head = v_cache + (size_t)kvh * capacity * head_dim;
-    const int w0 = j0 + warp * DEC_SLOTS_PER_WARP;              // first list entry of this warp
+    const int w0 = j0 + warp * DEC_SLOTS_PER_WARP;              // first list entry of this slot group
     for (int b0 = w0; b0 < min(len, w0 + DEC_SLOTS_PER_WARP); b0 += BATCH) {
         const int n_b = min(BATCH, len - b0);                   // warp-uniform, range [1, BATCH]
         const int my_slot = lane < n_b ? attend_list[b0 + lane] : 0;
         float4 kf[BATCH][VPL], vf[BATCH][VPL];
 #pragma unroll
-        for (int u = 0; u < BATCH; ++u) {                       // every K and V load of the batch in flight
+        for (int u = 0; u < BATCH; ++u) {                       // every K and V load of the pass in flight
             const int slot = __shfl_sync(0xffffffffu, my_slot, u);
 #pragma unroll
             for (int v = 0; v < VPL; ++v) {
@@ -89,55 +134,61 @@ __device__ void decode_partial_body(const float* qkv, int qkv_stride, const floa
             }
         }
 #pragma unroll
-        for (int g = 0; g < ATTN_MAX_GROUP; ++g) {
-            if (g >= group) break;                              // warp-uniform: skipped, not predicated
-            float sc[BATCH];
-            float mx = m[g];
+        for (int j = 0; j < HEADS; ++j) {
+            if (part + HEAD_SPLIT * j >= group) break;          // warp-uniform: skipped, not predicated
+            float d[BATCH];
 #pragma unroll
             for (int u = 0; u < BATCH; ++u) {
-                float d = 0.f;
+                d[u] = 0.f;
 #pragma unroll
-                for (int v = 0; v < VPL; ++v) d += dot4(q[g][v], kf[u][v]);
-                d = warp_sum(d);
-                sc[u] = u < n_b ? d : -INFINITY;
-                mx = fmaxf(mx, sc[u]);
+                for (int v = 0; v < VPL; ++v) d[u] += dot4(q[j][v], kf[u][v]);
             }
-            const float corr = expf(m[g] - mx);                 // 0 on the first batch (m = -inf)
-            l[g] *= corr;
+            float sc = warp_sum_spread(d);                      // slot my_u's score, log2 units
+            sc = my_u < n_b ? sc : -INFINITY;
+            float mx = sc;
 #pragma unroll
-            for (int v = 0; v < VPL; ++v) scale4(acc[g][v], corr);
+            for (int off = LANES_PER_SLOT; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            mx = fmaxf(mx, m[j]);                               // finite: entry b0 is in the pass
+            const float corr = fast_exp2(m[j] - mx);            // 0 on the first pass (m = -inf)
+            const float p = fast_exp2(sc - mx);                 // 0 for positions past n_b
+            l[j] = l[j] * corr + p;
+#pragma unroll
+            for (int v = 0; v < VPL; ++v) scale4(acc[j][v], corr);
 #pragma unroll
             for (int u = 0; u < BATCH; ++u) {
-                const float p = expf(sc[u] - mx);               // 0 for entries past n_b
-                l[g] += p;
+                const float pu = __shfl_sync(0xffffffffu, p, u * LANES_PER_SLOT);
 #pragma unroll
-                for (int v = 0; v < VPL; ++v) axpy4(acc[g][v], p, vf[u][v]);
+                for (int v = 0; v < VPL; ++v) axpy4(acc[j][v], pu, vf[u][v]);
             }
-            m[g] = mx;
+            m[j] = mx;
         }
     }
 
-    // Combine the warps' states: warps with no entries left carry m = -inf, l = 0, o = 0.
+    // Combine the slot groups' states: groups with no entries left carry m = -inf, l = 0, o = 0.
 #pragma unroll
-    for (int g = 0; g < ATTN_MAX_GROUP; ++g) {
+    for (int j = 0; j < HEADS; ++j) {
+        const int g = part + HEAD_SPLIT * j;
         if (g >= group) break;
+        float lsum = l[j];
+#pragma unroll
+        for (int off = LANES_PER_SLOT; off < 32; off <<= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, off);
         if (lane == 0) {
-            m_s[warp * group + g] = m[g];
-            l_s[warp * group + g] = l[g];
+            m_s[warp * group + g] = m[j];
+            l_s[warp * group + g] = lsum;
         }
 #pragma unroll
         for (int v = 0; v < VPL; ++v)
-            if (lane + 32 * v < vec) o_s[(warp * group + g) * vec + lane + 32 * v] = acc[g][v];
+            if (lane + 32 * v < vec) o_s[(warp * group + g) * vec + lane + 32 * v] = acc[j][v];
     }
     __syncthreads();
-    for (int g = warp; g < group; g += DEC_WARPS) {             // warp w finishes heads w, w+8, ...
+    for (int g = threadIdx.x >> 5; g < group; g += DEC_WARPS * HEAD_SPLIT) {   // warp w finishes head w, ...
         float mx = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, m_s[w * group + g]);   // finite: warp 0 saw entry j0
+        for (int w = 0; w < DEC_WARPS; ++w) mx = fmaxf(mx, m_s[w * group + g]);   // finite: group 0 saw entry j0
         float wgt[DEC_WARPS], lsum = 0.f;
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; ++w) {
-            wgt[w] = expf(m_s[w * group + g] - mx);
+            wgt[w] = fast_exp2(m_s[w * group + g] - mx);
             lsum += wgt[w] * l_s[w * group + g];
         }
         const size_t h = (size_t)kvh * group + g;
@@ -149,9 +200,8 @@ __device__ void decode_partial_body(const float* qkv, int qkv_stride, const floa
             *reinterpret_cast<float4*>(part_o + base * head_dim + 4 * c) = o;
         }
         if (lane == 0) {
-            part_ml[base * 2] = mx;
+            part_ml[base * 2] = mx * DEC_LN2;                   // the merge works in natural units
             part_ml[base * 2 + 1] = lsum;
         }
     }
 }
-

@@ -16,7 +16,13 @@
 #define MERGE_THREADS 256
 #define MERGE_WARPS (MERGE_THREADS / 32)
 #define MERGE_MAX_SPLITS 4096
+// PRE (the template parameter below): splits per warp whose part_o rows are loaded before the weights are
+// known, so that their loads wait alongside the m/l reductions instead of after them. 16 covers 128 splits
+// (8192 slots) at 64 more registers (119 in all): for the few blocks of a decode row; with 0 the merge keeps
+// 40 registers and six blocks per SM for the prefill's 12 x 32. The sums are the same, in the same order.
+#define MERGE_PREFETCH 16
 
+template <int PRE>
 __device__ void merge_body(const float* part_o, const float* part_ml, const int* ctl, float* out, int out_stride,
                            int n_q_heads, int head_dim, int n_splits, int h, int i) {
     __shared__ float wgt[MERGE_MAX_SPLITS];
@@ -25,6 +31,14 @@ __device__ void merge_body(const float* part_o, const float* part_ml, const int*
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int len = list_length(ctl, i);
     const int active = min(n_splits, (len + ATTN_CHUNK - 1) / ATTN_CHUNK);
+    const int vec = head_dim >> 2;
+    const float4* po = reinterpret_cast<const float4*>(part_o + ((size_t)i * n_q_heads + h) * n_splits * head_dim);
+    float4 pre[PRE > 0 ? PRE : 1];                              // this lane's float4 of splits warp + 8 k
+#pragma unroll
+    for (int k = 0; k < PRE; ++k) {
+        const int s = warp + MERGE_WARPS * k;
+        pre[k] = (lane < vec && s < active) ? LOAD_GRID_WRITTEN(po + (size_t)s * vec + lane) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     const float* ml = part_ml + ((size_t)i * n_q_heads + h) * n_splits * 2;
     float mx = -INFINITY;
     for (int s = threadIdx.x; s < active; s += MERGE_THREADS) mx = fmaxf(mx, LOAD_GRID_WRITTEN(ml + 2 * s));   // s range [0, active)
@@ -41,12 +55,22 @@ __device__ void merge_body(const float* part_o, const float* part_ml, const int*
         denom += e * LOAD_GRID_WRITTEN(ml + 2 * s + 1);
     }
     denom = block_sum(denom, scratch);                          // its barriers also publish wgt
-    const int vec = head_dim >> 2;
-    const float4* po = reinterpret_cast<const float4*>(part_o + ((size_t)i * n_q_heads + h) * n_splits * head_dim);
     for (int c = lane; c < vec; c += 32) {                      // c range [0, vec): this lane's float4
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        int s0 = warp;
+        if (PRE > 0 && c == lane) {                             // the prefetched splits first, in the same order
+#pragma unroll
+            for (int k = 0; k < PRE; ++k) {
+                const int s = warp + MERGE_WARPS * k;
+                if (s < active) {
+                    const float e = wgt[s];
+                    a.x += e * pre[k].x; a.y += e * pre[k].y; a.z += e * pre[k].z; a.w += e * pre[k].w;
+                }
+            }
+            s0 = warp + MERGE_WARPS * PRE;
+        }
 #pragma unroll 4
-        for (int s = warp; s < active; s += MERGE_WARPS) {
+        for (int s = s0; s < active; s += MERGE_WARPS) {
             const float4 o = LOAD_GRID_WRITTEN(po + (size_t)s * vec + c);
             const float e = wgt[s];
             a.x += e * o.x; a.y += e * o.y; a.z += e * o.z; a.w += e * o.w;

@@ -63,17 +63,6 @@ struct DecodeLayer {
     float* v_cache;
 };
 
-// One projection stage: y = (x or rmsnorm(x) * norm_w) @ W^T with gemv.cu's epilogue `mode`.
-struct Projection {
-    const uint16_t* W;
-    const float* x;
-    const float* norm_w;
-    const float* bias;
-    float* out;
-    int out_cols, rows, K, mode;
-    float eps;                  // RMSNorm epsilon (with norm_w)
-};
-
 __device__ __forceinline__ void grid_barrier(unsigned int* arrived, unsigned int& target) {
     __syncthreads();                                            // the block's writes are done
     target += gridDim.x;
@@ -93,32 +82,6 @@ __device__ __forceinline__ void grid_barrier(unsigned int* arrived, unsigned int
 __device__ __forceinline__ void projection_prefetch(const Projection& p, uint4 (&w)[PERSISTENT_UNROLL]) {
     const int row = blockIdx.x < gemv_items(p.rows) ? gemv_row(p.mode, blockIdx.x, threadIdx.x >> 5) : p.rows;
     gemv_first_loads(p.W, row, p.rows, p.K, w);
-}
-
-// Items blockIdx.x, blockIdx.x + gridDim.x, ... of projection `p`, w holding the first item's first
-// loads. The software pipeline runs across items: after an item's last batch come the next item's
-// first loads.
-__device__ void projection_stage(const Projection& p, const RopeTarget& rt, uint4 (&w)[PERSISTENT_UNROLL], float4* v_s4,
-                                 float* row_sum, float* scratch) {
-    const int n_items = gemv_items(p.rows);
-    if (blockIdx.x >= n_items) return;                          // block-uniform
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const float scale = gemv_stage_activations(p.x, p.norm_w, p.eps, p.K, v_s4, scratch);
-    const float* v_s = reinterpret_cast<const float*>(v_s4);
-    for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
-        const int row = gemv_row(p.mode, item, warp);
-        const bool ok = row < p.rows;
-        const uint16_t* w_row = p.W + (size_t)(ok ? row : 0) * p.K;
-        const int next = item + gridDim.x;
-        const int next_row = next < n_items ? gemv_row(p.mode, next, warp) : p.rows;
-        const bool next_ok = next_row < p.rows;
-        float acc = gemv_item(w, w_row, ok, p.K, v_s, p.W + (size_t)(next_ok ? next_row : 0) * p.K, next_ok);
-        acc = warp_sum(acc) * scale;
-        if (lane == 0) row_sum[warp] = acc;
-        __syncthreads();
-        gemv_epilogue(p.mode, item, row_sum, p.bias, p.out, p.out_cols, p.rows, rt);
-        __syncthreads();                                        // row_sum is reused by the next item
-    }
 }
 
 // Ask L2 to fetch bytes [0, n) of `base` (128-byte lines), spread over every thread of the grid.
@@ -167,7 +130,7 @@ __device__ void decode_layers_body(const DecodeLayer* layers, int n_layers, floa
         // 2: attention partials, then the L2 prefetch of the o and first gate/up weights.
         for (int item = blockIdx.x; item < attention_items; item += gridDim.x) {
             __syncthreads();                                    // the shared state of the previous item is read
-            decode_partial_body<VPL>(qkv, qkv_stride, L.k_cache, L.v_cache, attend_list, ctl, part_o, part_ml,
+            decode_partial_body<VPL, 1>(qkv, qkv_stride, L.k_cache, L.v_cache, attend_list, ctl, part_o, part_ml,
                                      n_q_heads, n_kv_heads, head_dim, capacity, n_splits, scale, item % active,
                                      item / active, 0);
         }
@@ -181,7 +144,7 @@ __device__ void decode_layers_body(const DecodeLayer* layers, int n_layers, floa
         // 3: merge
         for (int h = blockIdx.x; h < n_q_heads; h += gridDim.x) {
             __syncthreads();
-            merge_body(part_o, part_ml, ctl, attn, attn_stride, n_q_heads, head_dim, n_splits, h, 0);
+            merge_body<0>(part_o, part_ml, ctl, attn, attn_stride, n_q_heads, head_dim, n_splits, h, 0);
         }
         projection_prefetch(p_o, w);
         grid_barrier(arrived, target);

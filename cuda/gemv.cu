@@ -26,14 +26,13 @@
 //            The block stages v in shared memory once; lane l streams the 16-byte chunks l, l + 32,
 //            ... of its warp's row, GEMV_LANE_LOADS chunks per batch, the next batch's loads issued
 //            before this batch's arithmetic (software pipeline).
+//            gemv_bf16_items: the same items and sums with a smaller grid, block b taking items b, b +
+//            gridDim.x, ... (gemv_rows.cuh's projection_stage): the activations are staged once per
+//            block, and an item's last batch overlaps the next item's first loads.
 // PDL:       the first batch of weight loads is issued before griddep_wait, so a programmatic
 //            launch streams weights while the kernel before it finishes.
 // Preconditions: K % 8 == 0; x and norm_w 16-byte aligned; rows % 16 == 0 for the pair modes.
 #include "gemv_rows.cuh"
-
-// 16-byte weight chunks per lane per batch (gemv_rows.cuh's U). 8 measured no faster on the H200 (decode
-// projections 1.125 vs 1.105 ms per step, with 8 only for the grids of at most 2 blocks per SM).
-#define GEMV_LANE_LOADS 4
 
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16(
         const uint16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
@@ -56,25 +55,31 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16(
     const float scale = gemv_stage_activations(x, norm_w, eps, K, v_s4, scratch);
     const float* v_s = reinterpret_cast<const float*>(v_s4);
 
-    // gemv_rows.cuh's gemv_item without its hand-over to a next row, written out: calling gemv_item here
-    // measured 11% slower on the H200 (decode projections 1.215 vs 1.105 ms per step) for the same sums.
-    float acc = 0.f;
-    for (int c0 = 0; c0 < chunks; c0 += 32 * GEMV_LANE_LOADS) {
-        const int c1 = c0 + 32 * GEMV_LANE_LOADS;
-        uint4 w_next[GEMV_LANE_LOADS];
-#pragma unroll
-        for (int u = 0; u < GEMV_LANE_LOADS; ++u) {
-            const int c = c1 + lane + 32 * u;
-            w_next[u] = (ok && c < chunks) ? load_weights16(w_row + 8 * c) : make_uint4(0u, 0u, 0u, 0u);
-        }
-        acc = gemv_batch(w, v_s, c0, chunks, acc);
-#pragma unroll
-        for (int u = 0; u < GEMV_LANE_LOADS; ++u) w[u] = w_next[u];
-    }
-    acc = warp_sum(acc) * scale;
+    float acc = warp_sum(gemv_stream_row(w, w_row, ok, chunks, v_s)) * scale;
     if (lane == 0) row_sum[warp] = acc;
     __syncthreads();
     const RopeTarget rt{pos_table, slot_table, ctl, inv_freq, k_cache, v_cache, n_q_heads, n_kv_heads, head_dim,
                         capacity};
     gemv_epilogue(mode, blockIdx.x, row_sum, bias, out, out_cols, rows, rt);
+}
+
+// gemv_bf16's items looped over a grid of at most a few blocks per SM (the gate/up projection has 2240
+// items: ~4 waves of gemv_bf16, each block staging and RMS-normalising the activations again).
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_items(
+        const uint16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
+        const float* bias, float* out, int out_cols, int rows, int K, int mode, const int* pos_table,
+        const int* slot_table, const int* ctl, const float* inv_freq, float* k_cache, float* v_cache, int n_q_heads,
+        int n_kv_heads, int head_dim, int capacity) {
+    extern __shared__ float4 v_s4[];                            // [K / 4] staged activations
+    __shared__ float row_sum[GEMV_WARPS];
+    __shared__ float scratch[32];
+    const int first_row = blockIdx.x < gemv_items(rows) ? gemv_row(mode, blockIdx.x, threadIdx.x >> 5) : rows;
+    uint4 w[GEMV_LANE_LOADS];
+    gemv_first_loads(W, first_row, rows, K, w);
+    griddep_wait();                                             // x (and the tables) come from earlier kernels
+    griddep_launch_dependents();
+    const Projection p{W, x, norm_w, bias, out, out_cols, rows, K, mode, eps};
+    const RopeTarget rt{pos_table, slot_table, ctl, inv_freq, k_cache, v_cache, n_q_heads, n_kv_heads, head_dim,
+                        capacity};
+    projection_stage(p, rt, w, v_s4, row_sum, scratch);
 }

@@ -4,7 +4,7 @@
 # (bf16 and fp32), kernel probes, the cycle benchmark, then the CSR and ASR benchmarks. Logs go to $OUT.
 #   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (the default, in that order); more
 #   stages: profile (decode launch modes + ncu per kernel), ncu-gemv, ncu-decode and ncu-prefill (stall reasons of
-#   layer 0's kernels; not run yet), probes, csr, asr, asr-shared, asr-32k, suite (the whole test suite, needs prepare.sh --ros) and demo
+#   layer 0's kernels, NCU_MODE's variants), probes, csr, asr, asr-shared, asr-32k, suite (the whole test suite, needs prepare.sh --ros) and demo
 #   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each), pack (all but the tables, the suite
 #   log and one timeline into results.tgz: the device tool returns 8 files). Run from the repo root after
 #   `source .whl/on-device.sh`. The device tool returns at most 8 files: choose stages accordingly.
@@ -132,12 +132,16 @@ for stage in $STAGES; do
         phase=${stage#ncu-}
         count=$([ "$phase" = decode ] && echo 7 || echo 5)
         echo "== ncu $phase (layer 0)"
+        # NCU_MODE: the launch mode and kernel variants profiled (default plain); the stall metrics are cycles
+        # per issued instruction by reason, printed where they reach 0.3.
         ncu --clock-control none --profile-from-start off --launch-count "$count" --section SpeedOfLight \
             --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
-            $PY -m vla_edge_ros.bench.decode_profile --model "$MODELS/qwen15" --launch-modes plain --replays 3 \
-            --ncu-window "$phase" > "$OUT/ncu_$phase.txt" 2>&1 || status=1
-        grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Grid Size|Stall|Warp Cycles Per Issued|L2 Hit" \
-            "$OUT/ncu_$phase.txt" | head -200 ;;
+            --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+            $PY -m vla_edge_ros.bench.decode_profile --model "$MODELS/qwen15" --launch-modes "${NCU_MODE:-plain}" \
+            --replays 3 --ncu-window "$phase" > "$OUT/ncu_$phase.txt" 2>&1 || status=1
+        awk '/issue_stalled/ { if ($NF + 0 < 0.3) next; sub(/smsp__average_warps_issue_stalled_/, "stall "); print; next }
+             /^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|L2 Hit/' \
+            "$OUT/ncu_$phase.txt" | head -260 ;;
     bench)
         echo "== bench"
         $PY -m vla_edge_ros.bench.pycuda_cycle --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | grep -v " INFO " \

@@ -7,14 +7,15 @@ from vla_edge_ros.bench.pycuda_cycle import LAUNCH_MODES, launch_mode
 
 
 @pytest.mark.parametrize("text", ["plain", "pdl", "persistent", "persistent:1", "persistent:2:24", "persistent:1:0.5",
-                                  "plain+mma", "plain+tiled", "pdl+mma2", "persistent:2+mma2"])
+                                  "plain+mma", "plain+tiled", "pdl+mma2", "persistent:2+mma2", "plain+h2",
+                                  "plain+mma2+h1", "pdl+h2+tiled", "plain+loop4", "plain+h2+loop2+mma2"])
 def test_launch_modes_that_parse(text):
     assert launch_mode(text) == text
 
 
 @pytest.mark.parametrize("text", ["fast", "pdl:1", "persistent:3", "persistent:1:x", "persistent:1:-4",
                                   "persistent:1:2:3", "plain:", "plain+", "plain+fast", "plain+mma+tiled",
-                                  "plain+mma+mma2", "plain+mma+mma", "plain+wide"])
+                                  "plain+mma+mma2", "plain+mma+mma", "plain+wide", "plain+h1+h2", "plain+h2+h2", "plain+loop2+loop4", "plain+loop3"])
 def test_launch_modes_that_are_refused_with_the_syntax(text):
     with pytest.raises(argparse.ArgumentTypeError, match="plain, pdl or persistent"):
         launch_mode(text)

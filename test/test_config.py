@@ -20,7 +20,8 @@ def test_shipped_yaml_holds_the_design_defaults():
     # The pycuda kernel switches, as CudaBackend takes them: the measured-faster staged prefill and tensor-core
     # attention on, the measured-slower persistent decode off.
     assert cfg.model.kernel_options() == {"programmatic_launch": False, "staged_prefill_projections": True,
-                                          "persistent_decode": False, "tensor_core_attention": True}
+                                          "persistent_decode": False, "tensor_core_attention": True,
+                                          "decode_attention_head_split": 2, "decode_gemv_blocks_per_sm": 4}
 
 
 def test_yaml_and_dataclass_defaults_agree_so_there_is_one_truth():
@@ -42,6 +43,8 @@ def test_every_key_has_a_description():
     ({"admission.ema_alpha": 0.0}, "admission.ema_alpha"),
     ({"action.dim_names": ["a", "b"]}, "action.dim_names"),
     ({"model.backend": "tpu"}, "model.backend"),
+    ({"model.decode_attention_head_split": 3}, "model.decode_attention_head_split"),
+    ({"model.decode_gemv_blocks_per_sm": -1}, "model.decode_gemv_blocks_per_sm"),
     ({"camera.reliability": "sometimes"}, "camera.reliability"),
     ({"asr.evict_fraction": 1.0}, "asr.evict_fraction"),
     ({"asr.backend": "gpu"}, "asr.backend"),

@@ -29,9 +29,9 @@ CASES = [(12, 2, 128, 4064, 1, 4104), (12, 2, 128, 300, 2, 512), (12, 2, 128, 0,
          (8, 8, 64, 95, 1, 200), (16, 2, 256, 127, 1, 300)]
 
 
-@pytest.mark.parametrize("hq,kvh,hd,ctx,n,cap", CASES)
-def test_attention_decode_over_slot_list_with_holes(kn, gpu, hq, kvh, hd, ctx, n, cap):
-    ga, stream = gpu
+def decode_case(ga, hq, kvh, hd, ctx, n, cap):
+    """Random K/V arena, q rows and a permuted slot list for one attention_decode call, its outputs poisoned with
+    NaN; returns (launch arguments, the device K/V arena they point into, the numpy reference)."""
     from vla_edge_ros.model.cuda_kernels import ATTN_CHUNK
     rng = np.random.default_rng(ctx * 7 + n + hd)
     n_splits = -(-cap // ATTN_CHUNK)
@@ -46,13 +46,35 @@ def test_attention_decode_over_slot_list_with_holes(kn, gpu, hq, kvh, hd, ctx, n
     part_ml = ga.to_gpu(np.full((n, hq, n_splits, 2), np.nan, np.float32))
     k_d, v_d = ga.to_gpu(k), ga.to_gpu(v)
     scale = hd ** -0.5
-    kn.attention_decode(ga.to_gpu(qkv), int(k_d.gpudata), int(v_d.gpudata), ga.to_gpu(attend), ga.to_gpu(ctl), part_o,
-                        part_ml, out, n, hq, kvh, hd, cap, n_splits, scale, stream)
+    args = (ga.to_gpu(qkv), int(k_d.gpudata), int(v_d.gpudata), ga.to_gpu(attend), ga.to_gpu(ctl), part_o, part_ml,
+            out, n, hq, kvh, hd, cap, n_splits, scale)
+    return args, (k_d, v_d), ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, scale)
+
+
+@pytest.mark.parametrize("head_split", [1, 2])
+@pytest.mark.parametrize("hq,kvh,hd,ctx,n,cap", CASES)
+def test_attention_decode_over_slot_list_with_holes(kn, gpu, hq, kvh, hd, ctx, n, cap, head_split):
+    ga, stream = gpu
+    args, _arena, expected = decode_case(ga, hq, kvh, hd, ctx, n, cap)
+    kn.attention_decode(*args, stream, head_split=head_split)
     stream.synchronize()
-    expected = ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, scale)
+    out = args[7]
     # fp32 dot products of <= 256 terms and a softmax over <= 4k entries: the outputs are convex
     # combinations of N(0, 1) values (|out| <= ~4), so a few 1e-6 of that is rounding.
     assert_close(out.get(), expected, rtol=1e-5, atol=2e-6 * max(1.0, np.abs(expected).max()), what="attention_decode")
+
+
+@pytest.mark.parametrize("hq,kvh,hd,ctx,n,cap", [CASES[0], CASES[7], CASES[9]])
+def test_head_splits_agree_bit_for_bit(kn, gpu, hq, kvh, hd, ctx, n, cap):
+    """Two warps per slot group, each with half of the query heads, compute every head as one warp does."""
+    ga, stream = gpu
+    args, _arena, _expected = decode_case(ga, hq, kvh, hd, ctx, n, cap)
+    outs = []
+    for head_split in (1, 2):
+        kn.attention_decode(*args, stream, head_split=head_split)
+        outs.append((args[7].get(), args[5].get(), args[6].get()))
+    for what, a, b in zip(("out", "part_o", "part_ml"), *outs):
+        assert np.array_equal(a, b, equal_nan=True), f"{what} differs between head splits 1 and 2"
 
 
 def test_attention_decode_rejects_what_it_cannot_do(kn, gpu):
@@ -66,6 +88,8 @@ def test_attention_decode_rejects_what_it_cannot_do(kn, gpu):
         kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 4, 1, 130, 64, 2, 1.0, stream)
     with pytest.raises(KernelError, match="group 16"):
         kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 16, 1, 32, 64, 2, 1.0, stream)
+    with pytest.raises(KernelError, match="head_split 3"):
+        kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 4, 1, 128, 64, 2, 1.0, stream, head_split=3)
 
 
 @pytest.mark.parametrize("programmatic", [True, False], ids=["pdl", "plain"])

@@ -122,3 +122,58 @@ def test_gemv_rejects_bad_arguments(kn, gpu):
         kn.gemv(ga.to_gpu(np.zeros((24, 64), np.uint16)), x, out, MODE_SWIGLU, stream)
     with pytest.raises(KernelError, match="x: row 1"):
         kn.gemv(w, x, out, MODE_STORE, stream, x_row0=1)
+
+
+@pytest.mark.parametrize("blocks_per_sm", [1, 2])
+def test_gemv_items_loop_gives_the_same_sums(kn, gpu, blocks_per_sm):
+    """gemv_bf16_items (a grid of blocks_per_sm per SM looping over the 8-row items, the activations staged
+    once per block) writes what gemv_bf16 writes, bit for bit: STORE with a bias and the RMSNorm prologue, ADD,
+    SWIGLU with ragged outputs, on more items than the grid has blocks and a last item with missing rows."""
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
+    rows, k = 16 * (kn.num_sms * 3 // 2) + 8, 264            # ~3 items per SM: some blocks take 2, 3 or 4 items
+    rng = np.random.default_rng(rows + blocks_per_sm)
+    w = ga.to_gpu(ref.to_bf16_bits((rng.standard_normal((rows, k)) / np.sqrt(k)).astype(np.float32)))
+    x = ga.to_gpu((rng.standard_normal((1, k)) * 2).astype(np.float32))
+    norm_w = ga.to_gpu(rng.standard_normal(k).astype(np.float32))
+    bias = ga.to_gpu(rng.standard_normal(rows).astype(np.float32))
+    base = rng.standard_normal((1, rows)).astype(np.float32)
+    cases = [("STORE", MODE_STORE, dict(norm_w=norm_w, eps=1e-6, bias=bias), rows - 5, None),
+             ("ADD", MODE_ADD, {}, rows, base),
+             ("SWIGLU", MODE_SWIGLU, dict(norm_w=norm_w, eps=1e-6, out_cols=(rows - 8) // 2 - 3), rows - 8, None)]
+    for what, mode, kw, n_rows, init in cases:
+        got = []
+        for bps in (0, blocks_per_sm):
+            out = ga.to_gpu(init.copy()) if init is not None else _nan(ga, (1, rows))
+            kn.gemv(w, x, out, mode, stream, rows=n_rows, blocks_per_sm=bps, **kw)
+            stream.synchronize()
+            got.append(out.get())
+        assert np.isfinite(got[0][:, :kw.get("out_cols", n_rows)]).all(), f"{what}: outputs left unwritten"
+        np.testing.assert_array_equal(got[1], got[0], err_msg=f"{what}: looped items differ from a block per item")
+
+
+def test_decode_variants_give_the_same_cycle(tiny_weights):
+    """The backend's decode variants (both defaults): two warps per decode attention slot group picks the same
+    tokens as one; with the decode projections' grid capped at 4 blocks per SM, too. (The tiny model's gate/up
+    has 88 items, fewer than any such grid, so here only the switch is exercised; the loop itself is
+    test_gemv_items_loop_gives_the_same_sums. The prefill logits are compared within rounding: the prefill's
+    split-K atomics may order their sums differently between runs.)"""
+    from gpu_cases import one_cycle
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    spec, weights = tiny_weights
+    b = CudaBackend(spec, weights, 300, "bfloat16", decode_attention_head_split=1, decode_gemv_blocks_per_sm=0)
+    try:
+        base = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+        assert b.set_kernel_variants(decode_attention_head_split=2)["decode_attention_head_split"] == 2
+        split_heads = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+        np.testing.assert_array_equal(base[0], split_heads[0])
+        assert_close(split_heads[1], base[1], rtol=1e-5, atol=1e-5 * peak(base[1]), what="prefill logits, h2")
+        in_effect = b.set_kernel_variants(decode_gemv_blocks_per_sm=4)
+        assert in_effect["decode_gemv_blocks_per_sm"] == 4
+        looped = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+        np.testing.assert_array_equal(base[0], looped[0])
+        assert_close(looped[1], base[1], rtol=1e-5, atol=1e-5 * peak(base[1]), what="prefill logits, h2 + loop4")
+        with pytest.raises(ValueError, match="decode_gemv_blocks_per_sm must be in"):
+            b.set_kernel_variants(decode_gemv_blocks_per_sm=9)
+    finally:
+        b.close()

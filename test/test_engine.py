@@ -231,11 +231,13 @@ def test_a_rebase_in_a_live_cycle_recomputes_only_what_fits_its_budget(tiny_mode
     adm = eng.admission
     details = []
     for i in range(30):
-        # A known cost model (the slack of 33 - 2 ms fits exactly 2 frames beside the cycle itself), set
-        # before each cycle so real timings on a busy machine cannot move it.
+        # A known cost model (the slack of 33 - 2 ms fits 2.5 frames beside the cycle itself, each planned at
+        # kv.rebase_headroom times the prefill's cost per frame), set before each cycle so real timings on a busy
+        # machine cannot move it.
         adm.has_sample, adm.ema_decode_ms_per_token = True, 0.0
+        tpf, headroom = eng.cfg.vision.tokens_per_frame, eng.cfg.kv.rebase_headroom
         adm.ema_prefill_ms_per_token = (eng.cfg.cycle.deadline_ms - eng.cfg.cycle.safety_margin_ms) / (
-            3 * eng.cfg.vision.tokens_per_frame + int(eng.suffix.size))
+            (1 + 2.5 * headroom) * tpf + int(eng.suffix.size))
         r = eng.run_cycle(frame(clip[i % len(clip)], i), now_s=float(i))
         if "re-based" in r.detail:
             details.append(r.detail)

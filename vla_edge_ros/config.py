@@ -22,6 +22,8 @@ import yaml
 EVICTION_POLICIES = ("fifo", "sliding_window", "semantic")
 BACKENDS = ("auto", "numpy", "pycuda")
 DTYPES = ("float32", "bfloat16")
+# Warps per 8-slot group of a decode attention block: the entries attention_decode.cu has (_v1, _v1_h2).
+DECODE_ATTENTION_HEAD_SPLITS = (1, 2)
 RELIABILITIES = ("best_effort", "reliable")
 ASR_MODES = ("csr", "semantic")
 ASR_SCHEDULES = ("auto", "slack", "free")
@@ -115,10 +117,15 @@ class KVConfig:
     capacity_tokens: int = _doc("KV slots in the arena: prefix + retained frames + one cycle's suffix", default=4096)
     eviction_policy: str = _doc("fifo | sliding_window | semantic", default="semantic")
     window_frames: int = _doc("sliding_window: frames kept even when capacity remains", default=64)
+    rebase_headroom: float = _doc("a RoPE re-base without a swap plans each frame it recomputes at this multiple of "
+                                  "the prefill's cost per frame (H200, 1.5B: 4 frames planned without it ran a cycle "
+                                  "2 ms late)", default=1.25)
 
     def __post_init__(self):
         _positive(self, "capacity_tokens", "kv")
         _positive(self, "window_frames", "kv")
+        if not self.rebase_headroom >= 1.0:
+            raise ConfigError(f"kv.rebase_headroom must be >= 1, got {self.rebase_headroom}")
         if self.eviction_policy not in EVICTION_POLICIES:
             raise ConfigError(f"kv.eviction_policy must be one of {EVICTION_POLICIES}, got {self.eviction_policy!r}")
 
@@ -183,13 +190,26 @@ class ModelConfig:
                                        "and the softmax weights as bf16 hi/lo pairs, ~1e-5 relative) instead of fp32 "
                                        "products out of shared memory (attention_tiled.cu). Measured on the H200: "
                                        "2.28 -> 0.71 ms of attention per 32-row prefill at 4064 cached", default=True)
+    decode_attention_head_split: int = _doc("pycuda: warps per 8-slot group of a decode attention block "
+                                            "(attention_decode.cu), each taking that share of the query heads: 1 (8 "
+                                            "warps per block) or 2 (16, at most 128 registers each). Bit-identical "
+                                            "results; measured on the H200: 0.348 -> 0.319 ms of attention per decode "
+                                            "step at 4064 cached", default=2)
+    decode_gemv_blocks_per_sm: int = _doc("pycuda, bf16: a decode projection with more 8-row items than this many "
+                                          "blocks per SM (in practice gate/up: 2240 items) runs them on a grid of "
+                                          "that size, each block looping over its items with the activations "
+                                          "staged once (gemv_bf16_items); 0: one block per item. Bit-identical "
+                                          "results; measured on the H200: 4 takes the decode projections from 1.100 "
+                                          "to 1.029 ms per step (2: 1.165)", default=4)
 
     def kernel_options(self) -> dict:
         """The pycuda backend's kernel switches, as CudaBackend's keyword arguments."""
         return {"programmatic_launch": self.programmatic_launch,
                 "staged_prefill_projections": self.staged_prefill_projections,
                 "persistent_decode": self.persistent_decode,
-                "tensor_core_attention": self.tensor_core_attention}
+                "tensor_core_attention": self.tensor_core_attention,
+                "decode_attention_head_split": self.decode_attention_head_split,
+                "decode_gemv_blocks_per_sm": self.decode_gemv_blocks_per_sm}
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -197,6 +217,11 @@ class ModelConfig:
         if not self.path:
             raise ConfigError("model.path must name a model directory")
         _positive(self, "cpu_threads", "model")
+        if self.decode_attention_head_split not in DECODE_ATTENTION_HEAD_SPLITS:
+            raise ConfigError(f"model.decode_attention_head_split must be one of {DECODE_ATTENTION_HEAD_SPLITS}, got "
+                              f"{self.decode_attention_head_split!r}")
+        if not 0 <= self.decode_gemv_blocks_per_sm <= 8:
+            raise ConfigError(f"model.decode_gemv_blocks_per_sm must be in [0, 8], got {self.decode_gemv_blocks_per_sm!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
 

@@ -7,8 +7,9 @@
 For the four weight shapes of a Qwen2.5-1.5B decoder layer, one launch per layer on its own weights
 (28 copies, so they stream from HBM), captured as a CUDA graph and replayed: microseconds per launch
 and the fraction of the copy bandwidth measured in the same run, for projection_fused.cu with its
-default block shape and for gemv.cu (STORE / ADD epilogue, no RMSNorm). gemv.cu's result is checked
-against numpy first. `--once SHAPE` launches each kernel once on that shape (for ncu). A diagnosis
+default block shape and for gemv.cu (STORE / ADD epilogue, no RMSNorm), and on the gate/up shape for
+gemv.cu's gemv_bf16_items (2 or 4 blocks per SM looping over the 8-row items). Each gemv result is
+checked against numpy first. `--once SHAPE` launches each kernel once on that shape (for ncu). A diagnosis
 tool; the benchmark of record is bench/pycuda_cycle.py. (The plain-loop candidates that led to
 gemv.cu are in notes/cuda_notes.md, issue 10 run 5.)
 """
@@ -70,22 +71,30 @@ def probe(layers: int, replays: int, once: str | None) -> dict:
             for w in weights:
                 kn.projection_fused(w, x, out, 1, mode, stream)
 
-        def gemv():
-            for w in weights:
-                kn.gemv(w, x, out, mode, stream)
-        out.fill(np.float32(np.nan))
-        kn.gemv(weights[0], x, out, MODE_STORE, stream)         # checked once against numpy before timing
-        stream.synchronize()
-        err = float(np.linalg.norm(out.get()[0] - expected) / np.linalg.norm(expected))
+        def gemv(blocks_per_sm=0):
+            def launch():
+                for w in weights:
+                    kn.gemv(w, x, out, mode, stream, blocks_per_sm=blocks_per_sm)
+            return launch
+
+        def checked(blocks_per_sm):                             # against numpy once, before timing
+            out.fill(np.float32(np.nan))
+            kn.gemv(weights[0], x, out, MODE_STORE, stream, blocks_per_sm=blocks_per_sm)
+            stream.synchronize()
+            return float(np.linalg.norm(out.get()[0] - expected) / np.linalg.norm(expected))
+        grids = [0] + ([2, 4] if name == "gate_up" else [])
         if once:
             mma()
-            gemv()
-        elif np.isfinite(err) and err <= 1e-5:
-            results.append({"shape": name, "kernel": "projection_fused.cu", "us": _time_graph(stream, mma, replays, n)})
-            results.append({"shape": name, "kernel": "gemv.cu (the engine's)", "us": _time_graph(stream, gemv, replays, n),
-                            "rel_err": err})
+            for bps in grids:
+                gemv(bps)()
         else:
-            results.append({"shape": name, "kernel": "gemv.cu (the engine's)", "us": float("nan"), "rel_err": err})
+            results.append({"shape": name, "kernel": "projection_fused.cu", "us": _time_graph(stream, mma, replays, n)})
+        for bps in [] if once else grids:
+            err = checked(bps)
+            kernel = "gemv.cu (the engine's)" if bps == 0 else f"gemv.cu, items over {bps} blocks/SM"
+            ok = np.isfinite(err) and err <= 1e-5
+            us = _time_graph(stream, gemv(bps), replays, n) if ok else float("nan")
+            results.append({"shape": name, "kernel": kernel, "us": us, "rel_err": err})
         for w in weights:
             w.gpudata.free()
         for row in results:

@@ -70,20 +70,30 @@ def add_arguments(p) -> None:
                    help="decode launch modes to time side by side: plain (the backend's default), pdl "
                         "(programmatic dependent launch), persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (one "
                         "persistent kernel per step), each optionally with a prefill attention variant "
-                        "+tiled|+mma|+mma2, e.g. plain+tiled for the kernel before attention_mma.cu; the first is "
+                        "+tiled|+mma|+mma2, a decode attention variant +h1|+h2 (warps per slot group) and a "
+                        "decode projection grid +noloop|+loop2|+loop4 (blocks per SM looping over items), e.g. "
+                        "plain+tiled for the kernel before attention_mma.cu; the first is "
                         "the one the summary reports (default: the three launch modes with the configured kernels)")
 
 
 # Kernel variants a launch mode may add with '+' (launch_mode): the prefill attention (tiled: attention_tiled.cu;
-# mma / mma2: attention_mma.cu at 1 / 2 blocks per SM). Unnamed, it is the backend's configured default.
+# mma / mma2: attention_mma.cu at 1 / 2 blocks per SM), the decode attention (h1 / h2: attention_decode.cu
+# with 1 / 2 warps per 8-slot group) and the decode projections' grid (noloop: a block per 8-row item; loop2 /
+# loop4: 2 / 4 blocks per SM looping over the items). Unnamed, each is the backend's configured default.
 KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "mma": {"tensor_core_attention": True, "attention_blocks_per_sm": 1},
-                   "mma2": {"tensor_core_attention": True, "attention_blocks_per_sm": 2}}
+                   "mma2": {"tensor_core_attention": True, "attention_blocks_per_sm": 2},
+                   "h1": {"decode_attention_head_split": 1},
+                   "h2": {"decode_attention_head_split": 2},
+                   "noloop": {"decode_gemv_blocks_per_sm": 0},
+                   "loop2": {"decode_gemv_blocks_per_sm": 2},
+                   "loop4": {"decode_gemv_blocks_per_sm": 4}}
 
 
 def launch_mode(text: str) -> str:
     """argparse type of a decode launch mode with optional kernel variants:
-    plain | pdl | persistent[:blocks[:MiB]], then at most one of +tiled +mma +mma2 (KERNEL_VARIANTS)."""
+    plain | pdl | persistent[:blocks[:MiB]], then at most one of +tiled +mma +mma2, one of +h1 +h2 and one of
+    +noloop +loop2 +loop4 (KERNEL_VARIANTS: variants that set the same switch exclude each other)."""
     mode, *variants = text.split("+")
     kind, *opts = mode.split(":")
     try:
@@ -91,10 +101,11 @@ def launch_mode(text: str) -> str:
             all(float(o) >= 0 for o in opts) and (not opts or int(opts[0]) in (1, 2))
     except ValueError:
         ok = False
-    ok = ok and len(variants) <= 1 and all(v in KERNEL_VARIANTS for v in variants)
-    if not ok:
+    ok = ok and all(v in KERNEL_VARIANTS for v in variants)
+    switches = [k for v in variants if v in KERNEL_VARIANTS for k in KERNEL_VARIANTS[v]]
+    if not ok or len(switches) != len(set(switches)):
         raise argparse.ArgumentTypeError(f"launch mode {text!r}: plain, pdl or persistent[:1|2[:MiB]], then at most one "
-                                         f"of +tiled +mma +mma2")
+                                         f"of +tiled +mma +mma2, one of +h1 +h2 and one of +noloop +loop2 +loop4")
     return text
 
 

@@ -127,6 +127,12 @@ class Engine:
                 if r.tokens is None:         # the model did not run to the end (a late cycle still counts)
                     raise EngineConfigError(f"warm-up cycle {i} failed: {r.reason}: {r.detail}")
                 elapsed.append(r.elapsed_ms)
+            # A RoPE re-base recomputes frames one at a time (engine_state.rebase_positions_if_needed): run that
+            # once here, so its first live use pays no one-time cost (on the GPU, capturing forward()'s graph for
+            # one frame's rows: a first re-base that paid it ran a cycle late on the H200).
+            self.state.rebuild_in_place([r.frame_id for r in self.state.kv.retained()
+                                         if self.state.frames[r.frame_id].tokens is not None],
+                                        tokens_per_step=self.cfg.vision.tokens_per_frame)
         finally:
             self._force_admit = False
             # Forced warm-up cycles are neither refusals the probe counts nor spikes of the live estimate.
@@ -271,7 +277,7 @@ class Engine:
         cycle_ms = (adm.ema_prefill_ms_per_token * (tpf + int(self.suffix.size))
                     + adm.ema_decode_ms_per_token * max(self.cfg.action.num_tokens - 1, 1))
         slack_ms = cyc.deadline_ms - cyc.safety_margin_ms - cycle_ms
-        return max(0, int(slack_ms // (adm.ema_prefill_ms_per_token * tpf)))
+        return max(0, int(slack_ms // (self.cfg.kv.rebase_headroom * adm.ema_prefill_ms_per_token * tpf)))
 
     def state_summary(self) -> dict:
         """The frame state's token accounting, with this cycle's suffix, for the diagnostics."""

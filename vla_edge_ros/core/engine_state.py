@@ -307,7 +307,10 @@ class FrameState:
         kept and the older ones are forgotten (an exact, smaller state), so the
         cycle that pays for it still ends on time. Measured on the H200 with the
         1.5B shape at 4096 slots: recomputing all 125 frames took ~400 ms, a
-        cycle started 12 boundaries late. `last_rebase` says what happened.
+        cycle started 12 boundaries late. The frames are recomputed one per
+        forward, the step Engine.warm_up has run once, so that each costs what
+        the budget plans (a first forward over several frames also captured a
+        CUDA graph for that row count). `last_rebase` says what happened.
         """
         limit = self.backend.spec.max_position_embeddings
         if self.next_position + self.cfg.vision.tokens_per_frame + self.suffix_reserve <= limit:
@@ -316,7 +319,7 @@ class FrameState:
         forgotten = []
         if max_frames is not None and len(keep) > max_frames:
             forgotten, keep = keep[:len(keep) - max_frames], keep[len(keep) - max_frames:]
-        dropped = self.rebuild_in_place(keep)
+        dropped = self.rebuild_in_place(keep, tokens_per_step=self.cfg.vision.tokens_per_frame)
         self.last_rebase = {"kept": len(keep), "forgotten": len(dropped), "budget_frames": max_frames}
         log.warning("RoPE positions reached %d of %d: %d frames recomputed from position %d, %d forgotten "
                     "(%d of them to keep the recompute within the cycle's budget)",

@@ -119,7 +119,8 @@ class CudaBackend:
     def __init__(self, spec: ModelSpec, weights, capacity: int, dtype: str = "bfloat16",
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
                  programmatic_launch: bool = False, staged_prefill_projections: bool = True,
-                 persistent_decode: bool = False, tensor_core_attention: bool = True, device=None):
+                 persistent_decode: bool = False, tensor_core_attention: bool = True,
+                 decode_attention_head_split: int = 2, decode_gemv_blocks_per_sm: int = 4, device=None):
         """weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
         weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context);
         programmatic_launch: launch the decode kernels with programmatic dependent launch (cuda_pdl.py)
@@ -127,7 +128,10 @@ class CudaBackend:
         projections through projection_staged.cu (the measured faster default); persistent_decode: bf16
         decode steps as one persistent kernel (decode_persistent.cu, cooperative launch) instead of six
         launches per layer; tensor_core_attention: bf16 prefill attention partials on the tensor cores
-        (attention_mma.cu) where head_dim has an entry there (the measured faster default)."""
+        (attention_mma.cu) where head_dim has an entry there (the measured faster default);
+        decode_attention_head_split: warps per 8-slot group of attention_decode.cu's blocks (1 or 2; 2 measured
+        faster); decode_gemv_blocks_per_sm: > 0 loops a decode projection's items over that many blocks per SM
+        where it has more (gemv_bf16_items; 4 measured faster; 0: a block per item)."""
         self.spec = spec
         self.persistent_decode = False                     # set_persistent_decode() turns it on after the build
         self.persistent_blocks_per_sm = PERSISTENT_BLOCKS_PER_SM
@@ -136,6 +140,8 @@ class CudaBackend:
         self.staged_prefill_projections = bool(staged_prefill_projections)
         self.tensor_core_attention = False                 # set_kernel_variants() after the build
         self.attention_blocks_per_sm = ATTENTION_MMA_BLOCKS_PER_SM
+        self.decode_attention_head_split = 1
+        self.decode_gemv_blocks_per_sm = 0
         self.capacity = int(capacity)
         self._slot_marks = np.zeros(self.capacity, dtype=bool)    # scratch for the slot-set checks of forward()
         self.dtype = canonical_dtype(dtype)
@@ -175,7 +181,9 @@ class CudaBackend:
                  self.capacity, self.max_rows)
         # What this backend was built with: bench/pycuda_cycle.apply_launch_mode returns to it between variants.
         self.kernel_variant_defaults = {"tensor_core_attention": bool(tensor_core_attention),
-                                        "attention_blocks_per_sm": ATTENTION_MMA_BLOCKS_PER_SM}
+                                        "attention_blocks_per_sm": ATTENTION_MMA_BLOCKS_PER_SM,
+                                        "decode_attention_head_split": int(decode_attention_head_split),
+                                        "decode_gemv_blocks_per_sm": int(decode_gemv_blocks_per_sm)}
         try:
             self.set_kernel_variants(**self.kernel_variant_defaults)
             if persistent_decode:
@@ -482,11 +490,24 @@ class CudaBackend:
 
     @_on_device
     def set_kernel_variants(self, tensor_core_attention: bool | None = None,
-                            attention_blocks_per_sm: int | None = None) -> dict:
+                            attention_blocks_per_sm: int | None = None,
+                            decode_attention_head_split: int | None = None,
+                            decode_gemv_blocks_per_sm: int | None = None) -> dict:
         """Between cycles: choose the prefill attention kernel (tensor_core_attention: attention_mma.cu, bf16 and a
-        head_dim it has an entry for; else attention_tiled.cu) and its blocks per SM (1 or 2). Captured graphs are
-        rebuilt on next use; the kernels are loaded here, outside any capture. Returns the variants in effect."""
+        head_dim it has an entry for; else attention_tiled.cu), its blocks per SM (1 or 2), the warps per 8-slot
+        group of the decode attention (1 or 2), and the blocks per SM the decode projections loop their items
+        over (0: a block per item). Captured graphs are rebuilt on next use; the kernels are loaded here, outside
+        any capture. Returns the variants in effect."""
+        if decode_attention_head_split is not None and decode_attention_head_split not in ck.ATTN_DECODE_HEAD_SPLITS:
+            raise ValueError(f"decode_attention_head_split must be one of {ck.ATTN_DECODE_HEAD_SPLITS}, got "
+                             f"{decode_attention_head_split}")
+        if decode_gemv_blocks_per_sm is not None and not 0 <= decode_gemv_blocks_per_sm <= 8:
+            raise ValueError(f"decode_gemv_blocks_per_sm must be in [0, 8], got {decode_gemv_blocks_per_sm}")
         self._drop_graphs()
+        if decode_attention_head_split is not None:
+            self.decode_attention_head_split = int(decode_attention_head_split)
+        if decode_gemv_blocks_per_sm is not None:
+            self.decode_gemv_blocks_per_sm = int(decode_gemv_blocks_per_sm)
         if attention_blocks_per_sm is not None:
             if int(attention_blocks_per_sm) not in (1, 2):
                 raise ValueError(f"attention_blocks_per_sm must be 1 or 2, got {attention_blocks_per_sm}")
@@ -503,7 +524,9 @@ class CudaBackend:
         if self.spec.head_dim != 128:
             self.attention_blocks_per_sm = 1            # the two-blocks entry exists for head_dim 128 only
         return {"tensor_core_attention": self.tensor_core_attention,
-                "attention_blocks_per_sm": self.attention_blocks_per_sm}
+                "attention_blocks_per_sm": self.attention_blocks_per_sm,
+                "decode_attention_head_split": self.decode_attention_head_split,
+                "decode_gemv_blocks_per_sm": self.decode_gemv_blocks_per_sm}
 
     @_on_device
     def set_persistent_decode(self, enabled: bool, blocks_per_sm: int | None = None,
@@ -745,7 +768,10 @@ class CudaBackend:
     def _enqueue_layer_fused(self, li: int, layer: _Layer, n: int, groups) -> None:
         """bf16 decode (one row, gemv.cu): RMSNorm folded into the q|k|v and gate/up projections, RoPE and
         the K/V store in the q|k|v epilogue, SwiGLU in the gate/up one, residual adds in the o/down ones."""
-        sp, s, gemv = self.spec, self.stream, self.kernels.gemv
+        sp, s = self.spec, self.stream
+
+        def gemv(*args, **kw):
+            self.kernels.gemv(*args, blocks_per_sm=self.decode_gemv_blocks_per_sm, **kw)
         if "projections" in groups:
             gemv(layer.w_qkv_rope, self.resid, self.qkv, ck.MODE_QKV_ROPE, s, norm_w=layer.input_norm,
                  eps=sp.rms_norm_eps, bias=layer.b_qkv, rope=self._rope_target(li))
@@ -798,7 +824,8 @@ class CudaBackend:
         if n <= DECODE_MAX_ROWS:
             self.kernels.attention_decode(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o,
                                           self.part_ml, self.attn, n, sp.num_heads, sp.num_kv_heads, sp.head_dim,
-                                          self.capacity, self.n_splits, self._scale, self.stream)
+                                          self.capacity, self.n_splits, self._scale, self.stream,
+                                          head_split=self.decode_attention_head_split)
             return
         self.kernels.attention(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o, self.part_ml, self.attn,
                                n, sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, self.n_splits,

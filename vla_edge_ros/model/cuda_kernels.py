@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 import numpy as np
 
+from ..config import DECODE_ATTENTION_HEAD_SPLITS
 from ..resources import kernel_dir
 from . import kernel_constants as kc
 
@@ -58,6 +59,7 @@ ATTN_TILED_THREADS = 256
 # attention.cu's merge keeps one weight per split in shared memory.
 ATTN_MERGE_MAX_SPLITS = 4096
 ATTN_DECODE_THREADS = 256       # attention_decode.cu: 8 warps x 8 list entries = one ATTN_CHUNK
+ATTN_DECODE_HEAD_SPLITS = DECODE_ATTENTION_HEAD_SPLITS   # ... times this many warps per 8-entry group
 
 # family -> kernel name -> PyCUDA prepare() argument types
 FAMILIES = {
@@ -66,15 +68,15 @@ FAMILIES = {
     "projection_bf16": {f"projection_bf16_nt{nt}": "PPPPiiiiiiii" for nt in (1, 2, 4)},
     "projection_f32": {"projection_f32": "PPPPiiiiiii"},
     "projection_fused": {f"projection_fused_nt{nt}": "PPiPfPPiiiiiiPPPPPPiiii" for nt in (1, 2, 4)},
-    "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii"},
+    "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii", "gemv_bf16_items": "PPPfPPiiiiPPPPPPiiii"},
     "projection_staged": {"projection_staged": "PPPPiiiiiiii"},
     "rope": {"rope_store": "PiPPPPPPiiii"},
-    "attention": {"attention_merge": "PPPPiiii"},
+    "attention": {"attention_merge": "PPPPiiii", "attention_merge_prefetch": "PPPPiiii"},
     "attention_tiled": {"attention_partial_tiled": "PiPPPPPPiiiiifii"},   # merged by attention.cu's kernel
     "attention_mma": {f"attention_partial_mma_hd{hd}_b{b}": "PiPPPPPPiiiifii"        # merged as attention_tiled
                       for hd, b in ((32, 1), (64, 1), (128, 1), (128, 2))},
-    "attention_decode": {"attention_decode_partial_v1": "PiPPPPPPiiiiif",     # merged by attention.cu's kernel
-                         "attention_decode_partial_v2": "PiPPPPPPiiiiif"},
+    "attention_decode": {f"attention_decode_partial_v{vpl}{h}": "PiPPPPPPiiiiif"   # merged by attention.cu's kernel
+                         for vpl in (1, 2) for h in ("", "_h2")},
     "argmax": {"argmax_bins": "PiiPPi"},
     "kv_slots": {"kv_gather": "PPPPiiiii", "kv_scatter": "PPPPiiiii"},
     "vision": {"patch_embed": "PiiiPPPi", "pool_rows": "PiiP", "adjacent_cosine": "PiP"},
@@ -104,8 +106,7 @@ def ceil_div(a: int, b: int) -> int:
 
 
 # Kernels whose dynamic shared memory may exceed the default 48 KB (opted in at load).
-DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", "attention_decode_partial_v1",
-                          "attention_decode_partial_v2", "gemv_bf16",
+DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", *FAMILIES["attention_decode"], *FAMILIES["gemv"],
                           *FAMILIES["attention_mma"])
 # attention_mma.cu: the head_dims with an entry point; the query vectors (row x head) one block serves by
 # default (one 16-row mma tile per warp), and at most (the warps loop over the tiles).
@@ -531,9 +532,12 @@ class CudaKernels:
                      np.int32(out_cols), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(mode), *rope_args)
 
     def gemv(self, W, x, out, mode: int, stream, norm_w=None, eps: float = 0.0, bias=None, out_cols: int | None = None,
-             w_row0: int = 0, rows: int | None = None, x_row0: int = 0, rope: "RopeTarget | None" = None):
+             w_row0: int = 0, rows: int | None = None, x_row0: int = 0, rope: "RopeTarget | None" = None,
+             blocks_per_sm: int = 0):
         """gemv.cu, one activation row: acc = v[x_row0, :K] @ W[w_row0 : w_row0+rows]^T with v = x, or x * norm_w
-        scaled by the row's RMS (norm_w given); epilogue by mode, as projection_fused for one token."""
+        scaled by the row's RMS (norm_w given); epilogue by mode, as projection_fused for one token.
+        blocks_per_sm > 0: where the projection has more 8-row items than that many blocks per SM, a grid of that
+        size loops over them (gemv_bf16_items; the same sums)."""
         _check_array("gemv weight", W, np.uint16, 2)
         _check_array("gemv x", x, np.float32, 2)
         _check_array("gemv out", out, np.float32, 2)
@@ -547,7 +551,10 @@ class CudaKernels:
         limit = self._shared_limits["gemv_bf16"]
         _check(4 * K <= limit, f"gemv: K {K} needs {4 * K} bytes of shared memory > {limit}")
         out_cols, rope_args = _one_row_epilogue("gemv", mode, rows, K, out_cols, out, norm_w, bias, rope)
-        self._launch("gemv_bf16", (ceil_div(rows, GEMV_THREADS // 32),), GEMV_THREADS, stream, ptr(W, w_row0 * K),
+        _check(blocks_per_sm >= 0, f"gemv: blocks_per_sm {blocks_per_sm} < 0")
+        items, cap = ceil_div(rows, GEMV_THREADS // 32), blocks_per_sm * self.num_sms
+        name, grid = ("gemv_bf16_items", cap) if 0 < cap < items else ("gemv_bf16", items)
+        self._launch(name, (grid,), GEMV_THREADS, stream, ptr(W, w_row0 * K),
                      ptr(x, x_row0 * x.shape[1]), ptr(norm_w), np.float32(eps), ptr(bias), ptr(out), np.int32(out_cols),
                      np.int32(rows), np.int32(K), np.int32(mode), *rope_args, shared=4 * K)
 
@@ -637,25 +644,31 @@ class CudaKernels:
     def _merge(self, part_o, part_ml, ctl, out, n_rows, n_q_heads, head_dim, n_splits, stream):
         _check(n_splits <= ATTN_MERGE_MAX_SPLITS, f"attention: {n_splits} splits > {ATTN_MERGE_MAX_SPLITS} (merge)")
         _check(out.shape[1] % 4 == 0, f"attention out: row stride {out.shape[1]} not a multiple of 4 (float4 stores)")
-        self._launch("attention_merge", (n_q_heads, n_rows), 256, stream, ptr(part_o), ptr(part_ml), ptr(ctl), ptr(out),
+        # The prefetching entry holds 119 registers (2 blocks per SM): where its grid fits in one wave of those
+        # (decode rows), its loads overlap the weights' reductions; a prefill's grid keeps the 40-register one.
+        name = "attention_merge_prefetch" if n_q_heads * n_rows <= 2 * self.num_sms else "attention_merge"
+        self._launch(name, (n_q_heads, n_rows), 256, stream, ptr(part_o), ptr(part_ml), ptr(ctl), ptr(out),
                      np.int32(out.shape[1]), np.int32(n_q_heads), np.int32(head_dim), np.int32(n_splits))
 
     def attention_decode(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
                          n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float,
-                         stream):
+                         stream, head_split: int = 1):
         """attention_decode.cu: the same function as attention() for a few query rows (decode), partial sums
-        from registers, same split layout (ATTN_CHUNK entries per split) and merge."""
+        from registers, same split layout (ATTN_CHUNK entries per split) and merge. head_split: warps sharing
+        each 8-entry group of a block, each taking that share of the query heads (1 or 2; same results)."""
         group = self._attention_checks("attention decode", qkv, attend_list, out, part_o, part_ml, n_rows, n_q_heads,
                                        n_kv_heads, head_dim, n_splits)
         _check(head_dim <= 256, f"attention decode: head_dim {head_dim} must be <= 256")
         _check(n_splits * ATTN_CHUNK >= capacity, f"attention decode: {n_splits} splits do not cover {capacity} slots")
-        shared = (ATTN_DECODE_THREADS // 32) * group * (8 + 4 * head_dim)   # per warp: m, l and o of each head
+        _check(head_split in ATTN_DECODE_HEAD_SPLITS,
+               f"attention decode: head_split {head_split} not in {ATTN_DECODE_HEAD_SPLITS}")
+        shared = (ATTN_DECODE_THREADS // 32) * group * (8 + 4 * head_dim)   # per 8-entry group: m, l, o of each head
         _check(shared <= self.max_shared, f"attention decode: {shared} bytes of shared memory > {self.max_shared}")
-        name = "attention_decode_partial_v1" if head_dim <= 128 else "attention_decode_partial_v2"
-        self._launch(name, (n_splits, n_kv_heads, n_rows), ATTN_DECODE_THREADS, stream, ptr(qkv), np.int32(qkv.shape[1]),
-                     np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl), ptr(part_o), ptr(part_ml),
-                     np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim), np.int32(capacity),
-                     np.int32(n_splits), np.float32(scale), shared=shared)
+        name = "attention_decode_partial_v" + ("1" if head_dim <= 128 else "2") + ("_h2" if head_split == 2 else "")
+        self._launch(name, (n_splits, n_kv_heads, n_rows), ATTN_DECODE_THREADS * head_split, stream, ptr(qkv),
+                     np.int32(qkv.shape[1]), np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl),
+                     ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim),
+                     np.int32(capacity), np.int32(n_splits), np.float32(scale), shared=shared)
         self._merge(part_o, part_ml, ctl, out, n_rows, n_q_heads, head_dim, n_splits, stream)
 
     # -- persistent decode step ---------------------------------------------
