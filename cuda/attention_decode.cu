@@ -16,16 +16,19 @@
 // for 2 us worth of K/V bytes).
 // Here a warp owns DEC_SLOTS_PER_WARP slots, every lane holds 4 (or 8) dimensions of each slot's
 // K and V in registers (one coalesced 512-byte row per load instruction, all the warp's rows in
-// flight at once), and the dot products are warp reductions: no shared memory until the eight
-// warps of a block combine their partial softmax states. (Measured: 0.63 -> 0.40 ms of attention
-// per decode step at 4064 cached, with attention.cu's rewritten merge; notes/cuda_notes.md.)
+// flight at once), and a pass's dot products are summed over the warp together (each lane ends with
+// one slot's score): no shared memory until the warps of a block combine their partial softmax
+// states. (Measured: 0.63 -> 0.40 ms of attention per decode step at 4064 cached with one warp
+// reduction per score; 0.35 with the joint sums and log2-unit exponentials; 0.32 with two warps per
+// slot group (_h2), each taking half of the query heads: notes/cuda_notes.md.)
 //
 // Layouts:   q rows in qkv [n_rows, qkv_stride] float32 (head h at columns h*hd .. h*hd+hd-1)
 //            k_cache, v_cache: one layer's arena [KVH, capacity, hd] float32
 //            part_o [n_rows, Hq, n_splits, hd] float32; part_ml [n_rows, Hq, n_splits, 2] float32
 //            out [n_rows, out_stride] float32, head h at columns h*hd ..
-// Launch:    grid (n_splits, KVH, n_rows), block DEC_THREADS; entry _v1 for hd <= 128, _v2 for
-//            hd <= 256 (float4s per lane); dynamic shared memory DEC_WARPS * group * (8 + 4 hd) bytes.
+// Launch:    grid (n_splits, KVH, n_rows), block DEC_THREADS (entries _h2: 2 DEC_THREADS); entry _v1
+//            for hd <= 128, _v2 for hd <= 256 (float4s per lane); dynamic shared memory
+//            DEC_WARPS * group * (8 + 4 hd) bytes.
 // Preconditions: group <= ATTN_MAX_GROUP, hd % 4 == 0, hd <= 256,
 //            n_splits * ATTN_CHUNK >= the longest len_i (checked on the host).
 // Programmatic dependent launch: waits (griddep_wait) before reading anything an earlier kernel

@@ -34,11 +34,15 @@
 // Preconditions: K % 8 == 0; x and norm_w 16-byte aligned; rows % 16 == 0 for the pair modes.
 #include "gemv_rows.cuh"
 
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16(
-        const uint16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
-        const float* bias, float* out, int out_cols, int rows, int K, int mode, const int* pos_table,
-        const int* slot_table, const int* ctl, const float* inv_freq, float* k_cache, float* v_cache, int n_q_heads,
-        int n_kv_heads, int head_dim, int capacity) {
+// The parameters and shared arrays both entries share (the host passes the same arguments to either).
+#define GEMV_ENTRY(NAME)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME(                                          \
+            const uint16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ norm_w,     \
+            float eps, const float* bias, float* out, int out_cols, int rows, int K, int mode,                 \
+            const int* pos_table, const int* slot_table, const int* ctl, const float* inv_freq,                \
+            float* k_cache, float* v_cache, int n_q_heads, int n_kv_heads, int head_dim, int capacity)
+
+GEMV_ENTRY(gemv_bf16) {
     extern __shared__ float4 v_s4[];                            // [K / 4] staged activations
     __shared__ float row_sum[GEMV_WARPS];
     __shared__ float scratch[32];
@@ -65,11 +69,7 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16(
 
 // gemv_bf16's items looped over a grid of at most a few blocks per SM (the gate/up projection has 2240
 // items: ~4 waves of gemv_bf16, each block staging and RMS-normalising the activations again).
-extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_bf16_items(
-        const uint16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ norm_w, float eps,
-        const float* bias, float* out, int out_cols, int rows, int K, int mode, const int* pos_table,
-        const int* slot_table, const int* ctl, const float* inv_freq, float* k_cache, float* v_cache, int n_q_heads,
-        int n_kv_heads, int head_dim, int capacity) {
+GEMV_ENTRY(gemv_bf16_items) {
     extern __shared__ float4 v_s4[];                            // [K / 4] staged activations
     __shared__ float row_sum[GEMV_WARPS];
     __shared__ float scratch[32];
