@@ -134,7 +134,9 @@ def test_the_worker_steps_only_between_a_cycle_end_and_the_next_boundary(tiny_mo
         over = end - gap[1]
         assert over <= 0.5 * (end - start), (f"a step of {(end - start) / 1e6:.2f} ms ran {over / 1e6:.2f} ms into "
                                              f"the next cycle")
-    assert worker.summary()["schedule"] == "slack" and worker.summary()["steps"] == len(steps)
+    summary = worker.summary()
+    assert summary["schedule"] == "slack" and summary["steps"] == len(steps)
+    assert 0 < summary["step_host_ms_per_token_p50"] <= summary["step_ms_per_token_p50"], summary
 
 
 def test_a_step_that_does_not_fit_is_never_started_and_starvation_is_reported():
@@ -147,3 +149,18 @@ def test_a_step_that_does_not_fit_is_never_started_and_starvation_is_reported():
     assert [sched.frames_for(7.0) for _ in range(STARVED_AFTER_WINDOWS)] == [0] * STARVED_AFTER_WINDOWS
     assert sched.starved and sched.one_frame_ms() == pytest.approx(HEADROOM * 12.0)
     assert sched.frames_for(2.0 + HEADROOM * 12.0 + 0.1) == 1 and not sched.starved
+
+
+def test_the_summary_reports_the_spread_of_step_costs_without_the_warm_up():
+    sched = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=2.0)
+    assert sched.summary()["step_ms_per_token_p50"] == "" and sched.summary()["step_host_ms_per_token_p50"] == ""
+    sched.observe(40.0, 32, host_ms=30.0)                    # warm-up: reported apart, not in the spread
+    for i in range(10):                                      # 0.1 .. 1.0 ms per token, a tenth of it on the host
+        sched.observe(3.2 * (i + 1), 32, host_ms=0.32 * (i + 1))
+    s = sched.summary()
+    assert s["warmup_step_ms_per_token"] == pytest.approx(1.25)
+    assert (s["step_ms_per_token_p10"], s["step_ms_per_token_p50"], s["step_ms_per_token_p90"]) == \
+        pytest.approx((0.2, 0.6, 1.0))
+    assert s["step_host_ms_per_token_p50"] == pytest.approx(0.06)
+    sched.observe(3.2, 32)                                   # a caller that cannot split host and device time
+    assert sched.summary()["step_host_ms_per_token_p50"] == pytest.approx(0.06)

@@ -16,12 +16,18 @@ benchmark (core/reconciliation.InProcessAsr, windows known directly).
 """
 from __future__ import annotations
 
+from collections import deque
+
 HEADROOM = 1.25       # planned step cost x this must fit the window (a step's device time varies little)
 EMA_ALPHA = 0.3       # weight of the newest step's cost per token
 # A step that does not fit is never tried "to see": on the H200 such one-frame tries (12 ms in a 5 ms gap)
 # were exactly the late cycles this schedule exists to prevent. When this many gaps in a row fit nothing,
 # the caller is told (`starved`): the primary's slack is too small for any reconciler step.
 STARVED_AFTER_WINDOWS = 100
+# The summary's spread of step costs covers this many latest steps. Why it is reported: on the H200 the
+# reconciler's steps cost 0.10 ms per token in one demo and 0.40 in the next two with the same kernels; the
+# spread, and the share of it spent on the host before the device work was queued, say which kind of cost grew.
+RECENT_STEPS = 256
 
 
 class SlackScheduler:
@@ -37,6 +43,7 @@ class SlackScheduler:
         self.steps = 0
         self.windows_too_small = 0
         self._declined_in_a_row = 0
+        self._recent: deque = deque(maxlen=RECENT_STEPS)    # (ms per token, host ms per token or None)
 
     def frames_for(self, window_ms: float) -> int:
         """Whole frames to compute in a window of `window_ms` (0: wait for the next window)."""
@@ -64,11 +71,12 @@ class SlackScheduler:
         """The planned cost of the smallest step, with headroom (for the starvation warning)."""
         return None if self.ms_per_token is None else HEADROOM * self.ms_per_token * self.tpf
 
-    def observe(self, elapsed_ms: float, tokens: int) -> None:
-        """One step's measured cost (device work finished) for `tokens` tokens. The first step is not a
-        measurement: it pays one-time costs (the first launches of a process, a graph capture), ~4x a later
-        step on the H200, and taken as the estimate it declined every later window. So the next window
-        probes one frame again, and the estimate starts from the second step."""
+    def observe(self, elapsed_ms: float, tokens: int, host_ms: float | None = None) -> None:
+        """One step's measured cost (device work finished) for `tokens` tokens; host_ms, where the caller
+        knows it, the part before the step's device work was all queued (Python, table uploads). The first
+        step is not a measurement: it pays one-time costs (the first launches of a process, a graph
+        capture), ~4x a later step on the H200, and taken as the estimate it declined every later window.
+        So the next window probes one frame again, and the estimate starts from the second step."""
         if tokens <= 0:
             return
         self.steps += 1
@@ -77,8 +85,22 @@ class SlackScheduler:
             return
         rate = elapsed_ms / tokens
         self.ms_per_token = rate if self.ms_per_token is None else (1 - EMA_ALPHA) * self.ms_per_token + EMA_ALPHA * rate
+        self._recent.append((rate, None if host_ms is None else host_ms / tokens))
 
     def summary(self) -> dict:
+        """The estimate, the warm-up step, the counts, and the spread of the latest steps' costs per token
+        (p10 / p50 / p90; host: the median share before the device work was queued). "" where unknown."""
+        rates = sorted(r for r, _ in self._recent)
+        hosts = sorted(h for _, h in self._recent if h is not None)
         return {"step_ms_per_token": self.ms_per_token if self.ms_per_token is not None else "",
                 "warmup_step_ms_per_token": self.warmup_ms_per_token if self.warmup_ms_per_token is not None else "",
+                "step_ms_per_token_p10": _quantile(rates, 0.1), "step_ms_per_token_p50": _quantile(rates, 0.5),
+                "step_ms_per_token_p90": _quantile(rates, 0.9), "step_host_ms_per_token_p50": _quantile(hosts, 0.5),
                 "steps": self.steps, "windows_too_small": self.windows_too_small, "starved": self.starved}
+
+
+def _quantile(ordered: list, q: float):
+    """The q-quantile (nearest rank) of an ascending list, or "" for an empty one."""
+    if not ordered:
+        return ""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

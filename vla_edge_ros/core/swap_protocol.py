@@ -266,8 +266,9 @@ class ReconcilerWorker:
                 break
             t0 = time.perf_counter()
             tokens = rec.step(frames * rec.tpf)   # the inbox was drained above: only the step is timed
+            queued = time.perf_counter()          # host work done, the device work queued (or done, on the CPU)
             rec.state.backend.synchronize()      # the step's device work is done: time it, leave the GPU idle
-            self.scheduler.observe((time.perf_counter() - t0) * 1e3, tokens)
+            self.scheduler.observe((time.perf_counter() - t0) * 1e3, tokens, host_ms=(queued - t0) * 1e3)
             total += tokens
             if not tokens:
                 break

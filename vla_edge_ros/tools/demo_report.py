@@ -95,7 +95,9 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
         "reconciler_work": {k: reconciler.get(k, "") for k in ("schedule", "rounds_started", "rounds_offered", "rounds_applied",
                                                             "rounds_aborted", "offers_withdrawn", "steps",
                                                             "windows_too_small", "starved", "warmup_step_ms_per_token",
-                                                            "step_ms_per_token")},
+                                                            "step_ms_per_token", "step_ms_per_token_p10",
+                                                            "step_ms_per_token_p50", "step_ms_per_token_p90",
+                                                            "step_host_ms_per_token_p50")},
     }
 
 
