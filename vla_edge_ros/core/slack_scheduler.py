@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from .metrics import percentile
+
 HEADROOM = 1.25       # planned step cost x this must fit the window (a step's device time varies little)
 EMA_ALPHA = 0.3       # weight of the newest step's cost per token
 # A step that does not fit is never tried "to see": on the H200 such one-frame tries (12 ms in a 5 ms gap)
@@ -89,18 +91,12 @@ class SlackScheduler:
 
     def summary(self) -> dict:
         """The estimate, the warm-up step, the counts, and the spread of the latest steps' costs per token
-        (p10 / p50 / p90; host: the median share before the device work was queued). "" where unknown."""
-        rates = sorted(r for r, _ in self._recent)
-        hosts = sorted(h for _, h in self._recent if h is not None)
+        (p10 / p50 / p90, metrics.percentile; host: the median share before the device work was queued). ""
+        where unknown."""
+        rates = [r for r, _ in self._recent]
+        hosts = [h for _, h in self._recent if h is not None]
         return {"step_ms_per_token": self.ms_per_token if self.ms_per_token is not None else "",
                 "warmup_step_ms_per_token": self.warmup_ms_per_token if self.warmup_ms_per_token is not None else "",
-                "step_ms_per_token_p10": _quantile(rates, 0.1), "step_ms_per_token_p50": _quantile(rates, 0.5),
-                "step_ms_per_token_p90": _quantile(rates, 0.9), "step_host_ms_per_token_p50": _quantile(hosts, 0.5),
+                **{f"step_ms_per_token_p{q}": percentile(rates, q) if rates else "" for q in (10, 50, 90)},
+                "step_host_ms_per_token_p50": percentile(hosts, 50) if hosts else "",
                 "steps": self.steps, "windows_too_small": self.windows_too_small, "starved": self.starved}
-
-
-def _quantile(ordered: list, q: float):
-    """The q-quantile (nearest rank) of an ascending list, or "" for an empty one."""
-    if not ordered:
-        return ""
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
