@@ -127,12 +127,10 @@ class Engine:
                 if r.tokens is None:         # the model did not run to the end (a late cycle still counts)
                     raise EngineConfigError(f"warm-up cycle {i} failed: {r.reason}: {r.detail}")
                 elapsed.append(r.elapsed_ms)
-            # A RoPE re-base recomputes frames one at a time (engine_state.rebase_positions_if_needed): run that
-            # once here, so its first live use pays no one-time cost (on the GPU, capturing forward()'s graph for
-            # one frame's rows: a first re-base that paid it ran a cycle late on the H200).
-            self.state.rebuild_in_place([r.frame_id for r in self.state.kv.retained()
-                                         if self.state.frames[r.frame_id].tokens is not None],
-                                        tokens_per_step=self.cfg.vision.tokens_per_frame)
+            # The RoPE re-base's recompute step, once, so that its first live use pays no one-time cost (on the
+            # GPU, capturing forward()'s graph for one frame's rows: a first re-base that paid it ran a cycle late
+            # on the H200).
+            self.state.recompute_retained()
         finally:
             self._force_admit = False
             # Forced warm-up cycles are neither refusals the probe counts nor spikes of the live estimate.

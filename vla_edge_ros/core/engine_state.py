@@ -308,24 +308,32 @@ class FrameState:
         cycle that pays for it still ends on time. Measured on the H200 with the
         1.5B shape at 4096 slots: recomputing all 125 frames took ~400 ms, a
         cycle started 12 boundaries late. The frames are recomputed one per
-        forward, the step Engine.warm_up has run once, so that each costs what
-        the budget plans (a first forward over several frames also captured a
-        CUDA graph for that row count). `last_rebase` says what happened.
+        forward (recompute_retained, which Engine.warm_up has run once), so that
+        each costs what the budget plans (a first forward over several frames
+        also captured a CUDA graph for that row count). `last_rebase` says what
+        happened.
         """
         limit = self.backend.spec.max_position_embeddings
         if self.next_position + self.cfg.vision.tokens_per_frame + self.suffix_reserve <= limit:
             return False
-        keep = [r.frame_id for r in self.kv.retained() if self.frames[r.frame_id].tokens is not None]
-        forgotten = []
-        if max_frames is not None and len(keep) > max_frames:
-            forgotten, keep = keep[:len(keep) - max_frames], keep[len(keep) - max_frames:]
-        dropped = self.rebuild_in_place(keep, tokens_per_step=self.cfg.vision.tokens_per_frame)
+        keep, dropped, forgotten = self.recompute_retained(max_frames)
         self.last_rebase = {"kept": len(keep), "forgotten": len(dropped), "budget_frames": max_frames}
         log.warning("RoPE positions reached %d of %d: %d frames recomputed from position %d, %d forgotten "
                     "(%d of them to keep the recompute within the cycle's budget)",
                     limit - self.cfg.vision.tokens_per_frame - self.suffix_reserve, limit, len(keep),
-                    self.prefix_tokens, len(dropped), len(forgotten))
+                    self.prefix_tokens, len(dropped), forgotten)
         return True
+
+    def recompute_retained(self, max_frames: int | None = None) -> tuple[list[int], list[int], int]:
+        """Recompute the retained frames that have stored vision rows in place, right after the prefix,
+        exactly, one frame per forward (the re-base's step; Engine.warm_up runs it once so that its first
+        live use pays no one-time cost); only the newest max_frames of them when given. Returns (the frame
+        ids kept, the frame ids dropped, how many of those were dropped for max_frames)."""
+        keep = [r.frame_id for r in self.kv.retained() if self.frames[r.frame_id].tokens is not None]
+        forgotten = 0
+        if max_frames is not None and len(keep) > max_frames:
+            forgotten, keep = len(keep) - max_frames, keep[len(keep) - max_frames:]
+        return keep, self.rebuild_in_place(keep, tokens_per_step=self.cfg.vision.tokens_per_frame), forgotten
 
     @property
     def prefix_tokens(self) -> int:
