@@ -24,6 +24,8 @@ BACKENDS = ("auto", "numpy", "pycuda")
 DTYPES = ("float32", "bfloat16")
 # Warps per 8-slot group of a decode attention block: the entries attention_decode.cu has (_v1, _v1_h2).
 DECODE_ATTENTION_HEAD_SPLITS = (1, 2)
+# Most blocks per SM a decode projection's looped grid may ask for (model.decode_gemv_blocks_per_sm).
+DECODE_GEMV_MAX_BLOCKS_PER_SM = 8
 RELIABILITIES = ("best_effort", "reliable")
 ASR_MODES = ("csr", "semantic")
 ASR_SCHEDULES = ("auto", "slack", "free")
@@ -220,8 +222,9 @@ class ModelConfig:
         if self.decode_attention_head_split not in DECODE_ATTENTION_HEAD_SPLITS:
             raise ConfigError(f"model.decode_attention_head_split must be one of {DECODE_ATTENTION_HEAD_SPLITS}, got "
                               f"{self.decode_attention_head_split!r}")
-        if not 0 <= self.decode_gemv_blocks_per_sm <= 8:
-            raise ConfigError(f"model.decode_gemv_blocks_per_sm must be in [0, 8], got {self.decode_gemv_blocks_per_sm!r}")
+        if not 0 <= self.decode_gemv_blocks_per_sm <= DECODE_GEMV_MAX_BLOCKS_PER_SM:
+            raise ConfigError(f"model.decode_gemv_blocks_per_sm must be in [0, {DECODE_GEMV_MAX_BLOCKS_PER_SM}], got "
+                              f"{self.decode_gemv_blocks_per_sm!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
 

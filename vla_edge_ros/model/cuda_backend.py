@@ -501,8 +501,9 @@ class CudaBackend:
         if decode_attention_head_split is not None and decode_attention_head_split not in ck.ATTN_DECODE_HEAD_SPLITS:
             raise ValueError(f"decode_attention_head_split must be one of {ck.ATTN_DECODE_HEAD_SPLITS}, got "
                              f"{decode_attention_head_split}")
-        if decode_gemv_blocks_per_sm is not None and not 0 <= decode_gemv_blocks_per_sm <= 8:
-            raise ValueError(f"decode_gemv_blocks_per_sm must be in [0, 8], got {decode_gemv_blocks_per_sm}")
+        if decode_gemv_blocks_per_sm is not None and not 0 <= decode_gemv_blocks_per_sm <= ck.GEMV_MAX_BLOCKS_PER_SM:
+            raise ValueError(f"decode_gemv_blocks_per_sm must be in [0, {ck.GEMV_MAX_BLOCKS_PER_SM}], got "
+                             f"{decode_gemv_blocks_per_sm}")
         self._drop_graphs()
         if decode_attention_head_split is not None:
             self.decode_attention_head_split = int(decode_attention_head_split)

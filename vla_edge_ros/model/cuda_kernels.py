@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 import numpy as np
 
-from ..config import DECODE_ATTENTION_HEAD_SPLITS
+from ..config import DECODE_ATTENTION_HEAD_SPLITS, DECODE_GEMV_MAX_BLOCKS_PER_SM
 from ..resources import kernel_dir
 from . import kernel_constants as kc
 
@@ -114,6 +114,7 @@ ATTN_MMA_HEAD_DIMS = (32, 64, 128)
 ATTN_MMA_TARGET_QV = 128
 ATTN_MMA_MAX_QV = 256
 GEMV_THREADS = 256              # gemv.cu: 8 warps, one weight row each
+GEMV_MAX_BLOCKS_PER_SM = DECODE_GEMV_MAX_BLOCKS_PER_SM   # gemv_bf16_items' looped grid, at most
 DECODE_LAYER_POINTERS = 9       # decode_persistent.cu: pointers per DecodeLayer entry of the layer table
 STAGED_MAX_TOKENS = 32          # projection_staged.cu: activation rows staged per block
 
