@@ -1,8 +1,9 @@
 """Inputs and runs that several GPU test files share, so each file keeps only its own variants and bounds.
 
-attention_case: one `CudaKernels.attention` call over random fp32 K/V behind a permuted slot list (holes
-                everywhere, order unrelated to slot number), causal rows after a cached context, outputs
-                poisoned with NaN; returns (ours, kernel_reference.attention_ref).
+attention_inputs: random fp32 K/V in an arena behind a permuted slot list (holes everywhere, order unrelated
+                to slot number), q rows attending causally after a cached context, the output poisoned
+                with NaN: the arguments of one attention launch and kernel_reference.attention_ref's answer.
+attention_case: one `CudaKernels.attention` call on them; returns (ours, the reference).
 one_cycle:      a backend's context forward, then one device cycle (prefill + 8 decode steps, argmax over
                 the 256 action bins); returns (tokens, prefill logits).
 """
@@ -11,27 +12,35 @@ import numpy as np
 from vla_edge_ros.model import kernel_reference as ref
 
 
-def attention_case(kn, gpu, hq, kvh, hd, ctx, n, seed, **variant):
-    ga, stream = gpu
+def attention_inputs(ga, hq, kvh, hd, ctx, n, cap, seed, row_offset, poison_partials=False):
+    """-> (the launch arguments of CudaKernels.attention / attention_decode up to `stream`, the device K/V arena
+    they point into (keep it alive), the reference output). poison_partials: the split partial sums start as
+    NaN too (else zeros)."""
     from vla_edge_ros.model.cuda_kernels import ATTN_CHUNK
     rng = np.random.default_rng(seed)
-    cap = 512
     n_splits = -(-cap // ATTN_CHUNK)
     k = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
     v = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
     qkv = (rng.standard_normal((n, (hq + 2 * kvh) * hd)) * 2).astype(np.float32)
-    row_offset = 2
     attend = rng.permutation(cap)[:ctx + row_offset + n].astype(np.int32)
     ctl = np.array([row_offset, ctx, 0, -1], np.int32)
     out = ga.to_gpu(np.full((n, hq * hd), np.nan, np.float32))
-    part_o = ga.zeros((n, hq, n_splits, hd), np.float32)
-    part_ml = ga.zeros((n, hq, n_splits, 2), np.float32)
+    fill = np.nan if poison_partials else 0.0
+    part_o = ga.to_gpu(np.full((n, hq, n_splits, hd), fill, np.float32))
+    part_ml = ga.to_gpu(np.full((n, hq, n_splits, 2), fill, np.float32))
     k_d, v_d = ga.to_gpu(k), ga.to_gpu(v)
     scale = hd ** -0.5
-    kn.attention(ga.to_gpu(qkv), int(k_d.gpudata), int(v_d.gpudata), ga.to_gpu(attend), ga.to_gpu(ctl), part_o, part_ml,
-                 out, n, hq, kvh, hd, cap, n_splits, scale, stream, **variant)
+    args = (ga.to_gpu(qkv), int(k_d.gpudata), int(v_d.gpudata), ga.to_gpu(attend), ga.to_gpu(ctl), part_o, part_ml,
+            out, n, hq, kvh, hd, cap, n_splits, scale)
+    return args, (k_d, v_d), ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, scale)
+
+
+def attention_case(kn, gpu, hq, kvh, hd, ctx, n, seed, **variant):
+    ga, stream = gpu
+    args, _arena, expected = attention_inputs(ga, hq, kvh, hd, ctx, n, cap=512, seed=seed, row_offset=2)
+    kn.attention(*args, stream, **variant)
     stream.synchronize()
-    return out.get(), ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, scale)
+    return args[7].get(), expected
 
 
 def one_cycle(backend, vocab_size, n_ctx, n_prefill, seed):

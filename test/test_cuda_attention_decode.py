@@ -8,7 +8,7 @@ permutations of the arena (holes everywhere, order unrelated to slot numbers), l
 import numpy as np
 import pytest
 
-from vla_edge_ros.model import kernel_reference as ref
+from gpu_cases import attention_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -30,25 +30,8 @@ CASES = [(12, 2, 128, 4064, 1, 4104), (12, 2, 128, 300, 2, 512), (12, 2, 128, 0,
 
 
 def decode_case(ga, hq, kvh, hd, ctx, n, cap):
-    """Random K/V arena, q rows and a permuted slot list for one attention_decode call, its outputs poisoned with
-    NaN; returns (launch arguments, the device K/V arena they point into, the numpy reference)."""
-    from vla_edge_ros.model.cuda_kernels import ATTN_CHUNK
-    rng = np.random.default_rng(ctx * 7 + n + hd)
-    n_splits = -(-cap // ATTN_CHUNK)
-    k = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
-    v = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
-    qkv = (rng.standard_normal((n, (hq + 2 * kvh) * hd)) * 2).astype(np.float32)
-    row_offset = 3
-    attend = rng.permutation(cap)[:ctx + row_offset + n].astype(np.int32)
-    ctl = np.array([row_offset, ctx, 0, -1], np.int32)
-    out = ga.to_gpu(np.full((n, hq * hd), np.nan, np.float32))
-    part_o = ga.to_gpu(np.full((n, hq, n_splits, hd), np.nan, np.float32))
-    part_ml = ga.to_gpu(np.full((n, hq, n_splits, 2), np.nan, np.float32))
-    k_d, v_d = ga.to_gpu(k), ga.to_gpu(v)
-    scale = hd ** -0.5
-    args = (ga.to_gpu(qkv), int(k_d.gpudata), int(v_d.gpudata), ga.to_gpu(attend), ga.to_gpu(ctl), part_o, part_ml,
-            out, n, hq, kvh, hd, cap, n_splits, scale)
-    return args, (k_d, v_d), ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, scale)
+    """gpu_cases.attention_inputs for one attention_decode call, the split partial sums poisoned too."""
+    return attention_inputs(ga, hq, kvh, hd, ctx, n, cap, seed=ctx * 7 + n + hd, row_offset=3, poison_partials=True)
 
 
 @pytest.mark.parametrize("head_split", [1, 2])
