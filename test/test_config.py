@@ -17,6 +17,7 @@ def test_shipped_yaml_holds_the_design_defaults():
     assert cfg.memory.vram_ceiling_bytes == 8 * 1024 ** 3
     assert cfg.admission.ema_alpha == 0.2
     assert cfg.kv.eviction_policy == "semantic"
+    assert cfg.kv.dtype == "float32"             # the KV arena in fp32 unless a config asks for bf16
     # The pycuda kernel switches, as CudaBackend takes them: the measured-faster staged prefill and tensor-core
     # attention on, the measured-slower persistent decode off.
     assert cfg.model.kernel_options() == {"programmatic_launch": False, "staged_prefill_projections": True,
@@ -40,6 +41,7 @@ def test_every_key_has_a_description():
     ({"cycle.safety_margin_ms": 40.0}, "safety_margin_ms"),
     ({"kv.capacity_tokens": 40}, "kv.capacity_tokens"),
     ({"kv.eviction_policy": "lru"}, "kv.eviction_policy"),
+    ({"kv.dtype": "float16"}, "kv.dtype"),
     ({"admission.ema_alpha": 0.0}, "admission.ema_alpha"),
     ({"action.dim_names": ["a", "b"]}, "action.dim_names"),
     ({"model.backend": "tpu"}, "model.backend"),
@@ -53,6 +55,15 @@ def test_every_key_has_a_description():
 def test_impossible_values_name_the_key(override, fragment):
     with pytest.raises(C.ConfigError, match=fragment.replace(".", r"\.")):
         C.load(overrides=override)
+
+
+def test_kv_dtype_takes_each_allowed_value_and_names_them_when_refusing(tmp_path):
+    f = tmp_path / "kv.yaml"
+    f.write_text("kv:\n  dtype: bfloat16\n")
+    assert C.load(f).kv.dtype == "bfloat16"
+    assert C.load(overrides={"kv.dtype": "bfloat16"}).kv.dtype == "bfloat16"
+    with pytest.raises(C.ConfigError, match=r"kv\.dtype must be one of \('float32', 'bfloat16'\), got 'bf16'"):
+        C.load(overrides={"kv.dtype": "bf16"})
 
 
 def test_unknown_key_and_unknown_section_are_refused(tmp_path):

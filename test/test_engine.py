@@ -14,6 +14,7 @@ from vla_edge_ros.core.engine import Engine, EngineConfigError
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.prompt import encode_text, prefix_text
+from vla_edge_ros.model.weights import round_to_bf16
 
 
 @pytest.fixture(scope="module")
@@ -177,12 +178,17 @@ def test_memory_ceiling_is_checked_before_allocating(tiny_model_dir):
         make_engine(tiny_model_dir, **{"memory.vram_ceiling_gib": 1e-6})
 
 
-def test_state_exported_from_one_engine_and_imported_into_another_answers_identically(tiny_model_dir, clip, tmp_path):
-    a = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
-    b = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+def test_state_exported_from_one_engine_and_imported_into_another_answers_identically(tiny_model_dir, clip, tmp_path,
+                                                                                      kv_dtype):
+    a = make_engine(tiny_model_dir, **{"cycle.deterministic": True, "kv.dtype": kv_dtype})
+    b = make_engine(tiny_model_dir, **{"cycle.deterministic": True, "kv.dtype": kv_dtype})
+    assert a.backend.kv_dtype == kv_dtype                 # kv.dtype reaches the backend through engine_factory
     for i in range(4):
         a.state.append_frame(frame(clip[i], i))
     snap = a.state.export_state(version=3)
+    if kv_dtype == "bfloat16":                            # the snapshot's float32 KV holds the arena's bf16 values
+        np.testing.assert_array_equal(round_to_bf16(snap.kv), snap.kv)
     path = snap.save(tmp_path / "snap.npz")
     b.state.import_state(type(snap).load(path))
     assert b.state_summary()["frames"] == 4

@@ -8,6 +8,7 @@ from vla_edge_ros.model import hf_oracle
 from vla_edge_ros.model.factory import create_backend, load_model
 from vla_edge_ros.model.make_model import make_model
 from vla_edge_ros.model.numpy_backend import NumpyBackend
+from vla_edge_ros.model.weights import round_to_bf16
 
 KINDS = ("tiny", "llama-tiny")
 RTOL, ATOL = 1e-4, 2e-5          # fp32 vs fp32: only summation order differs
@@ -155,6 +156,86 @@ def test_memory_bytes_counts_weights_and_arena(models):
     small, large = NumpyBackend(spec, weights, 100), NumpyBackend(spec, weights, 300)
     assert large.memory_bytes() - small.memory_bytes() == spec.kv_bytes_per_token(4) * 200
     assert small.memory_bytes() >= weights.nbytes() + spec.kv_bytes_per_token(4) * 100
+
+
+def test_memory_bytes_counts_a_bf16_arena_at_two_bytes_per_element(models):
+    spec, weights, _, _, _ = models["llama-tiny"]
+    small, large = (NumpyBackend(spec, weights, n, kv_dtype="bfloat16") for n in (100, 300))
+    assert large.memory_bytes() - small.memory_bytes() == spec.kv_bytes_per_token(2) * 200
+    # Same weights, half the arena: a fp32 arena of 100 slots minus a bf16 one is half the fp32 arena.
+    assert NumpyBackend(spec, weights, 100).memory_bytes() - small.memory_bytes() == spec.kv_bytes_per_token(2) * 100
+
+
+def _kv_backends(spec, weights, capacity, dtype="float32"):
+    """(fp32-KV, bf16-KV) backends on the same weights."""
+    return (NumpyBackend(spec, weights, capacity, dtype=dtype),
+            NumpyBackend(spec, weights, capacity, dtype=dtype, kv_dtype="bfloat16"))
+
+
+def test_bf16_kv_stores_the_rounded_values_of_the_fp32_kv(models):
+    spec, weights, tok, _, _ = models["tiny"]
+    ids = _ids(tok)
+    n = len(ids)
+    fp32, bf16 = _kv_backends(spec, weights, n)
+    assert (fp32.kv_dtype, bf16.kv_dtype) == ("float32", "bfloat16")
+    for backend in (fp32, bf16):
+        backend.forward(backend.embed(ids), np.arange(n), np.arange(n), EMPTY, logits="none")
+    ours, full = bf16.read_kv(np.arange(n)), fp32.read_kv(np.arange(n))   # [2, layers, n, kv_dim]
+    assert ours.dtype == np.float32
+    np.testing.assert_array_equal(round_to_bf16(ours), ours)              # every stored value is a bf16 value
+    # Layer 0's K/V come from the inputs alone; later layers' depend on attention over rounded K/V.
+    np.testing.assert_array_equal(ours[:, 0], round_to_bf16(full[:, 0]))
+    assert not np.array_equal(ours[:, 0], full[:, 0])                     # the rounding changed something
+    np.testing.assert_allclose(ours, full, rtol=0.05, atol=0.05)          # and nothing more than rounding did
+
+
+def test_write_kv_into_a_bf16_arena_rounds_what_it_stores(models):
+    spec, weights, _, _, _ = models["tiny"]
+    _, bf16 = _kv_backends(spec, weights, 16)
+    slots = np.array([3, 7, 11])
+    kv = np.random.default_rng(5).standard_normal((2, spec.num_layers, slots.size, spec.kv_dim)).astype(np.float32)
+    bf16.write_kv(slots, kv)
+    np.testing.assert_array_equal(bf16.read_kv(slots), round_to_bf16(kv))
+    assert not np.array_equal(round_to_bf16(kv), kv)
+
+
+def test_bf16_kv_changes_the_logits_of_prefill_and_decode_but_only_a_little(models):
+    """Not a no-op over a whole sequence (prefill, then decode steps reading the earlier calls' KV)."""
+    spec, weights, tok, _, _ = models["tiny"]
+    ids = _ids(tok)
+    n, steps = len(ids), 4
+    head = n - steps
+    rows = []
+    for backend in _kv_backends(spec, weights, n, dtype="bfloat16"):
+        logits = [backend.forward(backend.embed(ids[:head]), np.arange(head), np.arange(head), EMPTY).logits[-1]]
+        for pos in range(head, n - 1):
+            step = backend.forward(backend.embed(ids[pos:pos + 1]), np.array([pos]), np.array([pos]), np.arange(pos))
+            logits.append(step.logits[0])
+        rows.append(np.stack(logits))                                     # [steps, vocab]
+    fp32_kv, bf16_kv = rows
+    assert np.abs(fp32_kv - bf16_kv).max() > 1e-4
+    cosine = np.sum(fp32_kv * bf16_kv, axis=1) / (np.linalg.norm(fp32_kv, axis=1) * np.linalg.norm(bf16_kv, axis=1))
+    assert cosine.min() > 0.999                                           # verify's bf16 logits criterion
+
+
+def test_bf16_kv_backend_matches_hf_whose_attention_reads_bf16_kv(models):
+    """The oracle verify --kv-dtype bfloat16 uses: much closer to a bf16 arena than HF on its fp32 K/V."""
+    spec, weights, tok, hf, model_dir = models["tiny"]
+    ids = _ids(tok)
+    n = len(ids)
+    backend = NumpyBackend(spec, weights, n, kv_dtype="bfloat16")
+    ours = backend.forward(backend.embed(ids), np.arange(n), np.arange(n), EMPTY, logits="all").logits
+    rounding = hf_oracle.hf_forward(hf_oracle.load_hf_model(model_dir, round_kv_to_bf16=True), ids).logits
+    plain = hf_oracle.hf_forward(hf, ids).logits
+    # What is left is fp32 arithmetic moving a few values across a bf16 rounding boundary.
+    assert np.abs(ours - rounding).max() < 0.1 * np.abs(ours - plain).max()
+
+
+def test_unknown_kv_dtype_is_refused_with_the_choices(models):
+    spec, weights, _, _, model_dir = models["tiny"]
+    with pytest.raises(ValueError, match=r"kv_dtype must be one of \('float32', 'bfloat16'\), got 'float16'"):
+        NumpyBackend(spec, weights, 16, kv_dtype="float16")
+    assert create_backend("numpy", model_dir, capacity=16, kv_dtype="bfloat16").kv_dtype == "bfloat16"
 
 
 def test_bf16_backend_matches_hf_on_rounded_weights(models):

@@ -35,6 +35,7 @@ def _start_and_expect_refusal(tmp_path, domain: int, node: str, params_yaml: str
     ("camera_ingest", {"camera.relability": "reliable"}, "unknown parameters ['camera.relability']"),
     ("reasoning", {"cycle.safety_margin_ms": 40.0}, "must be smaller than cycle.deadline_ms"),
     ("reasoning", {"cycle.deadline_ms": 33}, "'cycle.deadline_ms': expected double"),
+    ("reasoning", {"kv.dtype": "float16"}, "kv.dtype must be one of ('float32', 'bfloat16')"),
 ])
 def test_invalid_configuration_at_start_is_refused_with_the_key(tmp_path, node, params, needle):
     out = _start_and_expect_refusal(tmp_path, H.ros_domain(__name__), node, overrides_params_yaml(params))

@@ -51,7 +51,7 @@ def test_verify_passes_on_synthetic_models(which, request, capsys, tmp_path):
     rc, out, report = _verify(capsys, tmp_path, model_dir)
     _assert_figures_printed(out, report)
     assert rc == 0 and report["passed"] and "verify: PASSED" in out
-    assert report["backend"] == "numpy" and report["dtype"] == "float32"
+    assert report["backend"] == "numpy" and report["dtype"] == "float32" and report["kv_dtype"] == "float32"
     for p in report["prompts"]:
         assert p["greedy_ours"] == p["greedy_hf"] and len(p["greedy_hf"]) == 32
         assert p["prefill_cosine_min"] >= 0.9999 and p["chunked_cosine_min"] >= 0.9999
@@ -59,9 +59,14 @@ def test_verify_passes_on_synthetic_models(which, request, capsys, tmp_path):
     assert max(len(set(p["greedy_hf"])) for p in report["prompts"]) > 8
 
 
-def test_verify_bf16_uses_rounded_weights_on_both_sides(tiny, capsys, tmp_path):
-    rc, out, report = _verify(capsys, tmp_path, tiny, "--dtype", "bf16")
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+def test_verify_bf16_uses_rounded_weights_on_both_sides(tiny, capsys, tmp_path, kv_dtype):
+    # kv_dtype bfloat16: the backend's KV arena holds bf16 values and HF's attention reads its K/V rounded
+    # the same way; the bf16 criteria hold for that too.
+    rc, out, report = _verify(capsys, tmp_path, tiny, "--dtype", "bf16", "--kv-dtype", kv_dtype)
     assert rc == 0 and report["dtype"] == "bfloat16" and "bf16-rounded" in report["oracle"]
+    assert report["kv_dtype"] == kv_dtype and f"(bfloat16, KV {kv_dtype})" in out
+    assert ("K/V rounded to bf16" in report["oracle"]) == (kv_dtype == "bfloat16")
     top1 = next(c for c in report["checks"] if c["name"].startswith("teacher-forced"))
     assert top1["passed"] is True and top1["required"] == ">= 99%"
 

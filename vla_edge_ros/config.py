@@ -22,6 +22,7 @@ import yaml
 EVICTION_POLICIES = ("fifo", "sliding_window", "semantic")
 BACKENDS = ("auto", "numpy", "pycuda")
 DTYPES = ("float32", "bfloat16")
+KV_DTYPES = ("float32", "bfloat16")
 # Warps per 8-slot group of a decode attention block: the entries attention_decode.cu has (_v1, _v1_h2).
 DECODE_ATTENTION_HEAD_SPLITS = (1, 2)
 # Most blocks per SM a decode projection's looped grid may ask for (model.decode_gemv_blocks_per_sm).
@@ -122,6 +123,8 @@ class KVConfig:
     rebase_headroom: float = _doc("a RoPE re-base without a swap plans each frame it recomputes at this multiple of "
                                   "the prefill's cost per frame (H200, 1.5B: 4 frames planned without it ran a cycle "
                                   "2 ms late)", default=1.25)
+    dtype: str = _doc("float32 | bfloat16: the element type of the KV arena; bfloat16 halves the arena, the "
+                      "attention's K/V bytes and every swap", default="float32")
 
     def __post_init__(self):
         _positive(self, "capacity_tokens", "kv")
@@ -130,6 +133,8 @@ class KVConfig:
             raise ConfigError(f"kv.rebase_headroom must be >= 1, got {self.rebase_headroom}")
         if self.eviction_policy not in EVICTION_POLICIES:
             raise ConfigError(f"kv.eviction_policy must be one of {EVICTION_POLICIES}, got {self.eviction_policy!r}")
+        if self.dtype not in KV_DTYPES:
+            raise ConfigError(f"kv.dtype must be one of {KV_DTYPES}, got {self.dtype!r}")
 
 
 @dataclass(frozen=True)

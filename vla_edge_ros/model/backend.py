@@ -23,6 +23,8 @@ One call, `forward`, serves prefill (N tokens) and decode (N = 1):
                           = after the final norm, as HF's output_hidden_states)
 
 K is stored after RoPE, so a slot keeps the position it was written with.
+A backend built with kv_dtype "bfloat16" (config kv.dtype) stores every K and V
+value rounded to bf16 (nearest even); its host copies stay float32 arrays.
 """
 from __future__ import annotations
 
@@ -78,7 +80,8 @@ class Backend(Protocol):
         """[2, layers, len(slots), kv_dim] float32 host copy of K (after RoPE) and V of the slots."""
 
     def write_kv(self, slots: np.ndarray, kv: np.ndarray) -> None:
-        """Inverse of read_kv: overwrite the slots with kv [2, layers, len(slots), kv_dim]."""
+        """Inverse of read_kv: overwrite the slots with kv [2, layers, len(slots), kv_dim] (rounded to bf16
+        by a bf16 arena)."""
 
     def memory_bytes(self) -> int:
         """Bytes held by weights + KV arena (device memory for GPU backends)."""

@@ -41,34 +41,38 @@ def load_model(model_dir: str | Path):
 
 
 def create_backend(kind: str, model_dir: str | Path, capacity: int, dtype="float32", device=None,
-                   kernel_options: dict | None = None) -> Backend:
+                   kernel_options: dict | None = None, kv_dtype: str = "float32") -> Backend:
     """Load `model_dir` and build backend `kind` (auto | numpy | pycuda) with `capacity` KV slots.
     pycuda streams the weights to the device (never the whole model on the host); device: a CudaDevice;
-    kernel_options: pycuda's kernel switches (ModelConfig.kernel_options(); CudaBackend's keyword arguments)."""
+    kernel_options: pycuda's kernel switches (ModelConfig.kernel_options(); CudaBackend's keyword arguments);
+    kv_dtype: the KV arena's element type, 'float32' or 'bfloat16' (kv.dtype)."""
     spec = ModelSpec.from_dir(model_dir)
     choice = choose_backend(kind)
     if choice.kind == "pycuda":
-        return _cuda_backend(spec, Path(model_dir), capacity, dtype, device, choice, kernel_options)
-    return create_backend_from_weights("numpy", spec, load_weights(model_dir, spec), capacity, dtype)
+        return _cuda_backend(spec, Path(model_dir), capacity, dtype, device, choice, kernel_options, kv_dtype)
+    return create_backend_from_weights("numpy", spec, load_weights(model_dir, spec), capacity, dtype,
+                                       kv_dtype=kv_dtype)
 
 
 def create_backend_from_weights(kind: str, spec: ModelSpec, weights: ModelWeights, capacity: int,
-                                dtype="float32", device=None) -> Backend:
+                                dtype="float32", device=None, kv_dtype: str = "float32") -> Backend:
     """As create_backend, for weights already in memory. dtype is passed on as 'float32' or 'bfloat16'."""
     choice = choose_backend(kind)
     if choice.kind == "pycuda":
-        return _cuda_backend(spec, weights, capacity, dtype, device, choice)
+        return _cuda_backend(spec, weights, capacity, dtype, device, choice, kv_dtype=kv_dtype)
     from .numpy_backend import NumpyBackend
-    backend = NumpyBackend(spec, weights, capacity, canonical_dtype(dtype))
-    logger.info("%s, dtype %s, %d KV slots", choice.describe(), canonical_dtype(dtype), capacity)
+    backend = NumpyBackend(spec, weights, capacity, canonical_dtype(dtype), kv_dtype=kv_dtype)
+    logger.info("%s, dtype %s, %d KV slots of %s", choice.describe(), canonical_dtype(dtype), capacity, kv_dtype)
     return backend
 
 
-def _cuda_backend(spec, weights, capacity, dtype, device, choice: BackendChoice, kernel_options: dict | None = None):
+def _cuda_backend(spec, weights, capacity, dtype, device, choice: BackendChoice, kernel_options: dict | None = None,
+                  kv_dtype: str = "float32"):
     from .cuda_backend import CudaBackend  # lazy: imports pycuda
-    backend = CudaBackend(spec, weights, capacity, canonical_dtype(dtype), device=device, **(kernel_options or {}))
-    logger.info("%s, dtype %s, %d KV slots, decode %s", choice.describe(), canonical_dtype(dtype), capacity,
-                "in one persistent kernel" if backend.persistent_decode else
+    backend = CudaBackend(spec, weights, capacity, canonical_dtype(dtype), device=device, kv_dtype=kv_dtype,
+                          **(kernel_options or {}))
+    logger.info("%s, dtype %s, %d KV slots of %s, decode %s", choice.describe(), canonical_dtype(dtype), capacity,
+                kv_dtype, "in one persistent kernel" if backend.persistent_decode else
                 f"in {'programmatic' if backend.programmatic_launch else 'ordinary'} launches")
     return backend
 

@@ -5,6 +5,7 @@ module stays cheap and GPU-free.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,9 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
+# The attention implementation load_hf_model(round_kv_to_bf16=True) registers with transformers.
+BF16_KV_ATTENTION = "eager_bf16_kv"
+
 
 @dataclass
 class OracleOutput:
@@ -20,19 +24,30 @@ class OracleOutput:
     hidden_states: list         # num_layers + 1 arrays [N, hidden]: embeddings, layers 1..L-1, final-norm output
 
 
-def load_hf_model(model_dir: str | Path, round_to_bf16: bool = False, device: str = "cpu"):
+def load_hf_model(model_dir: str | Path, round_to_bf16: bool = False, device: str = "cpu",
+                  round_kv_to_bf16: bool = False):
     """`AutoModelForCausalLM` in float32 with eager attention, in eval mode on `device`.
 
     round_to_bf16: replace every parameter by its bfloat16-rounded value (still
     float32), so HF computes in fp32 on exactly the weights a bf16 backend holds.
+    round_kv_to_bf16: the eager attention reads K (after RoPE) and V rounded to
+    bfloat16, as a backend with a bf16 KV arena does; all else stays fp32.
     """
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()        # a progress bar per load would bury the benchmark tables
+    attention = "eager"
+    if round_kv_to_bf16:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+        AttentionInterface.register(BF16_KV_ATTENTION, _eager_attention_on_bf16_kv)
+        # A name without a mask function of its own gets no mask at all (not even the causal one): eager's.
+        AttentionMaskInterface.register(BF16_KV_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
+        attention = BF16_KV_ATTENTION
     model, info = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32,
-                                                       attn_implementation="eager", output_loading_info=True)
+                                                       attn_implementation=attention, output_loading_info=True)
     if info.get("missing_keys"):
         # HF would fill these with random init: the oracle would not be the snapshot.
         raise ValueError(f"{model_dir}: transformers found no weights for {sorted(info['missing_keys'])[:8]}")
@@ -88,3 +103,20 @@ def hf_greedy(model, prompt_ids, num_new: int) -> list[int]:
             step = torch.tensor([[token]], device=model.device)                           # [1, 1]
             out = model(input_ids=step, past_key_values=out.past_key_values, use_cache=True)
     return new
+
+
+# ----------------------------------------------------------------------------
+# Internal helpers
+
+
+def _eager_attention_on_bf16_kv(module, query, key, value, attention_mask, **kwargs):
+    """The model's own eager attention on K and V rounded to bfloat16 (torch's cast rounds to nearest even,
+    as weights.round_to_bf16 does). Rounding again what HF's cache already held is a no-op, so cached
+    decode steps see what a bf16 arena would hold too."""
+    import torch
+
+    # Each modeling_<type>.py defines its own eager_attention_forward; take the one of the calling layer.
+    eager = importlib.import_module(type(module).__module__).eager_attention_forward
+    key = key.to(torch.bfloat16).to(key.dtype)           # [B, KV, T, hd]
+    value = value.to(torch.bfloat16).to(value.dtype)     # [B, KV, T, hd]
+    return eager(module, query, key, value, attention_mask, **kwargs)

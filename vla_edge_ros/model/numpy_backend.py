@@ -13,6 +13,10 @@ SwiGLU MLP, optional q/k/v bias, tied or separate output head.
 dtype "bfloat16" rounds the weights to bfloat16 values (compute and KV stay
 float32): numpy has no bf16 arithmetic, so this reproduces the weight
 quantization error of a bf16 model, not its activation rounding.
+
+kv_dtype "bfloat16" rounds every K (after RoPE) and V value to bfloat16 where
+it is stored (forward, write_kv), as a bf16 KV arena holds it; the arrays stay
+float32 and the attention reads the rounded values back in float32.
 """
 from __future__ import annotations
 
@@ -24,12 +28,14 @@ from .backend import ForwardResult
 from .forward_inputs import check_forward_inputs, slot_array, token_id_array
 from .host_cycle import HostLoopCycles
 from .spec import ModelSpec
-from .weights import ModelWeights, canonical_dtype
+from .weights import ModelWeights, canonical_dtype, round_to_bf16
 
 logger = logging.getLogger(__name__)
 
 # Query rows per attention block: bounds the [kv_heads, group * rows, T] score buffer on long prefills.
 ATTENTION_SCORE_ELEMENTS = 1 << 24
+# Bytes one KV element takes in the arena of each kv_dtype (what a device arena of that type holds).
+KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 class NumpyBackend(HostLoopCycles):
@@ -37,7 +43,8 @@ class NumpyBackend(HostLoopCycles):
 
     device = None                   # no GPU: threads need no context (cuda_device.bound(None) is a no-op)
 
-    def __init__(self, spec: ModelSpec, weights: ModelWeights, capacity: int, dtype=np.float32):
+    def __init__(self, spec: ModelSpec, weights: ModelWeights, capacity: int, dtype=np.float32,
+                 kv_dtype: str = "float32"):
         if capacity <= 0:
             raise ValueError(f"capacity must be > 0 KV slots, got {capacity}")
         if len(weights.layers) != spec.num_layers:
@@ -46,6 +53,9 @@ class NumpyBackend(HostLoopCycles):
         self.capacity = int(capacity)
         self._slot_marks = np.zeros(self.capacity, dtype=bool)    # scratch for the slot-set checks of forward()
         self.dtype = canonical_dtype(dtype)
+        if kv_dtype not in KV_ELEMENT_BYTES:
+            raise ValueError(f"kv_dtype must be one of {tuple(KV_ELEMENT_BYTES)}, got {kv_dtype!r}")
+        self.kv_dtype = kv_dtype
         if self.dtype == "bfloat16":
             weights = weights.rounded_to_bf16()
         self._embed = weights.embed                               # [vocab, hidden]
@@ -86,8 +96,9 @@ class NumpyBackend(HostLoopCycles):
                 qkv += layer.qkv_bias
             q = _apply_rope(qkv[:, :q_end].reshape(n, spec.num_heads, spec.head_dim), cos, sin)      # [N, H, hd]
             k = _apply_rope(qkv[:, q_end:k_end].reshape(n, spec.num_kv_heads, spec.head_dim), cos, sin)  # [N, KV, hd]
-            self._k[li, write_slots] = k.reshape(n, spec.kv_dim)
-            self._v[li, write_slots] = qkv[:, k_end:]
+            # Stored first, then read back: this call's own rows are attended as the arena holds them.
+            self._k[li, write_slots] = self._kv_stored(k.reshape(n, spec.kv_dim))
+            self._v[li, write_slots] = self._kv_stored(qkv[:, k_end:])
             keys = self._k[li, slots].reshape(slots.size, spec.num_kv_heads, spec.head_dim)    # [T, KV, hd]
             values = self._v[li, slots].reshape(slots.size, spec.num_kv_heads, spec.head_dim)  # [T, KV, hd]
             h = h + _attention(q, keys, values, mask) @ layer.o_t                               # [N, hidden]
@@ -140,14 +151,17 @@ class NumpyBackend(HostLoopCycles):
             raise ValueError(f"write_kv: kv must be {want}, got {kv.shape}")
         if not np.isfinite(kv).all():
             raise ValueError("write_kv: kv contains NaN or Inf")
-        self._k[:, idx] = kv[0]
-        self._v[:, idx] = kv[1]
+        self._k[:, idx] = self._kv_stored(kv[0])
+        self._v[:, idx] = self._kv_stored(kv[1])
 
     def memory_bytes(self) -> int:
         weights = self._embed.nbytes + self._final_norm.nbytes + sum(layer.nbytes() for layer in self._layers)
         if not self._tied:
             weights += self._lm_head_t.nbytes
-        return int(weights + self._k.nbytes + self._v.nbytes)
+        # The arena as a device of kv_dtype would hold it: numpy keeps float32 arrays even for bf16 KV,
+        # so _k.nbytes would overstate a bf16 arena twice over.
+        arena = (self._k.size + self._v.size) * KV_ELEMENT_BYTES[self.kv_dtype]
+        return int(weights + arena)
 
     # ------------------------------------------------------------------ Internal helpers
 
@@ -157,6 +171,10 @@ class NumpyBackend(HostLoopCycles):
 
     def _slot_array(self, slots, name: str) -> np.ndarray:
         return slot_array(slots, name, self.capacity)
+
+    def _kv_stored(self, values: np.ndarray) -> np.ndarray:
+        """K or V values as the arena stores them: rounded to bf16 (nearest even) for a bf16 arena."""
+        return round_to_bf16(values) if self.kv_dtype == "bfloat16" else values
 
     def _rope_tables(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         angles = positions.astype(np.float32)[:, None] * self._inv_freq[None, :]  # [N, hd / 2]
