@@ -151,6 +151,27 @@ def test_a_step_that_does_not_fit_is_never_started_and_starvation_is_reported():
     assert sched.frames_for(2.0 + HEADROOM * 12.0 + 0.1) == 1 and not sched.starved
 
 
+def test_an_estimate_inflated_by_a_burst_relaxes_to_costs_really_measured():
+    """A loaded machine (CI) measured a few expensive steps: the EMA then fitted no window, and with no step
+    there was no new measurement, so the reconciler starved for good. Now each STARVED_AFTER_WINDOWS declined
+    windows halve the estimate, never below the 10th percentile of the measured costs."""
+    from vla_edge_ros.core.slack_scheduler import STARVED_AFTER_WINDOWS
+    sched = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=2.0)
+    sched.observe(20.0, 32)                                  # warm-up step
+    for _ in range(8):
+        sched.observe(3.2, 32)                               # 0.1 ms per token: 4 ms planned per frame
+    for _ in range(6):
+        sched.observe(25.6, 32)                              # a burst at 0.8 ms per token
+    assert sched.ms_per_token > 0.7
+    window = 2.0 + 4.5                                       # fits a frame at the cost measured before the burst
+    declined = [sched.frames_for(window) for _ in range(STARVED_AFTER_WINDOWS)]
+    assert declined == [0] * STARVED_AFTER_WINDOWS and sched.starved and sched.relaxations == 1
+    while sched.frames_for(window) == 0:
+        assert sched.relaxations < 5, "the estimate never came back down"
+    assert sched.ms_per_token == pytest.approx(0.1) and not sched.starved
+    assert sched.summary()["relaxations"] == sched.relaxations
+
+
 def test_the_summary_reports_the_spread_of_step_costs_without_the_warm_up():
     sched = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=2.0)
     assert sched.summary()["step_ms_per_token_p50"] == "" and sched.summary()["step_host_ms_per_token_p50"] == ""

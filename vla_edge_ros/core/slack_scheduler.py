@@ -8,7 +8,8 @@ EMA of the reconciler's own measured cost per token (device time: the caller
 synchronizes before reading its clock), with HEADROOM for its spread. With no
 measurement yet, one frame is tried: the smallest step there is (twice: the
 first step's cost includes one-time work and is not used as a measurement). A step that
-does not fit is never started; when none fits for long, `starved` says so.
+does not fit is never started; when none fits for long, `starved` says so, and the
+estimate is relaxed toward the cheap end of the costs actually measured (see RELAX_FACTOR).
 
 Both drivers use it: the reconciler node (core/swap_protocol.ReconcilerWorker,
 windows read from the reasoning node's core/cycle_clock.py) and the in-process
@@ -26,6 +27,12 @@ EMA_ALPHA = 0.3       # weight of the newest step's cost per token
 # were exactly the late cycles this schedule exists to prevent. When this many gaps in a row fit nothing,
 # the caller is told (`starved`): the primary's slack is too small for any reconciler step.
 STARVED_AFTER_WINDOWS = 100
+# An estimate that fits nothing is never measured again, so one burst of expensive steps (a loaded CPU in CI:
+# one frame measured at 18 ms) used to starve the reconciler for good. Each STARVED_AFTER_WINDOWS declined
+# windows, the estimate is multiplied by this, but never below the 10th percentile of the recent steps' costs:
+# a cost this process has really measured, so the schedule never plans a step cheaper than one it has seen.
+RELAX_FACTOR = 0.5
+RELAX_FLOOR_PERCENTILE = 10
 # The summary's spread of step costs covers this many latest steps. Why it is reported: on the H200 the
 # reconciler's steps cost 0.10 ms per token in one demo and 0.40 in the next two with the same kernels; the
 # spread, and the share of it spent on the host before the device work was queued, say which kind of cost grew.
@@ -44,6 +51,7 @@ class SlackScheduler:
         self.warmup_ms_per_token: float | None = None     # the first step's cost (observe says why apart)
         self.steps = 0
         self.windows_too_small = 0
+        self.relaxations = 0
         self._declined_in_a_row = 0
         self._recent: deque = deque(maxlen=RECENT_STEPS)    # (ms per token, host ms per token or None)
 
@@ -62,7 +70,16 @@ class SlackScheduler:
             return frames
         self.windows_too_small += 1
         self._declined_in_a_row += 1
+        if self._declined_in_a_row % STARVED_AFTER_WINDOWS == 0:
+            self._relax()
         return 0
+
+    def _relax(self) -> None:
+        """Lower an estimate that has fitted nothing for STARVED_AFTER_WINDOWS windows (RELAX_FACTOR says why)."""
+        floor = percentile([r for r, _ in self._recent], RELAX_FLOOR_PERCENTILE) if self._recent else None
+        if floor is not None and floor < self.ms_per_token:
+            self.ms_per_token = max(floor, self.ms_per_token * RELAX_FACTOR)
+            self.relaxations += 1
 
     @property
     def starved(self) -> bool:
@@ -99,4 +116,5 @@ class SlackScheduler:
                 "warmup_step_ms_per_token": self.warmup_ms_per_token if self.warmup_ms_per_token is not None else "",
                 **{f"step_ms_per_token_p{q}": percentile(rates, q) if rates else "" for q in (10, 50, 90)},
                 "step_host_ms_per_token_p50": percentile(hosts, 50) if hosts else "",
-                "steps": self.steps, "windows_too_small": self.windows_too_small, "starved": self.starved}
+                "steps": self.steps, "windows_too_small": self.windows_too_small, "relaxations": self.relaxations,
+                "starved": self.starved}
