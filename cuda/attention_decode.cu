@@ -23,7 +23,7 @@
 // slot group (_h2), each taking half of the query heads: notes/cuda_notes.md.)
 //
 // Layouts:   q rows in qkv [n_rows, qkv_stride] float32 (head h at columns h*hd .. h*hd+hd-1)
-//            k_cache, v_cache: one layer's arena [KVH, capacity, hd] float32
+//            k_cache, v_cache: one layer's arena [KVH, capacity, hd] kv_t (kv_store.cuh: fp32 or bf16)
 //            part_o [n_rows, Hq, n_splits, hd] float32; part_ml [n_rows, Hq, n_splits, 2] float32
 //            out [n_rows, out_stride] float32, head h at columns h*hd ..
 // Launch:    grid (n_splits, KVH, n_rows), block DEC_THREADS (entries _h2: 2 DEC_THREADS); entry _v1
@@ -39,7 +39,7 @@
 // query heads; attention_decode.cuh's HEAD_SPLIT). The same results bit for bit.
 #define DECODE_PARTIAL_ENTRY(VPL, HS, SUFFIX)                                                                  \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS * HS) attention_decode_partial_v##VPL##SUFFIX(   \
-            const float* qkv, int qkv_stride, const float* k_cache, const float* v_cache,                      \
+            const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache,                        \
             const int* attend_list, const int* ctl, float* part_o, float* part_ml, int n_q_heads,              \
             int n_kv_heads, int head_dim, int capacity, int n_splits, float scale) {                           \
         griddep_wait();                   /* q and this step's K/V come from the q|k|v kernel */               \

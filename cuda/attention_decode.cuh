@@ -3,9 +3,11 @@
 // its stages. What it computes, the layouts and the preconditions: attention_decode.cu's header.
 //
 // q and K/V are loaded with LOAD_GRID_WRITTEN (common.cuh): through L2 only in the persistent kernel,
-// where other blocks of the same grid wrote them during the launch.
+// where other blocks of the same grid wrote them during the launch. K/V come in the arena's type
+// (kv_store.cuh) and are widened to fp32 on load.
 #pragma once
 #include "common.cuh"
+#include "kv_store.cuh"
 
 #define DEC_THREADS 256                                      // the warps of one split's 8-slot groups
 #define DEC_WARPS (DEC_THREADS / 32)
@@ -62,7 +64,7 @@ __device__ __forceinline__ float warp_sum_spread(float (&v)[N]) {
 // DEC_WARPS), so more warps hide the latency of the softmax's dependent steps. Per (head, slot) the
 // arithmetic is the same whatever HEAD_SPLIT is, so every split computes bit-identical results.
 template <int VPL, int HEAD_SPLIT>
-__device__ void decode_partial_body(const float* qkv, int qkv_stride, const float* k_cache, const float* v_cache,
+__device__ void decode_partial_body(const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache,
                                     const int* attend_list, const int* ctl, float* part_o, float* part_ml,
                                     int n_q_heads, int n_kv_heads, int head_dim, int capacity, int n_splits,
                                     float scale, int split, int kvh, int i) {
@@ -114,8 +116,8 @@ __device__ void decode_partial_body(const float* qkv, int qkv_stride, const floa
         for (int v = 0; v < VPL; ++v) acc[j][v] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 
-    const float* k_head = k_cache + (size_t)kvh * capacity * head_dim;
-    const float* v_head = v_cache + (size_t)kvh * capacity * head_dim;
+    const kv_t* k_head = k_cache + (size_t)kvh * capacity * head_dim;
+    const kv_t* v_head = v_cache + (size_t)kvh * capacity * head_dim;
     const int w0 = j0 + warp * DEC_SLOTS_PER_WARP;              // first list entry of this slot group
     for (int b0 = w0; b0 < min(len, w0 + DEC_SLOTS_PER_WARP); b0 += BATCH) {
         const int n_b = min(BATCH, len - b0);                   // warp-uniform, range [1, BATCH]
@@ -129,8 +131,8 @@ __device__ void decode_partial_body(const float* qkv, int qkv_stride, const floa
                 const int c = lane + 32 * v;
                 const bool ok = u < n_b && c < vec;
                 const size_t off = (size_t)slot * head_dim + 4 * c;
-                kf[u][v] = ok ? LOAD_GRID_WRITTEN(reinterpret_cast<const float4*>(k_head + off)) : make_float4(0.f, 0.f, 0.f, 0.f);
-                vf[u][v] = ok ? LOAD_GRID_WRITTEN(reinterpret_cast<const float4*>(v_head + off)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                kf[u][v] = ok ? load_kv4(k_head + off) : make_float4(0.f, 0.f, 0.f, 0.f);
+                vf[u][v] = ok ? load_kv4(v_head + off) : make_float4(0.f, 0.f, 0.f, 0.f);
             }
         }
 #pragma unroll

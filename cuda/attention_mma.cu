@@ -15,6 +15,10 @@
 // hi_x.hi_y + hi_x.lo_y + lo_x.hi_y (the lo.lo term, ~2^-16 of the product, is dropped).
 // Scores and sums accumulate in fp32. The error is ~1e-5 relative, that of
 // the bf16 prefill projections; the fp32 model keeps attention_tiled.cu (cuda_backend.py).
+// A bf16 arena (kv_store.cuh, -DKV_BF16) holds K and V as bf16 already: their lo halves are zero,
+// so they are neither gathered nor multiplied (2 products per step instead of 3, half the shared
+// memory). Adding a zero product changes no accumulator, so the results are bit-identical to an
+// fp32 arena holding the same values.
 //
 // Per split s, query vector (row i, head h), as attention_tiled.cu:
 //            m = max_j score_j,  l = sum_j exp(score_j - m),  o[:] = sum_j exp(score_j - m) v_j[:]
@@ -24,7 +28,7 @@
 // Layouts:   as attention_tiled.cu (qkv rows, one layer's k/v arena [KVH, capacity, hd] fp32, attend_list,
 //            part_o [n_rows, Hq, n_splits, hd], part_ml [n_rows, Hq, n_splits, 2]).
 // Launch:    grid (n_splits, KVH, ceil_div(n_rows, R)), block AM_THREADS (8 warps), dynamic shared memory
-//            4 * (CHUNK * (hd + 8) + hd * (CHUNK + 8)) bytes; R = rows_per_block, R * group <= 256
+//            2 * AM_KV_PARTS * (CHUNK * (hd + 8) + hd * (CHUNK + 8)) bytes; R = rows_per_block, R * group <= 256
 //            (cuda_kernels.ATTN_MMA_MAX_QV).
 //            Entry points attention_partial_mma_hd<hd>_b<blocks per SM> (below): head_dim is a template
 //            parameter, as it sizes the per-warp accumulators.
@@ -35,10 +39,16 @@
 //            statistics of each row from its quad's registers; then O[16 x hd] = P V with P taken
 //            straight from S's accumulator registers (an m16n8 accumulator pair is an m16k16 A fragment).
 #include "mma_bf16.cuh"
+#include "kv_store.cuh"
 
 #define AM_THREADS 256
 #define AM_WARPS (AM_THREADS / 32)
-#define AM_GATHER 4                        // 32-byte K (and V) loads per thread in flight
+#define AM_GATHER 4                        // 8-value K (and V) pieces per thread in flight
+#ifdef KV_BF16
+#define AM_KV_PARTS 1                      // K/V in shared memory as bf16 hi only (lo is zero)
+#else
+#define AM_KV_PARTS 2                      // hi and lo
+#endif
 
 // Shared-memory row strides in bf16 elements: 8 extra halves (16 bytes) so that the fragment loads
 // of a warp (8 rows g x 4 words t) fall in 32 distinct banks.
@@ -66,25 +76,68 @@ __device__ __forceinline__ void split2(float a, float b, uint32_t& hi, uint32_t&
     lo = pack_bf16x2(a - ha, b - hb);
 }
 
-// c += x.y as three bf16 products (hi.hi + hi.lo + lo.hi).
+// c += x.y as three bf16 products (hi.hi + hi.lo + lo.hi); y = K or V, whose lo is zero (and not
+// read) in a bf16 arena, which leaves two.
 __device__ __forceinline__ void mma_split(float* c, const uint32_t (&ah)[4], const uint32_t (&al)[4],
                                           uint32_t bh0, uint32_t bh1, uint32_t bl0, uint32_t bl1) {
-    mma_bf16_16816(c, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+    if (AM_KV_PARTS == 2) mma_bf16_16816(c, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
     mma_bf16_16816(c, al[0], al[1], al[2], al[3], bh0, bh1);
     mma_bf16_16816(c, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
 }
 
-// Gather the chunk's K and V rows (list entries j0 .. j0 + n_here) into shared memory as bf16 hi/lo;
-// slots past n_here are zeros (their scores are masked, and 0 * garbage could be NaN).
+// 8 consecutive arena values of one K or V row, as loaded (the gather keeps AM_GATHER of them in
+// flight before converting any).
+struct KvPiece {
+#ifdef KV_BF16
+    uint4 w;                                               // 8 bf16
+#else
+    float4 a, b;
+#endif
+};
+
+__device__ __forceinline__ KvPiece load_piece(const kv_t* p) {
+    KvPiece r;
+#ifdef KV_BF16
+    r.w = __ldg(reinterpret_cast<const uint4*>(p));
+#else
+    r.a = __ldg(reinterpret_cast<const float4*>(p));
+    r.b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+#endif
+    return r;
+}
+
+__device__ __forceinline__ KvPiece zero_piece() {
+    KvPiece r;
+#ifdef KV_BF16
+    r.w = make_uint4(0u, 0u, 0u, 0u);
+#else
+    r.a = r.b = make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
+    return r;
+}
+
+// A piece as 4 words of bf16 hi and (fp32 arena only) 4 of lo.
+__device__ __forceinline__ void split_piece(const KvPiece& x, uint4& hi, uint4& lo) {
+#ifdef KV_BF16
+    hi = x.w;
+    lo = make_uint4(0u, 0u, 0u, 0u);
+#else
+    split8(x.a, x.b, hi, lo);
+#endif
+}
+
+// Gather the chunk's K and V rows (list entries j0 .. j0 + n_here) into shared memory as bf16 hi/lo
+// (hi only for a bf16 arena); slots past n_here are zeros (their scores are masked, and 0 * garbage
+// could be NaN).
 template <int HD>
-__device__ __forceinline__ void gather_chunk(const float* k_head, const float* v_head, const int* attend_list,
+__device__ __forceinline__ void gather_chunk(const kv_t* k_head, const kv_t* v_head, const int* attend_list,
                                              int j0, int n_here, uint16_t* kh, uint16_t* kl, uint16_t* vh,
                                              uint16_t* vl) {
     using L = MmaLayout<HD>;
     constexpr int C8 = HD / 8;                           // 32-byte pieces per K/V row
     constexpr int TOTAL = ATTN_CHUNK * C8;
     for (int base = threadIdx.x; base < TOTAL; base += AM_THREADS * AM_GATHER) {
-        float4 k0[AM_GATHER], k1[AM_GATHER], v0[AM_GATHER], v1[AM_GATHER];
+        KvPiece kp[AM_GATHER], vp[AM_GATHER];
 #pragma unroll
         for (int u = 0; u < AM_GATHER; ++u) {
             const int e = base + u * AM_THREADS;         // range [0, TOTAL) when in bounds
@@ -92,18 +145,9 @@ __device__ __forceinline__ void gather_chunk(const float* k_head, const float* v
             // V: slot-fastest, so the transposed 16-bit stores of a warp land in one shared-memory row.
             const int kj = e / C8, kc = e - kj * C8;
             const int vj = e % ATTN_CHUNK, vc = e / ATTN_CHUNK;
-            const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-            k0[u] = k1[u] = v0[u] = v1[u] = zero;
-            if (e < TOTAL && kj < n_here) {
-                const float4* src = reinterpret_cast<const float4*>(k_head + (size_t)attend_list[j0 + kj] * HD + 8 * kc);
-                k0[u] = __ldg(src);
-                k1[u] = __ldg(src + 1);
-            }
-            if (e < TOTAL && vj < n_here) {
-                const float4* src = reinterpret_cast<const float4*>(v_head + (size_t)attend_list[j0 + vj] * HD + 8 * vc);
-                v0[u] = __ldg(src);
-                v1[u] = __ldg(src + 1);
-            }
+            kp[u] = vp[u] = zero_piece();
+            if (e < TOTAL && kj < n_here) kp[u] = load_piece(k_head + (size_t)attend_list[j0 + kj] * HD + 8 * kc);
+            if (e < TOTAL && vj < n_here) vp[u] = load_piece(v_head + (size_t)attend_list[j0 + vj] * HD + 8 * vc);
         }
 #pragma unroll
         for (int u = 0; u < AM_GATHER; ++u) {
@@ -111,17 +155,17 @@ __device__ __forceinline__ void gather_chunk(const float* k_head, const float* v
             if (e >= TOTAL) continue;
             uint4 hi, lo;
             const int kj = e / C8, kc = e - kj * C8;
-            split8(k0[u], k1[u], hi, lo);
+            split_piece(kp[u], hi, lo);
             *reinterpret_cast<uint4*>(kh + kj * L::KS + 8 * kc) = hi;
-            *reinterpret_cast<uint4*>(kl + kj * L::KS + 8 * kc) = lo;
+            if (AM_KV_PARTS == 2) *reinterpret_cast<uint4*>(kl + kj * L::KS + 8 * kc) = lo;
             const int vj = e % ATTN_CHUNK, vc = e / ATTN_CHUNK;
-            split8(v0[u], v1[u], hi, lo);
+            split_piece(vp[u], hi, lo);
             const uint32_t hw[4] = {hi.x, hi.y, hi.z, hi.w}, lw[4] = {lo.x, lo.y, lo.z, lo.w};
 #pragma unroll
             for (int d = 0; d < 8; ++d) {
                 const int row = (8 * vc + d) * L::VS + vj;
                 vh[row] = (uint16_t)(hw[d >> 1] >> (16 * (d & 1)));
-                vl[row] = (uint16_t)(lw[d >> 1] >> (16 * (d & 1)));
+                if (AM_KV_PARTS == 2) vl[row] = (uint16_t)(lw[d >> 1] >> (16 * (d & 1)));
             }
         }
     }
@@ -129,14 +173,14 @@ __device__ __forceinline__ void gather_chunk(const float* k_head, const float* v
 
 template <int HD>
 __device__ __forceinline__ void attention_partial_mma(
-        const float* qkv, int qkv_stride, const float* k_cache, const float* v_cache, const int* attend_list,
+        const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache, const int* attend_list,
         const int* ctl, float* part_o, float* part_ml, int n_q_heads, int n_kv_heads, int capacity, int n_splits,
         float scale, int n_rows, int rows_per_block) {
     using L = MmaLayout<HD>;
     extern __shared__ uint4 smem_mma[];
     uint16_t* kh = reinterpret_cast<uint16_t*>(smem_mma);
-    uint16_t* kl = kh + L::K_HALVES;
-    uint16_t* vh = kl + L::K_HALVES;
+    uint16_t* kl = kh + L::K_HALVES;                            // lo halves: fp32 arena only
+    uint16_t* vh = kh + AM_KV_PARTS * L::K_HALVES;
     uint16_t* vl = vh + L::V_HALVES;
     const int split = blockIdx.x;                               // range [0, n_splits)
     const int kvh = blockIdx.y;                                 // range [0, KVH)
@@ -187,7 +231,8 @@ __device__ __forceinline__ void attention_partial_mma(
 #pragma unroll
             for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt) {
                 const int w = ((nt * 8 + g) * L::KS + 16 * ks + 2 * t) >> 1;
-                mma_split(s[nt], ah, al, kh32[w], kh32[w + 4], kl32[w], kl32[w + 4]);
+                mma_split(s[nt], ah, al, kh32[w], kh32[w + 4], AM_KV_PARTS == 2 ? kl32[w] : 0u,
+                          AM_KV_PARTS == 2 ? kl32[w + 4] : 0u);
             }
         }
 
@@ -232,7 +277,8 @@ __device__ __forceinline__ void attention_partial_mma(
 #pragma unroll
             for (int nd = 0; nd < HD / 8; ++nd) {
                 const int w = ((nd * 8 + g) * L::VS + 16 * kk + 2 * t) >> 1;
-                mma_split(o[nd], ph, pl, vh32[w], vh32[w + 4], vl32[w], vl32[w + 4]);
+                mma_split(o[nd], ph, pl, vh32[w], vh32[w + 4], AM_KV_PARTS == 2 ? vl32[w] : 0u,
+                          AM_KV_PARTS == 2 ? vl32[w + 4] : 0u);
             }
         }
 
@@ -258,7 +304,7 @@ __device__ __forceinline__ void attention_partial_mma(
 // the state spilled), so one block's gather overlaps another's products.
 #define ATTENTION_MMA_ENTRY(HD, MINB)                                                                        \
     extern "C" __global__ void __launch_bounds__(AM_THREADS, MINB) attention_partial_mma_hd##HD##_b##MINB(   \
-            const float* qkv, int qkv_stride, const float* k_cache, const float* v_cache,                    \
+            const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache,                      \
             const int* attend_list, const int* ctl, float* part_o, float* part_ml, int n_q_heads,            \
             int n_kv_heads, int capacity, int n_splits, float scale, int n_rows, int rows_per_block) {      \
         attention_partial_mma<HD>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl, part_o, part_ml,       \

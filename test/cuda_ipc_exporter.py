@@ -1,6 +1,6 @@
 """A reconciler-like process for test_cuda_ipc.py: exports KV rows of its own CudaBackend by CUDA IPC.
 
-Run as `python test/cuda_ipc_exporter.py MODEL_DIR CAPACITY OUT_DIR`. It fills slots with real K/V,
+Run as `python test/cuda_ipc_exporter.py MODEL_DIR CAPACITY OUT_DIR [KV_DTYPE]`. It fills slots with real K/V,
 exports them (DeviceKvExporter), writes the expected rows to OUT_DIR/expected.npy and prints the
 offer's IPC descriptor as one JSON line; then per stdin line: "export" exports the same slots again
 (the ring's next buffer, then this one again) and prints the new descriptor; "quit" exits.
@@ -17,8 +17,9 @@ def main() -> int:
     from vla_edge_ros.model.spec import ModelSpec
 
     model_dir, capacity, out_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    kv_dtype = sys.argv[4] if len(sys.argv) > 4 else "float32"
     spec = ModelSpec.from_dir(model_dir)
-    backend = CudaBackend(spec, model_dir, capacity, "float32")       # streamed from the snapshot directory
+    backend = CudaBackend(spec, model_dir, capacity, "float32", kv_dtype=kv_dtype)   # streamed from the directory
     rng = np.random.default_rng(5)
     slots = rng.permutation(capacity)[:150].astype(np.int32)          # scattered, more than one pass of rows
     x = rng.standard_normal((slots.size, spec.hidden_size)).astype(np.float32)

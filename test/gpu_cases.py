@@ -4,8 +4,9 @@ attention_inputs: random fp32 K/V in an arena behind a permuted slot list (holes
                 to slot number), q rows attending causally after a cached context, the output poisoned
                 with NaN: the arguments of one attention launch and kernel_reference.attention_ref's answer.
 attention_case: one `CudaKernels.attention` call on them; returns (ours, the reference).
-one_cycle:      a backend's context forward, then one device cycle (prefill + 8 decode steps, argmax over
-                the 256 action bins); returns (tokens, prefill logits).
+one_cycle:      a backend's context forward, then one cycle (prefill + 8 decode steps, argmax over the 256
+                action bins; on the device for a CudaBackend, a host loop for the numpy one); returns (tokens,
+                prefill logits).
 """
 import numpy as np
 
@@ -50,5 +51,5 @@ def one_cycle(backend, vocab_size, n_ctx, n_prefill, seed):
     b, end = backend, n_ctx + n_prefill
     b.forward(b.embed(ctx_ids), np.arange(n_ctx), np.arange(n_ctx), np.array([], np.int64), logits="none")
     tokens = b.run_cycle_tokens(b.embed(p_ids), np.arange(n_ctx, end), np.arange(n_ctx, end), np.arange(n_ctx),
-                                np.arange(end, end + 8), np.arange(end, end + 8), vocab_size - 256, 9)
+                                np.arange(end, end + 8), np.arange(end, end + 8), vocab_size - 256, 9, 256)
     return tokens, b.prefill_logits()

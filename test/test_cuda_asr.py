@@ -48,11 +48,12 @@ def clip():
     return frames[:48]
 
 
-def _backends(model, own, dtype="float32"):
+def _backends(model, own, dtype="float32", kv_dtype="float32"):
     """(primary in device 0's primary context, reconciler in `own`)."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
     spec, weights, _ = model
-    return CudaBackend(spec, weights, CAPACITY, dtype), CudaBackend(spec, weights, CAPACITY, dtype, device=own)
+    return (CudaBackend(spec, weights, CAPACITY, dtype, kv_dtype=kv_dtype),
+            CudaBackend(spec, weights, CAPACITY, dtype, device=own, kv_dtype=kv_dtype))
 
 
 def _fill(backend, slots, seed):
@@ -62,11 +63,12 @@ def _fill(backend, slots, seed):
     backend.forward(x, np.arange(slots.size), slots.astype(np.int32), np.zeros(0, np.int32), logits="none")
 
 
-def test_kv_crosses_contexts_device_to_device_bit_exactly_and_stale_or_bad_kv_is_refused(model, own_context):
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+def test_kv_crosses_contexts_device_to_device_bit_exactly_and_stale_or_bad_kv_is_refused(model, own_context, kv_dtype):
     from vla_edge_ros.model.cuda_state_transfer import DeviceKvExporter
     from vla_edge_ros.model.errors import DeviceKVUnavailable
 
-    primary, recon = _backends(model, own_context)
+    primary, recon = _backends(model, own_context, kv_dtype=kv_dtype)
     exporter = DeviceKvExporter(recon)
     src = np.arange(3, 3 + 2 * 150, 2)                    # 150 slots with holes: two chunks of max_rows 128
     dst = np.arange(CAPACITY - 1, CAPACITY - 151, -1)     # written in reverse order elsewhere
@@ -83,7 +85,8 @@ def test_kv_crosses_contexts_device_to_device_bit_exactly_and_stale_or_bad_kv_is
     t = time.perf_counter()
     primary.write_kv(dst, recon.read_kv(src))
     host_ms = (time.perf_counter() - t) * 1e3
-    print(f"150 KV rows across contexts: device to device {device_ms:.2f} ms, through the host {host_ms:.2f} ms")
+    print(f"150 KV rows ({kv_dtype}) across contexts: device to device {device_ms:.2f} ms, through the host "
+          f"{host_ms:.2f} ms")
 
     bad = expected[:, :, :1].copy()
     bad[0, 0, 0, 0] = np.nan

@@ -19,7 +19,8 @@ CAPACITY = 400
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_kv_rows_cross_processes_bit_exactly_and_a_rewritten_buffer_is_refused(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+def test_kv_rows_cross_processes_bit_exactly_and_a_rewritten_buffer_is_refused(tiny_model_dir, tmp_path, kv_dtype):
     from vla_edge_ros.model.cuda_backend import CudaBackend
     from vla_edge_ros.model.cuda_device import primary_device
     from vla_edge_ros.model.cuda_ipc import IpcKvMapper
@@ -27,19 +28,23 @@ def test_kv_rows_cross_processes_bit_exactly_and_a_rewritten_buffer_is_refused(t
     from vla_edge_ros.model.spec import ModelSpec
 
     child = subprocess.Popen([sys.executable, str(ROOT / "test" / "cuda_ipc_exporter.py"), str(tiny_model_dir),
-                              str(CAPACITY), str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              str(CAPACITY), str(tmp_path), kv_dtype], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True, cwd=ROOT)
     try:
         descriptor = json.loads(child.stdout.readline())
         expected = np.load(tmp_path / "expected.npy")                  # [2, L, 150, kv_dim]
         spec = ModelSpec.from_dir(tiny_model_dir)
-        primary = CudaBackend(spec, tiny_model_dir, CAPACITY, "float32")
+        primary = CudaBackend(spec, tiny_model_dir, CAPACITY, "float32", kv_dtype=kv_dtype)
         mapper = IpcKvMapper(primary.device)
         kv = mapper.open(descriptor)
         assert kv.shape == expected.shape and np.isfinite(kv).all()
         dst = np.arange(CAPACITY - 1, CAPACITY - 151, -1)             # other slots, reversed
         kv.write_into(primary, dst)
         np.testing.assert_array_equal(primary.read_kv(dst), expected)
+        assert descriptor["element"] == np.dtype(primary.kv_rows_dtype()).name
+        other = dict(descriptor, element="float32" if kv_dtype == "bfloat16" else "uint16")
+        with pytest.raises(ValueError, match="kv.dtype differs"):
+            mapper.open(other).write_into(primary, dst)                # never converted, never copied
         print(f"150 KV rows across processes: {kv.last_copy_ms:.3f} ms (check, one kv_scatter, sync, check)")
 
         for _ in range(2):                                             # the ring comes back to kv's buffer

@@ -91,6 +91,28 @@ def test_family_source_is_one_translation_unit(family):
         assert mma_definitions == 1, f"{family}.cu includes mma_bf16.cuh"
 
 
+def test_kv_families_are_exactly_the_families_that_touch_the_arena():
+    """-DKV_BF16 reaches every family that reads or writes the KV arena and no other: a family left out would
+    read a bf16 arena as fp32 (garbage, not an error), so the list is checked against the sources."""
+    from vla_edge_ros.config import KV_DTYPES
+    assert tuple(ck.KV_ARENA_TYPES) == KV_DTYPES                  # every kv.dtype the configuration accepts
+    touching = {family for family in ck.FAMILIES if "typedef uint16_t kv_t;" in ck.family_source(family)}
+    assert touching == ck.KV_FAMILIES
+    for family in ck.FAMILIES:
+        assert ck.family_options(family, "float32") == ()
+        assert ck.family_options(family, "bfloat16") == (("-DKV_BF16",) if family in ck.KV_FAMILIES else ())
+    with pytest.raises(ValueError, match="kv dtype 'float16' unknown"):
+        ck.family_options("rope", "float16")
+
+
+def test_kv_arena_is_declared_float_only_in_kv_store_cuh():
+    """Outside kv_store.cuh no kernel names the arena with a float pointer: k_cache / v_cache are kv_t."""
+    for path in sorted(CUDA.glob("*.cu*")):
+        text = path.read_text()
+        if path.name != "kv_store.cuh":
+            assert not re.search(r"float\s*\*\s*(?:__restrict__\s*)?[kv]_cache\b", text), path.name
+
+
 def test_bf16_mma_helpers_are_defined_in_mma_bf16_cuh_only():
     for path in sorted(CUDA.glob("*.cu*")):
         text = path.read_text()
@@ -150,7 +172,7 @@ def _fake_array(shape):
 def test_vision_family_is_compiled_at_its_first_launch_only(monkeypatch):
     compiled, launches = [], []
 
-    def compile_family(device, family, arch=None):
+    def compile_family(device, family, arch=None, options=()):
         compiled.append(family)
         return _FakeModule(launches)
     monkeypatch.setattr(ck, "compile_family", compile_family)

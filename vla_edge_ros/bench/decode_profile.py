@@ -19,7 +19,8 @@ import sys
 
 import numpy as np
 
-from .pycuda_cycle import BINS, DECODE_STEPS, PREFILL_ROWS, _breakdown, _fill_context, apply_launch_mode, launch_mode
+from .pycuda_cycle import (BINS, DECODE_STEPS, PREFILL_ROWS, _breakdown, _fill_context, apply_launch_mode, launch_mode,
+                           mode_kv_dtype, robot_config)
 
 log = logging.getLogger(__name__)
 
@@ -113,15 +114,18 @@ def main(argv=None) -> int:
                         "(model.staged_prefill_projections: false)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    from ..config import ModelConfig
     from ..model.cuda_backend import CudaBackend
     from ..model.cuda_device import primary_device
     from ..model.spec import ModelSpec
 
     spec = ModelSpec.from_dir(args.model)
     with primary_device(0).bound():
-        options = {**ModelConfig().kernel_options(), "staged_prefill_projections": not args.unstaged_prefill}
-        backend = CudaBackend(spec, args.model, args.cached + PREFILL_ROWS + DECODE_STEPS, "bfloat16", **options)
+        robot = robot_config()
+        # One backend: the KV arena type of the first mode (its +kv32 / +kv16, else the robot preset's).
+        kv_dtype = mode_kv_dtype(args.launch_modes[0], robot.kv.dtype)
+        options = {**robot.model.kernel_options(), "staged_prefill_projections": not args.unstaged_prefill}
+        backend = CudaBackend(spec, args.model, args.cached + PREFILL_ROWS + DECODE_STEPS, "bfloat16",
+                              kv_dtype=kv_dtype, **options)
         _fill_context(backend, spec, args.cached, np.random.default_rng(1))
         for mode in args.launch_modes:
             r = profile_mode(backend, spec, mode, args.cached, args.replays, args.ncu_window)

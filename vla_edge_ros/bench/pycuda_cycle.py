@@ -70,8 +70,9 @@ def add_arguments(p) -> None:
                    help="decode launch modes to time side by side: plain (the backend's default), pdl "
                         "(programmatic dependent launch), persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (one "
                         "persistent kernel per step), each optionally with a prefill attention variant "
-                        "+tiled|+mma|+mma2, a decode attention variant +h1|+h2 (warps per slot group) and a "
-                        "decode projection grid +noloop|+loop2|+loop4 (blocks per SM looping over items), e.g. "
+                        "+tiled|+mma|+mma2, a decode attention variant +h1|+h2 (warps per slot group), a "
+                        "decode projection grid +noloop|+loop2|+loop4 (blocks per SM looping over items) and a KV "
+                        "arena type +kv32|+kv16 (a backend of its own: float32 or bf16 K/V), e.g. "
                         "plain+tiled for the kernel before attention_mma.cu; the first is "
                         "the one the summary reports (default: the three launch modes with the configured kernels)")
 
@@ -88,12 +89,16 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "noloop": {"decode_gemv_blocks_per_sm": 0},
                    "loop2": {"decode_gemv_blocks_per_sm": 2},
                    "loop4": {"decode_gemv_blocks_per_sm": 4}}
+# The KV arena's element type ('+kv32' / '+kv16'): fixed when a backend is built, so each type named gets a
+# backend of its own (same weights, its own context fill); unnamed, the robot preset's (robot_config).
+KV_VARIANTS = {"kv32": "float32", "kv16": "bfloat16"}
 
 
 def launch_mode(text: str) -> str:
     """argparse type of a decode launch mode with optional kernel variants:
-    plain | pdl | persistent[:blocks[:MiB]], then at most one of +tiled +mma +mma2, one of +h1 +h2 and one of
-    +noloop +loop2 +loop4 (KERNEL_VARIANTS: variants that set the same switch exclude each other)."""
+    plain | pdl | persistent[:blocks[:MiB]], then at most one of +tiled +mma +mma2, one of +h1 +h2, one of
+    +noloop +loop2 +loop4 (KERNEL_VARIANTS: variants that set the same switch exclude each other) and one of
+    +kv32 +kv16 (KV_VARIANTS)."""
     mode, *variants = text.split("+")
     kind, *opts = mode.split(":")
     try:
@@ -101,11 +106,13 @@ def launch_mode(text: str) -> str:
             all(float(o) >= 0 for o in opts) and (not opts or int(opts[0]) in (1, 2))
     except ValueError:
         ok = False
-    ok = ok and all(v in KERNEL_VARIANTS for v in variants)
+    ok = ok and all(v in KERNEL_VARIANTS or v in KV_VARIANTS for v in variants)
+    ok = ok and sum(v in KV_VARIANTS for v in variants) <= 1
     switches = [k for v in variants if v in KERNEL_VARIANTS for k in KERNEL_VARIANTS[v]]
     if not ok or len(switches) != len(set(switches)):
         raise argparse.ArgumentTypeError(f"launch mode {text!r}: plain, pdl or persistent[:1|2[:MiB]], then at most one "
-                                         f"of +tiled +mma +mma2, one of +h1 +h2 and one of +noloop +loop2 +loop4")
+                                         f"of +tiled +mma +mma2, one of +h1 +h2, one of +noloop +loop2 +loop4 and one "
+                                         f"of +kv32 +kv16")
     return text
 
 
@@ -119,9 +126,11 @@ def apply_launch_mode(backend, mode: str) -> str:
     kind, *opts = launch.split(":")
     chosen = dict(backend.kernel_variant_defaults)
     for v in variants:
-        chosen.update(KERNEL_VARIANTS[v])
+        chosen.update(KERNEL_VARIANTS.get(v, {}))
     in_effect = backend.set_kernel_variants(**chosen)
-    suffix = "".join(f"+{v}" for v in variants if all(in_effect[k] == want for k, want in KERNEL_VARIANTS[v].items()))
+    suffix = "".join(f"+{v}" for v in variants if v in KERNEL_VARIANTS
+                     and all(in_effect[k] == want for k, want in KERNEL_VARIANTS[v].items()))
+    suffix += "".join(f"+{v}" for v in variants if KV_VARIANTS.get(v) == backend.kv_dtype)
     pdl = backend.set_programmatic_launch(kind == "pdl")
     if kind == "persistent":
         blocks = int(opts[0]) if opts else cb.PERSISTENT_BLOCKS_PER_SM
@@ -129,6 +138,18 @@ def apply_launch_mode(backend, mode: str) -> str:
         return (launch if backend.set_persistent_decode(True, blocks, l2) else "plain") + suffix
     backend.set_persistent_decode(False)
     return ("pdl" if pdl else "plain") + suffix
+
+
+def robot_config():
+    """config/gpu_demo.yaml over the defaults: the setup a robot with a GPU runs, which the bench times."""
+    from ..config import load
+    from ..resources import config_dir
+    return load(config_dir() / "gpu_demo.yaml")
+
+
+def mode_kv_dtype(mode: str, default: str) -> str:
+    """The KV arena type a launch mode asks for (its +kv32 / +kv16), else `default`."""
+    return next((KV_VARIANTS[v] for v in mode.split("+")[1:] if v in KV_VARIANTS), default)
 
 
 def run(args) -> int:
@@ -163,7 +184,6 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, mode
     (its columns are then None)."""
     import torch
 
-    from ..config import ModelConfig
     from ..model.cuda_backend import CudaBackend
     from ..model.spec import ModelSpec
 
@@ -172,10 +192,17 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, mode
     spec = ModelSpec.from_hf_config(cfg)
     weights = _weights_from_hf(hf, spec)
     capacity = max(cached) + PREFILL_ROWS + DECODE_STEPS
-    t0 = time.perf_counter()
-    backend = CudaBackend(spec, weights, capacity, "bfloat16", **ModelConfig().kernel_options())   # as a robot runs it
+    # One backend per KV arena type the modes name, each as a robot runs it; the first mode's is the summary's.
+    robot = robot_config()
+    kv_types = list(dict.fromkeys(mode_kv_dtype(m, robot.kv.dtype) for m in modes))
+    backends = {}
+    for kv_dtype in kv_types:
+        t0 = time.perf_counter()
+        backends[kv_dtype] = CudaBackend(spec, weights, capacity, "bfloat16", kv_dtype=kv_dtype,
+                                         **robot.model.kernel_options())
+        log.info("backend with a %s KV arena ready in %.1f s", kv_dtype, time.perf_counter() - t0)
     del weights
-    log.info("backend ready in %.1f s", time.perf_counter() - t0)
+    backend = backends[kv_types[0]]
     # The compiled baseline needs SDPA attention; the eager column keeps its eager attention, so it gets a second
     # model holding a copy of the same weights (made once: 3 GB more at 1.5B).
     hf_sdpa = _hf_twin(hf, shape, "sdpa") if hf_compiled_cycles > 0 else None
@@ -186,13 +213,15 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, mode
     rng = np.random.default_rng(seed)
     rows = []
     for n_cached in cached:
-        _fill_context(backend, spec, n_cached, rng)
+        for b in backends.values():
+            _fill_context(b, spec, n_cached, rng)
         theirs = _time_hf(hf, spec, n_cached, hf_cycles, rng)
         compiled = (_time_hf_compiled_or_error(hf_sdpa, spec, n_cached, hf_compiled_cycles, rng)
                     if hf_sdpa is not None else None)
         for mode in modes:
-            in_effect = apply_launch_mode(backend, mode)
-            ours = _time_ours(backend, spec, n_cached, cycles, rng)
+            mode_backend = backends[mode_kv_dtype(mode, robot.kv.dtype)]
+            in_effect = apply_launch_mode(mode_backend, mode)
+            ours = _time_ours(mode_backend, spec, n_cached, cycles, rng)
             rows.append({"cached": n_cached, "variant": in_effect, "ours": ours, "hf_eager_bf16": theirs,
                          "hf_compiled_static": compiled,
                          "ratio_p50": theirs["cycle_ms"]["p50"] / ours["cycle_ms"]["p50"],
@@ -205,7 +234,8 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, mode
         "benchmark": "pycuda_cycle", "shape": shape, "machine": _machine(),
         "cycle": f"{PREFILL_ROWS}-row prefill + {DECODE_STEPS} decode steps, argmax over {BINS} action bins",
         "launch_modes": [r["variant"] for r in rows[:len(modes)]], "summary_launch_mode": last["variant"],
-        "kv_capacity": capacity, "device_memory_bytes": backend.memory_bytes(),
+        "kv_capacity": capacity, "device_memory_bytes": backend.memory_bytes(), "kv_dtype": backend.kv_dtype,
+        "device_memory_bytes_by_kv_dtype": {kv: b.memory_bytes() for kv, b in backends.items()},
         "weight_bytes": full_bytes, "decode_stream_bytes": floor_bytes,
         "copy_bandwidth_gbs": bandwidth / 1e9,
         "floor_decode_ms": floor_ms, "floor_full_weights_ms": full_bytes / bandwidth * 1e3,

@@ -3,8 +3,10 @@
 Same contract as the numpy backend (model/backend.py): explicit absolute
 positions, a KV arena of `capacity` slots allocated once, write_slots /
 context_slots with holes allowed, causal within a call, K stored after RoPE.
-Weights are uploaded once (bf16 bits or float32), activations and the KV
-arena are float32. Every device buffer is allocated in the constructor, after
+Weights are uploaded once (bf16 bits or float32), activations are float32,
+the KV arena float32 or (kv_dtype bfloat16) bf16 bits, widened to float32 as
+the attention loads them (cuda/kv_store.cuh). Every device buffer is
+allocated in the constructor, after
 the planned total has been checked against the VRAM ceiling; nothing is
 allocated per call or per token.
 
@@ -29,7 +31,7 @@ streaming its weights before it waits; off by default (measured slower:
 notes/cuda_notes.md, issue 10, run 7).
 
 Device layouts:
-    k_cache, v_cache   [layers, kv_heads, capacity, head_dim] float32
+    k_cache, v_cache   [layers, kv_heads, capacity, head_dim] float32, or uint16 bf16 bits (kv_dtype)
     qkv weight         [q_dim + 2 kv_dim, hidden]  (q, k, v rows stacked; HF [out, in])
     qkv_rope weight    the same rows in kernel_reference.qkv_rope_row_order (bf16 decode pipeline)
     gate/up weight     [2 ceil8(inter), hidden]    interleaved in blocks of 8 (MODE_SWIGLU)
@@ -52,7 +54,8 @@ from .kernel_reference import interleave_gate_up, permute_rows, qkv_rope_row_ord
 from .cuda_device import primary_device
 from .spec import ModelSpec
 from .weight_stream import tensor_source
-from .weights import BIAS_FIELDS, GLOBAL_TENSOR_NAMES, LAYER_TENSOR_NAMES, canonical_dtype, round_to_bf16
+from .weights import (BIAS_FIELDS, GLOBAL_TENSOR_NAMES, LAYER_TENSOR_NAMES, bf16_bits_to_float32, canonical_dtype,
+                      float32_to_bf16_bits, round_to_bf16)
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +123,8 @@ class CudaBackend:
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
                  programmatic_launch: bool = False, staged_prefill_projections: bool = True,
                  persistent_decode: bool = False, tensor_core_attention: bool = True,
-                 decode_attention_head_split: int = 2, decode_gemv_blocks_per_sm: int = 4, device=None):
+                 decode_attention_head_split: int = 2, decode_gemv_blocks_per_sm: int = 4, device=None,
+                 kv_dtype: str = "float32"):
         """weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
         weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context);
         programmatic_launch: launch the decode kernels with programmatic dependent launch (cuda_pdl.py)
@@ -131,7 +135,9 @@ class CudaBackend:
         (attention_mma.cu) where head_dim has an entry there (the measured faster default);
         decode_attention_head_split: warps per 8-slot group of attention_decode.cu's blocks (1 or 2; 2 measured
         faster); decode_gemv_blocks_per_sm: > 0 loops a decode projection's items over that many blocks per SM
-        where it has more (gemv_bf16_items; 4 measured faster; 0: a block per item)."""
+        where it has more (gemv_bf16_items; 4 measured faster; 0: a block per item); kv_dtype: the KV arena's
+        element, float32 or bfloat16 (K and V rounded to nearest even as they are stored: half the arena,
+        attention bytes and swap bytes)."""
         self.spec = spec
         self.persistent_decode = False                     # set_persistent_decode() turns it on after the build
         self.persistent_blocks_per_sm = PERSISTENT_BLOCKS_PER_SM
@@ -145,6 +151,10 @@ class CudaBackend:
         self.capacity = int(capacity)
         self._slot_marks = np.zeros(self.capacity, dtype=bool)    # scratch for the slot-set checks of forward()
         self.dtype = canonical_dtype(dtype)
+        if kv_dtype not in ck.KV_ARENA_TYPES:
+            raise ValueError(f"kv_dtype must be one of {tuple(ck.KV_ARENA_TYPES)}, got {kv_dtype!r}")
+        self.kv_dtype = kv_dtype
+        self.kv_element = np.dtype(ck.KV_ARENA_TYPES[kv_dtype][0])    # uint16 (bf16 bits) or float32 on the device
         self.max_rows = int(max_rows)
         self.use_graphs = use_graphs
         _check_model(spec, self.capacity, self.max_rows)
@@ -176,9 +186,9 @@ class CudaBackend:
             except BaseException:
                 self._free_buffers()      # a failed build (bad tensor, compile error) leaves nothing allocated
                 raise
-        log.info("CudaBackend %s on %s: %.2f GiB on device (weights %.2f GiB, KV %.3f GiB), %d slots, %d rows per pass",
-                 self.dtype, self.device.describe(), self._bytes / GIB, self.weight_bytes / GIB, self.kv_bytes / GIB,
-                 self.capacity, self.max_rows)
+        log.info("CudaBackend %s on %s: %.2f GiB on device (weights %.2f GiB, KV %.3f GiB in %s), %d slots, %d rows "
+                 "per pass", self.dtype, self.device.describe(), self._bytes / GIB, self.weight_bytes / GIB,
+                 self.kv_bytes / GIB, self.kv_dtype, self.capacity, self.max_rows)
         # What this backend was built with: bench/pycuda_cycle.apply_launch_mode returns to it between variants.
         self.kernel_variant_defaults = {"tensor_core_attention": bool(tensor_core_attention),
                                         "attention_blocks_per_sm": ATTENTION_MMA_BLOCKS_PER_SM,
@@ -194,7 +204,7 @@ class CudaBackend:
 
     def _build(self, source, wdt) -> None:
         """Compile/load the kernels, upload the weights and allocate the state (device context current)."""
-        self.kernels = ck.CudaKernels(self.device)
+        self.kernels = ck.CudaKernels(self.device, kv_dtype=self.kv_dtype)
         if self.kernels.sync_each_launch:
             self.use_graphs = False           # a synchronize inside a stream capture would invalidate it
         self.stream = self._drv.Stream()
@@ -376,7 +386,8 @@ class CudaBackend:
 
     @_on_device
     def read_kv(self, slots: np.ndarray) -> np.ndarray:
-        """[2, layers, len(slots), kv_dim] float32: K (after RoPE) and V of the slots."""
+        """[2, layers, len(slots), kv_dim] float32: K (after RoPE) and V of the slots (a bf16 arena's values
+        widened exactly)."""
         slots = self._slot_array(slots, "slots")
         out = np.empty((2, self.spec.num_layers, slots.size, self.spec.kv_dim), np.float32)
         for start in range(0, slots.size, self.max_rows):
@@ -384,8 +395,16 @@ class CudaBackend:
             self._put(self.kv_slots_buf, slots[start:start + n].astype(np.int32))
             self._kv_move("gather", n)
             self.stream.synchronize()
-            out[:, :, start:start + n] = self.kv_staging.get()[:, :, :n]
+            out[:, :, start:start + n] = self.kv_to_host(self.kv_staging.get()[:, :, :n])
         return out
+
+    def kv_to_host(self, rows: np.ndarray) -> np.ndarray:
+        """Arena elements as the device holds them (float32, or uint16 bf16 bits) -> float32 values."""
+        return bf16_bits_to_float32(rows) if self.kv_element == np.uint16 else rows
+
+    def kv_from_host(self, values: np.ndarray) -> np.ndarray:
+        """float32 values -> arena elements (a bf16 arena: rounded to nearest even, as the kernels store)."""
+        return float32_to_bf16_bits(values) if self.kv_element == np.uint16 else values
 
     @_on_device
     def write_kv(self, slots: np.ndarray, kv: np.ndarray) -> None:
@@ -394,10 +413,10 @@ class CudaBackend:
         kv = np.asarray(kv)
         if kv.shape != expected or kv.dtype != np.float32:
             raise ValueError(f"write_kv: kv must be float32 {expected}, got {kv.dtype} {kv.shape}")
-        staging = np.zeros(self.kv_staging.shape, np.float32)
+        staging = np.zeros(self.kv_staging.shape, self.kv_element)
         for start in range(0, slots.size, self.max_rows):
             n = min(self.max_rows, slots.size - start)
-            staging[:, :, :n] = kv[:, :, start:start + n]
+            staging[:, :, :n] = self.kv_from_host(kv[:, :, start:start + n])
             self.stream.synchronize()
             self.kv_staging.set(staging)
             self._put(self.kv_slots_buf, slots[start:start + n].astype(np.int32))
@@ -409,7 +428,8 @@ class CudaBackend:
     @_on_device
     def gather_kv_rows(self, dst_ptr: int, slots: np.ndarray) -> None:
         """Enqueue on self.stream: K/V of `slots` into the device buffer at dst_ptr, laid out as
-        [2, layers, capacity, kv_dim] float32 with row j = slots[j] (one launch). The caller synchronizes."""
+        [2, layers, capacity, kv_dim] in the arena's element (kv_rows_dtype) with row j = slots[j] (one launch).
+        The caller synchronizes."""
         slots = self._slot_array(slots, "slots")
         if slots.size:
             self._put(self.kv_slots_buf, slots.astype(np.int32))
@@ -419,8 +439,9 @@ class CudaBackend:
 
     @_on_device
     def scatter_kv_rows(self, src_ptr: int, slots: np.ndarray) -> None:
-        """Enqueue on self.stream: rows 0..len(slots)-1 of a [2, layers, capacity, kv_dim] float32 device buffer
-        at src_ptr (this context's address, e.g. an opened IPC handle) into `slots` (one launch)."""
+        """Enqueue on self.stream: rows 0..len(slots)-1 of a [2, layers, capacity, kv_dim] device buffer in the
+        arena's element (kv_rows_dtype) at src_ptr (this context's address, e.g. an opened IPC handle) into
+        `slots` (one launch)."""
         slots = self._slot_array(slots, "slots")
         if slots.size:
             self._put(self.kv_slots_buf, slots.astype(np.int32))
@@ -437,6 +458,10 @@ class CudaBackend:
         sp = self.spec
         return (2, sp.num_layers, self.capacity, sp.kv_dim)
 
+    def kv_rows_dtype(self) -> np.dtype:
+        """Element of those buffers: the arena's own (float32, or uint16 bf16 bits), moved bit for bit."""
+        return self.kv_element
+
     @_on_device
     def landing_buffer(self, nbytes: int) -> int:
         """Address of a device buffer for KV arriving from another context of this process (made on first use,
@@ -447,8 +472,9 @@ class CudaBackend:
         return int(self._landing.gpudata)
 
     def _rows_view(self, ptr: int):
-        """A GPUArray view (no allocation) of a [2, layers, capacity, kv_dim] float32 buffer at a device address."""
-        return self._gpuarray.GPUArray(self.kv_rows_shape(), np.float32, gpudata=int(ptr))
+        """A GPUArray view (no allocation) of a [2, layers, capacity, kv_dim] buffer of arena elements at a device
+        address."""
+        return self._gpuarray.GPUArray(self.kv_rows_shape(), self.kv_element, gpudata=int(ptr))
 
     @_on_device
     def set_programmatic_launch(self, enabled: bool) -> bool:
@@ -613,7 +639,7 @@ class CudaBackend:
         kv = (sp.num_layers, sp.num_kv_heads, self.capacity, sp.head_dim)
         self.n_splits = -(-self.capacity // ck.ATTN_CHUNK)
         plan.update({
-            "k_cache": (kv, np.float32), "v_cache": (kv, np.float32),
+            "k_cache": (kv, self.kv_element), "v_cache": (kv, self.kv_element),
             "resid": ((m, sp.hidden_size), np.float32), "normed": ((m, sp.hidden_size), np.float32),
             "prefill_last": ((1, sp.hidden_size), np.float32),
             "qkv": ((m, qkv_rows), np.float32), "attn": ((m, sp.q_dim), np.float32),
@@ -622,7 +648,7 @@ class CudaBackend:
             "part_ml": ((m, sp.num_heads, self.n_splits, 2), np.float32),
             "logits": ((m, sp.vocab_size), np.float32),
             "tables": ((3 * self.capacity + m + ck.CTL_INTS + MAX_CYCLE_TOKENS,), np.int32),
-            "kv_staging": ((2, sp.num_layers, m, sp.kv_dim), np.float32), "kv_slots": ((self.capacity,), np.int32),
+            "kv_staging": ((2, sp.num_layers, m, sp.kv_dim), self.kv_element), "kv_slots": ((self.capacity,), np.int32),
         })
         if wdt == np.uint16:
             plan["decode_layer_table"] = ((sp.num_layers, ck.DECODE_LAYER_POINTERS), np.uint64)
@@ -713,9 +739,9 @@ class CudaBackend:
     def _allocate_state(self) -> None:
         sp, m, cap = self.spec, self.max_rows, self.capacity
         kv = (sp.num_layers, sp.num_kv_heads, cap, sp.head_dim)
-        self.k_cache = self._alloc(kv, np.float32)
-        self.v_cache = self._alloc(kv, np.float32)
-        self._layer_stride = sp.num_kv_heads * cap * sp.head_dim * 4                  # bytes per layer
+        self.k_cache = self._alloc(kv, self.kv_element)
+        self.v_cache = self._alloc(kv, self.kv_element)
+        self._layer_stride = sp.num_kv_heads * cap * sp.head_dim * self.kv_element.itemsize   # bytes per layer
         self.resid = self._alloc((m, sp.hidden_size), np.float32)                     # residual stream
         self.normed = self._alloc((m, sp.hidden_size), np.float32)                    # norm outputs
         self.prefill_last = self._alloc((1, sp.hidden_size), np.float32)              # last prefill row, final layer
@@ -731,7 +757,7 @@ class CudaBackend:
         self.ids = self._alloc((m,), np.int32)
         self.ctl = self._alloc((ck.CTL_INTS,), np.int32)
         self.tokens_out = self._alloc((MAX_CYCLE_TOKENS,), np.int32)
-        self.kv_staging = self._alloc((2, sp.num_layers, m, sp.kv_dim), np.float32)
+        self.kv_staging = self._alloc((2, sp.num_layers, m, sp.kv_dim), self.kv_element)
         if self.dtype == "bfloat16":
             self.decode_layer_table = self._to_device(self._layer_pointers())
             self.decode_counters = self._alloc((2,), np.uint32)                      # zero: the barrier's start

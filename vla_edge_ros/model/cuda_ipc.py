@@ -7,7 +7,11 @@ handle in its swap offer (`DeviceKV.ipc_descriptor()`):
     {"handle": hex of the 64-byte cuIpcMemHandle, "bytes": allocation size,
      "header_offset": where the generation word is, "generation": g,
      "buffer": ring index, "rows": rows in the snapshot,
-     "shape": [2, layers, capacity, kv_dim], "finite": bool, "device_pci_bus_id": ...}
+     "shape": [2, layers, capacity, kv_dim], "element": the arena's element
+     ("float32", or "uint16" for bf16 bits), "finite": bool, "device_pci_bus_id": ...}
+
+The reasoning node's arena must hold the same element (both read kv.dtype from
+one configuration); a mismatch is a clear error, never a conversion.
 
 In the reasoning process an `IpcKvMapper` opens each handle once
 (cuIpcOpenMemHandle; the ring has two buffers, so after the first two offers
@@ -35,7 +39,7 @@ from .errors import DeviceKVUnavailable
 
 log = logging.getLogger(__name__)
 
-DESCRIPTOR_KEYS = ("handle", "bytes", "header_offset", "generation", "rows", "shape", "finite")
+DESCRIPTOR_KEYS = ("handle", "bytes", "header_offset", "generation", "rows", "shape", "element", "finite")
 
 
 class IpcKvMapper:
@@ -125,6 +129,9 @@ class IpcKV:
         if tuple(backend.kv_rows_shape()) != tuple(self.descriptor["shape"]):
             raise ValueError(f"IpcKV.write_into: arena layout {backend.kv_rows_shape()} differs from the reconciler's "
                              f"{tuple(self.descriptor['shape'])} (capacity or model shape differ)")
+        if np.dtype(backend.kv_rows_dtype()).name != self.descriptor["element"]:
+            raise ValueError(f"IpcKV.write_into: this arena holds {np.dtype(backend.kv_rows_dtype()).name}, the "
+                             f"reconciler's rows {self.descriptor['element']} (kv.dtype differs between the nodes)")
         t = time.perf_counter()
         self.check_usable()
         drv = self.mapper.device.drv

@@ -78,7 +78,7 @@ FAMILIES = {
     "attention_decode": {f"attention_decode_partial_v{vpl}{h}": "PiPPPPPPiiiiif"   # merged by attention.cu's kernel
                          for vpl in (1, 2) for h in ("", "_h2")},
     "argmax": {"argmax_bins": "PiiPPi"},
-    "kv_slots": {"kv_gather": "PPPPiiiii", "kv_scatter": "PPPPiiiii"},
+    "kv_slots": {"kv_gather": "PPPPiiiii", "kv_scatter": "PPPPiiiii", "kv_count_nonfinite": "PqP"},
     "vision": {"patch_embed": "PiiiPPPi", "pool_rows": "PiiP", "adjacent_cosine": "PiP"},
     "decode_persistent": {f"decode_layers_v{vpl}_b{blocks}": "PiPPiPiPPPPPPPPPPiiiiiiiiiffq"
                           for vpl in (1, 2) for blocks in (1, 2)},
@@ -91,6 +91,12 @@ FAMILIES = {
 # their compile time.
 ON_DEMAND_FAMILIES = frozenset({"vision", "projection_fused", "projection_staged", "decode_persistent",
                                 "attention_mma"})
+# Families that read or write the KV arena (they include kv_store.cuh; test_kernel_sources.py checks the
+# list): compiled with -DKV_BF16 for a bf16 arena (kv.dtype), so a module serves one arena type.
+KV_FAMILIES = frozenset({"rope", "attention_tiled", "attention_mma", "attention_decode", "kv_slots", "gemv",
+                         "projection_fused", "decode_persistent"})
+# kv.dtype -> (numpy type of the arena's elements on the device, the compile options of KV_FAMILIES).
+KV_ARENA_TYPES = {"float32": (np.float32, ()), "bfloat16": (np.uint16, ("-DKV_BF16",))}
 
 
 class KernelError(ValueError):
@@ -123,7 +129,7 @@ STAGED_MAX_TOKENS = 32          # projection_staged.cu: activation rows staged p
 # Compilation (lazy, per context)
 
 _lock = threading.Lock()
-_modules: dict = {}            # (context handle, family, arch) -> SourceModule
+_modules: dict = {}            # (context handle, family, arch, extra options) -> SourceModule
 
 
 def device_arch(device) -> str:
@@ -165,30 +171,39 @@ def paste_headers(text: str, directory, origin: str, pasted: set) -> str:
 COMPILE_OPTIONS = ["-O3", "-lineinfo"]
 
 
-def compile_family(device, family: str, arch: str | None = None):
-    """SourceModule of one family in `device`'s context, compiled once per (context, family, arch) in this
-    process (PyCUDA also keeps its on-disk cubin cache, so a second process loads instead of compiling)."""
+def family_options(family: str, kv_dtype: str = "float32") -> tuple:
+    """The extra nvcc options of one family for a KV arena of `kv_dtype` (KV_ARENA_TYPES)."""
+    if kv_dtype not in KV_ARENA_TYPES:
+        raise ValueError(f"kv dtype {kv_dtype!r} unknown; choose one of {tuple(KV_ARENA_TYPES)}")
+    return KV_ARENA_TYPES[kv_dtype][1] if family in KV_FAMILIES else ()
+
+
+def compile_family(device, family: str, arch: str | None = None, options: tuple = ()):
+    """SourceModule of one family in `device`'s context, compiled once per (context, family, arch, options) in
+    this process (PyCUDA also keeps its on-disk cubin cache, so a second process loads instead of compiling)."""
     from pycuda.compiler import SourceModule
 
     arch = arch or device_arch(device)
     # A module lives in the context it was loaded in: a second context needs its own copy.
-    key = (device.handle, family, arch)
+    key = (device.handle, family, arch, tuple(options))
     with _lock:
         mod = _modules.get(key)
         if mod is None:
-            log.debug("compiling cuda/%s.cu for %s", family, arch)
+            log.debug("compiling cuda/%s.cu for %s %s", family, arch, " ".join(options))
             with device.bound():
-                mod = SourceModule(family_source(family), arch=arch, no_extern_c=True, options=COMPILE_OPTIONS)
+                mod = SourceModule(family_source(family), arch=arch, no_extern_c=True,
+                                   options=COMPILE_OPTIONS + list(options))
             _modules[key] = mod
     return mod
 
 
-def family_cubin(family: str, arch: str) -> bytes:
+def family_cubin(family: str, arch: str, options: tuple = ()) -> bytes:
     """The cubin of one family, compiled exactly as compile_family does (PyCUDA's disk cache answers the
     second request): cuda_pdl.py loads it a second time through cuda.bindings."""
     from pycuda.compiler import compile as compile_source
 
-    return compile_source(family_source(family), no_extern_c=True, arch=arch, options=COMPILE_OPTIONS)
+    return compile_source(family_source(family), no_extern_c=True, arch=arch,
+                          options=COMPILE_OPTIONS + list(options))
 
 
 # ----------------------------------------------------------------------------
@@ -306,12 +321,16 @@ class CudaKernels:
 
     Launches go to the context current on the calling thread, which must be `device`'s
     (CudaBackend calls them inside `device.bound()`). The families of ON_DEMAND_FAMILIES
-    are compiled at their first launch, so do not launch those first inside a graph capture."""
+    are compiled at their first launch, so do not launch those first inside a graph capture.
+    kv_dtype (KV_ARENA_TYPES): the KV arena's element type the KV_FAMILIES are compiled for."""
 
-    def __init__(self, device, arch: str | None = None):
+    def __init__(self, device, arch: str | None = None, kv_dtype: str = "float32"):
         self.device = device
         self.drv = device.drv
         self.arch = arch or device_arch(device)
+        family_options("rope", kv_dtype)                  # ValueError for an unknown dtype, before any compile
+        self.kv_dtype = kv_dtype
+        self.kv_element = np.dtype(KV_ARENA_TYPES[kv_dtype][0])   # the arena's element on the device
         self.sync_each_launch = os.environ.get(SYNC_ENV, "") == "1"
         dev = device.device
         self.num_sms = dev.get_attribute(self.drv.device_attribute.MULTIPROCESSOR_COUNT)
@@ -319,7 +338,8 @@ class CudaKernels:
         self._fns = {}
         self._shared_limits: dict = {}    # kernel -> dynamic shared memory it may use (DYNAMIC_SHARED_KERNELS)
         eager = [family for family in FAMILIES if family not in ON_DEMAND_FAMILIES]
-        t0, fresh = time.perf_counter(), sum((device.handle, f, self.arch) not in _modules for f in eager)
+        t0 = time.perf_counter()
+        fresh = sum((device.handle, f, self.arch, family_options(f, kv_dtype)) not in _modules for f in eager)
         for family in eager:
             self._load_family(family)
         log.info("%d kernel families ready for %s in %.1f s (%d loaded into this context: compiled, or from "
@@ -339,7 +359,8 @@ class CudaKernels:
             return False
         try:
             self.programmatic = cuda_pdl.ProgrammaticLauncher(self.device, self.arch, FAMILIES,
-                                                              lambda family: family_cubin(family, self.arch))
+                                                              lambda family: family_cubin(
+                                                                  family, self.arch, family_options(family, self.kv_dtype)))
             for name in self._shared_limits:
                 if self.programmatic.handles(name):
                     self.programmatic.set_max_dynamic_shared(name, self._shared_limits[name])
@@ -360,7 +381,7 @@ class CudaKernels:
     def _load_family(self, family: str):
         """Compile (or fetch) one family in this context and prepare its kernels for launching."""
         with self.device.bound():
-            mod = compile_family(self.device, family, self.arch)
+            mod = compile_family(self.device, family, self.arch, family_options(family, self.kv_dtype))
             for name, types in FAMILIES[family].items():
                 fn = mod.get_function(name)
                 fn.prepare(types)
@@ -602,7 +623,9 @@ class CudaKernels:
             rows = max(1, min(int(rows_per_block), n_rows))
             _check(rows * group <= ATTN_MMA_MAX_QV, f"attention (tensor cores): {rows} rows x group {group} > "
                                                     f"{ATTN_MMA_MAX_QV} query vectors per block")
-            shared = 4 * (ATTN_CHUNK * (head_dim + 8) + head_dim * (ATTN_CHUNK + 8))
+            # bf16 K/V chunk as hi and lo halves (fp32 arena) or hi only (bf16 arena: lo is zero)
+            parts = 2 if self.kv_dtype == "float32" else 1
+            shared = 2 * parts * (ATTN_CHUNK * (head_dim + 8) + head_dim * (ATTN_CHUNK + 8))
             self._function(name)                       # loads the family, and with it the shared-memory limit
             _check(shared <= self._shared_limits[name],
                    f"attention (tensor cores): {shared} bytes of shared memory > {self._shared_limits[name]}")
@@ -742,7 +765,8 @@ class CudaKernels:
             from .cuda_cooperative import CooperativeKernel
             family = next(f for f, kernels in FAMILIES.items() if name in kernels)
             kernel = CooperativeKernel(self.device, self.arch, family, name, FAMILIES[family][name],
-                                       lambda fam: family_cubin(fam, self.arch), GEMV_THREADS)
+                                       lambda fam: family_cubin(fam, self.arch, family_options(fam, self.kv_dtype)),
+                                       GEMV_THREADS)
             self._cooperative[name] = kernel
         if kernel.dynamic_shared != shared:
             _check(shared + kernel.static_shared <= self.max_shared,
@@ -764,16 +788,30 @@ class CudaKernels:
 
     def kv_move(self, direction: str, k_cache, v_cache, slots, staging, n: int, n_layers: int, n_kv_heads: int,
                 capacity: int, head_dim: int, stream):
-        """direction 'gather' (arena -> staging) or 'scatter' (staging -> arena) for n slots."""
+        """direction 'gather' (arena -> staging) or 'scatter' (staging -> arena) for n slots; the staging rows
+        are in the arena's own element type (self.kv_element), copied bit for bit."""
         _check(direction in ("gather", "scatter"), f"kv_move: direction {direction!r} not 'gather' or 'scatter'")
         _check_array("kv slots", slots, np.int32)
-        _check_array("kv staging", staging, np.float32, 4)
+        _check_array("kv arena", k_cache, self.kv_element)
+        _check_array("kv arena", v_cache, self.kv_element)
+        _check_array("kv staging", staging, self.kv_element, 4)
         _check(staging.shape[0] == 2 and staging.shape[1] == n_layers and staging.shape[3] == n_kv_heads * head_dim,
                f"kv staging: shape {staging.shape}, expected [2, {n_layers}, n_max, {n_kv_heads * head_dim}]")
         _check(n <= staging.shape[2] and n <= slots.size, f"kv_move: {n} slots > staging rows {staging.shape[2]}")
         self._launch(f"kv_{direction}", (n, n_layers, 2), 128, stream, ptr(k_cache), ptr(v_cache), ptr(slots), ptr(staging),
                      np.int32(staging.shape[2]), np.int32(n_layers), np.int32(n_kv_heads), np.int32(capacity),
                      np.int32(head_dim))
+
+    def count_nonfinite(self, values, counter, stream, n: int | None = None):
+        """counter[0] += the NaN/Inf among the first n (default all) elements of `values`, an arena-type buffer
+        (self.kv_element); the caller zeroes the counter first."""
+        _check_array("count_nonfinite values", values, self.kv_element)
+        _check_array("count_nonfinite counter", counter, np.int32)
+        n = values.size if n is None else int(n)
+        _check(0 <= n <= values.size, f"count_nonfinite: {n} values > {values.size}")
+        if n:
+            self._launch("kv_count_nonfinite", (min(ceil_div(n, 256), 4 * self.num_sms),), 256, stream, ptr(values),
+                         np.int64(n), ptr(counter))
 
     # -- vision ------------------------------------------------------------
 

@@ -5,11 +5,13 @@ hands its KV rows to the primary. On the GPU those rows never need the host:
 
     export (reconciler side)      Engine.kv_export = DeviceKvExporter(backend)
         one kv_gather launch writes the retained slots' K/V into a snapshot
-        buffer of the exporter's ring, then a sum over it says whether any
-        value is NaN/Inf
-            snapshot buffer   [2, layers, capacity, kv_dim] float32, row j = the
-                              snapshot's j-th slot; a 16-byte header after it
-                              holds the buffer's generation (see below)
+        buffer of the exporter's ring, then one kv_count_nonfinite launch says
+        whether any value is NaN/Inf
+            snapshot buffer   [2, layers, capacity, kv_dim] in the arena's own
+                              element (float32, or bf16 bits for kv.dtype
+                              bfloat16: half the bytes), row j = the snapshot's
+                              j-th slot; a 16-byte header after it holds the
+                              buffer's generation (see below)
     import (primary side)         Engine.import_state -> kv.write_into(backend, slots)
         same context           one kv_scatter launch straight from the buffer
         other context, same    cuMemcpyPeerAsync of the buffer into a landing
@@ -26,7 +28,8 @@ in any process can tell a buffer it was offered from one being rewritten: it
 checks the header before and after its copy (`check_usable`, cuda_ipc).
 
 A destination that is not a CudaBackend (numpy) gets the KV through the host
-(`DeviceKV.to_host`).
+(`DeviceKV.to_host`, float32 values). A CUDA destination must hold the same
+arena element as the source: rows are copied bit for bit, never converted.
 """
 from __future__ import annotations
 
@@ -58,22 +61,23 @@ class DeviceKvExporter:
         self.backend = backend
         self.device: CudaDevice = backend.device
         self.shape = backend.kv_rows_shape()                         # [2, L, capacity, kv_dim]
-        self.payload_bytes = int(np.prod(self.shape)) * 4
+        self.element = np.dtype(backend.kv_rows_dtype())             # the arena's: float32 or uint16 bf16 bits
+        self.payload_bytes = int(np.prod(self.shape)) * self.element.itemsize
         drv = self.device.drv
         with self.device.bound():
             from pycuda import gpuarray
             self._allocs = [drv.mem_alloc(self.payload_bytes + HEADER_BYTES) for _ in range(RING_BUFFERS)]
-            self._views = [gpuarray.GPUArray(self.shape, np.float32, gpudata=int(a)) for a in self._allocs]
+            self._views = [gpuarray.GPUArray(self.shape, self.element, gpudata=int(a)) for a in self._allocs]
             for a in self._allocs:
                 drv.memset_d8(int(a), 0, self.payload_bytes + HEADER_BYTES)
-            gpuarray.sum(self._views[0][:1]).get()        # compile the reduction now, not at the first export
+            self._nonfinite = gpuarray.zeros(1, np.int32)      # kv_count_nonfinite's counter
             # One IPC handle per buffer for its whole life: an importer maps each buffer once, by handle.
             self._handles = [bytes(drv.mem_get_ipc_handle(int(a))) for a in self._allocs]
         self._generation = [0] * RING_BUFFERS
         self._next = 0
         self._lock = threading.Lock()
-        log.info("device KV export: %d x %.0f MB snapshot buffers on %s", RING_BUFFERS, self.payload_bytes / 1e6,
-                 self.device.describe())
+        log.info("device KV export: %d x %.0f MB snapshot buffers (%s) on %s", RING_BUFFERS, self.payload_bytes / 1e6,
+                 backend.kv_dtype, self.device.describe())
 
     def __call__(self, backend, slots: np.ndarray) -> "DeviceKV":
         slots = np.asarray(slots)
@@ -86,15 +90,14 @@ class DeviceKvExporter:
             generation = self._generation[index]
         drv, stream, addr = self.device.drv, backend.stream, self.address(index)
         with self.device.bound():
-            from pycuda import gpuarray
             drv.memset_d32_async(addr + self.payload_bytes, 2 * generation + 1, 1, stream)      # writing
             drv.memset_d32_async(addr, 0, self.payload_bytes // 4, stream)    # rows past the snapshot stay zero
             backend.gather_kv_rows(addr, slots)
-            total = gpuarray.sum(self._views[index], stream=stream)
+            drv.memset_d32_async(int(self._nonfinite.gpudata), 0, 1, stream)
+            backend.kernels.count_nonfinite(self._views[index], self._nonfinite, stream)
             drv.memset_d32_async(addr + self.payload_bytes, 2 * generation, 1, stream)          # complete
             stream.synchronize()
-            finite = bool(np.isfinite(float(total.get())))
-            del total                      # freed here, while its context is current on this thread
+            finite = int(self._nonfinite.get()[0]) == 0
         sp = backend.spec
         return DeviceKV(self, index, generation, (2, sp.num_layers, int(slots.size), sp.kv_dim), finite)
 
@@ -114,6 +117,7 @@ class DeviceKvExporter:
         with self.device.bound():
             for a in self._allocs:
                 a.free()
+            self._nonfinite.gpudata.free()
         self._allocs, self._views = [], []
 
 
@@ -146,6 +150,7 @@ class DeviceKV:
         """What another process needs to map and check these rows (model/cuda_ipc.py)."""
         ex = self.exporter
         return {"handle": ex.ipc_handle(self.index).hex(), "bytes": ex.payload_bytes + HEADER_BYTES,
+                "element": ex.element.name,
                 "header_offset": ex.payload_bytes, "generation": self.generation, "buffer": self.index,
                 "rows": int(self.shape[2]), "shape": list(ex.shape), "finite": self.finite,
                 "device_pci_bus_id": ex.device.pci_bus_id()}
@@ -163,6 +168,9 @@ class DeviceKV:
         if backend.kv_rows_shape() != ex.shape:
             raise ValueError(f"DeviceKV.write_into: destination KV layout {backend.kv_rows_shape()} differs from the "
                              f"source's {ex.shape} (capacity or model shape differ)")
+        if np.dtype(backend.kv_rows_dtype()) != ex.element:
+            raise ValueError(f"DeviceKV.write_into: destination KV arena holds {backend.kv_dtype}, the source's "
+                             f"{ex.element.name} rows (kv.dtype differs between the engines)")
         t = time.perf_counter()
         src = ex.address(self.index)
         if backend.device.handle != ex.device.handle:
@@ -172,12 +180,12 @@ class DeviceKV:
         self.last_copy_ms = (time.perf_counter() - t) * 1e3
 
     def to_host(self) -> np.ndarray:
-        """[2, layers, rows, kv_dim] float32 on the host."""
+        """[2, layers, rows, kv_dim] float32 on the host (a bf16 arena's values widened exactly)."""
         self.check_usable()
         ex = self.exporter
         with ex.device.bound():
             whole = ex._views[self.index].get()                       # [2, L, capacity, kv]
-        return np.ascontiguousarray(whole[:, :, :self.shape[2]])
+        return np.ascontiguousarray(ex.backend.kv_to_host(whole[:, :, :self.shape[2]]))
 
 
 def _landing_copy(backend: CudaBackend, src: int, src_device: CudaDevice, nbytes: int) -> int:
