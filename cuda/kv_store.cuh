@@ -40,11 +40,15 @@ __device__ __forceinline__ float from_kv(kv_t v) {
 __device__ __forceinline__ float bf16_low(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_high(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
+// Four bf16 values (two words, lower index in the low half) as a float4.
+__device__ __forceinline__ float4 widen_bf16x4(uint2 w) {
+    return make_float4(bf16_low(w.x), bf16_high(w.x), bf16_low(w.y), bf16_high(w.y));
+}
+
 // Arena values p[0..3] as a float4; p is 4-element aligned (8 bytes bf16, 16 bytes fp32).
 __device__ __forceinline__ float4 load_kv4(const kv_t* p) {
 #ifdef KV_BF16
-    const uint2 w = LOAD_GRID_WRITTEN(reinterpret_cast<const uint2*>(p));
-    return make_float4(bf16_low(w.x), bf16_high(w.x), bf16_low(w.y), bf16_high(w.y));
+    return widen_bf16x4(LOAD_GRID_WRITTEN(reinterpret_cast<const uint2*>(p)));
 #else
     return LOAD_GRID_WRITTEN(reinterpret_cast<const float4*>(p));
 #endif
@@ -54,8 +58,7 @@ __device__ __forceinline__ float4 load_kv4(const kv_t* p) {
 // before their launch).
 __device__ __forceinline__ float4 load_kv4_readonly(const kv_t* p) {
 #ifdef KV_BF16
-    const uint2 w = __ldg(reinterpret_cast<const uint2*>(p));
-    return make_float4(bf16_low(w.x), bf16_high(w.x), bf16_low(w.y), bf16_high(w.y));
+    return widen_bf16x4(__ldg(reinterpret_cast<const uint2*>(p)));
 #else
     return __ldg(reinterpret_cast<const float4*>(p));
 #endif

@@ -4,6 +4,8 @@ attention_inputs: random fp32 K/V in an arena behind a permuted slot list (holes
                 to slot number), q rows attending causally after a cached context, the output poisoned
                 with NaN: the arguments of one attention launch and kernel_reference.attention_ref's answer.
 attention_case: one `CudaKernels.attention` call on them; returns (ours, the reference).
+kv_round_trip:  one kv_gather into a poisoned staging buffer, one kv_scatter back to other slots, each checked bit
+                for bit against kernel_reference; for an arena of any element type.
 one_cycle:      a backend's context forward, then one cycle (prefill + 8 decode steps, argmax over the 256
                 action bins; on the device for a CudaBackend, a host loop for the numpy one); returns (tokens,
                 prefill logits).
@@ -42,6 +44,26 @@ def attention_case(kn, gpu, hq, kvh, hd, ctx, n, seed, **variant):
     kn.attention(*args, stream, **variant)
     stream.synchronize()
     return args[7].get(), expected
+
+
+def kv_round_trip(kernels, gpu, k, v, n_max, poison):
+    """k, v: host arenas [layers, KVH, capacity, hd] of the kernels' element type; poison: the staging fill.
+    Returns the device arenas (after the scatter) and the staging buffer."""
+    ga, stream = gpu
+    layers, kvh, cap, hd = k.shape
+    k_d, v_d = ga.to_gpu(k), ga.to_gpu(v)
+    slots = np.array([cap - 1, 0, 17, 5, 22], np.int32)
+    staging = ga.to_gpu(np.full((2, layers, n_max, kvh * hd), poison, k.dtype))
+    kernels.kv_move("gather", k_d, v_d, ga.to_gpu(slots), staging, 5, layers, kvh, cap, hd, stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(staging.get()[:, :, :5], ref.kv_gather_ref(k, v, slots))
+    dst = np.array([1, 2, 3, 4, 6], np.int32)
+    kernels.kv_move("scatter", k_d, v_d, ga.to_gpu(dst), staging, 5, layers, kvh, cap, hd, stream)
+    stream.synchronize()
+    e_k, e_v = ref.kv_scatter_ref(k, v, dst, staging.get())
+    np.testing.assert_array_equal(k_d.get(), e_k)
+    np.testing.assert_array_equal(v_d.get(), e_v)
+    return k_d, v_d, staging
 
 
 def one_cycle(backend, vocab_size, n_ctx, n_prefill, seed):

@@ -21,7 +21,7 @@ Tolerances. Each float comparison is `_close(got, expected, norm_tol, what)`:
 import numpy as np
 import pytest
 
-from gpu_cases import attention_case
+from gpu_cases import attention_case, kv_round_trip
 from kernel_compare import assert_close, peak
 from vla_edge_ros.model import kernel_reference as ref
 
@@ -306,24 +306,11 @@ def test_argmax_bins_ties_nan_and_control_block(kn, gpu):
 
 
 def test_kv_gather_scatter_round_trip(kn, gpu):
-    ga, stream = gpu
     rng = np.random.default_rng(9)
     layers, kvh, cap, hd, n_max = 3, 2, 40, 32, 8
     k = rng.standard_normal((layers, kvh, cap, hd)).astype(np.float32)
     v = rng.standard_normal((layers, kvh, cap, hd)).astype(np.float32)
-    k_d, v_d = ga.to_gpu(k), ga.to_gpu(v)
-    slots = np.array([39, 0, 17, 5, 22], np.int32)
-    staging = _nan(ga, (2, layers, n_max, kvh * hd))
-    kn.kv_move("gather", k_d, v_d, ga.to_gpu(slots), staging, 5, layers, kvh, cap, hd, stream)
-    stream.synchronize()
-    got = staging.get()[:, :, :5]
-    np.testing.assert_array_equal(got, ref.kv_gather_ref(k, v, slots))
-    dst = np.array([1, 2, 3, 4, 6], np.int32)
-    kn.kv_move("scatter", k_d, v_d, ga.to_gpu(dst), staging, 5, layers, kvh, cap, hd, stream)
-    stream.synchronize()
-    e_k, e_v = ref.kv_scatter_ref(k, v, dst, staging.get())
-    np.testing.assert_array_equal(k_d.get(), e_k)
-    np.testing.assert_array_equal(v_d.get(), e_v)
+    kv_round_trip(kn, gpu, k, v, n_max, poison=np.nan)
 
 
 def test_vision_patch_embed_and_cosine_match_core(kn, gpu):

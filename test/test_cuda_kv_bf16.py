@@ -9,7 +9,7 @@ between engines (slot copies, the device export of a snapshot, and its refusal b
 import numpy as np
 import pytest
 
-from gpu_cases import attention_inputs
+from gpu_cases import attention_inputs, kv_round_trip
 from kernel_compare import assert_close, peak
 from vla_edge_ros.model import kernel_reference as ref
 from vla_edge_ros.model.weights import float32_to_bf16_bits, round_to_bf16
@@ -107,19 +107,8 @@ def test_kv_moves_copy_bf16_bits_and_count_nonfinite_values(kn16, gpu):
     layers, kvh, cap, hd, n_max = 3, 2, 40, 32, 8
     k = float32_to_bf16_bits(rng.standard_normal((layers, kvh, cap, hd)).astype(np.float32))
     v = float32_to_bf16_bits(rng.standard_normal((layers, kvh, cap, hd)).astype(np.float32))
-    k_d, v_d = ga.to_gpu(k), ga.to_gpu(v)
-    slots = np.array([39, 0, 17, 5, 22], np.int32)
-    staging = ga.to_gpu(np.full((2, layers, n_max, kvh * hd), 0xFFFF, np.uint16))
-    kn16.kv_move("gather", k_d, v_d, ga.to_gpu(slots), staging, 5, layers, kvh, cap, hd, stream)
-    stream.synchronize()
-    gathered = staging.get()[:, :, :5]
-    np.testing.assert_array_equal(gathered, ref.kv_gather_ref(k, v, slots))
-    dst = np.array([1, 2, 3, 4, 6], np.int32)
-    kn16.kv_move("scatter", k_d, v_d, ga.to_gpu(dst), staging, 5, layers, kvh, cap, hd, stream)
-    stream.synchronize()
-    e_k, e_v = ref.kv_scatter_ref(k, v, dst, staging.get())
-    np.testing.assert_array_equal(k_d.get(), e_k)
-    np.testing.assert_array_equal(v_d.get(), e_v)
+    k_d, v_d, staging = kv_round_trip(kn16, gpu, k, v, n_max, poison=0xFFFF)      # bf16 NaN bits: all overwritten
+    slots = np.arange(5, dtype=np.int32)
 
     from vla_edge_ros.model.cuda_kernels import KernelError
     with pytest.raises(KernelError, match="kv staging: dtype float32, expected uint16"):
