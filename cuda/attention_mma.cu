@@ -25,7 +25,7 @@
 //            over list entries j in [s*ATTN_CHUNK, (s+1)*ATTN_CHUNK) ∩ [0, len_i), score_j = (q.k_j) * scale.
 //            Splits a row cannot see write nothing (attention.cu's merge skips them).
 //
-// Layouts:   as attention_tiled.cu (qkv rows, one layer's k/v arena [KVH, capacity, hd] fp32, attend_list,
+// Layouts:   as attention_tiled.cu (qkv rows, one layer's k/v arena [KVH, capacity, hd] kv_t, attend_list,
 //            part_o [n_rows, Hq, n_splits, hd], part_ml [n_rows, Hq, n_splits, 2]).
 // Launch:    grid (n_splits, KVH, ceil_div(n_rows, R)), block AM_THREADS (8 warps), dynamic shared memory
 //            2 * AM_KV_PARTS * (CHUNK * (hd + 8) + hd * (CHUNK + 8)) bytes; R = rows_per_block, R * group <= 256
@@ -134,7 +134,7 @@ __device__ __forceinline__ void gather_chunk(const kv_t* k_head, const kv_t* v_h
                                              int j0, int n_here, uint16_t* kh, uint16_t* kl, uint16_t* vh,
                                              uint16_t* vl) {
     using L = MmaLayout<HD>;
-    constexpr int C8 = HD / 8;                           // 32-byte pieces per K/V row
+    constexpr int C8 = HD / 8;                           // 8-value pieces per K/V row
     constexpr int TOTAL = ATTN_CHUNK * C8;
     for (int base = threadIdx.x; base < TOTAL; base += AM_THREADS * AM_GATHER) {
         KvPiece kp[AM_GATHER], vp[AM_GATHER];
