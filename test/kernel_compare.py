@@ -1,4 +1,5 @@
-"""assert_close: a kernel's output against its numpy reference, element by element.
+"""assert_close: a kernel's output against its numpy reference, element by element; rel_norm: one number for
+the error of a whole output.
 
 Every element where the reference is finite must satisfy |got - ref| <= atol + rtol * |ref|
 (llm.c's validate_result, and what model/kernel_reference.py promises); a NaN or Inf in `got`
@@ -10,6 +11,11 @@ A failure names the worst element: its index, got, ref and how far it is over.
 error, while the per-element bound catches the one bad element a norm over thousands would hide.
 """
 import numpy as np
+
+
+def rel_norm(got, ref) -> float:
+    """||got - ref|| / ||ref|| in float64: the typical error of a whole output (logits, a layer's states)."""
+    return float(np.linalg.norm(np.asarray(got, np.float64) - ref) / np.linalg.norm(ref))
 
 
 def peak(ref) -> float:

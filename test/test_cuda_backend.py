@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from engine_oracle import cosine
+from kernel_compare import rel_norm
 
 pytestmark = pytest.mark.gpu
 
@@ -33,10 +34,6 @@ def _backends(model, dtype, capacity=300, **kw):
     return CudaBackend(spec, weights, capacity, dtype, **kw), NumpyBackend(spec, weights, capacity, dtype)
 
 
-def _rel(a, b):
-    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
-
-
 TOL = {"float32": 1e-5, "bfloat16": 1e-4}
 
 
@@ -54,12 +51,12 @@ def test_forward_with_holes_matches_numpy(model, dtype):
              for b in (cuda, ref)]
     assert len(first[0].hidden_states) == spec.num_layers + 1
     for got, exp in zip(first[0].hidden_states, first[1].hidden_states):
-        assert _rel(got, exp) < TOL[dtype]
-    assert _rel(first[0].logits, first[1].logits) < TOL[dtype]
+        assert rel_norm(got, exp) < TOL[dtype]
+    assert rel_norm(first[0].logits, first[1].logits) < TOL[dtype]
     # the next 30 rows attend to every other cached slot except a few evicted ones (holes in the list)
     ctx = np.delete(slots[:40], [3, 17, 18])
     second = [b.forward(x[40:], pos[40:], slots[40:70], ctx, logits="all") for b in (cuda, ref)]
-    assert _rel(second[0].logits, second[1].logits) < TOL[dtype]
+    assert rel_norm(second[0].logits, second[1].logits) < TOL[dtype]
     np.testing.assert_allclose(cuda.read_kv(slots[:70]), ref_kv(ref, slots[:70]), rtol=1e-4, atol=1e-4)
 
 
@@ -80,7 +77,7 @@ def test_prefill_then_decode_equals_one_forward(model):
     for i in range(16, 24):
         steps.append(cuda.forward(x[i:i + 1], pos[i:i + 1], slots[i:i + 1], slots[:i], logits="last").logits)
     assert cosine(np.concatenate(steps), full[15:]) > 0.999999
-    assert _rel(np.concatenate(steps), full[15:]) < 1e-5
+    assert rel_norm(np.concatenate(steps), full[15:]) < 1e-5
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -131,7 +128,7 @@ def test_forward_without_logits_replays_one_graph_per_row_count(model, dtype):
         q = rng.integers(0, spec.vocab_size, size=1)
         q_slot, q_pos = slots[250:251], pos[-1:] + 1
         got, exp = (b.forward(b.embed(q), q_pos, q_slot, slots[:32 * rnd + 32], logits="last").logits for b in (cuda, ref))
-        assert _rel(got, exp) < TOL[dtype], rnd
+        assert rel_norm(got, exp) < TOL[dtype], rnd
     assert sorted(key for key in cuda._graphs if key[0] == "layers") == [("layers", 1), ("layers", 32)]
 
 

@@ -22,7 +22,9 @@ import yaml
 EVICTION_POLICIES = ("fifo", "sliding_window", "semantic")
 BACKENDS = ("auto", "numpy", "pycuda")
 DTYPES = ("float32", "bfloat16")
-KV_DTYPES = ("float32", "bfloat16")
+# kv.dtype -> bytes one K or V value takes in the arena (the numpy backend reports its memory with it).
+KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
+KV_DTYPES = tuple(KV_ELEMENT_BYTES)
 # Warps per 8-slot group of a decode attention block: the entries attention_decode.cu has (_v1, _v1_h2).
 DECODE_ATTENTION_HEAD_SPLITS = (1, 2)
 # Most blocks per SM a decode projection's looped grid may ask for (model.decode_gemv_blocks_per_sm).

@@ -24,6 +24,7 @@ import logging
 
 import numpy as np
 
+from ..config import KV_ELEMENT_BYTES
 from .backend import ForwardResult
 from .forward_inputs import check_forward_inputs, slot_array, token_id_array
 from .host_cycle import HostLoopCycles
@@ -34,8 +35,6 @@ logger = logging.getLogger(__name__)
 
 # Query rows per attention block: bounds the [kv_heads, group * rows, T] score buffer on long prefills.
 ATTENTION_SCORE_ELEMENTS = 1 << 24
-# Bytes one KV element takes in the arena of each kv_dtype (what a device arena of that type holds).
-KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 class NumpyBackend(HostLoopCycles):
