@@ -73,6 +73,11 @@ class Backend(Protocol):
     def prepare_cycle(self, prefill_rows: int, action_bin_lo: int, n_bins: int) -> None:
         """Get ready for cycles with this prefill length (CUDA: capture their graphs) without running one."""
 
+    def prepare_forward(self, row_counts) -> None:
+        """Get ready for `forward` calls of these total row counts (CUDA: capture the graphs of their passes)
+        without running one: a first call of a new row count would otherwise pay the capture (tens of ms on
+        the H200) inside whatever budget it runs in (a reconciler's slack window, a swap at a boundary)."""
+
     def copy_slots(self, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
         """Move K/V of src slots into dst slots (all layers); used by compaction and swaps."""
 

@@ -348,6 +348,19 @@ class CudaBackend:
         self._graph(("decode",) + bins, lambda: self._enqueue_decode(*bins))
 
     @_on_device
+    def prepare_forward(self, row_counts) -> None:
+        """Capture (not run) the layer graphs of every pass a forward() over each of these row counts makes."""
+        if not self.use_graphs:
+            return
+        for total in sorted({int(n) for n in row_counts}):
+            for n in self._pass_sizes(total):
+                self._graph(("layers", n), lambda n=n: self._enqueue_layers(n))
+
+    def _pass_sizes(self, total: int) -> list[int]:
+        """Rows of each pass of a forward over `total` rows (forward() walks them in max_rows chunks)."""
+        return [min(self.max_rows, total - start) for start in range(0, total, self.max_rows)]
+
+    @_on_device
     def launch_prefill(self, n_rows: int, bin_lo: int, n_bins: int) -> None:
         """Enqueue (or replay) the prefill of n_rows rows ending with the restricted argmax."""
         self.has_prefill_logits = True

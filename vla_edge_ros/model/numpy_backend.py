@@ -123,6 +123,9 @@ class NumpyBackend(HostLoopCycles):
     def prepare_cycle(self, prefill_rows: int, action_bin_lo: int, n_bins: int) -> None:
         """Nothing to prepare on the CPU (the CUDA backend captures its graphs here)."""
 
+    def prepare_forward(self, row_counts) -> None:
+        """Nothing to prepare on the CPU."""
+
     def close(self) -> int:
         """Nothing to free early: the arrays go with the object. Returns 0 bytes freed."""
         return 0
