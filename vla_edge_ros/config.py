@@ -214,6 +214,13 @@ class ModelConfig:
                                           "staged once (gemv_bf16_items); 0: one block per item. Bit-identical "
                                           "results; measured on the H200: 4 takes the decode projections from 1.100 "
                                           "to 1.029 ms per step (2: 1.165)", default=4)
+    bulk_prefill_min_rows: int = _doc("pycuda, bf16: a forward over at least this many rows (a reconciler's "
+                                      "multi-frame step, a RoPE re-base, a full recompute) runs the bulk prefill: "
+                                      "tensor-core GEMMs (gemm_bulk.cu) and flash attention over staged K/V "
+                                      "(prefill_bulk.cu) in passes of bulk_prefill_max_rows rows, instead of the "
+                                      "cycle's prefill kernels in passes of 128 rows. 0: off", default=0)
+    bulk_prefill_max_rows: int = _doc("pycuda: rows per pass of the bulk prefill; its buffers are sized for it "
+                                      "(~50 KB per row on the Qwen2.5-1.5B shape)", default=1024)
 
     def kernel_options(self) -> dict:
         """The pycuda backend's kernel switches, as CudaBackend's keyword arguments."""
@@ -222,7 +229,9 @@ class ModelConfig:
                 "persistent_decode": self.persistent_decode,
                 "tensor_core_attention": self.tensor_core_attention,
                 "decode_attention_head_split": self.decode_attention_head_split,
-                "decode_gemv_blocks_per_sm": self.decode_gemv_blocks_per_sm}
+                "decode_gemv_blocks_per_sm": self.decode_gemv_blocks_per_sm,
+                "bulk_prefill_min_rows": self.bulk_prefill_min_rows,
+                "bulk_prefill_max_rows": self.bulk_prefill_max_rows}
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -238,6 +247,8 @@ class ModelConfig:
                               f"{self.decode_gemv_blocks_per_sm!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _non_negative(self, "bulk_prefill_min_rows", "model")
+        _positive(self, "bulk_prefill_max_rows", "model")
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,14 @@ PERSISTENT_L2_PREFETCH_BYTES = 0
 # at 4064 cached): 0.71 ms of prefill attention at 2, 0.82 at 1.
 ATTENTION_MMA_BLOCKS_PER_SM = 2
 UPLOAD_BLOCK_BYTES = 64 << 20   # rows of the embedding table per host->device copy: bounds the host's share
+# The bulk prefill (model.bulk_prefill_min_rows > 0; gemm_bulk.cu, prefill_bulk.cu): rows per pass by default; the
+# activations' parts in its GEMMs (2: bf16 hi + lo, the precision of the cycle's prefill; 1: bf16 as HF); K/V tiles
+# in flight per attention block; the attention's partial sums hold this many times bulk_max_rows rows (a short pass
+# splits its list over as many blocks).
+DEFAULT_BULK_MAX_ROWS = 1024
+BULK_ACTIVATION_PARTS = 2
+BULK_ATTENTION_STAGES = 1
+BULK_PARTIAL_ROWS = 2
 
 
 class DeviceMemoryError(MemoryError):
@@ -124,7 +132,8 @@ class CudaBackend:
                  programmatic_launch: bool = False, staged_prefill_projections: bool = True,
                  persistent_decode: bool = False, tensor_core_attention: bool = True,
                  decode_attention_head_split: int = 2, decode_gemv_blocks_per_sm: int = 4, device=None,
-                 kv_dtype: str = "float32"):
+                 kv_dtype: str = "float32", bulk_prefill_min_rows: int = 0,
+                 bulk_prefill_max_rows: int = DEFAULT_BULK_MAX_ROWS):
         """weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
         weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context);
         programmatic_launch: launch the decode kernels with programmatic dependent launch (cuda_pdl.py)
@@ -137,7 +146,9 @@ class CudaBackend:
         faster); decode_gemv_blocks_per_sm: > 0 loops a decode projection's items over that many blocks per SM
         where it has more (gemv_bf16_items; 4 measured faster; 0: a block per item); kv_dtype: the KV arena's
         element, float32 or bfloat16 (K and V rounded to nearest even as they are stored: half the arena,
-        attention bytes and swap bytes)."""
+        attention bytes and swap bytes); bulk_prefill_min_rows: a forward() over at least this many rows runs
+        the bulk prefill (gemm_bulk.cu, prefill_bulk.cu: tensor-core GEMMs and flash attention, passes of
+        bulk_prefill_max_rows rows; bf16 models), 0: never."""
         self.spec = spec
         self.persistent_decode = False                     # set_persistent_decode() turns it on after the build
         self.persistent_blocks_per_sm = PERSISTENT_BLOCKS_PER_SM
@@ -158,6 +169,10 @@ class CudaBackend:
         self.max_rows = int(max_rows)
         self.use_graphs = use_graphs
         _check_model(spec, self.capacity, self.max_rows)
+        self.bulk_min_rows, self.bulk_max_rows = _bulk_rows(spec, self.dtype, int(bulk_prefill_min_rows),
+                                                            int(bulk_prefill_max_rows))
+        self.bulk_parts = BULK_ACTIVATION_PARTS
+        self.bulk_attention_stages = BULK_ATTENTION_STAGES
         source = tensor_source(weights, spec)
         self.device = device if device is not None else primary_device(0)
         self._drv = self.device.drv
@@ -211,6 +226,9 @@ class CudaBackend:
         self.set_programmatic_launch(self.programmatic_launch)
         if self.staged_prefill_projections and wdt == np.uint16:
             self.kernels.load_family("projection_staged")   # on demand, but its first launch may be in a capture
+        if self.bulk_min_rows:
+            self.kernels.load_family("gemm_bulk")
+            self.kernels.load_family("prefill_bulk")
         self._bytes = 0
         self._upload_weights(source, wdt)
         self.weight_bytes = self._bytes - sum(l.w_qkv_rope.nbytes for l in self.layers if l.w_qkv_rope is not None)
@@ -243,20 +261,20 @@ class CudaBackend:
         self._put(self.slot_table, write_slots.astype(np.int32))
         self._put(self.attend_list, np.concatenate([context_slots, write_slots]).astype(np.int32))
         hidden_chunks, logit_chunks = [], []
-        for start in range(0, n_total, self.max_rows):
-            n = min(self.max_rows, n_total - start)
+        for start, n, bulk in self._passes(n_total):
             last_chunk = start + n == n_total
             self._put(self.resid, x[start:start + n])
             self._put(self.ctl, np.array([start, c, 0, 0], np.int32))
+            enqueue = self._enqueue_bulk_layers if bulk else self._enqueue_layers
             layer_outs = []
             if return_hidden:
                 layer_outs.append(self._get(self.resid, n))
-                self._enqueue_layers(n, layer_outs)
+                enqueue(n, layer_outs)
             else:
-                # The layers as a graph per row count (at most max_rows of them; the kernels read offsets, lengths
-                # and slots from the device tables written above): one launch instead of ~9 per layer, which had
-                # made a reconciler's one-frame step host-bound (~12 ms on the H200 for ~3 ms of device work).
-                self._run_graph(("layers", n), lambda: self._enqueue_layers(n))
+                # The layers as a graph per row count (the kernels read offsets, lengths and slots from the device
+                # tables written above): one launch instead of ~9 per layer, which had made a reconciler's
+                # one-frame step host-bound (~12 ms on the H200 for ~3 ms of device work).
+                self._run_graph(("bulk" if bulk else "layers", n), lambda: enqueue(n))
             want_all = logits == "all"
             if return_hidden or want_all:
                 self.kernels.rmsnorm(self.resid, self.final_norm, self.normed, n, self.spec.rms_norm_eps, self.stream)
@@ -264,8 +282,11 @@ class CudaBackend:
                 layer_outs[-1] = self._get(self.normed, n)       # HF: last entry is after the final norm
                 hidden_chunks.append(layer_outs)
             if want_all:
-                self.kernels.projection(self.head, self.normed, self.logits, n, ck.MODE_STORE, self.stream)
-                logit_chunks.append(self._get(self.logits, n))
+                for r0 in range(0, n, self.max_rows):            # the logits buffer holds max_rows rows
+                    k = min(self.max_rows, n - r0)
+                    self.kernels.projection(self.head, self.normed, self.logits, k, ck.MODE_STORE, self.stream,
+                                            x_row0=r0)
+                    logit_chunks.append(self._get(self.logits, k))
             elif logits == "last" and last_chunk:
                 if not return_hidden:
                     self.kernels.rmsnorm(self.resid, self.final_norm, self.normed, 1, self.spec.rms_norm_eps,
@@ -353,12 +374,19 @@ class CudaBackend:
         if not self.use_graphs:
             return
         for total in sorted({int(n) for n in row_counts}):
-            for n in self._pass_sizes(total):
-                self._graph(("layers", n), lambda n=n: self._enqueue_layers(n))
+            for _start, n, bulk in self._passes(total):
+                if bulk:
+                    self._graph(("bulk", n), lambda n=n: self._enqueue_bulk_layers(n))
+                else:
+                    self._graph(("layers", n), lambda n=n: self._enqueue_layers(n))
 
-    def _pass_sizes(self, total: int) -> list[int]:
-        """Rows of each pass of a forward over `total` rows (forward() walks them in max_rows chunks)."""
-        return [min(self.max_rows, total - start) for start in range(0, total, self.max_rows)]
+    def _passes(self, total: int) -> list[tuple[int, int, bool]]:
+        """(first row, rows, bulk) of each pass of a forward over `total` rows: passes of bulk_max_rows through the
+        bulk prefill when total reaches bulk_min_rows (model.bulk_prefill_min_rows; 0: never), else of max_rows
+        through the cycle's prefill kernels."""
+        bulk = 0 < self.bulk_min_rows <= total
+        step = self.bulk_max_rows if bulk else self.max_rows
+        return [(start, min(step, total - start), bulk) for start in range(0, total, step)]
 
     @_on_device
     def launch_prefill(self, n_rows: int, bin_lo: int, n_bins: int) -> None:
@@ -651,11 +679,12 @@ class CudaBackend:
             plan[f"layer{i}.down"] = ((sp.hidden_size, sp.intermediate_size), wdt)
         kv = (sp.num_layers, sp.num_kv_heads, self.capacity, sp.head_dim)
         self.n_splits = -(-self.capacity // ck.ATTN_CHUNK)
+        rows = self._stream_rows()
         plan.update({
             "k_cache": (kv, self.kv_element), "v_cache": (kv, self.kv_element),
-            "resid": ((m, sp.hidden_size), np.float32), "normed": ((m, sp.hidden_size), np.float32),
+            "resid": ((rows, sp.hidden_size), np.float32), "normed": ((rows, sp.hidden_size), np.float32),
             "prefill_last": ((1, sp.hidden_size), np.float32),
-            "qkv": ((m, qkv_rows), np.float32), "attn": ((m, sp.q_dim), np.float32),
+            "qkv": ((rows, qkv_rows), np.float32), "attn": ((m, sp.q_dim), np.float32),
             "act": ((m, sp.intermediate_size), np.float32),
             "part_o": ((m, sp.num_heads, self.n_splits, sp.head_dim), np.float32),
             "part_ml": ((m, sp.num_heads, self.n_splits, 2), np.float32),
@@ -666,7 +695,23 @@ class CudaBackend:
         if wdt == np.uint16:
             plan["decode_layer_table"] = ((sp.num_layers, ck.DECODE_LAYER_POINTERS), np.uint64)
             plan["decode_counters"] = ((2,), np.uint32)
+        if self.bulk_min_rows:
+            plan.update(self._bulk_plan())
         return plan
+
+    def _stream_rows(self) -> int:
+        """Rows of the residual stream, norm and q|k|v buffers: a cycle's pass, or a bulk pass."""
+        return max(self.max_rows, self.bulk_max_rows if self.bulk_min_rows else 0)
+
+    def _bulk_plan(self) -> dict:
+        """The bulk prefill's own buffers: activations as bf16 hi/lo for the GEMMs (the normed rows or the
+        attention output; the SwiGLU output), the staged K/V of one layer, the attention's partial sums."""
+        sp, b = self.spec, self.bulk_max_rows
+        return {"bulk_x": ((2 * b * max(sp.hidden_size, sp.q_dim),), np.uint16),
+                "bulk_act": ((2 * b * sp.intermediate_size,), np.uint16),
+                "bulk_stage": ((4, sp.num_kv_heads, self.capacity, sp.head_dim), np.uint16),
+                "bulk_part_o": ((BULK_PARTIAL_ROWS * b * sp.q_dim,), np.float32),
+                "bulk_part_ml": ((BULK_PARTIAL_ROWS * b * sp.num_heads * 2,), np.float32)}
 
     def _rope_order(self) -> np.ndarray:
         sp = self.spec
@@ -752,13 +797,14 @@ class CudaBackend:
     def _allocate_state(self) -> None:
         sp, m, cap = self.spec, self.max_rows, self.capacity
         kv = (sp.num_layers, sp.num_kv_heads, cap, sp.head_dim)
+        rows = self._stream_rows()
         self.k_cache = self._alloc(kv, self.kv_element)
         self.v_cache = self._alloc(kv, self.kv_element)
         self._layer_stride = sp.num_kv_heads * cap * sp.head_dim * self.kv_element.itemsize   # bytes per layer
-        self.resid = self._alloc((m, sp.hidden_size), np.float32)                     # residual stream
-        self.normed = self._alloc((m, sp.hidden_size), np.float32)                    # norm outputs
+        self.resid = self._alloc((rows, sp.hidden_size), np.float32)                  # residual stream
+        self.normed = self._alloc((rows, sp.hidden_size), np.float32)                 # norm outputs
         self.prefill_last = self._alloc((1, sp.hidden_size), np.float32)              # last prefill row, final layer
-        self.qkv = self._alloc((m, sp.q_dim + 2 * sp.kv_dim), np.float32)
+        self.qkv = self._alloc((rows, sp.q_dim + 2 * sp.kv_dim), np.float32)
         self.attn = self._alloc((m, sp.q_dim), np.float32)
         self.act = self._alloc((m, sp.intermediate_size), np.float32)                 # silu(gate) * up
         self.part_o = self._alloc((m, sp.num_heads, self.n_splits, sp.head_dim), np.float32)
@@ -775,6 +821,9 @@ class CudaBackend:
             self.decode_layer_table = self._to_device(self._layer_pointers())
             self.decode_counters = self._alloc((2,), np.uint32)                      # zero: the barrier's start
         self.kv_slots_buf = self._alloc((cap,), np.int32)                             # slot lists of KV moves
+        if self.bulk_min_rows:
+            for name, (shape, dtype) in self._bulk_plan().items():
+                setattr(self, name, self._alloc(shape, dtype, zero=name == "bulk_stage"))
         self._token_ids = self.ctl[ck.CTL_TOKEN:ck.CTL_TOKEN + 1]                     # decode input id (view)
         self._scale = float(sp.head_dim ** -0.5)
 
@@ -846,6 +895,44 @@ class CudaBackend:
         if proj:
             self._project(layer.w_gate_up, self.normed, self.act, n, ck.MODE_SWIGLU, out_cols=sp.intermediate_size)
             self._project(layer.w_down, self.act, self.resid, n, ck.MODE_ADD)
+
+    def _enqueue_bulk_layers(self, n: int, layer_outs: list | None = None) -> None:
+        """All decoder layers over rows [0, n) of resid through the bulk prefill (n <= bulk_max_rows; offsets and
+        lengths from ctl): per layer RMSNorm -> bf16 hi/lo, q|k|v GEMM onto the bias, RoPE + K/V store, K/V of the
+        attend list staged, flash attention -> hi/lo, o GEMM into the residual, RMSNorm -> hi/lo, gate/up GEMM
+        with SwiGLU -> hi/lo, down GEMM into the residual."""
+        sp, kn, s = self.spec, self.kernels, self.stream
+        x_stride = self.bulk_x.size // 2                  # element offset of the lo parts
+        act_stride = self.bulk_act.size // 2
+        splits = self._bulk_splits(n)
+
+        def gemm(W, x, part_stride, mode, **kw):
+            kn.gemm_bulk(W, x, part_stride, n, mode, s, parts=self.bulk_parts, **kw)
+        for li, layer in enumerate(self.layers):
+            k_ptr, v_ptr = self._kv_ptrs(li)
+            kn.rmsnorm_split(self.resid, layer.input_norm, self.bulk_x, x_stride, n, sp.rms_norm_eps, s,
+                             init_dst=self.qkv, init_src=layer.b_qkv)
+            gemm(layer.w_qkv, self.bulk_x, x_stride, ck.MODE_ADD, out=self.qkv)
+            kn.rope_store(self.qkv, self.pos_table, self.slot_table, self.ctl, self.inv_freq, k_ptr, v_ptr, n,
+                          sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, s)
+            kn.kv_stage(k_ptr, v_ptr, self.attend_list, self.ctl, self.bulk_stage, n, sp.num_kv_heads, self.capacity,
+                        sp.head_dim, s)
+            kn.attention_flash(self.qkv, self.bulk_stage, self.ctl, self.bulk_part_o, self.bulk_part_ml, self.bulk_x,
+                               x_stride, n, sp.num_heads, sp.num_kv_heads, sp.head_dim, splits, self._scale, s,
+                               stages=self.bulk_attention_stages)
+            gemm(layer.w_o, self.bulk_x, x_stride, ck.MODE_ADD, out=self.resid)
+            kn.rmsnorm_split(self.resid, layer.post_norm, self.bulk_x, x_stride, n, sp.rms_norm_eps, s)
+            gemm(layer.w_gate_up, self.bulk_x, x_stride, ck.MODE_SWIGLU, out_hl=self.bulk_act,
+                 out_part_stride=act_stride, out_cols=sp.intermediate_size)
+            gemm(layer.w_down, self.bulk_act, act_stride, ck.MODE_ADD, out=self.resid)
+            if layer_outs is not None:
+                layer_outs.append(self._get(self.resid, n))
+
+    def _bulk_splits(self, n: int) -> int:
+        """Blocks the attention list of a bulk pass is split over per (16 rows, KV head): enough for ~2 blocks per SM
+        when the rows alone give fewer, as many as the partial-sum buffers hold."""
+        blocks = ck.ceil_div(n, ck.FLASH_ROWS) * self.spec.num_kv_heads
+        return max(1, min(ck.ceil_div(2 * self.kernels.num_sms, blocks), BULK_PARTIAL_ROWS * self.bulk_max_rows // n))
 
     def _project(self, W, x, out, n: int, mode: int, **kw) -> None:
         """A projection of the split pipeline: projection_staged.cu where model.staged_prefill_projections asks
@@ -974,3 +1061,23 @@ def _check_model(spec: ModelSpec, capacity: int, max_rows: int) -> None:
                          f"{ck.ATTN_MAX_HEAD_DIM}; got group {group}, head_dim {spec.head_dim}")
     if not math.isfinite(spec.rope_theta) or spec.rope_theta <= 0:
         raise ValueError(f"rope_theta must be a positive number, got {spec.rope_theta}")
+
+
+def _bulk_rows(spec: ModelSpec, dtype: str, min_rows: int, max_rows: int) -> tuple[int, int]:
+    """(bulk_min_rows, bulk_max_rows) in effect: (0, 0) when the bulk prefill is off or cannot serve this model
+    (said in the log), ValueError for impossible values."""
+    if min_rows < 0 or max_rows < 1:
+        raise ValueError(f"bulk prefill rows: min {min_rows} must be >= 0 (0: off), max {max_rows} >= 1")
+    if min_rows == 0:
+        return 0, 0
+    why = None
+    if dtype != "bfloat16":
+        why = f"{dtype} weights (its GEMMs multiply bf16 weights)"
+    elif spec.head_dim not in ck.FLASH_HEAD_DIMS:
+        why = f"head_dim {spec.head_dim} (its attention has entries for {ck.FLASH_HEAD_DIMS})"
+    elif (spec.q_dim + 2 * spec.kv_dim) % 2:
+        why = f"q|k|v width {spec.q_dim + 2 * spec.kv_dim} is odd"
+    if why is not None:
+        log.info("bulk prefill off for this model: %s; long forwards take the cycle's prefill kernels", why)
+        return 0, 0
+    return min_rows, max_rows

@@ -82,19 +82,23 @@ FAMILIES = {
     "vision": {"patch_embed": "PiiiPPPi", "pool_rows": "PiiP", "adjacent_cosine": "PiP"},
     "decode_persistent": {f"decode_layers_v{vpl}_b{blocks}": "PiPPiPiPPPPPPPPPPiiiiiiiiiffq"
                           for vpl in (1, 2) for blocks in (1, 2)},
+    "gemm_bulk": {f"gemm_bulk_m{bm}_p{parts}": "PqiPPPPqiiiiiii" for bm in (128, 64) for parts in (2, 1)},
+    "prefill_bulk": {"rmsnorm_split_rows": "PPPqifPPi", "kv_stage": "PPPPiiiiPPPP",
+                     **{f"attention_flash_hd{hd}_s{st}": "PiPPPPiPPPiiiif" for hd in (32, 64, 128) for st in (1, 2)},
+                     "attention_flash_merge": "PPPqiiiii"},
 }
 # Families compiled on the first launch of one of their kernels rather than by CudaKernels(): the
 # decoder never launches these (vision: the GPU vision path; projection_fused: the tensor-core one-row
 # projection gemv.cu replaced, kept for bench/gemv_probe.py's comparison and its tests;
 # projection_staged: only with model.staged_prefill_projections; decode_persistent: only with
-# model.persistent_decode; attention_mma: only with model.tensor_core_attention), so it should not pay
-# their compile time.
+# model.persistent_decode; attention_mma: only with model.tensor_core_attention; gemm_bulk and
+# prefill_bulk: only with model.bulk_prefill_min_rows), so it should not pay their compile time.
 ON_DEMAND_FAMILIES = frozenset({"vision", "projection_fused", "projection_staged", "decode_persistent",
-                                "attention_mma"})
+                                "attention_mma", "gemm_bulk", "prefill_bulk"})
 # Families that read or write the KV arena (they include kv_store.cuh; test_kernel_sources.py checks the
 # list): compiled with -DKV_BF16 for a bf16 arena (kv.dtype), so a module serves one arena type.
 KV_FAMILIES = frozenset({"rope", "attention_tiled", "attention_mma", "attention_decode", "kv_slots", "gemv",
-                         "projection_fused", "decode_persistent"})
+                         "projection_fused", "decode_persistent", "prefill_bulk"})
 # kv.dtype -> (numpy type of the arena's elements on the device, the compile options of KV_FAMILIES).
 KV_ARENA_TYPES = {"float32": (np.float32, ()), "bfloat16": (np.uint16, ("-DKV_BF16",))}
 
@@ -113,7 +117,8 @@ def ceil_div(a: int, b: int) -> int:
 
 # Kernels whose dynamic shared memory may exceed the default 48 KB (opted in at load).
 DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", *FAMILIES["attention_decode"], *FAMILIES["gemv"],
-                          *FAMILIES["attention_mma"])
+                          *FAMILIES["attention_mma"], *FAMILIES["gemm_bulk"],
+                          *(name for name in FAMILIES["prefill_bulk"] if name.startswith("attention_flash_hd")))
 # attention_mma.cu: the head_dims with an entry point; the query vectors (row x head) one block serves by
 # default (one 16-row mma tile per warp), and at most (the warps loop over the tiles).
 ATTN_MMA_HEAD_DIMS = (32, 64, 128)
@@ -123,6 +128,18 @@ GEMV_THREADS = 256              # gemv.cu: 8 warps, one weight row each
 GEMV_MAX_BLOCKS_PER_SM = DECODE_GEMV_MAX_BLOCKS_PER_SM   # gemv_bf16_items' looped grid, at most
 DECODE_LAYER_POINTERS = 9       # decode_persistent.cu: pointers per DecodeLayer entry of the layer table
 STAGED_MAX_TOKENS = 32          # projection_staged.cu: activation rows staged per block
+# gemm_bulk.cu: output columns per block, K columns per stage, stages, padded shared-memory row (bf16).
+GEMM_BULK_BN = 128
+GEMM_BULK_BK = 32
+GEMM_BULK_STAGES = 4
+GEMM_BULK_ROW = 40
+GEMM_BULK_THREADS = 256
+GEMM_BULK_ROWS = (128, 64)      # rows per block of its entries (128: one block per SM; 64: two)
+# prefill_bulk.cu: query rows per attention block, list entries per K/V tile, its head_dim entries.
+FLASH_ROWS = 16
+FLASH_BKV = 32
+FLASH_HEAD_DIMS = (32, 64, 128)
+LOG2_E = 1.4426950408889634     # its scores are in log2 units: q is scaled by scale * log2(e)
 
 
 # ----------------------------------------------------------------------------
@@ -521,6 +538,143 @@ class CudaKernels:
         self._launch("projection_staged", (n_groups * ksplit,), 256, stream, ptr(W), ptr(x), ptr(bias), ptr(out),
                      np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(x.shape[1]), np.int32(out.shape[1]),
                      np.int32(out_cols), np.int32(mode), np.int32(ksplit))
+
+    # -- bulk prefill (gemm_bulk.cu, prefill_bulk.cu) ---------------------------
+
+    def gemm_bulk(self, W, x, part_stride: int, M: int, mode: int, stream, out=None, out_hl=None,
+                  out_part_stride: int = 0, bias=None, out_cols: int | None = None, k_split: int | None = None,
+                  parts: int = 2, rows_per_block: int | None = None) -> tuple[int, int]:
+        """gemm_bulk.cu: acc = x[:M] @ W^T on the tensor cores, x the activations as bf16 bits in a flat uint16
+        buffer (hi rows [M, K] at element 0, lo rows at part_stride; parts 1 reads hi only). STORE / ADD: out
+        float32 2-D [>= M, >= out_cols]; SWIGLU: out_hl flat uint16, hi rows [M, out_cols] at 0, lo at
+        out_part_stride. k_split > 1 (ADD only) splits K over blocks that add atomically; by default it and the
+        rows per block are picked so that the grid fills the SMs. Returns (rows per block, k_split)."""
+        _check_array("gemm_bulk weight", W, np.uint16, 2)
+        _check_array("gemm_bulk x", x, np.uint16)
+        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU), f"gemm_bulk: unknown mode {mode}")
+        _check(parts in (1, 2), f"gemm_bulk: parts {parts} not 1 or 2")
+        N, K = W.shape
+        _check(K % GEMM_BULK_BK == 0, f"gemm_bulk: K {K} not a multiple of {GEMM_BULK_BK}")
+        _check(M >= 1 and part_stride % 8 == 0 and (parts == 1 or part_stride >= M * K),
+               f"gemm_bulk x: part stride {part_stride} must be a multiple of 8 and hold {M} x {K}")
+        _check(x.size >= (parts - 1) * part_stride + M * K, f"gemm_bulk x: {x.size} elements < {M} rows x {K}")
+        n_steps = K // GEMM_BULK_BK
+        if mode == kc.MODE_SWIGLU:
+            _check(out_hl is not None, "gemm_bulk SWIGLU: out_hl missing")
+            _check_array("gemm_bulk out_hl", out_hl, np.uint16)
+            _check(N % 16 == 0, f"gemm_bulk SWIGLU: {N} weight rows, expected a multiple of 16 (interleaved gate/up)")
+            out_cols = N // 2 if out_cols is None else out_cols
+            _check(out_cols <= N // 2 and out_cols % 2 == 0, f"gemm_bulk SWIGLU: out_cols {out_cols} (even, <= {N // 2})")
+            _check(out_part_stride % 8 == 0 and out_part_stride >= M * out_cols
+                   and out_hl.size >= out_part_stride + M * out_cols, "gemm_bulk SWIGLU: out_hl too small")
+            ldo, out_f, k_split = out_cols, None, 1
+        else:
+            _check_array("gemm_bulk out", out, np.float32, 2)
+            out_cols = N if out_cols is None else out_cols
+            _check(out_cols <= N and out_cols % 2 == 0 and out.shape[1] >= out_cols and out.shape[1] % 2 == 0,
+                   f"gemm_bulk: out_cols {out_cols} (even, <= {N}) vs out {out.shape}")
+            _check(out.shape[0] >= M, f"gemm_bulk out: {out.shape[0]} rows < {M}")
+            _check(bias is None or (mode == kc.MODE_STORE and bias.dtype == np.float32 and bias.shape[0] >= out_cols),
+                   "gemm_bulk bias: float32 [out_cols], STORE only")
+            ldo, out_f = out.shape[1], out
+        if rows_per_block is None:          # 128 rows feed each weight tile twice as many rows, if the grid fills
+            rows_per_block = 128 if ceil_div(M, 128) * ceil_div(N, GEMM_BULK_BN) >= self.num_sms else 64
+        _check(rows_per_block in GEMM_BULK_ROWS, f"gemm_bulk: rows_per_block {rows_per_block} not in {GEMM_BULK_ROWS}")
+        blocks = ceil_div(M, rows_per_block) * ceil_div(N, GEMM_BULK_BN)
+        if k_split is None:                 # ADD: split K until ~1 (128 rows) or 2 (64 rows) blocks per SM
+            per_sm = 1 if rows_per_block == 128 else 2
+            k_split = 1 if mode != kc.MODE_ADD else max(1, min(ceil_div(per_sm * self.num_sms, blocks), n_steps // 4))
+        _check(k_split == 1 or mode == kc.MODE_ADD, f"gemm_bulk: k_split {k_split} needs MODE_ADD (atomic adds)")
+        _check(1 <= k_split <= n_steps, f"gemm_bulk: k_split {k_split} outside [1, {n_steps}]")
+        name = f"gemm_bulk_m{rows_per_block}_p{parts}"
+        shared = GEMM_BULK_STAGES * (parts * rows_per_block + GEMM_BULK_BN) * GEMM_BULK_ROW * 2
+        self._function(name)
+        _check(shared <= self._shared_limits[name], f"gemm_bulk: {shared} bytes of shared memory > "
+                                                    f"{self._shared_limits[name]}")
+        self._launch(name, (ceil_div(M, rows_per_block), ceil_div(N, GEMM_BULK_BN), k_split), GEMM_BULK_THREADS,
+                     stream, ptr(x), np.int64(part_stride), np.int32(K), ptr(W), ptr(bias), ptr(out_f), ptr(out_hl),
+                     np.int64(out_part_stride), np.int32(ldo), np.int32(M), np.int32(N), np.int32(K),
+                     np.int32(out_cols), np.int32(mode), np.int32(k_split), shared=shared)
+        return rows_per_block, k_split
+
+    def rmsnorm_split(self, x, w, out_hl, part_stride: int, n_rows: int, eps: float, stream, init_dst=None,
+                      init_src=None):
+        """out_hl (flat uint16): hi rows [n_rows, hidden] at 0, lo at part_stride, of rmsnorm(x[:n_rows]) * w (the
+        bulk GEMM's activations); optionally init_dst[i] = init_src (or 0), as rmsnorm()."""
+        _check_array("rmsnorm_split x", x, np.float32, 2)
+        _check_array("rmsnorm_split weight", w, np.float32, 1)
+        _check_array("rmsnorm_split out", out_hl, np.uint16)
+        hidden = x.shape[1]
+        _check(w.shape[0] == hidden and hidden % 2 == 0, f"rmsnorm_split: weight {w.shape} vs hidden {hidden} (even)")
+        _check(n_rows <= x.shape[0] and part_stride % 2 == 0 and part_stride >= n_rows * hidden
+               and out_hl.size >= part_stride + n_rows * hidden, f"rmsnorm_split: {n_rows} rows do not fit")
+        init_cols = 0
+        if init_dst is not None:
+            _check_array("rmsnorm_split init_dst", init_dst, np.float32, 2)
+            init_cols = init_dst.shape[1]
+            _check(n_rows <= init_dst.shape[0], f"rmsnorm_split init_dst: {init_dst.shape[0]} rows < {n_rows}")
+            _check(init_src is None or init_src.shape[0] == init_cols, "rmsnorm_split init_src: wrong length")
+        self._launch("rmsnorm_split_rows", (n_rows,), 256, stream, ptr(x), ptr(w), ptr(out_hl), np.int64(part_stride),
+                     np.int32(hidden), np.float32(eps), ptr(init_dst), ptr(init_src), np.int32(init_cols))
+
+    def kv_stage(self, k_layer: int, v_layer: int, attend_list, ctl, stage, n_rows: int, n_kv_heads: int,
+                 capacity: int, head_dim: int, stream):
+        """One layer's K/V of the attend list entries this pass's rows see, into stage (uint16 [4, KVH, stage_cap,
+        hd]: K hi, K lo, V hi, V lo; a bf16 arena fills the hi parts only)."""
+        _check_array("kv_stage list", attend_list, np.int32)
+        _check_array("kv_stage ctl", ctl, np.int32)
+        _check_array("kv_stage stage", stage, np.uint16, 4)
+        _check(stage.shape[0] == 4 and stage.shape[1] == n_kv_heads and stage.shape[3] == head_dim,
+               f"kv_stage: stage {stage.shape}, expected [4, {n_kv_heads}, cap, {head_dim}]")
+        _check(head_dim % 8 == 0, f"kv_stage: head_dim {head_dim} not a multiple of 8")
+        cap = stage.shape[2]
+        part = stage[0].size
+        self._launch("kv_stage", (ceil_div(cap * (head_dim // 8), 256), n_kv_heads), 256, stream, np.uintp(k_layer),
+                     np.uintp(v_layer), ptr(attend_list), ptr(ctl), np.int32(n_rows), np.int32(capacity),
+                     np.int32(head_dim), np.int32(cap), ptr(stage), ptr(stage, part), ptr(stage, 2 * part),
+                     ptr(stage, 3 * part))
+
+    def attention_flash(self, qkv, stage, ctl, part_o, part_ml, out_hl, out_part_stride: int, n_rows: int,
+                        n_q_heads: int, n_kv_heads: int, head_dim: int, n_splits: int, scale: float, stream,
+                        stages: int = 1):
+        """prefill_bulk.cu: causal attention of n_rows rows (q in qkv, after RoPE) over the staged K/V (kv_stage),
+        the list split over n_splits blocks per (16 rows, KV head), then the merge into out_hl (flat uint16: hi
+        rows [n_rows, Hq * hd] at 0, lo at out_part_stride), the o projection's activations. part_o / part_ml:
+        float32, at least n_splits * n_rows * Hq * hd / * 2 values. stages: K/V tiles in flight per block."""
+        _check_array("attention_flash qkv", qkv, np.float32, 2)
+        _check_array("attention_flash stage", stage, np.uint16, 4)
+        _check_array("attention_flash out", out_hl, np.uint16)
+        _check_array("attention_flash part_o", part_o, np.float32)
+        _check_array("attention_flash part_ml", part_ml, np.float32)
+        _check(n_kv_heads > 0 and n_q_heads % n_kv_heads == 0, f"attention_flash: {n_q_heads} heads not a multiple "
+                                                                f"of {n_kv_heads}")
+        group = n_q_heads // n_kv_heads
+        _check(group <= ATTN_MAX_GROUP, f"attention_flash: group {group} > {ATTN_MAX_GROUP}")
+        _check(head_dim in FLASH_HEAD_DIMS, f"attention_flash: head_dim {head_dim} not in {FLASH_HEAD_DIMS}")
+        _check(stages in (1, 2), f"attention_flash: stages {stages} not 1 or 2")
+        _check(qkv.shape[1] % 4 == 0 and qkv.shape[0] >= n_rows, f"attention_flash qkv: shape {qkv.shape}")
+        _check(stage.shape[1] == n_kv_heads and stage.shape[3] == head_dim, f"attention_flash stage: {stage.shape}")
+        q_dim = n_q_heads * head_dim
+        _check(part_o.size >= n_splits * n_rows * q_dim and part_ml.size >= n_splits * n_rows * n_q_heads * 2,
+               f"attention_flash: partial sums too small for {n_splits} splits of {n_rows} rows")
+        _check(out_part_stride % 2 == 0 and out_part_stride >= n_rows * q_dim
+               and out_hl.size >= out_part_stride + n_rows * q_dim, "attention_flash out: too small")
+        kv_parts = 2 if self.kv_dtype == "float32" else 1
+        row = head_dim + 8
+        shared = 2 * (2 * group * FLASH_ROWS * row + stages * 2 * kv_parts * FLASH_BKV * row)
+        name = f"attention_flash_hd{head_dim}_s{stages}"
+        self._function(name)
+        _check(shared <= self._shared_limits[name], f"attention_flash: {shared} bytes of shared memory > "
+                                                    f"{self._shared_limits[name]}")
+        part = stage[0].size
+        self._launch(name, (ceil_div(n_rows, FLASH_ROWS), n_kv_heads, n_splits), 32 * group, stream, ptr(qkv),
+                     np.int32(qkv.shape[1]), ptr(stage), ptr(stage, part), ptr(stage, 2 * part), ptr(stage, 3 * part),
+                     np.int32(stage.shape[2]), ptr(ctl), ptr(part_o), ptr(part_ml), np.int32(n_rows),
+                     np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(n_splits),
+                     np.float32(scale * LOG2_E), shared=shared)
+        self._launch("attention_flash_merge", (n_rows, n_q_heads), head_dim // 2, stream, ptr(part_o), ptr(part_ml),
+                     ptr(out_hl), np.int64(out_part_stride), np.int32(q_dim), np.int32(n_rows), np.int32(n_q_heads),
+                     np.int32(head_dim), np.int32(n_splits))
 
     def projection_fused(self, W, x, out, n_tokens: int, mode: int, stream, norm_w=None, eps: float = 0.0,
                          bias=None, out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,

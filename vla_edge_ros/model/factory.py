@@ -55,11 +55,12 @@ def create_backend(kind: str, model_dir: str | Path, capacity: int, dtype="float
 
 
 def create_backend_from_weights(kind: str, spec: ModelSpec, weights: ModelWeights, capacity: int,
-                                dtype="float32", device=None, kv_dtype: str = "float32") -> Backend:
+                                dtype="float32", device=None, kv_dtype: str = "float32",
+                                kernel_options: dict | None = None) -> Backend:
     """As create_backend, for weights already in memory. dtype is passed on as 'float32' or 'bfloat16'."""
     choice = choose_backend(kind)
     if choice.kind == "pycuda":
-        return _cuda_backend(spec, weights, capacity, dtype, device, choice, kv_dtype=kv_dtype)
+        return _cuda_backend(spec, weights, capacity, dtype, device, choice, kernel_options, kv_dtype=kv_dtype)
     from .numpy_backend import NumpyBackend
     backend = NumpyBackend(spec, weights, capacity, canonical_dtype(dtype), kv_dtype=kv_dtype)
     logger.info("%s, dtype %s, %d KV slots of %s", choice.describe(), canonical_dtype(dtype), capacity, kv_dtype)

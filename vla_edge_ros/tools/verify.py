@@ -81,6 +81,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", default=None, help="also write the full report as JSON to this path")
     parser.add_argument("--reference", default=None,
                         help="snapshot HF loads (default: --model); e.g. an original to check a converted copy against")
+    parser.add_argument("--bulk-prefill-min-rows", type=int, default=0,
+                        help="pycuda: forwards of at least this many rows through the bulk prefill "
+                             "(model.bulk_prefill_min_rows; 1: every forward, decode steps too)")
     parser.add_argument("--hf-device", default="cpu", help="torch device for the HF oracle (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for the HF oracle (default: torch's choice; 1 on a shared machine)")
@@ -93,7 +96,8 @@ def run(args) -> int:
     dtype = canonical_dtype(args.dtype)
     try:
         report = verify(args.model, args.backend, dtype, reference_dir=args.reference, hf_device=args.hf_device,
-                        torch_threads=args.threads, kv_dtype=args.kv_dtype)
+                        torch_threads=args.threads, kv_dtype=args.kv_dtype,
+                        bulk_prefill_min_rows=args.bulk_prefill_min_rows)
     except (ModelFormatError, ValueError, OSError) as exc:
         print(f"vla-edge verify: {exc}", file=sys.stderr)
         return 2
@@ -104,7 +108,8 @@ def run(args) -> int:
 
 
 def verify(model_dir, backend_kind: str, dtype: str, reference_dir=None, hf_device: str = "cpu",
-           new_tokens: int = NEW_TOKENS, torch_threads: int | None = None, kv_dtype: str = "float32") -> dict:
+           new_tokens: int = NEW_TOKENS, torch_threads: int | None = None, kv_dtype: str = "float32",
+           bulk_prefill_min_rows: int = 0) -> dict:
     """Run the comparison and return the report (a JSON-able dict; `passed` is the verdict)."""
     import torch
 
@@ -113,7 +118,8 @@ def verify(model_dir, backend_kind: str, dtype: str, reference_dir=None, hf_devi
         # torch's idle worker threads spin; on a shared CPU they starve the numpy backend.
         torch.set_num_threads(torch_threads)
     try:
-        return _verify(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens, kv_dtype)
+        return _verify(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens, kv_dtype,
+                       bulk_prefill_min_rows)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -122,7 +128,9 @@ def format_report(report: dict) -> str:
     spec = report["spec"]
     lines = [f"model {report['model']}: {spec['model_type']}, {spec['num_layers']} layers, "
              f"hidden {spec['hidden_size']}, heads {spec['num_heads']}/{spec['num_kv_heads']}, vocab {spec['vocab_size']}",
-             f"backend {report['backend']} ({report['dtype']}, KV {report['kv_dtype']})  vs  {report['oracle']}"
+             f"backend {report['backend']} ({report['dtype']}, KV {report['kv_dtype']}"
+             + (f", bulk prefill from {report['bulk_prefill_min_rows']} rows" if report.get("bulk_prefill_min_rows") else "")
+             + f")  vs  {report['oracle']}"
              + (f" on {report['reference']}" if report["reference"] != report["model"] else ""), ""]
     # 1 - cosine rather than the cosine itself: an fp32 match reads 1.00000000 at any useful precision.
     lines.append(f"{'prompt':>6} {'tokens':>6} {'1-cos prefill':>13} {'1-cos decode':>13} {'1-cos chunked':>13} "
@@ -153,7 +161,8 @@ def format_report(report: dict) -> str:
 # Internal helpers
 
 
-def _verify(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens, kv_dtype) -> dict:
+def _verify(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens, kv_dtype,
+            bulk_prefill_min_rows=0) -> dict:
     import transformers
 
     from ..model import hf_oracle
@@ -170,7 +179,9 @@ def _verify(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens
                              f"need >= 2 ids below vocab_size {spec.vocab_size}")
     capacity = max(len(ids) for ids in prompts) + new_tokens + 1
     kind = resolve_kind(backend_kind)
-    backend = create_backend_from_weights(kind, spec, load_weights(model_dir, spec), capacity, dtype, kv_dtype=kv_dtype)
+    options = {"bulk_prefill_min_rows": bulk_prefill_min_rows} if bulk_prefill_min_rows else None
+    backend = create_backend_from_weights(kind, spec, load_weights(model_dir, spec), capacity, dtype, kv_dtype=kv_dtype,
+                                          kernel_options=options)
     oracle = hf_oracle.load_hf_model(reference_dir or model_dir, round_to_bf16=(dtype == "bfloat16"), device=hf_device,
                                      round_kv_to_bf16=(kv_dtype == "bfloat16"))
 
@@ -181,7 +192,7 @@ def _verify(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens
     checks = _checks(results, thresholds)
     return {
         "model": str(model_dir), "reference": str(reference_dir or model_dir), "backend": kind, "dtype": dtype,
-        "kv_dtype": kv_dtype,
+        "kv_dtype": kv_dtype, "bulk_prefill_min_rows": bulk_prefill_min_rows,
         "spec": spec.as_dict(), "oracle": f"transformers {transformers.__version__} {type(oracle).__name__} fp32 eager"
         + (" on bf16-rounded weights" if dtype == "bfloat16" else "")
         + (", K/V rounded to bf16" if kv_dtype == "bfloat16" else ""),

@@ -1,0 +1,190 @@
+// gemm_bulk.cu: y = x @ W^T over many activation rows (the bulk prefill: a reconciler's multi-frame
+// step, a RoPE re-base, a full recompute) as a tiled tensor-core GEMM.
+//
+// Why:       the prefill projections of projection_staged.cu stream every weight once per call for
+//            at most 32 rows; a forward over hundreds of rows re-streamed the 2.6 GB of weights every
+//            128 rows and multiplied on far fewer than the chip's tensor cores (the H200 rebuilt at
+//            ~0.1 ms per token, 75-135 us per token in a full recompute). Here a block owns a BM x 128
+//            output tile and walks K through shared memory, so every weight byte feeds BM rows.
+// Computes   acc[m, n] = sum_k x[m, k] W[n, k]   for m < M activation rows and n < N weight rows, in
+//            fp32, where x = x_hi + x_lo (PARTS 2: the activations as two bf16 matrices, ~16 mantissa
+//            bits, the precision of the other prefill kernels) or x_hi alone (PARTS 1: bf16 activations,
+//            as HF runs a bf16 model); W holds the bf16 weights exactly. Epilogue by mode:
+//              ADD     out_f[m, n] += acc   (atomicAdd when k_split > 1 blocks share the K range)
+//              STORE   out_f[m, n] = acc + (bias ? bias[n] : 0)
+//              SWIGLU  W's rows are gate/up interleaved in blocks of 8 (cuda_backend.py); output column
+//                      c = 8 q + i (i < 8) is silu(acc[m, 16 q + i]) * acc[m, 16 q + 8 + i], written as
+//                      bf16 hi/lo (split_pair) into out_h: the down projection's activations.
+// Layouts:   x_hi [M, lda] bf16 bits, x_lo at x_hi + a_part_stride; W [N, K] bf16 bits (HF [out, in]);
+//            out_f [M, ldo] float32; out_h [M, ldo] bf16 bits, the lo parts at out_h + o_part_stride.
+// Launch:    grid (ceil(M / BM), ceil(N / 128), k_split), block 256 = 8 warps as 2 (m) x 4 (n), each warp
+//            a (BM / 2) x 32 tile of m16n8k16 mma.sync; dynamic shared memory GB_STAGES * (PARTS * BM +
+//            128) * GB_ROW * 2 bytes. blockIdx.x (the M tile) varies fastest, so the blocks that read one
+//            weight tile run at the same time and share it through L2.
+// Pipeline:  32 columns of K per stage, GB_STAGES stages of cp.async copies in flight. Tiles are stored
+//            [rows][GB_ROW]: 8 bf16 of padding make a row 80 bytes, so the 8 row addresses of an ldmatrix
+//            fall in 8 different 16-byte bank groups (5 groups apart, all distinct mod 8).
+// Preconditions (the launcher checks them): K % 32 == 0; lda, ldo and both part strides multiples of 8
+//            (16-byte rows); STORE/ADD out_cols even; SWIGLU with k_split 1, N % 16 == 0 and out_cols even.
+#include "common.cuh"
+#include "mma_bf16.cuh"
+#include "mma_tiles.cuh"
+
+#define GB_BN 128
+#define GB_BK 32
+#define GB_THREADS 256
+#define GB_ROW 40
+#define GB_STAGES 4
+
+template <int BM, int PARTS>
+__device__ __forceinline__ void gemm_bulk(const uint16_t* __restrict__ x, long long a_part_stride, int lda,
+                                          const uint16_t* __restrict__ W, const float* __restrict__ bias,
+                                          float* out_f, uint16_t* out_h, long long o_part_stride, int ldo, int M,
+                                          int N, int K, int out_cols, int mode, int k_split) {
+    constexpr int MT = BM / 32;                                // m16 tiles per warp (a warp holds BM / 2 rows)
+    constexpr int NT = 4;                                      // n8 tiles per warp (32 columns)
+    constexpr int A_TILE = BM * GB_ROW;                        // bf16 per part per stage
+    constexpr int B_TILE = GB_BN * GB_ROW;
+    constexpr int STAGE = PARTS * A_TILE + B_TILE;
+    extern __shared__ uint4 smem_gemm[];
+    uint16_t* smem = reinterpret_cast<uint16_t*>(smem_gemm);
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;                     // mma fragment coordinates
+    const int wm = warp >> 2, wn = warp & 3;                   // range [0, 2) x [0, 4)
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * GB_BN;
+    const int n_steps = K / GB_BK;
+    const int s_begin = (int)(((long long)blockIdx.z * n_steps) / k_split);
+    const int s_end = (int)(((long long)(blockIdx.z + 1) * n_steps) / k_split);
+    const int n_k = s_end - s_begin;
+
+    // One stage: the A tiles (BM rows x 32 columns: 4 copies of 16 bytes per row) of each part and the
+    // W tile (128 rows x 32). Rows past M or N land as zeros (their products add nothing).
+    auto load_stage = [&](int buf, int step) {
+        uint16_t* st = smem + buf * STAGE;
+        const int k0 = step * GB_BK;
+#pragma unroll
+        for (int p = 0; p < PARTS; ++p) {
+            for (int c = threadIdx.x; c < BM * 4; c += GB_THREADS) {
+                const int r = c >> 2, ch = c & 3;
+                const bool ok = m0 + r < M;
+                const uint16_t* src = x + p * a_part_stride + (size_t)(ok ? m0 + r : 0) * lda + k0 + ch * 8;
+                cp_async16(st + p * A_TILE + r * GB_ROW + ch * 8, src, ok ? 16 : 0);
+            }
+        }
+        for (int c = threadIdx.x; c < GB_BN * 4; c += GB_THREADS) {
+            const int r = c >> 2, ch = c & 3;
+            const bool ok = n0 + r < N;
+            const uint16_t* src = W + (size_t)(ok ? n0 + r : 0) * K + k0 + ch * 8;
+            cp_async16(st + PARTS * A_TILE + r * GB_ROW + ch * 8, src, ok ? 16 : 0);
+        }
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < GB_STAGES - 1; ++s) {
+        if (s < n_k) load_stage(s, s_begin + s);
+        cp_async_commit();                                     // an empty group keeps the count uniform
+    }
+    for (int kt = 0; kt < n_k; ++kt) {
+        cp_async_wait<GB_STAGES - 2>();                        // this thread's copies of stage kt landed
+        __syncthreads();                                       // everyone's; and stage kt - 1 is read by all
+        const int next = kt + GB_STAGES - 1;
+        if (next < n_k) load_stage(next % GB_STAGES, s_begin + next);   // into stage kt - 1's buffer
+        cp_async_commit();
+        const uint16_t* st = smem + (kt % GB_STAGES) * STAGE;
+        const uint16_t* b_tile = st + PARTS * A_TILE + (wn * 32) * GB_ROW;
+#pragma unroll
+        for (int ks = 0; ks < GB_BK / 16; ++ks) {
+            uint32_t a[PARTS][MT][4];
+#pragma unroll
+            for (int p = 0; p < PARTS; ++p)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+                    ldmatrix_x4(a[p][mt], a_fragment_row(st + p * A_TILE + (wm * (BM / 2) + mt * 16) * GB_ROW +
+                                                         ks * 16, GB_ROW, lane));
+            uint32_t b[NT / 2][4];                             // [pair of n8 tiles][b0, b1, b0', b1']
+#pragma unroll
+            for (int q = 0; q < NT / 2; ++q)
+                ldmatrix_x4(b[q], b_fragment_row(b_tile + q * 16 * GB_ROW + ks * 16, GB_ROW, lane));
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int p = 0; p < PARTS; ++p)
+                        mma_bf16_16816(acc[mt][nt], a[p][mt][0], a[p][mt][1], a[p][mt][2], a[p][mt][3],
+                                       b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]);
+        }
+    }
+    cp_async_wait<0>();                                        // only empty groups can be left: none in flight
+
+    // acc[mt][nt][2 r + e]: row m0 + wm BM/2 + 16 mt + g + 8 r, column n0 + 32 wn + 8 nt + 2 t + e.
+    const int row_base = m0 + wm * (BM / 2) + g;
+    const int col_base = n0 + wn * 32;
+    if (mode == PMODE_SWIGLU) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int pp = 0; pp < NT / 2; ++pp) {              // n8 tile 2 pp = gate rows, 2 pp + 1 = up rows
+                const int c = ((col_base >> 4) + pp) * 8 + 2 * t;
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int m = row_base + mt * 16 + 8 * r;
+                    if (m >= M || c >= out_cols) continue;
+                    const float v0 = silu(acc[mt][2 * pp][2 * r]) * acc[mt][2 * pp + 1][2 * r];
+                    const float v1 = silu(acc[mt][2 * pp][2 * r + 1]) * acc[mt][2 * pp + 1][2 * r + 1];
+                    uint32_t hi, lo;
+                    split_pair(v0, v1, hi, lo);
+                    uint16_t* dst = out_h + (size_t)m * ldo + c;
+                    *reinterpret_cast<uint32_t*>(dst) = hi;
+                    *reinterpret_cast<uint32_t*>(dst + o_part_stride) = lo;
+                }
+            }
+        return;
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int m = row_base + mt * 16 + 8 * r;
+                const int n = col_base + nt * 8 + 2 * t;
+                if (m >= M || n >= out_cols) continue;
+                float* o = out_f + (size_t)m * ldo + n;
+                const float v0 = acc[mt][nt][2 * r], v1 = acc[mt][nt][2 * r + 1];
+                if (mode == PMODE_STORE) {
+                    *reinterpret_cast<float2*>(o) = make_float2(v0 + (bias ? bias[n] : 0.f),
+                                                                v1 + (bias ? bias[n + 1] : 0.f));
+                } else if (k_split > 1) {
+                    atomicAdd(o, v0);
+                    atomicAdd(o + 1, v1);
+                } else {
+                    float2 cur = *reinterpret_cast<const float2*>(o);
+                    cur.x += v0;
+                    cur.y += v1;
+                    *reinterpret_cast<float2*>(o) = cur;
+                }
+            }
+}
+
+// Entries by rows per block and activation parts: 128 rows for long calls (each weight tile feeds 128
+// rows; one block of 8 warps per SM, 120 KB of stages), 64 rows for shorter ones (two blocks per SM).
+#define GEMM_BULK_ENTRY(BM, PARTS, MINB)                                                                      \
+    extern "C" __global__ void __launch_bounds__(GB_THREADS, MINB) gemm_bulk_m##BM##_p##PARTS(                \
+            const uint16_t* x, long long a_part_stride, int lda, const uint16_t* W, const float* bias,         \
+            float* out_f, uint16_t* out_h, long long o_part_stride, int ldo, int M, int N, int K, int out_cols, \
+            int mode, int k_split) {                                                                          \
+        gemm_bulk<BM, PARTS>(x, a_part_stride, lda, W, bias, out_f, out_h, o_part_stride, ldo, M, N, K,       \
+                             out_cols, mode, k_split);                                                        \
+    }
+GEMM_BULK_ENTRY(128, 2, 1)
+GEMM_BULK_ENTRY(64, 2, 2)
+GEMM_BULK_ENTRY(128, 1, 1)
+GEMM_BULK_ENTRY(64, 1, 2)

@@ -1,0 +1,359 @@
+// prefill_bulk.cu: the steps of the bulk prefill (cuda_backend.py, model.bulk_prefill_min_rows) that are
+// not projections (those are gemm_bulk.cu). Per layer of a forward over many rows:
+//   rmsnorm_split_rows     RMSNorm of the residual rows, written as bf16 hi/lo (the GEMM's activations),
+//                          and the q|k|v accumulator initialised to the bias
+//   (gemm_bulk q|k|v, rope.cu's rope_store: q rotated in place, K/V into the arena)
+//   kv_stage               the layer's K/V of the attend list gathered into contiguous bf16 hi/lo rows
+//   attention_flash_*      causal attention of the rows over the staged K/V on the tensor cores, online
+//                          softmax; the list split over S blocks when the rows alone give too few blocks
+//   attention_flash_merge  the S partial sums -> the attention output as bf16 hi/lo (the o GEMM's input)
+//
+// Precision: as attention_mma.cu. q (pre-scaled), K, V and the softmax weights P are fp32 values fed to
+// the mma as bf16 hi + lo; a product x.y is hi_x.hi_y + lo_x.hi_y + hi_x.lo_y (lo.lo dropped, ~2^-16 of
+// the product). A bf16 arena (-DKV_BF16) holds K and V in bf16: their lo parts are zero, neither staged
+// nor multiplied. Scores are kept in log2 units (q scaled by scale * log2 e) so every weight is one exp2.
+//
+// Layouts (one layer): qkv [n_rows, qkv_stride] float32, q head h at columns [h hd, (h+1) hd), after RoPE;
+//            the arena k/v [KVH, capacity, hd] kv_t; attend_list int32 (cached context, then the call's
+//            rows); ctl: control block (common.cuh) with this pass's row offset and the context length.
+//            Staged K/V: k_hi, k_lo, v_hi, v_lo each [KVH, stage_cap, hd] bf16 bits, entry j = list entry j.
+//            Partial sums: part_o [S, n_rows, Hq, hd] float32 (unnormalised), part_ml [S, n_rows, Hq, 2]
+//            (running max in log2 units, sum of weights). Output: [n_rows, out_stride] bf16 hi, lo parts at
+//            + out_part_stride.
+#include "common.cuh"
+#include "kv_store.cuh"
+#include "mma_bf16.cuh"
+#include "mma_tiles.cuh"
+
+#define FA_ROWS 16                       // query rows per block: one m16 tile per query head of the group
+#define FA_BKV 32                        // list entries per K/V tile
+#ifdef KV_BF16
+#define FA_KV_PARTS 1                    // staged K/V: hi only (lo is zero)
+#else
+#define FA_KV_PARTS 2                    // hi and lo
+#endif
+
+// ---------------------------------------------------------------- RMSNorm -> bf16 hi/lo
+
+// out[row, d] / out[part_stride + row, d] = hi / lo of rmsnorm(x[row]) * w  (rmsnorm.cu's formula), and
+// init_dst[row, c] = init_src ? init_src[c] : 0 for c < init_cols when init_dst is given.
+// Launch: grid (n_rows), block 256; hidden even.
+extern "C" __global__ void rmsnorm_split_rows(const float* x, const float* w, uint16_t* out, long long part_stride,
+                                              int hidden, float eps, float* init_dst, const float* init_src,
+                                              int init_cols) {
+    __shared__ float scratch[32];
+    const int row = blockIdx.x;                                // range [0, n_rows)
+    const float* xr = x + (size_t)row * hidden;
+    float ss = 0.f;
+    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {   // d range [0, hidden)
+        const float v = xr[d];
+        ss += v * v;
+    }
+    const float inv = rsqrtf(block_sum(ss, scratch) / (float)hidden + eps);
+    uint16_t* orow = out + (size_t)row * hidden;
+    for (int d = 2 * threadIdx.x; d < hidden; d += 2 * blockDim.x) {
+        uint32_t hi, lo;
+        split_pair(w[d] * (xr[d] * inv), w[d + 1] * (xr[d + 1] * inv), hi, lo);
+        *reinterpret_cast<uint32_t*>(orow + d) = hi;
+        *reinterpret_cast<uint32_t*>(orow + part_stride + d) = lo;
+    }
+    if (init_dst != nullptr) {
+        float* irow = init_dst + (size_t)row * init_cols;
+        for (int c = threadIdx.x; c < init_cols; c += blockDim.x)   // c range [0, init_cols)
+            irow[c] = init_src ? init_src[c] : 0.f;
+    }
+}
+
+// ---------------------------------------------------------------- K/V staging
+
+// Entries j < ctl[CTL_CTX_LEN] + ctl[CTL_ROW_OFFSET] + n_rows (all that this pass's rows can see) of one
+// layer's K and V, from their arena slots attend_list[j] into the contiguous staged rows, split into hi/lo
+// (a bf16 arena: copied as they are). Launch: grid (ceil(stage_cap * hd / 8 / 256), KVH), block 256:
+// thread = (entry, 8 dimensions); threads past the visible entries return at once.
+extern "C" __global__ void kv_stage(const kv_t* k_layer, const kv_t* v_layer, const int* attend_list, const int* ctl,
+                                    int n_rows, int capacity, int head_dim, int stage_cap, uint16_t* k_hi,
+                                    uint16_t* k_lo, uint16_t* v_hi, uint16_t* v_lo) {
+    const int per_entry = head_dim >> 3;
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;      // range [0, stage_cap * per_entry) and beyond
+    const int j = e / per_entry, c = e - j * per_entry;
+    const int visible = ctl[CTL_CTX_LEN] + ctl[CTL_ROW_OFFSET] + n_rows;
+    if (j >= visible || j >= stage_cap) return;
+    const int kvh = blockIdx.y;                                // range [0, KVH)
+    const size_t src = ((size_t)kvh * capacity + attend_list[j]) * head_dim + 8 * c;
+    const size_t dst = ((size_t)kvh * stage_cap + j) * head_dim + 8 * c;
+#ifdef KV_BF16
+    *reinterpret_cast<uint4*>(k_hi + dst) = __ldg(reinterpret_cast<const uint4*>(k_layer + src));
+    *reinterpret_cast<uint4*>(v_hi + dst) = __ldg(reinterpret_cast<const uint4*>(v_layer + src));
+#else
+    const kv_t* srcs[2] = {k_layer + src, v_layer + src};
+    uint16_t* his[2] = {k_hi + dst, v_hi + dst};
+    uint16_t* los[2] = {k_lo + dst, v_lo + dst};
+#pragma unroll
+    for (int kv = 0; kv < 2; ++kv) {
+        const float4 a = load_kv4_readonly(srcs[kv]), b = load_kv4_readonly(srcs[kv] + 4);
+        uint4 hi, lo;
+        split_pair(a.x, a.y, hi.x, lo.x);
+        split_pair(a.z, a.w, hi.y, lo.y);
+        split_pair(b.x, b.y, hi.z, lo.z);
+        split_pair(b.z, b.w, hi.w, lo.w);
+        *reinterpret_cast<uint4*>(his[kv]) = hi;
+        *reinterpret_cast<uint4*>(los[kv]) = lo;
+    }
+#endif
+}
+
+// ---------------------------------------------------------------- flash attention
+
+// Shared-memory rows of HD bf16 plus 16 bytes of padding: the 8 row addresses of an ldmatrix then fall
+// in 8 different 16-byte bank groups ((HD + 8) * 2 bytes = an odd number of 16-byte groups).
+template <int HD> struct FlashLayout {
+    static constexpr int ROW = HD + 8;
+    static constexpr int Q_TILE = FA_ROWS * ROW;               // one warp's query rows, one part
+    static constexpr int KV_TILE = FA_BKV * ROW;               // one staged array's tile
+};
+
+// Block (row block, KV head, split): query rows [16 rb, 16 rb + 16) of the pass, every query head of the
+// KV head's group (warp w: head kvh * group + w, a 16-row mma tile), list entries of tiles
+// [split T / S, (split + 1) T / S), T = the tiles the block's last row can see. Row blocks run last-first:
+// the late rows see the longest lists, so the longest blocks start first.
+// Launch: grid (ceil(n_rows / 16), KVH, S), block 32 * group, dynamic shared memory
+// 2 * (2 group Q_TILE + STAGES 2 FA_KV_PARTS KV_TILE) bytes (cuda_kernels.attention_flash).
+template <int HD, int STAGES>
+__device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride, const uint16_t* k_hi,
+                                                const uint16_t* k_lo, const uint16_t* v_hi, const uint16_t* v_lo,
+                                                int stage_cap, const int* ctl, float* part_o, float* part_ml,
+                                                int n_rows, int n_q_heads, int n_kv_heads, int n_splits,
+                                                float scale_log2) {
+    using L = FlashLayout<HD>;
+    extern __shared__ uint4 smem_flash[];
+    uint16_t* smem = reinterpret_cast<uint16_t*>(smem_flash);
+    const int group = n_q_heads / n_kv_heads;                  // = warps of the block
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;                     // mma fragment coordinates
+    const int kvh = blockIdx.y, split = blockIdx.z;
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * FA_ROWS;     // latest rows first
+    const int r_end = min(n_rows, r0 + FA_ROWS);
+    const int h = kvh * group + warp;
+    uint16_t* q_hi = smem + warp * L::Q_TILE;
+    uint16_t* q_lo = smem + (group + warp) * L::Q_TILE;
+    uint16_t* kv_smem = smem + 2 * group * L::Q_TILE;           // STAGES x [Kh, (Kl), Vh, (Vl)]
+
+    const int visible_last = list_length(ctl, r_end - 1);      // entries the block's last row sees
+    const int n_tiles = (visible_last + FA_BKV - 1) / FA_BKV;
+    const int t_begin = (int)(((long long)split * n_tiles) / n_splits);
+    const int t_end = (int)(((long long)(split + 1) * n_tiles) / n_splits);
+
+    // One tile of every staged array into stage buffer `buf`; entries past the last row's list are zeros
+    // (masked anyway, and 0 * garbage could be NaN).
+    auto load_tile = [&](int tile, int buf) {
+        constexpr int CHUNKS = HD / 8;                         // 16-byte copies per row
+        constexpr int PER_ARRAY = FA_BKV * CHUNKS;
+        uint16_t* dst = kv_smem + buf * (2 * FA_KV_PARTS) * L::KV_TILE;
+        const int j0 = tile * FA_BKV;
+        for (int c = threadIdx.x; c < 2 * FA_KV_PARTS * PER_ARRAY; c += blockDim.x) {
+            const int arr = c / PER_ARRAY;
+            const int rem = c - arr * PER_ARRAY;
+            const int j = rem / CHUNKS, ch = rem - j * CHUNKS;
+            const bool ok = j0 + j < visible_last;
+            // arrays in shared-memory order: K hi, (K lo), V hi, (V lo)
+            const uint16_t* array = arr < FA_KV_PARTS ? (arr == 0 ? k_hi : k_lo)
+                                                      : (arr == FA_KV_PARTS ? v_hi : v_lo);
+            const uint16_t* src = array + ((size_t)kvh * stage_cap + (ok ? j0 + j : 0)) * HD + ch * 8;
+            cp_async16(dst + arr * L::KV_TILE + j * L::ROW + ch * 8, src, ok ? 16 : 0);
+        }
+    };
+
+    if (t_begin < t_end) load_tile(t_begin, 0);
+    cp_async_commit();
+
+    // This warp's 16 query rows of head h, scaled into log2 units, as bf16 hi/lo (overlaps the first copy).
+    for (int e = lane; e < FA_ROWS * (HD / 4); e += 32) {
+        const int i = e / (HD / 4), c = e - i * (HD / 4);
+        float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r0 + i < n_rows) q = *reinterpret_cast<const float4*>(qkv + (size_t)(r0 + i) * qkv_stride + h * HD + 4 * c);
+        uint2 hi, lo;
+        split_pair(q.x * scale_log2, q.y * scale_log2, hi.x, lo.x);
+        split_pair(q.z * scale_log2, q.w * scale_log2, hi.y, lo.y);
+        *reinterpret_cast<uint2*>(q_hi + i * L::ROW + 4 * c) = hi;
+        *reinterpret_cast<uint2*>(q_lo + i * L::ROW + 4 * c) = lo;
+    }
+
+    // Rows g and g + 8 of the warp's tile: how many list entries each sees (0 past the pass's rows).
+    int len[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) len[r] = r0 + g + 8 * r < n_rows ? list_length(ctl, r0 + g + 8 * r) : 0;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float o[HD / 8][4];
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+
+    for (int tile = t_begin; tile < t_end; ++tile) {
+        const int buf = STAGES > 1 ? (tile - t_begin) % STAGES : 0;
+        if (STAGES == 1 && tile > t_begin) {
+            __syncthreads();                                   // every warp is done with the buffer
+            load_tile(tile, 0);
+            cp_async_commit();
+        }
+        cp_async_wait<0>();
+        __syncthreads();                                       // the tile (and the Q rows) visible to all
+        if (STAGES > 1 && tile + 1 < t_end) {
+            load_tile(tile + 1, (buf + 1) % STAGES);           // read by all before the barrier above
+            cp_async_commit();
+        }
+        const uint16_t* kh = kv_smem + buf * (2 * FA_KV_PARTS) * L::KV_TILE;
+        const uint16_t* vh = kh + FA_KV_PARTS * L::KV_TILE;
+
+        // S = q K^T over the tile: FA_BKV / 8 n8 tiles of entries, HD / 16 k-steps.
+        float s[FA_BKV / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < FA_BKV / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ++ks) {
+            uint32_t ah[4], al[4];
+            ldmatrix_x4(ah, a_fragment_row(q_hi + ks * 16, L::ROW, lane));
+            ldmatrix_x4(al, a_fragment_row(q_lo + ks * 16, L::ROW, lane));
+#pragma unroll
+            for (int np = 0; np < FA_BKV / 16; ++np) {
+                uint32_t b[4];
+                ldmatrix_x4(b, b_fragment_row(kh + np * 16 * L::ROW + ks * 16, L::ROW, lane));
+                mma_bf16_16816(s[2 * np], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
+                mma_bf16_16816(s[2 * np], al[0], al[1], al[2], al[3], b[0], b[1]);
+                mma_bf16_16816(s[2 * np + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
+                mma_bf16_16816(s[2 * np + 1], al[0], al[1], al[2], al[3], b[2], b[3]);
+#if FA_KV_PARTS == 2
+                ldmatrix_x4(b, b_fragment_row(kh + L::KV_TILE + np * 16 * L::ROW + ks * 16, L::ROW, lane));
+                mma_bf16_16816(s[2 * np], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
+                mma_bf16_16816(s[2 * np + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
+#endif
+            }
+        }
+
+        // Online softmax of rows g (r = 0) and g + 8 (r = 1); s[nt][2 r + e] is entry tile*BKV + 8 nt + 2 t + e.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = m[r];
+#pragma unroll
+            for (int nt = 0; nt < FA_BKV / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int j = tile * FA_BKV + nt * 8 + 2 * t + e;
+                    if (j < len[r]) mx = fmaxf(mx, s[nt][2 * r + e]);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // mx is -inf only while the row has seen nothing yet: its weights stay 0.
+            const float alpha = mx == -INFINITY ? 1.f : exp2f(m[r] - mx);
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < FA_BKV / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int j = tile * FA_BKV + nt * 8 + 2 * t + e;
+                    const float p = j < len[r] ? exp2f(s[nt][2 * r + e] - mx) : 0.f;
+                    s[nt][2 * r + e] = p;
+                    sum += p;
+                }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            l[r] = l[r] * alpha + sum;
+            m[r] = mx;
+#pragma unroll
+            for (int nd = 0; nd < HD / 8; ++nd) {
+                o[nd][2 * r] *= alpha;
+                o[nd][2 * r + 1] *= alpha;
+            }
+        }
+
+        // O += P V: P straight from S's accumulators (an m16n8 pair is an m16k16 A fragment), split hi/lo;
+        // V's B fragments by ldmatrix.trans from the [entry][dim] tile.
+#pragma unroll
+        for (int kk = 0; kk < FA_BKV / 16; ++kk) {
+            uint32_t ph[4], pl[4];
+            split_pair(s[2 * kk][0], s[2 * kk][1], ph[0], pl[0]);           // row g,     entries 16 kk + 2t
+            split_pair(s[2 * kk][2], s[2 * kk][3], ph[1], pl[1]);           // row g + 8
+            split_pair(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);   // row g,     entries 16 kk + 8 + 2t
+            split_pair(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);   // row g + 8
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; ++dp) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, bt_fragment_row(vh + kk * 16 * L::ROW + dp * 16, L::ROW, lane));
+                mma_bf16_16816(o[2 * dp], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
+                mma_bf16_16816(o[2 * dp], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
+                mma_bf16_16816(o[2 * dp + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
+                mma_bf16_16816(o[2 * dp + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
+#if FA_KV_PARTS == 2
+                ldmatrix_x4_trans(b, bt_fragment_row(vh + L::KV_TILE + kk * 16 * L::ROW + dp * 16, L::ROW, lane));
+                mma_bf16_16816(o[2 * dp], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
+                mma_bf16_16816(o[2 * dp + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
+#endif
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // The split's partial sums of rows g and g + 8 (a split that saw nothing writes m = -inf, l = 0, o = 0).
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = r0 + g + 8 * r;
+        if (row >= n_rows) continue;
+        const size_t base = ((size_t)split * n_rows + row) * n_q_heads + h;
+        if (t == 0) {
+            part_ml[2 * base] = m[r];
+            part_ml[2 * base + 1] = l[r];
+        }
+        float* dst = part_o + base * HD;
+#pragma unroll
+        for (int nd = 0; nd < HD / 8; ++nd)
+            *reinterpret_cast<float2*>(dst + nd * 8 + 2 * t) = make_float2(o[nd][2 * r], o[nd][2 * r + 1]);
+    }
+}
+
+// Entries by head_dim and K/V stages (1: a block waits for each tile, two blocks per SM overlap; 2: the next
+// tile's copy overlaps this one's products).
+#define ATTENTION_FLASH_ENTRY(HD, STAGES)                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) attention_flash_hd##HD##_s##STAGES(                      \
+            const float* qkv, int qkv_stride, const uint16_t* k_hi, const uint16_t* k_lo, const uint16_t* v_hi,  \
+            const uint16_t* v_lo, int stage_cap, const int* ctl, float* part_o, float* part_ml, int n_rows,     \
+            int n_q_heads, int n_kv_heads, int n_splits, float scale_log2) {                                   \
+        attention_flash<HD, STAGES>(qkv, qkv_stride, k_hi, k_lo, v_hi, v_lo, stage_cap, ctl, part_o, part_ml,  \
+                                    n_rows, n_q_heads, n_kv_heads, n_splits, scale_log2);                      \
+    }
+ATTENTION_FLASH_ENTRY(32, 1)
+ATTENTION_FLASH_ENTRY(32, 2)
+ATTENTION_FLASH_ENTRY(64, 1)
+ATTENTION_FLASH_ENTRY(64, 2)
+ATTENTION_FLASH_ENTRY(128, 1)
+ATTENTION_FLASH_ENTRY(128, 2)
+
+// ---------------------------------------------------------------- merge
+
+// out[row, h hd + d] (hi) and out[out_part_stride + ...] (lo) = sum_s w_s o_s[d] / sum_s w_s l_s with
+// w_s = exp2(m_s - max_s m_s), over the n_splits partial sums of (row, head h).
+// Launch: grid (n_rows, Hq), block hd / 2 (each thread two adjacent dimensions).
+extern "C" __global__ void attention_flash_merge(const float* part_o, const float* part_ml, uint16_t* out,
+                                                 long long out_part_stride, int out_stride, int n_rows,
+                                                 int n_q_heads, int head_dim, int n_splits) {
+    const int row = blockIdx.x, h = blockIdx.y;                // range [0, n_rows) x [0, Hq)
+    const int d = 2 * threadIdx.x;                             // range [0, hd), even
+    const size_t stride = (size_t)n_rows * n_q_heads;          // between splits, in (row, head) entries
+    const size_t base = (size_t)row * n_q_heads + h;
+    float mx = -INFINITY;
+    for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, part_ml[2 * (s * stride + base)]);
+    float denom = 0.f, a = 0.f, b = 0.f;
+    for (int s = 0; s < n_splits; ++s) {
+        const size_t e = s * stride + base;
+        const float ms = part_ml[2 * e];
+        if (ms == -INFINITY) continue;                         // the split saw nothing of this row
+        const float w = exp2f(ms - mx);
+        denom += w * part_ml[2 * e + 1];
+        const float2 v = *reinterpret_cast<const float2*>(part_o + e * head_dim + d);
+        a += w * v.x;
+        b += w * v.y;
+    }
+    const float inv = 1.f / denom;                             // every row sees at least itself: denom > 0
+    uint32_t hi, lo;
+    split_pair(a * inv, b * inv, hi, lo);
+    uint16_t* dst = out + (size_t)row * out_stride + h * head_dim + d;
+    *reinterpret_cast<uint32_t*>(dst) = hi;
+    *reinterpret_cast<uint32_t*>(dst + out_part_stride) = lo;
+}

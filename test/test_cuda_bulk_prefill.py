@@ -1,0 +1,236 @@
+"""The bulk prefill (gemm_bulk.cu, prefill_bulk.cu; model.bulk_prefill_min_rows) against references.
+
+GPU only (marker `gpu`). Kernel by kernel against kernel_reference (fresh random draws, outputs poisoned
+so that an unwritten element fails, ragged shapes), then whole forwards through CudaBackend against the
+numpy backend and against the cycle's prefill kernels, in one pass and in several.
+
+Tolerances: the GEMM sums exact products of bf16 weights and (hi + lo) activations in fp32, so its error
+is fp32 accumulation over K (~1e-7 .. 1e-6 relative to the output's scale); its SwiGLU output and the
+attention output are written as hi + lo again (~2^-16 ~ 1.5e-5 of each value), and the attention's
+products drop lo.lo terms as attention_mma.cu does (~1e-5 relative, its measured bound).
+"""
+import numpy as np
+import pytest
+
+from kernel_compare import assert_close, peak, rel_norm
+from vla_edge_ros.model import kernel_reference as ref
+
+pytestmark = pytest.mark.gpu
+
+RTOL = 1e-5
+NAN_BF16 = 0xFFFF
+
+
+def _split(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """fp32 -> (hi, lo) bf16 bits, hi = bf16(x), lo = bf16(x - hi): what the device's split_hi_lo does."""
+    hi = ref.to_bf16_bits(x)
+    lo = ref.to_bf16_bits(x - ref.from_bf16_bits(hi))
+    return hi, lo
+
+
+def _joined(flat: np.ndarray, part_stride: int, rows: int, cols: int) -> np.ndarray:
+    """hi + lo of a flat hi/lo buffer's first rows x cols values, in float64."""
+    hi = ref.from_bf16_bits(flat[:rows * cols]).astype(np.float64)
+    lo = ref.from_bf16_bits(flat[part_stride:part_stride + rows * cols]).astype(np.float64)
+    return (hi + lo).reshape(rows, cols)
+
+
+def _close(got, expected, norm_tol, what):
+    assert_close(got, expected, rtol=RTOL, atol=2 * norm_tol * peak(expected), what=what, norm_rtol=norm_tol)
+
+
+@pytest.mark.parametrize("M,N,K,rows_per_block,k_split", [
+    (200, 96, 96, None, None),       # ragged M and N, one K stage short of the pipeline's depth
+    (37, 256, 128, 64, 1),
+    (300, 2048, 1536, 128, 1),       # the 1.5B q|k|v shape
+    (256, 1536, 1536, 64, None),     # o: too few tiles, so K is split over blocks (atomic adds)
+    (64, 192, 512, 64, 3),
+])
+@pytest.mark.parametrize("parts", [2, 1])
+def test_gemm_bulk_add_and_store(kn, gpu, M, N, K, rows_per_block, k_split, parts):
+    from vla_edge_ros.model import cuda_kernels as ck
+    ga, stream = gpu
+    rng = np.random.default_rng(M * 7 + N + parts)
+    x = (rng.standard_normal((M, K)) * 2).astype(np.float32)
+    W = ref.to_bf16_bits(rng.standard_normal((N, K)).astype(np.float32) * 0.05)
+    hi, lo = _split(x)
+    stride = M * K + 8                                          # lo parts start a little after the hi rows
+    flat = np.zeros(2 * stride, np.uint16)
+    flat[:M * K], flat[stride:stride + M * K] = hi.reshape(-1), lo.reshape(-1)
+    x_eff = ref.from_bf16_bits(hi).astype(np.float64) + (ref.from_bf16_bits(lo) if parts == 2 else 0.0)
+    start = rng.standard_normal((M, N)).astype(np.float32)
+    out = ga.to_gpu(start)
+    W_d, x_d = ga.to_gpu(W), ga.to_gpu(flat)
+    used = kn.gemm_bulk(W_d, x_d, stride, M, ck.MODE_ADD, stream, out=out, parts=parts,
+                        rows_per_block=rows_per_block, k_split=k_split)
+    stream.synchronize()
+    _close(out.get(), ref.projection_ref(W, x_eff, ck.MODE_ADD, out=start), 1e-5, f"gemm_bulk ADD {used}")
+    bias = rng.standard_normal(N).astype(np.float32)
+    out = ga.to_gpu(np.full((M, N), np.nan, np.float32))
+    kn.gemm_bulk(W_d, x_d, stride, M, ck.MODE_STORE, stream, out=out, bias=ga.to_gpu(bias), parts=parts,
+                 rows_per_block=rows_per_block)
+    stream.synchronize()
+    _close(out.get(), ref.projection_ref(W, x_eff, ck.MODE_STORE, bias=bias), 1e-5, "gemm_bulk STORE")
+
+
+@pytest.mark.parametrize("M,inter,K", [(70, 352, 128), (300, 8960, 1536)])
+def test_gemm_bulk_swiglu_writes_hi_lo(kn, gpu, M, inter, K):
+    from vla_edge_ros.model import cuda_kernels as ck
+    ga, stream = gpu
+    rng = np.random.default_rng(inter)
+    gate = rng.standard_normal((inter, K)).astype(np.float32) * 0.05
+    up = rng.standard_normal((inter, K)).astype(np.float32) * 0.05
+    W = ref.to_bf16_bits(ref.interleave_gate_up(gate, up))
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    hi, lo = _split(x)
+    flat = np.concatenate([hi.reshape(-1), lo.reshape(-1)])
+    out_stride = M * inter
+    out_hl = ga.to_gpu(np.full(2 * out_stride, NAN_BF16, np.uint16))
+    kn.gemm_bulk(ga.to_gpu(W), ga.to_gpu(flat), M * K, M, ck.MODE_SWIGLU, stream, out_hl=out_hl,
+                 out_part_stride=out_stride, out_cols=inter)
+    stream.synchronize()
+    x_eff = ref.from_bf16_bits(hi).astype(np.float64) + ref.from_bf16_bits(lo)
+    expected = ref.projection_ref(W, x_eff, ck.MODE_SWIGLU, out_cols=inter)
+    _close(_joined(out_hl.get(), out_stride, M, inter), expected, 3e-5, "gemm_bulk SWIGLU")
+
+
+def test_rmsnorm_split_rows_and_bias_init(kn, gpu):
+    ga, stream = gpu
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((9, 96)) * 3).astype(np.float32)
+    w = rng.standard_normal(96).astype(np.float32)
+    bias = rng.standard_normal(40).astype(np.float32)
+    stride = 9 * 96
+    out = ga.to_gpu(np.full(2 * stride, NAN_BF16, np.uint16))
+    init = ga.to_gpu(np.full((9, 40), np.nan, np.float32))
+    kn.rmsnorm_split(ga.to_gpu(x), ga.to_gpu(w), out, stride, 9, 1e-6, stream, init_dst=init, init_src=ga.to_gpu(bias))
+    stream.synchronize()
+    expected, exp_init = ref.rmsnorm_rows_ref(x, w, 1e-6, bias, 40)
+    # rmsnorm's error (1e-6) plus the hi + lo representation (~2^-16 relative to each value)
+    _close(_joined(out.get(), stride, 9, 96), expected, 2e-5, "rmsnorm_split")
+    np.testing.assert_array_equal(init.get(), exp_init)
+
+
+def _flash_case(kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, seed, cap=700):
+    """K/V behind a permuted slot list, n query rows after ctx + row_offset visible entries: kv_stage, then
+    attention_flash; returns (ours, the reference)."""
+    ga, stream = gpu
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
+    v = rng.standard_normal((kvh, cap, hd)).astype(np.float32)
+    if kernels.kv_dtype == "bfloat16":                        # the arena holds bf16 values
+        k, v = ref.from_bf16_bits(ref.to_bf16_bits(k)), ref.from_bf16_bits(ref.to_bf16_bits(v))
+        k_d, v_d = ga.to_gpu(ref.to_bf16_bits(k)), ga.to_gpu(ref.to_bf16_bits(v))
+    else:
+        k_d, v_d = ga.to_gpu(k), ga.to_gpu(v)
+    qkv = (rng.standard_normal((n, (hq + 2 * kvh) * hd)) * 2).astype(np.float32)
+    attend = rng.permutation(cap)[:ctx + row_offset + n].astype(np.int32)
+    ctl = np.array([row_offset, ctx, 0, -1], np.int32)
+    stage = ga.to_gpu(np.full((4, kvh, cap, hd), NAN_BF16, np.uint16))
+    q_dim = hq * hd
+    part_o = ga.to_gpu(np.full(splits * n * q_dim, np.nan, np.float32))
+    part_ml = ga.to_gpu(np.full(splits * n * hq * 2, np.nan, np.float32))
+    out_stride = n * q_dim + 16
+    out = ga.to_gpu(np.full(2 * out_stride, NAN_BF16, np.uint16))
+    ctl_d, attend_d = ga.to_gpu(ctl), ga.to_gpu(attend)
+    kernels.kv_stage(int(k_d.gpudata), int(v_d.gpudata), attend_d, ctl_d, stage, n, kvh, cap, hd, stream)
+    kernels.attention_flash(ga.to_gpu(qkv), stage, ctl_d, part_o, part_ml, out, out_stride, n, hq, kvh, hd, splits,
+                            hd ** -0.5, stream, stages=stages)
+    stream.synchronize()
+    expected = ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, hd ** -0.5)
+    return _joined(out.get(), out_stride, n, q_dim), expected
+
+
+@pytest.mark.parametrize("hq,kvh,hd,ctx,row_offset,n,splits", [
+    (4, 2, 32, 0, 0, 40, 1),          # tiny: a recompute from nothing (the first row sees only itself)
+    (4, 1, 32, 50, 3, 37, 3),         # llama-tiny's grouping, ragged rows, the list split three ways
+    (12, 2, 128, 300, 0, 130, 2),     # the 1.5B shape
+    (8, 2, 64, 97, 20, 64, 5),        # more splits than some row blocks have tiles: empty splits
+])
+@pytest.mark.parametrize("stages", [1, 2])
+def test_attention_flash_matches_reference(kn, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages):
+    got, expected = _flash_case(kn, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, seed=hd + n)
+    _close(got, expected, 3e-5, f"attention_flash hd={hd} splits={splits} stages={stages}")
+
+
+@pytest.fixture(scope="module")
+def kn16(cuda_device):
+    from vla_edge_ros.model.cuda_kernels import CudaKernels
+    return CudaKernels(cuda_device, kv_dtype="bfloat16")
+
+
+def test_attention_flash_on_a_bf16_arena(kn16, gpu):
+    got, expected = _flash_case(kn16, gpu, 12, 2, 128, 200, 5, 70, 2, 2, seed=9)
+    _close(got, expected, 3e-5, "attention_flash, bf16 arena")
+
+
+# ---------------------------------------------------------------- whole forwards through CudaBackend
+
+
+@pytest.fixture(scope="module", params=["tiny", "llama-tiny", "qwen2.5-1.5b-random"])
+def model(request, tmp_path_factory):
+    from vla_edge_ros.model.make_model import make_model
+    from vla_edge_ros.model.spec import ModelSpec
+    from vla_edge_ros.model.weights import load_weights
+    layers = 2 if request.param.startswith("qwen2.5") else None
+    path = make_model(request.param, tmp_path_factory.mktemp("bulk"), seed=5, dtype="bf16", layers=layers)
+    spec = ModelSpec.from_dir(path)
+    return spec, load_weights(path, spec)
+
+
+def _backend(model, capacity, **kw):
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    spec, weights = model
+    return CudaBackend(spec, weights, capacity, "bfloat16", **kw)
+
+
+def test_bulk_forward_matches_numpy_and_the_cycle_kernels(model):
+    """A context, then 300 rows on holes in the slot list: the bulk prefill in one pass and in three (the K/V
+    each pass leaves must serve the next), the cycle's prefill kernels, and the numpy backend agree."""
+    from vla_edge_ros.model.numpy_backend import NumpyBackend
+    spec, weights = model
+    cap = 700
+    bulk = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=512)
+    passes = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=128)
+    cycle = _backend(model, cap)
+    numpy = NumpyBackend(spec, weights, cap, "bfloat16")
+    assert bulk.bulk_min_rows == 1 and cycle.bulk_min_rows == 0
+    rng = np.random.default_rng(6)
+    slots = rng.permutation(cap)
+    x = numpy.embed(rng.integers(0, spec.vocab_size, size=340))
+    pos = np.arange(340) * 2 + 1
+    ctx = slots[:40]
+    results = []
+    for b in (bulk, passes, cycle, numpy):
+        b.forward(x[:40], pos[:40], ctx, np.array([], np.int64), logits="none")
+        results.append(b.forward(x[40:], pos[40:], slots[40:340], np.delete(ctx, [2, 9]), logits="all",
+                                 return_hidden=True))
+    exp = results[3]
+    for name, got in zip(("bulk", "bulk in passes", "cycle kernels"), results[:3]):
+        for layer, (h, e) in enumerate(zip(got.hidden_states, exp.hidden_states)):
+            assert rel_norm(h, e) < 1e-4, f"{name}: hidden state {layer}"
+        assert rel_norm(got.logits, exp.logits) < 1e-4, name
+    kv_ref = np.stack([numpy._k[:, slots[:340]], numpy._v[:, slots[:340]]]).reshape(2, spec.num_layers, 340, -1)
+    for b in (bulk, passes):
+        assert rel_norm(b.read_kv(slots[:340]), kv_ref) < 1e-4
+
+
+def test_bulk_graph_replays_serve_other_offsets_and_contexts(model):
+    """The graph of a bulk pass reads its offsets, lengths and slots from device tables: the second forward
+    of the same row count (a different context, other slots) replays it and must still be right."""
+    from vla_edge_ros.model.numpy_backend import NumpyBackend
+    spec, weights = model
+    cap = 400
+    cuda = _backend(model, cap, bulk_prefill_min_rows=64)
+    numpy = NumpyBackend(spec, weights, cap, "bfloat16")
+    cuda.prepare_forward([96])
+    assert ("bulk", 96) in cuda._graphs
+    rng = np.random.default_rng(8)
+    x = numpy.embed(rng.integers(0, spec.vocab_size, size=192))
+    for b in (cuda, numpy):
+        b.forward(x[:96], np.arange(96), np.arange(96), np.array([], np.int64), logits="none")
+        b.forward(x[96:], np.arange(96, 192) + 7, np.arange(200, 296), np.arange(5, 90), logits="none")
+    kv = cuda.read_kv(np.arange(200, 296))
+    kv_ref = np.stack([numpy._k[:, 200:296], numpy._v[:, 200:296]]).reshape(kv.shape)
+    assert rel_norm(kv, kv_ref) < 1e-4
+    assert np.isfinite(cuda.read_kv(np.arange(96))).all()

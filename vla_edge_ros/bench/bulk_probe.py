@@ -1,0 +1,145 @@
+"""The bulk prefill against the cycle's prefill kernels on the Qwen2.5-1.5B shape (GPU only).
+
+    python -m vla_edge_ros.bench.bulk_probe [--json out/bulk_probe.json] [--quick]
+
+Three tables, each measured in one run on one backend (random bf16 weights drawn by HF on the GPU, the robot's
+fp32 KV arena), so every ratio compares like with like:
+  gemm     each projection of a layer (q|k|v, o, gate/up, down) through gemm_bulk.cu at M activation rows:
+           milliseconds per launch (median of graph replays) and the useful rate 2 M N K / time, with the
+           activations as bf16 hi + lo (2 parts: the precision of the cycle's prefill) or bf16 alone (1 part: HF's)
+  forward  CudaBackend.forward over n rows after `--context` cached slots, host uploads and the final
+           synchronize included (what a reconciler step costs): the cycle's prefill kernels (passes of 128 rows,
+           the path of every forward before the bulk prefill) against the bulk prefill (2 and 1 parts; attention
+           with 1 and 2 K/V stages), ms and us per token
+  recompute a full recompute of N tokens from an empty arena (passes of bulk_max_rows rows), bulk against the
+           cycle's kernels: the CSR paper's unordered baseline (bench csr has it against HF's SDPA recompute)
+A diagnosis tool for choosing the defaults (model.bulk_prefill_min_rows, BULK_* in cuda_backend.py); the
+benchmarks of record are `vla-edge bench csr` and `bench asr`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from .common import machine_info, print_table, write_json
+
+FORWARD_ROWS = (32, 64, 128, 256, 512, 1024)
+GEMM_ROWS = (256, 1024, 4096)
+RECOMPUTE = (4096,)
+
+
+def _median_ms(run, repeats: int) -> float:
+    run()                                                  # warm-up: graph captures, first launches
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
+def probe(context: int, quick: bool) -> dict:
+    import pycuda.driver as drv
+    from pycuda import gpuarray
+
+    from ..model import cuda_kernels as ck
+    from ..model.cuda_backend import CudaBackend
+    from .gemv_probe import _time_graph
+    from .gpu_inputs import random_model
+
+    spec, weights = random_model("qwen2.5-1.5b")
+    capacity = max(context + max(FORWARD_ROWS), max(RECOMPUTE)) + 64
+    backend = CudaBackend(spec, weights, capacity, "bfloat16", vram_ceiling_bytes=None, bulk_prefill_min_rows=1,
+                          bulk_prefill_max_rows=1024)
+    rng = np.random.default_rng(0)
+    out = {"machine": machine_info(), "context": context, "gemm": [], "forward": [], "recompute": []}
+    layer = backend.layers[0]
+    shapes = [("q|k|v", layer.w_qkv, ck.MODE_ADD), ("o", layer.w_o, ck.MODE_ADD),
+              ("gate/up", layer.w_gate_up, ck.MODE_SWIGLU), ("down", layer.w_down, ck.MODE_ADD)]
+    with backend.device.bound():
+        stream = backend.stream
+        x = gpuarray.to_gpu(rng.integers(0x3c00, 0x3f80, size=2 * 4096 * spec.intermediate_size).astype(np.uint16))
+        y = gpuarray.zeros((4096, max(spec.hidden_size, spec.q_dim + 2 * spec.kv_dim)), np.float32)
+        y_hl = gpuarray.zeros(2 * 4096 * spec.intermediate_size, np.uint16)
+        for m in GEMM_ROWS[:1] if quick else GEMM_ROWS:
+            for name, W, mode in shapes:
+                n_out, k = W.shape
+                for parts in (2, 1):
+                    kw = {"out_hl": y_hl, "out_part_stride": y_hl.size // 2, "out_cols": spec.intermediate_size} \
+                        if mode == ck.MODE_SWIGLU else {"out": y}
+                    used = {}
+
+                    def record(W=W, mode=mode, parts=parts, kw=kw, m=m):
+                        used["shape"] = backend.kernels.gemm_bulk(W, x, x.size // 2, m, mode, stream, parts=parts,
+                                                                  **kw)
+                    ms = _time_graph(stream, record, replays=20, per_replay=1)
+                    out["gemm"].append({"proj": name, "M": m, "parts": parts, "rows_per_block": used["shape"][0],
+                                        "k_split": used["shape"][1], "ms": ms,
+                                        "tflops": 2.0 * m * n_out * k / (ms * 1e-3) / 1e12})
+    print_table("gemm_bulk.cu per projection (graph replays)", ["proj", "M", "parts", "rows/blk", "k_split", "ms",
+                                                                 "TFLOP/s"],
+                [[r["proj"], r["M"], r["parts"], r["rows_per_block"], r["k_split"], r["ms"], r["tflops"]]
+                 for r in out["gemm"]])
+
+    # A context of real K/V, then forwards of n new rows after it (slots past the context, written each time).
+    ctx_slots = np.arange(context)
+    ids = rng.integers(0, spec.vocab_size, size=capacity)
+    rows_all = backend.embed(ids)
+    backend.forward(rows_all[:context], np.arange(context), ctx_slots, np.zeros(0, np.int64), logits="none")
+
+    def forward(n):
+        backend.forward(rows_all[context:context + n], np.arange(context, context + n),
+                        np.arange(context, context + n), ctx_slots, logits="none")
+        backend.synchronize()
+
+    variants = [("cycle kernels", 0, 2, 1), ("bulk p2 s1", 1, 2, 1), ("bulk p2 s2", 1, 2, 2), ("bulk p1 s1", 1, 1, 1)]
+    for n in FORWARD_ROWS[2:4] if quick else FORWARD_ROWS:
+        row = {"rows": n}
+        for label, bulk, parts, stages in variants:
+            backend.bulk_min_rows, backend.bulk_parts, backend.bulk_attention_stages = bulk, parts, stages
+            backend._drop_graphs()                            # the bulk graphs baked the previous variant in
+            row[label] = _median_ms(lambda: forward(n), repeats=5)
+        out["forward"].append(row)
+    labels = [v[0] for v in variants]
+    print_table(f"forward of n rows after {context} cached slots (ms; us per token in brackets)",
+                ["rows", *labels, "x cycle (bulk p2 s1)"],
+                [[r["rows"], *(f"{r[k]:.2f} ({r[k] * 1e3 / r['rows']:.1f})" for k in labels),
+                  r["cycle kernels"] / r["bulk p2 s1"]] for r in out["forward"]])
+
+    for total in RECOMPUTE:
+        row = {"tokens": total}
+        for label, bulk in (("cycle kernels", 0), ("bulk p2 s1", 1)):
+            backend.bulk_min_rows, backend.bulk_parts, backend.bulk_attention_stages = bulk, 2, 1
+            backend._drop_graphs()
+
+            def recompute(total=total):
+                backend.forward(rows_all[:total], np.arange(total), np.arange(total), np.zeros(0, np.int64),
+                                logits="none")
+                backend.synchronize()
+            row[label] = _median_ms(recompute, repeats=1 if label == "cycle kernels" else 3)
+        out["recompute"].append(row)
+    print_table("full recompute from an empty arena (ms; us per token)", ["tokens", "cycle kernels", "bulk p2 s1",
+                                                                         "x faster"],
+                [[r["tokens"], f"{r['cycle kernels']:.1f} ({r['cycle kernels'] * 1e3 / r['tokens']:.1f})",
+                  f"{r['bulk p2 s1']:.1f} ({r['bulk p2 s1'] * 1e3 / r['tokens']:.1f})",
+                  r["cycle kernels"] / r["bulk p2 s1"]] for r in out["recompute"]])
+    drv.Context.synchronize()
+    backend.close()
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--context", type=int, default=2048, help="cached slots before the timed forwards")
+    p.add_argument("--quick", action="store_true", help="one GEMM size, two forward sizes")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    write_json(args.json, probe(args.context, args.quick))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
