@@ -17,11 +17,13 @@
 //                      bf16 hi/lo (split_pair) into out_h: the down projection's activations.
 // Layouts:   x_hi [M, lda] bf16 bits, x_lo at x_hi + a_part_stride; W [N, K] bf16 bits (HF [out, in]);
 //            out_f [M, ldo] float32; out_h [M, ldo] bf16 bits, the lo parts at out_h + o_part_stride.
-// Launch:    grid (ceil(M / BM), ceil(N / 128), k_split), block 256 = 8 warps as 2 (m) x 4 (n), each warp
-//            a (BM / 2) x 32 tile of m16n8k16 mma.sync; dynamic shared memory GB_STAGES * (PARTS * BM +
-//            128) * GB_ROW * 2 bytes. blockIdx.x (the M tile) varies fastest, so the blocks that read one
-//            weight tile run at the same time and share it through L2.
-// Pipeline:  32 columns of K per stage, GB_STAGES stages of cp.async copies in flight. Tiles are stored
+// Launch:    grid (ceil(M / BM), ceil(N / 128), k_split), block 32 WM WN threads = WM (m) x WN (n) warps,
+//            each a (BM / WM) x (128 / WN) tile of m16n8k16 mma.sync; dynamic shared memory STAGES * (PARTS *
+//            BM + 128) * GB_ROW * 2 bytes. blockIdx.x (the M tile) varies fastest, so the blocks that read one
+//            weight tile run at the same time and share it through L2. The entries below differ in BM, the
+//            warp grid and the stages (cuda_kernels.GEMM_BULK_VARIANTS).
+// Pipeline:  32 columns of K per stage, STAGES stages of cp.async copies in flight; each k16 step's
+//            fragments are loaded before the previous step's products are issued. Tiles are stored
 //            [rows][GB_ROW]: 8 bf16 of padding make a row 80 bytes, so the 8 row addresses of an ldmatrix
 //            fall in 8 different 16-byte bank groups (5 groups apart, all distinct mod 8).
 // Preconditions (the launcher checks them): K % 32 == 0; lda, ldo and both part strides multiples of 8
@@ -32,17 +34,17 @@
 
 #define GB_BN 128
 #define GB_BK 32
-#define GB_THREADS 256
 #define GB_ROW 40
-#define GB_STAGES 4
 
-template <int BM, int PARTS>
+template <int BM, int WM, int WN, int PARTS, int STAGES>
 __device__ __forceinline__ void gemm_bulk(const uint16_t* __restrict__ x, long long a_part_stride, int lda,
                                           const uint16_t* __restrict__ W, const float* __restrict__ bias,
                                           float* out_f, uint16_t* out_h, long long o_part_stride, int ldo, int M,
                                           int N, int K, int out_cols, int mode, int k_split) {
-    constexpr int MT = BM / 32;                                // m16 tiles per warp (a warp holds BM / 2 rows)
-    constexpr int NT = 4;                                      // n8 tiles per warp (32 columns)
+    constexpr int THREADS = 32 * WM * WN;
+    constexpr int WROWS = BM / WM, WCOLS = GB_BN / WN;         // a warp's tile
+    constexpr int MT = WROWS / 16;                             // m16 tiles per warp
+    constexpr int NT = WCOLS / 8;                              // n8 tiles per warp (pairs for the SwiGLU epilogue)
     constexpr int A_TILE = BM * GB_ROW;                        // bf16 per part per stage
     constexpr int B_TILE = GB_BN * GB_ROW;
     constexpr int STAGE = PARTS * A_TILE + B_TILE;
@@ -51,7 +53,7 @@ __device__ __forceinline__ void gemm_bulk(const uint16_t* __restrict__ x, long l
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;                     // mma fragment coordinates
-    const int wm = warp >> 2, wn = warp & 3;                   // range [0, 2) x [0, 4)
+    const int wm = warp / WN, wn = warp % WN;                  // range [0, WM) x [0, WN)
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * GB_BN;
     const int n_steps = K / GB_BK;
     const int s_begin = (int)(((long long)blockIdx.z * n_steps) / k_split);
@@ -65,19 +67,32 @@ __device__ __forceinline__ void gemm_bulk(const uint16_t* __restrict__ x, long l
         const int k0 = step * GB_BK;
 #pragma unroll
         for (int p = 0; p < PARTS; ++p) {
-            for (int c = threadIdx.x; c < BM * 4; c += GB_THREADS) {
+            for (int c = threadIdx.x; c < BM * 4; c += THREADS) {
                 const int r = c >> 2, ch = c & 3;
                 const bool ok = m0 + r < M;
                 const uint16_t* src = x + p * a_part_stride + (size_t)(ok ? m0 + r : 0) * lda + k0 + ch * 8;
                 cp_async16(st + p * A_TILE + r * GB_ROW + ch * 8, src, ok ? 16 : 0);
             }
         }
-        for (int c = threadIdx.x; c < GB_BN * 4; c += GB_THREADS) {
+        for (int c = threadIdx.x; c < GB_BN * 4; c += THREADS) {
             const int r = c >> 2, ch = c & 3;
             const bool ok = n0 + r < N;
             const uint16_t* src = W + (size_t)(ok ? n0 + r : 0) * K + k0 + ch * 8;
             cp_async16(st + PARTS * A_TILE + r * GB_ROW + ch * 8, src, ok ? 16 : 0);
         }
+    };
+    // The fragments of one k16 step of stage `st` for this warp's tile.
+    auto load_fragments = [&](const uint16_t* st, int ks, uint32_t (&a)[PARTS][MT][4], uint32_t (&b)[NT / 2][4]) {
+#pragma unroll
+        for (int p = 0; p < PARTS; ++p)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                ldmatrix_x4(a[p][mt], a_fragment_row(st + p * A_TILE + (wm * WROWS + mt * 16) * GB_ROW + ks * 16,
+                                                     GB_ROW, lane));
+#pragma unroll
+        for (int q = 0; q < NT / 2; ++q)
+            ldmatrix_x4(b[q], b_fragment_row(st + PARTS * A_TILE + (wn * WCOLS + q * 16) * GB_ROW + ks * 16,
+                                             GB_ROW, lane));
     };
 
     float acc[MT][NT][4];
@@ -87,46 +102,39 @@ __device__ __forceinline__ void gemm_bulk(const uint16_t* __restrict__ x, long l
         for (int nt = 0; nt < NT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
 
 #pragma unroll
-    for (int s = 0; s < GB_STAGES - 1; ++s) {
+    for (int s = 0; s < STAGES - 1; ++s) {
         if (s < n_k) load_stage(s, s_begin + s);
         cp_async_commit();                                     // an empty group keeps the count uniform
     }
+    uint32_t a[2][PARTS][MT][4], b[2][NT / 2][4];              // fragments of two k16 steps: one loads, one multiplies
     for (int kt = 0; kt < n_k; ++kt) {
-        cp_async_wait<GB_STAGES - 2>();                        // this thread's copies of stage kt landed
+        cp_async_wait<STAGES - 2>();                           // this thread's copies of stage kt landed
         __syncthreads();                                       // everyone's; and stage kt - 1 is read by all
-        const int next = kt + GB_STAGES - 1;
-        if (next < n_k) load_stage(next % GB_STAGES, s_begin + next);   // into stage kt - 1's buffer
+        const int next = kt + STAGES - 1;
+        if (next < n_k) load_stage(next % STAGES, s_begin + next);   // into stage kt - 1's buffer
         cp_async_commit();
-        const uint16_t* st = smem + (kt % GB_STAGES) * STAGE;
-        const uint16_t* b_tile = st + PARTS * A_TILE + (wn * 32) * GB_ROW;
+        const uint16_t* st = smem + (kt % STAGES) * STAGE;
+        load_fragments(st, 0, a[0], b[0]);
 #pragma unroll
         for (int ks = 0; ks < GB_BK / 16; ++ks) {
-            uint32_t a[PARTS][MT][4];
+            if (ks + 1 < GB_BK / 16) load_fragments(st, ks + 1, a[(ks + 1) & 1], b[(ks + 1) & 1]);
+            // parts outermost: consecutive products go to different accumulators
 #pragma unroll
             for (int p = 0; p < PARTS; ++p)
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
-                    ldmatrix_x4(a[p][mt], a_fragment_row(st + p * A_TILE + (wm * (BM / 2) + mt * 16) * GB_ROW +
-                                                         ks * 16, GB_ROW, lane));
-            uint32_t b[NT / 2][4];                             // [pair of n8 tiles][b0, b1, b0', b1']
 #pragma unroll
-            for (int q = 0; q < NT / 2; ++q)
-                ldmatrix_x4(b[q], b_fragment_row(b_tile + q * 16 * GB_ROW + ks * 16, GB_ROW, lane));
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int p = 0; p < PARTS; ++p)
-                        mma_bf16_16816(acc[mt][nt], a[p][mt][0], a[p][mt][1], a[p][mt][2], a[p][mt][3],
-                                       b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]);
+                    for (int nt = 0; nt < NT; ++nt)
+                        mma_bf16_16816(acc[mt][nt], a[ks & 1][p][mt][0], a[ks & 1][p][mt][1], a[ks & 1][p][mt][2],
+                                       a[ks & 1][p][mt][3], b[ks & 1][nt >> 1][2 * (nt & 1)],
+                                       b[ks & 1][nt >> 1][2 * (nt & 1) + 1]);
         }
     }
     cp_async_wait<0>();                                        // only empty groups can be left: none in flight
 
-    // acc[mt][nt][2 r + e]: row m0 + wm BM/2 + 16 mt + g + 8 r, column n0 + 32 wn + 8 nt + 2 t + e.
-    const int row_base = m0 + wm * (BM / 2) + g;
-    const int col_base = n0 + wn * 32;
+    // acc[mt][nt][2 r + e]: row m0 + wm WROWS + 16 mt + g + 8 r, column n0 + wn WCOLS + 8 nt + 2 t + e.
+    const int row_base = m0 + wm * WROWS + g;
+    const int col_base = n0 + wn * WCOLS;
     if (mode == PMODE_SWIGLU) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -174,17 +182,23 @@ __device__ __forceinline__ void gemm_bulk(const uint16_t* __restrict__ x, long l
             }
 }
 
-// Entries by rows per block and activation parts: 128 rows for long calls (each weight tile feeds 128
-// rows; one block of 8 warps per SM, 120 KB of stages), 64 rows for shorter ones (two blocks per SM).
-#define GEMM_BULK_ENTRY(BM, PARTS, MINB)                                                                      \
-    extern "C" __global__ void __launch_bounds__(GB_THREADS, MINB) gemm_bulk_m##BM##_p##PARTS(                \
+// Entries (cuda_kernels.GEMM_BULK_VARIANTS): <rows per block> <warp grid> <stages>, min blocks per SM.
+//   m128     128 rows, 2 x 4 warps of 64 x 32, 4 stages (120 KB with 2 parts): one block per SM
+//   m64      64 rows, 2 x 4 warps of 32 x 32, 4 stages: two blocks per SM (short calls fill the SMs)
+//   m128s3   as m128 with 3 stages: two blocks per SM
+//   m128w    128 rows, 2 x 2 warps of 64 x 64 (twice the products per fragment byte), 3 stages: two per SM
+#define GEMM_BULK_ENTRY(NAME, BM, WM, WN, STAGES, MINB, PARTS)                                                \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN, MINB) gemm_bulk_##NAME##_p##PARTS(             \
             const uint16_t* x, long long a_part_stride, int lda, const uint16_t* W, const float* bias,         \
             float* out_f, uint16_t* out_h, long long o_part_stride, int ldo, int M, int N, int K, int out_cols, \
             int mode, int k_split) {                                                                          \
-        gemm_bulk<BM, PARTS>(x, a_part_stride, lda, W, bias, out_f, out_h, o_part_stride, ldo, M, N, K,       \
-                             out_cols, mode, k_split);                                                        \
+        gemm_bulk<BM, WM, WN, PARTS, STAGES>(x, a_part_stride, lda, W, bias, out_f, out_h, o_part_stride, ldo, \
+                                              M, N, K, out_cols, mode, k_split);                              \
     }
-GEMM_BULK_ENTRY(128, 2, 1)
-GEMM_BULK_ENTRY(64, 2, 2)
-GEMM_BULK_ENTRY(128, 1, 1)
-GEMM_BULK_ENTRY(64, 1, 2)
+#define GEMM_BULK_ENTRIES(NAME, BM, WM, WN, STAGES, MINB)                                                     \
+    GEMM_BULK_ENTRY(NAME, BM, WM, WN, STAGES, MINB, 2)                                                         \
+    GEMM_BULK_ENTRY(NAME, BM, WM, WN, STAGES, MINB, 1)
+GEMM_BULK_ENTRIES(m128, 128, 2, 4, 4, 1)
+GEMM_BULK_ENTRIES(m64, 64, 2, 4, 4, 2)
+GEMM_BULK_ENTRIES(m128s3, 128, 2, 4, 3, 2)
+GEMM_BULK_ENTRIES(m128w, 128, 2, 2, 3, 2)

@@ -39,15 +39,17 @@ def _close(got, expected, norm_tol, what):
     assert_close(got, expected, rtol=RTOL, atol=2 * norm_tol * peak(expected), what=what, norm_rtol=norm_tol)
 
 
-@pytest.mark.parametrize("M,N,K,rows_per_block,k_split", [
+@pytest.mark.parametrize("M,N,K,variant,k_split", [
     (200, 96, 96, None, None),       # ragged M and N, one K stage short of the pipeline's depth
-    (37, 256, 128, 64, 1),
-    (300, 2048, 1536, 128, 1),       # the 1.5B q|k|v shape
-    (256, 1536, 1536, 64, None),     # o: too few tiles, so K is split over blocks (atomic adds)
-    (64, 192, 512, 64, 3),
+    (37, 256, 128, "m64", 1),
+    (300, 2048, 1536, "m128", 1),    # the 1.5B q|k|v shape
+    (256, 1536, 1536, "m64", None),  # o: too few tiles, so K is split over blocks (atomic adds)
+    (64, 192, 512, "m64", 3),
+    (333, 640, 256, "m128s3", 2),
+    (150, 1536, 512, "m128w", None),
 ])
 @pytest.mark.parametrize("parts", [2, 1])
-def test_gemm_bulk_add_and_store(kn, gpu, M, N, K, rows_per_block, k_split, parts):
+def test_gemm_bulk_add_and_store(kn, gpu, M, N, K, variant, k_split, parts):
     from vla_edge_ros.model import cuda_kernels as ck
     ga, stream = gpu
     rng = np.random.default_rng(M * 7 + N + parts)
@@ -61,20 +63,21 @@ def test_gemm_bulk_add_and_store(kn, gpu, M, N, K, rows_per_block, k_split, part
     start = rng.standard_normal((M, N)).astype(np.float32)
     out = ga.to_gpu(start)
     W_d, x_d = ga.to_gpu(W), ga.to_gpu(flat)
-    used = kn.gemm_bulk(W_d, x_d, stride, M, ck.MODE_ADD, stream, out=out, parts=parts,
-                        rows_per_block=rows_per_block, k_split=k_split)
+    used = kn.gemm_bulk(W_d, x_d, stride, M, ck.MODE_ADD, stream, out=out, parts=parts, variant=variant,
+                        k_split=k_split)
     stream.synchronize()
     _close(out.get(), ref.projection_ref(W, x_eff, ck.MODE_ADD, out=start), 1e-5, f"gemm_bulk ADD {used}")
     bias = rng.standard_normal(N).astype(np.float32)
     out = ga.to_gpu(np.full((M, N), np.nan, np.float32))
     kn.gemm_bulk(W_d, x_d, stride, M, ck.MODE_STORE, stream, out=out, bias=ga.to_gpu(bias), parts=parts,
-                 rows_per_block=rows_per_block)
+                 variant=variant)
     stream.synchronize()
     _close(out.get(), ref.projection_ref(W, x_eff, ck.MODE_STORE, bias=bias), 1e-5, "gemm_bulk STORE")
 
 
-@pytest.mark.parametrize("M,inter,K", [(70, 352, 128), (300, 8960, 1536)])
-def test_gemm_bulk_swiglu_writes_hi_lo(kn, gpu, M, inter, K):
+@pytest.mark.parametrize("M,inter,K,variant", [(70, 352, 128, None), (300, 8960, 1536, "m128"),
+                                               (200, 352, 128, "m128w"), (90, 8960, 1536, "m128s3")])
+def test_gemm_bulk_swiglu_writes_hi_lo(kn, gpu, M, inter, K, variant):
     from vla_edge_ros.model import cuda_kernels as ck
     ga, stream = gpu
     rng = np.random.default_rng(inter)
@@ -87,7 +90,7 @@ def test_gemm_bulk_swiglu_writes_hi_lo(kn, gpu, M, inter, K):
     out_stride = M * inter
     out_hl = ga.to_gpu(np.full(2 * out_stride, NAN_BF16, np.uint16))
     kn.gemm_bulk(ga.to_gpu(W), ga.to_gpu(flat), M * K, M, ck.MODE_SWIGLU, stream, out_hl=out_hl,
-                 out_part_stride=out_stride, out_cols=inter)
+                 out_part_stride=out_stride, out_cols=inter, variant=variant)
     stream.synchronize()
     x_eff = ref.from_bf16_bits(hi).astype(np.float64) + ref.from_bf16_bits(lo)
     expected = ref.projection_ref(W, x_eff, ck.MODE_SWIGLU, out_cols=inter)

@@ -4,13 +4,13 @@
 
 Three tables, each measured in one run on one backend (random bf16 weights drawn by HF on the GPU, the robot's
 fp32 KV arena), so every ratio compares like with like:
-  gemm     each projection of a layer (q|k|v, o, gate/up, down) through gemm_bulk.cu at M activation rows:
-           milliseconds per launch (median of graph replays) and the useful rate 2 M N K / time, with the
-           activations as bf16 hi + lo (2 parts: the precision of the cycle's prefill) or bf16 alone (1 part: HF's)
+  gemm     each projection of a layer (q|k|v, o, gate/up, down) through each entry of gemm_bulk.cu at M
+           activation rows: the useful rate 2 M N K / time (graph replays), with the activations as bf16 hi + lo
+           (p2: the precision of the cycle's prefill) or bf16 alone (p1: HF's)
   forward  CudaBackend.forward over n rows after `--context` cached slots, host uploads and the final
            synchronize included (what a reconciler step costs): the cycle's prefill kernels (passes of 128 rows,
-           the path of every forward before the bulk prefill) against the bulk prefill (2 and 1 parts; attention
-           with 1 and 2 K/V stages), ms and us per token
+           the path of every forward before the bulk prefill) against the bulk prefill (its GEMM entries, 2 and
+           1 parts, attention with 1 and 2 K/V stages), ms and us per token
   recompute a full recompute of N tokens from an empty arena (passes of bulk_max_rows rows), bulk against the
            cycle's kernels: the CSR paper's unordered baseline (bench csr has it against HF's SDPA recompute)
 A diagnosis tool for choosing the defaults (model.bulk_prefill_min_rows, BULK_* in cuda_backend.py); the
@@ -64,25 +64,27 @@ def probe(context: int, quick: bool) -> dict:
         x = gpuarray.to_gpu(rng.integers(0x3c00, 0x3f80, size=2 * 4096 * spec.intermediate_size).astype(np.uint16))
         y = gpuarray.zeros((4096, max(spec.hidden_size, spec.q_dim + 2 * spec.kv_dim)), np.float32)
         y_hl = gpuarray.zeros(2 * 4096 * spec.intermediate_size, np.uint16)
+        variants = [(v, 2) for v in ck.GEMM_BULK_VARIANTS] + [("m128", 1)]
         for m in GEMM_ROWS[:1] if quick else GEMM_ROWS:
             for name, W, mode in shapes:
                 n_out, k = W.shape
-                for parts in (2, 1):
+                row = {"proj": name, "M": m, "us": {}, "tflops": {}}
+                for variant, parts in variants:
                     kw = {"out_hl": y_hl, "out_part_stride": y_hl.size // 2, "out_cols": spec.intermediate_size} \
                         if mode == ck.MODE_SWIGLU else {"out": y}
-                    used = {}
 
-                    def record(W=W, mode=mode, parts=parts, kw=kw, m=m):
-                        used["shape"] = backend.kernels.gemm_bulk(W, x, x.size // 2, m, mode, stream, parts=parts,
-                                                                  **kw)
-                    ms = _time_graph(stream, record, replays=20, per_replay=1)
-                    out["gemm"].append({"proj": name, "M": m, "parts": parts, "rows_per_block": used["shape"][0],
-                                        "k_split": used["shape"][1], "ms": ms,
-                                        "tflops": 2.0 * m * n_out * k / (ms * 1e-3) / 1e12})
-    print_table("gemm_bulk.cu per projection (graph replays)", ["proj", "M", "parts", "rows/blk", "k_split", "ms",
-                                                                 "TFLOP/s"],
-                [[r["proj"], r["M"], r["parts"], r["rows_per_block"], r["k_split"], r["ms"], r["tflops"]]
-                 for r in out["gemm"]])
+                    def record(W=W, mode=mode, parts=parts, kw=kw, m=m, variant=variant):
+                        backend.kernels.gemm_bulk(W, x, x.size // 2, m, mode, stream, parts=parts, variant=variant,
+                                                  **kw)
+                    us = _time_graph(stream, record, replays=20, per_replay=1)      # microseconds per launch
+                    key = f"{variant} p{parts}"
+                    row["us"][key] = us
+                    row["tflops"][key] = 2.0 * m * n_out * k / (us * 1e-6) / 1e12
+                out["gemm"].append(row)
+    keys = [f"{v} p{p}" for v, p in variants]
+    print_table("gemm_bulk.cu per projection: useful TFLOP/s (2 M N K / time, graph replays; us of the first)",
+                ["proj", "M", *keys, f"us {keys[0]}"],
+                [[r["proj"], r["M"], *(r["tflops"][k] for k in keys), r["us"][keys[0]]] for r in out["gemm"]])
 
     # A context of real K/V, then forwards of n new rows after it (slots past the context, written each time).
     ctx_slots = np.arange(context)
@@ -95,23 +97,27 @@ def probe(context: int, quick: bool) -> dict:
                         np.arange(context, context + n), ctx_slots, logits="none")
         backend.synchronize()
 
-    variants = [("cycle kernels", 0, 2, 1), ("bulk p2 s1", 1, 2, 1), ("bulk p2 s2", 1, 2, 2), ("bulk p1 s1", 1, 1, 1)]
+    # (label, bulk on, activation parts, attention K/V stages, GEMM variant: None = gemm_bulk's own choice)
+    variants = [("cycle kernels", 0, 2, 1, None), ("bulk", 1, 2, 1, None), ("bulk s3", 1, 2, 1, "m128s3"),
+                ("bulk w", 1, 2, 1, "m128w"), ("bulk attn2", 1, 2, 2, None), ("bulk p1", 1, 1, 1, None)]
     for n in FORWARD_ROWS[2:4] if quick else FORWARD_ROWS:
         row = {"rows": n}
-        for label, bulk, parts, stages in variants:
+        for label, bulk, parts, stages, gemm in variants:
             backend.bulk_min_rows, backend.bulk_parts, backend.bulk_attention_stages = bulk, parts, stages
+            backend.bulk_gemm_variant = gemm
             backend._drop_graphs()                            # the bulk graphs baked the previous variant in
             row[label] = _median_ms(lambda: forward(n), repeats=5)
         out["forward"].append(row)
+    backend.bulk_gemm_variant = None
     labels = [v[0] for v in variants]
     print_table(f"forward of n rows after {context} cached slots (ms; us per token in brackets)",
-                ["rows", *labels, "x cycle (bulk p2 s1)"],
+                ["rows", *labels, "x cycle (bulk)"],
                 [[r["rows"], *(f"{r[k]:.2f} ({r[k] * 1e3 / r['rows']:.1f})" for k in labels),
-                  r["cycle kernels"] / r["bulk p2 s1"]] for r in out["forward"]])
+                  r["cycle kernels"] / r["bulk"]] for r in out["forward"]])
 
     for total in RECOMPUTE:
         row = {"tokens": total}
-        for label, bulk in (("cycle kernels", 0), ("bulk p2 s1", 1)):
+        for label, bulk in (("cycle kernels", 0), ("bulk", 1)):
             backend.bulk_min_rows, backend.bulk_parts, backend.bulk_attention_stages = bulk, 2, 1
             backend._drop_graphs()
 
@@ -121,11 +127,11 @@ def probe(context: int, quick: bool) -> dict:
                 backend.synchronize()
             row[label] = _median_ms(recompute, repeats=1 if label == "cycle kernels" else 3)
         out["recompute"].append(row)
-    print_table("full recompute from an empty arena (ms; us per token)", ["tokens", "cycle kernels", "bulk p2 s1",
+    print_table("full recompute from an empty arena (ms; us per token)", ["tokens", "cycle kernels", "bulk",
                                                                          "x faster"],
                 [[r["tokens"], f"{r['cycle kernels']:.1f} ({r['cycle kernels'] * 1e3 / r['tokens']:.1f})",
-                  f"{r['bulk p2 s1']:.1f} ({r['bulk p2 s1'] * 1e3 / r['tokens']:.1f})",
-                  r["cycle kernels"] / r["bulk p2 s1"]] for r in out["recompute"]])
+                  f"{r['bulk']:.1f} ({r['bulk'] * 1e3 / r['tokens']:.1f})",
+                  r["cycle kernels"] / r["bulk"]] for r in out["recompute"]])
     drv.Context.synchronize()
     backend.close()
     return out

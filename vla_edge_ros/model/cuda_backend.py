@@ -173,6 +173,7 @@ class CudaBackend:
                                                             int(bulk_prefill_max_rows))
         self.bulk_parts = BULK_ACTIVATION_PARTS
         self.bulk_attention_stages = BULK_ATTENTION_STAGES
+        self.bulk_gemm_variant = None                     # None: gemm_bulk's own choice per call
         source = tensor_source(weights, spec)
         self.device = device if device is not None else primary_device(0)
         self._drv = self.device.drv
@@ -907,7 +908,7 @@ class CudaBackend:
         splits = self._bulk_splits(n)
 
         def gemm(W, x, part_stride, mode, **kw):
-            kn.gemm_bulk(W, x, part_stride, n, mode, s, parts=self.bulk_parts, **kw)
+            kn.gemm_bulk(W, x, part_stride, n, mode, s, parts=self.bulk_parts, variant=self.bulk_gemm_variant, **kw)
         for li, layer in enumerate(self.layers):
             k_ptr, v_ptr = self._kv_ptrs(li)
             kn.rmsnorm_split(self.resid, layer.input_norm, self.bulk_x, x_stride, n, sp.rms_norm_eps, s,
