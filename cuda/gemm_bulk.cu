@@ -17,12 +17,12 @@
 //                      bf16 hi/lo (split_pair) into out_h: the down projection's activations.
 // Layouts:   x_hi [M, lda] bf16 bits, x_lo at x_hi + a_part_stride; W [N, K] bf16 bits (HF [out, in]);
 //            out_f [M, ldo] float32; out_h [M, ldo] bf16 bits, the lo parts at out_h + o_part_stride.
-// Launch:    grid (ceil(M / BM), ceil(N / 128), k_split), block 32 WM WN threads = WM (m) x WN (n) warps,
-//            each a (BM / WM) x (128 / WN) tile of m16n8k16 mma.sync; dynamic shared memory STAGES * (PARTS *
-//            BM + 128) * GB_ROW * 2 bytes. blockIdx.x (the M tile) varies fastest, so the blocks that read one
-//            weight tile run at the same time and share it through L2. The entries below differ in BM, the
-//            warp grid and the stages (cuda_kernels.GEMM_BULK_VARIANTS).
-// Pipeline:  32 columns of K per stage, STAGES stages of cp.async copies in flight; each k16 step's
+// Launch:    grid (ceil(M / 128), ceil(N / 128), k_split), block 256 = 2 (m) x 4 (n) warps, each a 64 x 32
+//            tile of m16n8k16 mma.sync; dynamic shared memory GB_STAGES * (PARTS * 128 + 128) * GB_ROW * 2
+//            bytes. blockIdx.x (the M tile) varies fastest, so the blocks that read one weight tile run at the
+//            same time and share it through L2. (The template takes other block shapes; the entries below
+//            are the one measured fastest.)
+// Pipeline:  32 columns of K per stage, GB_STAGES stages of cp.async copies in flight; each k16 step's
 //            fragments are loaded before the previous step's products are issued. Tiles are stored
 //            [rows][GB_ROW]: 8 bf16 of padding make a row 80 bytes, so the 8 row addresses of an ldmatrix
 //            fall in 8 different 16-byte bank groups (5 groups apart, all distinct mod 8).
@@ -32,9 +32,12 @@
 #include "mma_bf16.cuh"
 #include "mma_tiles.cuh"
 
+#define GB_BM 128
 #define GB_BN 128
 #define GB_BK 32
 #define GB_ROW 40
+#define GB_STAGES 3
+#define GB_THREADS 256
 
 template <int BM, int WM, int WN, int PARTS, int STAGES>
 __device__ __forceinline__ void gemm_bulk(const uint16_t* __restrict__ x, long long a_part_stride, int lda,
@@ -182,23 +185,17 @@ __device__ __forceinline__ void gemm_bulk(const uint16_t* __restrict__ x, long l
             }
 }
 
-// Entries (cuda_kernels.GEMM_BULK_VARIANTS): <rows per block> <warp grid> <stages>, min blocks per SM.
-//   m128     128 rows, 2 x 4 warps of 64 x 32, 4 stages (120 KB with 2 parts): one block per SM
-//   m64      64 rows, 2 x 4 warps of 32 x 32, 4 stages: two blocks per SM (short calls fill the SMs)
-//   m128s3   as m128 with 3 stages: two blocks per SM
-//   m128w    128 rows, 2 x 2 warps of 64 x 64 (twice the products per fragment byte), 3 stages: two per SM
-#define GEMM_BULK_ENTRY(NAME, BM, WM, WN, STAGES, MINB, PARTS)                                                \
-    extern "C" __global__ void __launch_bounds__(32 * WM * WN, MINB) gemm_bulk_##NAME##_p##PARTS(             \
+// Entries by activation parts: 128 rows x 128 columns per block, 2 x 4 warps of 64 x 32, 3 stages (90 KB of
+// shared memory with 2 parts), two blocks per SM. Measured on the H200 (notes/cuda_notes.md, issue 20 run 2)
+// against 4 stages at one block per SM, 64-row blocks, and 2 x 2 warps of 64 x 64: the fastest forward at every
+// row count from 64 to 1024 (the others 3-10% slower), up to 161 TFLOP/s of useful products (2 parts).
+#define GEMM_BULK_ENTRY(PARTS)                                                                                \
+    extern "C" __global__ void __launch_bounds__(GB_THREADS, 2) gemm_bulk_p##PARTS(                           \
             const uint16_t* x, long long a_part_stride, int lda, const uint16_t* W, const float* bias,         \
             float* out_f, uint16_t* out_h, long long o_part_stride, int ldo, int M, int N, int K, int out_cols, \
             int mode, int k_split) {                                                                          \
-        gemm_bulk<BM, WM, WN, PARTS, STAGES>(x, a_part_stride, lda, W, bias, out_f, out_h, o_part_stride, ldo, \
-                                              M, N, K, out_cols, mode, k_split);                              \
+        gemm_bulk<GB_BM, 2, 4, PARTS, GB_STAGES>(x, a_part_stride, lda, W, bias, out_f, out_h, o_part_stride,  \
+                                                  ldo, M, N, K, out_cols, mode, k_split);                     \
     }
-#define GEMM_BULK_ENTRIES(NAME, BM, WM, WN, STAGES, MINB)                                                     \
-    GEMM_BULK_ENTRY(NAME, BM, WM, WN, STAGES, MINB, 2)                                                         \
-    GEMM_BULK_ENTRY(NAME, BM, WM, WN, STAGES, MINB, 1)
-GEMM_BULK_ENTRIES(m128, 128, 2, 4, 4, 1)
-GEMM_BULK_ENTRIES(m64, 64, 2, 4, 4, 2)
-GEMM_BULK_ENTRIES(m128s3, 128, 2, 4, 3, 2)
-GEMM_BULK_ENTRIES(m128w, 128, 2, 2, 3, 2)
+GEMM_BULK_ENTRY(2)
+GEMM_BULK_ENTRY(1)

@@ -218,7 +218,10 @@ class ModelConfig:
                                       "multi-frame step, a RoPE re-base, a full recompute) runs the bulk prefill: "
                                       "tensor-core GEMMs (gemm_bulk.cu) and flash attention over staged K/V "
                                       "(prefill_bulk.cu) in passes of bulk_prefill_max_rows rows, instead of the "
-                                      "cycle's prefill kernels in passes of 128 rows. 0: off", default=0)
+                                      "cycle's prefill kernels in passes of 128 rows. 0: off. Measured on the H200 "
+                                      "(1.5B shape, 2048 cached): 64 rows 5.5 vs 5.3 ms, 128 rows 6.6 vs 9.3, 1024 "
+                                      "rows 29.7 vs 75.0 (bulk vs cycle kernels); verify passes with it on every "
+                                      "forward", default=128)
     bulk_prefill_max_rows: int = _doc("pycuda: rows per pass of the bulk prefill; its buffers are sized for it "
                                       "(~50 KB per row on the Qwen2.5-1.5B shape)", default=1024)
 

@@ -4,13 +4,13 @@
 
 Three tables, each measured in one run on one backend (random bf16 weights drawn by HF on the GPU, the robot's
 fp32 KV arena), so every ratio compares like with like:
-  gemm     each projection of a layer (q|k|v, o, gate/up, down) through each entry of gemm_bulk.cu at M
-           activation rows: the useful rate 2 M N K / time (graph replays), with the activations as bf16 hi + lo
-           (p2: the precision of the cycle's prefill) or bf16 alone (p1: HF's)
+  gemm     each projection of a layer (q|k|v, o, gate/up, down) through gemm_bulk.cu at M activation rows:
+           the useful rate 2 M N K / time (graph replays), with the activations as bf16 hi + lo (p2: the precision
+           of the cycle's prefill) or bf16 alone (p1: HF's)
   forward  CudaBackend.forward over n rows after `--context` cached slots, host uploads and the final
            synchronize included (what a reconciler step costs): the cycle's prefill kernels (passes of 128 rows,
-           the path of every forward before the bulk prefill) against the bulk prefill (its GEMM entries, 2 and
-           1 parts, attention with 1 and 2 K/V stages), ms and us per token
+           the path of every forward before the bulk prefill) against the bulk prefill (2 and 1 parts, attention
+           with 1 and 2 K/V stages), ms and us per token
   recompute a full recompute of N tokens from an empty arena (passes of bulk_max_rows rows), bulk against the
            cycle's kernels: the CSR paper's unordered baseline (bench csr has it against HF's SDPA recompute)
 A diagnosis tool for choosing the defaults (model.bulk_prefill_min_rows, BULK_* in cuda_backend.py); the
@@ -64,7 +64,7 @@ def probe(context: int, quick: bool) -> dict:
         x = gpuarray.to_gpu(rng.integers(0x3c00, 0x3f80, size=2 * 4096 * spec.intermediate_size).astype(np.uint16))
         y = gpuarray.zeros((4096, max(spec.hidden_size, spec.q_dim + 2 * spec.kv_dim)), np.float32)
         y_hl = gpuarray.zeros(2 * 4096 * spec.intermediate_size, np.uint16)
-        variants = [(v, 2) for v in ck.GEMM_BULK_VARIANTS] + [("m128", 1)]
+        variants = [("bulk", 2), ("bulk", 1)]
         for m in GEMM_ROWS[:1] if quick else GEMM_ROWS:
             for name, W, mode in shapes:
                 n_out, k = W.shape
@@ -73,9 +73,8 @@ def probe(context: int, quick: bool) -> dict:
                     kw = {"out_hl": y_hl, "out_part_stride": y_hl.size // 2, "out_cols": spec.intermediate_size} \
                         if mode == ck.MODE_SWIGLU else {"out": y}
 
-                    def record(W=W, mode=mode, parts=parts, kw=kw, m=m, variant=variant):
-                        backend.kernels.gemm_bulk(W, x, x.size // 2, m, mode, stream, parts=parts, variant=variant,
-                                                  **kw)
+                    def record(W=W, mode=mode, parts=parts, kw=kw, m=m):
+                        backend.kernels.gemm_bulk(W, x, x.size // 2, m, mode, stream, parts=parts, **kw)
                     us = _time_graph(stream, record, replays=20, per_replay=1)      # microseconds per launch
                     key = f"{variant} p{parts}"
                     row["us"][key] = us
@@ -97,18 +96,15 @@ def probe(context: int, quick: bool) -> dict:
                         np.arange(context, context + n), ctx_slots, logits="none")
         backend.synchronize()
 
-    # (label, bulk on, activation parts, attention K/V stages, GEMM variant: None = gemm_bulk's own choice)
-    variants = [("cycle kernels", 0, 2, 1, None), ("bulk", 1, 2, 1, None), ("bulk s3", 1, 2, 1, "m128s3"),
-                ("bulk w", 1, 2, 1, "m128w"), ("bulk attn2", 1, 2, 2, None), ("bulk p1", 1, 1, 1, None)]
+    # (label, bulk on, activation parts, attention K/V stages)
+    variants = [("cycle kernels", 0, 2, 1), ("bulk", 1, 2, 1), ("bulk attn2", 1, 2, 2), ("bulk p1", 1, 1, 1)]
     for n in FORWARD_ROWS[2:4] if quick else FORWARD_ROWS:
         row = {"rows": n}
-        for label, bulk, parts, stages, gemm in variants:
+        for label, bulk, parts, stages in variants:
             backend.bulk_min_rows, backend.bulk_parts, backend.bulk_attention_stages = bulk, parts, stages
-            backend.bulk_gemm_variant = gemm
             backend._drop_graphs()                            # the bulk graphs baked the previous variant in
             row[label] = _median_ms(lambda: forward(n), repeats=5)
         out["forward"].append(row)
-    backend.bulk_gemm_variant = None
     labels = [v[0] for v in variants]
     print_table(f"forward of n rows after {context} cached slots (ms; us per token in brackets)",
                 ["rows", *labels, "x cycle (bulk)"],

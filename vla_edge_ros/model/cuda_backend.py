@@ -82,10 +82,13 @@ PERSISTENT_L2_PREFETCH_BYTES = 0
 # at 4064 cached): 0.71 ms of prefill attention at 2, 0.82 at 1.
 ATTENTION_MMA_BLOCKS_PER_SM = 2
 UPLOAD_BLOCK_BYTES = 64 << 20   # rows of the embedding table per host->device copy: bounds the host's share
-# The bulk prefill (model.bulk_prefill_min_rows > 0; gemm_bulk.cu, prefill_bulk.cu): rows per pass by default; the
-# activations' parts in its GEMMs (2: bf16 hi + lo, the precision of the cycle's prefill; 1: bf16 as HF); K/V tiles
-# in flight per attention block; the attention's partial sums hold this many times bulk_max_rows rows (a short pass
-# splits its list over as many blocks).
+# The bulk prefill (model.bulk_prefill_min_rows > 0; gemm_bulk.cu, prefill_bulk.cu): the rows from which a forward
+# takes it and the rows per pass, by default; the
+# activations' parts in its GEMMs (2: bf16 hi + lo, the precision of the cycle's prefill; 1: bf16 as HF, measured
+# 1.33x faster at 1024 rows on the H200 but not the precision the swaps' KV must match); K/V tiles in flight per
+# attention block (1: two blocks per SM; 2 measured 3-7% slower); the attention's partial sums hold this many
+# times bulk_max_rows rows (a short pass splits its list over as many blocks).
+DEFAULT_BULK_MIN_ROWS = 128     # from 128 rows on it beat the cycle's kernels on the H200 (64: 5.5 vs 5.3 ms)
 DEFAULT_BULK_MAX_ROWS = 1024
 BULK_ACTIVATION_PARTS = 2
 BULK_ATTENTION_STAGES = 1
@@ -132,7 +135,7 @@ class CudaBackend:
                  programmatic_launch: bool = False, staged_prefill_projections: bool = True,
                  persistent_decode: bool = False, tensor_core_attention: bool = True,
                  decode_attention_head_split: int = 2, decode_gemv_blocks_per_sm: int = 4, device=None,
-                 kv_dtype: str = "float32", bulk_prefill_min_rows: int = 0,
+                 kv_dtype: str = "float32", bulk_prefill_min_rows: int = DEFAULT_BULK_MIN_ROWS,
                  bulk_prefill_max_rows: int = DEFAULT_BULK_MAX_ROWS):
         """weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
         weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context);
@@ -173,7 +176,6 @@ class CudaBackend:
                                                             int(bulk_prefill_max_rows))
         self.bulk_parts = BULK_ACTIVATION_PARTS
         self.bulk_attention_stages = BULK_ATTENTION_STAGES
-        self.bulk_gemm_variant = None                     # None: gemm_bulk's own choice per call
         source = tensor_source(weights, spec)
         self.device = device if device is not None else primary_device(0)
         self._drv = self.device.drv
@@ -908,7 +910,7 @@ class CudaBackend:
         splits = self._bulk_splits(n)
 
         def gemm(W, x, part_stride, mode, **kw):
-            kn.gemm_bulk(W, x, part_stride, n, mode, s, parts=self.bulk_parts, variant=self.bulk_gemm_variant, **kw)
+            kn.gemm_bulk(W, x, part_stride, n, mode, s, parts=self.bulk_parts, **kw)
         for li, layer in enumerate(self.layers):
             k_ptr, v_ptr = self._kv_ptrs(li)
             kn.rmsnorm_split(self.resid, layer.input_norm, self.bulk_x, x_stride, n, sp.rms_norm_eps, s,

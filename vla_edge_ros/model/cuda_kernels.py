@@ -82,8 +82,7 @@ FAMILIES = {
     "vision": {"patch_embed": "PiiiPPPi", "pool_rows": "PiiP", "adjacent_cosine": "PiP"},
     "decode_persistent": {f"decode_layers_v{vpl}_b{blocks}": "PiPPiPiPPPPPPPPPPiiiiiiiiiffq"
                           for vpl in (1, 2) for blocks in (1, 2)},
-    "gemm_bulk": {f"gemm_bulk_{variant}_p{parts}": "PqiPPPPqiiiiiii"
-                  for variant in ("m128", "m64", "m128s3", "m128w") for parts in (2, 1)},
+    "gemm_bulk": {f"gemm_bulk_p{parts}": "PqiPPPPqiiiiiii" for parts in (2, 1)},
     "prefill_bulk": {"rmsnorm_split_rows": "PPPqifPPi", "kv_stage": "PPPPiiiiPPPP",
                      **{f"attention_flash_hd{hd}_s{st}": "PiPPPPiPPPiiiif" for hd in (32, 64, 128) for st in (1, 2)},
                      "attention_flash_merge": "PPPqiiiii"},
@@ -129,13 +128,15 @@ GEMV_THREADS = 256              # gemv.cu: 8 warps, one weight row each
 GEMV_MAX_BLOCKS_PER_SM = DECODE_GEMV_MAX_BLOCKS_PER_SM   # gemv_bf16_items' looped grid, at most
 DECODE_LAYER_POINTERS = 9       # decode_persistent.cu: pointers per DecodeLayer entry of the layer table
 STAGED_MAX_TOKENS = 32          # projection_staged.cu: activation rows staged per block
-# gemm_bulk.cu: output columns per block, K columns per stage, padded shared-memory row (bf16), and its entries:
-# variant -> (rows per block, threads, stages, blocks per SM) (the .cu's entry table says what each is).
+# gemm_bulk.cu: rows x columns per block, K columns per stage, stages, padded shared-memory row (bf16), threads,
+# resident blocks per SM.
+GEMM_BULK_BM = 128
 GEMM_BULK_BN = 128
 GEMM_BULK_BK = 32
+GEMM_BULK_STAGES = 3
 GEMM_BULK_ROW = 40
-GEMM_BULK_VARIANTS = {"m128": (128, 256, 4, 1), "m64": (64, 256, 4, 2), "m128s3": (128, 256, 3, 2),
-                      "m128w": (128, 128, 3, 2)}
+GEMM_BULK_THREADS = 256
+GEMM_BULK_BLOCKS_PER_SM = 2
 # prefill_bulk.cu: query rows per attention block, list entries per K/V tile, its head_dim entries.
 FLASH_ROWS = 16
 FLASH_BKV = 32
@@ -544,12 +545,12 @@ class CudaKernels:
 
     def gemm_bulk(self, W, x, part_stride: int, M: int, mode: int, stream, out=None, out_hl=None,
                   out_part_stride: int = 0, bias=None, out_cols: int | None = None, k_split: int | None = None,
-                  parts: int = 2, variant: str | None = None) -> tuple[str, int]:
+                  parts: int = 2) -> int:
         """gemm_bulk.cu: acc = x[:M] @ W^T on the tensor cores, x the activations as bf16 bits in a flat uint16
         buffer (hi rows [M, K] at element 0, lo rows at part_stride; parts 1 reads hi only). STORE / ADD: out
         float32 2-D [>= M, >= out_cols]; SWIGLU: out_hl flat uint16, hi rows [M, out_cols] at 0, lo at
-        out_part_stride. k_split > 1 (ADD only) splits K over blocks that add atomically; variant: an entry of
-        GEMM_BULK_VARIANTS. By default both are picked so that the grid fills the SMs. Returns (variant, k_split)."""
+        out_part_stride. k_split > 1 (ADD only) splits K over blocks that add atomically; by default just enough
+        to give a wave of resident blocks. Returns k_split."""
         _check_array("gemm_bulk weight", W, np.uint16, 2)
         _check_array("gemm_bulk x", x, np.uint16)
         _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU), f"gemm_bulk: unknown mode {mode}")
@@ -578,25 +579,22 @@ class CudaKernels:
             _check(bias is None or (mode == kc.MODE_STORE and bias.dtype == np.float32 and bias.shape[0] >= out_cols),
                    "gemm_bulk bias: float32 [out_cols], STORE only")
             ldo, out_f = out.shape[1], out
-        if variant is None:                 # 128 rows feed each weight tile twice as many rows, if the grid fills
-            variant = "m128" if ceil_div(M, 128) * ceil_div(N, GEMM_BULK_BN) >= self.num_sms else "m64"
-        _check(variant in GEMM_BULK_VARIANTS, f"gemm_bulk: variant {variant!r} not in {sorted(GEMM_BULK_VARIANTS)}")
-        rows, threads, stages, per_sm = GEMM_BULK_VARIANTS[variant]
-        blocks = ceil_div(M, rows) * ceil_div(N, GEMM_BULK_BN)
+        blocks = ceil_div(M, GEMM_BULK_BM) * ceil_div(N, GEMM_BULK_BN)
         if k_split is None:                 # ADD: split K until the grid holds a wave of resident blocks
-            k_split = 1 if mode != kc.MODE_ADD else max(1, min(ceil_div(per_sm * self.num_sms, blocks), n_steps // 4))
+            k_split = 1 if mode != kc.MODE_ADD else max(1, min(ceil_div(GEMM_BULK_BLOCKS_PER_SM * self.num_sms, blocks),
+                                                                n_steps // 4))
         _check(k_split == 1 or mode == kc.MODE_ADD, f"gemm_bulk: k_split {k_split} needs MODE_ADD (atomic adds)")
         _check(1 <= k_split <= n_steps, f"gemm_bulk: k_split {k_split} outside [1, {n_steps}]")
-        name = f"gemm_bulk_{variant}_p{parts}"
-        shared = stages * (parts * rows + GEMM_BULK_BN) * GEMM_BULK_ROW * 2
+        name = f"gemm_bulk_p{parts}"
+        shared = GEMM_BULK_STAGES * (parts * GEMM_BULK_BM + GEMM_BULK_BN) * GEMM_BULK_ROW * 2
         self._function(name)
         _check(shared <= self._shared_limits[name], f"gemm_bulk: {shared} bytes of shared memory > "
                                                     f"{self._shared_limits[name]}")
-        self._launch(name, (ceil_div(M, rows), ceil_div(N, GEMM_BULK_BN), k_split), threads, stream, ptr(x),
-                     np.int64(part_stride), np.int32(K), ptr(W), ptr(bias), ptr(out_f), ptr(out_hl),
+        self._launch(name, (ceil_div(M, GEMM_BULK_BM), ceil_div(N, GEMM_BULK_BN), k_split), GEMM_BULK_THREADS, stream,
+                     ptr(x), np.int64(part_stride), np.int32(K), ptr(W), ptr(bias), ptr(out_f), ptr(out_hl),
                      np.int64(out_part_stride), np.int32(ldo), np.int32(M), np.int32(N), np.int32(K),
                      np.int32(out_cols), np.int32(mode), np.int32(k_split), shared=shared)
-        return variant, k_split
+        return k_split
 
     def rmsnorm_split(self, x, w, out_hl, part_stride: int, n_rows: int, eps: float, stream, init_dst=None,
                       init_src=None):
