@@ -70,7 +70,7 @@ for stage in $STAGES; do
         case $stage in
         asr|asr-4k) args="--capacity 4096" ;;
         asr-shared) args="--capacity 4096 --reconciler-context shared" ;;
-        asr-32k) args="--capacity 32768 --modes asr sync" ;;
+        asr-32k) args="--capacity 32768 --modes asr sync --max-cycles 5500" ;;    # 10 rounds need ~4600 cycles
         asr-32k-approx) args="--capacity 32768 --modes approx" ;;
         esac
         echo "== bench asr $args"

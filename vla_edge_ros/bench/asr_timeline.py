@@ -38,7 +38,7 @@ asr-32k, asr-32k-approx), with their expected time at 30 Hz (10 rounds take
 
     python -m vla_edge_ros.cli bench asr --backend pycuda --capacity 4096 \
         --json out/asr-4k.json --png out/asr-4k.png                       # ~20 s per mode, ~2 min in all
-    python -m vla_edge_ros.cli bench asr --backend pycuda --capacity 32768 --modes asr sync \
+    python -m vla_edge_ros.cli bench asr --backend pycuda --capacity 32768 --modes asr sync --max-cycles 5500 \
         --json out/asr-32k.json --png out/asr-32k.png                     # ~155 s per mode, ~6.5 min
     python -m vla_edge_ros.cli bench asr --backend pycuda --capacity 32768 --modes approx \
         --json out/asr-32k-approx.json --png out/asr-32k-approx.png       # ~3.5 min
@@ -46,8 +46,10 @@ asr-32k, asr-32k-approx), with their expected time at 30 Hz (10 rounds take
         --png out/asr-32k-fig6.png                                        # on any machine: table + Fig. 6
 
 (the three 32K modes in one process would take ~9 minutes, too close to the
-device tool's 10-minute limit on one command; the JSON and the plot are
-rewritten after each mode, so a run cut short keeps the modes it finished).
+device tool's 10-minute limit on one command; `--max-cycles 5500` ends an
+ASR run whose rounds do not converge before it eats the sync run's time; the
+JSON and the plot are rewritten after each mode, so a run cut short keeps the
+modes it finished).
 
 Reported per mode (bench/asr_report.py): p50/p99/max cycle latency (boundary
 work included), cycles over the deadline, refusals, fallbacks by reason,
@@ -80,7 +82,8 @@ DEFAULT_HZ = 30.0                     # the robot's rate (config deadline 33 ms)
 # The CPU default: the tiny model's numpy cycle takes 20-30 ms on a 2-core machine (one BLAS thread), so at 30 Hz
 # admission refuses in stretches whatever the mode and the figure shows the machine, not the modes.
 CPU_DEFAULT_HZ = 15.0
-MAX_CYCLES_PER_ROUND = 4              # default give-up point: this many frame capacities of cycles per round wanted
+MAX_CYCLES_FACTOR = 2.5               # the ASR run gives up after this many times the cycles the rule needs for the
+                                      # rounds (refused cycles add no frame, aborted rounds start over)
 WARM_FRAMES_PER_FORWARD = 32          # warm start: frames appended per forward (1024 rows)
 SYNC_REBUILD_TOKENS_PER_FORWARD = None  # sync: the whole rebuild in one forward, its fastest (it blocks anyway)
 PROGRESS_EVERY = 150                  # cycles between progress lines in the log
@@ -96,7 +99,7 @@ def add_arguments(p) -> None:
     p.add_argument("--work", choices=("interleaved", "thread"),
                    help="where reconciler work runs (default: thread with more than one CPU core, else interleaved)")
     p.add_argument("--max-cycles", type=int, help=f"give up on the ASR run after this many (default "
-                   f"{MAX_CYCLES_PER_ROUND} frame capacities per round wanted)")
+                   f"{MAX_CYCLES_FACTOR} x the cycles the rule needs for the rounds)")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="which modes to run")
     p.add_argument("--baseline-cycles", type=int, help="cycles of the sync and approx runs (default: as many as the "
                    "ASR run took; without one, as many as the rule needs for --eviction-cycles rounds)")
@@ -180,7 +183,7 @@ def _run(args) -> int:
         plan = _plan_cycles(runner, rounds, warm)
         settings.update(frame_capacity=plan["frame_capacity"], warm_start_frames=plan["warm_frames"])
         if mode == "asr":
-            limit = int(max_cycles or MAX_CYCLES_PER_ROUND * plan["frame_capacity"] * rounds)
+            limit = int(max_cycles or MAX_CYCLES_FACTOR * plan["cycles_for_rounds"])
         else:
             limit = int(cycles or plan["cycles_for_rounds"])
         t = time.perf_counter()
