@@ -12,9 +12,10 @@ cycle's gap), frames, state_version, approximate_evictions, state_exact.
 Fig. 6 of reference/csr-asr-paper.md shows TTFT per query through eviction
 cycles, with and without ASR. Here: one panel per mode (same axes: cycle
 number; latency on a log scale when a spike passes LOG_SCALE_ABOVE deadlines,
-so a rebuild of seconds and the steady cycle are both legible), the deadline, when rounds were triggered, swaps (ASR) and
-rebuilds (sync), the primary's approximate evictions, aborted rounds, and the
-cycles a reconciliation was in progress.
+so a rebuild of seconds and the steady cycle are both legible), the deadline,
+when rounds were triggered, swaps (ASR) and rebuilds (sync), the primary's
+approximate evictions, aborted rounds, and the cycles a reconciliation was in
+progress.
 """
 from __future__ import annotations
 

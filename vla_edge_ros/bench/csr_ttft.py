@@ -90,7 +90,8 @@ def add_arguments(p) -> None:
     p.add_argument("--sizes", type=int, nargs="+", help=f"state lengths N (default {DEFAULT_SIZES}; pycuda {GPU_SIZES})")
     p.add_argument("--suffix", type=int, nargs="+",
                    help=f"suffix lengths M (default {DEFAULT_SUFFIXES}; pycuda {GPU_SUFFIXES})")
-    p.add_argument("--repeats", type=int, help=f"timed repeats per (N, M) (default {DEFAULT_REPEATS}; pycuda {GPU_REPEATS})")
+    p.add_argument("--repeats", type=int,
+                   help=f"timed repeats per (N, M) (default {DEFAULT_REPEATS}; pycuda {GPU_REPEATS})")
     p.add_argument("--baseline-repeats", type=int, help="timed repeats of our recompute baseline (default: --repeats; "
                    f"pycuda {GPU_BASELINE_REPEATS})")
     p.add_argument("--baseline-suffix", type=int, nargs="+",
