@@ -4,7 +4,8 @@
 # (bf16 and fp32), kernel probes, the cycle benchmark, then the CSR and ASR benchmarks. Logs go to $OUT.
 #   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (the default, in that order); more
 #   stages: profile (decode launch modes + ncu per kernel), ncu-gemv, ncu-decode and ncu-prefill (stall reasons of
-#   layer 0's kernels, NCU_MODE's variants), probes, csr, asr, asr-shared, asr-32k, suite (the whole test suite, needs prepare.sh --ros) and demo
+#   layer 0's kernels, NCU_MODE's variants), probes, csr (= csr-hf), asr (= asr-4k), asr-shared, asr-32k, asr-32k-approx,
+#   suite (the whole test suite, needs prepare.sh --ros) and demo
 #   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each), pack (all but the tables, the suite
 #   log and one timeline into results.tgz: the device tool returns 8 files). Run from the repo root after
 #   `source .whl/on-device.sh`. The device tool returns at most 8 files: choose stages accordingly.
@@ -64,19 +65,31 @@ for stage in $STAGES; do
             echo "== $probe"
             $PY -m vla_edge_ros.bench.$probe 2>&1 | grep -v " INFO " | tee "$OUT/$probe.log" || status=1
         done ;;
-    csr)
-        echo "== bench csr"
-        $PY -m vla_edge_ros.cli bench csr --backend pycuda ${FRAMES:+--frames "$FRAMES"} --json "$OUT/csr.json" 2>&1 \
-            | grep -v " INFO " | tee "$OUT/csr.log" || status=1 ;;
-    asr|asr-shared|asr-32k)
+    csr|csr-hf)
+        # TTFT of CSR against our recompute and HF transformers' SDPA recompute (bf16, same weights), N up to 32K:
+        # 1-2 minutes. CSR_ARGS go to it (e.g. --chunk 512 for the old chunked recompute).
+        echo "== bench csr (with HF's recompute)"
+        $PY -m vla_edge_ros.cli bench csr --backend pycuda ${FRAMES:+--frames "$FRAMES"} ${CSR_ARGS:-} \
+            --json "$OUT/$stage.json" 2>&1 | grep -v " INFO " | tee "$OUT/$stage.log" || status=1 ;;
+    asr|asr-4k|asr-shared|asr-32k|asr-32k-approx)
+        # Fig. 6 through 10 rounds at 30 Hz. 4K: the three modes, ~2 min. 32K: a round is ~459 frames (15 s), so the
+        # three modes take ~9 min in one process: asr-32k runs asr and sync (~6.5 min), asr-32k-approx the
+        # approximate mode (~3.5 min), one device call each; the two JSON files then make one table and figure:
+        #   vla-edge bench asr --from-json asr-32k.json asr-32k-approx.json --png asr-32k-fig6.png
+        # (done here when both stages run in one call).
         case $stage in
-        asr) args="--capacity 4096" ;;
+        asr|asr-4k) args="--capacity 4096" ;;
         asr-shared) args="--capacity 4096 --reconciler-context shared" ;;
-        asr-32k) args="--capacity 32768 --eviction-cycles 2 --baseline-cycles 300" ;;
+        asr-32k) args="--capacity 32768 --modes asr sync --max-cycles 5500" ;;    # 10 rounds need ~4600 cycles
+        asr-32k-approx) args="--capacity 32768 --modes approx" ;;
         esac
         echo "== bench asr $args"
         $PY -m vla_edge_ros.cli bench asr --backend pycuda ${FRAMES:+--frames "$FRAMES"} $args ${ASR_ARGS:-} \
-            --json "$OUT/$stage.json" --png "$OUT/$stage.png" 2>&1 | tee "$OUT/$stage.log" | grep -v " INFO " || status=1 ;;
+            --json "$OUT/$stage.json" --png "$OUT/$stage.png" 2>&1 | tee "$OUT/$stage.log" | grep -v " INFO " || status=1
+        if [ "$stage" = asr-32k-approx ] && [ -f "$OUT/asr-32k.json" ]; then
+            $PY -m vla_edge_ros.cli bench asr --from-json "$OUT/asr-32k.json" "$OUT/asr-32k-approx.json" \
+                --png "$OUT/asr-32k-fig6.png" 2>&1 | tee "$OUT/asr-32k-fig6.log" || status=1
+        fi ;;
     verify-small)
         for m in ${VERIFY_MODELS:-tiny llama-tiny}; do
             make_model $m "$MODELS/$m"

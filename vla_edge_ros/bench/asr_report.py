@@ -1,0 +1,198 @@
+"""What `bench asr` reports: the per-mode summary, its table, the paper's Fig. 6, and runs read back from JSON.
+
+A run is {"cycles": [record per cycle], "reconciler": stats} (bench/asr_timeline.py
+makes them; its JSON keeps each mode's timeline and stats, so `--from-json`
+redraws and re-tables runs made elsewhere, e.g. the GPU's 32K modes run in
+two processes). A record: i, t_s, latency_ms, reason, phase (reconciler phase
+at the cycle's start, "rebuild" for a synchronous rebuild), event ("swap",
+"rebuild" or ""), evicted (frames the primary's policy dropped approximately
+this cycle), rounds_started / rounds_aborted (running totals after the
+cycle's gap), frames, state_version, approximate_evictions, state_exact.
+
+Fig. 6 of reference/csr-asr-paper.md shows TTFT per query through eviction
+cycles, with and without ASR. Here: one panel per mode (same axes: cycle
+number; latency on a log scale when a spike passes LOG_SCALE_ABOVE deadlines,
+so a rebuild of seconds and the steady cycle are both legible), the deadline,
+when rounds were triggered, swaps (ASR) and rebuilds (sync), the primary's
+approximate evictions, aborted rounds, and the cycles a reconciliation was in
+progress.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .common import percentiles, print_table
+
+LOG_SCALE_ABOVE = 4.0       # Fig. 6 on a log scale when the slowest cycle passes this many deadlines (a spike
+                            # of seconds beside cycles of milliseconds), linear otherwise
+BUSY_PHASES = ("warming", "catching_up", "ready")     # a reconciliation is in progress (ASR)
+REBUILD_PHASE = "rebuild"                             # the cycle that carried a synchronous rebuild (sync)
+STEADY_PHASES = ("idle", "absent")
+REFUSED = "refused_budget"
+DEADLINE_MISSED = "deadline_missed"
+
+
+# ----------------------------------------------------------------------------
+# Summary
+
+
+def summarize(run_: dict, deadline_ms: float) -> dict:
+    cyc = run_["cycles"]
+    lat = [c["latency_ms"] for c in cyc]
+    busy = [c["latency_ms"] for c in cyc if c["phase"] in BUSY_PHASES or c["phase"] == REBUILD_PHASE]
+    steady = [c["latency_ms"] for c in cyc if c["phase"] in STEADY_PHASES]
+    reasons: dict[str, int] = {}
+    for c in cyc:
+        reasons[c["reason"]] = reasons.get(c["reason"], 0) + 1
+    p_busy, p_steady = percentiles(busy), percentiles(steady)
+    to_swap = run_["reconciler"].get("trigger_to_applied_ms", [])
+    last = cyc[-1] if cyc else {}
+    return {
+        "cycles": len(cyc),
+        "rounds": sum(1 for c in cyc if c["event"]),          # swaps applied (asr) / rebuilds (sync)
+        "rounds_started": last.get("rounds_started", 0),
+        "rounds_aborted": last.get("rounds_aborted", 0),
+        "latency_ms": percentiles(lat),
+        "over_deadline": sum(1 for x in lat if x > deadline_ms),
+        "refused": reasons.get(REFUSED, 0),
+        "deadline_missed": reasons.get(DEADLINE_MISSED, 0),
+        "fallbacks": sum(n for reason, n in reasons.items() if reason != "action"),
+        "outcomes": reasons,
+        "eviction_cycles": sum(1 for c in cyc if c["event"]),
+        "approximate_evictions": sum(c.get("evicted", 0) for c in cyc),
+        "trigger_to_swap_ms": {"mean": float(np.mean(to_swap)) if to_swap else None,
+                               "max": float(np.max(to_swap)) if to_swap else None, "samples": list(to_swap)},
+        "reconciling_cycles": len(busy),
+        "p99_reconciling_ms": p_busy["p99"],
+        "p99_steady_ms": p_steady["p99"],
+        "p99_ratio_reconciling_vs_steady": (p_busy["p99"] / p_steady["p99"]) if busy and steady else None,
+        "exact_state_fraction": float(np.mean([c["state_exact"] for c in cyc])) if cyc else None,
+        "reconciler": {k: v for k, v in run_["reconciler"].items() if not isinstance(v, list)},
+    }
+
+
+def print_summary(summaries: dict, header: list[str]) -> None:
+    for line in header:
+        print(line)
+    rows = []
+    for mode, s in summaries.items():
+        lat, swap = s["latency_ms"], s["trigger_to_swap_ms"]
+        rows.append([mode, s["cycles"], s["rounds"], s["rounds_aborted"], _f(lat["p50"]), _f(lat["p99"]), _f(lat["max"]),
+                     s["over_deadline"], s["refused"], s["fallbacks"], _f(s["p99_reconciling_ms"]),
+                     _f(s["p99_steady_ms"]), _f(s["p99_ratio_reconciling_vs_steady"]),
+                     f"{s['exact_state_fraction']:.2f}", _f(swap["mean"]), _f(swap["max"]), s["approximate_evictions"]])
+    print_table("cycle latency (ms, swap/rebuild work included); rounds = swaps applied (asr) / rebuilds (sync); "
+                "ratio = p99 reconciling / p99 steady; exact = share of cycles on an exact state; trigger->swap "
+                "(mean, max ms) = the rebuild itself for sync",
+                ["mode", "cycles", "rounds", "aborted", "p50", "p99", "max", "> deadline", "refused", "no action",
+                 "p99 reconciling", "p99 steady", "ratio", "exact", "trigger->swap", "max", "approx. evicted"], rows)
+    for mode, s in summaries.items():
+        print(f"  {mode}: outcomes {s['outcomes']}")
+
+
+def _f(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+# ----------------------------------------------------------------------------
+# Fig. 6
+
+
+def plot_fig6(runs: dict, summaries: dict, deadline_ms: float, title: str, path, quiet: bool = False) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(13, 2.8 * len(runs)), sharex=True, sharey=True, squeeze=False)
+    worst = max((c["latency_ms"] for r in runs.values() for c in r["cycles"]), default=0.0)
+    log_scale = worst > LOG_SCALE_ABOVE * deadline_ms
+    floor = min((c["latency_ms"] for r in runs.values() for c in r["cycles"] if c["latency_ms"] > 0), default=0.1)
+    floor = floor if log_scale else 0.0         # where the eviction and abort marks sit
+    for ax, (mode, run_) in zip(axes[:, 0], runs.items()):
+        once = _FirstLabel()
+        cyc = run_["cycles"]
+        x = np.array([c["i"] for c in cyc])
+        lat = np.maximum(np.array([c["latency_ms"] for c in cyc]), floor)       # a log axis has no zeros
+        for lo, hi in _spans(np.array([c["phase"] in BUSY_PHASES for c in cyc])):
+            ax.axvspan(x[lo] - 0.5, x[hi - 1] + 0.5, color="tab:orange", alpha=0.15, lw=0,
+                       label=once("reconciling"))
+        for i in _steps(cyc, "rounds_started"):
+            ax.axvline(x[i], color="tab:green", lw=0.7, ls=":", label=once("trigger"))
+        ax.plot(x, lat, lw=0.7, color="tab:blue", label="cycle latency")
+        ev = np.array([bool(c["event"]) for c in cyc], dtype=bool)
+        if ev.any():
+            ax.plot(x[ev], lat[ev], "v", color="tab:red", ms=5,
+                    label="swap (exact state in)" if mode == "asr" else "synchronous rebuild")
+        approx = np.array([c.get("evicted", 0) > 0 for c in cyc], dtype=bool)
+        if approx.any():
+            ax.plot(x[approx], np.full(approx.sum(), floor), "|", color="0.45", ms=7, label="approximate eviction")
+        aborted = _steps(cyc, "rounds_aborted")
+        if aborted:
+            ax.plot(x[aborted], np.full(len(aborted), floor), "x", color="k", ms=5, label="round aborted")
+        ax.axhline(deadline_ms, color="k", ls="--", lw=0.8, label=f"deadline {deadline_ms:.1f} ms")
+        if log_scale:
+            ax.set_yscale("log")
+        ax.set_ylabel("latency (ms)" + (", log" if log_scale else ""))
+        s = summaries[mode]
+        ax.set_title(f"{mode}: p50 {_f(s['latency_ms']['p50'])}, p99 {_f(s['latency_ms']['p99'])}, max "
+                     f"{_f(s['latency_ms']['max'])} ms; {s['over_deadline']} over the deadline, {s['refused']} refused; "
+                     f"{s['rounds']} rounds; exact state {s['exact_state_fraction']:.0%} of cycles",
+                     loc="left", fontsize=9)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7)
+    axes[-1, 0].set_xlabel("cycle (one frame of footage and one query per cycle)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    if not quiet:
+        print(f"wrote {path}")
+
+
+def _spans(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[lo, hi) index ranges where mask is True."""
+    edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)))
+
+
+def _steps(cyc: list, key: str) -> list[int]:
+    """Indices of the cycles after which the running total `key` grew."""
+    totals = np.array([c.get(key, 0) for c in cyc])
+    return list(np.flatnonzero(np.diff(np.concatenate([[0], totals])) > 0))
+
+
+class _FirstLabel:
+    """A legend label the first time a panel draws a kind of mark, none after: one legend entry per kind."""
+
+    def __init__(self):
+        self.seen: set[str] = set()
+
+    def __call__(self, label: str) -> str | None:
+        if label in self.seen:
+            return None
+        self.seen.add(label)
+        return label
+
+
+# ----------------------------------------------------------------------------
+# Runs read back
+
+
+def load_runs(paths) -> tuple[dict, dict]:
+    """(mode -> run, the first file's settings) from bench asr JSON files; a mode in a later file replaces
+    the same mode of an earlier one."""
+    runs, meta = {}, None
+    for p in paths:
+        data = json.loads(Path(p).read_text())
+        if data.get("suite") != "asr":
+            raise ValueError(f"{p}: not a bench asr result (suite {data.get('suite')!r})")
+        meta = meta or {k: v for k, v in data.items() if k != "modes"}
+        if data["deadline_ms"] != meta["deadline_ms"] or data["capacity_tokens"] != meta["capacity_tokens"]:
+            raise ValueError(f"{p}: capacity {data['capacity_tokens']} / deadline {data['deadline_ms']} ms differ "
+                             f"from the first file's {meta['capacity_tokens']} / {meta['deadline_ms']}")
+        for mode, m in data["modes"].items():
+            runs[mode] = {"cycles": m["timeline"], "reconciler": m["reconciler_stats"]}
+    return runs, meta
