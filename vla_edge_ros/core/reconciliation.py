@@ -561,6 +561,7 @@ class InProcessAsr:
         tokens = 0
         if not self._guarded(rec.receive):
             return 0
+        sched.new_window()
         while rec.phase in (Phase.WARMING, Phase.CATCHING_UP):
             frames = sched.frames_for((deadline_perf - time.perf_counter()) * 1e3)
             if frames < 1:

@@ -245,15 +245,16 @@ class ReconcilerWorker:
             return rec.tick()
         if not rec.receive():
             return 0
-        window = self.clock.window()
+        window = self.clock.gap_window()
         if window is None:                        # no live primary cycles: nothing to protect
             return rec.tick()
-        seq, left_ns = window
+        seq, left_ns, gap_ns = window
         if seq == self._window_seq:               # this gap is used up: wait for the next cycle to end
             time.sleep(WINDOW_POLL_S)
             return 0
         self._window_seq = seq
         end_ns = time.perf_counter_ns() + left_ns
+        self.scheduler.new_window(gap_ns / 1e6)
         if self.scheduler.starved and time.monotonic() - self._starved_logged > STARVED_LOG_PERIOD_S:
             self._starved_logged = time.monotonic()
             log.warning("the primary's slack (%.1f ms before its next cycle) fits no reconciler step (one frame "
