@@ -140,6 +140,16 @@ def test_the_worker_steps_only_between_a_cycle_end_and_the_next_boundary(tiny_mo
         return done
 
     rec.step = recorded_step
+    offers = []
+    real_make_offer = rec.make_offer
+
+    def recorded_make_offer():                                # the export is device work too: inside a gap
+        t0 = time.perf_counter_ns()
+        snap = real_make_offer()
+        offers.append((t0, time.perf_counter_ns(), 0))
+        return snap
+
+    rec.make_offer = recorded_make_offer
     path = tmp_path / "clock"
     writer = CycleClockWriter(path, period_s=0.040)
     worker = ReconcilerWorker(rec, SnapshotStore(tmp_path / "snaps"), clock=CycleClockReader(path))
@@ -173,8 +183,8 @@ def test_the_worker_steps_only_between_a_cycle_end_and_the_next_boundary(tiny_mo
         thread.join(timeout=2)
         writer.close()
     assert worker.offer is not None and worker.error is None, worker.summary()
-    assert len(steps) >= 2, steps
-    for start, end, _ in steps:
+    assert len(steps) >= 2 and offers, (steps, offers)
+    for start, end, _ in steps + offers:
         gap = next(((e, n) for e, n in reversed(cycles) if e <= start), None)
         assert gap is not None, "a step started before any cycle had ended"
         # A step is planned to fit its window with HEADROOM; on a busy 2-core machine the numpy step itself can
