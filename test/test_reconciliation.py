@@ -326,6 +326,27 @@ def test_a_taken_offer_is_reconciled_from_the_shadow_or_abandoned_when_never_app
     assert rig.rec.primary_frame_ids == rig.held()
 
 
+def test_a_round_aborted_here_but_applied_there_counts_as_applied(tiny_model_dir, model, clip):
+    """Across processes the primary may apply an offer it loaded just before the reconciler gave its round up:
+    the round then ended in a swap, and the counts say so (started = applied + aborted + the one in progress)."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
+                                              "asr.max_late_chunks": 9})
+    while rig.rec.phase is not Phase.READY:
+        rig.cycle()
+    taken = rig.rec.take_offer()
+    while rig.rec.stats.rounds_aborted == 0:                 # the reconciler gives the round up ...
+        rig.primary_only_cycle()
+        drain(rig.rec)
+    assert rig.rec.live_offer_version == 0
+    rig.primary.state.import_state(taken)                    # ... while the primary applies the offer it had
+    rig.rec.notify_applied(taken.version, rig.primary.state.last_swap.late)
+    drain(rig.rec)
+    st = rig.rec.stats
+    assert (st.rounds_applied, st.rounds_aborted, sum(st.aborts.values())) == (1, 0, 0)
+    assert len(st.trigger_to_applied_ms) == 1 and rig.rec.primary_frame_ids == rig.held()
+    assert st.rounds_started - (rig.rec.phase is not Phase.IDLE) == st.rounds_applied + st.rounds_aborted
+
+
 def test_asr_modes_are_policy_objects_picked_by_name():
     from vla_edge_ros.core.reconciliation import CsrMode, SemanticMode, make_asr_mode
     cfg = C.load()

@@ -176,7 +176,10 @@ class StateReconciler:
     def _clear_mirror(self) -> None:
         """What this side knows of the primary's frames: nothing yet (at start, and after a restart)."""
         self._chunks: dict[int, StateChunk] = {}
-        self._offers: OrderedDict = OrderedDict()   # version -> frame ids of recent offers (any may be applied)
+        # Recent offers (any may still be applied): version -> (frame ids, its round's first version, the round's
+        # start), and rounds aborted while one of their offers may still be applied: first version -> reason.
+        self._offers: OrderedDict = OrderedDict()
+        self._aborted: OrderedDict = OrderedDict()
         self._last_chunk_id = -1
         # Gaps in the mirror: open intervals (lo, hi) of frame ids never seen. Nothing is seen before
         # the first chunk (the primary may have admitted frames before this reconciler listened);
@@ -285,7 +288,7 @@ class StateReconciler:
         snap.unseen = list(self._unseen)
         snap.round = r.first_version
         r.offered = r.done
-        self._offers[r.version] = snap.frame_ids
+        self._offers[r.version] = (snap.frame_ids, r.first_version, r.started_s)
         while len(self._offers) > MAX_OFFERS_TRACKED:
             self._offers.popitem(last=False)
         if r.ready_s is None:
@@ -436,11 +439,12 @@ class StateReconciler:
         return tokens
 
     def _on_applied(self, version: int, late_ids) -> None:
-        offered = self._offers.get(version)
-        if offered is None or version <= self.k_applied:
+        entry = self._offers.get(version)
+        if entry is None or version <= self.k_applied:
             log.warning("primary applied v%s, which is not a recent offer (newest applied v%d)", version,
                         self.k_applied)
             return
+        offered, round_first, round_started = entry
         if late_ids is None:        # what the primary keeps by its own rule: frames newer than the snapshot
             newest = max(offered, default=-1)
             late_ids = [f for f in self.primary_frame_ids if f > newest]
@@ -466,8 +470,14 @@ class StateReconciler:
                 if self.phase is not Phase.STOPPED:
                     self.phase = Phase.IDLE
             self._round = None
-        else:                       # an offer of a round aborted meanwhile, taken before it was: still exact
-            log.info("primary applied v%d of an earlier round; the shadow follows it", version)
+        elif round_first in self._aborted:
+            # Taken before this side aborted its round, and applied: the round ended in a swap after all.
+            reason = self._aborted.pop(round_first)
+            self.stats.rounds_aborted -= 1
+            self.stats.aborts[reason] -= 1
+            self.stats.rounds_applied += 1
+            _append_capped(self.stats.trigger_to_applied_ms, (self.clock() - round_started) * 1e3)
+            log.info("primary applied v%d of a round aborted here meanwhile (%s): counted as applied", version, reason)
         self._prune_chunks()
         log.debug("ASR v%d applied by the primary (%d late frames recomputed there)", version, len(late_ids))
         if self.phase is Phase.IDLE:
@@ -495,6 +505,10 @@ class StateReconciler:
     def _abort(self, reason: str, detail: str) -> None:
         log.warning("ASR round v%d aborted (%s): %s", self._round.version, reason, detail)
         self._count_abort(reason)
+        if self._round.ready_s is not None:       # an offer of it may be on its way to the primary still
+            self._aborted[self._round.first_version] = reason
+            while len(self._aborted) > MAX_OFFERS_TRACKED:
+                self._aborted.popitem(last=False)
         with self._offer_lock:
             self._offer = None
             self._live = None
@@ -511,7 +525,7 @@ class StateReconciler:
         needed = set(self.primary_frame_ids)
         if self._round is not None:
             needed.update(self._round.frame_ids)
-        for version, frame_ids in self._offers.items():
+        for version, (frame_ids, _round, _started) in self._offers.items():
             if version > self.k_applied:
                 needed.update(frame_ids)          # offered, maybe taken and still to be applied
         for fid in [f for f in self._chunks if f not in needed]:
