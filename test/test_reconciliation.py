@@ -348,7 +348,7 @@ def test_a_round_aborted_here_but_applied_there_counts_as_applied(tiny_model_dir
 
 
 def test_asr_modes_are_policy_objects_picked_by_name():
-    from vla_edge_ros.core.reconciliation import CsrMode, SemanticMode, make_asr_mode
+    from vla_edge_ros.core.asr_modes import CsrMode, SemanticMode, make_asr_mode
     cfg = C.load()
     assert isinstance(make_asr_mode(cfg.replace({"asr.mode": "csr"})), CsrMode)
     semantic = make_asr_mode(cfg.replace({"asr.mode": "semantic"}))

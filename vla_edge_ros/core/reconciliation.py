@@ -70,7 +70,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from ..config import VlaConfig
-from .asr_modes import ASR_MODE_CLASSES, TRIGGER_CSR, TRIGGER_SEMANTIC, CsrMode, SemanticMode, make_asr_mode  # noqa: F401
+from .asr_modes import make_asr_mode
 from .cycle_result import CycleResult
 from .engine import Engine
 from .engine_state import FrameState, SwapDeferred, SwapReport
