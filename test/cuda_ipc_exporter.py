@@ -3,7 +3,8 @@
 Run as `python test/cuda_ipc_exporter.py MODEL_DIR CAPACITY OUT_DIR [KV_DTYPE]`. It fills slots with real K/V,
 exports them (DeviceKvExporter), writes the expected rows to OUT_DIR/expected.npy and prints the
 offer's IPC descriptor as one JSON line; then per stdin line: "export" exports the same slots again
-(the ring's next buffer, then this one again) and prints the new descriptor; "quit" exits.
+(the ring's next free buffer) and prints the new descriptor; "protect [I ...]" protects those buffers from
+the next exports, as the reconciler worker protects the one it handed out, and prints "ok"; "quit" exits.
 """
 import json
 import sys
@@ -32,6 +33,9 @@ def main() -> int:
     for line in sys.stdin:
         if line.strip() == "export":
             print(json.dumps(exporter(backend, slots).ipc_descriptor()), flush=True)
+        elif line.split()[:1] == ["protect"]:
+            exporter.protect(int(i) for i in line.split()[1:])
+            print("ok", flush=True)
         elif line.strip() == "quit":
             break
     exporter.close()

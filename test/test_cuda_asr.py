@@ -93,7 +93,14 @@ def test_kv_crosses_contexts_device_to_device_bit_exactly_and_stale_or_bad_kv_is
     recon.write_kv(src[:1], bad)
     nan_kv = exporter(recon, src)
     assert not np.isfinite(nan_kv).all()
-    exporter(recon, src[:10])                             # a third export: the ring of two reuses kv's buffer
+    exporter.protect({kv.index})                          # as the worker protects the offer it handed out
+    for _ in range(4):
+        assert exporter(recon, src[:10]).index != kv.index
+    kv.write_into(primary, dst)                           # still the snapshot's rows
+    assert np.array_equal(primary.read_kv(dst), expected)
+    exporter.protect(())
+    while exporter(recon, src[:10]).index != kv.index:    # unprotected: the ring comes back to kv's buffer
+        pass
     with pytest.raises(DeviceKVUnavailable, match="reused by a newer export"):
         kv.write_into(primary, dst)                       # its ring buffer now holds a newer export
 
@@ -180,7 +187,7 @@ def test_a_reconciler_thread_keeps_swapping_exact_states(tiny_model_dir, model, 
     print(f"thread/{context}: {len(latency_ms)} cycles, p50 {np.percentile(latency_ms, 50):.2f} ms, "
           f"max {max(latency_ms):.2f} ms, swaps {versions}")
     assert rig.driver.reconciler_error is None
-    assert len(versions) >= 2 and versions == list(range(1, len(versions) + 1))
+    assert len(versions) >= 2 and versions == sorted(set(versions))     # fresher re-offers may skip versions
     assert rig.primary.state.state_version == versions[-1]
     rig.drain()                          # what the stopped thread left, on this thread
     rig.cycle(new=False)                 # applies an offer left ready, if any

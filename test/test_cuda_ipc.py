@@ -47,10 +47,21 @@ def test_kv_rows_cross_processes_bit_exactly_and_a_rewritten_buffer_is_refused(t
             mapper.open(other).write_into(primary, dst)                # never converted, never copied
         print(f"150 KV rows across processes: {kv.last_copy_ms:.3f} ms (check, one kv_scatter, sync, check)")
 
-        for _ in range(2):                                             # the ring comes back to kv's buffer
-            child.stdin.write("export\n")
+        def ask(line):
+            child.stdin.write(line + "\n")
             child.stdin.flush()
-            newer = json.loads(child.stdout.readline())
+            answer = child.stdout.readline()
+            return answer.strip() if answer.strip() == "ok" else json.loads(answer)
+
+        # The reconciler worker protects the buffer of the offer it handed out: fresher exports go elsewhere.
+        assert ask(f"protect {descriptor['buffer']}") == "ok"
+        others = [ask("export") for _ in range(4)]
+        assert all(d["buffer"] != descriptor["buffer"] for d in others), others
+        kv.check_usable()
+        kv.write_into(primary, dst)
+        np.testing.assert_array_equal(primary.read_kv(dst), expected)
+        assert ask("protect") == "ok"                                  # released: the ring comes back to it
+        newer = ask("export")
         assert newer["handle"] == descriptor["handle"] and newer["generation"] == descriptor["generation"] + 1
         with pytest.raises(DeviceKVUnavailable, match="moved on"):
             kv.check_usable()

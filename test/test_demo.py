@@ -43,3 +43,9 @@ def test_demo_reports_every_cycle_of_its_window(tiny_model_dir, tmp_path):
         assert report["fallback_reasons"][reason] == 0, report["fallback_reasons"]
     assert report["actions"] >= 0.2 * report["cycles"], report
     assert 0 < report["camera_to_first_action_s"] < 30
+    # Whether exact forgetting worked is said at a glance, with its numbers.
+    exact = report["exactness"]
+    assert "exact forgetting" in done.stdout and exact["verdict"].split()[0] in ("YES", "PARTLY", "NO", "not"), exact
+    assert 0 < exact["exact_actions"] <= exact["actions"]
+    assert exact["rounds_started"] >= exact["rounds_applied"] + exact["rounds_aborted"]
+    assert sum(exact["rounds_aborted_by"].values()) == exact["rounds_aborted"]

@@ -154,3 +154,17 @@ def test_summaries_read_from_another_thread_while_cycles_are_recorded():
     t.join()
     assert not errors, errors[:3]
     assert m.summary()["cycles"] == 20000
+
+
+def test_the_share_of_actions_served_on_an_exact_state():
+    """Exact forgetting worked exactly as much as actions were served on an exact state: counted over actions
+    only (a fallback serves nothing), all-time and over the window."""
+    m = CycleMetrics(DEADLINE, window_cycles=4)
+    assert m.summary()["exact_action_share"] is None
+    outcomes = [(None, True), (None, False), ("refused_budget", False), (None, True), (None, True), (None, False)]
+    for i, (reason, exact) in enumerate(outcomes):
+        m.record(CycleResult(cycle_id=i, reason=reason, elapsed_ms=10.0, state_exact=exact))
+    s = m.summary()
+    assert (s["actions"], s["exact_actions"]) == (5, 3) and s["exact_action_share"] == pytest.approx(0.6)
+    w = m.window_summary()                                   # the last 4: refused, exact, exact, approximate
+    assert (w["actions"], w["exact_actions"]) == (3, 2)

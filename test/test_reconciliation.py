@@ -15,7 +15,7 @@ from engine_oracle import cosine, oracle_logits
 
 from vla_edge_ros import config as C
 from vla_edge_ros.core.engine import Engine
-from vla_edge_ros.core.engine_state import FrameState
+from vla_edge_ros.core.engine_state import FrameState, SwapDeferred
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.reconciliation import InProcessAsr, Phase, StateReconciler
@@ -117,8 +117,11 @@ def test_versions_advance_one_swap_at_a_time_and_every_swap_leaves_an_exact_stat
         assert rig.rec.k_applied <= rig.rec.k_ready <= rig.rec.version
     assert len(applied) >= 4 and applied == list(range(1, len(applied) + 1))
     assert rig.rec.k_applied == applied[-1]
-    # A prompt reconciler swaps before the primary ever has to evict on its own.
+    # A prompt reconciler swaps before the primary ever has to evict on its own, and each round's first offer
+    # is applied (the primary took it at the next boundary: nothing arrived in between to re-offer).
     assert rig.primary.state.kv.evictions == 0 and rig.rec.stats.rounds_aborted == 0
+    assert rig.rec.stats.rounds_applied == len(applied) and rig.rec.stats.reoffers == 0
+    assert all(r.state_exact for r in [rig.cycle().result for _ in range(3)])
     with pytest.raises(SnapshotError, match="not newer"):
         rig.primary.state.import_state(rig.primary.state.export_state(version=applied[-1]))
 
@@ -150,28 +153,87 @@ def test_chunks_arriving_between_ready_and_applied_survive_the_swap_exactly(tiny
     while rig.rec.phase is not Phase.READY:
         rig.cycle()
     offered = rig.rec.offered_frame_ids
-    late = [rig.primary_only_cycle().frame_id for _ in range(2)]      # admitted after "ready", before "applied"
-    drain(rig.rec)
-    assert rig.rec.phase is Phase.READY and rig.rec.stats.offers_withdrawn == 0   # 2 <= asr.max_late_chunks
+    # Admitted after "ready", before "applied", and not caught up yet (a slow reconciler): 2 <= asr.max_late_chunks.
+    late = [rig.primary_only_cycle().frame_id for _ in range(2)]
     c = rig.cycle()
-    assert c.swap is not None and c.swap.late == late
+    assert c.swap is not None and c.swap.late == late and c.swap.recompute_ms > 0
     assert rig.held() == offered + late + [rig.i - 1]                 # nothing lost, in order
     assert rig.primary.state.state_exact and contiguous(rig.primary)
     assert cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary)) >= COS_EXACT
     assert rig.rec.primary_frame_ids == rig.held()
+    assert rig.rec.stats.rounds_applied == 1 and rig.rec.stats.rounds_aborted == 0
 
 
-def test_an_offer_that_more_than_max_late_chunks_passed_is_caught_up_again(tiny_model_dir, model, clip):
-    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo", "asr.max_late_chunks": 1})
+def test_late_frames_are_recomputed_one_frame_per_forward(tiny_model_dir, model, clip):
+    """The late recompute at the boundary runs forwards of one frame's rows only: the shape Engine.warm_up
+    prepared (on the GPU a captured graph), never a row count first seen at a swap (on the H200 such a
+    forward over the late frames took a swap to 49.7 ms, capturing a graph)."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo"})
     while rig.rec.phase is not Phase.READY:
         rig.cycle()
+    snap = rig.rec.take_offer()
     late = [rig.primary_only_cycle().frame_id for _ in range(2)]
-    drain(rig.rec)                       # the 2nd late chunk withdraws the offer; catch-up re-offers with both
-    assert rig.rec.stats.offers_withdrawn == 1 and rig.rec.phase is Phase.READY
-    assert rig.rec.offered_frame_ids[-2:] == late
+    backend = rig.primary.state.backend
+    rows = []
+    real_forward = backend.forward
+
+    def recorded_forward(x, *args, **kwargs):                 # instrumentation: the row count of each forward
+        rows.append(x.shape[0])
+        return real_forward(x, *args, **kwargs)
+
+    backend.forward = recorded_forward
+    try:
+        rig.primary.state.import_state(snap)
+    finally:
+        del backend.forward
+    assert rig.primary.state.last_swap.late == late and rows == [32, 32]
+
+
+def test_while_ready_the_reconciler_catches_up_and_offers_a_fresher_version(tiny_model_dir, model, clip, hf):
+    """Algorithm 1's catch-up does not stop at the first offer: chunks arriving while the primary has not
+    applied it are computed too and offered as a fresher version, so the primary has few frames to recompute
+    at its boundary however long it takes to apply."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo"})
+    while rig.rec.phase is not Phase.READY:
+        rig.cycle()
+    first, offered = rig.rec.live_offer_version, rig.rec.offered_frame_ids
+    late = [rig.primary_only_cycle().frame_id for _ in range(3)]      # 3 > asr.max_late_chunks (2)
+    assert rig.rec.busy and rig.rec.live_offer_version == first       # the offer stays out meanwhile
+    drain(rig.rec)
+    assert rig.rec.phase is Phase.READY and rig.rec.live_offer_version == first + 1
+    assert rig.rec.offered_frame_ids == offered + late and rig.rec.stats.reoffers == 1
+    c = rig.cycle()                      # the boundary takes the newest offer: nothing left to recompute
+    assert c.swap is not None and c.swap.version == first + 1 and c.swap.late == []
+    assert rig.held() == offered + late + [rig.i - 1]
+    assert rig.primary.state.state_exact and contiguous(rig.primary)
+    assert cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary)) >= COS_EXACT
+    assert rig.rec.stats.rounds_applied == 1 and rig.rec.k_applied == first + 1
+
+
+def test_a_stale_offer_is_deferred_not_rejected_and_the_round_goes_on(tiny_model_dir, model, clip):
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
+                                              "asr.max_late_chunks": 1})
+    while rig.rec.phase is not Phase.READY:
+        rig.cycle()
+    version = rig.primary.state.state_version
+    late = [rig.primary_only_cycle().frame_id for _ in range(2)]      # 2 > asr.max_late_chunks (1)
+    c = rig.cycle(reconcile=False)       # the boundary takes the stale offer and leaves it
+    assert c.swap is None and rig.driver.deferred == {"stale": 1}
+    assert rig.primary.state.state_version == version and rig.held()[-3:] == late + [rig.i - 1]
+    drain(rig.rec)                       # no abort: the 3 chunks are caught up and a fresher version offered
+    assert rig.rec.stats.rounds_aborted == 0 and rig.rec.stats.offers_rejected == 0
+    assert rig.rec.phase is Phase.READY and rig.rec.stats.reoffers == 1
     c = rig.cycle()
-    assert c.swap.late == [] and rig.held()[-3:-1] == late
-    assert rig.primary.state.state_exact
+    assert c.swap is not None and c.swap.late == [] and rig.primary.state.state_exact
+    assert rig.held()[-4:-1] == late + [rig.i - 2]
+
+    snap = rig.primary.state.export_state(version=rig.primary.state.state_version + 1)
+    for _ in range(2):                   # a snapshot with 2 frames after it, at max_late_chunks 1: nothing changes
+        rig.primary_only_cycle()
+    held = rig.held()
+    with pytest.raises(SwapDeferred, match="more than asr.max_late_chunks") as deferred:
+        rig.primary.state.import_state(snap)
+    assert deferred.value.reason == "stale" and rig.held() == held
 
 
 def test_a_reconciler_stopped_mid_round_leaves_the_primary_serving_on_its_own(tiny_model_dir, model, clip):
@@ -264,30 +326,54 @@ def test_a_taken_offer_is_reconciled_from_the_shadow_or_abandoned_when_never_app
     while rig.rec.phase is not Phase.READY:
         rig.cycle()
     snap = rig.rec.take_offer()                              # e.g. written to a file for the other process
-    late = [rig.primary_only_cycle().frame_id for _ in range(3)]   # more than max_late_chunks: cannot withdraw
-    drain(rig.rec)
-    assert rig.rec.phase is Phase.READY and rig.rec.stats.offers_withdrawn == 0
-    rig.primary.state.import_state(snap)
+    late = [rig.primary_only_cycle().frame_id for _ in range(2)]
+    drain(rig.rec)                                           # meanwhile a fresher version of the round is offered
+    assert rig.rec.phase is Phase.READY and rig.rec.live_offer_version == snap.version + 1
+    rig.primary.state.import_state(snap)                     # the primary applies the one it took
     assert rig.primary.state.last_swap.late == late
     rig.rec.notify_applied(snap.version, None)               # no frame list: the shadow works the late ones out
     drain(rig.rec)
     assert rig.rec.k_applied == snap.version and rig.rec.primary_frame_ids == rig.held()
+    assert rig.rec.live_offer_version == 0 and rig.rec.take_offer() is None   # the fresher one is moot now
+    assert rig.rec.stats.rounds_applied == 1
 
     while rig.rec.phase is not Phase.READY:                  # next round; this time the offer is taken and lost
         rig.cycle()
     lost = rig.rec.take_offer()
-    while rig.rec.version == lost.version:                   # the primary never applies it and keeps evicting
-        rig.primary_only_cycle()
-        drain(rig.rec)
-    assert rig.rec.stats.rounds_aborted == 1 and rig.primary.state.state_version == snap.version
+    while rig.rec.stats.rounds_aborted == 0:                 # the primary never applies it and keeps evicting;
+        rig.primary_only_cycle()                             # the round keeps catching up until it outgrows
+        drain(rig.rec)                                       # the arena
+    assert rig.rec.stats.aborts["no_longer_fits"] == 1 and rig.primary.state.state_version == snap.version
+    assert rig.rec.summary()["rounds_aborted_by"]["no_longer_fits"] == 1
     while rig.rec.k_applied == snap.version:                 # a fresh round from what the primary holds now
         rig.cycle()
-    assert rig.rec.k_applied == lost.version + 1 and rig.primary.state.state_exact
+    assert rig.rec.k_applied > lost.version and rig.primary.state.state_exact
     assert rig.rec.primary_frame_ids == rig.held()
 
 
+def test_a_round_aborted_here_but_applied_there_counts_as_applied(tiny_model_dir, model, clip):
+    """Across processes the primary may apply an offer it loaded just before the reconciler gave its round up:
+    the round then ended in a swap, and the counts say so (started = applied + aborted + the one in progress)."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
+                                              "asr.max_late_chunks": 9})
+    while rig.rec.phase is not Phase.READY:
+        rig.cycle()
+    taken = rig.rec.take_offer()
+    while rig.rec.stats.rounds_aborted == 0:                 # the reconciler gives the round up ...
+        rig.primary_only_cycle()
+        drain(rig.rec)
+    assert rig.rec.live_offer_version == 0
+    rig.primary.state.import_state(taken)                    # ... while the primary applies the offer it had
+    rig.rec.notify_applied(taken.version, rig.primary.state.last_swap.late)
+    drain(rig.rec)
+    st = rig.rec.stats
+    assert (st.rounds_applied, st.rounds_aborted, sum(st.aborts.values())) == (1, 0, 0)
+    assert len(st.trigger_to_applied_ms) == 1 and rig.rec.primary_frame_ids == rig.held()
+    assert st.rounds_started - (rig.rec.phase is not Phase.IDLE) == st.rounds_applied + st.rounds_aborted
+
+
 def test_asr_modes_are_policy_objects_picked_by_name():
-    from vla_edge_ros.core.reconciliation import CsrMode, SemanticMode, make_asr_mode
+    from vla_edge_ros.core.asr_modes import CsrMode, SemanticMode, make_asr_mode
     cfg = C.load()
     assert isinstance(make_asr_mode(cfg.replace({"asr.mode": "csr"})), CsrMode)
     semantic = make_asr_mode(cfg.replace({"asr.mode": "semantic"}))

@@ -38,7 +38,7 @@ def test_a_restarted_camera_node_does_not_stall_the_state(tiny_model_dir, tmp_pa
     try:
         camera_node = H.start_graph(harness.domain_id, overrides, names=("camera_ingest",), log_dir=tmp_path / "cam1")
         camera.start()
-        H.wait_until(lambda: int((H.latest_status(diagnostics, "reasoning") or {}).get("swap.state_version", 0)) >= 2,
+        H.wait_until(lambda: int((H.latest_status(diagnostics, "reasoning") or {}).get("swap.swaps", 0)) >= 2,
                      H.GRAPH_START_TIMEOUT_S, "two swaps before the restart")
         assert camera_node.stop() == {"camera_ingest": 0}
         before_max = max(_action_frame_ids(tokens))
@@ -49,9 +49,9 @@ def test_a_restarted_camera_node_does_not_stall_the_state(tiny_model_dir, tmp_pa
         t_new = time.monotonic()
         first = H.wait_until(lambda: H.latest_status(diagnostics, "reconciler", since=t_new), 5.0, "reconciler diagnostics")
         version = H.wait_until(lambda: H.latest_status(diagnostics, "reasoning", since=t_new), 5.0, "reasoning diagnostics")
-        version = int(version["swap.state_version"])
-        H.wait_until(lambda: int((H.latest_status(diagnostics, "reasoning", since=t_new) or {}).get("swap.state_version", 0))
-                     >= version + 2, 30.0, "two more swaps on the restarted camera's frames")
+        swaps = int(version["swap.swaps"])
+        H.wait_until(lambda: int((H.latest_status(diagnostics, "reasoning", since=t_new) or {}).get("swap.swaps", 0))
+                     >= swaps + 2, 30.0, "two more swaps on the restarted camera's frames")
         t_swaps = time.monotonic()
         last = H.wait_until(lambda: H.latest_status(diagnostics, "reconciler", since=t_swaps), 5.0, "later reconciler diagnostics")
         camera.stop()

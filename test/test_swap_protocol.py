@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -63,22 +64,26 @@ def test_offers_are_versioned_files_and_the_applied_tag_starts_the_next_round(cf
             assert primary.run_cycle(f, f.stamp_s).new_frame
             worker.on_chunk(f, primary.state.state_version)
         _wait(lambda: worker.offer is not None, "offer v1")
+        # Reasoning side: ask, load off-thread, apply at a boundary after one more (late) frame.
+        request = client.request_sent()
         ok, message = worker.answer()
         offer = SwapOffer.from_message(message)
-        assert ok and offer.version == 1 and offer.newest_frame_id == 11
+        assert ok and offer.version == 1 and offer.round == 1 and offer.newest_frame_id == 11
         snap_on_disk = StateSnapshot.load(offer.path)
         assert snap_on_disk.frame_ids == [6, 7, 8, 9, 10, 11]          # csr: the newest half, kept exactly
-
-        # Reasoning side: ask, load off-thread, apply at a boundary after one more (late) frame.
+        loading = client.on_response(ok, message, request)
+        start_loader(client, loading).join(timeout=10)
         assert primary.run_cycle(frames[11], frames[11].stamp_s).new_frame
         worker.on_chunk(frames[11], primary.state.state_version)              # still tagged v0: arrived before the swap
-        client.request_sent()
-        loading = client.on_response(*worker.answer())
-        start_loader(client, loading).join(timeout=10)
-        snap = client.take_ready()
-        dropped = primary.state.import_state(snap)
-        client.mark_applied(snap.version, cycle_id=11, dropped=len(dropped), late=len(primary.state.last_swap.late))
+        # Meanwhile the reconciler catches frame 12 up too and offers a fresher version of round 1 ...
+        _wait(lambda: worker.offer.version == 2 and worker.offer.newest_frame_id == 12, "the fresher offer v2")
+        # ... while the file of v1, handed out, stays until the primary is done with it.
+        assert Path(offer.path).exists()
+        outcome = client.apply_ready(primary.state, cycle_id=11)
+        dropped = primary.state.last_swap.dropped
+        assert outcome.status == "applied" and outcome.version == 1
         assert dropped == [1, 2, 3, 4, 5] and primary.state.last_swap.late == [12] and primary.state.state_version == 1
+        assert client.summary()["swap_apply_ms_p50"] != "" and client.summary()["swap_late_frames"] == 1
         # Exact: the KV of an engine that only ever saw frames 6..12 (up to float32 rounding: the
         # reconciler prefills several frames per forward, the oracle one at a time).
         oracle = Engine.from_config(cfg)
@@ -86,29 +91,36 @@ def test_offers_are_versioned_files_and_the_applied_tag_starts_the_next_round(cf
             oracle.state.append_frame(f)
         np.testing.assert_allclose(primary.state.export_state(1).kv, oracle.state.export_state(1).kv, rtol=1e-4, atol=1e-5)
 
-        # The next chunk carries v1: the reconciler learns the swap happened and tracks the primary again.
+        # The next chunk carries v1: the reconciler learns the swap happened and tracks the primary again; the
+        # rest of round 1 (v2) is withdrawn and its files go.
         assert primary.run_cycle(frames[12], frames[12].stamp_s).new_frame
         worker.on_chunk(frames[12], primary.state.state_version)
         _wait(lambda: worker.reconciler.k_applied == 1, "the reconciler to see v1 applied")
+        _wait(lambda: worker.offer is None, "round 1's fresher offer to be withdrawn")
         assert worker.reconciler.primary_frame_ids == [f.frame_id for f in primary.state.kv.retained()]
+        assert worker.answer()[0] is False and worker.summary()["offers_withdrawn"] == 1
         for f in frames[13:20]:
             assert primary.run_cycle(f, f.stamp_s).new_frame
             worker.on_chunk(f, primary.state.state_version)
-        _wait(lambda: worker.offer is not None and worker.offer.version == 2, "offer v2")
-        assert worker.reconciler.phase in (Phase.READY, Phase.CATCHING_UP, Phase.IDLE)
-        assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == ["state_v000001.npz", "state_v000002.npz"]
+        _wait(lambda: worker.offer is not None and worker.offer.newest_frame_id == 20, "round 2 caught up")
+        assert worker.offer.round == 3 and worker.reconciler.stats.rounds_started == 2   # v2 was round 1's
+        assert worker.reconciler.phase is Phase.READY
+        assert sorted(p.name for p in (tmp_path / "snaps").iterdir()) == [SnapshotStore.file_name(worker.offer.version)]
     finally:
         worker.stop()
         worker.store.close()
     assert not (tmp_path / "snaps").exists()
 
 
-def test_frames_the_reconciler_never_saw_are_kept_not_dropped_at_the_swap(cfg, frames, tmp_path):
+@pytest.mark.parametrize("max_late", [3, 2])
+def test_frames_the_reconciler_never_saw_are_kept_not_dropped_at_the_swap(cfg, frames, tmp_path, max_late):
     """A reconciler that was not listening for a while (deactivated) or lost chunk messages must not make
     the primary forget the frames it missed: its snapshot reports the gaps, the primary keeps those frames
     (recomputed after the snapshot's frames), and the result is still exactly an engine that computed
-    the frames in that order. Dropped are only frames the reconciler saw and chose to drop."""
-    cfg = cfg.replace({"asr.threshold": 0.6})          # a round at 8 mirrored frames (ceil(0.6 x 12))
+    the frames in that order. Dropped are only frames the reconciler saw and chose to drop, and, when more
+    never-seen frames than asr.max_late_chunks would make the boundary long, the oldest of them."""
+    # A round at 8 mirrored frames (ceil(0.6 x 12)); the primary will hold 3 frames the reconciler never saw.
+    cfg = cfg.replace({"asr.threshold": 0.6, "asr.max_late_chunks": max_late})
     primary = Engine.from_config(cfg)
     worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / "snaps"))
     worker.start()
@@ -139,12 +151,15 @@ def test_frames_the_reconciler_never_saw_are_kept_not_dropped_at_the_swap(cfg, f
         assert snap.frame_ids == [7, 8, 10, 11], snap.frame_ids   # csr: the newest half of the 8 it saw
 
         dropped = primary.state.import_state(snap)
-        assert dropped == [1, 2, 3, 6], "only frames the reconciler saw and left out are forgotten"
-        assert primary.state.last_swap.unseen == [4, 5, 9] and primary.state.last_swap.late == []
-        assert [r.frame_id for r in primary.state.kv.retained()] == [7, 8, 10, 11, 4, 5, 9]
+        kept_unseen = [4, 5, 9][3 - max_late:]                 # the newest max_late of them
+        forgotten = [4, 5, 9][:3 - max_late]
+        assert dropped == [1, 2, 3] + forgotten + [6], "only frames the reconciler saw and left out are forgotten"
+        assert primary.state.last_swap.unseen == kept_unseen and primary.state.last_swap.late == []
+        assert primary.state.last_swap.unseen_forgotten == forgotten
+        assert [r.frame_id for r in primary.state.kv.retained()] == [7, 8, 10, 11] + kept_unseen
         assert primary.state.state_exact
         oracle = Engine.from_config(cfg)
-        for i in (6, 7, 9, 10, 3, 4, 8):
+        for i in [6, 7, 9, 10] + [f - 1 for f in kept_unseen]:
             oracle.state.append_frame(frames[i])
         np.testing.assert_allclose(primary.state.export_state(1).kv, oracle.state.export_state(1).kv, rtol=1e-4, atol=1e-5)
         assert primary.run_cycle(frames[11], frames[11].stamp_s).is_action
@@ -173,7 +188,8 @@ def test_a_restarted_reasoning_node_never_gets_frames_of_the_process_before_it(c
         for seq, f in enumerate(frames[12:22], start=2):
             assert after.run_cycle(f, f.stamp_s).new_frame
             worker.on_chunk(f, after.state.state_version, seq)
-        _wait(lambda: worker.answer()[0], "an offer for the restarted reasoning process")
+        _wait(lambda: worker.offer is not None and worker.offer.newest_frame_id == frames[21].frame_id,
+              "an offer for the restarted reasoning process, caught up")
         snap = StateSnapshot.load(SwapOffer.from_message(worker.answer()[1]).path)
         assert snap.frame_ids and set(snap.frame_ids) <= {f.frame_id for f in frames[11:22]}, snap.frame_ids
         assert worker.reconciler.epoch == 1
@@ -229,6 +245,61 @@ def test_client_skips_old_loading_and_rejected_versions(tmp_path):
     assert client.on_response(True, SwapOffer(4, str(path), 0, -1).to_message()) is None   # older than applied
     summary = client.summary()
     assert (summary["state_version"], summary["swap_applied_at_cycle"], summary["swap_rejections"]) == (5, 7, 1)
+
+
+def test_client_never_asks_while_it_may_still_read_an_offer_and_ignores_abandoned_answers(tmp_path):
+    """A new request tells the reconciler the primary is done with the offer answered before (its file and
+    GPU buffer may then be reused): so none is sent while an offer loads, waits for a boundary or is being
+    applied, and the answer to a request given up on is never loaded."""
+    client = SwapClient(poll_period_s=0.0, request_timeout_s=2.0)
+    path = StateSnapshot(version=3, round=3).save(tmp_path / "v3.npz")
+    old = client.request_sent(now=0.0)
+    assert client.want_request(now=2.5) and client.timeouts == 1       # abandoned
+    new = client.request_sent(now=2.5)
+    assert client.on_response(True, SwapOffer(3, str(path), 0, -1, round=3).to_message(), old) is None
+    assert client.late_answers == 1 and not client.want_request(now=2.6)   # still waiting for the new one
+    offer = client.on_response(True, SwapOffer(3, str(path), 0, -1, round=3).to_message(), new)
+    assert offer is not None and not client.want_request(now=3.0)         # loading
+    client.load_offer(offer)
+    assert not client.want_request(now=3.0)                                 # ready for the next boundary
+    snap = client.take_ready()
+    assert snap.version == 3 and not client.want_request(now=3.0)           # being applied
+    client.mark_applied(3, cycle_id=9, dropped=0, late=1, apply_ms=4.0, kv_copy_ms=1.0, recompute_ms=2.5,
+                        round_id=snap.round)
+    assert client.want_request(now=3.0)
+    # Round 3 is applied: its fresher versions are moot; a new round is not.
+    assert client.on_response(True, SwapOffer(4, str(path), 0, -1, round=3).to_message()) is None
+    assert client.on_response(True, SwapOffer(5, str(path), 0, -1, round=5).to_message()) is not None
+    summary = client.summary()
+    assert (summary["swap_apply_ms_p50"], summary["swap_kv_copy_ms_max"], summary["swap_recompute_ms_p99"],
+            summary["swap_rest_ms_max"]) == (4.0, 1.0, 2.5, 0.5)
+
+
+def test_a_deferred_offer_is_not_loaded_again_but_a_fresher_one_is(tiny_model_dir, frames, tmp_path):
+    cfg = C.load(overrides={"model.path": str(tiny_model_dir), "kv.capacity_tokens": CAPACITY,
+                            "cycle.deterministic": True, "asr.max_late_chunks": 1})
+    primary = Engine.from_config(cfg)
+    for f in frames[:3]:
+        assert primary.run_cycle(f, f.stamp_s).new_frame
+    stale = primary.state.export_state(version=1)
+    stale.round = 1
+    for f in frames[3:5]:                                   # two frames after it: more than asr.max_late_chunks
+        assert primary.run_cycle(f, f.stamp_s).new_frame
+    client = SwapClient(poll_period_s=0.0, request_timeout_s=2.0)
+    client.load_offer(client.on_response(True, SwapOffer(1, str(stale.save(tmp_path / "v1.npz")), 3, 3,
+                                                         round=1).to_message()))
+    held = [r.frame_id for r in primary.state.kv.retained()]
+    outcome = client.apply_ready(primary.state, cycle_id=5)
+    assert outcome.status == "deferred" and outcome.detail == "stale"
+    assert [r.frame_id for r in primary.state.kv.retained()] == held and primary.state.state_version == 0
+    assert client.summary()["swap_deferred_stale"] == 1 and client.summary()["swap_rejections"] == 0
+    assert client.on_response(True, SwapOffer(1, str(tmp_path / "v1.npz"), 3, 3, round=1).to_message()) is None
+    fresher = primary.state.export_state(version=2)         # the same round, caught up
+    fresher.round = 1
+    offer = client.on_response(True, SwapOffer(2, str(fresher.save(tmp_path / "v2.npz")), 5, 5, round=1).to_message())
+    client.load_offer(offer)
+    outcome = client.apply_ready(primary.state, cycle_id=6)
+    assert outcome.status == "applied" and primary.state.state_version == 2 and primary.state.state_exact
 
 
 def test_client_survives_a_vanished_or_mismatched_file_and_bad_answers(tmp_path):

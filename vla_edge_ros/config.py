@@ -32,6 +32,7 @@ DECODE_GEMV_MAX_BLOCKS_PER_SM = 8
 RELIABILITIES = ("best_effort", "reliable")
 ASR_MODES = ("csr", "semantic")
 ASR_SCHEDULES = ("auto", "slack", "free")
+MIN_EXPORT_BUFFERS = 3        # asr.export_buffers: the newest offer, the one being copied, one to export into
 GIB = 1024 ** 3
 
 
@@ -276,10 +277,22 @@ class ASRConfig:
     rebuild_fill: float = _doc("semantic mode: the rebuilt state keeps at most this fraction of the frame capacity "
                                "(the eviction policy drops the primary's most redundant frames beyond it), so chunks "
                                "arriving while the reconciler works fit without new approximate evictions", default=0.75)
-    warmup_tokens_per_step: int = _doc("reconciler chunked prefill: tokens per step (whole frames, at least one), "
-                                       "so its work can be interleaved with or yield to the primary's cycles", default=128)
-    max_late_chunks: int = _doc("a ready snapshot is withdrawn and caught up again once more chunks than this have "
-                                "arrived after it (each late chunk costs the primary a recompute at the swap)", default=2)
+    warmup_tokens_per_step: int = _doc("the largest reconciler step (warm-up and catch-up): tokens of one forward, "
+                                       "whole frames, at least one. The cap, not the plan: on the slack schedule "
+                                       "core/slack_scheduler.py picks the largest step whose measured (or "
+                                       "conservatively estimated) cost fits the gap before the primary's next "
+                                       "cycle; on the free schedule every step is this size. The reconciler's "
+                                       "backend prepares forward() for every step size up to it at configure (CUDA: "
+                                       "captures their graphs), so no step pays a capture inside a gap", default=128)
+    max_late_chunks: int = _doc("the most frames the primary recomputes when it applies a reconciled state at a "
+                                "cycle boundary, one frame per forward: the frames it admitted after the snapshot "
+                                "(late) and any the reconciler never saw. An offer with more late frames is not "
+                                "applied but deferred (the reconciler keeps catching up and offers a fresher "
+                                "version); never-seen frames beyond it are forgotten, oldest first", default=2)
+    export_buffers: int = _doc("reconciler on a GPU: device buffers its offers' KV is exported into (each the size of "
+                               "the KV arena). At least 3: the newest offer, the one the primary may be copying "
+                               "from (the latest answered), and one to export the next fresher offer into, so a "
+                               "re-export never overwrites KV the primary may be reading", default=3)
     backend: str = _doc("the reconciler node's transformer backend (auto | numpy | pycuda). pycuda runs it in a CUDA "
                         "context of its own process (pick the GPU with CUDA_VISIBLE_DEVICES); on the primary's GPU its "
                         "kernels time-slice with the cycles, which no GPU run has measured yet, hence numpy by default",
@@ -307,6 +320,9 @@ class ASRConfig:
             raise ConfigError(f"asr.rebuild_fill must be in (0, 1], got {self.rebuild_fill}")
         _positive(self, "warmup_tokens_per_step", "asr")
         _non_negative(self, "max_late_chunks", "asr")
+        if self.export_buffers < MIN_EXPORT_BUFFERS:
+            raise ConfigError(f"asr.export_buffers must be >= {MIN_EXPORT_BUFFERS} (the newest offer, the one being "
+                              f"copied, and one to export into), got {self.export_buffers}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"asr.backend must be one of {BACKENDS}, got {self.backend!r}")
 

@@ -94,6 +94,11 @@ class CycleClockReader:
     def window(self, now_ns: int | None = None) -> tuple[int, int] | None:
         """(sequence number of the latest cycle end, ns left until the next boundary); None without a live primary.
         The sequence number tells a new cycle end from the one already used."""
+        gap = self.gap_window(now_ns)
+        return None if gap is None else gap[:2]
+
+    def gap_window(self, now_ns: int | None = None) -> tuple[int, int, int] | None:
+        """As window(), with the whole gap (ns from the cycle's end to the next boundary) as a third value."""
         snap = self._read()
         if snap is None:
             return None
@@ -102,7 +107,7 @@ class CycleClockReader:
         if end_ns == 0 or period_ns <= 0 or now - end_ns > STALE_PERIODS * period_ns:
             self.close()                   # look for the file again next time: a restarted primary writes a new one
             return None
-        return seq, next_ns - now
+        return seq, next_ns - now, next_ns - end_ns
 
     def close(self) -> None:
         if self._map is not None:

@@ -33,6 +33,8 @@ class CycleResult:
     evicted_frame_ids: list = field(default_factory=list)
     probe: bool = False                       # admitted only to re-measure after a run of refusals
     overran: bool = False                     # finished after the deadline (deterministic mode still acts)
+    state_exact: bool = True                  # served on an exact state: no approximate eviction since the last
+                                              # reconciled swap (FrameState.state_exact after this cycle's admission)
     detail: str = ""                          # human-readable explanation for fallbacks
 
     @property

@@ -168,6 +168,7 @@ class Engine:
             self.state.drop_unwritten_frame()
             self.state.in_cycle = False
         result.elapsed_ms = (time.perf_counter() - t0) * 1000.0
+        result.state_exact = self.state.state_exact
         late = result.elapsed_ms > self.cfg.cycle.deadline_ms
         if late and result.is_action:
             result.overran = True

@@ -4,7 +4,9 @@
                              backend model.backend
     reconciler_state(cfg)    the reconciler's frame state (no cycle): backend asr.backend; on
                              a GPU its snapshots keep their KV on the device
-                             (DeviceKvExporter), so a swap moves it by CUDA IPC, not a file
+                             (DeviceKvExporter), so a swap moves it by CUDA IPC, not a file;
+                             forward() prepared for every reconciler step size (1 frame up to
+                             asr.warmup_tokens_per_step), so no step captures a graph in a gap
 
 Both load the tokenizer and build the backend through model/factory.py (the
 CUDA backend streams the weights to the device; the numpy backend loads them
@@ -37,13 +39,20 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
                              device=device, kernel_options=cfg.model.kernel_options(), kv_dtype=cfg.kv.dtype)
     try:
         state = FrameState(cfg, backend, load_tokenizer(cfg.model.path))
+        backend.prepare_forward(reconciler_step_rows(cfg))
         if backend.device is not None:
             from ..model.cuda_state_transfer import DeviceKvExporter
-            state.kv_export = DeviceKvExporter(backend)
+            state.kv_export = DeviceKvExporter(backend, cfg.asr.export_buffers)
         return state
     except BaseException:
         backend.close()
         raise
+
+
+def reconciler_step_rows(cfg: VlaConfig) -> list[int]:
+    """The row counts of every step the reconciler may take: 1 .. asr.warmup_tokens_per_step // tpf frames."""
+    tpf = cfg.vision.tokens_per_frame
+    return [tpf * k for k in range(1, max(1, cfg.asr.warmup_tokens_per_step // tpf) + 1)]
 
 
 def describe_choice(kind: str) -> str:

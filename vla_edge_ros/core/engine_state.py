@@ -38,6 +38,21 @@ class SwapTimingError(RuntimeError):
     """A state swap or rebuild was attempted inside a cycle; they happen only at cycle boundaries."""
 
 
+DEFER_STALE = "stale"          # SwapDeferred.reason: more late frames than asr.max_late_chunks
+
+
+class SwapDeferred(Exception):
+    """A sound snapshot not applied now: the primary admitted more frames after it than asr.max_late_chunks,
+    and recomputing them all would make the boundary as long as the staleness. Nothing changed; the
+    reconciler keeps catching up and offers a fresher version, so this is no rejection."""
+
+    def __init__(self, version: int, late: int, limit: int):
+        super().__init__(f"snapshot v{version}: {late} frames admitted after it, more than asr.max_late_chunks "
+                         f"({limit}); waiting for a fresher one")
+        self.version, self.late, self.limit = version, late, limit
+        self.reason = DEFER_STALE
+
+
 @dataclass
 class FrameRecord:
     """What the engine remembers about a retained frame beyond its KV slots."""
@@ -58,6 +73,19 @@ class SwapReport:
     next_position: int
     unseen: list = ()            # frame ids the snapshot's author never saw: kept, recomputed after its frames
     kv_copy_ms: float = 0.0      # writing the snapshot's KV into the arena (device to device on a GPU)
+    recompute_ms: float = 0.0    # recomputing the late and unseen frames over it (one frame per forward)
+    unseen_forgotten: list = ()  # never-seen frames beyond asr.max_late_chunks: forgotten (oldest first), in dropped
+
+
+@dataclass(frozen=True)
+class _RecomputePlan:
+    """What a swap keeps of this engine's own frames (FrameState._plan_recompute)."""
+    late: list                   # retained records newer than the snapshot's newest frame
+    unseen: list                 # retained records the snapshot's author never saw, kept (within the bound)
+    unseen_forgotten: list       # frame ids of never-seen frames beyond the bound
+    chunks: list                 # StateChunks to recompute over the snapshot, unseen first, then late
+    late_lost: list              # frame ids to recompute that have no vision rows: dropped
+    dropped: list                # every frame id this engine holds that the swap leaves out
 
 
 class FrameStateError(ValueError):
@@ -213,9 +241,16 @@ class FrameState:
         after the snapshot's newest frame ("late": they arrived between
         "ready" and "applied") are not lost: they are recomputed from their
         stored vision rows over the swapped state, so the result is still the
-        from-scratch state. Everything is checked before anything changes: a
-        snapshot that does not fit raises SnapshotError and the state stays.
-        Details of the swap are kept in `last_swap`.
+        from-scratch state. That recompute is what a swap costs beyond the KV
+        copy, so it is bounded: one frame per forward (the shape warm_up
+        prepared: no graph capture at the boundary), at most
+        asr.max_late_chunks frames. A snapshot with more late frames raises
+        SwapDeferred (stale: a fresher one is coming); frames the reconciler
+        never saw fill the rest of that bound and any beyond it are forgotten,
+        oldest first (the state stays exact, just shorter). Everything is
+        checked before anything changes: a snapshot that does not fit raises
+        SnapshotError and the state stays. Details, with the time of the KV
+        copy and of the recompute, are kept in `last_swap`.
         """
         self._require_boundary("import_state")
         if snap.version <= self.state_version:
@@ -234,25 +269,19 @@ class FrameState:
         if need > room:
             raise SnapshotError(f"snapshot v{snap.version}: {len(snap.frames)} frames + suffix reserve need {need} slots, "
                                 f"{room} exist after the prefix")
-        newest = snap.newest_frame_id
-        mine = self.kv.retained()
-        taken = set(snap.frame_ids)
-        late = [r for r in mine if r.frame_id > newest]
-        # Frames the author never saw (its mirror had a gap) were not dropped on purpose: keep them too,
-        # recomputed over the snapshot like the late ones (after its frames, so out of capture order).
-        unseen = [r for r in mine if r.frame_id not in taken and r.frame_id <= newest and snap.never_saw(r.frame_id)]
-        recompute = unseen + late
-        late_chunks = [StateChunk(r.frame_id, self.frames[r.frame_id].stamp_s, self.frames[r.frame_id].tokens, r.pooled)
-                       for r in recompute if self.frames[r.frame_id].tokens is not None]
-        late_lost = [r.frame_id for r in recompute if self.frames[r.frame_id].tokens is None]
-        if late_lost:
-            log.warning("swap v%d: late or unseen frames %s have no vision rows and are dropped", snap.version, late_lost)
-        if unseen:
+        plan = self._plan_recompute(snap)
+        if len(plan.late) > self.cfg.asr.max_late_chunks:
+            raise SwapDeferred(snap.version, len(plan.late), self.cfg.asr.max_late_chunks)
+        if plan.late_lost:
+            log.warning("swap v%d: late or unseen frames %s have no vision rows and are dropped", snap.version,
+                        plan.late_lost)
+        if plan.unseen:
             log.warning("swap v%d: %d frames the reconciler never saw (its mirror had a gap) are kept and recomputed",
-                        snap.version, len(unseen))
-        unseen_ids = {r.frame_id for r in unseen}
-        dropped = [r.frame_id for r in mine
-                   if r.frame_id not in taken and r.frame_id <= newest and r.frame_id not in unseen_ids] + late_lost
+                        snap.version, len(plan.unseen))
+        if plan.unseen_forgotten:
+            log.warning("swap v%d: %d more frames the reconciler never saw are forgotten (asr.max_late_chunks %d "
+                        "bounds the recompute at the boundary)", snap.version, len(plan.unseen_forgotten),
+                        self.cfg.asr.max_late_chunks)
 
         self.kv.evict_all()
         self.frames.clear()
@@ -282,18 +311,46 @@ class FrameState:
             kv_copy_ms = (time.perf_counter() - t_copy) * 1e3
         self.next_position = snap.next_position
         self.approximate_evictions = 0
-        evicted = self.append_chunks(late_chunks, allow_evict=True)
+        t_recompute = time.perf_counter()
+        evicted = []
+        for chunk in plan.chunks:                       # one frame per forward: the cost warm_up prepared
+            evicted += self.append_chunks([chunk], allow_evict=True)
+        recompute_ms = (time.perf_counter() - t_recompute) * 1e3 if plan.chunks else 0.0
         if self.frames and (self.last_frame_id is None or max(self.frames) > self.last_frame_id):
             self.last_frame_id = max(self.frames)
         self.state_version = snap.version
-        self.last_swap = SwapReport(version=snap.version, frames=len(snap.frames), dropped=dropped,
-                                    late=[c.frame_id for c in late_chunks if c.frame_id not in unseen_ids],
-                                    late_lost=late_lost, evicted=evicted, next_position=self.next_position,
-                                    unseen=[c.frame_id for c in late_chunks if c.frame_id in unseen_ids],
-                                    kv_copy_ms=kv_copy_ms)
+        unseen_ids = {r.frame_id for r in plan.unseen}
+        self.last_swap = SwapReport(version=snap.version, frames=len(snap.frames), dropped=plan.dropped,
+                                    late=[c.frame_id for c in plan.chunks if c.frame_id not in unseen_ids],
+                                    late_lost=plan.late_lost, evicted=evicted, next_position=self.next_position,
+                                    unseen=[c.frame_id for c in plan.chunks if c.frame_id in unseen_ids],
+                                    kv_copy_ms=kv_copy_ms, recompute_ms=recompute_ms,
+                                    unseen_forgotten=plan.unseen_forgotten)
         log.debug("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
-                 len(dropped), len(late_chunks))
-        return dropped
+                  len(plan.dropped), len(plan.chunks))
+        return plan.dropped
+
+    def _plan_recompute(self, snap: StateSnapshot) -> "_RecomputePlan":
+        """Which of this engine's frames a swap to `snap` keeps by recomputing them, and which it drops."""
+        newest = snap.newest_frame_id
+        mine = self.kv.retained()
+        taken = set(snap.frame_ids)
+        late = [r for r in mine if r.frame_id > newest]
+        # Frames the author never saw (its mirror had a gap) were not dropped on purpose: keep them too,
+        # recomputed over the snapshot like the late ones (after its frames, so out of capture order), as
+        # many as the bound leaves room for, the newest of them.
+        unseen = [r for r in mine if r.frame_id not in taken and r.frame_id <= newest and snap.never_saw(r.frame_id)]
+        cut = len(unseen) - min(len(unseen), max(0, self.cfg.asr.max_late_chunks - len(late)))
+        forgotten, unseen = unseen[:cut], unseen[cut:]
+        recompute = unseen + late
+        chunks = [StateChunk(r.frame_id, self.frames[r.frame_id].stamp_s, self.frames[r.frame_id].tokens, r.pooled)
+                  for r in recompute if self.frames[r.frame_id].tokens is not None]
+        late_lost = [r.frame_id for r in recompute if self.frames[r.frame_id].tokens is None]
+        kept = {r.frame_id for r in recompute}
+        dropped = [r.frame_id for r in mine if r.frame_id not in taken and r.frame_id <= newest
+                   and r.frame_id not in kept] + late_lost
+        return _RecomputePlan(late=late, unseen=unseen, unseen_forgotten=[r.frame_id for r in forgotten],
+                              chunks=chunks, late_lost=late_lost, dropped=dropped)
 
     def rebase_positions_if_needed(self, max_frames: int | None = None) -> bool:
         """Keep RoPE positions inside the model's trained range when no swap has re-based them.

@@ -3,6 +3,9 @@
 Which cycles count where:
   - every recorded cycle counts in `cycles` and in the rates;
   - `deadline_miss_rate` = cycles whose reason is `deadline_missed` / cycles;
+  - `exact_action_share` = actions served on an exact state (no approximate
+    eviction since the last reconciled swap: CycleResult.state_exact) / actions:
+    how much of the time exact forgetting (ASR) kept up;
   - latency percentiles cover the cycles that ran the model to the end: the
     actions and the `deadline_missed` fallbacks (those computed an answer, just
     too late). Refused, no-frame, stale-frame, memory-ceiling and engine-error
@@ -52,6 +55,7 @@ class _Sample:
     ran_model: bool
     evictions: int
     overran: bool
+    exact_action: bool            # an action served on an exact state
 
 
 class CycleMetrics:
@@ -77,7 +81,8 @@ class CycleMetrics:
             raise ValueError(f"CycleMetrics.record: cycle {result.cycle_id} has elapsed_ms {result.elapsed_ms!r}")
         sample = _Sample(reason=result.reason, elapsed_ms=elapsed,
                          ran_model=result.reason is None or result.reason == DEADLINE_MISSED,
-                         evictions=len(result.evicted_frame_ids), overran=bool(getattr(result, "overran", False)))
+                         evictions=len(result.evicted_frame_ids), overran=bool(getattr(result, "overran", False)),
+                         exact_action=result.reason is None and bool(getattr(result, "state_exact", True)))
         with self._lock:
             self._all.add(sample)
             self._window.append(sample)
@@ -124,6 +129,7 @@ class _Totals:
         self.model_cycles = 0
         self.evictions = 0
         self.overruns = 0
+        self.exact_actions = 0
         self.reasons: Counter = Counter()
 
     def add(self, s: _Sample) -> None:
@@ -132,6 +138,7 @@ class _Totals:
         self.model_cycles += s.ran_model
         self.evictions += s.evictions
         self.overruns += s.overran
+        self.exact_actions += s.exact_action
         if s.reason is not None:
             self.reasons[s.reason] += 1
 
@@ -155,6 +162,8 @@ class _Totals:
             "model_cycles": self.model_cycles,            # cycles in the latency percentiles
             "latency_ms": latency,
             "evictions": self.evictions,
+            "exact_actions": self.exact_actions,          # actions served on an exact state
+            "exact_action_share": self.exact_actions / self.actions if self.actions else None,
             "peak_rss_bytes": memory["VmHWM"],
             "rss_bytes": memory["VmRSS"],
         }

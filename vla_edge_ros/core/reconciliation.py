@@ -5,31 +5,38 @@ policy drops a frame; the frames after it keep KV computed with the dropped
 one in context, and the RoPE positions keep a hole). The reconciler, on a
 second engine (second context / device; on the CPU a second arena), rebuilds
 the exact state of the frames to keep and offers it; the primary swaps it in
-at a cycle boundary (`Engine.import_state`). This is Algorithm 1 of
+at a cycle boundary (`FrameState.import_state`). This is Algorithm 1 of
 reference/csr-asr-paper.md: warm up, catch up, swap.
 
-Phases of `StateReconciler` (one "round" per version k):
+Phases of `StateReconciler` (one "round" per trigger; its offers are versions k, k+1, ...):
 
-    idle --trigger--> warming --kept frames computed--> catching_up --nothing left--> ready
-      ^                                                                                 |
-      +---------------------------- primary applied k (k_applied = k) <-----------------+
-    a round that no longer fits its arena is aborted (back to idle; the trigger fires again);
+    idle --trigger--> warming --kept frames computed--> catching_up --all computed--> ready (offer k)
+      ^                                                     ^                           |
+      |                                                     +--- a chunk arrives -------+  (offer k stays out)
+      +------------------ the primary applied any offer of the round ------------------+
+    a round whose frames no longer fit its arena is aborted (back to idle; the trigger fires again);
     stop() from any phase -> stopped: the primary keeps serving and evicting on its own.
 
-    warming      chunked prefill of the kept frames with positions re-based right after the
-                 prefix, at most asr.warmup_tokens_per_step tokens (whole frames) per tick
-    catching_up  the same for the chunks that arrived since the trigger
-    ready        snapshot k exported (k_ready = k); chunks arriving now are "late": the primary
-                 recomputes them over the snapshot when it applies it, so none is lost; after more
-                 than asr.max_late_chunks of them an untaken offer is withdrawn and caught up again
+    warming      chunked prefill of the kept frames with positions re-based right after the prefix,
+                 steps of at most asr.warmup_tokens_per_step tokens (whole frames)
+    catching_up  the same for the chunks that arrived since the trigger; once all are computed the
+                 round offers its state (`make_offer`, `offer_due`): the first offer of a round has
+                 the round's version, every fresher re-offer the next version
+    ready        the newest offer holds every chunk of the round. Chunks keep arriving while the
+                 primary takes and applies it: each goes back to catching_up, and the caught-up state
+                 is offered again as a fresher version. An offer is never withdrawn: the primary
+                 applies whichever it has (recomputing the frames it admitted after it, at most
+                 asr.max_late_chunks of them; a staler offer it defers, core/engine_state.SwapDeferred),
+                 so the frames it has to recompute at its boundary stay few however long it takes
 
-Triggers (asr.mode):
+Triggers (asr.mode, core/asr_modes.py):
     csr       the primary's frames reach asr.threshold of its frame capacity: keep the newest
               (1 - asr.evict_fraction) of them (the paper's rule)
     semantic  the primary has made asr.semantic_evictions_before_rebuild approximate evictions
               since its state was last exact: rebuild the frames it still holds, trimmed by its
-              eviction policy to asr.rebuild_fill of the frame capacity so that the chunks arriving
-              during the round fit without new approximate evictions
+              eviction policy to asr.rebuild_fill of the frame capacity
+
+Aborted rounds are counted by reason (ABORT_REASONS), never by free text.
 
 What the primary holds is tracked without asking it: a "shadow" KVSlotManager
 with the primary's capacity, prefix, suffix reserve and eviction policy replays
@@ -41,42 +48,52 @@ decision to forget them.
 
 Who calls what (the ROS reconciler node, or `InProcessAsr` below). The primary
 side only appends to a queue or takes a finished snapshot, so it never waits
-for reconciler work; everything else runs in `tick`, on the reconciler's side:
+for reconciler work; everything else runs on the reconciler's side:
 
     primary side   mirror_chunk(frame) / mirror_encoded(chunk)   each admitted frame, in order
                    mark_gap()                                    chunks may have been missed
                    restart_mirror()                              the primary restarted, state empty
-                   take_offer() -> StateSnapshot | None          at a cycle boundary
+                   take_offer() -> StateSnapshot | None          at a cycle boundary (the newest offer, once)
                    notify_applied(version, late_ids) / notify_rejected(version, reason)
-    reconciler     tick(max_tokens) -> tokens computed           drain the queue, one bounded step
+    reconciler     tick(max_tokens) -> tokens computed           drain the queue, one bounded step, offer if due
+                   or, scheduled piece by piece (core/slack_scheduler.py):
+                   receive(); step(max_tokens) while frames_to_compute; make_offer() when offer_due
 """
 from __future__ import annotations
 
 import enum
 import logging
-import math
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from ..config import VlaConfig
+from .asr_modes import make_asr_mode
 from .cycle_result import CycleResult
 from .engine import Engine
-from .engine_state import FrameState, SwapReport
+from .engine_state import FrameState, SwapDeferred, SwapReport
 from .frames import Frame
 from .kv_slots import KVCapacityError, KVSlotManager, make_policy
+from .metrics import percentile
 from .slack_scheduler import SlackScheduler
 from .state_snapshot import SnapshotError, StateChunk, StateSnapshot
 
 log = logging.getLogger(__name__)
 
-TRIGGER_CSR = "csr_threshold"
-TRIGGER_SEMANTIC = "semantic_evictions"
 MAX_GAPS = 64                 # gaps in the mirror a snapshot reports (the newest; each is one inactive spell or loss)
+MAX_OFFERS_TRACKED = 32       # recent offers whose frames are remembered, so that applying any of them is understood
+MAX_ROUND_TIMES = 1024        # trigger -> ready / applied times kept (the newest)
 RECONCILER_NICE = 10          # thread mode: the reconciler thread's niceness (the CPU's "low-priority stream")
 WORK_MODES = ("interleaved", "thread")
+
+# Why a round was aborted (ReconcilerStats.aborts):
+ABORT_NO_LONGER_FITS = "no_longer_fits"          # the round's frames outgrew the arena: no swap for too long
+ABORT_OWN_EVICTION = "own_policy_evicted"        # the reconciler's own policy evicted during the rebuild
+ABORT_REJECTED = "rejected_by_primary"           # the primary refused an offer of the round (SnapshotError)
+ABORT_PRIMARY_RESTARTED = "primary_restarted"    # the primary came back empty: the round's frames are gone
+ABORT_REASONS = (ABORT_NO_LONGER_FITS, ABORT_OWN_EVICTION, ABORT_REJECTED, ABORT_PRIMARY_RESTARTED)
 
 
 class Phase(str, enum.Enum):
@@ -88,87 +105,39 @@ class Phase(str, enum.Enum):
 
 
 # ----------------------------------------------------------------------------
-# The rules: one small policy object per asr.mode (shared with the synchronous baseline of the benchmark)
-
-
-class CsrMode:
-    """The paper's rule: at asr.threshold of the frame capacity, keep the newest (1 - asr.evict_fraction)."""
-    name = "csr"
-
-    def __init__(self, asr):
-        self.threshold, self.evict_fraction = asr.threshold, asr.evict_fraction
-
-    def trigger(self, frames_held: int, frame_capacity: int, approximate_evictions: int) -> str | None:
-        return TRIGGER_CSR if frames_held >= math.ceil(self.threshold * frame_capacity) else None
-
-    def keep(self, retained: list, frame_capacity: int, policy) -> list[int]:
-        drop = int(len(retained) * self.evict_fraction)
-        return [r.frame_id for r in retained[drop:]]
-
-
-class SemanticMode:
-    """After asr.semantic_evictions_before_rebuild approximate evictions, rebuild what the primary holds,
-    trimmed by its eviction policy to asr.rebuild_fill of the capacity (room for chunks arriving meanwhile)."""
-    name = "semantic"
-
-    def __init__(self, asr):
-        self.evictions_before_rebuild, self.rebuild_fill = asr.semantic_evictions_before_rebuild, asr.rebuild_fill
-
-    def trigger(self, frames_held: int, frame_capacity: int, approximate_evictions: int) -> str | None:
-        return TRIGGER_SEMANTIC if approximate_evictions >= self.evictions_before_rebuild else None
-
-    def keep(self, retained: list, frame_capacity: int, policy) -> list[int]:
-        frames = list(retained)
-        limit = max(1, int(self.rebuild_fill * frame_capacity))
-        while len(frames) > limit:
-            idx = policy.victim(frames, need_free=True)
-            if idx is None:
-                break
-            frames.pop(idx)
-        return [r.frame_id for r in frames]
-
-
-ASR_MODE_CLASSES = {cls.name: cls for cls in (CsrMode, SemanticMode)}
-
-
-def make_asr_mode(cfg: VlaConfig):
-    """The policy object of asr.mode (ValueError listing the known ones for any other name)."""
-    try:
-        return ASR_MODE_CLASSES[cfg.asr.mode](cfg.asr)
-    except KeyError:
-        raise ValueError(f"asr.mode {cfg.asr.mode!r} unknown; choose one of {sorted(ASR_MODE_CLASSES)}") from None
-
-
-# ----------------------------------------------------------------------------
 # The state machine
 
 
 @dataclass
 class Round:
-    """One reconciliation, version k."""
-    version: int
+    """One reconciliation: versions first_version .. version (its first offer, then each fresher one)."""
+    version: int                  # the round's newest version: planned at the trigger, +1 per re-offer
     trigger: str
     frame_ids: list               # rebuild order: the kept frames, then chunks that arrived during the round
     warm: int                     # frame_ids[:warm] is the warm-up set (the kept frames)
     dropped: list                 # frames the primary held at the trigger that the round leaves out
     started_s: float
+    first_version: int = 0
     done: int = 0                 # frame_ids[:done] are computed in the reconciler's arena
-    ready_s: float | None = None
-    offered_ids: list = field(default_factory=list)
-    late_since_offer: int = 0
+    offered: int = 0              # frame_ids[:offered] are in the newest offer
+    ready_s: float | None = None  # when the first offer was made
+
+    def holds(self, version: int) -> bool:
+        return self.first_version <= version <= self.version
 
 
 @dataclass
 class ReconcilerStats:
     rounds_started: int = 0
-    rounds_offered: int = 0
-    rounds_applied: int = 0
+    rounds_offered: int = 0       # rounds that reached their first offer
+    rounds_applied: int = 0       # rounds one of whose offers the primary applied
     rounds_aborted: int = 0
-    offers_withdrawn: int = 0
+    reoffers: int = 0             # fresher versions offered while the primary had not applied the round yet
     offers_rejected: int = 0
     tokens_computed: int = 0
     chunks_mirrored: int = 0
     duplicate_chunks: int = 0
+    aborts: dict = field(default_factory=lambda: dict.fromkeys(ABORT_REASONS, 0))    # reason -> rounds
     trigger_to_ready_ms: list = field(default_factory=list)
     trigger_to_applied_ms: list = field(default_factory=list)
 
@@ -199,14 +168,18 @@ class StateReconciler:
         self._round: Round | None = None
         self._inbox: deque = deque()      # ("chunk", StateChunk | Frame) | ("applied", v, ids) | ("rejected", v, why)
         self._offer_lock = threading.Lock()
-        self._offer: StateSnapshot | None = None
+        self._offer: StateSnapshot | None = None    # the newest offer, until taken
+        self._live: tuple | None = None             # (version, frame ids) of the current round's newest offer
         self.epoch = 0                    # primary restarts seen (restart_mirror); offers belong to one epoch
         self._clear_mirror()
 
     def _clear_mirror(self) -> None:
         """What this side knows of the primary's frames: nothing yet (at start, and after a restart)."""
         self._chunks: dict[int, StateChunk] = {}
-        self._last_offer: tuple[int, list] | None = None    # (version, frame ids) of the newest snapshot offered
+        # Recent offers (any may still be applied): version -> (frame ids, its round's first version, the round's
+        # start), and rounds aborted while one of their offers may still be applied: first version -> reason.
+        self._offers: OrderedDict = OrderedDict()
+        self._aborted: OrderedDict = OrderedDict()
         self._last_chunk_id = -1
         # Gaps in the mirror: open intervals (lo, hi) of frame ids never seen. Nothing is seen before
         # the first chunk (the primary may have admitted frames before this reconciler listened);
@@ -238,47 +211,100 @@ class StateReconciler:
         self._inbox.append(("gap",))
 
     def take_offer(self) -> StateSnapshot | None:
-        """The ready snapshot, once (call at a cycle boundary, then apply it and notify)."""
+        """The newest offer not taken yet, once (call at a cycle boundary, then apply it and notify)."""
         with self._offer_lock:
             snap, self._offer = self._offer, None
             return snap
 
     def notify_applied(self, version: int, late_frame_ids=None) -> None:
-        """The primary applied `version`; late_frame_ids: frames it recomputed after the snapshot
-        (Engine.last_swap.late); None: the reconciler's shadow decides."""
+        """The primary applied `version` (any offer of the round, or a recent earlier one); late_frame_ids:
+        frames it recomputed after the snapshot (FrameState.last_swap.late); None: the shadow decides."""
         self._inbox.append(("applied", int(version), None if late_frame_ids is None else list(late_frame_ids)))
 
     def notify_rejected(self, version: int, reason: str) -> None:
+        """The primary refused `version` (SnapshotError: it does not fit). A deferral (SwapDeferred: too
+        stale) is no rejection and is not reported: a fresher version follows anyway."""
         self._inbox.append(("rejected", int(version), reason))
 
     def stop(self) -> None:
         """Give up: withdraw any offer and do no more work (the primary keeps evicting on its own)."""
         with self._offer_lock:
             self._offer = None
+            self._live = None
             self.phase = Phase.STOPPED
         self._round = None
 
     # -------------------------------------------------------- reconciler side
 
     def tick(self, max_tokens: int | None = None) -> int:
-        """Drain the inbox, then at most one chunked-prefill step; returns the tokens computed."""
+        """Drain the inbox, then at most one chunked-prefill step, then an offer if one is due; returns the
+        tokens computed."""
         if not self.receive():
             return 0
-        return self._step(max_tokens or self.cfg.asr.warmup_tokens_per_step)
+        tokens = self._step(max_tokens or self.cfg.asr.warmup_tokens_per_step)
+        if self.offer_due:
+            self.make_offer()
+        return tokens
 
     def step(self, max_tokens: int) -> int:
-        """One chunked-prefill step of the round without draining the inbox first (call receive() for that):
-        what a scheduler times as the reconciler's device work. Returns the tokens computed."""
+        """One chunked-prefill step of the round without draining the inbox first (call receive() for that) and
+        without offering (make_offer): what a scheduler times as the reconciler's device work. Returns the tokens
+        computed (0 when every frame of the round is computed)."""
         if self.phase not in (Phase.WARMING, Phase.CATCHING_UP):
             return 0
         return self._step(max_tokens)
 
     def receive(self) -> bool:
-        """Drain the inbox only (cheap bookkeeping, may start a round); True when a step is due."""
+        """Drain the inbox only (cheap bookkeeping, may start a round); True when a step or an offer is due."""
         if self.phase is Phase.STOPPED:
             return False
         self._drain()
         return self.phase in (Phase.WARMING, Phase.CATCHING_UP)
+
+    @property
+    def frames_to_compute(self) -> int:
+        """Frames of the current round not computed yet."""
+        r = self._round
+        if r is None or self.phase not in (Phase.WARMING, Phase.CATCHING_UP):
+            return 0
+        return len(r.frame_ids) - r.done
+
+    @property
+    def offer_due(self) -> bool:
+        """Every frame of the round is computed and the newest offer (if any) holds fewer of them."""
+        r = self._round
+        return (self.phase in (Phase.WARMING, Phase.CATCHING_UP) and r is not None and r.done == len(r.frame_ids)
+                and (r.ready_s is None or r.offered < r.done))
+
+    def make_offer(self) -> StateSnapshot:
+        """Export the round's state as its next version and offer it (replacing an untaken older offer)."""
+        r = self._round
+        if not self.offer_due:
+            raise RuntimeError(f"make_offer: nothing to offer in phase {self.phase.value}")
+        if r.ready_s is not None:          # a fresher version of a round the primary has not applied yet
+            self.version += 1
+            r.version = self.version
+        snap = self.state.export_state(r.version)
+        snap.unseen = list(self._unseen)
+        snap.round = r.first_version
+        r.offered = r.done
+        self._offers[r.version] = (snap.frame_ids, r.first_version, r.started_s)
+        while len(self._offers) > MAX_OFFERS_TRACKED:
+            self._offers.popitem(last=False)
+        if r.ready_s is None:
+            r.ready_s = self.clock()
+            _append_capped(self.stats.trigger_to_ready_ms, (r.ready_s - r.started_s) * 1e3)
+            self.stats.rounds_offered += 1
+        else:
+            self.stats.reoffers += 1
+        with self._offer_lock:
+            if self.phase is Phase.STOPPED:      # stopped from another thread while this round ran
+                return snap
+            self._offer = snap
+            self._live = (r.version, snap.frame_ids)
+            self.phase = Phase.READY
+        self.k_ready = r.version
+        return snap
 
     @property
     def busy(self) -> bool:
@@ -286,10 +312,23 @@ class StateReconciler:
         return self.phase in (Phase.WARMING, Phase.CATCHING_UP) or bool(self._inbox)
 
     @property
+    def live_offer_version(self) -> int:
+        """The current round's newest offer (taken or not), 0 when none: a round applied, aborted or not
+        offered yet has nothing to hand out."""
+        live = self._live
+        return 0 if live is None else live[0]
+
+    @property
+    def live_round(self) -> int:
+        """The current round's first version (0: no round): the round an offer of it belongs to."""
+        r = self._round
+        return 0 if r is None else r.first_version
+
+    @property
     def offered_frame_ids(self) -> list[int] | None:
-        """Frame ids of the snapshot on offer now (None when nothing is on offer)."""
-        with self._offer_lock:
-            return None if self._offer is None else self._offer.frame_ids
+        """Frame ids of the current round's newest offer (None when it has none)."""
+        live = self._live
+        return None if live is None else list(live[1])
 
     @property
     def primary_frame_ids(self) -> list[int]:
@@ -298,11 +337,18 @@ class StateReconciler:
 
     def summary(self) -> dict:
         r = self._round
+        st = self.stats
+        applied = list(st.trigger_to_applied_ms)
+        ready = list(st.trigger_to_ready_ms)
         return {"phase": self.phase.value, "version": self.version, "k_ready": self.k_ready,
                 "k_applied": self.k_applied, "round_frames": len(r.frame_ids) if r else 0,
-                "round_done": r.done if r else 0, "primary_frames": len(self._shadow.retained()),
-                "approximate_evictions": self._approx_evictions, **{k: v for k, v in vars(self.stats).items()
-                                                                    if not isinstance(v, list)}}
+                "round_done": r.done if r else 0, "round_offered": r.offered if r else 0,
+                "primary_frames": len(self._shadow.retained()), "approximate_evictions": self._approx_evictions,
+                **{k: v for k, v in vars(st).items() if not isinstance(v, (list, dict))},
+                "rounds_aborted_by": dict(st.aborts),
+                "trigger_to_ready_ms_p50": percentile(ready, 50) if ready else "",
+                "trigger_to_applied_ms_p50": percentile(applied, 50) if applied else "",
+                "trigger_to_applied_ms_max": max(applied) if applied else ""}
 
     # ------------------------------------------------------------- internals
 
@@ -341,15 +387,11 @@ class StateReconciler:
         self._approx_evictions += len(admission.evicted)
         r = self._round
         if r is not None and self.phase is not Phase.STOPPED:
+            # The primary holds it too: the round catches it up (while READY too: the offer stays out and a
+            # fresher version follows once it is computed; its size is checked before the next step).
             r.frame_ids.append(chunk.frame_id)
             if self.phase is Phase.READY:
-                r.late_since_offer += 1
-                if len(r.frame_ids) > self.state.frame_capacity:
-                    # Taken but never reported applied (rejected, or its reader is gone), and too old to
-                    # apply without approximate eviction: start over from what the primary holds now.
-                    self._abort(f"offer v{r.version} and {r.late_since_offer} late chunks no longer fit")
-                elif r.late_since_offer > self.cfg.asr.max_late_chunks:
-                    self._withdraw_offer()
+                self.phase = Phase.CATCHING_UP
         self._prune_chunks()
         if self.phase is Phase.IDLE:
             self._maybe_start_round()
@@ -362,8 +404,9 @@ class StateReconciler:
         keep = self.mode.keep(retained, self.state.frame_capacity, self.policy)
         self.version += 1
         kept = set(keep)
-        self._round = Round(version=self.version, trigger=why, frame_ids=list(keep), warm=len(keep),
-                            dropped=[r.frame_id for r in retained if r.frame_id not in kept], started_s=self.clock())
+        self._round = Round(version=self.version, first_version=self.version, trigger=why, frame_ids=list(keep),
+                            warm=len(keep), dropped=[r.frame_id for r in retained if r.frame_id not in kept],
+                            started_s=self.clock())
         self.state.reset_frames()
         self.phase = Phase.WARMING
         self.stats.rounds_started += 1
@@ -371,63 +414,37 @@ class StateReconciler:
 
     def _step(self, max_tokens: int) -> int:
         r = self._round
-        todo = r.frame_ids[r.done:]
         if len(r.frame_ids) > self.state.frame_capacity:
-            self._abort(f"{len(r.frame_ids)} frames no longer fit the reconciler's {self.state.frame_capacity}")
+            self._abort(ABORT_NO_LONGER_FITS, f"{len(r.frame_ids)} frames no longer fit the reconciler's "
+                                              f"{self.state.frame_capacity}")
             return 0
-        tokens = 0
-        if todo:
-            batch = todo[:max(1, max_tokens // self.tpf)]
-            try:
-                self.state.append_chunks([self._chunks[f] for f in batch], allow_evict=False)
-            except KVCapacityError as exc:
-                self._abort(str(exc))
-                return 0
-            if not self.state.state_exact:     # e.g. a sliding_window policy capped the rebuild
-                self._abort(f"the reconciler's own {self.policy.name} policy evicted during the rebuild")
-                return 0
-            r.done += len(batch)
-            tokens = len(batch) * self.tpf
-            self.stats.tokens_computed += tokens
-        if self.phase is Phase.STOPPED:
-            return tokens
-        self.phase = Phase.WARMING if r.done < r.warm else Phase.CATCHING_UP
-        if r.done == len(r.frame_ids) and not self._inbox:
-            self._make_ready()
+        todo = r.frame_ids[r.done:]
+        if not todo:
+            return 0
+        batch = todo[:max(1, max_tokens // self.tpf)]
+        try:
+            self.state.append_chunks([self._chunks[f] for f in batch], allow_evict=False)
+        except KVCapacityError as exc:
+            self._abort(ABORT_NO_LONGER_FITS, str(exc))
+            return 0
+        if not self.state.state_exact:     # e.g. a sliding_window policy capped the rebuild
+            self._abort(ABORT_OWN_EVICTION, f"the reconciler's own {self.policy.name} policy evicted during "
+                                            f"the rebuild")
+            return 0
+        r.done += len(batch)
+        tokens = len(batch) * self.tpf
+        self.stats.tokens_computed += tokens
+        if self.phase is not Phase.STOPPED:
+            self.phase = Phase.WARMING if r.done < r.warm else Phase.CATCHING_UP
         return tokens
 
-    def _make_ready(self) -> None:
-        r = self._round
-        snap = self.state.export_state(r.version)
-        snap.unseen = list(self._unseen)
-        r.offered_ids = snap.frame_ids
-        r.late_since_offer = 0
-        self._last_offer = (r.version, list(snap.frame_ids))
-        if r.ready_s is None:
-            r.ready_s = self.clock()
-            self.stats.trigger_to_ready_ms.append((r.ready_s - r.started_s) * 1e3)
-        with self._offer_lock:
-            if self.phase is Phase.STOPPED:      # stopped from another thread while this round ran
-                return
-            self._offer = snap
-            self.phase = Phase.READY
-        self.k_ready = r.version
-        self.stats.rounds_offered += 1
-
-    def _withdraw_offer(self) -> None:
-        with self._offer_lock:
-            if self._offer is None:
-                return            # already taken: the primary will apply it and recompute the late chunks
-            self._offer = None
-        self.stats.offers_withdrawn += 1
-        self.phase = Phase.CATCHING_UP
-
     def _on_applied(self, version: int, late_ids) -> None:
-        if self._last_offer is None or self._last_offer[0] != version:
-            log.warning("primary applied v%s, which is not the newest offer (%s)", version,
-                        self._last_offer and self._last_offer[0])
+        entry = self._offers.get(version)
+        if entry is None or version <= self.k_applied:
+            log.warning("primary applied v%s, which is not a recent offer (newest applied v%d)", version,
+                        self.k_applied)
             return
-        offered = self._last_offer[1]
+        offered, round_first, round_started = entry
         if late_ids is None:        # what the primary keeps by its own rule: frames newer than the snapshot
             newest = max(offered, default=-1)
             late_ids = [f for f in self.primary_frame_ids if f > newest]
@@ -441,21 +458,37 @@ class StateReconciler:
                                                   reserve=self.state.suffix_reserve).evicted)
         self._approx_evictions = evicted
         self.k_applied = version
-        self.stats.rounds_applied += 1
+        for v in [v for v in self._offers if v <= version]:
+            del self._offers[v]
         r = self._round
-        if r is not None and r.version == version:
-            self.stats.trigger_to_applied_ms.append((self.clock() - r.started_s) * 1e3)
+        if r is not None and r.holds(version):
+            self.stats.rounds_applied += 1
+            _append_capped(self.stats.trigger_to_applied_ms, (self.clock() - r.started_s) * 1e3)
+            with self._offer_lock:        # the round's fresher offers are moot: the primary is exact already
+                self._offer = None
+                self._live = None
+                if self.phase is not Phase.STOPPED:
+                    self.phase = Phase.IDLE
             self._round = None
-            if self.phase is not Phase.STOPPED:
-                self.phase = Phase.IDLE
+        elif round_first in self._aborted:
+            # Taken before this side aborted its round, and applied: the round ended in a swap after all.
+            reason = self._aborted.pop(round_first)
+            self.stats.rounds_aborted -= 1
+            self.stats.aborts[reason] -= 1
+            self.stats.rounds_applied += 1
+            _append_capped(self.stats.trigger_to_applied_ms, (self.clock() - round_started) * 1e3)
+            log.info("primary applied v%d of a round aborted here meanwhile (%s): counted as applied", version, reason)
         self._prune_chunks()
         log.debug("ASR v%d applied by the primary (%d late frames recomputed there)", version, len(late_ids))
         if self.phase is Phase.IDLE:
             self._maybe_start_round()
 
     def _on_restart(self) -> None:
+        if self._round is not None and self.phase is not Phase.STOPPED:
+            self._count_abort(ABORT_PRIMARY_RESTARTED)
         with self._offer_lock:
             self._offer = None
+            self._live = None
             if self.phase is not Phase.STOPPED:
                 self.phase = Phase.IDLE
         self._round = None
@@ -466,27 +499,44 @@ class StateReconciler:
 
     def _on_rejected(self, version: int, reason: str) -> None:
         self.stats.offers_rejected += 1
-        if self._round is not None and self._round.version == version:
-            self._abort(f"primary rejected v{version}: {reason}")
+        if self._round is not None and self._round.holds(version):
+            self._abort(ABORT_REJECTED, f"primary rejected v{version}: {reason}")
 
-    def _abort(self, reason: str) -> None:
-        log.warning("ASR round v%d aborted: %s", self._round.version, reason)
+    def _abort(self, reason: str, detail: str) -> None:
+        log.warning("ASR round v%d aborted (%s): %s", self._round.version, reason, detail)
+        self._count_abort(reason)
+        if self._round.ready_s is not None:       # an offer of it may be on its way to the primary still
+            self._aborted[self._round.first_version] = reason
+            while len(self._aborted) > MAX_OFFERS_TRACKED:
+                self._aborted.popitem(last=False)
         with self._offer_lock:
             self._offer = None
+            self._live = None
         self._round = None
         self.phase = Phase.IDLE
-        self.stats.rounds_aborted += 1
         self._prune_chunks()
 
+    def _count_abort(self, reason: str) -> None:
+        self.stats.rounds_aborted += 1
+        self.stats.aborts[reason] += 1
+
     def _prune_chunks(self) -> None:
-        """Keep the rows of frames the primary holds or the round needs; nothing else."""
+        """Keep the rows of frames the primary holds, the round needs or a recent offer holds; nothing else."""
         needed = set(self.primary_frame_ids)
         if self._round is not None:
             needed.update(self._round.frame_ids)
-        if self._last_offer is not None and self._last_offer[0] > self.k_applied:
-            needed.update(self._last_offer[1])          # taken, maybe still to be applied
+        for version, (frame_ids, _round, _started) in self._offers.items():
+            if version > self.k_applied:
+                needed.update(frame_ids)          # offered, maybe taken and still to be applied
         for fid in [f for f in self._chunks if f not in needed]:
             del self._chunks[fid]
+
+
+def _append_capped(values: list, value: float) -> None:
+    """Append, keeping the newest MAX_ROUND_TIMES (a list: callers serialise the stats as they are)."""
+    values.append(float(value))
+    if len(values) > MAX_ROUND_TIMES:
+        del values[:len(values) - MAX_ROUND_TIMES]
 
 
 # ----------------------------------------------------------------------------
@@ -508,9 +558,10 @@ class InProcessAsr:
     work="interleaved": the caller gives the reconciler the idle time after
     each cycle (`work_until`); work="thread": it runs on its own thread at a
     raised niceness (numpy releases the GIL in its matmuls). Swaps are applied
-    at the start of a cycle and their cost is counted in that cycle. With
-    reconciler=None (absent) or after it stopped or died, the primary serves
-    and evicts approximately on its own.
+    at the start of a cycle and their cost is counted in that cycle; an offer
+    too stale to apply (SwapDeferred) is counted in `deferred` and the next,
+    fresher one is awaited. With reconciler=None (absent) or after it stopped
+    or died, the primary serves and evicts approximately on its own.
     """
 
     def __init__(self, primary: Engine, reconciler: StateReconciler | None, work: str = "interleaved"):
@@ -520,6 +571,7 @@ class InProcessAsr:
         self.reconciler = reconciler
         self.work = work
         self.reconciler_error: BaseException | None = None
+        self.deferred: Counter = Counter()        # offers not applied because too stale, by SwapDeferred.reason
         asr = primary.cfg.asr
         self.scheduler = SlackScheduler(primary.cfg.vision.tokens_per_frame,
                                         max(asr.warmup_tokens_per_step, primary.cfg.vision.tokens_per_frame),
@@ -561,7 +613,8 @@ class InProcessAsr:
         tokens = 0
         if not self._guarded(rec.receive):
             return 0
-        while rec.phase in (Phase.WARMING, Phase.CATCHING_UP):
+        sched.new_window()
+        while rec.frames_to_compute:
             frames = sched.frames_for((deadline_perf - time.perf_counter()) * 1e3)
             if frames < 1:
                 break
@@ -572,6 +625,11 @@ class InProcessAsr:
             self._guarded(rec.state.backend.synchronize)
             sched.observe((time.perf_counter() - t) * 1e3, done)
             tokens += done
+        if rec.offer_due and sched.offer_fits((deadline_perf - time.perf_counter()) * 1e3):
+            t = time.perf_counter()
+            if self._guarded(rec.make_offer):
+                self._guarded(rec.state.backend.synchronize)
+                sched.observe_offer((time.perf_counter() - t) * 1e3)
         return tokens
 
     @property
@@ -601,6 +659,10 @@ class InProcessAsr:
             return None
         try:
             self.primary.state.import_state(snap)
+        except SwapDeferred as exc:          # too stale: the round goes on and offers a fresher version
+            log.debug("%s", exc)
+            self.deferred[exc.reason] += 1
+            return None
         except SnapshotError as exc:
             log.warning("swap v%d rejected: %s", snap.version, exc)
             rec.notify_rejected(snap.version, str(exc))

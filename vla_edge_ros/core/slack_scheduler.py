@@ -3,13 +3,26 @@
 The control cycle is periodic and its cost predicted; the reconciler's
 rebuild is bulk work with a deadline of "soon". So the rebuild runs in steps
 sized to the gap between the end of one cycle and the next boundary (minus
-`asr.slack_margin_ms`), never across a boundary. The step size comes from an
-EMA of the reconciler's own measured cost per token (device time: the caller
-synchronizes before reading its clock), with HEADROOM for its spread. With no
-measurement yet, one frame is tried: the smallest step there is (twice: the
-first step's cost includes one-time work and is not used as a measurement). A step that
-does not fit is never started; when none fits for long, `starved` says so, and the
-estimate is relaxed toward the cheap end of the costs actually measured (see RELAX_FACTOR).
+`asr.slack_margin_ms`), never across a boundary. A step of k frames is one
+forward over k * tokens_per_frame rows; its cost is measured per step size
+(core/step_costs.py: device time, the caller synchronizes before reading its
+clock) and the largest step whose cost, estimated conservatively for sizes not
+measured yet, fits the gap with HEADROOM is planned, up to
+`asr.warmup_tokens_per_step`. Offering the rebuilt state (exporting its KV) is
+device work too and is planned the same way (`offer_fits`).
+
+Protections kept from the one-cost-per-token schedule before:
+  - the first step of a process pays one-time costs (first launches, lazy
+    allocations): it is not a measurement; one frame is probed again;
+  - a step of unknown cost (such a probe) is only started as the first step of
+    a gap (`new_window`) and with at least PROBE_MIN_SHARE of the gap left, never
+    in what is left of one: on the loaded 2-core CI machine a probe started with
+    2.3 ms of a 25 ms gap left (the inbox had taken the rest) ran 2.3 ms into the
+    next cycle;
+  - a step that does not fit is never started; when none fits for
+    STARVED_AFTER_WINDOWS gaps, `starved` says so and the estimates are relaxed
+    toward the cheap end of the costs actually measured (RELAX_FACTOR);
+  - the summary gives the spread of the latest steps' costs per token.
 
 Both drivers use it: the reconciler node (core/swap_protocol.ReconcilerWorker,
 windows read from the reasoning node's core/cycle_clock.py) and the in-process
@@ -20,23 +33,25 @@ from __future__ import annotations
 from collections import deque
 
 from .metrics import percentile
+from .step_costs import CostTrack, StepCosts
 
 HEADROOM = 1.25       # planned step cost x this must fit the window (a step's device time varies little)
-EMA_ALPHA = 0.3       # weight of the newest step's cost per token
 # A step that does not fit is never tried "to see": on the H200 such one-frame tries (12 ms in a 5 ms gap)
 # were exactly the late cycles this schedule exists to prevent. When this many gaps in a row fit nothing,
 # the caller is told (`starved`): the primary's slack is too small for any reconciler step.
 STARVED_AFTER_WINDOWS = 100
 # An estimate that fits nothing is never measured again, so one burst of expensive steps (a loaded CPU in CI:
 # one frame measured at 18 ms) used to starve the reconciler for good. Each STARVED_AFTER_WINDOWS declined
-# windows, the estimate is multiplied by this, but never below the 10th percentile of the recent steps' costs:
-# a cost this process has really measured, so the schedule never plans a step cheaper than one it has seen.
+# windows, the estimates are multiplied by this, but never below the 10th percentile of the recent samples of
+# their size: a cost this process has really measured, so the schedule never plans a step cheaper than one it
+# has seen.
 RELAX_FACTOR = 0.5
 RELAX_FLOOR_PERCENTILE = 10
 # The summary's spread of step costs covers this many latest steps. Why it is reported: on the H200 the
 # reconciler's steps cost 0.10 ms per token in one demo and 0.40 in the next two with the same kernels; the
 # spread, and the share of it spent on the host before the device work was queued, say which kind of cost grew.
 RECENT_STEPS = 256
+PROBE_MIN_SHARE = 0.5   # a step of unknown cost starts only with at least this share of its gap left
 
 
 class SlackScheduler:
@@ -47,74 +62,124 @@ class SlackScheduler:
         self.tpf = int(tokens_per_frame)
         self.max_frames = int(max_tokens_per_step) // self.tpf
         self.margin_ms = float(margin_ms)
-        self.ms_per_token: float | None = None
+        self.costs = StepCosts()
+        self.offer_cost = CostTrack()                       # exporting an offer (the first one not measured)
         self.warmup_ms_per_token: float | None = None     # the first step's cost (observe says why apart)
+        self.first_offer_ms: float | None = None
         self.steps = 0
+        self.offers = 0
         self.windows_too_small = 0
+        self.offers_postponed = 0
         self.relaxations = 0
         self._declined_in_a_row = 0
+        self._offers_declined_in_a_row = 0
+        self._probe_allowed = True                          # a step of unknown cost: first in a window only
+        self._gap_ms: float | None = None                   # the whole current gap, where the driver knows it
         self._recent: deque = deque(maxlen=RECENT_STEPS)    # (ms per token, host ms per token or None)
 
+    # ------------------------------------------------------------------ plans
+
+    def new_window(self, gap_ms: float | None = None) -> None:
+        """A new gap begins (the drivers call it before its first frames_for); gap_ms: its whole length, from
+        the cycle's end to the next boundary (None: unknown, any usable time will do for a probe)."""
+        self._probe_allowed = True
+        self._gap_ms = gap_ms
+
     def frames_for(self, window_ms: float) -> int:
-        """Whole frames to compute in a window of `window_ms` (0: wait for the next window)."""
+        """Whole frames to compute in a window of `window_ms` (0: wait for the next window): the largest step
+        size, up to the cap and the sizes eligible so far, whose estimated cost x HEADROOM fits."""
         usable = window_ms - self.margin_ms
         if usable <= 0:
-            self.windows_too_small += 1
-            self._declined_in_a_row += 1
-            return 0
-        if self.ms_per_token is None:
-            return 1
-        frames = min(self.max_frames, int(usable / (HEADROOM * self.ms_per_token * self.tpf)))
-        if frames >= 1:
+            return self._decline()
+        if not self.costs.by_frames:       # nothing measured (or only the warm-up step): probe one frame,
+            whole = self._gap_ms is None or window_ms >= PROBE_MIN_SHARE * self._gap_ms     # in most of a gap,
+            probe, self._probe_allowed = self._probe_allowed and whole, False              # as its first step
+            return 1 if probe else 0
+        best = 0
+        for frames in range(1, self.costs.eligible(self.max_frames) + 1):
+            if HEADROOM * self.costs.estimate(frames) <= usable:
+                best = frames
+        if best:
             self._declined_in_a_row = 0
-            return frames
-        self.windows_too_small += 1
-        self._declined_in_a_row += 1
-        if self._declined_in_a_row % STARVED_AFTER_WINDOWS == 0:
-            self._relax()
-        return 0
+            return best
+        return self._decline()
 
-    def _relax(self) -> None:
-        """Lower an estimate that has fitted nothing for STARVED_AFTER_WINDOWS windows (RELAX_FACTOR says why)."""
-        floor = percentile([r for r, _ in self._recent], RELAX_FLOOR_PERCENTILE) if self._recent else None
-        if floor is not None and floor < self.ms_per_token:
-            self.ms_per_token = max(floor, self.ms_per_token * RELAX_FACTOR)
+    def offer_fits(self, window_ms: float) -> bool:
+        """Whether exporting an offer fits the window (the first export is tried whenever any time is left)."""
+        usable = window_ms - self.margin_ms
+        fits = usable > 0 and (self.offer_cost.ema is None or HEADROOM * self.offer_cost.ema <= usable)
+        if fits:
+            self._offers_declined_in_a_row = 0
+            return True
+        self.offers_postponed += 1
+        self._offers_declined_in_a_row += 1
+        if self._offers_declined_in_a_row % STARVED_AFTER_WINDOWS == 0 and self.offer_cost.relax(
+                RELAX_FACTOR, RELAX_FLOOR_PERCENTILE):
             self.relaxations += 1
+        return False
+
+    def planned_ms(self, frames: int) -> float | None:
+        """The cost planned for a step of `frames` frames, with headroom (None before any measurement)."""
+        est = self.costs.estimate(frames)
+        return None if est is None else HEADROOM * est
+
+    def one_frame_ms(self) -> float | None:
+        """The planned cost of the smallest step, with headroom (for the starvation warning)."""
+        return self.planned_ms(1)
 
     @property
     def starved(self) -> bool:
         """True once STARVED_AFTER_WINDOWS gaps in a row fitted no step: nothing will finish on this schedule."""
         return self._declined_in_a_row >= STARVED_AFTER_WINDOWS
 
-    def one_frame_ms(self) -> float | None:
-        """The planned cost of the smallest step, with headroom (for the starvation warning)."""
-        return None if self.ms_per_token is None else HEADROOM * self.ms_per_token * self.tpf
+    # ----------------------------------------------------------- measurements
 
     def observe(self, elapsed_ms: float, tokens: int, host_ms: float | None = None) -> None:
-        """One step's measured cost (device work finished) for `tokens` tokens; host_ms, where the caller
-        knows it, the part before the step's device work was all queued (Python, table uploads). The first
-        step is not a measurement: it pays one-time costs (the first launches of a process, a graph
-        capture), ~4x a later step on the H200, and taken as the estimate it declined every later window.
-        So the next window probes one frame again, and the estimate starts from the second step."""
+        """One step's measured cost (device work finished) for `tokens` tokens (whole frames); host_ms, where the
+        caller knows it, the part before the step's device work was all queued (Python, table uploads). The first
+        step is not a measurement: it pays one-time costs (the first launches of a process, a graph capture),
+        ~4x a later step on the H200, and taken as the estimate it declined every later window. So the next
+        window probes one frame again, and the estimates start from the second step."""
         if tokens <= 0:
             return
         self.steps += 1
         if self.steps == 1:
             self.warmup_ms_per_token = elapsed_ms / tokens
             return
-        rate = elapsed_ms / tokens
-        self.ms_per_token = rate if self.ms_per_token is None else (1 - EMA_ALPHA) * self.ms_per_token + EMA_ALPHA * rate
-        self._recent.append((rate, None if host_ms is None else host_ms / tokens))
+        self.costs.observe(max(1, tokens // self.tpf), elapsed_ms)
+        self._recent.append((elapsed_ms / tokens, None if host_ms is None else host_ms / tokens))
+
+    def observe_offer(self, elapsed_ms: float) -> None:
+        """One export's measured cost; the first one of a process is not a measurement (as for steps)."""
+        self.offers += 1
+        if self.offers == 1:
+            self.first_offer_ms = elapsed_ms
+            return
+        self.offer_cost.observe(elapsed_ms)
 
     def summary(self) -> dict:
-        """The estimate, the warm-up step, the counts, and the spread of the latest steps' costs per token
+        """The estimates, the warm-up step, the counts, and the spread of the latest steps' costs per token
         (p10 / p50 / p90, metrics.percentile; host: the median share before the device work was queued). ""
         where unknown."""
         rates = [r for r, _ in self._recent]
         hosts = [h for _, h in self._recent if h is not None]
-        return {"step_ms_per_token": self.ms_per_token if self.ms_per_token is not None else "",
+        largest = self.costs.largest_measured
+        return {"step_ms_per_token": self.costs.estimate(largest) / (largest * self.tpf) if largest else "",
+                "largest_step_frames": largest or "",
+                "step_ms_by_frames": {str(k): round(ms, 3) for k, ms in self.costs.measured().items()},
                 "warmup_step_ms_per_token": self.warmup_ms_per_token if self.warmup_ms_per_token is not None else "",
                 **{f"step_ms_per_token_p{q}": percentile(rates, q) if rates else "" for q in (10, 50, 90)},
                 "step_host_ms_per_token_p50": percentile(hosts, 50) if hosts else "",
-                "steps": self.steps, "windows_too_small": self.windows_too_small, "relaxations": self.relaxations,
-                "starved": self.starved}
+                "offer_ms": self.offer_cost.ema if self.offer_cost.ema is not None else "",
+                "steps": self.steps, "windows_too_small": self.windows_too_small,
+                "offers_postponed": self.offers_postponed, "relaxations": self.relaxations, "starved": self.starved}
+
+    # -------------------------------------------------------------- internals
+
+    def _decline(self) -> int:
+        self.windows_too_small += 1
+        self._declined_in_a_row += 1
+        if self._declined_in_a_row % STARVED_AFTER_WINDOWS == 0 and self.costs.relax(RELAX_FACTOR,
+                                                                                     RELAX_FLOOR_PERCENTILE):
+            self.relaxations += 1
+        return 0

@@ -58,6 +58,9 @@ class StateSnapshot:
     # Frame ids the snapshot's author never saw: open intervals (lo, hi) of ids, e.g. while the reconciler
     # was inactive or after lost chunk messages. It made no decision about those frames (see never_saw).
     unseen: list = field(default_factory=list)
+    # The version of the first offer of the reconciliation round this snapshot belongs to: a round offers
+    # fresher versions while it waits for the primary, and once one of them is applied the others are moot.
+    round: int = 0
 
     def never_saw(self, frame_id: int) -> bool:
         """True when `frame_id` fell in a gap of the author's mirror: not dropped on purpose."""
@@ -77,7 +80,7 @@ class StateSnapshot:
         prefix = None if self.prefix_ids is None else [int(t) for t in self.prefix_ids]
         meta = {"version": self.version, "next_position": self.next_position, "prefix_ids": prefix,
                 "frames": [[f.frame_id, f.stamp_s, f.position_start] for f in self.frames],
-                "unseen": [[int(lo), int(hi)] for lo, hi in self.unseen]}
+                "unseen": [[int(lo), int(hi)] for lo, hi in self.unseen], "round": int(self.round)}
         pooled = np.stack([f.pooled for f in self.frames]) if self.frames else np.zeros((0, 0), np.float32)
         # KV left on a device (a DeviceKV) travels by its IPC handle in the swap offer, not in the file.
         host_kv = self.kv if isinstance(self.kv, np.ndarray) else np.zeros(0, np.float32)
@@ -102,7 +105,7 @@ class StateSnapshot:
                    next_position=int(meta["next_position"]),
                    prefix_ids=None if prefix is None else np.asarray(prefix, dtype=np.int64),
                    rows=rows if frames else None,
-                   unseen=[(int(lo), int(hi)) for lo, hi in meta.get("unseen", [])])
+                   unseen=[(int(lo), int(hi)) for lo, hi in meta.get("unseen", [])], round=int(meta.get("round", 0)))
 
     def check_against(self, *, prefix_ids: np.ndarray, tokens_per_frame: int, num_layers: int, kv_dim: int,
                       hidden_size: int) -> None:

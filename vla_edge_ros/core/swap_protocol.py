@@ -16,24 +16,41 @@ Reconciler process, `ReconcilerWorker`:
                                       (`StateReconciler.mark_gap`); the numbering back at
                                       1 is a restarted reasoning node: the mirror is
                                       cleared and older offers are void
-    a worker thread                   runs `StateReconciler.tick` (bounded chunked-prefill
-                                      steps) and, when version k is ready, takes the offer
+    a worker thread                   runs the reconciler's steps (bounded chunked-prefill,
+                                      on the slack schedule sized by core/slack_scheduler.py)
+                                      and, whenever a (fresher) version is offered, takes it
                                       and writes it with `SnapshotStore.publish` (atomic:
-                                      temporary name, then rename; by default in /dev/shm)
+                                      temporary name, then rename; by default in /dev/shm);
+                                      an offer whose round ended (applied or aborted) is
+                                      withdrawn
     answer()                          the std_srvs/Trigger response of /vla/reconciler/swap
 
+What the primary may still read is never overwritten: the offer last answered
+("handed out") keeps its snapshot file and, on a GPU, its KV export buffer
+(DeviceKvExporter.protect) until the primary reports a version at least as new
+applied or asks again. Asking again means it is done with the previous answer:
+SwapClient sends no request while an offer is loading, waiting for a boundary or
+being applied, and ignores an answer to a request it gave up on. So a fresher
+re-export never lands in a buffer the primary is copying from.
+
 Wire format of that response:
-    success=True,  message={"version": k, "path": ".../state_v000007.npz", "frames": n, "newest_frame_id": id}
+    success=True,  message={"version": k, "round": r, "path": ".../state_v000007.npz", "frames": n,
+                            "newest_frame_id": id, "kv": {...CUDA IPC descriptor, GPU only}}
     success=False, message={"version": 0, "reason": "..."}                (nothing offered yet)
+    (round: the first version of the reconciliation round; the round's later versions are fresher
+    re-offers of the same rebuild, moot once any of them is applied)
 
 Reasoning process, `SwapClient` (thread-safe; three threads touch it):
-    executor timer  `want_request()`: at most one request in flight, one per poll period;
-                    a request unanswered for `request_timeout_s` is abandoned (reconciler gone)
-    executor        `on_response(success, message)`: an offer newer than the applied version
-                    (and not one already rejected) is read by `load_offer` on a loader thread
-    cycle thread    `take_ready()` at a cycle boundary -> `Engine.import_state` (which keeps
-                    the frames admitted after the snapshot by recomputing them over it), then
-                    `mark_applied` or `mark_rejected`
+    executor timer  `want_request()`: at most one request in flight, one per poll period, none
+                    while an offer is loading or waiting to be applied; a request unanswered for
+                    `request_timeout_s` is abandoned (reconciler gone), and its answer ignored
+    executor        `on_response(success, message, request_id)`: an offer newer than the applied,
+                    rejected and deferred versions, of a round not applied yet, is read by
+                    `load_offer` on a loader thread
+    cycle thread    `apply_ready(state, cycle_id)` at a cycle boundary -> FrameState.import_state
+                    (which keeps the frames admitted after the snapshot by recomputing them over
+                    it): applied, rejected (SnapshotError: never loaded again) or deferred
+                    (SwapDeferred: too stale, a fresher version is coming), timed in parts
 """
 from __future__ import annotations
 
@@ -51,17 +68,18 @@ from pathlib import Path
 import numpy as np
 
 from ..model.cuda_device import bound
+from .engine_state import DEFER_STALE, SwapDeferred, SwapReport
 from .frames import Frame
-from .reconciliation import Phase
+from .metrics import percentile
 from .slack_scheduler import SlackScheduler
 from .stale_snapshots import remove_stale_snapshot_dirs, snapshot_dir_prefix
-from .state_snapshot import StateSnapshot
+from .state_snapshot import SnapshotError, StateSnapshot
 
 log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
-KEEP_VERSIONS = 2          # snapshot files kept: the newest offer and the one before it (may still be loading)
-TIMING_SAMPLES = 256      # swap timings kept for the diagnostics' last / max
+TIMING_SAMPLES = 256      # swap timings kept for the diagnostics' percentiles
+SWAP_TIMINGS = ("apply_ms", "kv_copy_ms", "recompute_ms", "rest_ms")   # a swap at the boundary, and its parts
 STARVED_LOG_PERIOD_S = 30.0   # slack schedule: how often a starved reconciler says so
 WINDOW_POLL_S = 0.0005   # slack schedule: how often the worker looks for the primary's next cycle end
 IDLE_WAIT_S = 0.01         # worker thread: longest sleep when the reconciler has nothing to do (woken on a chunk)
@@ -78,9 +96,10 @@ class SwapOffer:
     frames: int
     newest_frame_id: int
     kv: dict | None = None         # CUDA IPC descriptor of KV left on the reconciler's GPU (model/cuda_ipc.py)
+    round: int = 0                 # first version of its reconciliation round (0: unknown)
 
     def to_message(self) -> str:
-        data = {"version": self.version, "path": self.path, "frames": self.frames,
+        data = {"version": self.version, "round": self.round, "path": self.path, "frames": self.frames,
                 "newest_frame_id": self.newest_frame_id}
         if self.kv is not None:
             data["kv"] = self.kv
@@ -94,7 +113,7 @@ class SwapOffer:
             if kv is not None and not isinstance(kv, dict):
                 raise TypeError(f"'kv' must be an object, got {type(kv).__name__}")
             return cls(version=int(data["version"]), path=str(data["path"]), frames=int(data["frames"]),
-                       newest_frame_id=int(data["newest_frame_id"]), kv=kv)
+                       newest_frame_id=int(data["newest_frame_id"]), kv=kv, round=int(data.get("round", 0)))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SwapProtocolError(f"swap answer is not an offer ({exc}): {message[:200]!r}") from exc
 
@@ -108,7 +127,7 @@ def not_ready_message(reason: str) -> str:
 
 
 class SnapshotStore:
-    """Snapshot files of one reconciler: a private directory, atomic writes, the newest two kept."""
+    """Snapshot files of one reconciler: a private directory, atomic writes; its owner says which to keep."""
 
     def __init__(self, directory: Path | None = None):
         if directory is None:
@@ -122,11 +141,20 @@ class SnapshotStore:
         """Write the snapshot file; KV left on a GPU goes in the offer as its CUDA IPC descriptor instead."""
         on_device = snap.kv is not None and not isinstance(snap.kv, np.ndarray)     # a DeviceKV (model/)
         descriptor = snap.kv.ipc_descriptor() if on_device else None
-        path = snap.save(self.directory / f"state_v{snap.version:06d}.npz")
-        for old in sorted(self.directory.glob("state_v*.npz"))[:-KEEP_VERSIONS]:
-            old.unlink(missing_ok=True)
+        path = snap.save(self.directory / self.file_name(snap.version))
         return SwapOffer(version=snap.version, path=str(path), frames=len(snap.frames),
-                         newest_frame_id=snap.newest_frame_id, kv=descriptor)
+                         newest_frame_id=snap.newest_frame_id, kv=descriptor, round=snap.round)
+
+    def keep_only(self, versions) -> None:
+        """Delete every snapshot file but those of `versions`."""
+        keep = {self.file_name(v) for v in versions}
+        for old in self.directory.glob("state_v*.npz"):
+            if old.name not in keep:
+                old.unlink(missing_ok=True)
+
+    @staticmethod
+    def file_name(version: int) -> str:
+        return f"state_v{version:06d}.npz"
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -148,6 +176,12 @@ class ReconcilerWorker:
         self.offer: SwapOffer | None = None       # replaced whole: readers on other threads see old or new
         self._offer_epoch = 0                     # the reconciler's epoch when that offer was made
         self._primary_epoch = 0                   # primary restarts seen here (chunk numbering back at 1)
+        # The offer last answered to the primary: it may be loading it or copying its KV, so its file and its
+        # export buffer stay until a version at least as new is applied or the primary asks again.
+        self._handout_lock = threading.Lock()
+        self._handed_out: SwapOffer | None = None
+        self.handouts = 0                         # answers that carried an offer
+        self.withdrawn = 0                        # published offers withdrawn because their round ended
         self.error: BaseException | None = None
         self._notified = 0                        # newest version reported applied to the reconciler
         self._last_seq: int | None = None         # sequence number of the last chunk received
@@ -174,16 +208,24 @@ class ReconcilerWorker:
         if self._notified < primary_version <= rec.k_ready:
             rec.notify_applied(primary_version, None)     # the reconciler's shadow works out the late frames
             self._notified = primary_version
+            with self._handout_lock:                      # the primary is done with offers up to it
+                if self._handed_out is not None and self._handed_out.version <= primary_version:
+                    self._handed_out = None
+                    self._protect_handout()
         rec.mirror_chunk(frame)
         self._wake.set()
 
     def answer(self) -> tuple[bool, str]:
-        """(success, message) of a swap request."""
-        offer, epoch = self.offer, self._offer_epoch
-        if offer is None:
-            return False, not_ready_message(f"no reconciled state yet (phase {self.reconciler.phase.value})")
-        if epoch != self._primary_epoch:
-            return False, not_ready_message("the reasoning node restarted: rebuilding the mirror")
+        """(success, message) of a swap request. An offer answered is "handed out" (see the module docstring)."""
+        with self._handout_lock:
+            offer, epoch = self.offer, self._offer_epoch
+            if offer is None:
+                return False, not_ready_message(f"no reconciled state yet (phase {self.reconciler.phase.value})")
+            if epoch != self._primary_epoch:
+                return False, not_ready_message("the reasoning node restarted: rebuilding the mirror")
+            self._handed_out = offer
+            self.handouts += 1
+            self._protect_handout()
         return True, offer.to_message()
 
     # -- worker thread -------------------------------------------------------
@@ -206,7 +248,8 @@ class ReconcilerWorker:
         offer = self.offer
         sched = self.scheduler.summary() if self.scheduler is not None else {}
         return {**self.reconciler.summary(), "offered_version": offer.version if offer else 0,
-                "offered_frames": offer.frames if offer else 0, "worker_error": repr(self.error) if self.error else "",
+                "offered_frames": offer.frames if offer else 0, "offers_handed_out": self.handouts,
+                "offers_withdrawn": self.withdrawn, "worker_error": repr(self.error) if self.error else "",
                 "schedule": "slack" if self.scheduler is not None else "free", **sched}
 
     def _run(self) -> None:
@@ -221,10 +264,12 @@ class ReconcilerWorker:
                 worked = self._step()
                 snap = rec.take_offer()
                 if rec.epoch != self._offer_epoch:
-                    self.offer, self._offer_epoch = None, rec.epoch      # offers of a previous primary are void
+                    with self._handout_lock:     # offers of a previous primary are void
+                        self.offer, self._offer_epoch = None, rec.epoch
                 if snap is not None:
-                    self.offer = self.store.publish(snap)
-                    log.debug("offering state v%d (%d frames) at %s", snap.version, len(snap.frames), self.offer.path)
+                    self._publish(snap)
+                elif self.offer is not None and rec.live_offer_version == 0:
+                    self._withdraw()             # its round was applied (or aborted): nothing left to hand out
             except (KeyError, ValueError, RuntimeError, ArithmeticError, MemoryError, OSError) as exc:
                 # The reasoning node does not depend on us: stop offering, keep the node up, say why.
                 log.exception("reconciler worker failed; no further offers")
@@ -236,31 +281,53 @@ class ReconcilerWorker:
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
 
+    def _publish(self, snap: StateSnapshot) -> None:
+        offer = self.store.publish(snap)
+        with self._handout_lock:
+            self.offer = offer
+            self.store.keep_only({offer.version} | ({self._handed_out.version} if self._handed_out else set()))
+        log.debug("offering state v%d (round %d, %d frames) at %s", snap.version, snap.round, len(snap.frames),
+                  offer.path)
+
+    def _withdraw(self) -> None:
+        with self._handout_lock:
+            self.offer = None
+            self.withdrawn += 1
+            self.store.keep_only({self._handed_out.version} if self._handed_out else set())
+
+    def _protect_handout(self) -> None:
+        """The export buffer of the offer handed out is not rewritten (call with the handout lock held)."""
+        exporter = self.reconciler.state.kv_export
+        if exporter is not None:                 # a GPU reconciler: its offers' KV stays in its export buffers
+            held = self._handed_out
+            exporter.protect(() if held is None or held.kv is None else (int(held.kv["buffer"]),))
 
     def _step(self) -> int:
         """One bounded piece of reconciler work; on the slack schedule only in the gap after a primary cycle,
-        sized to end before its next boundary (core/slack_scheduler.py). Returns the tokens computed."""
+        sized to end before its next boundary (core/slack_scheduler.py): steps of the largest size that fits,
+        then the offer if one is due and fits. Returns the tokens computed."""
         rec = self.reconciler
         if self.scheduler is None:
             return rec.tick()
         if not rec.receive():
             return 0
-        window = self.clock.window()
+        window = self.clock.gap_window()
         if window is None:                        # no live primary cycles: nothing to protect
             return rec.tick()
-        seq, left_ns = window
+        seq, left_ns, gap_ns = window
         if seq == self._window_seq:               # this gap is used up: wait for the next cycle to end
             time.sleep(WINDOW_POLL_S)
             return 0
         self._window_seq = seq
         end_ns = time.perf_counter_ns() + left_ns
+        self.scheduler.new_window(gap_ns / 1e6)
         if self.scheduler.starved and time.monotonic() - self._starved_logged > STARVED_LOG_PERIOD_S:
             self._starved_logged = time.monotonic()
             log.warning("the primary's slack (%.1f ms before its next cycle) fits no reconciler step (one frame "
                         "%.1f ms planned): no round can finish on asr.schedule slack; asr.schedule free gives exact "
                         "swaps at the cost of late cycles", left_ns / 1e6, self.scheduler.one_frame_ms() or 0.0)
         total = 0
-        while rec.phase in (Phase.WARMING, Phase.CATCHING_UP):     # steps while the gap holds another one
+        while rec.frames_to_compute:              # steps while the gap holds another one
             frames = self.scheduler.frames_for((end_ns - time.perf_counter_ns()) / 1e6)
             if frames == 0:
                 break
@@ -272,11 +339,30 @@ class ReconcilerWorker:
             total += tokens
             if not tokens:
                 break
+        if rec.offer_due and self.scheduler.offer_fits((end_ns - time.perf_counter_ns()) / 1e6):
+            t0 = time.perf_counter()
+            rec.make_offer()                      # the export: device work too (the exporter synchronizes)
+            rec.state.backend.synchronize()
+            self.scheduler.observe_offer((time.perf_counter() - t0) * 1e3)
         return total
 
 
 # ----------------------------------------------------------------------------
 # Reasoning side
+
+
+@dataclass(frozen=True)
+class SwapOutcome:
+    """What `SwapClient.apply_ready` did with the offer it found ready at a boundary."""
+    version: int
+    status: str                    # APPLIED | DEFERRED | REJECTED
+    detail: str = ""               # deferred: the SwapDeferred reason; rejected: why
+    apply_ms: float = 0.0          # the whole swap at the boundary (applied)
+    dropped: int = 0               # frames the swap dropped (applied)
+    report: SwapReport | None = None
+
+
+APPLIED, DEFERRED, REJECTED = "applied", "deferred", "rejected"
 
 
 class SwapClient:
@@ -290,22 +376,29 @@ class SwapClient:
         self.request_timeout_s = request_timeout_s
         self._lock = threading.Lock()
         self._in_flight_since: float | None = None
+        self._in_flight_id: int | None = None
         self._last_request = -float("inf")
         self._loading_version = 0
         self._ready: StateSnapshot | None = None
+        self._applying = 0                    # version taken at a boundary and not yet applied / refused
         self._rejected: set = set()
+        self._deferred_through = 0            # offers up to this version are too stale by now
+        self._applied_round = 0               # the round of the state in force: its other versions are moot
         self.applied_version = 0
         self.applied_at_cycle: int | None = None
         self.requests = 0
         self.timeouts = 0
+        self.late_answers = 0                 # answers to requests abandoned after request_timeout_s: ignored
         self.not_ready = 0
         self.load_failures = 0
         self.rejections = 0
+        self.deferrals: dict = {DEFER_STALE: 0}   # SwapDeferred.reason -> offers not applied for it
         self.swaps = 0
         self.dropped_frames = 0
         self.late_frames = 0
         self.unseen_frames = 0        # kept at swaps because the reconciler never saw them (gaps in its mirror)
-        self.timings = {"apply_ms": deque(maxlen=TIMING_SAMPLES), "kv_copy_ms": deque(maxlen=TIMING_SAMPLES)}
+        self.unseen_forgotten = 0     # never-seen frames beyond asr.max_late_chunks, forgotten at swaps
+        self.timings = {key: deque(maxlen=TIMING_SAMPLES) for key in SWAP_TIMINGS}
 
     # -- executor thread ---------------------------------------------------
 
@@ -317,35 +410,45 @@ class SwapClient:
                 if now - self._in_flight_since < self.request_timeout_s:
                     return False
                 self.timeouts += 1            # unanswered: the reconciler is gone or stuck; ask again later
-                self._in_flight_since = None
-            if self._loading_version or self._ready is not None:
-                return False
+                self._in_flight_since = self._in_flight_id = None
+            if self._loading_version or self._ready is not None or self._applying:
+                return False                  # a new request tells the reconciler we are done with the last offer
             return now - self._last_request >= self.poll_period_s
 
-    def request_sent(self, now: float | None = None) -> None:
+    def request_sent(self, now: float | None = None) -> int:
+        """Returns the request's number: pass it to on_response with its answer."""
         now = time.monotonic() if now is None else now
         with self._lock:
             self._in_flight_since = now
             self._last_request = now
             self.requests += 1
+            self._in_flight_id = self.requests
+            return self.requests
 
-    def on_response(self, success: bool, message: str) -> SwapOffer | None:
-        """An answer arrived; returns the offer to load, or None. SwapProtocolError on a malformed one."""
+    def on_response(self, success: bool, message: str, request_id: int | None = None) -> SwapOffer | None:
+        """An answer arrived; returns the offer to load, or None. SwapProtocolError on a malformed one.
+        request_id (from request_sent): an answer to a request given up on is ignored, so that the offer
+        loaded is always the one the reconciler handed out last."""
         with self._lock:
-            self._in_flight_since = None
+            if request_id is not None and request_id != self._in_flight_id:
+                self.late_answers += 1
+                return None
+            self._in_flight_since = self._in_flight_id = None
             if not success:
                 self.not_ready += 1
                 return None
             offer = SwapOffer.from_message(message)
-            if (offer.version <= self.applied_version or offer.version in self._rejected
-                    or self._loading_version or self._ready is not None):
+            if (offer.version <= max(self.applied_version, self._deferred_through) or offer.version in self._rejected
+                    or (offer.round and offer.round <= self._applied_round)
+                    or self._loading_version or self._ready is not None or self._applying):
                 return None
             self._loading_version = offer.version
             return offer
 
-    def on_request_failed(self) -> None:
+    def on_request_failed(self, request_id: int | None = None) -> None:
         with self._lock:
-            self._in_flight_since = None
+            if request_id is None or request_id == self._in_flight_id:
+                self._in_flight_since = self._in_flight_id = None
 
     # -- loader thread -----------------------------------------------------
 
@@ -376,22 +479,60 @@ class SwapClient:
     # -- cycle thread --------------------------------------------------------
 
     def take_ready(self) -> StateSnapshot | None:
-        """The loaded snapshot, once; never blocks."""
+        """The loaded snapshot, once; never blocks. Until it is marked applied, rejected or deferred, no
+        request is sent (the reconciler must not reuse what it is copied from)."""
         with self._lock:
             snap, self._ready = self._ready, None
+            if snap is not None:
+                self._applying = snap.version
             return snap
 
+    def apply_ready(self, state, cycle_id: int) -> SwapOutcome | None:
+        """At the boundary after cycle `cycle_id`: apply the loaded offer to `state` (a FrameState), if any,
+        and account for it: the swap timed whole and in parts (KV copy, recompute of the late frames, the
+        rest). None when no offer was ready."""
+        snap = self.take_ready()
+        if snap is None:
+            return None
+        t = time.perf_counter()
+        try:
+            dropped = state.import_state(snap)
+        except SwapDeferred as exc:
+            self.mark_deferred(snap.version, exc.reason)
+            return SwapOutcome(snap.version, DEFERRED, detail=exc.reason)
+        except SnapshotError as exc:
+            self.mark_rejected(snap.version)
+            return SwapOutcome(snap.version, REJECTED, detail=str(exc))
+        except BaseException:
+            with self._lock:               # whatever the caller makes of it, requests must not stay blocked
+                self._applying = 0
+            raise
+        apply_ms = (time.perf_counter() - t) * 1e3
+        report = state.last_swap
+        self.mark_applied(snap.version, cycle_id, len(dropped), len(report.late), len(report.unseen),
+                          apply_ms=apply_ms, kv_copy_ms=report.kv_copy_ms, recompute_ms=report.recompute_ms,
+                          round_id=snap.round, unseen_forgotten=len(report.unseen_forgotten))
+        return SwapOutcome(snap.version, APPLIED, apply_ms=apply_ms, dropped=len(dropped), report=report)
+
     def mark_applied(self, version: int, cycle_id: int, dropped: int, late: int, unseen: int = 0,
-                     apply_ms: float | None = None, kv_copy_ms: float | None = None) -> None:
-        """apply_ms: the whole swap at the boundary (KV copy + late frames recomputed); kv_copy_ms: the copy alone."""
+                     apply_ms: float | None = None, kv_copy_ms: float | None = None,
+                     recompute_ms: float | None = None, round_id: int = 0, unseen_forgotten: int = 0) -> None:
+        """apply_ms: the whole swap at the boundary; kv_copy_ms / recompute_ms: its KV copy and the recompute
+        of the late (and unseen) frames; the rest (checks, slot bookkeeping) is what is left of apply_ms."""
         with self._lock:
             self.applied_version = version
             self.applied_at_cycle = cycle_id
+            self._applied_round = max(self._applied_round, round_id)
+            self._applying = 0
             self.swaps += 1
             self.dropped_frames += dropped
             self.late_frames += late
             self.unseen_frames += unseen
-            for key, value in (("apply_ms", apply_ms), ("kv_copy_ms", kv_copy_ms)):
+            self.unseen_forgotten += unseen_forgotten
+            parts = {"apply_ms": apply_ms, "kv_copy_ms": kv_copy_ms, "recompute_ms": recompute_ms}
+            if apply_ms is not None:
+                parts["rest_ms"] = max(0.0, apply_ms - (kv_copy_ms or 0.0) - (recompute_ms or 0.0))
+            for key, value in parts.items():
                 if value is not None:
                     self.timings[key].append(float(value))
 
@@ -400,22 +541,40 @@ class SwapClient:
         with self._lock:
             self._rejected.add(version)
             self.rejections += 1
+            self._applying = 0
+
+    def mark_deferred(self, version: int, reason: str) -> None:
+        """The engine did not apply the snapshot now (SwapDeferred: too stale). It will only be staler later,
+        so this and older versions are not loaded again; a fresher version is coming."""
+        with self._lock:
+            self._deferred_through = max(self._deferred_through, version)
+            self.deferrals[reason] = self.deferrals.get(reason, 0) + 1
+            self._applying = 0
 
     def summary(self) -> dict:
         with self._lock:
             return {"state_version": self.applied_version, "swaps": self.swaps,
                     "swap_applied_at_cycle": "" if self.applied_at_cycle is None else self.applied_at_cycle,
-                    "swap_requests": self.requests, "swap_timeouts": self.timeouts, "swap_not_ready": self.not_ready,
+                    "swap_requests": self.requests, "swap_timeouts": self.timeouts,
+                    "swap_late_answers": self.late_answers, "swap_not_ready": self.not_ready,
                     "swap_load_failures": self.load_failures, "swap_rejections": self.rejections,
+                    **{f"swap_deferred_{reason}": n for reason, n in self.deferrals.items()},
+                    "swap_deferred": sum(self.deferrals.values()),
                     "swap_dropped_frames": self.dropped_frames, "swap_late_frames": self.late_frames,
-                    "swap_unseen_frames": self.unseen_frames, **self._timing_summary()}
+                    "swap_unseen_frames": self.unseen_frames, "swap_unseen_forgotten": self.unseen_forgotten,
+                    **self._timing_summary()}
 
     def _timing_summary(self) -> dict:
-        """swap_apply_ms_last / _max and swap_kv_copy_ms_last / _max over the newest TIMING_SAMPLES swaps."""
+        """swap_<part>_p50 / _p99 / _max over the newest TIMING_SAMPLES swaps, for the whole apply and each part,
+        and the latest apply and KV copy (_last)."""
         out = {}
         for key, values in self.timings.items():
-            out[f"swap_{key}_last"] = round(values[-1], 3) if values else ""
+            values = list(values)
+            for q in (50, 99):
+                out[f"swap_{key}_p{q}"] = round(percentile(values, q), 3) if values else ""
             out[f"swap_{key}_max"] = round(max(values), 3) if values else ""
+            if key in ("apply_ms", "kv_copy_ms"):
+                out[f"swap_{key}_last"] = round(values[-1], 3) if values else ""
         return out
 
 

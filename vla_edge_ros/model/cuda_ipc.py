@@ -14,8 +14,8 @@ The reasoning node's arena must hold the same element (both read kv.dtype from
 one configuration); a mismatch is a clear error, never a conversion.
 
 In the reasoning process an `IpcKvMapper` opens each handle once
-(cuIpcOpenMemHandle; the ring has two buffers, so after the first two offers
-nothing is opened again) in the backend's context, on the swap loader thread.
+(cuIpcOpenMemHandle; the exporter has asr.export_buffers buffers, so after
+the first few offers nothing is opened again) in the backend's context, on the swap loader thread.
 At the cycle boundary `IpcKV.write_into` checks the buffer's generation word
 (it must read 2g: written completely, not reused), runs one kv_scatter from
 the mapped rows into the arena slots, synchronizes and checks the word again:

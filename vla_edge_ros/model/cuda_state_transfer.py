@@ -21,11 +21,16 @@ hands its KV rows to the primary. On the GPU those rows never need the host:
                                opened once in the reasoning process, then one
                                kv_scatter from the mapped address
 
-Generations: the ring has RING_BUFFERS buffers, so a buffer is reused by the
-export after next. Each export bumps its buffer's generation and writes it to
-the header as 2g+1 before the rows and 2g after them (a seqlock), so a reader
-in any process can tell a buffer it was offered from one being rewritten: it
-checks the header before and after its copy (`check_usable`, cuda_ipc).
+Which buffer an export writes (model/export_ring.py): never the newest
+export's (the offer on hand), nor one its owner `protect`s (the reconciler
+worker: the offer it last handed to the primary, core/swap_protocol.py); of
+the others the next in turn. With asr.export_buffers >= 3 one is always free.
+
+Generations: each export bumps its buffer's generation and writes it to the
+header as 2g+1 before the rows and 2g after them (a seqlock), so a reader in
+any process can tell a buffer it was offered from one being rewritten: it
+checks the header before and after its copy (`check_usable`, cuda_ipc). With
+the protection above that check should never fire; it stays as the proof.
 
 A destination that is not a CudaBackend (numpy) gets the KV through the host
 (`DeviceKV.to_host`, float32 values). A CUDA destination must hold the same
@@ -39,25 +44,29 @@ import time
 
 import numpy as np
 
+from ..config import ASRConfig
 from .cuda_backend import CudaBackend
 from .cuda_device import CudaDevice
 from .errors import DeviceKVUnavailable
+from .export_ring import ExportRing
 
 log = logging.getLogger(__name__)
 
-RING_BUFFERS = 2
 HEADER_BYTES = 16             # int32 generation word (+ padding), after the rows
 
 
 class DeviceKvExporter:
     """`Engine.kv_export` for an engine on a CudaBackend: snapshots keep their KV on the device.
 
-    Holds RING_BUFFERS snapshot buffers of the whole arena, allocated here once, in the backend's context.
+    Holds `buffers` snapshot buffers of the whole arena (asr.export_buffers), allocated here once, in the
+    backend's context.
     """
 
-    def __init__(self, backend: CudaBackend):
+    def __init__(self, backend: CudaBackend, buffers: int | None = None):
         if not isinstance(backend, CudaBackend):
             raise TypeError(f"DeviceKvExporter needs a CudaBackend, got {type(backend).__name__}")
+        self.ring = ExportRing(ASRConfig().export_buffers if buffers is None else buffers)
+        self.buffers = self.ring.buffers
         self.backend = backend
         self.device: CudaDevice = backend.device
         self.shape = backend.kv_rows_shape()                         # [2, L, capacity, kv_dim]
@@ -66,26 +75,29 @@ class DeviceKvExporter:
         drv = self.device.drv
         with self.device.bound():
             from pycuda import gpuarray
-            self._allocs = [drv.mem_alloc(self.payload_bytes + HEADER_BYTES) for _ in range(RING_BUFFERS)]
+            self._allocs = [drv.mem_alloc(self.payload_bytes + HEADER_BYTES) for _ in range(self.buffers)]
             self._views = [gpuarray.GPUArray(self.shape, self.element, gpudata=int(a)) for a in self._allocs]
             for a in self._allocs:
                 drv.memset_d8(int(a), 0, self.payload_bytes + HEADER_BYTES)
             self._nonfinite = gpuarray.zeros(1, np.int32)      # kv_count_nonfinite's counter
             # One IPC handle per buffer for its whole life: an importer maps each buffer once, by handle.
             self._handles = [bytes(drv.mem_get_ipc_handle(int(a))) for a in self._allocs]
-        self._generation = [0] * RING_BUFFERS
-        self._next = 0
+        self._generation = [0] * self.buffers
         self._lock = threading.Lock()
-        log.info("device KV export: %d x %.0f MB snapshot buffers (%s) on %s", RING_BUFFERS, self.payload_bytes / 1e6,
+        log.info("device KV export: %d x %.0f MB snapshot buffers (%s) on %s", self.buffers, self.payload_bytes / 1e6,
                  backend.kv_dtype, self.device.describe())
+
+    def protect(self, indices) -> None:
+        """Buffers the next exports must not rewrite (besides the newest export's), e.g. the one holding the
+        offer the primary was last handed; replaces the previous set (ExportRing.protect)."""
+        self.ring.protect(indices)
 
     def __call__(self, backend, slots: np.ndarray) -> "DeviceKV":
         slots = np.asarray(slots)
         if backend is not self.backend:
             raise ValueError("DeviceKvExporter: called for a backend it was not made for")
+        index = self.ring.take()
         with self._lock:
-            index = self._next
-            self._next = (self._next + 1) % RING_BUFFERS
             self._generation[index] += 1
             generation = self._generation[index]
         drv, stream, addr = self.device.drv, backend.stream, self.address(index)

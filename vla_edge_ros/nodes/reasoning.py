@@ -59,7 +59,6 @@ from ..core.engine import EngineConfigError
 from ..core.engine_factory import describe_choice, primary_engine
 from ..core.frame_ids import FrameIdEpochs
 from ..core.health import HealthLog, ReasoningHealth
-from ..core.state_snapshot import SnapshotError
 from ..model.cuda_device import bound
 from ..model.spec import ModelFormatError
 from . import conversions as conv
@@ -208,18 +207,18 @@ class Reasoning(LifecycleNode):
     def _maybe_request_swap(self) -> None:
         if not self.swap.want_request() or not self._swap_client.service_is_ready():
             return
-        self.swap.request_sent()
-        self._swap_client.call_async(Trigger.Request()).add_done_callback(self._on_swap_answer)
+        request_id = self.swap.request_sent()
+        self._swap_client.call_async(Trigger.Request()).add_done_callback(
+            lambda future: self._on_swap_answer(future, request_id))
 
-    def _on_swap_answer(self, future) -> None:
-        self.health.on_swap_answer(time.monotonic())
+    def _on_swap_answer(self, future, request_id: int) -> None:
         self.health.on_swap_answer(time.monotonic())
         try:
             answer = future.result()
-            offer = self.swap.on_response(answer.success, answer.message)
+            offer = self.swap.on_response(answer.success, answer.message, request_id)
         except swap.SwapProtocolError as exc:
             self.get_logger().warning(f"swap answer ignored: {exc}")
-            self.swap.on_request_failed()
+            self.swap.on_request_failed(request_id)
             return
         if offer is not None:
             swap.start_loader(self.swap, offer)
@@ -303,33 +302,31 @@ class Reasoning(LifecycleNode):
         with self._engine_lock:
             if text is not None:
                 self.engine.set_instruction(text)
-            snap = self.swap.take_ready()
-            if snap is not None:
-                self._apply(snap, cycle_id)
+            outcome = self.swap.apply_ready(self.engine.state, cycle_id)
+        if outcome is not None:
+            self._log_swap(outcome, cycle_id)
 
-    def _apply(self, snap, cycle_id: int) -> None:
-        t = time.perf_counter()
-        try:
-            dropped = self.engine.state.import_state(snap)
-        except SnapshotError as exc:
-            self.swap.mark_rejected(snap.version)
-            self.get_logger().error(f"reconciled state v{snap.version} rejected: {exc}")
+    def _log_swap(self, outcome, cycle_id: int) -> None:
+        log = self.get_logger()
+        if outcome.status == swap.REJECTED:
+            log.error(f"reconciled state v{outcome.version} rejected: {outcome.detail}")
             return
-        apply_ms = (time.perf_counter() - t) * 1e3
-        report = self.engine.state.last_swap
-        self.swap.mark_applied(snap.version, cycle_id, len(dropped), len(report.late), len(report.unseen),
-                               apply_ms=apply_ms, kv_copy_ms=report.kv_copy_ms)
-        self.get_logger().debug(f"state v{snap.version} applied after cycle {cycle_id} in {apply_ms:.2f} ms (KV copy "
-                                f"{report.kv_copy_ms:.2f} ms): {len(snap.frames)} reconciled frames, {len(report.late)} "
-                                f"late and {len(report.unseen)} unseen by the reconciler recomputed, {len(dropped)} "
-                                f"dropped")
+        if outcome.status == swap.DEFERRED:
+            log.debug(f"reconciled state v{outcome.version} deferred after cycle {cycle_id} ({outcome.detail}): "
+                      f"waiting for a fresher one")
+            return
+        r = outcome.report
+        log.debug(f"state v{outcome.version} applied after cycle {cycle_id} in {outcome.apply_ms:.2f} ms (KV copy "
+                  f"{r.kv_copy_ms:.2f} ms, recompute {r.recompute_ms:.2f} ms): {r.frames} reconciled frames, "
+                  f"{len(r.late)} late and {len(r.unseen)} unseen by the reconciler recomputed, {outcome.dropped} "
+                  f"dropped")
         # Routine: each swap at DEBUG above, a running total at INFO at most every health.log_summary_s.
         total = self.swap.summary()
-        self.get_logger().info(f"{total['swaps']} reconciled states applied so far (latest v{snap.version} after "
-                               f"cycle {cycle_id}, applied in {apply_ms:.2f} ms); frames recomputed: "
-                               f"{total['swap_late_frames']} late, {total['swap_unseen_frames']} unseen; dropped "
-                               f"{total['swap_dropped_frames']}",
-                               throttle_duration_sec=self.params.config.health.log_summary_s)
+        log.info(f"{total['swaps']} reconciled states applied so far (latest v{outcome.version} after cycle "
+                 f"{cycle_id}, applied in {outcome.apply_ms:.2f} ms); frames recomputed: {total['swap_late_frames']} "
+                 f"late, {total['swap_unseen_frames']} unseen; dropped {total['swap_dropped_frames']}; "
+                 f"{total['swap_deferred']} stale offers deferred",
+                 throttle_duration_sec=self.params.config.health.log_summary_s)
 
     # ------------------------------------------------------------- resources
 

@@ -13,6 +13,14 @@ window, and, when the outputs stop before the window ends (the reasoning node
 died), every cycle period from the last output to the window's planned end.
 The deadline-miss rate counts them as missed (a controller waited in vain);
 `admitted_miss_rate` is the engine's own: late among the cycles that ran.
+
+`exactness` says whether exact forgetting (ASR) worked, in one word and the
+numbers behind it: the share of actions served on an exact state (no
+approximate eviction since the last reconciled swap; the reasoning node's
+count since it was activated), the reconciler's rounds started / applied /
+aborted by reason, the stale offers the reasoning node deferred, and the time
+from a round's trigger to its swap (the reconciler learns of a swap from the
+next state chunk, one cycle later).
 """
 from __future__ import annotations
 
@@ -24,6 +32,10 @@ from ..core.cycle_result import DEADLINE_MISSED, FALLBACK_REASONS, REFUSED_BUDGE
 from ..core.metrics import percentile
 
 ACTION = "action"
+EXACT_SHARE_WORKED = 0.95      # "exact forgetting: YES" needs at least this share of actions on an exact state
+EXACT_SHARE_PARTLY = 0.5       # below it: "NO", the state was mostly approximate (swaps or not)
+ABORT_REASONS = ("no_longer_fits", "own_policy_evicted", "rejected_by_primary", "primary_restarted")
+SWAP_PARTS = ("apply_ms", "kv_copy_ms", "recompute_ms", "rest_ms")
 
 
 @dataclass(frozen=True)
@@ -82,24 +94,57 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
         },
         "kv": {"frames_retained": _int(reasoning.get("state.frames")), "fill": _float(reasoning.get("state.kv_fill"))},
         "swaps": {"applied": _int(reasoning.get("swap.swaps")), "state_version": _int(reasoning.get("swap.state_version")),
-                  "apply_ms_max": _float(reasoning.get("swap.swap_apply_ms_max")),
-                  "kv_copy_ms_max": _float(reasoning.get("swap.swap_kv_copy_ms_max")),
+                  **{f"{part}_{q}": _float(reasoning.get(f"swap.swap_{part}_{q}"))
+                     for part in SWAP_PARTS for q in ("p50", "p99", "max")},
                   "kv_copy_ms_last": _float(reasoning.get("swap.swap_kv_copy_ms_last")),
+                  "deferred_stale": _int(reasoning.get("swap.swap_deferred_stale")),
+                  "late_frames": _int(reasoning.get("swap.swap_late_frames")),
                   "rejected": _int(reasoning.get("swap.swap_rejections")),
                   "load_failures": _int(reasoning.get("swap.swap_load_failures"))},
+        "exactness": exactness(reasoning, reconciler),
         "warmup": {"steady_ms": _float(reasoning.get("warmup.steady_ms")), "first_ms": _float(reasoning.get("warmup.first_ms"))},
         "admission_spikes_not_learned": _int(reasoning.get("admission.spikes_not_learned")),
         "gc": {"full_collections": _int(reasoning.get("gc.full_collections")),
                "max_pause_ms": _float(reasoning.get("gc.max_pause_ms")),
                "max_full_pause_ms": _float(reasoning.get("gc.max_full_pause_ms"))},
-        "reconciler_work": {k: reconciler.get(k, "") for k in ("schedule", "rounds_started", "rounds_offered", "rounds_applied",
-                                                            "rounds_aborted", "offers_withdrawn", "steps",
-                                                            "windows_too_small", "relaxations", "starved",
-                                                            "warmup_step_ms_per_token",
+        "reconciler_work": {k: reconciler.get(k, "") for k in ("schedule", "reoffers", "offers_handed_out",
+                                                            "offers_withdrawn", "steps", "largest_step_frames",
+                                                            "windows_too_small", "offers_postponed", "relaxations",
+                                                            "starved", "warmup_step_ms_per_token",
                                                             "step_ms_per_token", "step_ms_per_token_p10",
                                                             "step_ms_per_token_p50", "step_ms_per_token_p90",
-                                                            "step_host_ms_per_token_p50")},
+                                                            "step_host_ms_per_token_p50", "offer_ms")},
     }
+
+
+def exactness(reasoning: dict, reconciler: dict) -> dict:
+    """Did exact forgetting work? The verdict and the numbers behind it (see the module docstring)."""
+    actions = _int(reasoning.get("total.actions"))
+    exact_actions = _int(reasoning.get("total.exact_actions"))
+    share = exact_actions / actions if actions else None
+    started, applied = _int(reconciler.get("rounds_started")), _int(reconciler.get("rounds_applied"))
+    swaps = _int(reasoning.get("swap.swaps"))
+    if share is None:
+        verdict = "n/a (no action served)"
+    elif share == 1.0 and swaps == 0 and started == 0:
+        verdict = "not needed yet (nothing forgotten)"
+    elif swaps == 0:
+        verdict = "NO (no reconciled state applied)"
+    elif share >= EXACT_SHARE_WORKED:
+        verdict = "YES"
+    elif share >= EXACT_SHARE_PARTLY:
+        verdict = f"PARTLY (under {EXACT_SHARE_WORKED:.0%} of actions on an exact state)"
+    else:
+        verdict = f"NO (the state was approximate for most actions despite {swaps} swaps)"
+    return {"verdict": verdict, "exact_action_share": share, "exact_actions": exact_actions, "actions": actions,
+            "approximate_evictions_now": _int(reasoning.get("state.approximate_evictions")),
+            "swaps_applied": swaps, "rounds_started": started, "rounds_applied": applied,
+            "rounds_aborted": _int(reconciler.get("rounds_aborted")),
+            "rounds_aborted_by": {r: _int(reconciler.get(f"rounds_aborted_by.{r}")) for r in ABORT_REASONS},
+            "offers_deferred_stale": _int(reasoning.get("swap.swap_deferred_stale")),
+            "reoffers": _int(reconciler.get("reoffers")),
+            "trigger_to_swap_ms_p50": _float(reconciler.get("trigger_to_applied_ms_p50")),
+            "trigger_to_swap_ms_max": _float(reconciler.get("trigger_to_applied_ms_max"))}
 
 
 def format_table(report: dict) -> str:
@@ -138,10 +183,14 @@ def format_table(report: dict) -> str:
                                            f"reasoning {dropped['reasoning']})"),
         ("images rejected", str(frames["rejected_by_ingest"])),
         ("evictions", f"{report['evictions']} (frames retained {report['kv']['frames_retained']})"),
+        ("exact forgetting", _exactness_line(report["exactness"])),
         ("state swaps applied", f"{report['swaps']['applied']} (state version {report['swaps']['state_version']}; "
-                                f"apply max {_ms(report['swaps']['apply_ms_max'])} ms, KV copy max "
-                                f"{_ms(report['swaps']['kv_copy_ms_max'])} ms; rejected {report['swaps']['rejected']}, "
-                                f"load failures {report['swaps']['load_failures']})"),
+                                f"{report['swaps']['late_frames']} late frames recomputed; rejected "
+                                f"{report['swaps']['rejected']}, load failures {report['swaps']['load_failures']})"),
+        ("swap at the boundary p50/p99/max", "; ".join(
+            f"{label} " + "/".join(_ms(report["swaps"][f"{part}_{q}"]) for q in ("p50", "p99", "max")) + " ms"
+            for label, part in (("whole", "apply_ms"), ("KV copy", "kv_copy_ms"), ("late recompute", "recompute_ms"),
+                                ("rest", "rest_ms")))),
         ("reconciler work", ", ".join(f"{k} {v}" for k, v in report["reconciler_work"].items() if v != "") or "-"),
         ("admission spikes not learned", str(report["admission_spikes_not_learned"])),
         ("garbage collection (reasoning)", f"{report['gc']['full_collections']} full collections, longest pause "
@@ -151,6 +200,16 @@ def format_table(report: dict) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _exactness_line(e: dict) -> str:
+    share = "n/a" if e["exact_action_share"] is None else f"{e['exact_action_share']:.1%}"
+    aborted = ", ".join(f"{r} {n}" for r, n in e["rounds_aborted_by"].items() if n) or "none"
+    return (f"{e['verdict']}: {share} of actions on an exact state ({e['exact_actions']} of {e['actions']}); "
+            f"rounds {e['rounds_started']} started / {e['rounds_applied']} applied / {e['rounds_aborted']} aborted "
+            f"({aborted}); {e['swaps_applied']} swaps, {e['reoffers']} fresher re-offers, "
+            f"{e['offers_deferred_stale']} stale offers deferred; trigger -> swap p50 "
+            f"{_ms(e['trigger_to_swap_ms_p50'])} ms, max {_ms(e['trigger_to_swap_ms_max'])} ms")
 
 
 def write_json(report: dict, path) -> None:
