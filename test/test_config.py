@@ -19,11 +19,11 @@ def test_shipped_yaml_holds_the_design_defaults():
     assert cfg.kv.eviction_policy == "semantic"
     assert cfg.kv.dtype == "float32"             # the KV arena in fp32 unless a config asks for bf16
     # The pycuda kernel switches, as CudaBackend takes them: the measured-faster staged prefill and tensor-core
-    # attention on, the measured-slower persistent decode off, the bulk prefill from 128 rows (where it wins).
+    # attention on, the measured-slower persistent decode off, the bulk prefill from 64 rows (where it draws even).
     assert cfg.model.kernel_options() == {"programmatic_launch": False, "staged_prefill_projections": True,
                                           "persistent_decode": False, "tensor_core_attention": True,
                                           "decode_attention_head_split": 2, "decode_gemv_blocks_per_sm": 4,
-                                          "bulk_prefill_min_rows": 128, "bulk_prefill_max_rows": 1024}
+                                          "bulk_prefill_min_rows": 64, "bulk_prefill_max_rows": 1024}
 
 
 def test_yaml_and_dataclass_defaults_agree_so_there_is_one_truth():

@@ -222,7 +222,9 @@ class ModelConfig:
                                       "cycle's prefill kernels in passes of 128 rows. 0: off. Measured on the H200 "
                                       "(1.5B shape, 2048 cached): 64 rows 5.5 vs 5.3 ms, 128 rows 6.6 vs 9.3, 1024 "
                                       "rows 29.7 vs 75.0 (bulk vs cycle kernels); verify passes with it on every "
-                                      "forward", default=128)
+                                      "forward. 64: where the two are even, so a reconciler step's cost grows "
+                                      "smoothly with its frames (its schedule estimates untried sizes from tried "
+                                      "ones)", default=64)
     bulk_prefill_max_rows: int = _doc("pycuda: rows per pass of the bulk prefill; its buffers are sized for it "
                                       "(~50 KB per row on the Qwen2.5-1.5B shape)", default=1024)
 
