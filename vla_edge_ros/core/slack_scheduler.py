@@ -91,7 +91,7 @@ class SlackScheduler:
         usable = window_ms - self.margin_ms
         if usable <= 0:
             return self._decline()
-        if not self.costs.by_frames:       # nothing measured (or only the warm-up step): probe one frame,
+        if not self.costs.measured():      # nothing measured (or only warm-up steps): probe one frame,
             whole = self._gap_ms is None or window_ms >= PROBE_MIN_SHARE * self._gap_ms     # in most of a gap,
             probe, self._probe_allowed = self._probe_allowed and whole, False              # as its first step
             return 1 if probe else 0
@@ -107,7 +107,7 @@ class SlackScheduler:
     def offer_fits(self, window_ms: float) -> bool:
         """Whether exporting an offer fits the window (the first export is tried whenever any time is left)."""
         usable = window_ms - self.margin_ms
-        fits = usable > 0 and (self.offer_cost.ema is None or HEADROOM * self.offer_cost.ema <= usable)
+        fits = usable > 0 and (self.offer_cost.value is None or HEADROOM * self.offer_cost.value <= usable)
         if fits:
             self._offers_declined_in_a_row = 0
             return True
@@ -139,23 +139,22 @@ class SlackScheduler:
         caller knows it, the part before the step's device work was all queued (Python, table uploads). The first
         step is not a measurement: it pays one-time costs (the first launches of a process, a graph capture),
         ~4x a later step on the H200, and taken as the estimate it declined every later window. So the next
-        window probes one frame again, and the estimates start from the second step."""
+        window probes one frame again, and the estimates start from the second step. Every step size's first
+        step is such a warm-up too (core/step_costs.py: the first replay of that size's graph)."""
         if tokens <= 0:
             return
         self.steps += 1
+        self.costs.observe(max(1, tokens // self.tpf), elapsed_ms)   # a size's first sample is its warm-up
         if self.steps == 1:
             self.warmup_ms_per_token = elapsed_ms / tokens
             return
-        self.costs.observe(max(1, tokens // self.tpf), elapsed_ms)
         self._recent.append((elapsed_ms / tokens, None if host_ms is None else host_ms / tokens))
 
     def observe_offer(self, elapsed_ms: float) -> None:
         """One export's measured cost; the first one of a process is not a measurement (as for steps)."""
         self.offers += 1
-        if self.offers == 1:
-            self.first_offer_ms = elapsed_ms
-            return
         self.offer_cost.observe(elapsed_ms)
+        self.first_offer_ms = self.offer_cost.warmup_ms
 
     def summary(self) -> dict:
         """The estimates, the warm-up step, the counts, and the spread of the latest steps' costs per token
@@ -170,7 +169,7 @@ class SlackScheduler:
                 "warmup_step_ms_per_token": self.warmup_ms_per_token if self.warmup_ms_per_token is not None else "",
                 **{f"step_ms_per_token_p{q}": percentile(rates, q) if rates else "" for q in (10, 50, 90)},
                 "step_host_ms_per_token_p50": percentile(hosts, 50) if hosts else "",
-                "offer_ms": self.offer_cost.ema if self.offer_cost.ema is not None else "",
+                "offer_ms": self.offer_cost.value if self.offer_cost.value is not None else "",
                 "steps": self.steps, "windows_too_small": self.windows_too_small,
                 "offers_postponed": self.offers_postponed, "relaxations": self.relaxations, "starved": self.starved}
 

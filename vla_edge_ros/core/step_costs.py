@@ -17,8 +17,12 @@ estimated from the measured ones, never optimistically:
                   measured before the next is planned, so a wrong estimate costs one step of at most twice
                   a size whose cost is known
 
-Costs are device time (the caller synchronizes before reading its clock), EMAs
-with EMA_ALPHA; each size also keeps its latest samples, the floor a starved
+Costs are device time (the caller synchronizes before reading its clock). A size's cost is the median of
+its latest samples, not a running average: in the H200 graph one 4-frame step measured 38 ms (against
+~7 ms for 4 frames alone on the GPU: it met a cycle, or paid a one-time cost), and as an average that one
+sample priced every step above 2 frames out of the gap for the rest of a 4-minute run, because a size
+that is never planned is never measured again. For the same reason the first sample of each size is a
+warm-up (the first replay of its graph) and is not kept. The samples are also the floor a starved
 schedule relaxes toward (core/slack_scheduler.py).
 """
 from __future__ import annotations
@@ -27,31 +31,42 @@ from collections import deque
 
 from .metrics import percentile
 
-EMA_ALPHA = 0.3       # weight of the newest measurement of a step size
 GROWTH = 2            # untried step sizes: at most this multiple of the largest size measured
-SAMPLES_KEPT = 64     # latest samples per size (the relaxation's floor is a percentile of them)
+SAMPLES_KEPT = 64     # latest samples per size: the estimate is their median
 
 
 class CostTrack:
-    """The cost of one kind of step (ms): an EMA and the latest samples."""
+    """The cost of one kind of step (ms): the median of its latest samples, after a warm-up sample."""
 
     def __init__(self):
-        self.ema: float | None = None
         self.samples: deque = deque(maxlen=SAMPLES_KEPT)
+        self.warmup_ms: float | None = None           # the first sample: not a measurement
+        self._relaxed: float | None = None            # a lowered estimate, until the next sample
+
+    @property
+    def value(self) -> float | None:
+        """The cost to plan with (None before a sample past the warm-up)."""
+        if self._relaxed is not None:
+            return self._relaxed
+        return percentile(self.samples, 50) if self.samples else None
 
     def observe(self, ms: float) -> None:
-        self.ema = ms if self.ema is None else (1 - EMA_ALPHA) * self.ema + EMA_ALPHA * ms
+        if self.warmup_ms is None:
+            self.warmup_ms = float(ms)
+            return
         self.samples.append(float(ms))
+        self._relaxed = None
 
     def relax(self, factor: float, floor_percentile: float) -> bool:
-        """Lower the EMA by `factor`, never below that percentile of the samples (a cost really measured).
+        """Lower the estimate by `factor`, never below that percentile of the samples (a cost really measured).
         True when it moved."""
-        if self.ema is None or not self.samples:
+        current = self.value
+        if current is None:
             return False
         floor = percentile(self.samples, floor_percentile)
-        if floor >= self.ema:
+        if floor >= current:
             return False
-        self.ema = max(floor, self.ema * factor)
+        self._relaxed = max(floor, current * factor)
         return True
 
 
@@ -67,12 +82,12 @@ class StepCosts:
         self.by_frames.setdefault(int(frames), CostTrack()).observe(ms)
 
     def measured(self) -> dict[int, float]:
-        """{frames: EMA ms} of every size measured so far."""
-        return {k: t.ema for k, t in sorted(self.by_frames.items())}
+        """{frames: ms} of every size measured so far (past its warm-up sample)."""
+        return {k: t.value for k, t in sorted(self.by_frames.items()) if t.value is not None}
 
     @property
     def largest_measured(self) -> int:
-        return max(self.by_frames, default=0)
+        return max(self.measured(), default=0)
 
     def eligible(self, cap: int) -> int:
         """The largest step size that may be planned now: GROWTH x the largest measured one, at most `cap`."""
