@@ -78,6 +78,17 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return total;
 }
 
+// 1 / RMS of one row of x (rsqrt(mean(x^2) + eps)), summed over the block (blockDim.x a multiple of 32):
+// the RMSNorm scale rmsnorm.cu and prefill_bulk.cu apply. `scratch` holds at least 32 floats of shared memory.
+__device__ __forceinline__ float row_inv_rms(const float* xr, int hidden, float eps, float* scratch) {
+    float ss = 0.f;
+    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {   // d range [0, hidden)
+        const float v = xr[d];
+        ss += v * v;
+    }
+    return rsqrtf(block_sum(ss, scratch) / (float)hidden + eps);
+}
+
 // SwiGLU's gate activation, the one definition every kernel family uses.
 __device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
 

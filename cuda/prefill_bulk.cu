@@ -44,12 +44,7 @@ extern "C" __global__ void rmsnorm_split_rows(const float* x, const float* w, ui
     __shared__ float scratch[32];
     const int row = blockIdx.x;                                // range [0, n_rows)
     const float* xr = x + (size_t)row * hidden;
-    float ss = 0.f;
-    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {   // d range [0, hidden)
-        const float v = xr[d];
-        ss += v * v;
-    }
-    const float inv = rsqrtf(block_sum(ss, scratch) / (float)hidden + eps);
+    const float inv = row_inv_rms(xr, hidden, eps, scratch);
     uint16_t* orow = out + (size_t)row * hidden;
     for (int d = 2 * threadIdx.x; d < hidden; d += 2 * blockDim.x) {
         uint32_t hi, lo;
@@ -111,6 +106,13 @@ template <int HD> struct FlashLayout {
     static constexpr int Q_TILE = FA_ROWS * ROW;               // one warp's query rows, one part
     static constexpr int KV_TILE = FA_BKV * ROW;               // one staged array's tile
 };
+
+// c0 / c1 += a . b for the two n8 tiles of one ldmatrix_x4 B load (b0 b1 of the first, then of the second).
+__device__ __forceinline__ void mma_tile_pair(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
+                                              const uint32_t (&b)[4]) {
+    mma_bf16_16816(c0, a[0], a[1], a[2], a[3], b[0], b[1]);
+    mma_bf16_16816(c1, a[0], a[1], a[2], a[3], b[2], b[3]);
+}
 
 // Block (row block, KV head, split): query rows [16 rb, 16 rb + 16) of the pass, every query head of the
 // KV head's group (warp w: head kvh * group + w, a 16-row mma tile), list entries of tiles
@@ -216,14 +218,11 @@ __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride
             for (int np = 0; np < FA_BKV / 16; ++np) {
                 uint32_t b[4];
                 ldmatrix_x4(b, b_fragment_row(kh + np * 16 * L::ROW + ks * 16, L::ROW, lane));
-                mma_bf16_16816(s[2 * np], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
-                mma_bf16_16816(s[2 * np], al[0], al[1], al[2], al[3], b[0], b[1]);
-                mma_bf16_16816(s[2 * np + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
-                mma_bf16_16816(s[2 * np + 1], al[0], al[1], al[2], al[3], b[2], b[3]);
+                mma_tile_pair(s[2 * np], s[2 * np + 1], ah, b);
+                mma_tile_pair(s[2 * np], s[2 * np + 1], al, b);
 #if FA_KV_PARTS == 2
                 ldmatrix_x4(b, b_fragment_row(kh + L::KV_TILE + np * 16 * L::ROW + ks * 16, L::ROW, lane));
-                mma_bf16_16816(s[2 * np], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
-                mma_bf16_16816(s[2 * np + 1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
+                mma_tile_pair(s[2 * np], s[2 * np + 1], ah, b);
 #endif
             }
         }
@@ -277,14 +276,11 @@ __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride
             for (int dp = 0; dp < HD / 16; ++dp) {
                 uint32_t b[4];
                 ldmatrix_x4_trans(b, bt_fragment_row(vh + kk * 16 * L::ROW + dp * 16, L::ROW, lane));
-                mma_bf16_16816(o[2 * dp], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
-                mma_bf16_16816(o[2 * dp], pl[0], pl[1], pl[2], pl[3], b[0], b[1]);
-                mma_bf16_16816(o[2 * dp + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
-                mma_bf16_16816(o[2 * dp + 1], pl[0], pl[1], pl[2], pl[3], b[2], b[3]);
+                mma_tile_pair(o[2 * dp], o[2 * dp + 1], ph, b);
+                mma_tile_pair(o[2 * dp], o[2 * dp + 1], pl, b);
 #if FA_KV_PARTS == 2
                 ldmatrix_x4_trans(b, bt_fragment_row(vh + L::KV_TILE + kk * 16 * L::ROW + dp * 16, L::ROW, lane));
-                mma_bf16_16816(o[2 * dp], ph[0], ph[1], ph[2], ph[3], b[0], b[1]);
-                mma_bf16_16816(o[2 * dp + 1], ph[0], ph[1], ph[2], ph[3], b[2], b[3]);
+                mma_tile_pair(o[2 * dp], o[2 * dp + 1], ph, b);
 #endif
             }
         }

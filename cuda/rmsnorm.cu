@@ -21,13 +21,7 @@ extern "C" __global__ void rmsnorm_rows(const float* x, const float* w, float* o
     __shared__ float scratch[32];
     const int row = blockIdx.x;                       // range [0, n_rows)
     const float* xr = x + (size_t)row * hidden;
-    float ss = 0.f;
-    for (int d = threadIdx.x; d < hidden; d += blockDim.x) {   // d range [0, hidden)
-        const float v = xr[d];
-        ss += v * v;
-    }
-    const float total = block_sum(ss, scratch);
-    const float inv = rsqrtf(total / (float)hidden + eps);
+    const float inv = row_inv_rms(xr, hidden, eps, scratch);
     float* orow = out + (size_t)row * hidden;
     for (int d = threadIdx.x; d < hidden; d += blockDim.x) orow[d] = w[d] * (xr[d] * inv);
     if (init_dst != nullptr) {
