@@ -31,6 +31,13 @@ def ros_domain(module_name: str) -> int:
     return (os.getpid() * 31 + zlib.crc32(module_name.encode())) % 100 + 1
 
 
+# A cycle deadline a loaded or slow 2-core machine keeps with the tiny model (the CPU demo's cycle there: p50 33 ms,
+# p99 51 ms with 29 frames cached), for the tests that check the graph's plumbing and reporting by counting actions:
+# how many cycles end in an action at 33 ms is the machine's speed, which benchmarks measure, not tests (and the CPU
+# default's margin is issue 21's).
+PLUMBING_DEADLINE_MS = 50.0
+
+
 def graph_env(domain_id: int) -> dict:
     env = dict(os.environ)
     env["ROS_DOMAIN_ID"] = str(domain_id)

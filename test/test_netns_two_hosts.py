@@ -65,7 +65,8 @@ def test_camera_on_one_host_policy_on_another(two_hosts, tiny_model_dir, tmp_pat
                 "PYTHONPATH": os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])})
     # The CPU preset, as the demo uses: the numpy cycle grows with the cached context (cpu_demo.yaml says why).
     cli = [sys.executable, "-m", "vla_edge_ros.cli", "bringup", "--model", str(tiny_model_dir),
-           "--params", str(default_config_path().parent / "cpu_demo.yaml")]
+           "--params", str(default_config_path().parent / "cpu_demo.yaml"),
+           "--set", f"cycle.deadline_ms={H.PLUMBING_DEADLINE_MS}"]
     hosts = {
         ns_b: subprocess.Popen(["ip", "netns", "exec", ns_b] + cli + ["--nodes", "reasoning,reconciler"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),

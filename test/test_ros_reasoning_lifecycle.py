@@ -51,7 +51,8 @@ def test_configure_activate_deactivate_cleanup_and_again(tiny_model_dir, harness
     fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
     diagnostics = harness.collect(DiagnosticArray, graph.DIAGNOSTICS_TOPIC)
     camera = H.CameraPublisher(harness, H.footage_rgb(60))
-    procs = GraphProcesses(overrides={"model.path": str(tiny_model_dir), "kv.capacity_tokens": 1024},
+    procs = GraphProcesses(overrides={"model.path": str(tiny_model_dir), "kv.capacity_tokens": 1024,
+                                      "cycle.deadline_ms": H.PLUMBING_DEADLINE_MS},
                            env=H.graph_env(harness.domain_id),
                            nodes=(graph.node("camera_ingest"), graph.node(NODE)), log_dir=tmp_path)
     procs.start()
