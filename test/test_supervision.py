@@ -113,7 +113,8 @@ def test_bringup_restarts_a_killed_reconciler_while_reasoning_serves(tiny_model_
     fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
     env, marker = H.marked_env(domain)
     # Room for 12 frames: the reconciler has work (and a snapshot directory) within a second.
-    proc, out = _start(["bringup", "--model", str(tiny_model_dir), "--set", "kv.capacity_tokens=480"], env)
+    proc, out = _start(["bringup", "--model", str(tiny_model_dir), "--set", "kv.capacity_tokens=480",
+                        "--set", f"cycle.deadline_ms={H.PLUMBING_DEADLINE_MS}"], env)
     camera = H.CameraPublisher(harness, H.footage_rgb(120))
     try:
         out.wait_for("Ctrl-C stops", H.GRAPH_START_TIMEOUT_S, proc)
