@@ -287,14 +287,7 @@ __device__ __forceinline__ void attention_partial_mma(
             if (lim[r] <= 0) continue;                          // not written: the merge skips it
             const int h = kvh * group + (qv[r] - (row[r] - r_begin) * group);
             const size_t base = ((size_t)row[r] * n_q_heads + h) * n_splits + split;
-            if (t == 0) {
-                part_ml[2 * base] = m[r];
-                part_ml[2 * base + 1] = l[r];
-            }
-            float* dst = part_o + base * HD;
-#pragma unroll
-            for (int nd = 0; nd < HD / 8; ++nd)
-                *reinterpret_cast<float2*>(dst + nd * 8 + 2 * t) = make_float2(o[nd][2 * r], o[nd][2 * r + 1]);
+            store_partial_row<HD>(o, r, m[r], l[r], part_o, part_ml, base, t);
         }
     }
 }

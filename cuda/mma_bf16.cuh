@@ -10,6 +10,8 @@
 // load_activations8: 8 consecutive fp32 activations (32-byte aligned) through the read-only path.
 // store_mma_tile:    the STORE / ADD / SWIGLU epilogue of a warp's 16-row tile x 8 NT tokens
 //                    (projection_bf16.cu, projection_staged.cu).
+// store_partial_row: one query row of an attention split's partial sums (m, l, unnormalised o) from the
+//                    accumulators of a warp's P.V tile (attention_mma.cu, prefill_bulk.cu).
 //
 // cuda_kernels.py pastes this text in place of `#include "mma_bf16.cuh"` (as it does common.cuh).
 #pragma once
@@ -90,4 +92,19 @@ __device__ __forceinline__ void store_mma_tile(const float (&acc)[NT][4], float*
             }
         }
     }
+}
+
+// Row r (0: g, 1: g + 8) of a 16-row P.V accumulator tile o[HD / 8][4] as one entry of the split partial sums:
+// part_ml[2 base] = m, [2 base + 1] = l (written by the quad's t == 0 lane), part_o[base * HD + d] = o's row.
+template <int HD>
+__device__ __forceinline__ void store_partial_row(const float (&o)[HD / 8][4], int r, float m, float l,
+                                                  float* part_o, float* part_ml, size_t base, int t) {
+    if (t == 0) {
+        part_ml[2 * base] = m;
+        part_ml[2 * base + 1] = l;
+    }
+    float* dst = part_o + base * HD;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; ++nd)
+        *reinterpret_cast<float2*>(dst + nd * 8 + 2 * t) = make_float2(o[nd][2 * r], o[nd][2 * r + 1]);
 }
