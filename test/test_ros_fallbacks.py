@@ -66,6 +66,10 @@ def test_silent_camera_then_stale_stamps(model, harness, tmp_path):
         t_stale = time.monotonic()
         # Captured 5 s ago by their stamps: 20x older than cycle.stale_frame_ms.
         old = H.CameraPublisher(harness, H.footage_rgb(30), stamp_offset_s=-5.0).start()
+        # The phase is timed from the first stale answer: discovering the new publisher takes a
+        # variable part of a second, and the window must hold >= 10 cycles after it.
+        H.wait_until(lambda: any(m.message == R.STALE_FRAME for m in fallbacks.messages()),
+                     10.0, "the first stale_frame fallback")
         time.sleep(PHASE_S)
         old.stop()
         t_fresh = time.monotonic()
