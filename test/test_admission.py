@@ -148,3 +148,49 @@ def test_spike_settings_are_validated():
         AdmissionConfig(spike_factor=1.0)
     with pytest.raises(config.ConfigError, match="spikes_to_adopt"):
         AdmissionConfig(spikes_to_adopt=0)
+
+
+def test_admission_uses_the_slow_end_of_recent_cycles_not_the_mean():
+    """Cycles that vary around their mean: one admitted on the mean would be late about half the time its budget
+    is tight. The estimate is the mean times the tail_quantile of actual / predicted, so a budget between the two
+    refuses."""
+    ctl = make()
+    rng = np.random.default_rng(3)
+    ctl.observe(20.0, 44, 0.0, 7, other_ms=2.0)                  # seeds: 22 ms predicted for 44 + 7 tokens
+    for _ in range(CFG.admission.tail_window):
+        f = float(rng.uniform(0.9, 1.25))                          # within the spike factor: all learned
+        assert ctl.observe(20.0 * f, 44, 0.0, 7, other_ms=2.0 * f)
+    ratios = np.array(ctl._ratios)
+    assert ctl.tail_factor == pytest.approx(np.quantile(ratios, CFG.admission.tail_quantile))
+    assert 1.15 < ctl.tail_factor <= 1.25
+    mean = ctl.mean_ms(44, 7)
+    assert ctl.ema_other_ms > 0 and mean == pytest.approx(ctl.ema_prefill_ms_per_token * 44 + ctl.ema_other_ms)
+    budget_between = (mean + mean * ctl.tail_factor) / 2.0
+    elapsed = CFG.cycle.deadline_ms - CFG.cycle.safety_margin_ms - budget_between
+    d = ctl.decide(elapsed, 44, 7)
+    assert not d.admit and d.estimate_ms == pytest.approx(mean * ctl.tail_factor)
+    off = AdmissionController(CFG.cycle, AdmissionConfig(tail_quantile=0.0))
+    off.observe(20.0, 44, 0.0, 7, other_ms=2.0)
+    for f in rng.uniform(0.9, 1.25, 50):
+        off.observe(20.0 * f, 44, 0.0, 7, other_ms=2.0 * f)
+    assert off.tail_factor == 1.0 and off.decide(elapsed, 44, 7).estimate_ms == pytest.approx(off.mean_ms(44, 7))
+
+
+def test_spikes_stay_out_of_the_tail_and_a_young_estimate_has_none():
+    ctl = make()
+    ctl.observe(16.0, 44, 8.0, 7)
+    for _ in range(5):
+        ctl.observe(16.0, 44, 8.0, 7)
+    assert ctl.tail_factor == 1.0                                  # fewer than TAIL_MIN_SAMPLES learned cycles
+    for _ in range(20):
+        ctl.observe(16.0, 44, 8.0, 7)
+    for _ in range(CFG.admission.spikes_to_adopt - 1):
+        assert ctl.observe(40.0, 44, 20.0, 7) is False
+    assert ctl.tail_factor == pytest.approx(1.0)
+
+
+def test_tail_settings_are_validated():
+    with pytest.raises(config.ConfigError, match="tail_quantile"):
+        AdmissionConfig(tail_quantile=1.0)
+    with pytest.raises(config.ConfigError, match="tail_window"):
+        AdmissionConfig(tail_window=0)

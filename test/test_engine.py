@@ -240,7 +240,7 @@ def test_a_rebase_in_a_live_cycle_recomputes_only_what_fits_its_budget(tiny_mode
         # A known cost model (the slack of 33 - 2 ms fits 2.5 frames beside the cycle itself, each planned at
         # kv.rebase_headroom times the prefill's cost per frame), set before each cycle so real timings on a busy
         # machine cannot move it.
-        adm.has_sample, adm.ema_decode_ms_per_token = True, 0.0
+        adm.has_sample, adm.ema_decode_ms_per_token, adm.ema_other_ms, adm.tail_quantile = True, 0.0, 0.0, 0.0
         tpf, headroom = eng.cfg.vision.tokens_per_frame, eng.cfg.kv.rebase_headroom
         adm.ema_prefill_ms_per_token = (eng.cfg.cycle.deadline_ms - eng.cfg.cycle.safety_margin_ms) / (
             (1 + 2.5 * headroom) * tpf + int(eng.suffix.size))

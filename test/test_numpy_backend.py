@@ -273,6 +273,43 @@ def test_bad_inputs_are_named(models, bad, message):
         backend.embed(np.array([1, 1024]))
 
 
+@pytest.mark.parametrize("kind, kv_dtype", [("tiny", "float32"), ("llama-tiny", "float32"), ("tiny", "bfloat16")])
+def test_cycle_with_the_context_gathered_once_equals_the_loop_of_forward_calls(models, kind, kv_dtype):
+    """run_cycle_tokens (the context's K/V gathered once per cycle) against host_cycle.py's loop of forward calls
+    (the reference): same tokens, same prefill logits, same K/V written, on a context scattered over the arena."""
+    from vla_edge_ros.model.host_cycle import run_cycle_on_host
+    spec, weights, _, _, _ = models[kind]
+    rng = np.random.default_rng(5)
+    backends = [NumpyBackend(spec, weights, capacity=256, kv_dtype=kv_dtype) for _ in range(2)]
+    order = rng.permutation(256)
+    context, writes, decode = order[:150], order[150:190], order[190:197]
+    past = rng.standard_normal((150, spec.hidden_size)).astype(np.float32)
+    x = rng.standard_normal((40, spec.hidden_size)).astype(np.float32)
+    lo, n_bins = spec.vocab_size - 256, 256
+    args = (x, np.arange(150, 190), writes, context, decode, np.arange(190, 197), lo, 8, n_bins)
+    for b in backends:
+        b.forward(past, np.arange(150), context, EMPTY, logits="none")
+    reference = run_cycle_on_host(backends[0], *args)
+    tokens = backends[1].run_cycle_tokens(*args)
+    np.testing.assert_array_equal(tokens, reference.tokens)
+    _close(backends[1].prefill_logits(), reference.prefill_logits, "prefill logits")
+    written = np.concatenate([writes, decode])
+    _close(backends[1].read_kv(written), backends[0].read_kv(written), "K/V written by the cycle")
+    prefill_ms, decode_ms = backends[1].last_cycle_ms
+    assert prefill_ms > 0 and decode_ms > 0
+
+
+def test_cycle_refuses_decode_slots_that_clash_with_the_prefill(models):
+    spec, weights, _, _, _ = models["tiny"]
+    backend = NumpyBackend(spec, weights, capacity=64)
+    x = np.zeros((3, spec.hidden_size), np.float32)
+    with pytest.raises(ValueError, match="write_slots overlap context_slots|write_slots contains duplicates"):
+        backend.run_cycle_tokens(x, np.arange(3), np.arange(3), np.arange(3, 10), np.array([2, 20]),
+                                 np.array([3, 4]), 768, 3, 256)
+    with pytest.raises(ValueError, match="2 decode steps need as many"):
+        backend.run_cycle_tokens(x, np.arange(3), np.arange(3), EMPTY, np.array([20]), np.array([3]), 768, 3, 256)
+
+
 def test_tiny_cycle_fits_the_deadline_on_one_core(models):
     """One control cycle: 60-token prefill + 8 decode steps over ~300 cached tokens, best of 5."""
     spec, weights, _, _, _ = models["tiny"]

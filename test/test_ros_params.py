@@ -10,6 +10,7 @@ from rcl_interfaces.msg import ParameterValue
 from rcl_interfaces.srv import DescribeParameters
 from rcl_interfaces.srv import GetParameters
 from rcl_interfaces.srv import SetParameters
+from rcl_interfaces.srv import SetParametersAtomically
 
 import ros_helpers as H
 from vla_edge_ros import config as C
@@ -88,3 +89,61 @@ def test_parameters_declared_described_and_validated_on_change(tmp_path):
         codes = procs.stop()
         harness.close()
     assert codes == {NODE: 0}
+
+
+def test_reasoning_applies_live_keys_and_refuses_the_rest_while_configured(tmp_path, tiny_model_dir):
+    """Active reasoning node: a change to a key built into the engine (action.num_tokens) is refused with the reason
+    and the cycles go on with 8 tokens; the live keys are accepted (the instruction at a cycle boundary). Once
+    cleaned up (unconfigured), the same change is accepted for the next configure."""
+    from lifecycle_msgs.msg import Transition
+    from std_msgs.msg import Int32MultiArray
+    from vla_edge_ros.nodes import conversions as conv
+    domain = H.ros_domain(__name__ + ".reasoning")
+    harness = H.RosHarness(domain)
+    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
+    procs = H.start_graph(domain, {"model.path": str(tiny_model_dir), "cycle.deadline_ms": H.PLUMBING_DEADLINE_MS},
+                          names=("camera_ingest", "reasoning"), log_dir=tmp_path)
+    camera = H.CameraPublisher(harness, H.footage_rgb(30)).start()
+    try:
+        def set_params(**values):
+            params = []
+            for name, value in values.items():
+                if isinstance(value, str):
+                    v = _value(ParameterType.PARAMETER_STRING, string_value=value)
+                elif isinstance(value, list):
+                    v = _value(ParameterType.PARAMETER_STRING_ARRAY, string_array_value=value)
+                else:
+                    v = _value(ParameterType.PARAMETER_INTEGER, integer_value=value)
+                params.append(Parameter(name=name.replace("__", "."), value=v))
+            return [H.call_service(harness, SetParametersAtomically, "/reasoning/set_parameters_atomically",
+                                   SetParametersAtomically.Request(parameters=params)).result]
+
+        H.wait_until(lambda: len(tokens) > 5, H.GRAPH_START_TIMEOUT_S, "actions")
+        # Valid together (as many names as tokens), but num_tokens is built into the engine: the set is refused
+        # whole, so the live dim_names of it is not applied either.
+        refused = set_params(action__num_tokens=4, action__dim_names=["a", "b", "c", "d"])[0]
+        assert not refused.successful
+        assert "['action.num_tokens'] cannot change while running" in refused.reason, refused.reason
+        assert "clean up" in refused.reason
+        mixed = set_params(prompt__instruction="put the cup down", kv__capacity_tokens=2048)[0]
+        assert not mixed.successful and "kv.capacity_tokens" in mixed.reason
+        live = set_params(prompt__instruction="put the cup down", camera__max_pixels=2_000_000)[0]
+        assert live.successful, live.reason
+        renamed = set_params(action__dim_names=[f"axis_{i}" for i in range(8)])[0]
+        assert renamed.successful, renamed.reason
+        n = len(tokens)
+        H.wait_until(lambda: len(tokens) > n + 10, 10.0, "actions after the changes")
+        assert all(len(conv.parse_action_tokens(m)["tokens"]) == 8 for m in tokens.messages())
+        values = H.call_service(harness, GetParameters, "/reasoning/get_parameters",
+                                GetParameters.Request(names=["action.num_tokens", "prompt.instruction"])).values
+        assert (values[0].integer_value, values[1].string_value) == (8, "put the cup down")
+        camera.stop()
+        H.lifecycle_transition(harness, "reasoning", Transition.TRANSITION_DEACTIVATE)
+        H.lifecycle_transition(harness, "reasoning", Transition.TRANSITION_CLEANUP)
+        accepted = set_params(kv__capacity_tokens=2048)[0]
+        assert accepted.successful, accepted.reason
+        assert procs.dead() == {}, H.node_log(tmp_path, "reasoning")
+    finally:
+        camera.stop()
+        procs.stop()
+        harness.close()

@@ -79,8 +79,14 @@ class AdmissionConfig:
                                "second refuse", default=1.5)
     spikes_to_adopt: int = _doc("this many spikes in a row are a lasting change of cost, not interference: from "
                                 "then on they are learned", default=5)
+    tail_quantile: float = _doc("admit on this quantile of the recent cycles' actual / predicted cost, not on the "
+                                "mean (core/admission.py); 0 = on the mean", default=0.95)
+    tail_window: int = _doc("cycles whose actual / predicted ratio the tail is taken over", default=90)
 
     def __post_init__(self):
+        if not 0.0 <= self.tail_quantile < 1.0:
+            raise ConfigError(f"admission.tail_quantile must be in [0, 1), got {self.tail_quantile}")
+        _positive(self, "tail_window", "admission")
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ConfigError(f"admission.ema_alpha must be in (0, 1], got {self.ema_alpha}")
         _positive(self, "probe_after_refusals", "admission")
@@ -306,8 +312,14 @@ class ASRConfig:
                          "is on a GPU (it shares the primary's), free on the CPU (other cores do the work)",
                          default="auto")
     slack_margin_ms: float = _doc("slack schedule: kept free before the primary's next boundary", default=2.0)
+    niceness: int = _doc("the reconciler process's CPU niceness (Linux nice value 0..19, applied to all its threads at "
+                         "configure): where the cores are few, the primary's cycle gets the CPU first and the "
+                         "reconciler the rest. 0 leaves it as started", default=10)
 
     def __post_init__(self):
+        if not 0 <= self.niceness <= 19:
+            raise ConfigError(f"asr.niceness must be in 0..19 (a Linux nice value; only lower priority, never "
+                              f"higher), got {self.niceness}")
         if self.schedule not in ASR_SCHEDULES:
             raise ConfigError(f"asr.schedule must be one of {ASR_SCHEDULES}, got {self.schedule!r}")
         _non_negative(self, "slack_margin_ms", "asr")

@@ -4,9 +4,24 @@ The cost of a cycle is predicted from the engine's own measurements, kept as
 two separate exponential moving averages because prefill (one parallel pass
 over many tokens) and decode (one forward per token) cost differently:
 
-    estimate_ms = ema_prefill_ms_per_token * prefill_tokens + ema_decode_ms_per_token * decode_tokens
+    mean_ms     = ema_prefill_ms_per_token * prefill_tokens + ema_decode_ms_per_token * decode_tokens
+                  + ema_other_ms
+    estimate_ms = mean_ms * tail_factor
     budget_ms   = deadline_ms - elapsed_ms - safety_margin_ms
     admit       = estimate_ms <= budget_ms
+
+`ema_other_ms` is the rest of an admitted cycle's time (vision encoder, KV
+slot bookkeeping): a fixed cost per cycle, not per token.
+
+The tail, not only the mean. A cycle admitted on its mean cost finishes late
+about half the times its budget is tight. So every learned cycle's ratio
+actual / predicted is kept for the last `admission.tail_window` cycles, and
+the estimate is the mean times the `admission.tail_quantile` of those ratios
+(never below 1): the cycle is admitted only if it would finish in time even
+when it runs as slow as the slow end of what the recent cycles did, whatever
+made them slow (other processes on the cores, the reconciler, the publisher,
+a longer context). Spikes (below) are kept out of the tail as they are kept
+out of the mean, so the factor stays between 1 and spike_factor.
 
 The first cycle is admitted unconditionally (nothing measured yet to distrust);
 its measurement seeds both averages.
@@ -30,9 +45,14 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..config import AdmissionConfig, CycleConfig
+
+TAIL_MIN_SAMPLES = 10     # fewer learned cycles than this: no tail yet (the mean alone, as the first seconds)
 
 
 @dataclass(frozen=True)
@@ -56,7 +76,22 @@ class AdmissionController:
         self.spikes = 0                 # cycles not learned from (too slow to be the engine's own cost)
         self.ema_prefill_ms_per_token = 0.0
         self.ema_decode_ms_per_token = 0.0
+        self.ema_other_ms = 0.0
         self.has_sample = False
+        self.tail_quantile = admission_cfg.tail_quantile
+        self._ratios = deque(maxlen=admission_cfg.tail_window)     # actual / predicted of recent learned cycles
+
+    def mean_ms(self, prefill_tokens: int, decode_tokens: int) -> float:
+        """The mean predicted cost of a cycle of these tokens."""
+        return (self.ema_prefill_ms_per_token * prefill_tokens + self.ema_decode_ms_per_token * decode_tokens
+                + self.ema_other_ms)
+
+    @property
+    def tail_factor(self) -> float:
+        """The tail_quantile of the recent actual / predicted ratios, at least 1 (1 until TAIL_MIN_SAMPLES)."""
+        if self.tail_quantile == 0.0 or len(self._ratios) < TAIL_MIN_SAMPLES:
+            return 1.0
+        return max(1.0, float(np.quantile(np.fromiter(self._ratios, float), self.tail_quantile)))
 
     def decide(self, elapsed_ms: float, prefill_tokens: int, decode_tokens: int) -> AdmissionDecision:
         """Admit or refuse a cycle that has already spent `elapsed_ms` and would run these tokens."""
@@ -66,7 +101,7 @@ class AdmissionController:
         budget = self.deadline_ms - elapsed_ms - self.safety_margin_ms
         if not self.has_sample:
             return AdmissionDecision(admit=True, estimate_ms=0.0, budget_ms=budget)
-        estimate = self.ema_prefill_ms_per_token * prefill_tokens + self.ema_decode_ms_per_token * decode_tokens
+        estimate = self.mean_ms(prefill_tokens, decode_tokens) * self.tail_factor
         if estimate <= budget:
             self.refusals_in_a_row = 0
             return AdmissionDecision(admit=True, estimate_ms=estimate, budget_ms=budget)
@@ -76,11 +111,13 @@ class AdmissionController:
             return AdmissionDecision(admit=True, estimate_ms=estimate, budget_ms=budget, probe=True)
         return AdmissionDecision(admit=False, estimate_ms=estimate, budget_ms=budget)
 
-    def observe(self, prefill_ms: float, prefill_tokens: int, decode_ms: float, decode_tokens: int) -> bool:
-        """Fold one measured cycle into the two per-token EMAs (the first one seeds them); a spike (see the
-        module docstring) is not folded in. Returns True when the sample was learned."""
+    def observe(self, prefill_ms: float, prefill_tokens: int, decode_ms: float, decode_tokens: int,
+                other_ms: float = 0.0) -> bool:
+        """Fold one measured cycle into the EMAs (the first one seeds them) and its actual / predicted ratio
+        into the tail; a spike (see the module docstring) is not folded in. Returns True when learned."""
         _check_finite_non_negative("prefill_ms", prefill_ms)
         _check_finite_non_negative("decode_ms", decode_ms)
+        _check_finite_non_negative("other_ms", other_ms)
         for name, count in (("prefill_tokens", prefill_tokens), ("decode_tokens", decode_tokens)):
             _check_token_count(name, count)
             if count == 0:
@@ -90,10 +127,12 @@ class AdmissionController:
         if not self.has_sample:
             self.ema_prefill_ms_per_token = prefill_rate
             self.ema_decode_ms_per_token = decode_rate
+            self.ema_other_ms = other_ms
             self.has_sample = True
             return True
-        predicted = self.ema_prefill_ms_per_token * prefill_tokens + self.ema_decode_ms_per_token * decode_tokens
-        if prefill_ms + decode_ms > self.spike_factor * predicted:
+        predicted = self.mean_ms(prefill_tokens, decode_tokens)
+        actual = prefill_ms + decode_ms + other_ms
+        if actual > self.spike_factor * predicted:
             self.spikes_in_a_row += 1
             if self.spikes_in_a_row < self.spikes_to_adopt:
                 self.spikes += 1
@@ -103,6 +142,9 @@ class AdmissionController:
         a = self.alpha
         self.ema_prefill_ms_per_token = (1.0 - a) * self.ema_prefill_ms_per_token + a * prefill_rate
         self.ema_decode_ms_per_token = (1.0 - a) * self.ema_decode_ms_per_token + a * decode_rate
+        self.ema_other_ms = (1.0 - a) * self.ema_other_ms + a * other_ms
+        if predicted > 0.0:
+            self._ratios.append(actual / predicted)
         return True
 
 

@@ -36,6 +36,7 @@ class CycleResult:
     state_exact: bool = True                  # served on an exact state: no approximate eviction since the last
                                               # reconciled swap (FrameState.state_exact after this cycle's admission)
     detail: str = ""                          # human-readable explanation for fallbacks
+    phases_ms: dict = field(default_factory=dict)   # where the time went: core/cycle_phases.py IN_CYCLE names
 
     @property
     def is_action(self) -> bool:

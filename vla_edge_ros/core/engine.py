@@ -36,6 +36,7 @@ from ..config import VlaConfig
 from . import cycle_result as R
 from .action_codec import ActionCodec, NonFiniteLogitsError
 from .admission import AdmissionController
+from .cycle_phases import PhaseClock, PhaseStats
 from .cycle_result import CycleResult
 from .engine_state import FrameState, FrameStateError
 from .failure_log import FailureLog
@@ -70,6 +71,7 @@ class Engine:
         self.codec = ActionCodec(spec.vocab_size, cfg.action)
         self.admission = AdmissionController(cfg.cycle, cfg.admission)
         self.metrics = CycleMetrics(cfg.cycle.deadline_ms)
+        self.phases = PhaseStats()                              # where each cycle's time went (core/cycle_phases.py)
         self.cycle_id = 0
         self._last_prefill_logits: np.ndarray | None = None   # [vocab] of the latest cycle's prefill, fetched on demand
         self._prefill_logits_ready = False                      # the latest cycle completed: the backend has them
@@ -139,6 +141,7 @@ class Engine:
             self.state.last_frame_id = None
             self.cycle_id = 0
             self.metrics = CycleMetrics(self.cfg.cycle.deadline_ms)
+            self.phases = PhaseStats()
             for key in ("frames", "suffix", "decode"):
                 self.state.computed_tokens[key] = 0
         return {"cycles": cycles, "first_ms": elapsed[0], "last_ms": elapsed[-1],
@@ -152,12 +155,16 @@ class Engine:
 
     def run_cycle(self, frame: Frame | None, now_s: float, cycle_start_perf: float | None = None) -> CycleResult:
         t0 = time.perf_counter() if cycle_start_perf is None else cycle_start_perf
+        clock = PhaseClock(t0)
+        clock.lap("wake")
         result = CycleResult(cycle_id=self.cycle_id)
         self.cycle_id += 1
         rebased = self.state.rebase_positions_if_needed(self._rebase_budget_frames())
+        if rebased:
+            clock.lap("rebase")
         self.state.in_cycle = True
         try:
-            self._run(frame, now_s, t0, result)
+            self._run(frame, now_s, t0, result, clock)
         except NonFiniteLogitsError as exc:
             self._fail(result, R.ENGINE_ERROR, f"non-finite logits: {exc}")
         except Exception as exc:  # noqa: BLE001 - a cycle must end in a fallback, never an exception
@@ -170,6 +177,8 @@ class Engine:
         result.elapsed_ms = (time.perf_counter() - t0) * 1000.0
         result.state_exact = self.state.state_exact
         late = result.elapsed_ms > self.cfg.cycle.deadline_ms
+        result.phases_ms = clock.ms
+        self.phases.record_cycle(clock.ms, late)
         if late and result.is_action:
             result.overran = True
             if not self.cfg.cycle.deterministic:
@@ -186,7 +195,7 @@ class Engine:
 
     # ------------------------------------------------------------- the cycle
 
-    def _run(self, frame, now_s, t0, result: CycleResult) -> None:
+    def _run(self, frame, now_s, t0, result: CycleResult, clock: PhaseClock) -> None:
         cyc = self.cfg.cycle
         if frame is None:
             return self._fail(result, R.NO_FRAME, "no camera frame received yet")
@@ -205,6 +214,8 @@ class Engine:
         decode_steps = self.cfg.action.num_tokens - 1
         decision = self.admission.decide((time.perf_counter() - t0) * 1000.0, prefill_tokens, decode_steps)
         result.estimate_ms, result.budget_ms, result.probe = decision.estimate_ms, decision.budget_ms, decision.probe
+        clock.lap("admission")
+        t_admitted = time.perf_counter()
         if not decision.admit and not (cyc.deterministic or self._force_admit):
             return self._fail(result, R.REFUSED_BUDGET,
                               f"estimate {decision.estimate_ms:.2f} ms > budget {decision.budget_ms:.2f} ms")
@@ -212,6 +223,7 @@ class Engine:
         rows, positions, write_slots = [], [], []
         if new:
             chunk = st.encode_chunk(frame)
+            clock.lap("vision")
             frame_slots, result.evicted_frame_ids = st.admit_chunk(chunk, st.next_position)
             st.mark_unwritten(frame.frame_id)                                  # until the prefill succeeds
             rows.append(chunk.tokens)                                           # [32, hidden]
@@ -230,12 +242,17 @@ class Engine:
                    np.concatenate(write_slots).astype(np.int32), context)
         decode_slots = suffix_slots[s:s + decode_steps]
         decode_positions = np.arange(st.next_position + s, st.next_position + s + decode_steps, dtype=np.int64)
+        clock.lap("slots")
         tokens, result.prefill_ms, result.decode_ms = self._prefill_decode(prefill, decode_slots, decode_positions)
+        clock.add("prefill", result.prefill_ms)
+        clock.add("decode", result.decode_ms)
+        clock.skip()
         st.computed_tokens["frames"] += tpf if new else 0
         st.computed_tokens["suffix"] += s
         st.computed_tokens["decode"] += decode_steps
         result.prefill_tokens = prefill_tokens
-        self.admission.observe(result.prefill_ms, prefill_tokens, result.decode_ms, max(decode_steps, 1))
+        other_ms = max(0.0, (time.perf_counter() - t_admitted) * 1e3 - result.prefill_ms - result.decode_ms)
+        self.admission.observe(result.prefill_ms, prefill_tokens, result.decode_ms, max(decode_steps, 1), other_ms)
         result.tokens = np.asarray(tokens, dtype=np.int64)
         result.action = self.codec.to_values(result.tokens)
         st.mark_written()                               # finite logits all the way: the frame's KV is good
@@ -273,8 +290,7 @@ class Engine:
         if cyc.deterministic or self._force_admit or not adm.has_sample or adm.ema_prefill_ms_per_token <= 0:
             return None
         tpf = self.cfg.vision.tokens_per_frame
-        cycle_ms = (adm.ema_prefill_ms_per_token * (tpf + int(self.suffix.size))
-                    + adm.ema_decode_ms_per_token * max(self.cfg.action.num_tokens - 1, 1))
+        cycle_ms = adm.mean_ms(tpf + int(self.suffix.size), max(self.cfg.action.num_tokens - 1, 1)) * adm.tail_factor
         slack_ms = cyc.deadline_ms - cyc.safety_margin_ms - cycle_ms
         return max(0, int(slack_ms // (self.cfg.kv.rebase_headroom * adm.ema_prefill_ms_per_token * tpf)))
 

@@ -56,7 +56,14 @@ def check_forward_inputs(hidden: int, marks: np.ndarray, x, positions, write_slo
         raise ValueError(f"write_slots must have shape ({n},) (one per row of x), got {write_slots.shape}")
     if logits not in LOGITS_MODES:
         raise ValueError(f"logits must be one of {LOGITS_MODES}, got {logits!r}")
-    # Every slot at most once: a duplicate would be attended twice or written twice.
+    check_slot_sets(marks, write_slots, context_slots)
+    return x, positions, write_slots, context_slots
+
+
+def check_slot_sets(marks: np.ndarray, write_slots: np.ndarray, context_slots: np.ndarray) -> None:
+    """Every slot at most once (a duplicate would be attended twice or written twice) and no write slot
+    among the context. marks: the all-False scratch of check_forward_inputs; cleared again on return."""
+    n = write_slots.size
     try:
         marks[context_slots] = True
         if np.count_nonzero(marks) != context_slots.size:
@@ -69,4 +76,3 @@ def check_forward_inputs(hidden: int, marks: np.ndarray, x, positions, write_slo
     finally:
         marks[context_slots] = False
         marks[write_slots] = False
-    return x, positions, write_slots, context_slots

@@ -21,13 +21,14 @@ float32 and the attention reads the rounded values back in float32.
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
 from ..config import KV_ELEMENT_BYTES
 from .backend import ForwardResult
-from .forward_inputs import check_forward_inputs, slot_array, token_id_array
-from .host_cycle import HostLoopCycles
+from .forward_inputs import MAX_POSITION, check_forward_inputs, check_slot_sets, slot_array, token_id_array
+from .host_cycle import HostLoopCycles, restricted_argmax
 from .spec import ModelSpec
 from .weights import ModelWeights, canonical_dtype, round_to_bf16
 
@@ -80,45 +81,44 @@ class NumpyBackend(HostLoopCycles):
     def forward(self, x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
                 context_slots: np.ndarray, logits: str = "last", return_hidden: bool = False) -> ForwardResult:
         x, positions, write_slots, context_slots = self._check_inputs(x, positions, write_slots, context_slots, logits)
-        spec = self.spec
-        n = x.shape[0]
-        cos, sin = self._rope_tables(positions)                  # [N, head_dim] each
-        slots = np.concatenate([context_slots, write_slots])     # [T = C + N]; this call's rows last
-        mask = _causal_tail_mask(n, slots.size)                  # [N, T] or None when N == 1
-        h = np.array(x, dtype=np.float32)                        # [N, hidden] residual stream
-        hidden = [h.copy()] if return_hidden else []
-        q_end, k_end = spec.q_dim, spec.q_dim + spec.kv_dim
-        for li, layer in enumerate(self._layers):
-            a = _rms_norm(h, layer.input_norm, spec.rms_norm_eps)
-            qkv = a @ layer.qkv_t                                 # [N, q_dim + 2 kv_dim]
-            if layer.qkv_bias is not None:
-                qkv += layer.qkv_bias
-            q = _apply_rope(qkv[:, :q_end].reshape(n, spec.num_heads, spec.head_dim), cos, sin)      # [N, H, hd]
-            k = _apply_rope(qkv[:, q_end:k_end].reshape(n, spec.num_kv_heads, spec.head_dim), cos, sin)  # [N, KV, hd]
-            # Stored first, then read back: this call's own rows are attended as the arena holds them.
-            self._k[li, write_slots] = self._kv_stored(k.reshape(n, spec.kv_dim))
-            self._v[li, write_slots] = self._kv_stored(qkv[:, k_end:])
-            keys = self._k[li, slots].reshape(slots.size, spec.num_kv_heads, spec.head_dim)    # [T, KV, hd]
-            values = self._v[li, slots].reshape(slots.size, spec.num_kv_heads, spec.head_dim)  # [T, KV, hd]
-            h = h + _attention(q, keys, values, mask) @ layer.o_t                               # [N, hidden]
-            m = _rms_norm(h, layer.post_norm, spec.rms_norm_eps)
-            gate_up = m @ layer.gate_up_t                         # [N, 2 * inter]
-            gate, up = gate_up[:, :layer.inter], gate_up[:, layer.inter:]
-            h = h + (_silu(gate) * up) @ layer.down_t             # [N, hidden]
-            if return_hidden:
-                hidden.append(h)
-        if return_hidden:
-            # HF's output_hidden_states: the last entry is the final-norm output, not layer L's raw output.
-            normed = _rms_norm(h, self._final_norm, spec.rms_norm_eps)  # [N, hidden]
-            hidden[-1] = normed
-        if logits == "none":
-            return ForwardResult(logits=None, hidden_states=hidden)
-        rows = h if logits == "all" else h[-1:]
-        if return_hidden:
-            rows_normed = normed if logits == "all" else normed[-1:]
-        else:
-            rows_normed = _rms_norm(rows, self._final_norm, spec.rms_norm_eps)
-        return ForwardResult(logits=rows_normed @ self._lm_head_t, hidden_states=hidden)  # [1 or N, vocab]
+        window = _KvWindow(self, context_slots, extra_rows=x.shape[0])
+        return self._forward_rows(x, positions, write_slots, window, logits, return_hidden)
+
+    def run_cycle_tokens(self, prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions,
+                         action_bin_lo: int, n_tokens: int, n_bins: int) -> np.ndarray:
+        """The cycle of model/backend.py with the context's K/V gathered once per layer for the whole cycle.
+
+        The same arithmetic as the loop of `forward` calls in host_cycle.py (which stays the reference,
+        and is what the tests compare this against): each decode step attends to the same context plus
+        the rows written since, so the gathered window grows by one row per step instead of being
+        gathered again from the arena (at 1000 cached tokens that gather was most of a decode step).
+        """
+        self._host_prefill_logits = None
+        prefill_x, positions, write_slots, context_slots = self._check_inputs(
+            prefill_x, positions, write_slots, context_slots, "last")
+        steps = int(n_tokens) - 1
+        decode_slots = self._slot_array(np.asarray(decode_slots)[:steps], "decode_slots")     # [steps]
+        decode_positions = np.asarray(decode_positions)[:steps]                               # [steps]
+        if decode_slots.size != steps or decode_positions.shape != (steps,):
+            raise ValueError(f"run_cycle_tokens: {steps} decode steps need as many decode_slots and decode_positions, "
+                             f"got {decode_slots.size} and {decode_positions.shape}")
+        if steps and (decode_positions.min() < 0 or decode_positions.max() > MAX_POSITION):
+            raise ValueError(f"decode_positions must be in [0, 2^31), got [{decode_positions.min()}, "
+                             f"{decode_positions.max()}]")
+        check_slot_sets(self._slot_marks, np.concatenate([write_slots, decode_slots]), context_slots)
+        t_prefill = time.perf_counter()
+        window = _KvWindow(self, context_slots, extra_rows=prefill_x.shape[0] + steps)
+        prefill_logits = self._forward_rows(prefill_x, positions, write_slots, window, "last", False).logits[-1]
+        tokens = [restricted_argmax(prefill_logits, action_bin_lo, n_bins)]               # [vocab] -> id
+        t_decode = time.perf_counter()
+        for j in range(steps):
+            x = self._embed[tokens[-1:]]                                                    # [1, hidden]
+            out = self._forward_rows(x, decode_positions[j:j + 1], decode_slots[j:j + 1], window, "last", False)
+            tokens.append(restricted_argmax(out.logits[-1], action_bin_lo, n_bins))
+        t_end = time.perf_counter()
+        self._host_prefill_logits = prefill_logits
+        self.last_cycle_ms = ((t_decode - t_prefill) * 1e3, (t_end - t_decode) * 1e3)
+        return np.asarray(tokens, dtype=np.int64)
 
     def prepare_cycle(self, prefill_rows: int, action_bin_lo: int, n_bins: int) -> None:
         """Nothing to prepare on the CPU (the CUDA backend captures its graphs here)."""
@@ -184,6 +184,82 @@ class NumpyBackend(HostLoopCycles):
         return np.cos(angles), np.sin(angles)
 
 
+    def _forward_rows(self, x, positions, write_slots, window: "_KvWindow", logits: str,
+                      return_hidden: bool) -> ForwardResult:
+        """N validated rows through every layer: K/V written to the arena at write_slots and appended to
+        `window`, attention over the window (causal among this call's rows)."""
+        spec = self.spec
+        n = x.shape[0]
+        cos, sin = self._rope_tables(positions)                  # [N, head_dim] each
+        t0 = window.rows
+        mask = _causal_tail_mask(n, t0 + n)                      # [N, T] or None when N == 1
+        h = np.array(x, dtype=np.float32)                        # [N, hidden] residual stream
+        hidden = [h.copy()] if return_hidden else []
+        q_end, k_end = spec.q_dim, spec.q_dim + spec.kv_dim
+        for li, layer in enumerate(self._layers):
+            a = _rms_norm(h, layer.input_norm, spec.rms_norm_eps)
+            qkv = a @ layer.qkv_t                                 # [N, q_dim + 2 kv_dim]
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
+            q = _apply_rope(qkv[:, :q_end].reshape(n, spec.num_heads, spec.head_dim), cos, sin)      # [N, H, hd]
+            k = _apply_rope(qkv[:, q_end:k_end].reshape(n, spec.num_kv_heads, spec.head_dim), cos, sin)  # [N, KV, hd]
+            # Stored first, then read back: this call's own rows are attended as the arena holds them.
+            k_rows = self._kv_stored(k.reshape(n, spec.kv_dim))   # [N, kv_dim]
+            v_rows = self._kv_stored(qkv[:, k_end:])              # [N, kv_dim]
+            self._k[li, write_slots] = k_rows
+            self._v[li, write_slots] = v_rows
+            keys, values = window.append(li, k_rows, v_rows)      # [KV, T, hd] each
+            h = h + _attention(q, keys, values, mask) @ layer.o_t                               # [N, hidden]
+            m = _rms_norm(h, layer.post_norm, spec.rms_norm_eps)
+            gate_up = m @ layer.gate_up_t                         # [N, 2 * inter]
+            gate, up = gate_up[:, :layer.inter], gate_up[:, layer.inter:]
+            h = h + (_silu(gate) * up) @ layer.down_t             # [N, hidden]
+            if return_hidden:
+                hidden.append(h)
+        window.rows = t0 + n
+        if return_hidden:
+            # HF's output_hidden_states: the last entry is the final-norm output, not layer L's raw output.
+            normed = _rms_norm(h, self._final_norm, spec.rms_norm_eps)  # [N, hidden]
+            hidden[-1] = normed
+        if logits == "none":
+            return ForwardResult(logits=None, hidden_states=hidden)
+        rows = h if logits == "all" else h[-1:]
+        if return_hidden:
+            rows_normed = normed if logits == "all" else normed[-1:]
+        else:
+            rows_normed = _rms_norm(rows, self._final_norm, spec.rms_norm_eps)
+        return ForwardResult(logits=rows_normed @ self._lm_head_t, hidden_states=hidden)  # [1 or N, vocab]
+
+
+class _KvWindow:
+    """The K/V one forward (or one cycle) attends to, per layer, head-major [KV, T, hd]: the context's
+    rows gathered from the arena once, then each call's new rows appended behind them."""
+
+    def __init__(self, backend: "NumpyBackend", context_slots: np.ndarray, extra_rows: int):
+        spec = backend.spec
+        self._backend = backend
+        self._context = context_slots
+        self._gathered = [False] * spec.num_layers
+        c = context_slots.size
+        shape = (spec.num_layers, spec.num_kv_heads, c + int(extra_rows), spec.head_dim)
+        self._k = np.empty(shape, np.float32)                    # [layers, KV, T_max, hd]
+        self._v = np.empty(shape, np.float32)                    # [layers, KV, T_max, hd]
+        self.rows = c                                            # rows filled in every layer
+
+    def append(self, li: int, k_rows: np.ndarray, v_rows: np.ndarray) -> tuple:
+        """Layer li's new rows [N, kv_dim] (as stored) behind the filled ones -> views [KV, rows + N, hd]."""
+        b, spec = self._backend, self._backend.spec
+        if not self._gathered[li]:                               # the context, once per layer (on first use)
+            c = self._context.size
+            self._k[li, :, :c] = b._k[li, self._context].reshape(c, spec.num_kv_heads, spec.head_dim).transpose(1, 0, 2)
+            self._v[li, :, :c] = b._v[li, self._context].reshape(c, spec.num_kv_heads, spec.head_dim).transpose(1, 0, 2)
+            self._gathered[li] = True
+        t0, n = self.rows, k_rows.shape[0]
+        self._k[li, :, t0:t0 + n] = k_rows.reshape(n, spec.num_kv_heads, spec.head_dim).transpose(1, 0, 2)
+        self._v[li, :, t0:t0 + n] = v_rows.reshape(n, spec.num_kv_heads, spec.head_dim).transpose(1, 0, 2)
+        return self._k[li, :, :t0 + n], self._v[li, :, :t0 + n]
+
+
 class _FusedLayer:
     """One decoder layer's weights, transposed to [in, out] and fused so a step does 3 GEMMs + o_proj."""
 
@@ -204,7 +280,9 @@ class _FusedLayer:
 
 
 def _rms_norm(h: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    variance = np.mean(h * h, axis=-1, keepdims=True)              # [N, 1]
+    # sum / n is what np.mean computes (same pairwise float32 sum, same division), without its Python wrapper,
+    # which cost more than the arithmetic on a decode step's single row.
+    variance = np.square(h).sum(axis=-1, keepdims=True) / np.float32(h.shape[-1])   # [N, 1]
     return weight * (h / np.sqrt(variance + np.float32(eps)))      # [N, hidden]
 
 
@@ -234,15 +312,15 @@ def _causal_tail_mask(n: int, total: int) -> np.ndarray | None:
 
 
 def _attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    """Grouped-query softmax attention. q [N, H, hd], keys/values [T, KV, hd] -> [N, H * hd]."""
+    """Grouped-query softmax attention. q [N, H, hd], keys/values [KV, T, hd] -> [N, H * hd]."""
     n, num_heads, hd = q.shape
-    total, num_kv, _ = keys.shape
+    num_kv, total, _ = keys.shape
     group = num_heads // num_kv
     scale = np.float32(1.0 / np.sqrt(hd))
     # Query head h = kv * group + g reads KV head kv (HF repeat_kv order).
     qg = q.reshape(n, num_kv, group, hd).transpose(1, 2, 0, 3)      # [KV, G, N, hd]
-    k_t = keys.transpose(1, 2, 0)                                   # [KV, hd, T]
-    v = values.transpose(1, 0, 2)                                   # [KV, T, hd]
+    k_t = keys.transpose(0, 2, 1)                                   # [KV, hd, T]
+    v = values                                                      # [KV, T, hd]
     out = np.empty((num_kv, group, n, hd), dtype=np.float32)        # [KV, G, N, hd]
     rows = max(1, ATTENTION_SCORE_ELEMENTS // max(1, num_heads * total))
     for r0 in range(0, n, rows):

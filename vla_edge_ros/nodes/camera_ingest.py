@@ -41,9 +41,10 @@ DIAGNOSTICS_PERIOD_S = 1.0
 class CameraIngest(Node):
     def __init__(self):
         super().__init__("camera_ingest")
-        self.params = NodeParameters(self, sections=("camera", "vision", "cycle", "health"))
-        # Frame size and limits stay those of the start: a live vision.* change would send frames of a size
-        # the reasoning node's encoder was not built for.
+        # Frame size and the rest stay those of the start (a live vision.* change would send frames of a size
+        # the reasoning node's encoder was not built for); the pixel limit applies from the next image.
+        self.params = NodeParameters(self, sections=("camera", "vision", "cycle", "health"),
+                                     live_keys=("camera.max_pixels",), on_change=self._on_config_change)
         self.cfg = cfg = self.params.config
         self.health = CameraHealth(cfg.health, cfg.cycle.stale_frame_ms, start_s=time.monotonic())
         self._health_log = HealthLog()
@@ -64,8 +65,11 @@ class CameraIngest(Node):
         self.get_logger().info(f"reading {cfg.camera.input_topic} ({msg_type.__name__}, {cfg.camera.reliability}), "
                                f"frames {cfg.vision.image_width}x{cfg.vision.image_height} on {graph.FRAME_TOPIC}")
 
+    def _on_config_change(self, cfg, keys) -> None:
+        self.cfg = cfg                   # only live keys get here (params.py); one reference swap, read once per image
+
     def _on_image(self, msg) -> None:
-        cfg = self.cfg                   # as started: parameter changes apply at the next start (params.py)
+        cfg = self.cfg
         self.counts["received"] += 1
         try:
             if isinstance(msg, CompressedImage):

@@ -7,9 +7,14 @@ values and validated by config.py, both at start (an invalid value raises
 `ConfigError` naming the key, the node exits) and afterwards in an
 on-set-parameters callback that refuses invalid values with the same reason.
 
-Accepted changes update `NodeParameters.config`; a node decides what it can
-apply live (the reasoning node applies `prompt.instruction`), everything else
-takes effect at the next start (reconciler: the next configure).
+A change is applied whole or refused with a reason, never half-applied. Each
+node names its `live_keys`, the keys it can apply while running (each at a
+point where nothing is reading the old value: the reasoning node at a cycle
+boundary); while `fixed()` says the node's resources were built from the
+configuration (a lifecycle node that is configured, or any plain node once
+started), a change to any other key is refused, naming the keys and what to
+do instead. A lifecycle node accepts every valid change while unconfigured:
+the next configure builds from it.
 
 Refused at start as well: parameter overrides (from `--params-file` or `-p`)
 naming a key no section of `VlaConfig` has, e.g. a typo `cycle.deadline_s`.
@@ -70,13 +75,18 @@ class NodeParameters:
     """Declares a node's configuration parameters and keeps its validated `VlaConfig`.
 
     `sections=None` declares every section. `on_change(cfg, changed_keys)` runs
-    after an accepted change.
+    after an accepted change. `live_keys` and `fixed` as in the module docstring
+    (`fixed` None: always fixed, `until` says when that ends).
     """
 
-    def __init__(self, node, sections: tuple | None = None, base: C.VlaConfig | None = None, on_change=None):
+    def __init__(self, node, sections: tuple | None = None, base: C.VlaConfig | None = None, on_change=None,
+                 live_keys: tuple = (), fixed=None, until: str = "restart the node with the new value"):
         self._node = node
         self._base = base or C.VlaConfig()
         self._on_change = on_change
+        self.live_keys = frozenset(live_keys)
+        self._fixed = fixed if fixed is not None else (lambda: True)
+        self._until = until
         self.keys = section_keys(sections, self._base)
         self._check_overrides()
         values = self._declare_all()
@@ -130,9 +140,15 @@ class NodeParameters:
         if not changed:
             return SetParametersResult(successful=True)
         try:
-            self._build({**self.values(), **changed})
+            self._build({**self.values(), **changed})          # an invalid value: config.py's reason first
         except C.ConfigError as exc:
             return SetParametersResult(successful=False, reason=str(exc))
+        fixed = sorted(k for k in changed if k not in self.live_keys)
+        if fixed and self._fixed():
+            live = f"; live: {sorted(self.live_keys)}" if self.live_keys else ""
+            return SetParametersResult(successful=False, reason=(
+                f"{self._node.get_name()}: {fixed} cannot change while running (built into what it runs); "
+                f"{self._until}{live}"))
         return SetParametersResult(successful=True)
 
     def _apply_change(self, params) -> None:

@@ -75,6 +75,9 @@ WARMUP_SEED = 7            # the synthetic warm-up frame (noise, so every kernel
 CONFIGURE_ERRORS = (ModelFormatError, EngineConfigError, ConfigError, OSError, ValueError, MemoryError, RuntimeError,
                     ImportError)
 GIB = 1024 ** 3
+# Applied while configured: the instruction at the next cycle boundary, the others from the next frame / cycle
+# (each read once per frame or per cycle from one config object). Every other key is built into the engine.
+LIVE_KEYS = ("prompt.instruction", "camera.max_pixels", "action.dim_names")
 
 
 class Reasoning(LifecycleNode):
@@ -90,7 +93,10 @@ class Reasoning(LifecycleNode):
         self._cycle_clock = None                           # core/cycle_clock.py: cycle timing for the reconciler
         self.warmup: dict = {}
         super().__init__("reasoning")
-        self.params = NodeParameters(self, on_change=self._on_config_change)
+        self.params = NodeParameters(self, on_change=self._on_config_change, live_keys=LIVE_KEYS,
+                                     fixed=lambda: self.engine is not None,
+                                     until="deactivate and clean up the node, set it, then configure again")
+        self._live_cfg = self.params.config          # what the cycle and frame callbacks read: one reference swap
         self.buffer = LatestFrameBuffer()
         self.frame_ids = FrameIdEpochs()             # camera ids -> state ids that survive a camera restart
         self.rejected_frames = 0
@@ -182,8 +188,9 @@ class Reasoning(LifecycleNode):
     # ---------------------------------------------------------------- executor
 
     def _on_frame(self, msg: Image) -> None:
+        t0 = time.perf_counter()
         try:
-            frame = conv.frame_from_image_msg(msg, self.params.config.camera.max_pixels)
+            frame = conv.frame_from_image_msg(msg, self._live_cfg.camera.max_pixels)
         except ValueError as exc:          # camera_images.ImageRejected or a frame_id without a frame number
             self.rejected_frames += 1
             self.get_logger().error(f"/vla/frame message rejected: {exc}", throttle_duration_sec=1.0)
@@ -194,12 +201,15 @@ class Reasoning(LifecycleNode):
             self.get_logger().warning(f"camera frame ids went back to {frame.frame_id} (camera_ingest restarted?): "
                                       f"continuing the state's frame ids at {state_id}")
         self.buffer.publish(dataclasses.replace(frame, frame_id=state_id))
+        if self.engine is not None:
+            self.engine.phases.record("frame_decode", (time.perf_counter() - t0) * 1e3)
 
     def _on_instruction(self, msg: String) -> None:
         with self._instruction_lock:
             self._pending_instruction = msg.data
 
     def _on_config_change(self, cfg, keys) -> None:
+        self._live_cfg = cfg
         if "prompt.instruction" in keys:
             with self._instruction_lock:
                 self._pending_instruction = cfg.prompt.instruction
@@ -237,9 +247,11 @@ class Reasoning(LifecycleNode):
             stats = self.buffer.stats()
             adm = self.engine.admission
             admission = {"prefill_ms_per_token": adm.ema_prefill_ms_per_token,
-                         "decode_ms_per_token": adm.ema_decode_ms_per_token, "spikes_not_learned": adm.spikes}
+                         "decode_ms_per_token": adm.ema_decode_ms_per_token, "other_ms": adm.ema_other_ms,
+                         "tail_factor": adm.tail_factor, "spikes_not_learned": adm.spikes}
             values.update(conv.flatten({"window": window, "total": total, "state": state, "swap": self.swap.summary(),
-                                        "warmup": self.warmup, "admission": admission}))
+                                        "warmup": self.warmup, "admission": admission,
+                                        "phase": self.engine.phases.summary()}))
             values.update({"frames_received": stats.published, "frames_consumed": stats.consumed,
                            "frames_overwritten": stats.overwritten, "skipped_boundaries": self.skipped_boundaries,
                            "instruction": self.engine.instruction})
@@ -274,13 +286,18 @@ class Reasoning(LifecycleNode):
             with self._engine_lock:
                 result = self.engine.run_cycle(frame, now_s, cycle_start_perf=boundary.perf_s)
             self.health.on_cycle(result.is_action, result.reason == DEADLINE_MISSED, time.monotonic())
+            t_publish = time.perf_counter()
             try:
                 self._publish_result(result, frame)
             except (_rclpy.RCLError, _rclpy.InvalidHandle):
                 if self._stop.is_set() or not self.context.ok():
                     return                 # shutting down: the publishers went away under us
                 raise
+            t_between = time.perf_counter()
             self._between_cycles(result.cycle_id)
+            phases = self.engine.phases
+            phases.record("publish", (t_between - t_publish) * 1e3)
+            phases.record("between", (time.perf_counter() - t_between) * 1e3)
             if self._cycle_clock is not None:            # the reconciler may use the GPU until the next boundary
                 self._cycle_clock.cycle_ended(int((boundary.perf_s + cfg.cycle.period_s) * 1e9))
 
@@ -288,7 +305,7 @@ class Reasoning(LifecycleNode):
         pubs = self._pubs
         if result.is_action:
             pubs["tokens"].publish(conv.action_tokens_msg(result))
-            pubs["action"].publish(conv.action_msg(result, self.params.config.action.dim_names))
+            pubs["action"].publish(conv.action_msg(result, self._live_cfg.action.dim_names))
         else:
             pubs["fallback"].publish(conv.fallback_msg(result, f"vla_edge: {self.get_name()}"))
         if result.new_frame and frame is not None:

@@ -25,6 +25,7 @@ from sensor_msgs.msg import Image
 from std_srvs.srv import Trigger
 
 from ..config import ConfigError
+from ..core.cpu_priority import lower_process_priority
 from ..core.cycle_clock import CycleClockReader, clock_path
 from ..core.engine import EngineConfigError
 from ..core.engine_factory import describe_choice, reconciler_state
@@ -49,7 +50,8 @@ class Reconciler(LifecycleNode):
         self._diag_timer = None
         self.rejected_chunks = 0
         super().__init__("reconciler")
-        self.params = NodeParameters(self)
+        self.params = NodeParameters(self, fixed=lambda: self.worker is not None,
+                                     until="deactivate and clean up the node, set it, then configure again")
         self.diag_pub = self.create_publisher(DiagnosticArray, graph.DIAGNOSTICS_TOPIC, 10)
 
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -71,11 +73,13 @@ class Reconciler(LifecycleNode):
                 state.backend.close()
             self.get_logger().error(f"configure failed: {type(exc).__name__}: {exc}")
             return TransitionCallbackReturn.FAILURE
+        if cfg.asr.niceness:
+            lower_process_priority(cfg.asr.niceness)    # the primary's cycle gets the cores first
         kv_path = "CUDA IPC (KV stays on the GPU)" if state.kv_export is not None else "the snapshot file"
         kv_path += f"; schedule {'slack' if self.worker.clock is not None else 'free'} (asr.schedule {cfg.asr.schedule})"
         self.get_logger().info(f"configured: {cfg.model.path} on {type(state.backend).__name__} "
                                f"({describe_choice(cfg.asr.backend)}), snapshots in {self.worker.store.directory}, "
-                               f"KV by {kv_path}")
+                               f"KV by {kv_path}; CPU nice {os.getpriority(os.PRIO_PROCESS, 0)}")
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:

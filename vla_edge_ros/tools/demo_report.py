@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.cycle_phases import PHASES
 from ..core.cycle_result import DEADLINE_MISSED, FALLBACK_REASONS, REFUSED_BUDGET
 from ..core.metrics import percentile
 
@@ -102,6 +103,7 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
                   "rejected": _int(reasoning.get("swap.swap_rejections")),
                   "load_failures": _int(reasoning.get("swap.swap_load_failures"))},
         "exactness": exactness(reasoning, reconciler),
+        "phases_ms": phases(reasoning),
         "warmup": {"steady_ms": _float(reasoning.get("warmup.steady_ms")), "first_ms": _float(reasoning.get("warmup.first_ms"))},
         "admission_spikes_not_learned": _int(reasoning.get("admission.spikes_not_learned")),
         "gc": {"full_collections": _int(reasoning.get("gc.full_collections")),
@@ -115,6 +117,30 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
                                                             "step_ms_per_token_p50", "step_ms_per_token_p90",
                                                             "step_host_ms_per_token_p50", "offer_ms")},
     }
+
+
+def phases(reasoning: dict) -> dict:
+    """{phase: {n, p50, p99, max, late_p50}} of the reasoning node's cycles (core/cycle_phases.py), and
+    'late_cycles'; phases that never ran are left out."""
+    out = {name: {k: (_int if k == "n" else _float)(reasoning.get(f"phase.{name}.{k}"))
+                  for k in ("n", "p50", "p99", "max", "late_p50")}
+           for name in PHASES if reasoning.get(f"phase.{name}.n")}
+    out["late_cycles"] = _int(reasoning.get("phase.late_cycles"))
+    return out
+
+
+def format_phase_table(phases_ms: dict) -> str:
+    """The phase table: one row per phase, p50/p99/max over the cycles it ran in, and its median in the
+    late cycles (where a late cycle lost its time)."""
+    late = phases_ms.get("late_cycles", 0)
+    lines = [f"{'phase (ms)':<14}{'n':>7}{'p50':>9}{'p99':>9}{'max':>9}{'late p50':>10}   ({late} late cycles)"]
+    for name in PHASES:
+        row = phases_ms.get(name)
+        if row is None:
+            continue
+        lines.append(f"{name:<14}{row['n']:>7}" + "".join(f"{_ms(row[k]):>9}" for k in ("p50", "p99", "max"))
+                     + f"{_ms(row['late_p50']):>10}")
+    return "\n".join(lines)
 
 
 def exactness(reasoning: dict, reconciler: dict) -> dict:
@@ -199,7 +225,11 @@ def format_table(report: dict) -> str:
                         f"model + KV arena {_mib(mem['engine_model_and_kv_bytes'])}"),
     ]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    table = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    if len(report.get("phases_ms", {})) > 1:
+        table += "\nwhere the cycle's time went (reasoning node; wake..decode add up to the cycle latency)\n"
+        table += format_phase_table(report["phases_ms"])
+    return table
 
 
 def _exactness_line(e: dict) -> str:

@@ -1,0 +1,96 @@
+"""Where a control cycle's time goes: one duration per phase per cycle, and their percentiles.
+
+The phases, in the order a cycle meets them (all in ms):
+
+    wake        boundary -> the cycle starts (the sleep's overshoot, taking the frame, reading the clock)
+    rebase      RoPE re-base of the state (rare; recomputes frames)
+    admission   the admission decision
+    vision      frame pixels -> 32 vision tokens (the vision encoder)
+    slots       KV slot bookkeeping: the chunk admitted, evictions, the context list
+    prefill     the backend's prefill (device time on the GPU, plus its share of the host overhead)
+    decode      the backend's decode steps (likewise)
+    publish     the result as ROS messages (after the deadline check: it is not in elapsed_ms)
+    between     at the boundary after a cycle: a new instruction, a reconciled state swapped in
+    frame_decode  per received frame, on the executor thread: a ROS Image -> RGB pixels
+
+`wake` .. `decode` add up to the cycle's elapsed_ms (up to the few microseconds
+between laps). Each phase's distribution covers the cycles in which it ran (a
+refused cycle has no vision, prefill or decode). The same numbers are also kept
+for the late cycles alone (elapsed over the deadline), so a report can say which
+phase a late cycle lost its time in.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+IN_CYCLE = ("wake", "rebase", "admission", "vision", "slots", "prefill", "decode")
+AFTER_CYCLE = ("publish", "between")
+PER_FRAME = ("frame_decode",)
+PHASES = IN_CYCLE + AFTER_CYCLE + PER_FRAME
+DEFAULT_SAMPLES = 20_000      # per phase: the last ~11 minutes at 30 Hz; a bounded record for a node that runs forever
+
+
+class PhaseClock:
+    """Laps within one cycle: `lap(name)` charges the time since the previous lap to `name`."""
+
+    def __init__(self, start_perf: float):
+        self._last = start_perf
+        self.ms: dict = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.add(name, (now - self._last) * 1e3)
+        self._last = now
+
+    def add(self, name: str, ms: float) -> None:
+        if name not in PHASES:
+            raise ValueError(f"unknown cycle phase {name!r}; known: {PHASES}")
+        self.ms[name] = self.ms.get(name, 0.0) + float(ms)
+
+    def skip(self) -> None:
+        """Start the next lap now (time already charged some other way)."""
+        self._last = time.perf_counter()
+
+
+class PhaseStats:
+    """Recent per-phase durations of all cycles and of the late ones; thread-safe (the cycle thread and the
+    executor record, the diagnostics timer reads)."""
+
+    def __init__(self, samples: int = DEFAULT_SAMPLES):
+        if samples <= 0:
+            raise ValueError(f"PhaseStats: samples must be > 0, got {samples}")
+        self._all = {p: deque(maxlen=samples) for p in PHASES}
+        self._late = {p: deque(maxlen=samples) for p in PHASES}
+        self._late_cycles = 0
+        self._lock = threading.Lock()
+
+    def record_cycle(self, phases_ms: dict, late: bool) -> None:
+        with self._lock:
+            for name, ms in phases_ms.items():
+                self._all[name].append(ms)
+                if late:
+                    self._late[name].append(ms)
+            self._late_cycles += bool(late)
+
+    def record(self, name: str, ms: float) -> None:
+        """One duration outside a cycle's own record (publish, between, frame_decode)."""
+        with self._lock:
+            self._all[name].append(float(ms))
+
+    def summary(self) -> dict:
+        """{phase: {n, p50, p99, max, late_p50}} for every phase seen, plus {'late_cycles': n}."""
+        with self._lock:
+            every = {p: np.asarray(v, dtype=np.float64) for p, v in self._all.items() if v}
+            late = {p: np.asarray(v, dtype=np.float64) for p, v in self._late.items() if v}
+            late_cycles = self._late_cycles
+        out: dict = {}
+        for name, values in every.items():
+            out[name] = {"n": int(values.size), "p50": float(np.percentile(values, 50)),
+                         "p99": float(np.percentile(values, 99)), "max": float(values.max()),
+                         "late_p50": float(np.percentile(late[name], 50)) if name in late else None}
+        out["late_cycles"] = late_cycles
+        return out
