@@ -16,8 +16,8 @@ from diagnostic_msgs.msg import DiagnosticStatus
 from std_msgs.msg import Int32MultiArray
 
 import ros_helpers as H
+from vla_edge_ros.core.engine_factory import primary_engine
 from vla_edge_ros import config as C
-from vla_edge_ros.core.engine import Engine
 from vla_edge_ros.core.footage import resize_rgb
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.nodes import camera_images as images
@@ -65,7 +65,7 @@ def test_replay_refuses_what_is_not_a_bag(tmp_path):
 
 def _direct_tokens(model, bag) -> list:
     cfg = C.load(overrides={**OVERRIDES, "model.path": str(model)})
-    engine = Engine.from_config(cfg)
+    engine = primary_engine(cfg)
     tokens = []
     for i, (t_ns, msg) in enumerate(read_images(bag)):
         rgb = images.image_msg_to_rgb(msg, cfg.camera.max_pixels)

@@ -5,10 +5,10 @@ import time
 import numpy as np
 import pytest
 
+from vla_edge_ros.core.engine_factory import primary_engine
 from vla_edge_ros import config as C
 from vla_edge_ros.core import cycle_result as R
 from vla_edge_ros.core.cycle_phases import IN_CYCLE, PhaseClock, PhaseStats
-from vla_edge_ros.core.engine import Engine
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.nodes.conversions import flatten
@@ -20,7 +20,7 @@ def engine_and_results(tiny_model_dir):
     # A deadline no loaded machine misses with the tiny model: these tests are about the bookkeeping, not speed.
     cfg = C.load(overrides={"model.path": str(tiny_model_dir), "model.backend": "numpy", "cycle.stale_frame_ms": 1e9,
                             "cycle.deadline_ms": 1000.0})
-    eng = Engine.from_config(cfg)
+    eng = primary_engine(cfg)
     clip = read_clip("bikes.mp4", max_frames=6)
     results = []
     for i in range(12):

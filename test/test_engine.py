@@ -8,9 +8,10 @@ same context from scratch as the oracle for the action tokens.
 import numpy as np
 import pytest
 
+from vla_edge_ros.core.engine_factory import primary_engine
 from vla_edge_ros import config as C
 from vla_edge_ros.core import cycle_result as R
-from vla_edge_ros.core.engine import Engine, EngineConfigError
+from vla_edge_ros.core.engine import EngineConfigError
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.prompt import encode_text, prefix_text
@@ -24,7 +25,7 @@ def clip():
 
 def make_engine(model_dir, **overrides):
     cfg = C.load(overrides={"model.path": str(model_dir), "model.backend": "numpy", **overrides})
-    return Engine.from_config(cfg)
+    return primary_engine(cfg)
 
 
 def frame(pixels, i, stamp=None):

@@ -18,8 +18,8 @@ from std_msgs.msg import Int32MultiArray
 from std_srvs.srv import Trigger
 
 import ros_helpers as H
+from vla_edge_ros.core.engine_factory import primary_engine
 from vla_edge_ros import config as C
-from vla_edge_ros.core.engine import Engine
 from vla_edge_ros.core.footage import resize_rgb
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.state_snapshot import StateSnapshot
@@ -133,7 +133,7 @@ def test_lifecycle_swap_only_when_active_and_exact_state(model, harness, tmp_pat
         assert len(snap.frames) in (6, 7), snap.frame_ids
         # Exact: the KV of an engine that never saw the dropped frames (up to float32 rounding: the
         # reconciler prefills several frames per forward, the oracle one at a time).
-        oracle = Engine.from_config(cfg)
+        oracle = primary_engine(cfg)
         for frame in frames:
             if frame.frame_id in snap.frame_ids:
                 oracle.state.append_frame(frame)

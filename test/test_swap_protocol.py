@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vla_edge_ros.core.engine_factory import primary_engine
 from vla_edge_ros import config as C
-from vla_edge_ros.core.engine import Engine
 from vla_edge_ros.core.engine_factory import reconciler_state
 from vla_edge_ros.core.footage import read_clip, resize_rgb
 from vla_edge_ros.core.frames import Frame
@@ -53,7 +53,7 @@ def _wait(predicate, what, timeout_s=20.0):
 
 
 def test_offers_are_versioned_files_and_the_applied_tag_starts_the_next_round(cfg, frames, tmp_path):
-    primary = Engine.from_config(cfg)
+    primary = primary_engine(cfg)
     worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / "snaps"))
     client = SwapClient(poll_period_s=0.0, request_timeout_s=5.0)
     assert worker.answer()[0] is False and json.loads(worker.answer()[1])["version"] == 0
@@ -86,7 +86,7 @@ def test_offers_are_versioned_files_and_the_applied_tag_starts_the_next_round(cf
         assert client.summary()["swap_apply_ms_p50"] != "" and client.summary()["swap_late_frames"] == 1
         # Exact: the KV of an engine that only ever saw frames 6..12 (up to float32 rounding: the
         # reconciler prefills several frames per forward, the oracle one at a time).
-        oracle = Engine.from_config(cfg)
+        oracle = primary_engine(cfg)
         for f in frames[5:12]:
             oracle.state.append_frame(f)
         np.testing.assert_allclose(primary.state.export_state(1).kv, oracle.state.export_state(1).kv, rtol=1e-4, atol=1e-5)
@@ -121,7 +121,7 @@ def test_frames_the_reconciler_never_saw_are_kept_not_dropped_at_the_swap(cfg, f
     never-seen frames than asr.max_late_chunks would make the boundary long, the oldest of them."""
     # A round at 8 mirrored frames (ceil(0.6 x 12)); the primary will hold 3 frames the reconciler never saw.
     cfg = cfg.replace({"asr.threshold": 0.6, "asr.max_late_chunks": max_late})
-    primary = Engine.from_config(cfg)
+    primary = primary_engine(cfg)
     worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / "snaps"))
     worker.start()
     try:
@@ -158,7 +158,7 @@ def test_frames_the_reconciler_never_saw_are_kept_not_dropped_at_the_swap(cfg, f
         assert primary.state.last_swap.unseen_forgotten == forgotten
         assert [r.frame_id for r in primary.state.kv.retained()] == [7, 8, 10, 11] + kept_unseen
         assert primary.state.state_exact
-        oracle = Engine.from_config(cfg)
+        oracle = primary_engine(cfg)
         for i in [6, 7, 9, 10] + [f - 1 for f in kept_unseen]:
             oracle.state.append_frame(frames[i])
         np.testing.assert_allclose(primary.state.export_state(1).kv, oracle.state.export_state(1).kv, rtol=1e-4, atol=1e-5)
@@ -174,13 +174,13 @@ def test_a_restarted_reasoning_node_never_gets_frames_of_the_process_before_it(c
     worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / "snaps"))
     worker.start()
     try:
-        before = Engine.from_config(cfg)
+        before = primary_engine(cfg)
         for seq, f in enumerate(frames[:11], start=1):
             assert before.run_cycle(f, f.stamp_s).new_frame
             worker.on_chunk(f, before.state.state_version, seq)
         _wait(lambda: worker.answer()[0], "an offer for the first reasoning process")
 
-        after = Engine.from_config(cfg)                        # restarted: empty state, frame ids go on
+        after = primary_engine(cfg)                        # restarted: empty state, frame ids go on
         assert after.run_cycle(frames[11], frames[11].stamp_s).new_frame
         worker.on_chunk(frames[11], after.state.state_version, 1)
         ok, message = worker.answer()
@@ -278,7 +278,7 @@ def test_client_never_asks_while_it_may_still_read_an_offer_and_ignores_abandone
 def test_a_deferred_offer_is_not_loaded_again_but_a_fresher_one_is(tiny_model_dir, frames, tmp_path):
     cfg = C.load(overrides={"model.path": str(tiny_model_dir), "kv.capacity_tokens": CAPACITY,
                             "cycle.deterministic": True, "asr.max_late_chunks": 1})
-    primary = Engine.from_config(cfg)
+    primary = primary_engine(cfg)
     for f in frames[:3]:
         assert primary.run_cycle(f, f.stamp_s).new_frame
     stale = primary.state.export_state(version=1)

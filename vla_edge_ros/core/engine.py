@@ -83,12 +83,6 @@ class Engine:
             raise EngineConfigError(str(exc)) from exc
         self.set_instruction(cfg.prompt.instruction)
 
-    @classmethod
-    def from_config(cls, cfg: VlaConfig) -> "Engine":
-        """The primary engine of `cfg` (core/engine_factory.py: the one place engines are built)."""
-        from .engine_factory import primary_engine
-        return primary_engine(cfg)
-
     # ------------------------------------------------------------------ public
 
     def set_instruction(self, text: str) -> None:

@@ -29,17 +29,12 @@ from pathlib import Path
 
 import yaml
 
-from ..config import SupervisorConfig
 from ..nodes.parent_death import PARENT_PID_ENV
+from .node_processes import STOP_TIMEOUT_S, BringupError, stop_process   # noqa: F401 (BringupError: this module's API)
 
 log = logging.getLogger(__name__)
 
-STOP_TIMEOUT_S = SupervisorConfig().stop_timeout_s   # per escalation step: SIGINT, then SIGTERM, then SIGKILL
 ANSWER_WAIT_S = 5.0          # a lifecycle answer not back by then is taken as lost (see change_state)
-
-
-class BringupError(RuntimeError):
-    """A node process died or a lifecycle transition did not succeed."""
 
 
 def add_arguments(parser) -> None:
@@ -253,19 +248,6 @@ class GraphProcesses:
     def __exit__(self, *exc):
         self.stop()
         return False
-
-
-def stop_process(proc, timeout_s: float = STOP_TIMEOUT_S) -> int:
-    """SIGINT, then SIGTERM, then SIGKILL, each given `timeout_s`; returns the exit code."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None:
-            break
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("pid %d did not exit on %s", proc.pid, signal.Signals(sig).name)
-    return proc.wait()
 
 
 def change_state(node, service: str, transition_id: int, timeout_s: float, watch=None) -> None:

@@ -30,7 +30,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .bringup import BringupError, stop_process
+from .node_processes import BringupError, stop_process
 
 log = logging.getLogger(__name__)
 
