@@ -126,7 +126,7 @@ def load_int4_weights(model_dir: str | Path, spec: ModelSpec | None = None) -> M
             tags.add("INT4")
             continue
         if name in quantized and layout.kind == "vla-edge":
-            raise ModelFormatError(f"{model_dir}: missing tensor {name + PACKED_SUFFIX!r} (an INT4 snapshot "
+            raise ModelFormatError(f"{model_dir}: missing tensor {name.removesuffix('.weight') + PACKED_SUFFIX!r} (an INT4 snapshot "
                                    f"stores every projection in INT4)")
         arr, tag = reader.read_float(name)
         if tuple(arr.shape) != tuple(shape):
@@ -139,6 +139,32 @@ def load_int4_weights(model_dir: str | Path, spec: ModelSpec | None = None) -> M
     return weights
 
 
+def int4_entries(model_dir: str | Path, spec: ModelSpec | None = None) -> dict[str, tuple[Path, str, tuple]]:
+    """Header-only check of a vla-edge INT4 snapshot, as weights.check_snapshot for float ones: HF weight name
+    -> (file, dtype tag, logical shape), with tag "INT4" and the [out, in] matrix for a quantized projection."""
+    model_dir = Path(model_dir)
+    spec = spec or ModelSpec.from_dir(model_dir)
+    layout = layout_of(read_config(model_dir))
+    if layout is None or layout.kind != "vla-edge":
+        raise ModelFormatError(f"{model_dir}: config.json has no {MARKER} marker")
+    reader = _TensorReader(model_dir)
+    quantized = set(projection_names(spec))
+    entries = {}
+    for name, shape in expected_shapes(spec).items():
+        stored = ({name.removesuffix(".weight") + PACKED_SUFFIX: (shape[0], shape[1] // 2),
+                   name.removesuffix(".weight") + SCALE_SUFFIX: (shape[0], shape[1] // layout.group_size)}
+                  if name in quantized else {name: shape})
+        for stored_name, want in stored.items():
+            if not reader.has(stored_name):
+                raise ModelFormatError(f"{model_dir}: missing tensor {stored_name!r}")
+            tag, got, _, _ = reader.header(stored_name)
+            if tuple(got) != tuple(want):
+                raise ModelFormatError(f"{model_dir}: tensor {stored_name!r} has shape {list(got)}, expected "
+                                       f"{list(want)}")
+        entries[name] = (reader.locations[next(iter(stored))], "INT4" if name in quantized else tag, tuple(shape))
+    return entries
+
+
 def quantize_snapshot(src: str | Path, out: str | Path, group_size: int, max_shard_bytes: int) -> Path:
     """Write `src` (a float snapshot) to `out` as a vla-edge INT4 snapshot, one tensor at a time."""
     src, out = Path(src), Path(out)
@@ -149,7 +175,7 @@ def quantize_snapshot(src: str | Path, out: str | Path, group_size: int, max_sha
         raise ValueError(f"{out}: the output directory must differ from the input")
     spec = ModelSpec.from_hf_config(config)
     entries = check_snapshot(src, spec)                       # name -> (file, tag, shape), headers only
-    _check_divisible(spec, group_size)
+    check_group_size(spec, group_size)
     files: dict[Path, SafetensorsFile] = {}
 
     def read_float(name: str) -> np.ndarray:
@@ -200,7 +226,12 @@ def write_int4_tensors(out: Path, listing: list, quantized: set, read_float: Cal
                 yield packed
             return
         arr = read_float(tensor.name)
-        yield float32_to_bf16_bits(arr).reshape(arr.shape) if tensor.tag == "BF16" else arr
+        if tensor.tag != "BF16":
+            yield arr
+            return
+        flat = arr.reshape(-1)                                 # bf16 rounding in blocks: its temporaries stay small
+        for lo in range(0, flat.size, ROW_BLOCK_WEIGHTS):
+            yield float32_to_bf16_bits(flat[lo:lo + ROW_BLOCK_WEIGHTS])
 
     write_tensors(out, plan, produce, max_shard_bytes)
 
@@ -247,6 +278,10 @@ class _TensorReader:
     def has(self, name: str) -> bool:
         return name in self.locations
 
+    def header(self, name: str) -> tuple:
+        """(dtype tag, shape, begin, end) from the file's header."""
+        return self._file(name).entries[name]
+
     def read_stored(self, name: str) -> np.ndarray:
         return self._file(name).read_stored(name)[0]
 
@@ -292,7 +327,7 @@ def _read_int4_pair(reader: _TensorReader, layout: Int4Layout, name: str):
     return packed, reader.read_stored(scale_name)
 
 
-def _check_divisible(spec: ModelSpec, group_size: int) -> None:
+def check_group_size(spec: ModelSpec, group_size: int) -> None:
     """Every projection's input dimension must be whole groups (of whole bytes): say which is not, and what fits."""
     if group_size <= 0 or group_size % 2:
         raise ValueError(f"group size must be a positive even number, got {group_size}")
