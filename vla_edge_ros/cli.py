@@ -13,7 +13,9 @@ SUBCOMMANDS = {
     "bringup": ("bringup", "start the three nodes as separate processes (no launch_ros needed)"),
     "bench": ("bench", "benchmarks against a baseline measured in the same run"),
     "verify": ("verify", "check a backend against HuggingFace transformers"),
-    "make-model": ("make_model", "write a model snapshot (tiny, llama-tiny, smollm2, qwen2.5-1.5b-random)"),
+    "make-model": ("make_model", "write a model snapshot (tiny, llama-tiny, smollm2, qwen2.5-1.5b-random, "
+                                 "llama-2-7b-random)"),
+    "quantize": ("quantize", "write a float snapshot as an INT4 one (groups of fp16-scaled 4-bit weights)"),
     "retention": ("retention", "which clips the eviction policies keep on real footage"),
     "record": ("record", "write the footage as a rosbag2 (mcap)"),
     "replay": ("replay", "publish a bag's images with their recorded timing"),

@@ -22,6 +22,10 @@ import yaml
 EVICTION_POLICIES = ("fifo", "sliding_window", "semantic")
 BACKENDS = ("auto", "numpy", "pycuda")
 DTYPES = ("float32", "bfloat16")
+# model.weights: how the snapshot stores its projection matrices (float: F32/BF16; int4: model/int4.py's format).
+WEIGHT_FORMATS = ("float", "int4")
+INT4_BITS = 4                 # bits of one quantized weight: two per byte
+INT4_SCALE_BYTES = 2          # one fp16 scale per group
 # kv.dtype -> bytes one K or V value takes in the arena (the numpy backend reports its memory with it).
 KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 KV_DTYPES = tuple(KV_ELEMENT_BYTES)
@@ -233,6 +237,16 @@ class ModelConfig:
                                       "ones)", default=64)
     bulk_prefill_max_rows: int = _doc("pycuda: rows per pass of the bulk prefill; its buffers are sized for it "
                                       "(~50 KB per row on the Qwen2.5-1.5B shape)", default=1024)
+    weights: str = _doc("float | int4: how model.path stores the seven projection matrices of every layer. int4: "
+                        "symmetric INT4 in groups along the input dimension with one fp16 scale per group (model/int4.py; "
+                        "`vla-edge quantize` writes such a snapshot, compressed-tensors W4A16 pack-quantized ones are "
+                        "read too); the numpy backend computes with the dequantized values in float32. The snapshot's "
+                        "config.json says which it holds and a mismatch is refused", default="float")
+    int4_group_size: int = _doc("weights per fp16 scale, along a projection's input dimension, that `vla-edge quantize` "
+                                "and `make-model --weights int4` write (4.125 bits per weight at 128, as Kshipra). "
+                                "It must divide every projection's input dimension: 128 does for Qwen2.5-1.5B and "
+                                "Llama-2-7B; tiny (352) takes 32, SmolLM2-135M (576) 64. Readers take the group size "
+                                "the snapshot states", default=128)
 
     def kernel_options(self) -> dict:
         """The pycuda backend's kernel switches, as CudaBackend's keyword arguments."""
@@ -261,6 +275,11 @@ class ModelConfig:
             raise ConfigError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
         _non_negative(self, "bulk_prefill_min_rows", "model")
         _positive(self, "bulk_prefill_max_rows", "model")
+        if self.weights not in WEIGHT_FORMATS:
+            raise ConfigError(f"model.weights must be one of {WEIGHT_FORMATS}, got {self.weights!r}")
+        # Two weights share a byte, so a group must hold whole bytes.
+        if self.int4_group_size <= 0 or self.int4_group_size % 2:
+            raise ConfigError(f"model.int4_group_size must be a positive even number, got {self.int4_group_size}")
 
 
 @dataclass(frozen=True)

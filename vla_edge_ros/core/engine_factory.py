@@ -36,7 +36,8 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
     GPU its snapshots' KV stays on the device."""
     limit_cpu_threads(cfg.model.cpu_threads)
     backend = create_backend(cfg.asr.backend, cfg.model.path, cfg.kv.capacity_tokens, dtype=cfg.model.dtype,
-                             device=device, kernel_options=cfg.model.kernel_options(), kv_dtype=cfg.kv.dtype)
+                             device=device, kernel_options=cfg.model.kernel_options(), kv_dtype=cfg.kv.dtype,
+                             weights=cfg.model.weights)
     try:
         state = FrameState(cfg, backend, load_tokenizer(cfg.model.path))
         backend.prepare_forward(reconciler_step_rows(cfg))
@@ -64,7 +65,8 @@ def _engine(cfg: VlaConfig, kind: str, device) -> Engine:
     limit_cpu_threads(cfg.model.cpu_threads)
     tokenizer = load_tokenizer(cfg.model.path)
     backend = create_backend(kind, cfg.model.path, cfg.kv.capacity_tokens, dtype=cfg.model.dtype, device=device,
-                             kernel_options=cfg.model.kernel_options(), kv_dtype=cfg.kv.dtype)
+                             kernel_options=cfg.model.kernel_options(), kv_dtype=cfg.kv.dtype,
+                             weights=cfg.model.weights)
     try:
         return Engine(cfg, backend, tokenizer)
     except BaseException:

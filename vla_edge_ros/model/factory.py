@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import BACKENDS as BACKEND_KINDS
+from ..config import WEIGHT_FORMATS
 from .backend import Backend
-from .spec import ModelSpec
+from .spec import ModelFormatError, ModelSpec
 from .weights import ModelWeights, canonical_dtype, load_tokenizer, load_weights
 
 logger = logging.getLogger(__name__)
@@ -41,17 +42,44 @@ def load_model(model_dir: str | Path):
 
 
 def create_backend(kind: str, model_dir: str | Path, capacity: int, dtype="float32", device=None,
-                   kernel_options: dict | None = None, kv_dtype: str = "float32") -> Backend:
+                   kernel_options: dict | None = None, kv_dtype: str = "float32", weights: str = "float") -> Backend:
     """Load `model_dir` and build backend `kind` (auto | numpy | pycuda) with `capacity` KV slots.
     pycuda streams the weights to the device (never the whole model on the host); device: a CudaDevice;
     kernel_options: pycuda's kernel switches (ModelConfig.kernel_options(); CudaBackend's keyword arguments);
-    kv_dtype: the KV arena's element type, 'float32' or 'bfloat16' (kv.dtype)."""
+    kv_dtype: the KV arena's element type, 'float32' or 'bfloat16' (kv.dtype); weights: 'float' or 'int4'
+    (model.weights), what the snapshot must hold."""
     spec = ModelSpec.from_dir(model_dir)
     choice = choose_backend(kind)
     if choice.kind == "pycuda":
+        if weights != "float":
+            raise ValueError("model.weights int4 runs on the numpy backend only: the CUDA INT4 kernels "
+                             "(issue 23) are not built yet")
+        check_weight_format(model_dir, weights)
         return _cuda_backend(spec, Path(model_dir), capacity, dtype, device, choice, kernel_options, kv_dtype)
-    return create_backend_from_weights("numpy", spec, load_weights(model_dir, spec), capacity, dtype,
+    return create_backend_from_weights("numpy", spec, load_model_weights(model_dir, spec, weights), capacity, dtype,
                                        kv_dtype=kv_dtype)
+
+
+def load_model_weights(model_dir: str | Path, spec: ModelSpec, weights: str = "float") -> ModelWeights:
+    """The snapshot's weights as float32 arrays; weights 'int4': an INT4 snapshot's, dequantized (int4_snapshot)."""
+    check_weight_format(model_dir, weights)
+    if weights == "int4":
+        from .int4_snapshot import load_int4_weights
+        return load_int4_weights(model_dir, spec)
+    return load_weights(model_dir, spec)
+
+
+def check_weight_format(model_dir: str | Path, weights: str) -> None:
+    """ModelFormatError unless the snapshot's config.json states the weight format the configuration asks for."""
+    from .int4_snapshot import weight_format
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
+    stored = weight_format(model_dir)
+    if stored != weights:
+        hint = ("`vla-edge quantize` writes an INT4 copy" if weights == "int4"
+                else "set model.weights: int4 to run it")
+        raise ModelFormatError(f"{model_dir}: the snapshot holds {stored} weights but model.weights is {weights}; "
+                               f"{hint}")
 
 
 def create_backend_from_weights(kind: str, spec: ModelSpec, weights: ModelWeights, capacity: int,

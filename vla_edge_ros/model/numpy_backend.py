@@ -1,5 +1,8 @@
 """Reference transformer in numpy: the CPU backend and the oracle the CUDA kernels are checked against.
 
+INT4 weights (model.weights: int4) arrive dequantized (int4_snapshot.py: w_hat = q * fp16 scale, float32)
+and are computed with like any float weights; only memory_bytes counts them as a device stores them.
+
 Implements the Backend protocol of backend.py (read its docstring for the
 contract): a KV arena of `capacity` slots allocated once, explicit absolute
 RoPE positions, writes into given slots, attention over given context slots
@@ -27,6 +30,7 @@ import numpy as np
 
 from ..config import KV_ELEMENT_BYTES
 from .backend import ForwardResult
+from . import int4
 from .forward_inputs import MAX_POSITION, check_forward_inputs, check_slot_sets, slot_array, token_id_array
 from .host_cycle import HostLoopCycles, restricted_argmax
 from .spec import ModelSpec
@@ -58,6 +62,7 @@ class NumpyBackend(HostLoopCycles):
         self.kv_dtype = kv_dtype
         if self.dtype == "bfloat16":
             weights = weights.rounded_to_bf16()
+        self._weight_bytes = _weight_bytes(weights)
         self._embed = weights.embed                               # [vocab, hidden]
         self._lm_head_t = weights.lm_head.T                       # [hidden, vocab] (view; tied: of embed)
         self._final_norm = weights.final_norm                     # [hidden]
@@ -157,13 +162,10 @@ class NumpyBackend(HostLoopCycles):
         self._v[:, idx] = self._kv_stored(kv[1])
 
     def memory_bytes(self) -> int:
-        weights = self._embed.nbytes + self._final_norm.nbytes + sum(layer.nbytes() for layer in self._layers)
-        if not self._tied:
-            weights += self._lm_head_t.nbytes
         # The arena as a device of kv_dtype would hold it: numpy keeps float32 arrays even for bf16 KV,
         # so _k.nbytes would overstate a bf16 arena twice over.
         arena = (self._k.size + self._v.size) * KV_ELEMENT_BYTES[self.kv_dtype]
-        return int(weights + arena)
+        return int(self._weight_bytes + arena)
 
     # ------------------------------------------------------------------ Internal helpers
 
@@ -182,7 +184,6 @@ class NumpyBackend(HostLoopCycles):
         angles = positions.astype(np.float32)[:, None] * self._inv_freq[None, :]  # [N, hd / 2]
         angles = np.concatenate([angles, angles], axis=1)                           # [N, hd]
         return np.cos(angles), np.sin(angles)
-
 
     def _forward_rows(self, x, positions, write_slots, window: "_KvWindow", logits: str,
                       return_hidden: bool) -> ForwardResult:
@@ -260,6 +261,16 @@ class _KvWindow:
         return self._k[li, :, :t0 + n], self._v[li, :, :t0 + n]
 
 
+def _weight_bytes(weights: ModelWeights) -> int:
+    """Bytes of the weights: float tensors as the float32 arrays held here; INT4 tensors as a device holds them
+    (4 bits per weight plus an fp16 scale per group: 4.125 bits at 128), not as the float32 copies of their
+    dequantized values this backend computes with, so the figure is what the INT4 model needs on a GPU."""
+    total = 0
+    for name, arr in weights.named_tensors():      # a tied head is the embedding: counted once
+        total += int4.device_bytes(arr.size, weights.int4_group_size) if name in weights.int4_names else arr.nbytes
+    return total
+
+
 class _FusedLayer:
     """One decoder layer's weights, transposed to [in, out] and fused so a step does 3 GEMMs + o_proj."""
 
@@ -273,10 +284,6 @@ class _FusedLayer:
         self.gate_up_t = np.ascontiguousarray(np.concatenate([layer.gate_proj, layer.up_proj]).T)       # [hidden, 2*inter]
         self.down_t = np.ascontiguousarray(layer.down_proj.T)                   # [inter, hidden]
         self.inter = layer.gate_proj.shape[0]
-
-    def nbytes(self) -> int:
-        arrays = (self.input_norm, self.post_norm, self.qkv_t, self.o_t, self.gate_up_t, self.down_t)
-        return sum(a.nbytes for a in arrays) + (self.qkv_bias.nbytes if self.qkv_bias is not None else 0)
 
 
 def _rms_norm(h: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

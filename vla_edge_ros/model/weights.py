@@ -32,7 +32,10 @@ INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
 
 # safetensors dtype tag -> (bytes per element, numpy dtype; None = BF16, converted by hand)
-SAFETENSORS_DTYPES = {"F32": (4, np.float32), "F16": (2, np.float16), "BF16": (2, None), "F64": (8, np.float64)}
+SAFETENSORS_DTYPES = {"F32": (4, np.float32), "F16": (2, np.float16), "BF16": (2, None), "F64": (8, np.float64),
+                      # integer tensors of INT4 snapshots: packed nibbles (U8, ours; I32, compressed-tensors)
+                      # and compressed-tensors' weight_shape (I64); read with read_stored, not read
+                      "U8": (1, np.uint8), "I32": (4, np.int32), "I64": (8, np.int64)}
 
 # Canonical compute/storage precisions a backend may be asked for.
 DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "f32": "float32",
@@ -82,6 +85,10 @@ class ModelWeights:
     lm_head: np.ndarray               # [vocab, hidden]; the very same array as `embed` when tied
     tied: bool                        # lm_head is embed (tie_word_embeddings)
     source_dtype: str = "F32"         # on-disk dtype tag(s) before the float32 upcast, e.g. "BF16" or "BF16+F32"
+    # INT4 snapshots (int4_snapshot.py): the HF names whose arrays above are dequantized INT4 values
+    # (q * fp16 scale, in float32), and the weights per scale of their groups; empty / 0 for float weights.
+    int4_names: frozenset = frozenset()
+    int4_group_size: int = 0
 
     def named_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """(HF name, array) of every distinct tensor; lm_head is skipped when tied."""
@@ -109,7 +116,8 @@ class ModelWeights:
                   for layer in self.layers]
         lm_head = embed if self.tied else fn(self.lm_head)
         return ModelWeights(embed=embed, layers=layers, final_norm=fn(self.final_norm), lm_head=lm_head,
-                            tied=self.tied, source_dtype=self.source_dtype)
+                            tied=self.tied, source_dtype=self.source_dtype, int4_names=self.int4_names,
+                            int4_group_size=self.int4_group_size)
 
     def rounded_to_bf16(self) -> "ModelWeights":
         """A copy whose float32 values are exactly representable in bfloat16 (round to nearest even)."""
@@ -146,7 +154,7 @@ def load_weights(model_dir: str | Path, spec: ModelSpec | None = None) -> ModelW
             _check_values(path, name, arr)
             tensors[name] = arr
     source_dtype = "+".join(sorted({tag for _, tag, _ in entries.values()}))
-    return _assemble(spec, tensors, source_dtype)
+    return assemble_weights(spec, tensors, source_dtype)
 
 
 def check_snapshot(model_dir: str | Path, spec: ModelSpec | None = None) -> dict[str, tuple[Path, str, tuple]]:
@@ -320,6 +328,20 @@ class SafetensorsFile:
     def names(self) -> list[str]:
         return list(self.entries)
 
+    def read_stored(self, name: str) -> tuple[np.ndarray, str]:
+        """(array, dtype tag) of one tensor in its stored dtype (little-endian), except BF16, widened to float32
+        exactly: for integer tensors (packed INT4 weights) and fp16 scales, which read() would turn into float32."""
+        tag, shape, begin, end = self.entries[name]
+        if tag == "BF16":
+            return self.read(name)
+        itemsize, np_dtype = SAFETENSORS_DTYPES[tag]
+        count = (end - begin) // itemsize
+        arr = np.fromfile(self.path, dtype=np.dtype(np_dtype).newbyteorder("<"), count=count,
+                          offset=self.data_start + begin)
+        if arr.size != count:
+            raise ModelFormatError(f"{self.path}: tensor {name!r} is truncated ({arr.size} of {count} values read)")
+        return arr.astype(arr.dtype.newbyteorder("="), copy=False).reshape(shape), tag
+
     def read(self, name: str) -> tuple[np.ndarray, str]:
         """(float32 array, on-disk dtype tag) of one tensor."""
         tag, shape, begin, end = self.entries[name]
@@ -346,7 +368,8 @@ def _check_values(path: Path, name: str, arr: np.ndarray) -> None:
                                f"out of {arr.size}")
 
 
-def _assemble(spec: ModelSpec, tensors: dict, source_dtype: str) -> ModelWeights:
+def assemble_weights(spec: ModelSpec, tensors: dict, source_dtype: str) -> ModelWeights:
+    """ModelWeights of `tensors` {HF name: float32 array} (every name expected_shapes(spec) lists)."""
     layers = []
     for i in range(spec.num_layers):
         kwargs = {}

@@ -16,6 +16,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
                         help="stored weight dtype (default: fp32, bf16 for qwen2.5-1.5b-random)")
     parser.add_argument("--layers", type=int, default=None, help="override the number of layers (synthetic models)")
+    parser.add_argument("--weights", choices=("float", "int4"), default="float",
+                        help="int4: the projections written straight to INT4 (synthetic models; no float copy on disk)")
+    parser.add_argument("--group-size", type=int, default=None,
+                        help="--weights int4: weights per fp16 scale (default: model.int4_group_size)")
 
 
 def run(args) -> int:
@@ -24,13 +28,15 @@ def run(args) -> int:
     from ..config import ConfigError, load
     from ..model.make_model import make_model
     from ..model.spec import ModelFormatError
+    from ..model.int4_snapshot import int4_entries
     from ..model.weights import check_snapshot
 
     try:
-        bins = load().action.num_bins
+        cfg = load()
+        group = (args.group_size or cfg.model.int4_group_size) if args.weights == "int4" else None
         out = make_model(args.kind, args.out, seed=args.seed, dtype=args.dtype, layers=args.layers,
-                         num_action_bins=bins)
-        entries = check_snapshot(out)   # read the headers back: every tensor present, with its shape
+                         num_action_bins=cfg.action.num_bins, int4_group_size=group)
+        entries = check_snapshot(out) if group is None else int4_entries(out)   # headers read back
     except (ConfigError, ModelFormatError, ImportError, ValueError, OSError) as exc:
         print(f"vla-edge make-model: {exc}", file=sys.stderr)
         return 1
