@@ -80,6 +80,7 @@ class AdmissionController:
         self.has_sample = False
         self.tail_quantile = admission_cfg.tail_quantile
         self._ratios = deque(maxlen=admission_cfg.tail_window)     # actual / predicted of recent learned cycles
+        self._tail = 1.0
 
     def mean_ms(self, prefill_tokens: int, decode_tokens: int) -> float:
         """The mean predicted cost of a cycle of these tokens."""
@@ -88,10 +89,15 @@ class AdmissionController:
 
     @property
     def tail_factor(self) -> float:
-        """The tail_quantile of the recent actual / predicted ratios, at least 1 (1 until TAIL_MIN_SAMPLES)."""
+        """The tail_quantile of the recent actual / predicted ratios, at least 1 (1 until TAIL_MIN_SAMPLES).
+        Computed when a ratio comes in, not per decision: a decision is on every cycle's critical path."""
+        return self._tail
+
+    def _update_tail(self) -> None:
         if self.tail_quantile == 0.0 or len(self._ratios) < TAIL_MIN_SAMPLES:
-            return 1.0
-        return max(1.0, float(np.quantile(np.fromiter(self._ratios, float), self.tail_quantile)))
+            self._tail = 1.0
+        else:
+            self._tail = max(1.0, float(np.quantile(np.fromiter(self._ratios, float), self.tail_quantile)))
 
     def decide(self, elapsed_ms: float, prefill_tokens: int, decode_tokens: int) -> AdmissionDecision:
         """Admit or refuse a cycle that has already spent `elapsed_ms` and would run these tokens."""
@@ -145,6 +151,7 @@ class AdmissionController:
         self.ema_other_ms = (1.0 - a) * self.ema_other_ms + a * other_ms
         if predicted > 0.0:
             self._ratios.append(actual / predicted)
+            self._update_tail()
         return True
 
 

@@ -12,6 +12,9 @@ The phases, in the order a cycle meets them (all in ms):
     publish     the result as ROS messages (after the deadline check: it is not in elapsed_ms)
     between     at the boundary after a cycle: a new instruction, a reconciled state swapped in
     frame_decode  per received frame, on the executor thread: a ROS Image -> RGB pixels
+    off_cpu     of the cycle from admission on, the time its thread was not running (wall minus the
+                thread's CPU time): preempted by other processes, or waiting for the GIL held by
+                another thread of the node. Not a phase of its own: it overlaps the ones above.
 
 `wake` .. `decode` add up to the cycle's elapsed_ms (up to the few microseconds
 between laps). Each phase's distribution covers the cycles in which it ran (a
@@ -30,7 +33,8 @@ import numpy as np
 IN_CYCLE = ("wake", "rebase", "admission", "vision", "slots", "prefill", "decode")
 AFTER_CYCLE = ("publish", "between")
 PER_FRAME = ("frame_decode",)
-PHASES = IN_CYCLE + AFTER_CYCLE + PER_FRAME
+OVERLAPPING = ("off_cpu",)
+PHASES = IN_CYCLE + AFTER_CYCLE + PER_FRAME + OVERLAPPING
 DEFAULT_SAMPLES = 20_000      # per phase: the last ~11 minutes at 30 Hz; a bounded record for a node that runs forever
 
 
@@ -40,6 +44,16 @@ class PhaseClock:
     def __init__(self, start_perf: float):
         self._last = start_perf
         self.ms: dict = {}
+        self._cpu_from: tuple | None = None          # (wall, thread CPU) where off_cpu starts counting
+
+    def start_cpu_watch(self) -> None:
+        self._cpu_from = (time.perf_counter(), time.thread_time())
+
+    def stop_cpu_watch(self) -> None:
+        if self._cpu_from is not None:
+            wall, cpu = time.perf_counter() - self._cpu_from[0], time.thread_time() - self._cpu_from[1]
+            self.ms["off_cpu"] = max(0.0, wall - cpu) * 1e3
+            self._cpu_from = None
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()

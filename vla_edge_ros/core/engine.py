@@ -168,6 +168,7 @@ class Engine:
             self.state.kv.release_transient()
             self.state.drop_unwritten_frame()
             self.state.in_cycle = False
+        clock.stop_cpu_watch()
         result.elapsed_ms = (time.perf_counter() - t0) * 1000.0
         result.state_exact = self.state.state_exact
         late = result.elapsed_ms > self.cfg.cycle.deadline_ms
@@ -213,6 +214,7 @@ class Engine:
         if not decision.admit and not (cyc.deterministic or self._force_admit):
             return self._fail(result, R.REFUSED_BUDGET,
                               f"estimate {decision.estimate_ms:.2f} ms > budget {decision.budget_ms:.2f} ms")
+        clock.start_cpu_watch()
 
         rows, positions, write_slots = [], [], []
         if new:
