@@ -39,10 +39,11 @@ def test_the_laps_add_up_to_the_cycle_and_name_only_what_ran(engine_and_results)
         assert r.is_action, r.detail
         assert set(r.phases_ms) <= set(IN_CYCLE) | {"off_cpu"}
         assert 0.0 <= r.phases_ms.pop("off_cpu") <= r.elapsed_ms
-        assert {"wake", "admission", "slots", "prefill", "decode"} <= set(r.phases_ms)
+        assert {"wake", "admission", "slots", "prefill", "decode", "finish"} <= set(r.phases_ms)
         assert ("vision" in r.phases_ms) == r.new_frame          # a repeated frame is not encoded again
-        assert r.phases_ms["prefill"] == pytest.approx(r.prefill_ms) and r.phases_ms["decode"] == pytest.approx(r.decode_ms)
-        assert sum(r.phases_ms.values()) == pytest.approx(r.elapsed_ms, abs=0.5)
+        assert r.phases_ms["prefill"] == pytest.approx(r.prefill_ms)
+        assert r.phases_ms["decode"] >= r.decode_ms - 1e-6          # plus what ran between the call and the lap
+        assert sum(r.phases_ms.values()) == pytest.approx(r.elapsed_ms, abs=0.1)
     refused = results[-1]
     assert refused.reason == R.REFUSED_BUDGET
     assert "prefill" not in refused.phases_ms and refused.phases_ms["wake"] >= 1000.0
@@ -62,7 +63,7 @@ def test_the_phase_table_reaches_the_report_through_diagnostics_values(engine_an
     assert report["phases_ms"]["late_cycles"] == summary["late_cycles"]
     table = format_table({**report, "model": "tiny", "backend": "numpy", "camera_to_first_action_s": 0.0,
                           "max_publish_ms": 0.0})
-    for name in ("wake", "admission", "vision", "slots", "prefill", "decode", "publish", "frame_decode"):
+    for name in ("wake", "admission", "vision", "slots", "prefill", "decode", "finish", "publish", "frame_decode"):
         assert any(line.startswith(name) for line in table.splitlines()), name
     assert "rebase" not in table.split("where the cycle's time went")[1]   # never ran: no row
 

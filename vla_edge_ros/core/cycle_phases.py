@@ -9,6 +9,8 @@ The phases, in the order a cycle meets them (all in ms):
     slots       KV slot bookkeeping: the chunk admitted, evictions, the context list
     prefill     the backend's prefill (device time on the GPU, plus its share of the host overhead)
     decode      the backend's decode steps (likewise)
+    finish      tokens -> action values, the state's bookkeeping, transient slots released (and whatever
+                else lands there: a garbage-collection pause, a preemption)
     publish     the result as ROS messages (after the deadline check: it is not in elapsed_ms)
     between     at the boundary after a cycle: a new instruction, a reconciled state swapped in
     frame_decode  per received frame, on the executor thread: a ROS Image -> RGB pixels
@@ -16,7 +18,7 @@ The phases, in the order a cycle meets them (all in ms):
                 thread's CPU time): preempted by other processes, or waiting for the GIL held by
                 another thread of the node. Not a phase of its own: it overlaps the ones above.
 
-`wake` .. `decode` add up to the cycle's elapsed_ms (up to the few microseconds
+`wake` .. `finish` add up to the cycle's elapsed_ms (up to the few microseconds
 between laps). Each phase's distribution covers the cycles in which it ran (a
 refused cycle has no vision, prefill or decode). The same numbers are also kept
 for the late cycles alone (elapsed over the deadline), so a report can say which
@@ -30,7 +32,7 @@ from collections import deque
 
 import numpy as np
 
-IN_CYCLE = ("wake", "rebase", "admission", "vision", "slots", "prefill", "decode")
+IN_CYCLE = ("wake", "rebase", "admission", "vision", "slots", "prefill", "decode", "finish")
 AFTER_CYCLE = ("publish", "between")
 PER_FRAME = ("frame_decode",)
 OVERLAPPING = ("off_cpu",)
@@ -65,9 +67,14 @@ class PhaseClock:
             raise ValueError(f"unknown cycle phase {name!r}; known: {PHASES}")
         self.ms[name] = self.ms.get(name, 0.0) + float(ms)
 
-    def skip(self) -> None:
-        """Start the next lap now (time already charged some other way)."""
-        self._last = time.perf_counter()
+    def lap_split(self, first: str, first_ms: float, rest: str) -> None:
+        """One lap shared by two phases: `first_ms` of it (at most all) to `first`, the remainder to `rest`."""
+        now = time.perf_counter()
+        lap_ms = (now - self._last) * 1e3
+        self._last = now
+        head = min(max(float(first_ms), 0.0), lap_ms)
+        self.add(first, head)
+        self.add(rest, lap_ms - head)
 
 
 class PhaseStats:

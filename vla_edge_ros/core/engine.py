@@ -168,6 +168,7 @@ class Engine:
             self.state.kv.release_transient()
             self.state.drop_unwritten_frame()
             self.state.in_cycle = False
+        clock.lap("finish")
         clock.stop_cpu_watch()
         result.elapsed_ms = (time.perf_counter() - t0) * 1000.0
         result.state_exact = self.state.state_exact
@@ -240,9 +241,7 @@ class Engine:
         decode_positions = np.arange(st.next_position + s, st.next_position + s + decode_steps, dtype=np.int64)
         clock.lap("slots")
         tokens, result.prefill_ms, result.decode_ms = self._prefill_decode(prefill, decode_slots, decode_positions)
-        clock.add("prefill", result.prefill_ms)
-        clock.add("decode", result.decode_ms)
-        clock.skip()
+        clock.lap_split("prefill", result.prefill_ms, "decode")    # the lap since "slots", prefill's share first
         st.computed_tokens["frames"] += tpf if new else 0
         st.computed_tokens["suffix"] += s
         st.computed_tokens["decode"] += decode_steps

@@ -227,7 +227,7 @@ def format_table(report: dict) -> str:
     width = max(len(k) for k, _ in rows)
     table = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
     if len(report.get("phases_ms", {})) > 1:
-        table += ("\nwhere the cycle's time went (reasoning node; wake..decode add up to the cycle latency; off_cpu: "
+        table += ("\nwhere the cycle's time went (reasoning node; wake..finish add up to the cycle latency; off_cpu: "
               "of the admitted part, the cycle thread not running)\n")
         table += format_phase_table(report["phases_ms"])
     return table
