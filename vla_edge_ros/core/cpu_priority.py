@@ -6,6 +6,13 @@ started earlier) where they were. So each task listed in /proc/self/task is
 reniced; threads started afterwards inherit the value of the thread that
 starts them. Used by the reconciler (asr.niceness): on a 2-core robot computer
 it shares the cores with the primary's cycle, which must win them.
+
+Autogroups. With kernel.sched_autogroup_enabled (the default on desktop and
+Debian kernels), the scheduler first shares the CPU fairly between *sessions*
+and applies thread nice values only within one. bringup starts every node in
+a session of its own, so a reniced reconciler would still get as much CPU as
+the reasoning node. The session's own nice value (/proc/self/autogroup) is
+therefore set too.
 """
 from __future__ import annotations
 
@@ -15,6 +22,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 TASKS = Path("/proc/self/task")
+AUTOGROUP = Path("/proc/self/autogroup")
+AUTOGROUP_ENABLED = Path("/proc/sys/kernel/sched_autogroup_enabled")
 
 
 def lower_process_priority(niceness: int) -> int:
@@ -28,7 +37,7 @@ def lower_process_priority(niceness: int) -> int:
             os.nice(niceness - current)
             return 1
         return 0
-    changed = 0
+    changed = _lower_autogroup(niceness)
     for task in TASKS.iterdir():
         tid = int(task.name)
         try:
@@ -38,3 +47,34 @@ def lower_process_priority(niceness: int) -> int:
         except ProcessLookupError:          # the thread ended while we walked the list
             continue
     return changed
+
+
+def _lower_autogroup(niceness: int) -> int:
+    """This session's autogroup nice value raised to `niceness` where autogroups are on; 1 if changed."""
+    try:
+        if AUTOGROUP_ENABLED.read_text().strip() != "1":
+            return 0
+        text = AUTOGROUP.read_text()                        # "/autogroup-123 nice 0"
+        current = int(text.split("nice")[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    if current >= niceness:
+        return 0
+    try:
+        AUTOGROUP.write_text(str(niceness))
+    except OSError as exc:
+        log.warning("could not set the autogroup nice value to %d (%s): the CPU share between this process and "
+                    "the others stays as it was", niceness, exc)
+        return 0
+    return 1
+
+
+def describe_priority() -> str:
+    """'nice 10, autogroup nice 10' of this thread and session (for the logs)."""
+    text = f"nice {os.getpriority(os.PRIO_PROCESS, 0)}"
+    try:
+        if AUTOGROUP_ENABLED.read_text().strip() == "1":
+            text += f", autogroup nice {int(AUTOGROUP.read_text().split('nice')[1])}"
+    except (OSError, IndexError, ValueError):
+        pass
+    return text

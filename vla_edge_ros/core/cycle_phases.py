@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 
 import numpy as np
 
@@ -77,6 +76,22 @@ class PhaseClock:
         self.add(rest, lap_ms - head)
 
 
+class _Ring:
+    """The last `size` values in a preallocated array: recording is one store, reading one copy (no Python
+    iteration over thousands of floats while the 1 Hz diagnostics hold the GIL the cycle thread needs)."""
+
+    def __init__(self, size: int):
+        self._values = np.empty(size, dtype=np.float64)
+        self._count = 0
+
+    def add(self, value: float) -> None:
+        self._values[self._count % self._values.size] = value
+        self._count += 1
+
+    def copy(self) -> np.ndarray:
+        return self._values[:min(self._count, self._values.size)].copy()
+
+
 class PhaseStats:
     """Recent per-phase durations of all cycles and of the late ones; thread-safe (the cycle thread and the
     executor record, the diagnostics timer reads)."""
@@ -84,34 +99,36 @@ class PhaseStats:
     def __init__(self, samples: int = DEFAULT_SAMPLES):
         if samples <= 0:
             raise ValueError(f"PhaseStats: samples must be > 0, got {samples}")
-        self._all = {p: deque(maxlen=samples) for p in PHASES}
-        self._late = {p: deque(maxlen=samples) for p in PHASES}
+        self._all = {p: _Ring(samples) for p in PHASES}
+        self._late = {p: _Ring(samples) for p in PHASES}
         self._late_cycles = 0
         self._lock = threading.Lock()
 
     def record_cycle(self, phases_ms: dict, late: bool) -> None:
         with self._lock:
             for name, ms in phases_ms.items():
-                self._all[name].append(ms)
+                self._all[name].add(ms)
                 if late:
-                    self._late[name].append(ms)
+                    self._late[name].add(ms)
             self._late_cycles += bool(late)
 
     def record(self, name: str, ms: float) -> None:
         """One duration outside a cycle's own record (publish, between, frame_decode)."""
         with self._lock:
-            self._all[name].append(float(ms))
+            self._all[name].add(float(ms))
 
     def summary(self) -> dict:
         """{phase: {n, p50, p99, max, late_p50}} for every phase seen, plus {'late_cycles': n}."""
-        with self._lock:
-            every = {p: np.asarray(v, dtype=np.float64) for p, v in self._all.items() if v}
-            late = {p: np.asarray(v, dtype=np.float64) for p, v in self._late.items() if v}
+        with self._lock:                                  # copies only; the percentiles outside the lock
+            every = {p: r.copy() for p, r in self._all.items()}
+            late = {p: r.copy() for p, r in self._late.items()}
             late_cycles = self._late_cycles
         out: dict = {}
         for name, values in every.items():
-            out[name] = {"n": int(values.size), "p50": float(np.percentile(values, 50)),
-                         "p99": float(np.percentile(values, 99)), "max": float(values.max()),
-                         "late_p50": float(np.percentile(late[name], 50)) if name in late else None}
+            if values.size == 0:
+                continue
+            p50, p99 = np.percentile(values, (50, 99))
+            out[name] = {"n": int(values.size), "p50": float(p50), "p99": float(p99), "max": float(values.max()),
+                         "late_p50": float(np.percentile(late[name], 50)) if late[name].size else None}
         out["late_cycles"] = late_cycles
         return out

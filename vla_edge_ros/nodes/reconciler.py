@@ -25,7 +25,7 @@ from sensor_msgs.msg import Image
 from std_srvs.srv import Trigger
 
 from ..config import ConfigError
-from ..core.cpu_priority import lower_process_priority
+from ..core.cpu_priority import describe_priority, lower_process_priority
 from ..core.cycle_clock import CycleClockReader, clock_path
 from ..core.engine import EngineConfigError
 from ..core.engine_factory import describe_choice, reconciler_state
@@ -79,7 +79,7 @@ class Reconciler(LifecycleNode):
         kv_path += f"; schedule {'slack' if self.worker.clock is not None else 'free'} (asr.schedule {cfg.asr.schedule})"
         self.get_logger().info(f"configured: {cfg.model.path} on {type(state.backend).__name__} "
                                f"({describe_choice(cfg.asr.backend)}), snapshots in {self.worker.store.directory}, "
-                               f"KV by {kv_path}; CPU nice {os.getpriority(os.PRIO_PROCESS, 0)}")
+                               f"KV by {kv_path}; CPU {describe_priority()}")
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
