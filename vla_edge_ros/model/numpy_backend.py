@@ -196,16 +196,18 @@ class NumpyBackend(HostLoopCycles):
         mask = _causal_tail_mask(n, t0 + n)                      # [N, T] or None when N == 1
         h = np.array(x, dtype=np.float32)                        # [N, hidden] residual stream
         hidden = [h.copy()] if return_hidden else []
-        q_end, k_end = spec.q_dim, spec.q_dim + spec.kv_dim
+        k_end = spec.q_dim + spec.kv_dim
         for li, layer in enumerate(self._layers):
             a = _rms_norm(h, layer.input_norm, spec.rms_norm_eps)
             qkv = a @ layer.qkv_t                                 # [N, q_dim + 2 kv_dim]
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
-            q = _apply_rope(qkv[:, :q_end].reshape(n, spec.num_heads, spec.head_dim), cos, sin)      # [N, H, hd]
-            k = _apply_rope(qkv[:, q_end:k_end].reshape(n, spec.num_kv_heads, spec.head_dim), cos, sin)  # [N, KV, hd]
+            # q and k rotated in one call (the same elementwise arithmetic as one call each, half the numpy calls:
+            # on a decode step of the CPU model the calls, not the arithmetic, are the cost).
+            qk = _apply_rope(qkv[:, :k_end].reshape(n, spec.num_heads + spec.num_kv_heads, spec.head_dim), cos, sin)
+            q = qk[:, :spec.num_heads]                            # [N, H, hd]
             # Stored first, then read back: this call's own rows are attended as the arena holds them.
-            k_rows = self._kv_stored(k.reshape(n, spec.kv_dim))   # [N, kv_dim]
+            k_rows = self._kv_stored(qk[:, spec.num_heads:].reshape(n, spec.kv_dim))   # [N, kv_dim]
             v_rows = self._kv_stored(qkv[:, k_end:])              # [N, kv_dim]
             self._k[li, write_slots] = k_rows
             self._v[li, write_slots] = v_rows
@@ -324,6 +326,14 @@ def _attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.nda
     num_kv, total, _ = keys.shape
     group = num_heads // num_kv
     scale = np.float32(1.0 / np.sqrt(hd))
+    if n == 1:
+        # A decode step: the loop below for one row, without its mask, chunking and copies.
+        scores = q.reshape(num_kv, group, hd) @ keys.transpose(0, 2, 1)     # [KV, G, T]
+        scores *= scale
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        return (scores @ values).reshape(1, num_heads * hd)               # [1, H * hd]
     # Query head h = kv * group + g reads KV head kv (HF repeat_kv order).
     qg = q.reshape(n, num_kv, group, hd).transpose(1, 2, 0, 3)      # [KV, G, N, hd]
     k_t = keys.transpose(0, 2, 1)                                   # [KV, hd, T]
