@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -219,12 +220,8 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
     """Run the graph for `seconds` of camera time; returns (report dict, [CycleRecord]).
     reconciler: active | inactive (configured only) | off (not started).
     `tick(procs)` (optional) is called about once a second of the window, e.g. to sample memory."""
-    import rclpy
-    from rclpy.executors import SingleThreadedExecutor
-    from rclpy.signals import SignalHandlerOptions
-
     from ..nodes import graph
-    from .bringup import BringupError, GraphProcesses
+    from .bringup import GraphProcesses
     from .demo_report import build_report
     from .supervisor import NodeDied, Supervisor
 
@@ -234,68 +231,39 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
     nodes = tuple(spec for spec in graph.NODES if not (reconciler == "off" and spec.name == "reconciler"))
     procs = GraphProcesses(params_file=params_file, overrides=overrides, log_dir=log_dir, nodes=nodes)
     supervisor = Supervisor(procs, cfg.supervisor, say=lambda text: print(f"vla-edge demo: {text}", flush=True))
-    context = rclpy.Context()
-    # Signals are the supervisor's (stop the nodes, then exit), not rclpy's.
-    rclpy.init(context=context, domain_id=int(os.environ["ROS_DOMAIN_ID"]) if os.environ.get("ROS_DOMAIN_ID") else None,
-               signal_handler_options=SignalHandlerOptions.NO)
-    node = rclpy.create_node("vla_edge_demo", context=context)
-    executor = SingleThreadedExecutor(context=context)
-    executor.add_node(node)
-    spinner = threading.Thread(target=executor.spin, daemon=True)
-    spinner.start()
-    camera = FootageCamera(node, frames, cfg.cycle.camera_hz, cfg.camera.input_topic)
-    controller = Controller(node, time.monotonic())
     print(f"vla-edge demo: starting the graph (node logs in {log_dir}/), then {seconds:g} s of camera", flush=True)
     ended_early = ""
-    try:
-        with supervisor.signals_handled():
-            t_start = time.monotonic()
-            supervisor.start(leave_inactive=("reconciler",) if reconciler == "inactive" else ())
-            start_to_active_s = time.monotonic() - t_start
-            # Count from the first cycle output the controller receives: DDS discovery takes a moment.
-            deadline = time.monotonic() + FIRST_OUTPUT_TIMEOUT_S
-            while controller.outputs_seen == 0:
-                supervisor.poll()
-                if time.monotonic() > deadline:
-                    raise BringupError(f"no cycle output within {FIRST_OUTPUT_TIMEOUT_S:.0f} s")
-                time.sleep(0.05)
-            # The measured window opens at the first action: until the camera's publisher and the nodes'
-            # subscriptions have discovered each other (Fast DDS re-announces every few seconds if the first
-            # announcements are missed) the cycles can only say no_frame. That wait is reported on its own.
-            camera.start()
-            t_camera = time.monotonic()
-            while controller.actions_seen == 0:
-                supervisor.poll()
-                if time.monotonic() - t_camera > FIRST_OUTPUT_TIMEOUT_S:
-                    raise BringupError(f"no action within {FIRST_OUTPUT_TIMEOUT_S:.0f} s of camera frames")
-                time.sleep(0.01)
-            first_action_s = time.monotonic() - t_camera
-            controller.t0 = time.monotonic()
-            controller.recording = True
-            print(f"vla-edge demo: first action {first_action_s:.2f} s after the camera started; "
-                  f"measuring {seconds:g} s", flush=True)
-            end = controller.t0 + seconds
-            try:
-                while time.monotonic() < end:
-                    supervisor.run(min(TICK_S, end - time.monotonic()))
-                    if tick is not None:
-                        tick(procs)
-            except NodeDied as exc:
-                ended_early = f"{exc} after {time.monotonic() - controller.t0:.1f} s of the window"
-            camera.stop()
-            controller.recording = False
-            died = procs.dead()
-            if not ended_early:
-                time.sleep(SETTLE_S)
-    finally:
+    with _listening_node() as node:
+        camera = FootageCamera(node, frames, cfg.cycle.camera_hz, cfg.camera.input_topic)
+        controller = Controller(node, time.monotonic())
         try:
-            camera.stop()
+            with supervisor.signals_handled():
+                t_start = time.monotonic()
+                supervisor.start(leave_inactive=("reconciler",) if reconciler == "inactive" else ())
+                start_to_active_s = time.monotonic() - t_start
+                first_action_s = _wait_for_first_action(supervisor, controller, camera)
+                controller.t0 = time.monotonic()
+                controller.recording = True
+                print(f"vla-edge demo: first action {first_action_s:.2f} s after the camera started; "
+                      f"measuring {seconds:g} s", flush=True)
+                end = controller.t0 + seconds
+                try:
+                    while time.monotonic() < end:
+                        supervisor.run(min(TICK_S, end - time.monotonic()))
+                        if tick is not None:
+                            tick(procs)
+                except NodeDied as exc:
+                    ended_early = f"{exc} after {time.monotonic() - controller.t0:.1f} s of the window"
+                camera.stop()
+                controller.recording = False
+                died = procs.dead()
+                if not ended_early:
+                    time.sleep(SETTLE_S)
         finally:
-            codes = supervisor.stop()
-            executor.shutdown()
-            spinner.join(timeout=2.0)
-            node.destroy_node()
-            rclpy.try_shutdown(context=context)
+            try:
+                camera.stop()
+            finally:
+                codes = supervisor.stop()
     backend = controller.diagnostics.get("reasoning", {}).get("backend", cfg.model.backend)
     meta = {"seconds": seconds, "camera_hz": cfg.cycle.camera_hz, "deadline_ms": cfg.cycle.deadline_ms,
             "camera_to_first_action_s": first_action_s, "start_to_active_s": start_to_active_s,
@@ -311,3 +279,51 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
                           controller.diagnostics.get("camera_ingest", {}), meta,
                           controller.diagnostics.get("reconciler", {}))
     return report, cycles
+
+
+@contextmanager
+def _listening_node():
+    """The demo's own rclpy node (camera publisher and controller), spun on a thread of its own context.
+    Signals are the supervisor's (stop the nodes, then exit), not rclpy's."""
+    import rclpy
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.signals import SignalHandlerOptions
+
+    context = rclpy.Context()
+    rclpy.init(context=context, domain_id=int(os.environ["ROS_DOMAIN_ID"]) if os.environ.get("ROS_DOMAIN_ID") else None,
+               signal_handler_options=SignalHandlerOptions.NO)
+    node = rclpy.create_node("vla_edge_demo", context=context)
+    executor = SingleThreadedExecutor(context=context)
+    executor.add_node(node)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    try:
+        yield node
+    finally:
+        executor.shutdown()
+        spinner.join(timeout=2.0)
+        node.destroy_node()
+        rclpy.try_shutdown(context=context)
+
+
+def _wait_for_first_action(supervisor, controller, camera) -> float:
+    """Wait for the first cycle output, start the camera, wait for the first action; returns the seconds from
+    the camera's start to that action. The measured window opens there: until the camera's publisher and
+    the nodes' subscriptions have discovered each other (Fast DDS re-announces every few seconds if the
+    first announcements are missed) the cycles can only say no_frame. That wait is reported on its own."""
+    from .bringup import BringupError
+
+    deadline = time.monotonic() + FIRST_OUTPUT_TIMEOUT_S
+    while controller.outputs_seen == 0:
+        supervisor.poll()
+        if time.monotonic() > deadline:
+            raise BringupError(f"no cycle output within {FIRST_OUTPUT_TIMEOUT_S:.0f} s")
+        time.sleep(0.05)
+    camera.start()
+    t_camera = time.monotonic()
+    while controller.actions_seen == 0:
+        supervisor.poll()
+        if time.monotonic() - t_camera > FIRST_OUTPUT_TIMEOUT_S:
+            raise BringupError(f"no action within {FIRST_OUTPUT_TIMEOUT_S:.0f} s of camera frames")
+        time.sleep(0.01)
+    return time.monotonic() - t_camera
