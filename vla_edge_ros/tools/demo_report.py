@@ -64,8 +64,6 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
     lost_after_last = max(0, int((meta["seconds"] - last_s) / period_s) - 1)
     lost = gaps + lost_after_last
     expected = n + lost
-    dropped_ingest = _int(camera.get("overwritten"))
-    dropped_reasoning = _int(reasoning.get("frames_overwritten"))
     return {
         **meta,
         "cycles": n,
@@ -82,26 +80,13 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
         | {"max": max(ran) if ran else None},
         "cycle_id_gaps": gaps,
         "evictions": sum(c.evictions for c in cycles),
-        "frames": {
-            "camera_published": meta.get("camera_frames_published"),
-            "received_by_ingest": _int(camera.get("received")),
-            "rejected_by_ingest": _int(camera.get("rejected")),
-            "dropped_by_double_buffer": {"camera_ingest": dropped_ingest, "reasoning": dropped_reasoning,
-                                         "total": dropped_ingest + dropped_reasoning},
-        },
+        "frames": _frames(reasoning, camera, meta),
         "peak_memory": {
             "reasoning_process_vm_hwm_bytes": _int(reasoning.get("total.peak_rss_bytes")),
             "engine_model_and_kv_bytes": _int(reasoning.get("state.memory_bytes")),
         },
         "kv": {"frames_retained": _int(reasoning.get("state.frames")), "fill": _float(reasoning.get("state.kv_fill"))},
-        "swaps": {"applied": _int(reasoning.get("swap.swaps")), "state_version": _int(reasoning.get("swap.state_version")),
-                  **{f"{part}_{q}": _float(reasoning.get(f"swap.swap_{part}_{q}"))
-                     for part in SWAP_PARTS for q in ("p50", "p99", "max")},
-                  "kv_copy_ms_last": _float(reasoning.get("swap.swap_kv_copy_ms_last")),
-                  "deferred_stale": _int(reasoning.get("swap.swap_deferred_stale")),
-                  "late_frames": _int(reasoning.get("swap.swap_late_frames")),
-                  "rejected": _int(reasoning.get("swap.swap_rejections")),
-                  "load_failures": _int(reasoning.get("swap.swap_load_failures"))},
+        "swaps": _swaps(reasoning),
         "exactness": exactness(reasoning, reconciler),
         "phases_ms": phases(reasoning),
         "warmup": {"steady_ms": _float(reasoning.get("warmup.steady_ms")), "first_ms": _float(reasoning.get("warmup.first_ms"))},
@@ -117,6 +102,27 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
                                                             "step_ms_per_token_p50", "step_ms_per_token_p90",
                                                             "step_host_ms_per_token_p50", "offer_ms")},
     }
+
+
+def _frames(reasoning: dict, camera: dict, meta: dict) -> dict:
+    dropped_ingest = _int(camera.get("overwritten"))
+    dropped_reasoning = _int(reasoning.get("frames_overwritten"))
+    return {"camera_published": meta.get("camera_frames_published"),
+            "received_by_ingest": _int(camera.get("received")),
+            "rejected_by_ingest": _int(camera.get("rejected")),
+            "dropped_by_double_buffer": {"camera_ingest": dropped_ingest, "reasoning": dropped_reasoning,
+                                         "total": dropped_ingest + dropped_reasoning}}
+
+
+def _swaps(reasoning: dict) -> dict:
+    return {"applied": _int(reasoning.get("swap.swaps")), "state_version": _int(reasoning.get("swap.state_version")),
+            **{f"{part}_{q}": _float(reasoning.get(f"swap.swap_{part}_{q}"))
+               for part in SWAP_PARTS for q in ("p50", "p99", "max")},
+            "kv_copy_ms_last": _float(reasoning.get("swap.swap_kv_copy_ms_last")),
+            "deferred_stale": _int(reasoning.get("swap.swap_deferred_stale")),
+            "late_frames": _int(reasoning.get("swap.swap_late_frames")),
+            "rejected": _int(reasoning.get("swap.swap_rejections")),
+            "load_failures": _int(reasoning.get("swap.swap_load_failures"))}
 
 
 def phases(reasoning: dict) -> dict:
