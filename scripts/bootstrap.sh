@@ -21,6 +21,19 @@ if sys.version_info < (3, 10):
     sys.exit(f"bootstrap: Python >= 3.10 needed, found {sys.version.split()[0]}")
 PYEOF
 
+# vla_edge_interfaces (msg/srv) is generated C/C++ compiled against this Python: a compiler and the
+# Python headers (Debian: g++, python3-dev) are needed once, by scripts/build_interfaces.sh.
+py_include=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+if ! command -v g++ >/dev/null || ! command -v make >/dev/null || [ ! -f "$py_include/Python.h" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && apt-get install -y -qq g++ make python3-dev >/dev/null
+    else
+        echo "bootstrap: building vla_edge_interfaces needs g++, make and $py_include/Python.h;" \
+             "install them first (Debian: apt-get install g++ make python3-dev)" >&2
+        exit 1
+    fi
+fi
+
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 
 # pip, quietly: on failure its whole output is shown (less this machine's noisy
@@ -51,6 +64,8 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && com
 else
     echo "bootstrap: no CUDA GPU with driver and nvcc here: CPU only (numpy backend); the gpu extra is not installed"
 fi
-.venv/bin/python -c "import vla_edge_ros, rclpy, torch, transformers, cv2" 
+# The graph's own message types, generated and compiled into .venv (quick when nothing changed).
+bash scripts/build_interfaces.sh
+.venv/bin/python -c "import vla_edge_ros, rclpy, torch, transformers, cv2, vla_edge_interfaces.msg"
 touch .venv/.installed
 echo "bootstrap: .venv ready"

@@ -6,11 +6,11 @@ import sys
 import time
 
 from diagnostic_msgs.msg import DiagnosticStatus
-from std_msgs.msg import Int32MultiArray
 
 import ros_helpers as H
 from vla_edge_ros.nodes import conversions as conv
 from vla_edge_ros.nodes import graph
+from vla_edge_ros.nodes.interfaces import ActionTokens
 
 
 def main(role: str, seconds: float, out: str = "") -> int:
@@ -22,10 +22,10 @@ def main(role: str, seconds: float, out: str = "") -> int:
             camera.stop()
             print(f"camera: published {len(camera.sent)} frames", flush=True)
             return 0
-        tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
+        tokens = harness.collect(ActionTokens, graph.ACTION_TOKENS_TOPIC)
         fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
         time.sleep(seconds)
-        outputs = {"actions": [conv.parse_action_tokens(m)["cycle_id"] for m in tokens.messages()],
+        outputs = {"actions": [conv.action_tokens_fields(m)["cycle_id"] for m in tokens.messages()],
                    "fallbacks": [[int(conv.status_values(m)["cycle_id"]), m.message] for m in fallbacks.messages()]}
         with open(out, "w") as f:
             json.dump(outputs, f)

@@ -218,7 +218,7 @@ def cycle_outputs(tokens: Collector, fallbacks: Collector) -> dict:
     """{cycle_id: ('action', fields) | ('fallback', reason, values)}; raises on a duplicate cycle id."""
     out: dict = {}
     for msg in tokens.messages():
-        fields = conv.parse_action_tokens(msg)
+        fields = conv.action_tokens_fields(msg)
         assert fields["cycle_id"] not in out, f"cycle {fields['cycle_id']} published twice"
         out[fields["cycle_id"]] = ("action", fields)
     for msg in fallbacks.messages():

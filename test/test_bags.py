@@ -13,7 +13,6 @@ import time
 import numpy as np
 import pytest
 from diagnostic_msgs.msg import DiagnosticStatus
-from std_msgs.msg import Int32MultiArray
 
 import ros_helpers as H
 from vla_edge_ros.core.engine_factory import primary_engine
@@ -23,6 +22,7 @@ from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.nodes import camera_images as images
 from vla_edge_ros.nodes import conversions as conv
 from vla_edge_ros.nodes import graph
+from vla_edge_ros.nodes.interfaces import ActionTokens
 from vla_edge_ros.tools.record import record_footage
 from vla_edge_ros.tools.replay import BagReplayer, ReplayError, read_images
 
@@ -83,7 +83,7 @@ def test_bag_through_the_graph_matches_the_engine(bags, storage, tiny_model_dir,
     bag = bags[0] if storage == "mcap" else bags[1]
     model = tiny_model_dir
     harness = H.RosHarness(H.ros_domain(__name__ + storage))
-    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
+    tokens = harness.collect(ActionTokens, graph.ACTION_TOKENS_TOPIC)
     fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
     procs = H.start_graph(harness.domain_id, {**OVERRIDES, "model.path": str(model)},
                           names=("camera_ingest", "reasoning"), log_dir=tmp_path)
@@ -99,7 +99,7 @@ def test_bag_through_the_graph_matches_the_engine(bags, storage, tiny_model_dir,
         procs.stop()
         harness.close()
     assert stats.published == FRAMES
-    answers = sorted((conv.parse_action_tokens(m) for m in tokens.messages()), key=lambda f: f["cycle_id"])
+    answers = sorted((conv.action_tokens_fields(m) for m in tokens.messages()), key=lambda f: f["cycle_id"])
     appended = [f for f in answers if f["new_frame"]]
     with_frames = [(m.message, conv.status_values(m)) for m in fallbacks.messages() if conv.status_values(m)["frame_id"]]
     assert not with_frames, f"fallbacks for replayed frames: {with_frames[:3]}"

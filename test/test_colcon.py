@@ -86,3 +86,44 @@ def test_installed_package_finds_its_kernels_through_the_ament_index(installed):
     env.pop("AMENT_PREFIX_PATH")
     done = subprocess.run([sys.executable, "-c", code], cwd=installed, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "ament index" in done.stderr and "AMENT_PREFIX_PATH" in done.stderr, done.stderr[-2000:]
+
+
+def _ament_cmake_prefix() -> Path | None:
+    """The prefix holding ament_cmake and the rosidl generators (the venv, from PyPI), if there is one."""
+    prefix = Path(sys.prefix)
+    return prefix if (prefix / "share" / "ament_cmake" / "cmake").is_dir() else None
+
+
+def test_interface_package_builds_beside_the_package_as_a_ros_workspace_does(tmp_path):
+    """The README's robot command finds both packages (vla_edge_interfaces lies inside this repository,
+    where colcon's crawl stops at vla_edge_ros), and the interface package generates, compiles and
+    installs a module whose typesupport loads and whose messages serialize."""
+    colcon, prefix = _colcon(), _ament_cmake_prefix()
+    if colcon is None or prefix is None:
+        pytest.skip("no colcon, or no ament_cmake + rosidl generators in this environment (requirements.txt has them)")
+    ws = tmp_path / "ws"
+    shutil.copytree(ROOT, ws / "src" / graph.PACKAGE,
+                    ignore=lambda d, names: [n for n in names if n in SKIP_DIRS or n.endswith(".egg-info")])
+    base_paths = [f"src/{graph.PACKAGE}/vla_edge_interfaces", f"src/{graph.PACKAGE}"]
+    # What a ROS setup.bash provides: the ament index and CMake packages of the underlay (here the venv).
+    env = {**os.environ, "AMENT_PREFIX_PATH": str(prefix), "CMAKE_PREFIX_PATH": str(prefix),
+           "PATH": f"{prefix / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run([colcon, "build", "--base-paths", *base_paths,
+                           "--cmake-args", "-DBUILD_TESTING=OFF", f"-DPython3_EXECUTABLE={sys.executable}"],
+                          cwd=ws, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for package in (graph.PACKAGE, "vla_edge_interfaces"):          # both found, both built
+        assert (ws / "install" / package / "share" / package / "package.xml").is_file(), done.stdout[-3000:]
+    installed = ws / "install" / "vla_edge_interfaces"
+    site = next(installed.glob("lib/python3*/site-packages"))
+    code = ("from rclpy.serialization import serialize_message as s, deserialize_message as d; "
+            "import vla_edge_interfaces; from vla_edge_interfaces.msg import StateChunk; "
+            "print(d(s(StateChunk(seq=7)), StateChunk).seq, vla_edge_interfaces.__file__)")
+    # As `source install/setup.bash` would set them (the venv's own lib/ is already on LD_LIBRARY_PATH).
+    run_env = {**env, "PYTHONPATH": str(site), "AMENT_PREFIX_PATH": f"{installed}{os.pathsep}{prefix}",
+               "LD_LIBRARY_PATH": f"{installed / 'lib'}{os.pathsep}{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=run_env, capture_output=True, text=True,
+                            timeout=120)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    seq, module_file = loaded.stdout.split()
+    assert seq == "7" and Path(module_file).is_relative_to(site), loaded.stdout    # the workspace's, not .venv's

@@ -22,6 +22,7 @@ from vla_edge_ros.core.footage import resize_rgb
 from vla_edge_ros.nodes import camera_images as images
 from vla_edge_ros.nodes import conversions as conv
 from vla_edge_ros.nodes import graph
+from vla_edge_ros.nodes.interfaces import FrameMsg
 
 MAX_PIXELS = 100_000
 COMPRESSED_TOPIC = "/camera/image_raw/compressed"
@@ -124,7 +125,7 @@ def test_every_bad_image_raises_a_named_error():
 def test_camera_ingest_rejects_counts_and_keeps_going(tmp_path):
     domain = H.ros_domain(__name__)
     harness = H.RosHarness(domain)
-    frames_out = harness.collect(Image, graph.FRAME_TOPIC)
+    frames_out = harness.collect(FrameMsg, graph.FRAME_TOPIC)
     diagnostics = harness.collect(DiagnosticArray, graph.DIAGNOSTICS_TOPIC)
     raw = graph.NodeSpec(name="camera_ingest", module=graph.node("camera_ingest").module, executable="camera_ingest")
     compressed = graph.NodeSpec(name="camera_ingest_compressed", module=raw.module, executable="camera_ingest",
@@ -182,9 +183,9 @@ def test_camera_ingest_rejects_counts_and_keeps_going(tmp_path):
     assert int(raw_status["accepted"]) == 6 and int(raw_status["received"]) == 12
     assert int(comp_status["rejected_zero_size"]) == 1 and int(comp_status["rejected_decode"]) == 1
     for msg in frames_out.messages():
-        stamp = conv.stamp_to_s(msg.header.stamp)
+        stamp = conv.stamp_to_s(msg.image.header.stamp)
         want = resize_rgb(expected[stamp], cfg.vision.image_width, cfg.vision.image_height)
-        np.testing.assert_array_equal(images.image_msg_to_rgb(msg, MAX_PIXELS), want)
+        np.testing.assert_array_equal(images.image_msg_to_rgb(msg.image, MAX_PIXELS), want)
     log = H.node_log(tmp_path, "camera_ingest")
     assert "image rejected (encoding)" in log
     # Throttled to one line a second: fewer lines than rejections within ~1 s.

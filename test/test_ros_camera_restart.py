@@ -12,22 +12,22 @@ import time
 import pytest
 from diagnostic_msgs.msg import DiagnosticArray
 from diagnostic_msgs.msg import DiagnosticStatus
-from std_msgs.msg import Int32MultiArray
 
 import ros_helpers as H
 from vla_edge_ros.nodes import conversions as conv
 from vla_edge_ros.nodes import graph
+from vla_edge_ros.nodes.interfaces import ActionTokens
 
 pytestmark = pytest.mark.ros
 
 
 def _action_frame_ids(tokens, since: float = -1.0) -> list:
-    return [conv.parse_action_tokens(m)["frame_id"] for t, m in tokens.items() if t > since]
+    return [conv.action_tokens_fields(m)["frame_id"] for t, m in tokens.items() if t > since]
 
 
 def test_a_restarted_camera_node_does_not_stall_the_state(tiny_model_dir, tmp_path):
     harness = H.RosHarness(H.ros_domain(__name__))
-    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
+    tokens = harness.collect(ActionTokens, graph.ACTION_TOKENS_TOPIC)
     fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
     diagnostics = harness.collect(DiagnosticArray, graph.DIAGNOSTICS_TOPIC)
     # Room for 12 frames: a reconciliation round every few hundred milliseconds.

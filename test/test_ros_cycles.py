@@ -17,7 +17,6 @@ from diagnostic_msgs.msg import DiagnosticStatus
 from rclpy.qos import DurabilityPolicy
 from rclpy.qos import QoSProfile
 from sensor_msgs.msg import JointState
-from std_msgs.msg import Int32MultiArray
 from std_msgs.msg import String
 
 import ros_helpers as H
@@ -27,6 +26,7 @@ from vla_edge_ros.core.cycle_result import FALLBACK_REASONS
 from vla_edge_ros.model.spec import ModelSpec
 from vla_edge_ros.nodes import conversions as conv
 from vla_edge_ros.nodes import graph
+from vla_edge_ros.nodes.interfaces import ActionTokens
 
 pytestmark = pytest.mark.ros
 RUN_S = 4.0
@@ -39,7 +39,7 @@ def run(tmp_path_factory, tiny_model_dir):
     logs = tmp_path_factory.mktemp("logs")
     domain = H.ros_domain(__name__)
     harness = H.RosHarness(domain)
-    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
+    tokens = harness.collect(ActionTokens, graph.ACTION_TOKENS_TOPIC)
     actions = harness.collect(JointState, graph.ACTION_TOPIC)
     fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
     diagnostics = harness.collect(DiagnosticArray, graph.DIAGNOSTICS_TOPIC)
@@ -86,7 +86,7 @@ def test_joint_states_match_action_tokens(run):
     codec = ActionCodec(ModelSpec.from_dir(run["model"]).vocab_size, cfg.action)
     from_tokens = []
     for msg in run["tokens"].messages():
-        f = conv.parse_action_tokens(msg)
+        f = conv.action_tokens_fields(msg)
         from_tokens.append((f["stamp_sec"], f["stamp_nanosec"], tuple(codec.to_values(f["tokens"]).tolist())))
     from_states = []
     for msg in run["actions"].messages():

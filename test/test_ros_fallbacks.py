@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from diagnostic_msgs.msg import DiagnosticArray
 from diagnostic_msgs.msg import DiagnosticStatus
-from std_msgs.msg import Int32MultiArray
 
 import ros_helpers as H
 from vla_edge_ros import config as C
 from vla_edge_ros.core import cycle_result as R
 from vla_edge_ros.core.swap_protocol import SHM_DIR
 from vla_edge_ros.nodes import graph
+from vla_edge_ros.nodes.interfaces import ActionTokens
 
 pytestmark = pytest.mark.ros
 PHASE_S = 1.5
@@ -39,7 +39,7 @@ def harness():
 
 
 def _outputs(harness):
-    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
+    tokens = harness.collect(ActionTokens, graph.ACTION_TOKENS_TOPIC)
     fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
     return tokens, fallbacks
 
@@ -49,7 +49,7 @@ def _window(tokens, fallbacks, since: float, until: float) -> dict:
     outputs = H.cycle_outputs(tokens, fallbacks)
     arrival = {}
     for t, msg in tokens.items():
-        arrival[msg.data[0]] = t
+        arrival[msg.cycle_id] = t
     for t, msg in fallbacks.items():
         arrival[int(dict((kv.key, kv.value) for kv in msg.values)["cycle_id"])] = t
     return {cid: out for cid, out in outputs.items() if since <= arrival[cid] < until}

@@ -36,6 +36,7 @@ from vla_edge_ros import config as C
 from vla_edge_ros.nodes import camera_images as images
 from vla_edge_ros.nodes import conversions as conv
 from vla_edge_ros.nodes import graph
+from vla_edge_ros.nodes.interfaces import FrameMsg
 from vla_edge_ros.nodes.params import ros_type_of
 from vla_edge_ros.nodes.params import section_keys
 
@@ -62,7 +63,7 @@ def ingest(tmp_path_factory):
     rig = {"harness": harness, "procs": procs, "log_dir": log_dir,
            "raw": harness.node.create_publisher(Image, graph.CAMERA_TOPIC, qos),
            "compressed": harness.node.create_publisher(CompressedImage, COMPRESSED_TOPIC, qos),
-           "frames": harness.collect(Image, graph.FRAME_TOPIC),
+           "frames": harness.collect(FrameMsg, graph.FRAME_TOPIC),
            "diagnostics": harness.collect(DiagnosticArray, graph.DIAGNOSTICS_TOPIC),
            "stamps": itertools.count(1)}
     try:
@@ -87,7 +88,7 @@ def _good_frame(rig, which: str) -> float:
         msg = CompressedImage(format="png", data=cv2.imencode(".png", rgb[..., ::-1])[1].tobytes())
         msg.header.stamp = conv.s_to_stamp(stamp)
     rig[which].publish(msg)
-    H.wait_until(lambda: any(conv.stamp_to_s(m.header.stamp) == stamp for m in rig["frames"].messages()), 10.0,
+    H.wait_until(lambda: any(conv.stamp_to_s(m.image.header.stamp) == stamp for m in rig["frames"].messages()), 10.0,
                  f"the good {which} frame after a fuzzed one")
     return stamp
 
@@ -218,6 +219,6 @@ def test_camera_ingest_answers_every_parameter_update_and_keeps_serving(ingest):
         got, want = _python_value(value), current[name]
         assert got == want or (isinstance(want, float) and math.isnan(want) and math.isnan(got)), (name, got, want)
     _good_frame(ingest, "raw")             # changes apply at the next start: frames go on as before
-    out = ingest["frames"].messages()[-1]
+    out = ingest["frames"].messages()[-1].image
     assert (out.width, out.height) == (C.VlaConfig().vision.image_width, C.VlaConfig().vision.image_height)
     assert np.frombuffer(out.data, np.uint8).size == out.width * out.height * 3

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from diagnostic_msgs.msg import DiagnosticArray
 from diagnostic_msgs.msg import DiagnosticStatus
-from std_msgs.msg import Int32MultiArray
 
 import ros_helpers as H
 from vla_edge_ros.nodes import conversions as conv
 from vla_edge_ros.nodes import graph
+from vla_edge_ros.nodes.interfaces import ActionTokens
 
 pytestmark = pytest.mark.ros
 CAMERA_HZ = 60.0
@@ -28,7 +28,7 @@ def run(tiny_model_dir):
     model = tiny_model_dir
     domain = H.ros_domain(__name__)
     harness = H.RosHarness(domain)
-    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
+    tokens = harness.collect(ActionTokens, graph.ACTION_TOKENS_TOPIC)
     fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
     diagnostics = harness.collect(DiagnosticArray, graph.DIAGNOSTICS_TOPIC)
     camera = H.CameraPublisher(harness, H.footage_rgb(60), hz=CAMERA_HZ)
@@ -88,7 +88,7 @@ def test_only_the_freshest_frame_is_processed(run):
     sent_stamps = np.array([s for s, _, _ in run["camera"].sent])
     ages = []
     for received_mono, msg in run["tokens"].items():
-        f = conv.parse_action_tokens(msg)
+        f = conv.action_tokens_fields(msg)
         if not f["new_frame"]:
             continue
         stamp = f["stamp_sec"] + f["stamp_nanosec"] * 1e-9

@@ -16,10 +16,10 @@ from diagnostic_msgs.msg import DiagnosticArray
 from diagnostic_msgs.msg import DiagnosticStatus
 from lifecycle_msgs.msg import State
 from lifecycle_msgs.msg import Transition
-from std_msgs.msg import Int32MultiArray
 
 import ros_helpers as H
 from vla_edge_ros.nodes import graph
+from vla_edge_ros.nodes.interfaces import ActionTokens
 from vla_edge_ros.tools.bringup import BringupError
 from vla_edge_ros.tools.bringup import GraphProcesses
 
@@ -47,7 +47,7 @@ def _outputs(tokens, fallbacks) -> int:
 
 
 def test_configure_activate_deactivate_cleanup_and_again(tiny_model_dir, harness, tmp_path):
-    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
+    tokens = harness.collect(ActionTokens, graph.ACTION_TOKENS_TOPIC)
     fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
     diagnostics = harness.collect(DiagnosticArray, graph.DIAGNOSTICS_TOPIC)
     camera = H.CameraPublisher(harness, H.footage_rgb(60))

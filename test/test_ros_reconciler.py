@@ -13,9 +13,6 @@ from lifecycle_msgs.msg import State
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState
 from rclpy.qos import QoSProfile
-from sensor_msgs.msg import Image
-from std_msgs.msg import Int32MultiArray
-from std_srvs.srv import Trigger
 
 import ros_helpers as H
 from vla_edge_ros.core.engine_factory import primary_engine
@@ -23,10 +20,11 @@ from vla_edge_ros import config as C
 from vla_edge_ros.core.footage import resize_rgb
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.state_snapshot import StateSnapshot
-from vla_edge_ros.core.swap_protocol import SwapOffer
 from vla_edge_ros.model.factory import cuda_device_available
 from vla_edge_ros.nodes import conversions as conv
 from vla_edge_ros.nodes import graph
+from vla_edge_ros.nodes import swap_wire
+from vla_edge_ros.nodes.interfaces import ActionTokens, StateChunk, Swap
 from vla_edge_ros.tools.bringup import BringupError
 from vla_edge_ros.tools.bringup import GraphProcesses
 
@@ -71,7 +69,7 @@ def _refused_transition(harness, transition_id: int) -> None:
 
 
 def _swap(harness):
-    return H.call_service(harness, Trigger, graph.SWAP_SERVICE, Trigger.Request())
+    return H.call_service(harness, Swap, graph.SWAP_SERVICE, Swap.Request())
 
 
 @pytest.mark.skipif(cuda_device_available(), reason="a CUDA device is present: the GPU reconciler would configure")
@@ -99,32 +97,36 @@ def test_lifecycle_swap_only_when_active_and_exact_state(model, harness, tmp_pat
     procs = GraphProcesses(overrides={"model.path": str(model), "kv.capacity_tokens": CAPACITY},
                            env=H.graph_env(harness.domain_id), nodes=(graph.node("reconciler"),), log_dir=tmp_path)
     procs.start()
-    chunks = harness.node.create_publisher(Image, graph.STATE_CHUNK_TOPIC, QoSProfile(depth=64))
+    chunks = harness.node.create_publisher(StateChunk, graph.STATE_CHUNK_TOPIC, QoSProfile(depth=64))
     try:
         assert _state(harness) == State.PRIMARY_STATE_UNCONFIGURED
         _refused_transition(harness, Transition.TRANSITION_ACTIVATE)
         assert _state(harness) == State.PRIMARY_STATE_UNCONFIGURED
         assert procs.dead() == {}, "an invalid transition request killed the reconciler"
-        assert not H.service_available(harness, Trigger, graph.SWAP_SERVICE, 1.0)
+        assert not H.service_available(harness, Swap, graph.SWAP_SERVICE, 1.0)
 
         _transition(harness, Transition.TRANSITION_CONFIGURE)
         assert _state(harness) == State.PRIMARY_STATE_INACTIVE
-        assert not H.service_available(harness, Trigger, graph.SWAP_SERVICE, 1.0), "swap served while inactive"
+        assert not H.service_available(harness, Swap, graph.SWAP_SERVICE, 1.0), "swap served while inactive"
 
         _transition(harness, Transition.TRANSITION_ACTIVATE)
         assert _state(harness) == State.PRIMARY_STATE_ACTIVE
         answer = _swap(harness)
-        assert not answer.success and '"version": 0' in answer.message, answer.message
+        assert not answer.offered and answer.version == 0 and "no reconciled state yet" in answer.reason, answer
 
         # 12 admitted frames of real footage; at 11 (>= ceil(asr.threshold 0.9 x 12 frames)) a round starts.
         frames = [Frame(resize_rgb(px, cfg.vision.image_width, cfg.vision.image_height), 1000.0 + i, 101 + i)
                   for i, px in enumerate(H.footage_rgb(12, "bikes.mp4"))]
         H.wait_until(lambda: chunks.get_subscription_count() > 0, 10.0, "the reconciler's chunk subscription")
         time.sleep(0.5)       # the subscriber side of the match completes a moment after the publisher's
+        # A chunk that breaks the protocol first (numbering starts at 1): refused, logged, nothing else changes.
+        bad = conv.state_chunk_msg(frames[0], 0, 1, cfg.camera.frame_id)
+        bad.seq = 0
+        chunks.publish(bad)
         for seq, frame in enumerate(frames, start=1):
-            chunks.publish(conv.state_chunk_msg(frame, 0, seq))
-        answer = H.wait_until(lambda: (a := _swap(harness)).success and a, 20.0, "a reconciled version")
-        offer = SwapOffer.from_message(answer.message)
+            chunks.publish(conv.state_chunk_msg(frame, 0, seq, cfg.camera.frame_id))
+        answer = H.wait_until(lambda: (a := _swap(harness)).offered and a, 20.0, "a reconciled version")
+        offer = swap_wire.answer_from_response(answer).offer
         assert offer.round == 1 and offer.version >= 1          # round 1, maybe a fresher re-offer of it
         snap = StateSnapshot.load(offer.path)
         # csr keeps the newest (1 - asr.evict_fraction) of the 11 frames, 106..111, plus what arrived
@@ -143,7 +145,7 @@ def test_lifecycle_swap_only_when_active_and_exact_state(model, harness, tmp_pat
 
         _transition(harness, Transition.TRANSITION_DEACTIVATE)
         assert _state(harness) == State.PRIMARY_STATE_INACTIVE
-        H.wait_until(lambda: not H.service_available(harness, Trigger, graph.SWAP_SERVICE, 0.3), 10.0,
+        H.wait_until(lambda: not H.service_available(harness, Swap, graph.SWAP_SERVICE, 0.3), 10.0,
                      "the swap service to go away after deactivate")
 
         _transition(harness, Transition.TRANSITION_CLEANUP)
@@ -157,11 +159,13 @@ def test_lifecycle_swap_only_when_active_and_exact_state(model, harness, tmp_pat
     finally:
         codes = procs.stop()
         harness.node.destroy_publisher(chunks)
-    assert codes == {"reconciler": 0}, H.node_log(tmp_path, "reconciler")
+    log = H.node_log(tmp_path, "reconciler")
+    assert codes == {"reconciler": 0}, log
+    assert "state chunk rejected" in log and "sequence number 0" in log, log[-2000:]
 
 
 def test_swap_applied_at_a_cycle_boundary(model, harness, tmp_path):
-    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
+    tokens = harness.collect(ActionTokens, graph.ACTION_TOKENS_TOPIC)
     fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
     diagnostics = harness.collect(DiagnosticArray, graph.DIAGNOSTICS_TOPIC)
     procs = H.start_graph(harness.domain_id, {"model.path": str(model), "kv.capacity_tokens": CAPACITY},

@@ -22,12 +22,12 @@ import pytest
 from diagnostic_msgs.msg import DiagnosticStatus
 from lifecycle_msgs.msg import State
 from lifecycle_msgs.srv import GetState
-from std_msgs.msg import Int32MultiArray
 
 import ros_helpers as H
 from vla_edge_ros.config import default_config_path
 from vla_edge_ros.core.swap_protocol import SHM_DIR
 from vla_edge_ros.nodes import graph
+from vla_edge_ros.nodes.interfaces import ActionTokens
 
 pytestmark = pytest.mark.ros
 CLI = [sys.executable, "-m", "vla_edge_ros.cli"]
@@ -109,7 +109,7 @@ def test_no_node_outlives_bringup(tiny_model_dir, sig):
 def test_bringup_restarts_a_killed_reconciler_while_reasoning_serves(tiny_model_dir):
     domain = H.ros_domain(__name__)
     harness = H.RosHarness(domain)
-    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
+    tokens = harness.collect(ActionTokens, graph.ACTION_TOKENS_TOPIC)
     fallbacks = harness.collect(DiagnosticStatus, graph.FALLBACK_TOPIC)
     env, marker = H.marked_env(domain)
     # Room for 12 frames: the reconciler has work (and a snapshot directory) within a second.
@@ -192,7 +192,7 @@ def test_demo_ends_at_once_when_reasoning_dies_and_counts_the_lost_cycles(tiny_m
     seconds = 8.0
     domain = H.ros_domain(__name__)
     harness = H.RosHarness(domain)
-    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)      # listening beside the demo
+    tokens = harness.collect(ActionTokens, graph.ACTION_TOKENS_TOPIC)      # listening beside the demo
     env, marker = H.marked_env(domain)
     env["VLA_EDGE_LOG_DIR"] = str(tmp_path / "logs")
     report_path = tmp_path / "demo.json"

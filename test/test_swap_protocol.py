@@ -1,7 +1,6 @@
 """core/swap_protocol.py without ROS: two real engines (tiny model, real footage) play the
 reasoning and reconciler processes; offers travel as files and JSON, the applied version
 travels back as the tag of the next state chunk."""
-import json
 import os
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.reconciliation import Phase, StateReconciler
 from vla_edge_ros.core import swap_protocol
 from vla_edge_ros.core.state_snapshot import StateSnapshot
-from vla_edge_ros.core.swap_protocol import (ReconcilerWorker, SnapshotStore, SwapClient, SwapOffer,
+from vla_edge_ros.core.swap_protocol import (ReconcilerWorker, SnapshotStore, SwapAnswer, SwapClient, SwapOffer,
                                              SwapProtocolError, start_loader)
 
 CAPACITY = 480           # prefix 25 + suffix 56 + 12 frames of 32 tokens: csr triggers at 11 frames
@@ -56,7 +55,7 @@ def test_offers_are_versioned_files_and_the_applied_tag_starts_the_next_round(cf
     primary = primary_engine(cfg)
     worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / "snaps"))
     client = SwapClient(poll_period_s=0.0, request_timeout_s=5.0)
-    assert worker.answer()[0] is False and json.loads(worker.answer()[1])["version"] == 0
+    assert worker.answer().offer is None and "no reconciled state yet" in worker.answer().reason
     worker.start()
     try:
         # The primary admits 11 frames (11 >= ceil(0.9 * 12)): the reconciler starts round 1.
@@ -66,12 +65,12 @@ def test_offers_are_versioned_files_and_the_applied_tag_starts_the_next_round(cf
         _wait(lambda: worker.offer is not None, "offer v1")
         # Reasoning side: ask, load off-thread, apply at a boundary after one more (late) frame.
         request = client.request_sent()
-        ok, message = worker.answer()
-        offer = SwapOffer.from_message(message)
-        assert ok and offer.version == 1 and offer.round == 1 and offer.newest_frame_id == 11
+        answer = worker.answer()
+        offer = answer.offer
+        assert offer is not None and offer.version == 1 and offer.round == 1 and offer.newest_frame_id == 11
         snap_on_disk = StateSnapshot.load(offer.path)
         assert snap_on_disk.frame_ids == [6, 7, 8, 9, 10, 11]          # csr: the newest half, kept exactly
-        loading = client.on_response(ok, message, request)
+        loading = client.on_response(answer, request)
         start_loader(client, loading).join(timeout=10)
         assert primary.run_cycle(frames[11], frames[11].stamp_s).new_frame
         worker.on_chunk(frames[11], primary.state.state_version)              # still tagged v0: arrived before the swap
@@ -98,7 +97,7 @@ def test_offers_are_versioned_files_and_the_applied_tag_starts_the_next_round(cf
         _wait(lambda: worker.reconciler.k_applied == 1, "the reconciler to see v1 applied")
         _wait(lambda: worker.offer is None, "round 1's fresher offer to be withdrawn")
         assert worker.reconciler.primary_frame_ids == [f.frame_id for f in primary.state.kv.retained()]
-        assert worker.answer()[0] is False and worker.summary()["offers_withdrawn"] == 1
+        assert worker.answer().offer is None and worker.summary()["offers_withdrawn"] == 1
         for f in frames[13:20]:
             assert primary.run_cycle(f, f.stamp_s).new_frame
             worker.on_chunk(f, primary.state.state_version)
@@ -178,19 +177,19 @@ def test_a_restarted_reasoning_node_never_gets_frames_of_the_process_before_it(c
         for seq, f in enumerate(frames[:11], start=1):
             assert before.run_cycle(f, f.stamp_s).new_frame
             worker.on_chunk(f, before.state.state_version, seq)
-        _wait(lambda: worker.answer()[0], "an offer for the first reasoning process")
+        _wait(lambda: worker.answer().offer, "an offer for the first reasoning process")
 
         after = primary_engine(cfg)                        # restarted: empty state, frame ids go on
         assert after.run_cycle(frames[11], frames[11].stamp_s).new_frame
         worker.on_chunk(frames[11], after.state.state_version, 1)
-        ok, message = worker.answer()
-        assert not ok and "restarted" in message, message      # the old offer is void at once
+        answer = worker.answer()
+        assert answer.offer is None and "restarted" in answer.reason, answer      # the old offer is void at once
         for seq, f in enumerate(frames[12:22], start=2):
             assert after.run_cycle(f, f.stamp_s).new_frame
             worker.on_chunk(f, after.state.state_version, seq)
         _wait(lambda: worker.offer is not None and worker.offer.newest_frame_id == frames[21].frame_id,
               "an offer for the restarted reasoning process, caught up")
-        snap = StateSnapshot.load(SwapOffer.from_message(worker.answer()[1]).path)
+        snap = StateSnapshot.load(worker.answer().offer.path)
         assert snap.frame_ids and set(snap.frame_ids) <= {f.frame_id for f in frames[11:22]}, snap.frame_ids
         assert worker.reconciler.epoch == 1
         after.state.import_state(snap)
@@ -208,7 +207,7 @@ def test_worker_failure_stops_offers_but_not_the_caller(cfg, frames, tmp_path):
         for f in frames[:11]:
             worker.on_chunk(f, 0)
         _wait(lambda: worker.error is not None, "the worker to fail")
-        assert worker.reconciler.phase is Phase.STOPPED and worker.answer()[0] is False
+        assert worker.reconciler.phase is Phase.STOPPED and worker.answer().offer is None
         assert "FileNotFoundError" in worker.summary()["worker_error"]
     finally:
         worker.stop()
@@ -225,7 +224,7 @@ def test_client_one_request_in_flight_poll_period_and_timeout():
     assert not client.want_request(now=1.0)                    # one in flight
     assert client.want_request(now=2.5) and client.timeouts == 1   # unanswered 2 s: the reconciler is gone
     client.request_sent(now=2.5)
-    assert client.on_response(False, json.dumps({"version": 0, "reason": "x"})) is None and client.not_ready == 1
+    assert client.on_response(SwapAnswer(reason="x")) is None and client.not_ready == 1
     assert not client.want_request(now=2.55)                   # poll period
     assert client.want_request(now=2.7)
 
@@ -234,15 +233,15 @@ def test_client_skips_old_loading_and_rejected_versions(tmp_path):
     client = SwapClient(poll_period_s=0.1, request_timeout_s=2.0)
     snap = StateSnapshot(version=3)
     path = snap.save(tmp_path / "v3.npz")
-    offer = client.on_response(True, SwapOffer(3, str(path), 0, -1).to_message())
+    offer = client.on_response(SwapAnswer(SwapOffer(3, str(path), 0, -1)))
     assert offer is not None
-    assert client.on_response(True, SwapOffer(4, str(path), 0, -1).to_message()) is None   # one load at a time
+    assert client.on_response(SwapAnswer(SwapOffer(4, str(path), 0, -1))) is None   # one load at a time
     client.load_offer(offer)
     assert client.take_ready().version == 3 and client.take_ready() is None
     client.mark_rejected(3)
-    assert client.on_response(True, SwapOffer(3, str(path), 0, -1).to_message()) is None   # never again
+    assert client.on_response(SwapAnswer(SwapOffer(3, str(path), 0, -1))) is None   # never again
     client.mark_applied(5, cycle_id=7, dropped=0, late=0)
-    assert client.on_response(True, SwapOffer(4, str(path), 0, -1).to_message()) is None   # older than applied
+    assert client.on_response(SwapAnswer(SwapOffer(4, str(path), 0, -1))) is None   # older than applied
     summary = client.summary()
     assert (summary["state_version"], summary["swap_applied_at_cycle"], summary["swap_rejections"]) == (5, 7, 1)
 
@@ -256,9 +255,9 @@ def test_client_never_asks_while_it_may_still_read_an_offer_and_ignores_abandone
     old = client.request_sent(now=0.0)
     assert client.want_request(now=2.5) and client.timeouts == 1       # abandoned
     new = client.request_sent(now=2.5)
-    assert client.on_response(True, SwapOffer(3, str(path), 0, -1, round=3).to_message(), old) is None
+    assert client.on_response(SwapAnswer(SwapOffer(3, str(path), 0, -1, round=3)), old) is None
     assert client.late_answers == 1 and not client.want_request(now=2.6)   # still waiting for the new one
-    offer = client.on_response(True, SwapOffer(3, str(path), 0, -1, round=3).to_message(), new)
+    offer = client.on_response(SwapAnswer(SwapOffer(3, str(path), 0, -1, round=3)), new)
     assert offer is not None and not client.want_request(now=3.0)         # loading
     client.load_offer(offer)
     assert not client.want_request(now=3.0)                                 # ready for the next boundary
@@ -268,8 +267,8 @@ def test_client_never_asks_while_it_may_still_read_an_offer_and_ignores_abandone
                         round_id=snap.round)
     assert client.want_request(now=3.0)
     # Round 3 is applied: its fresher versions are moot; a new round is not.
-    assert client.on_response(True, SwapOffer(4, str(path), 0, -1, round=3).to_message()) is None
-    assert client.on_response(True, SwapOffer(5, str(path), 0, -1, round=5).to_message()) is not None
+    assert client.on_response(SwapAnswer(SwapOffer(4, str(path), 0, -1, round=3))) is None
+    assert client.on_response(SwapAnswer(SwapOffer(5, str(path), 0, -1, round=5))) is not None
     summary = client.summary()
     assert (summary["swap_apply_ms_p50"], summary["swap_kv_copy_ms_max"], summary["swap_recompute_ms_p99"],
             summary["swap_rest_ms_max"]) == (4.0, 1.0, 2.5, 0.5)
@@ -286,17 +285,17 @@ def test_a_deferred_offer_is_not_loaded_again_but_a_fresher_one_is(tiny_model_di
     for f in frames[3:5]:                                   # two frames after it: more than asr.max_late_chunks
         assert primary.run_cycle(f, f.stamp_s).new_frame
     client = SwapClient(poll_period_s=0.0, request_timeout_s=2.0)
-    client.load_offer(client.on_response(True, SwapOffer(1, str(stale.save(tmp_path / "v1.npz")), 3, 3,
-                                                         round=1).to_message()))
+    client.load_offer(client.on_response(SwapAnswer(SwapOffer(1, str(stale.save(tmp_path / "v1.npz")), 3, 3,
+                                                               round=1))))
     held = [r.frame_id for r in primary.state.kv.retained()]
     outcome = client.apply_ready(primary.state, cycle_id=5)
     assert outcome.status == "deferred" and outcome.detail == "stale"
     assert [r.frame_id for r in primary.state.kv.retained()] == held and primary.state.state_version == 0
     assert client.summary()["swap_deferred_stale"] == 1 and client.summary()["swap_rejections"] == 0
-    assert client.on_response(True, SwapOffer(1, str(tmp_path / "v1.npz"), 3, 3, round=1).to_message()) is None
+    assert client.on_response(SwapAnswer(SwapOffer(1, str(tmp_path / "v1.npz"), 3, 3, round=1))) is None
     fresher = primary.state.export_state(version=2)         # the same round, caught up
     fresher.round = 1
-    offer = client.on_response(True, SwapOffer(2, str(fresher.save(tmp_path / "v2.npz")), 5, 5, round=1).to_message())
+    offer = client.on_response(SwapAnswer(SwapOffer(2, str(fresher.save(tmp_path / "v2.npz")), 5, 5, round=1)))
     client.load_offer(offer)
     outcome = client.apply_ready(primary.state, cycle_id=6)
     assert outcome.status == "applied" and primary.state.state_version == 2 and primary.state.state_exact
@@ -304,13 +303,14 @@ def test_a_deferred_offer_is_not_loaded_again_but_a_fresher_one_is(tiny_model_di
 
 def test_client_survives_a_vanished_or_mismatched_file_and_bad_answers(tmp_path):
     client = SwapClient(poll_period_s=0.1, request_timeout_s=2.0)
-    client.load_offer(client.on_response(True, SwapOffer(3, str(tmp_path / "gone.npz"), 4, 9).to_message()))
+    client.load_offer(client.on_response(SwapAnswer(SwapOffer(3, str(tmp_path / "gone.npz"), 4, 9))))
     assert client.load_failures == 1 and client.take_ready() is None
     path = StateSnapshot(version=2).save(tmp_path / "v2.npz")
-    client.load_offer(client.on_response(True, SwapOffer(6, str(path), 0, -1).to_message()))
+    client.load_offer(client.on_response(SwapAnswer(SwapOffer(6, str(path), 0, -1))))
     assert client.load_failures == 2 and client.take_ready() is None
-    with pytest.raises(SwapProtocolError, match="not an offer"):
-        client.on_response(True, "{not json")
+    for bad in ({"version": 0}, {"path": ""}, {"frames": -1}, {"round": 7}):    # round after its own version
+        with pytest.raises(SwapProtocolError, match="not a usable offer"):
+            SwapOffer(**{"version": 6, "path": str(path), "frames": 0, "newest_frame_id": -1, **bad})
 
 
 def _dead_pid() -> int:

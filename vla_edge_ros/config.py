@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,9 @@ DECODE_ATTENTION_HEAD_SPLITS = (1, 2)
 # Most blocks per SM a decode projection's looped grid may ask for (model.decode_gemv_blocks_per_sm).
 DECODE_GEMV_MAX_BLOCKS_PER_SM = 8
 RELIABILITIES = ("best_effort", "reliable")
+# A TF frame name as tf2 and every ROS tool read header.frame_id: names of letters, digits and '_',
+# optionally namespaced with '/', no leading '/' (tf2 refuses it), no spaces or protocol marks.
+TF_FRAME_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*")
 ASR_MODES = ("csr", "semantic")
 ASR_SCHEDULES = ("auto", "slack", "free")
 MIN_EXPORT_BUFFERS = 3        # asr.export_buffers: the newest offer, the one being copied, one to export into
@@ -288,10 +292,15 @@ class CameraConfig:
     compressed: bool = _doc("subscribe to sensor_msgs/CompressedImage instead of Image", default=False)
     reliability: str = _doc("best_effort | reliable (best_effort matches both kinds of publisher)", default="best_effort")
     max_pixels: int = _doc("larger images are rejected as absurd", default=4096 * 4096)
+    frame_id: str = _doc("TF frame of the camera: header.frame_id of every frame, state chunk and action-tokens "
+                         "message the graph publishes (nothing else travels in frame_id)", default="camera")
 
     def __post_init__(self):
         if self.reliability not in RELIABILITIES:
             raise ConfigError(f"camera.reliability must be one of {RELIABILITIES}, got {self.reliability!r}")
+        if not TF_FRAME_NAME.fullmatch(self.frame_id):
+            raise ConfigError(f"camera.frame_id must be a TF frame name (letters, digits, '_', '/' between names, "
+                              f"no leading '/'), got {self.frame_id!r}")
         _positive(self, "max_pixels", "camera")
 
 

@@ -23,7 +23,8 @@ Reconciler process, `ReconcilerWorker`:
                                       temporary name, then rename; by default in /dev/shm);
                                       an offer whose round ended (applied or aborted) is
                                       withdrawn
-    answer()                          the std_srvs/Trigger response of /vla/reconciler/swap
+    answer()                          the answer to a /vla/reconciler/swap request (a SwapAnswer:
+                                      an offer, or why there is none)
 
 What the primary may still read is never overwritten: the offer last answered
 ("handed out") keeps its snapshot file and, on a GPU, its KV export buffer
@@ -33,18 +34,17 @@ SwapClient sends no request while an offer is loading, waiting for a boundary or
 being applied, and ignores an answer to a request it gave up on. So a fresher
 re-export never lands in a buffer the primary is copying from.
 
-Wire format of that response:
-    success=True,  message={"version": k, "round": r, "path": ".../state_v000007.npz", "frames": n,
-                            "newest_frame_id": id, "kv": {...CUDA IPC descriptor, GPU only}}
-    success=False, message={"version": 0, "reason": "..."}                (nothing offered yet)
-    (round: the first version of the reconciliation round; the round's later versions are fresher
-    re-offers of the same rebuild, moot once any of them is applied)
+What an offer carries (SwapOffer): version k, its round r, the snapshot file's path, its
+frame count and newest frame id, and on a GPU the CUDA IPC descriptor of its KV
+(round: the first version of the reconciliation round; the round's later versions are fresher
+re-offers of the same rebuild, moot once any of them is applied). On the wire it is the typed
+response of vla_edge_interfaces/srv/Swap (nodes/swap_wire.py); this module never sees a message.
 
 Reasoning process, `SwapClient` (thread-safe; three threads touch it):
     executor timer  `want_request()`: at most one request in flight, one per poll period, none
                     while an offer is loading or waiting to be applied; a request unanswered for
                     `request_timeout_s` is abandoned (reconciler gone), and its answer ignored
-    executor        `on_response(success, message, request_id)`: an offer newer than the applied,
+    executor        `on_response(answer, request_id)`: an offer newer than the applied,
                     rejected and deferred versions, of a round not applied yet, is read by
                     `load_offer` on a loader thread
     cycle thread    `apply_ready(state, cycle_id)` at a cycle boundary -> FrameState.import_state
@@ -54,7 +54,6 @@ Reasoning process, `SwapClient` (thread-safe; three threads touch it):
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -98,28 +97,18 @@ class SwapOffer:
     kv: dict | None = None         # CUDA IPC descriptor of KV left on the reconciler's GPU (model/cuda_ipc.py)
     round: int = 0                 # first version of its reconciliation round (0: unknown)
 
-    def to_message(self) -> str:
-        data = {"version": self.version, "round": self.round, "path": self.path, "frames": self.frames,
-                "newest_frame_id": self.newest_frame_id}
-        if self.kv is not None:
-            data["kv"] = self.kv
-        return json.dumps(data)
-
-    @classmethod
-    def from_message(cls, message: str) -> "SwapOffer":
-        try:
-            data = json.loads(message)
-            kv = data.get("kv")
-            if kv is not None and not isinstance(kv, dict):
-                raise TypeError(f"'kv' must be an object, got {type(kv).__name__}")
-            return cls(version=int(data["version"]), path=str(data["path"]), frames=int(data["frames"]),
-                       newest_frame_id=int(data["newest_frame_id"]), kv=kv, round=int(data.get("round", 0)))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise SwapProtocolError(f"swap answer is not an offer ({exc}): {message[:200]!r}") from exc
+    def __post_init__(self):
+        # Offers also arrive from another process: one that breaks the protocol is refused here, by name.
+        if self.version < 1 or not self.path or self.frames < 0 or self.round < 0 or self.round > self.version:
+            raise SwapProtocolError(f"not a usable offer: version {self.version}, round {self.round}, "
+                                    f"{self.frames} frames, path {self.path!r}")
 
 
-def not_ready_message(reason: str) -> str:
-    return json.dumps({"version": 0, "reason": reason})
+@dataclass(frozen=True)
+class SwapAnswer:
+    """The reconciler's answer to one swap request: an offer, or why there is none."""
+    offer: SwapOffer | None = None
+    reason: str = ""
 
 
 # ----------------------------------------------------------------------------
@@ -215,18 +204,18 @@ class ReconcilerWorker:
         rec.mirror_chunk(frame)
         self._wake.set()
 
-    def answer(self) -> tuple[bool, str]:
-        """(success, message) of a swap request. An offer answered is "handed out" (see the module docstring)."""
+    def answer(self) -> SwapAnswer:
+        """The answer to a swap request. An offer answered is "handed out" (see the module docstring)."""
         with self._handout_lock:
             offer, epoch = self.offer, self._offer_epoch
             if offer is None:
-                return False, not_ready_message(f"no reconciled state yet (phase {self.reconciler.phase.value})")
+                return SwapAnswer(reason=f"no reconciled state yet (phase {self.reconciler.phase.value})")
             if epoch != self._primary_epoch:
-                return False, not_ready_message("the reasoning node restarted: rebuilding the mirror")
+                return SwapAnswer(reason="the reasoning node restarted: rebuilding the mirror")
             self._handed_out = offer
             self.handouts += 1
             self._protect_handout()
-        return True, offer.to_message()
+        return SwapAnswer(offer)
 
     # -- worker thread -------------------------------------------------------
 
@@ -425,8 +414,8 @@ class SwapClient:
             self._in_flight_id = self.requests
             return self.requests
 
-    def on_response(self, success: bool, message: str, request_id: int | None = None) -> SwapOffer | None:
-        """An answer arrived; returns the offer to load, or None. SwapProtocolError on a malformed one.
+    def on_response(self, answer: SwapAnswer, request_id: int | None = None) -> SwapOffer | None:
+        """An answer arrived; returns the offer to load, or None.
         request_id (from request_sent): an answer to a request given up on is ignored, so that the offer
         loaded is always the one the reconciler handed out last."""
         with self._lock:
@@ -434,10 +423,10 @@ class SwapClient:
                 self.late_answers += 1
                 return None
             self._in_flight_since = self._in_flight_id = None
-            if not success:
+            offer = answer.offer
+            if offer is None:
                 self.not_ready += 1
                 return None
-            offer = SwapOffer.from_message(message)
             if (offer.version <= max(self.applied_version, self._deferred_through) or offer.version in self._rejected
                     or (offer.round and offer.round <= self._applied_round)
                     or self._loading_version or self._ready is not None or self._applying):

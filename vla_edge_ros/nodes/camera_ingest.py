@@ -1,5 +1,9 @@
 """camera_ingest: camera images in, the freshest encoder-sized frame out on /vla/frame.
 
+/vla/frame is a vla_edge_interfaces/Frame: the rgb8 image at the encoder's size with
+the capture stamp and the camera's TF frame (camera.frame_id), and the frame's
+sequence number (1, 2, ... per process) in its own field.
+
 The subscription callback converts (cv_bridge, any supported encoding),
 resizes to the encoder grid and writes the core double buffer; it never
 waits. A publisher thread, woken per frame, hands the freshest frame to
@@ -31,6 +35,7 @@ from . import camera_images as images
 from . import conversions as conv
 from . import graph
 from . import health_status
+from .interfaces import FrameMsg
 from .node_main import run_node
 from .params import NodeParameters
 
@@ -57,7 +62,7 @@ class CameraIngest(Node):
         msg_type = CompressedImage if cfg.camera.compressed else Image
         self.create_subscription(msg_type, cfg.camera.input_topic, self._on_image,
                                  QoSProfile(depth=1, reliability=reliability))
-        self.frame_pub = self.create_publisher(Image, graph.FRAME_TOPIC, QoSProfile(depth=1))
+        self.frame_pub = self.create_publisher(FrameMsg, graph.FRAME_TOPIC, QoSProfile(depth=1))
         self.diag_pub = self.create_publisher(DiagnosticArray, graph.DIAGNOSTICS_TOPIC, 10)
         self.create_timer(DIAGNOSTICS_PERIOD_S, self._publish_diagnostics)
         self._publisher = threading.Thread(target=self._publish_loop, name="frame-publisher", daemon=True)
@@ -104,7 +109,7 @@ class CameraIngest(Node):
                 continue
             last_id = frame.frame_id
             try:
-                self.frame_pub.publish(conv.frame_to_image_msg(frame))
+                self.frame_pub.publish(conv.frame_msg(frame, self.cfg.camera.frame_id))
             except (_rclpy.RCLError, _rclpy.InvalidHandle):
                 if self._stop.is_set() or not self.context.ok():
                     return                 # shutting down: the publisher went away under us

@@ -1,23 +1,21 @@
 """ROS messages <-> the engine's plain data: frames inside the graph, actions, fallbacks, diagnostics.
 
-Inbound camera images are decoded and validated in nodes/camera_images.py.
+Inbound camera images are decoded and validated in nodes/camera_images.py; the
+swap service's messages are converted in nodes/swap_wire.py.
 
-Inside the graph (/vla/frame, /vla/state_chunk) frames travel as rgb8 Images
-whose header.frame_id carries the frame sequence number ("vla_frame_<n>"),
-so the reasoning and reconciler nodes agree on frame ids; a state chunk also
-carries the reasoning node's state version at admission and its chunk
-sequence number ("vla_frame_<n>@v<k>#<s>", s = 1, 2, ... with no gaps, so the
-reconciler can tell when it missed one; core/swap_protocol.py says why).
+Inside the graph frames travel in the typed messages of vla_edge_interfaces
+(README "Wire formats"): /vla/frame is a Frame (an rgb8 Image plus the frame's
+sequence number), /vla/state_chunk a StateChunk (the Frame plus the state
+version in force at admission and the chunk sequence number, 1, 2, ... with no
+gaps; core/swap_protocol.py says why). header.frame_id carries the camera's TF
+frame (camera.frame_id) and nothing else.
 
 Outbound (reasoning), one cycle -> exactly one of:
     action    sensor_msgs/JointState: stamp = capture stamp of the frame
               answered, name = action.dim_names, position = values in [-1, 1]
-              + std_msgs/Int32MultiArray on /vla/action_tokens, layout
-              data = [cycle_id, frame_id, stamp_sec, stamp_nanosec, elapsed_us,
-                      evictions, new_frame, token_0 .. token_{N-1}]
-              (layout.dim[0].label = ACTION_TOKENS_LABEL; new_frame is 1 when
-              the cycle appended its frame to the state, 0 when it answered
-              an already appended frame again)
+              + vla_edge_interfaces/ActionTokens on /vla/action_tokens (cycle id,
+              frame number, elapsed time, evictions, new_frame, the tokens;
+              header = the frame's stamp and the camera frame)
     fallback  diagnostic_msgs/DiagnosticStatus: message = reason code,
               values = FALLBACK_VALUE_KEYS (cycle_id, frame_id, frame_stamp,
               estimate_ms, budget_ms, elapsed_ms, evictions, new_frame, detail)
@@ -33,20 +31,17 @@ from diagnostic_msgs.msg import DiagnosticStatus
 from diagnostic_msgs.msg import KeyValue
 from sensor_msgs.msg import Image
 from sensor_msgs.msg import JointState
-from std_msgs.msg import Int32MultiArray
-from std_msgs.msg import MultiArrayDimension
 
 from ..core.cycle_result import CycleResult
 from ..core.cycle_result import ENGINE_ERROR
 from ..core.cycle_result import MEMORY_CEILING
 from ..core.frames import Frame
 from .camera_images import image_msg_to_rgb
+from .interfaces import ActionTokens
+from .interfaces import FrameMsg
+from .interfaces import StateChunk
 
-FRAME_ID_PREFIX = "vla_frame_"
-STATE_VERSION_SEP = "@v"
-CHUNK_SEQ_SEP = "#"
-ACTION_TOKEN_HEADER = ("cycle_id", "frame_id", "stamp_sec", "stamp_nanosec", "elapsed_us", "evictions", "new_frame")
-ACTION_TOKENS_LABEL = ",".join(ACTION_TOKEN_HEADER) + ",tokens"
+UINT32_MAX = 2 ** 32 - 1
 FALLBACK_VALUE_KEYS = ("cycle_id", "frame_id", "frame_stamp", "estimate_ms", "budget_ms", "elapsed_ms",
                        "evictions", "new_frame", "detail")
 
@@ -84,48 +79,33 @@ def rgb_to_image_msg(pixels: np.ndarray, stamp: Time, frame_id: str = "") -> Ima
     return msg
 
 
-def frame_to_image_msg(frame: Frame) -> Image:
-    return rgb_to_image_msg(frame.pixels, s_to_stamp(frame.stamp_s), f"{FRAME_ID_PREFIX}{frame.frame_id}")
+def frame_msg(frame: Frame, frame_id: str) -> FrameMsg:
+    """/vla/frame: the frame's pixels and capture stamp, its number in `number`; frame_id = the camera's TF frame."""
+    return FrameMsg(image=rgb_to_image_msg(frame.pixels, s_to_stamp(frame.stamp_s), frame_id),
+                    number=int(frame.frame_id))
 
 
-def frame_from_image_msg(msg: Image, max_pixels: int) -> Frame:
-    """An rgb8 frame of the graph back into a Frame; the id comes from header.frame_id."""
-    frame_id, version = _parse_frame_header(msg.header.frame_id)
-    if version is not None:
-        raise ValueError(f"header.frame_id {msg.header.frame_id!r} is a state chunk's, not a frame's")
-    return Frame(pixels=image_msg_to_rgb(msg, max_pixels), stamp_s=stamp_to_s(msg.header.stamp), frame_id=frame_id)
+def frame_from_msg(msg: FrameMsg, max_pixels: int) -> Frame:
+    """A Frame message back into a Frame; camera_images.ImageRejected (a ValueError) for a bad image."""
+    return Frame(pixels=image_msg_to_rgb(msg.image, max_pixels), stamp_s=stamp_to_s(msg.image.header.stamp),
+                 frame_id=int(msg.number))
 
 
-def state_chunk_msg(frame: Frame, state_version: int, seq: int) -> Image:
-    """/vla/state_chunk: the admitted frame, tagged with the state version in force when it was admitted
-    and the chunk's sequence number (1, 2, ... per reasoning process)."""
-    return rgb_to_image_msg(frame.pixels, s_to_stamp(frame.stamp_s),
-                            f"{FRAME_ID_PREFIX}{frame.frame_id}{STATE_VERSION_SEP}{int(state_version)}"
-                            f"{CHUNK_SEQ_SEP}{int(seq)}")
+def state_chunk_msg(frame: Frame, state_version: int, seq: int, frame_id: str) -> StateChunk:
+    """/vla/state_chunk: the admitted frame, the state version in force when it was admitted and the chunk's
+    sequence number (1, 2, ... per reasoning state)."""
+    if seq < 1:
+        raise ValueError(f"state chunks are numbered from 1, got {seq}")
+    return StateChunk(frame=frame_msg(frame, frame_id), state_version=int(state_version), seq=int(seq))
 
 
-def parse_state_chunk(msg: Image, max_pixels: int) -> tuple:
-    """(Frame, state version, chunk sequence number) of a /vla/state_chunk message."""
-    name, sep, seq = msg.header.frame_id.partition(CHUNK_SEQ_SEP)
-    if not sep or not seq.isdigit():
-        raise ValueError(f"header.frame_id {msg.header.frame_id!r} carries no chunk sequence number "
-                         f"('{FRAME_ID_PREFIX}<n>{STATE_VERSION_SEP}<k>{CHUNK_SEQ_SEP}<s>')")
-    frame_id, version = _parse_frame_header(name)
-    if version is None:
-        raise ValueError(f"header.frame_id {msg.header.frame_id!r} carries no state version "
-                         f"('{FRAME_ID_PREFIX}<n>{STATE_VERSION_SEP}<k>{CHUNK_SEQ_SEP}<s>')")
-    frame = Frame(pixels=image_msg_to_rgb(msg, max_pixels), stamp_s=stamp_to_s(msg.header.stamp), frame_id=frame_id)
-    return frame, version, int(seq)
-
-
-def _parse_frame_header(name: str) -> tuple:
-    """'vla_frame_12' -> (12, None); 'vla_frame_12@v3' -> (12, 3); ValueError otherwise."""
-    body = name[len(FRAME_ID_PREFIX):] if name.startswith(FRAME_ID_PREFIX) else ""
-    ident, sep, version = body.partition(STATE_VERSION_SEP)
-    if not ident.isdigit() or (sep and not version.isdigit()):
-        raise ValueError(f"header.frame_id {name!r} does not carry a frame id ('{FRAME_ID_PREFIX}<n>' or "
-                         f"'{FRAME_ID_PREFIX}<n>{STATE_VERSION_SEP}<k>')")
-    return int(ident), (int(version) if sep else None)
+def parse_state_chunk(msg: StateChunk, max_pixels: int) -> tuple:
+    """(Frame, state version, chunk sequence number) of a /vla/state_chunk message; ValueError when it is not
+    usable (a bad image, or sequence number 0: numbering starts at 1)."""
+    if msg.seq < 1:
+        raise ValueError(f"state chunk of frame {msg.frame.number} has sequence number {msg.seq}; chunks are "
+                         f"numbered from 1")
+    return frame_from_msg(msg.frame, max_pixels), int(msg.state_version), int(msg.seq)
 
 
 # ----------------------------------------------------------------------------
@@ -144,28 +124,28 @@ def action_msg(result: CycleResult, dim_names: tuple) -> JointState:
     return msg
 
 
-def action_tokens_msg(result: CycleResult) -> Int32MultiArray:
-    """data = [cycle_id, frame_id, stamp_sec, stamp_nanosec, elapsed_us, evictions, new_frame, tokens...]."""
-    tokens = [] if result.tokens is None else [int(t) for t in result.tokens]
-    stamp = s_to_stamp(result.frame_stamp_s or 0.0)
-    header = [int(result.cycle_id), -1 if result.frame_id is None else int(result.frame_id), stamp.sec, stamp.nanosec,
-              int(round(result.elapsed_ms * 1000.0)), len(result.evicted_frame_ids), int(bool(result.new_frame))]
-    msg = Int32MultiArray()
-    size = len(header) + len(tokens)
-    msg.layout.dim = [MultiArrayDimension(label=ACTION_TOKENS_LABEL, size=size, stride=size)]
-    msg.data = header + tokens
+def action_tokens_msg(result: CycleResult, frame_id: str) -> ActionTokens:
+    """/vla/action_tokens of an answered cycle; header = the answered frame's stamp and the camera's TF frame."""
+    if not result.is_action or result.frame_id is None:
+        raise ValueError(f"cycle {result.cycle_id} answered no frame ({result.reason!r}): no action tokens")
+    msg = ActionTokens()
+    msg.header.stamp = s_to_stamp(result.frame_stamp_s)
+    msg.header.frame_id = frame_id
+    msg.cycle_id = int(result.cycle_id)
+    msg.frame_number = int(result.frame_id)
+    msg.elapsed_us = min(UINT32_MAX, max(0, int(round(result.elapsed_ms * 1000.0))))
+    msg.evictions = len(result.evicted_frame_ids)
+    msg.new_frame = bool(result.new_frame)
+    msg.tokens = [] if result.tokens is None else [int(t) for t in result.tokens]
     return msg
 
 
-def parse_action_tokens(msg: Int32MultiArray) -> dict:
-    """{cycle_id, frame_id, stamp_sec, ..., new_frame, tokens} of an /vla/action_tokens message."""
-    n = len(ACTION_TOKEN_HEADER)
-    if not msg.layout.dim or msg.layout.dim[0].label != ACTION_TOKENS_LABEL or len(msg.data) < n:
-        raise ValueError(f"not an action_tokens message: layout {[d.label for d in msg.layout.dim]}, {len(msg.data)} values")
-    data = [int(v) for v in msg.data]
-    out = dict(zip(ACTION_TOKEN_HEADER, data[:n]))
-    out["tokens"] = data[n:]
-    return out
+def action_tokens_fields(msg: ActionTokens) -> dict:
+    """{cycle_id, frame_id, stamp_sec, stamp_nanosec, elapsed_us, evictions, new_frame, tokens} of an
+    /vla/action_tokens message, for listeners that count and compare (demo report, tests, replay)."""
+    return {"cycle_id": msg.cycle_id, "frame_id": msg.frame_number, "stamp_sec": msg.header.stamp.sec,
+            "stamp_nanosec": msg.header.stamp.nanosec, "elapsed_us": msg.elapsed_us, "evictions": msg.evictions,
+            "new_frame": int(msg.new_frame), "tokens": [int(t) for t in msg.tokens]}
 
 
 def fallback_msg(result: CycleResult, name: str) -> DiagnosticStatus:

@@ -42,11 +42,8 @@ from rclpy.lifecycle import LifecycleState
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy
 from rclpy.qos import QoSProfile
-from sensor_msgs.msg import Image
 from sensor_msgs.msg import JointState
-from std_msgs.msg import Int32MultiArray
 from std_msgs.msg import String
-from std_srvs.srv import Trigger
 
 from ..config import ConfigError
 from ..core import gc_pauses
@@ -64,6 +61,8 @@ from ..model.spec import ModelFormatError
 from . import conversions as conv
 from . import graph
 from . import health_status
+from . import swap_wire
+from .interfaces import ActionTokens, FrameMsg, StateChunk, Swap
 from .node_main import run_node
 from .params import NodeParameters
 
@@ -187,11 +186,11 @@ class Reasoning(LifecycleNode):
 
     # ---------------------------------------------------------------- executor
 
-    def _on_frame(self, msg: Image) -> None:
+    def _on_frame(self, msg: FrameMsg) -> None:
         t0 = time.perf_counter()
         try:
-            frame = conv.frame_from_image_msg(msg, self._live_cfg.camera.max_pixels)
-        except ValueError as exc:          # camera_images.ImageRejected or a frame_id without a frame number
+            frame = conv.frame_from_msg(msg, self._live_cfg.camera.max_pixels)
+        except ValueError as exc:          # camera_images.ImageRejected
             self.rejected_frames += 1
             self.get_logger().error(f"/vla/frame message rejected: {exc}", throttle_duration_sec=1.0)
             return
@@ -218,14 +217,13 @@ class Reasoning(LifecycleNode):
         if not self.swap.want_request() or not self._swap_client.service_is_ready():
             return
         request_id = self.swap.request_sent()
-        self._swap_client.call_async(Trigger.Request()).add_done_callback(
+        self._swap_client.call_async(Swap.Request()).add_done_callback(
             lambda future: self._on_swap_answer(future, request_id))
 
     def _on_swap_answer(self, future, request_id: int) -> None:
         self.health.on_swap_answer(time.monotonic())
         try:
-            answer = future.result()
-            offer = self.swap.on_response(answer.success, answer.message, request_id)
+            offer = self.swap.on_response(swap_wire.answer_from_response(future.result()), request_id)
         except swap.SwapProtocolError as exc:
             self.get_logger().warning(f"swap answer ignored: {exc}")
             self.swap.on_request_failed(request_id)
@@ -303,14 +301,16 @@ class Reasoning(LifecycleNode):
 
     def _publish_result(self, result, frame) -> None:
         pubs = self._pubs
+        camera_frame = self.engine.cfg.camera.frame_id          # fixed while configured
         if result.is_action:
-            pubs["tokens"].publish(conv.action_tokens_msg(result))
+            pubs["tokens"].publish(conv.action_tokens_msg(result, camera_frame))
             pubs["action"].publish(conv.action_msg(result, self._live_cfg.action.dim_names))
         else:
             pubs["fallback"].publish(conv.fallback_msg(result, f"vla_edge: {self.get_name()}"))
         if result.new_frame and frame is not None:
             self._chunk_seq += 1
-            pubs["chunk"].publish(conv.state_chunk_msg(frame, self.engine.state.state_version, self._chunk_seq))
+            pubs["chunk"].publish(conv.state_chunk_msg(frame, self.engine.state.state_version, self._chunk_seq,
+                                                       camera_frame))
 
     def _between_cycles(self, cycle_id: int) -> None:
         """At the boundary after cycle `cycle_id`: new instruction, reconciled state."""
@@ -356,13 +356,13 @@ class Reasoning(LifecycleNode):
         self.swap = swap.SwapClient(poll_s, SWAP_TIMEOUT_POLLS * poll_s,
                                     open_device_kv=self._ipc_mapper.open if self._ipc_mapper is not None else None)
         latched = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
-        self._subs = [self.create_subscription(Image, graph.FRAME_TOPIC, self._on_frame, QoSProfile(depth=1)),
+        self._subs = [self.create_subscription(FrameMsg, graph.FRAME_TOPIC, self._on_frame, QoSProfile(depth=1)),
                       self.create_subscription(String, graph.INSTRUCTION_TOPIC, self._on_instruction, latched)]
         self._pubs = {"action": self.create_publisher(JointState, graph.ACTION_TOPIC, QoSProfile(depth=1)),
-                      "tokens": self.create_publisher(Int32MultiArray, graph.ACTION_TOKENS_TOPIC, QoSProfile(depth=1)),
+                      "tokens": self.create_publisher(ActionTokens, graph.ACTION_TOKENS_TOPIC, QoSProfile(depth=1)),
                       "fallback": self.create_publisher(DiagnosticStatus, graph.FALLBACK_TOPIC, QoSProfile(depth=10)),
-                      "chunk": self.create_publisher(Image, graph.STATE_CHUNK_TOPIC, QoSProfile(depth=64))}
-        self._swap_client = self.create_client(Trigger, graph.SWAP_SERVICE)
+                      "chunk": self.create_publisher(StateChunk, graph.STATE_CHUNK_TOPIC, QoSProfile(depth=64))}
+        self._swap_client = self.create_client(Swap, graph.SWAP_SERVICE)
 
     def _stop_cycles(self) -> None:
         self._stop.set()

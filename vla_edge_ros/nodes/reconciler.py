@@ -21,8 +21,6 @@ from rclpy.lifecycle import LifecycleNode
 from rclpy.lifecycle import LifecycleState
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.qos import QoSProfile
-from sensor_msgs.msg import Image
-from std_srvs.srv import Trigger
 
 from ..config import ConfigError
 from ..core.cpu_priority import describe_priority, lower_process_priority
@@ -36,6 +34,8 @@ from ..model.spec import ModelFormatError
 from . import conversions as conv
 from . import graph
 from . import health_status
+from . import swap_wire
+from .interfaces import StateChunk, Swap
 from .node_main import run_node
 from .params import NodeParameters
 
@@ -85,8 +85,9 @@ class Reconciler(LifecycleNode):
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """SUCCESS -> active: mirroring and serving the swap."""
         self.worker.start()
-        self._chunk_sub = self.create_subscription(Image, graph.STATE_CHUNK_TOPIC, self._on_chunk, QoSProfile(depth=64))
-        self._swap_srv = self.create_service(Trigger, graph.SWAP_SERVICE, self._on_swap)
+        self._chunk_sub = self.create_subscription(StateChunk, graph.STATE_CHUNK_TOPIC, self._on_chunk,
+                                                   QoSProfile(depth=64))
+        self._swap_srv = self.create_service(Swap, graph.SWAP_SERVICE, self._on_swap)
         self._diag_timer = self.create_timer(DIAGNOSTICS_PERIOD_S, self._publish_diagnostics)
         return super().on_activate(state)
 
@@ -108,18 +109,17 @@ class Reconciler(LifecycleNode):
 
     # ------------------------------------------------------------- callbacks
 
-    def _on_chunk(self, msg: Image) -> None:
+    def _on_chunk(self, msg: StateChunk) -> None:
         try:
             frame, primary_version, seq = conv.parse_state_chunk(msg, self.params.config.camera.max_pixels)
-        except ValueError as exc:          # camera_images.ImageRejected or a header without frame id / version
+        except ValueError as exc:          # camera_images.ImageRejected, or sequence number 0
             self.rejected_chunks += 1
             self.get_logger().error(f"state chunk rejected: {exc}", throttle_duration_sec=1.0)
             return
         self.worker.on_chunk(frame, primary_version, seq)
 
-    def _on_swap(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        response.success, response.message = self.worker.answer()
-        return response
+    def _on_swap(self, request: Swap.Request, response: Swap.Response) -> Swap.Response:
+        return swap_wire.fill_response(self.worker.answer(), response)
 
     def _publish_diagnostics(self) -> None:
         values = conv.flatten(self.worker.summary())

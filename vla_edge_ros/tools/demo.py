@@ -129,10 +129,11 @@ def load_camera_frames(width: int) -> list:
 class FootageCamera:
     """Publishes frames as sensor_msgs/Image at `hz`, looping, stamped at publish time."""
 
-    def __init__(self, node, frames: list, hz: float, topic: str):
+    def __init__(self, node, frames: list, hz: float, topic: str, frame_id: str = "camera"):
         from rclpy.qos import QoSProfile, ReliabilityPolicy
         from sensor_msgs.msg import Image
         self.node = node
+        self.frame_id = frame_id             # the camera's TF frame
         self.frames = frames
         self.period_s = 1.0 / hz
         self.publisher = node.create_publisher(Image, topic, QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT))
@@ -156,7 +157,7 @@ class FootageCamera:
         while not self._stop.is_set():
             hybrid_sleep_until(start + self.published * self.period_s, stop=self._stop)
             msg = rgb_to_image_msg(self.frames[self.published % len(self.frames)],
-                                   self.node.get_clock().now().to_msg(), "camera")
+                                   self.node.get_clock().now().to_msg(), self.frame_id)
             t0 = time.perf_counter()
             self.publisher.publish(msg)
             if self.published:               # the first publish() sets up the DDS writer; not a wait
@@ -170,9 +171,9 @@ class Controller:
     def __init__(self, node, t0: float):
         from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
         from sensor_msgs.msg import JointState
-        from std_msgs.msg import Int32MultiArray
 
         from ..nodes import graph
+        from ..nodes.interfaces import ActionTokens
         self.t0 = t0
         self.recording = False
         self.outputs_seen = 0                # cycle outputs received, recording or not
@@ -181,7 +182,7 @@ class Controller:
         self.joint_states = 0
         self.diagnostics: dict = {}          # status name suffix -> latest values
         self._lock = threading.Lock()
-        node.create_subscription(Int32MultiArray, graph.ACTION_TOKENS_TOPIC, self._on_tokens, 100)
+        node.create_subscription(ActionTokens, graph.ACTION_TOKENS_TOPIC, self._on_tokens, 100)
         node.create_subscription(DiagnosticStatus, graph.FALLBACK_TOPIC, self._on_fallback, 100)
         node.create_subscription(JointState, graph.ACTION_TOPIC, self._on_action, 100)
         node.create_subscription(DiagnosticArray, graph.DIAGNOSTICS_TOPIC, self._on_diagnostics, 10)
@@ -194,10 +195,8 @@ class Controller:
                 self.cycles[cycle_id] = CycleRecord(cycle_id, outcome, elapsed_ms, evictions, time.monotonic() - self.t0)
 
     def _on_tokens(self, msg) -> None:
-        from ..nodes.conversions import parse_action_tokens
-        f = parse_action_tokens(msg)
         self.actions_seen += 1
-        self._add(f["cycle_id"], "action", f["elapsed_us"] / 1000.0, f["evictions"])
+        self._add(msg.cycle_id, "action", msg.elapsed_us / 1000.0, msg.evictions)
 
     def _on_fallback(self, msg) -> None:
         from ..nodes.conversions import status_values
@@ -234,7 +233,7 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
     print(f"vla-edge demo: starting the graph (node logs in {log_dir}/), then {seconds:g} s of camera", flush=True)
     ended_early = ""
     with _listening_node() as node:
-        camera = FootageCamera(node, frames, cfg.cycle.camera_hz, cfg.camera.input_topic)
+        camera = FootageCamera(node, frames, cfg.cycle.camera_hz, cfg.camera.input_topic, cfg.camera.frame_id)
         controller = Controller(node, time.monotonic())
         try:
             with supervisor.signals_handled():

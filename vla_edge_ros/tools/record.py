@@ -37,7 +37,7 @@ def run(args) -> int:
     cfg = load()
     topic = args.topic or cfg.camera.input_topic
     n = record_footage(args.out, seconds=args.seconds, hz=cfg.cycle.camera_hz, storage=args.storage, topic=topic,
-                       width=args.width)
+                       width=args.width, frame_id=cfg.camera.frame_id)
     print(f"vla-edge record: wrote {n} images ({args.seconds:g} s at {cfg.cycle.camera_hz:g} Hz) on {topic} to "
           f"{args.out} ({args.storage})")
     return 0
@@ -55,10 +55,12 @@ def footage_frames(width: int):
 
 
 def record_footage(out, seconds: float, hz: float, storage: str = "mcap", topic: str = "/camera/image_raw",
-                   width: int = DEFAULT_WIDTH, start_s: float | None = None, frames=None) -> int:
+                   width: int = DEFAULT_WIDTH, start_s: float | None = None, frames=None,
+                   frame_id: str = "camera") -> int:
     """Write round(seconds * hz) images to a new bag at `out`; returns the count.
 
-    `frames` (an iterable of uint8 RGB arrays) replaces the footage, e.g. for tests.
+    `frames` (an iterable of uint8 RGB arrays) replaces the footage, e.g. for tests; `frame_id` is the
+    camera's TF frame in every header.
     """
     from rclpy.serialization import serialize_message
     from rosbags.rosbag2 import StoragePlugin, Writer
@@ -81,7 +83,7 @@ def record_footage(out, seconds: float, hz: float, storage: str = "mcap", topic:
         written = 0
         for i, pixels in zip(range(count), source):
             t_s = start_s + i / hz
-            msg = rgb_to_image_msg(pixels, s_to_stamp(t_s), "camera")
+            msg = rgb_to_image_msg(pixels, s_to_stamp(t_s), frame_id)
             writer.write(conn, int(round(t_s * 1e9)), serialize_message(msg))
             written += 1
     finally:

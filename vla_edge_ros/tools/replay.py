@@ -10,7 +10,8 @@ re-stamped with the time it is published, as a live camera would stamp it
 
 `--lockstep` is the frame-driven mode for offline evaluation: the next image
 is published only after the graph answered the previous one (an
-/vla/action_tokens or /vla/fallback message carrying its stamp), so every
+/vla/action_tokens message whose header carries its stamp, or a /vla/fallback
+whose frame_stamp value does), so every
 frame is appended to the state exactly once whatever the machine's load; the
 recorded timing is then ignored.
 
@@ -236,14 +237,13 @@ class BagReplayer:
 
     def _subscribe_answers(self) -> None:
         from diagnostic_msgs.msg import DiagnosticStatus
-        from std_msgs.msg import Int32MultiArray
 
         from ..nodes import conversions as conv
         from ..nodes import graph
+        from ..nodes.interfaces import ActionTokens
 
         def on_tokens(msg):
-            fields = conv.parse_action_tokens(msg)
-            self._note(fields["stamp_sec"] + fields["stamp_nanosec"] * 1e-9)
+            self._note(conv.stamp_to_s(msg.header.stamp))
 
         def on_fallback(msg):
             stamp = conv.status_values(msg).get("frame_stamp", "")
@@ -251,7 +251,7 @@ class BagReplayer:
                 self._note(float(stamp))
 
         self._answer_subscriptions = [
-            self.node.create_subscription(Int32MultiArray, graph.ACTION_TOKENS_TOPIC, on_tokens, 10),
+            self.node.create_subscription(ActionTokens, graph.ACTION_TOKENS_TOPIC, on_tokens, 10),
             self.node.create_subscription(DiagnosticStatus, graph.FALLBACK_TOPIC, on_fallback, 10)]
 
     def _note(self, stamp_s: float) -> None:
