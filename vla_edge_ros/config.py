@@ -64,8 +64,22 @@ class CycleConfig:
     camera_hz: float = _doc("nominal camera rate (the demo publisher's rate)", default=60.0)
     stale_frame_ms: float = _doc("a frame whose capture stamp is older than this is answered with stale_frame", default=250.0)
     deterministic: bool = _doc("never refuse for budget (offline replay, equivalence tests); deadline still reported", default=False)
+    realtime_priority: int = _doc("SCHED_FIFO priority (1..99) of the reasoning node's cycle thread, where the process "
+                                  "may use real-time scheduling (root, CAP_SYS_NICE, or an rtprio limit); other "
+                                  "processes on the cores then cannot preempt a cycle. 0: ordinary scheduling. "
+                                  "Refused by the OS: logged once, ordinary scheduling", default=10)
+
+    gil_switch_interval_ms: float = _doc("the reasoning process's Python thread switch interval (sys.setswitchinterval): "
+                                         "how long the cycle thread can wait for the interpreter lock while another "
+                                         "thread of the node (the executor: frames, diagnostics; the swap loader) runs "
+                                         "Python. Python's default is 5 ms, a sixth of a cycle", default=0.5)
 
     def __post_init__(self):
+        if not 0.0 < self.gil_switch_interval_ms <= 10.0:
+            raise ConfigError(f"cycle.gil_switch_interval_ms must be in (0, 10], got {self.gil_switch_interval_ms}")
+        if not 0 <= self.realtime_priority <= 99:
+            raise ConfigError(f"cycle.realtime_priority must be in 0..99 (0 = ordinary scheduling), got "
+                              f"{self.realtime_priority}")
         _positive(self, "deadline_ms", "cycle")
         _non_negative(self, "safety_margin_ms", "cycle")
         _positive(self, "camera_hz", "cycle")

@@ -24,6 +24,7 @@ float32 and the attention reads the rounded values back in float32.
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import numpy as np
@@ -289,8 +290,13 @@ class _FusedLayer:
 
 
 def _rms_norm(h: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    # sum / n is what np.mean computes (same pairwise float32 sum, same division), without its Python wrapper,
-    # which cost more than the arithmetic on a decode step's single row.
+    if h.shape[0] == 1:
+        # A decode step's single row: the scale as one dot product and scalar arithmetic, two array operations
+        # in all (on the CPU model each numpy call costs more than its arithmetic).
+        row = h[0]
+        inv = np.float32(1.0 / math.sqrt(float(row @ row) / row.size + eps))
+        return weight * (h * inv)                                  # [1, hidden]
+    # sum / n is what np.mean computes (same pairwise float32 sum, same division), without its Python wrapper.
     variance = np.square(h).sum(axis=-1, keepdims=True) / np.float32(h.shape[-1])   # [N, 1]
     return weight * (h / np.sqrt(variance + np.float32(eps)))      # [N, hidden]
 

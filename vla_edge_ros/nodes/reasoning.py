@@ -49,6 +49,7 @@ from ..config import ConfigError
 from ..core import gc_pauses
 from ..core import swap_protocol as swap
 from ..core.clock import CycleGrid, hybrid_sleep_until
+from ..core.cpu_priority import make_thread_realtime
 from ..core.cycle_clock import CycleClockWriter, clock_path
 from ..core.cycle_result import DEADLINE_MISSED
 from ..core.double_buffer import LatestFrameBuffer
@@ -262,6 +263,15 @@ class Reasoning(LifecycleNode):
     # ------------------------------------------------------------ cycle thread
 
     def _cycle_loop(self) -> None:
+        sys.setswitchinterval(self.engine.cfg.cycle.gil_switch_interval_ms / 1000.0)   # process-wide
+        priority = self.engine.cfg.cycle.realtime_priority
+        if priority:
+            why_not = make_thread_realtime(priority)
+            if why_not is None:
+                self.get_logger().info(f"cycle thread: SCHED_FIFO priority {priority}")
+            else:
+                self.get_logger().warning(f"cycle thread on ordinary scheduling (cycle.realtime_priority {priority} "
+                                          f"not applied: {why_not})")
         try:
             with bound(self.engine.backend.device):      # this thread's CUDA context, for its whole life
                 self._run_cycles()
