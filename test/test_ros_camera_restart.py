@@ -40,9 +40,17 @@ def test_a_restarted_camera_node_does_not_stall_the_state(tiny_model_dir, tmp_pa
         camera.start()
         H.wait_until(lambda: int((H.latest_status(diagnostics, "reasoning") or {}).get("swap.swaps", 0)) >= 2,
                      H.GRAPH_START_TIMEOUT_S, "two swaps before the restart")
+        # The footage pauses over the restart, so the reasoning node has discovered the new camera_ingest before
+        # its frame numbers start over: otherwise, on a slow machine, the numbers the reasoning node first sees
+        # may already be past the old ones and the restart is (harmlessly) invisible to it.
+        camera.stop()
         assert camera_node.stop() == {"camera_ingest": 0}
         before_max = max(_action_frame_ids(tokens))
         camera_node = H.start_graph(harness.domain_id, overrides, names=("camera_ingest",), log_dir=tmp_path / "cam2")
+        H.wait_until(lambda: harness.node.get_publishers_info_by_topic(graph.FRAME_TOPIC), 10.0,
+                     "the new camera_ingest's /vla/frame publisher")
+        time.sleep(1.0)
+        camera = H.CameraPublisher(harness, H.footage_rgb(120)).start()
         # The restarted camera numbers its frames from 1 again; the state must see them as new ones.
         H.wait_until(lambda: any(f > before_max for f in _action_frame_ids(tokens)), 30.0,
                      "an action on a frame of the restarted camera")
