@@ -8,7 +8,8 @@
 #   suite (the whole test suite, needs prepare.sh --ros) and demo
 #   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each), pack (all but the tables, the suite
 #   log and one timeline into results.tgz: the device tool returns 8 files). Run from the repo root after
-#   `source .whl/on-device.sh`. The device tool returns at most 8 files: choose stages accordingly.
+#   `source .whl/on-device.sh` (and, for the ROS stages, `source .whl/iface/env.sh`: the nodes' interface
+#   package built for Python 3.12 by scripts/device_interfaces.sh). The device tool returns at most 8 files.
 #   verify-small covers VERIFY_MODELS (default "tiny llama-tiny") x VERIFY_DTYPES (default "fp32 bf16");
 #   VERIFY_KV=bfloat16 verifies with a bf16 KV arena (kv.dtype); VERIFY_BULK=N sends forwards of >= N rows
 #   through the bulk prefill (1: all of them). Stage bulk: the bulk prefill's tests and probe.

@@ -47,6 +47,11 @@ class PhaseClock:
         self.ms: dict = {}
         self._cpu_from: tuple | None = None          # (wall, thread CPU) where off_cpu starts counting
 
+    @property
+    def last_perf(self) -> float:
+        """perf_counter() of the latest lap."""
+        return self._last
+
     def start_cpu_watch(self) -> None:
         self._cpu_from = (time.perf_counter(), time.thread_time())
 

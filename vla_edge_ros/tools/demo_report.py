@@ -91,6 +91,8 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
         "phases_ms": phases(reasoning),
         "warmup": {"steady_ms": _float(reasoning.get("warmup.steady_ms")), "first_ms": _float(reasoning.get("warmup.first_ms"))},
         "admission_spikes_not_learned": _int(reasoning.get("admission.spikes_not_learned")),
+        "admission_estimate": {k: _float(reasoning.get(f"admission.{k}")) for k in
+                               ("prefill_ms_per_token", "decode_ms_per_token", "other_ms", "tail_factor")},
         "gc": {"full_collections": _int(reasoning.get("gc.full_collections")),
                "max_pause_ms": _float(reasoning.get("gc.max_pause_ms")),
                "max_full_pause_ms": _float(reasoning.get("gc.max_full_pause_ms"))},
@@ -225,6 +227,7 @@ def format_table(report: dict) -> str:
                                 ("rest", "rest_ms")))),
         ("reconciler work", ", ".join(f"{k} {v}" for k, v in report["reconciler_work"].items() if v != "") or "-"),
         ("admission spikes not learned", str(report["admission_spikes_not_learned"])),
+        ("admission estimate (last)", _estimate_line(report.get("admission_estimate", {}))),
         ("garbage collection (reasoning)", f"{report['gc']['full_collections']} full collections, longest pause "
                                            f"{_ms(report['gc']['max_pause_ms'])} ms"),
         ("peak memory", f"reasoning process VmHWM {_mib(mem['reasoning_process_vm_hwm_bytes'])}, "
@@ -237,6 +240,14 @@ def format_table(report: dict) -> str:
               "of the admitted part, the cycle thread not running)\n")
         table += format_phase_table(report["phases_ms"])
     return table
+
+
+def _estimate_line(e: dict) -> str:
+    """The admission model as the reasoning node last published it: what a cycle is predicted to cost."""
+    if not e or e.get("prefill_ms_per_token") is None:
+        return "n/a"
+    return (f"prefill {e['prefill_ms_per_token']:.3f} ms/token, decode {e['decode_ms_per_token']:.3f} ms/token, "
+            f"fixed {_ms(e['other_ms'])} ms per cycle, times the tail factor {e['tail_factor']:.2f}")
 
 
 def _exactness_line(e: dict) -> str:
