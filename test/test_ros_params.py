@@ -96,11 +96,11 @@ def test_reasoning_applies_live_keys_and_refuses_the_rest_while_configured(tmp_p
     and the cycles go on with 8 tokens; the live keys are accepted (the instruction at a cycle boundary). Once
     cleaned up (unconfigured), the same change is accepted for the next configure."""
     from lifecycle_msgs.msg import Transition
-    from std_msgs.msg import Int32MultiArray
     from vla_edge_ros.nodes import conversions as conv
+    from vla_edge_ros.nodes.interfaces import ActionTokens
     domain = H.ros_domain(__name__ + ".reasoning")
     harness = H.RosHarness(domain)
-    tokens = harness.collect(Int32MultiArray, graph.ACTION_TOKENS_TOPIC)
+    tokens = harness.collect(ActionTokens, graph.ACTION_TOKENS_TOPIC)
     procs = H.start_graph(domain, {"model.path": str(tiny_model_dir), "cycle.deadline_ms": H.PLUMBING_DEADLINE_MS},
                           names=("camera_ingest", "reasoning"), log_dir=tmp_path)
     camera = H.CameraPublisher(harness, H.footage_rgb(30)).start()
@@ -133,7 +133,7 @@ def test_reasoning_applies_live_keys_and_refuses_the_rest_while_configured(tmp_p
         assert renamed.successful, renamed.reason
         n = len(tokens)
         H.wait_until(lambda: len(tokens) > n + 10, 10.0, "actions after the changes")
-        assert all(len(conv.parse_action_tokens(m)["tokens"]) == 8 for m in tokens.messages())
+        assert all(len(conv.action_tokens_fields(m)["tokens"]) == 8 for m in tokens.messages())
         values = H.call_service(harness, GetParameters, "/reasoning/get_parameters",
                                 GetParameters.Request(names=["action.num_tokens", "prompt.instruction"])).values
         assert (values[0].integer_value, values[1].string_value) == (8, "put the cup down")

@@ -477,7 +477,8 @@ class StateReconciler:
             self.stats.aborts[reason] -= 1
             self.stats.rounds_applied += 1
             _append_capped(self.stats.trigger_to_applied_ms, (self.clock() - round_started) * 1e3)
-            log.info("primary applied v%d of a round aborted here meanwhile (%s): counted as applied", version, reason)
+            # Routine under load (the stats say how often): DEBUG, as every other per-swap line.
+            log.debug("primary applied v%d of a round aborted here meanwhile (%s): counted as applied", version, reason)
         self._prune_chunks()
         log.debug("ASR v%d applied by the primary (%d late frames recomputed there)", version, len(late_ids))
         if self.phase is Phase.IDLE:

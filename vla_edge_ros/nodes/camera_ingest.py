@@ -42,6 +42,8 @@ from .params import NodeParameters
 LOG_THROTTLE_S = 1.0      # at most one rejection error per second in the log; every one is counted
 DIAGNOSTICS_PERIOD_S = 1.0
 
+# Applied from the next image; every other key is fixed once the node has started (params.py).
+LIVE_KEYS = ("camera.max_pixels",)
 
 class CameraIngest(Node):
     def __init__(self):
@@ -49,7 +51,7 @@ class CameraIngest(Node):
         # Frame size and the rest stay those of the start (a live vision.* change would send frames of a size
         # the reasoning node's encoder was not built for); the pixel limit applies from the next image.
         self.params = NodeParameters(self, sections=("camera", "vision", "cycle", "health"),
-                                     live_keys=("camera.max_pixels",), on_change=self._on_config_change)
+                                     live_keys=LIVE_KEYS, on_change=self._on_config_change)
         self.cfg = cfg = self.params.config
         self.health = CameraHealth(cfg.health, cfg.cycle.stale_frame_ms, start_s=time.monotonic())
         self._health_log = HealthLog()

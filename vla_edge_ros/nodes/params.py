@@ -140,10 +140,11 @@ class NodeParameters:
         if not changed:
             return SetParametersResult(successful=True)
         try:
-            self._build({**self.values(), **changed})          # an invalid value: config.py's reason first
+            new = self._build({**self.values(), **changed})    # an invalid value: config.py's reason first
         except C.ConfigError as exc:
             return SetParametersResult(successful=False, reason=str(exc))
-        fixed = sorted(k for k in changed if k not in self.live_keys)
+        old, new = self.config.flat(), new.flat()
+        fixed = sorted(k for k in changed if k not in self.live_keys and new[k] != old[k])   # same value: no change
         if fixed and self._fixed():
             live = f"; live: {sorted(self.live_keys)}" if self.live_keys else ""
             return SetParametersResult(successful=False, reason=(
