@@ -341,3 +341,44 @@ def test_a_new_store_removes_the_snapshot_directories_of_dead_reconcilers(tmp_pa
         assert store.directory.exists()
     finally:
         store.close()
+
+
+def test_a_swap_whose_recompute_does_not_fit_the_slack_waits_for_a_fresher_offer(tiny_model_dir, frames, tmp_path):
+    """One late frame to recompute but no time for it before the next boundary: deferred (no_slack), nothing
+    changed; the same offer with room for one frame is applied, recomputing it."""
+    cfg = C.load(overrides={"model.path": str(tiny_model_dir), "kv.capacity_tokens": CAPACITY,
+                            "cycle.deterministic": True, "asr.max_late_chunks": 2})
+    primary = primary_engine(cfg)
+    for f in frames[:3]:
+        assert primary.run_cycle(f, f.stamp_s).new_frame
+    snap = primary.state.export_state(version=1)
+    snap.round = 1
+    path = snap.save(tmp_path / "v1.npz")
+    assert primary.run_cycle(frames[3], frames[3].stamp_s).new_frame      # one frame after the snapshot
+    client = SwapClient(poll_period_s=0.0, request_timeout_s=2.0)
+    client.load_offer(client.on_response(SwapAnswer(SwapOffer(1, str(path), 3, 3, round=1))))
+    held = [r.frame_id for r in primary.state.kv.retained()]
+    outcome = client.apply_ready(primary.state, cycle_id=4, max_recompute=0)
+    assert outcome.status == "deferred" and outcome.detail == "no_slack"
+    assert [r.frame_id for r in primary.state.kv.retained()] == held and primary.state.state_version == 0
+    assert client.summary()["swap_deferred_no_slack"] == 1 and client.summary()["swap_deferred_stale"] == 0
+    again = snap                                           # the same state, offered again as a fresher version
+    again.version = 2
+    again.round = 2
+    offer = client.on_response(SwapAnswer(SwapOffer(2, str(again.save(tmp_path / "v2.npz")), 3, 3, round=2)))
+    client.load_offer(offer)
+    outcome = client.apply_ready(primary.state, cycle_id=5, max_recompute=1)
+    assert outcome.status == "applied" and outcome.report.late == [frames[3].frame_id], outcome
+
+
+def test_a_skipped_boundary_is_answered_and_counted_as_a_miss(tiny_model_dir, frames):
+    cfg = C.load(overrides={"model.path": str(tiny_model_dir), "kv.capacity_tokens": CAPACITY})
+    engine = primary_engine(cfg)
+    first = engine.run_cycle(frames[0], frames[0].stamp_s)
+    skipped = engine.skipped_boundary(12.5)
+    after = engine.run_cycle(frames[1], frames[1].stamp_s)
+    assert (first.cycle_id, skipped.cycle_id, after.cycle_id) == (0, 1, 2)
+    assert skipped.reason == "deadline_missed" and skipped.boundary_skipped and "12.5 ms" in skipped.detail
+    total = engine.metrics.summary()
+    assert total["cycles"] == 3 and total["fallback_reasons"]["deadline_missed"] >= 1
+    assert total["model_cycles"] == 2                       # no latency sample for a cycle that never ran

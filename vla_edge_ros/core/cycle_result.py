@@ -37,6 +37,7 @@ class CycleResult:
                                               # reconciled swap (FrameState.state_exact after this cycle's admission)
     detail: str = ""                          # human-readable explanation for fallbacks
     phases_ms: dict = field(default_factory=dict)   # where the time went: core/cycle_phases.py IN_CYCLE names
+    boundary_skipped: bool = False            # no cycle ran for this boundary (the one before overran it)
 
     @property
     def is_action(self) -> bool:

@@ -277,6 +277,30 @@ class Engine:
             self._last_prefill_logits = self.backend.prefill_logits()
         return self._last_prefill_logits
 
+    def skipped_boundary(self, late_ms: float) -> CycleResult:
+        """The answer for a boundary that passed while the cycle before it, or the work at that cycle's
+        boundary, still ran: no cycle ran for it. A deadline_missed fallback with its own cycle id, so a
+        controller still gets one output per period and the miss is counted, never silent."""
+        result = CycleResult(cycle_id=self.cycle_id, reason=R.DEADLINE_MISSED, boundary_skipped=True,
+                             detail=f"no cycle ran for this boundary: the previous cycle and the work at its boundary "
+                                    f"ended {late_ms:.1f} ms after it")
+        self.cycle_id += 1
+        result.elapsed_ms = late_ms
+        result.state_exact = self.state.state_exact
+        self.metrics.record(result)
+        return result
+
+    def swap_recompute_budget_frames(self, slack_ms: float) -> int | None:
+        """Frames a swap at this boundary may recompute with `slack_ms` left before the next boundary: the
+        slack less the safety margin, over the admission estimate of a frame's prefill (the per-token cost of
+        a cycle's prefill, which carries the suffix too: on the CPU it priced a frame at ~8 ms where a swap's
+        recompute measured ~6.5). None (no bound) with nothing measured yet, or in deterministic mode."""
+        adm, cyc = self.admission, self.cfg.cycle
+        if cyc.deterministic or not adm.has_sample or adm.ema_prefill_ms_per_token <= 0:
+            return None
+        per_frame = adm.ema_prefill_ms_per_token * self.cfg.vision.tokens_per_frame
+        return max(0, int((slack_ms - cyc.safety_margin_ms) // per_frame))
+
     def _rebase_budget_frames(self) -> int | None:
         """Frames a re-base may recompute in this cycle without making it late: the slack the admission
         estimate leaves, over its prefill cost per frame. None (all of them) with nothing measured yet, or

@@ -39,6 +39,7 @@ class SwapTimingError(RuntimeError):
 
 
 DEFER_STALE = "stale"          # SwapDeferred.reason: more late frames than asr.max_late_chunks
+DEFER_NO_SLACK = "no_slack"    # SwapDeferred.reason: its recompute would not end before the next cycle boundary
 
 
 class SwapDeferred(Exception):
@@ -46,11 +47,12 @@ class SwapDeferred(Exception):
     and recomputing them all would make the boundary as long as the staleness. Nothing changed; the
     reconciler keeps catching up and offers a fresher version, so this is no rejection."""
 
-    def __init__(self, version: int, late: int, limit: int):
-        super().__init__(f"snapshot v{version}: {late} frames admitted after it, more than asr.max_late_chunks "
-                         f"({limit}); waiting for a fresher one")
+    def __init__(self, version: int, late: int, limit: int, reason: str = DEFER_STALE):
+        why = (f"more than asr.max_late_chunks ({limit})" if reason == DEFER_STALE else
+               f"more than the {limit} the time left before the next cycle boundary can recompute")
+        super().__init__(f"snapshot v{version}: {late} frames to recompute, {why}; waiting for a fresher one")
         self.version, self.late, self.limit = version, late, limit
-        self.reason = DEFER_STALE
+        self.reason = reason
 
 
 @dataclass
@@ -232,7 +234,7 @@ class FrameState:
         return StateSnapshot(version=version, frames=frames, kv=kv, next_position=self.next_position,
                              prefix_ids=self.prefix_ids.copy(), rows=rows)
 
-    def import_state(self, snap: StateSnapshot) -> list[int]:
+    def import_state(self, snap: StateSnapshot, max_recompute: int | None = None) -> list[int]:
         """Replace the frame state with `snap` at a cycle boundary (the swap); returns the frame ids dropped.
 
         The snapshot's frames, KV and positions are taken as they are (a
@@ -250,7 +252,10 @@ class FrameState:
         oldest first (the state stays exact, just shorter). Everything is
         checked before anything changes: a snapshot that does not fit raises
         SnapshotError and the state stays. Details, with the time of the KV
-        copy and of the recompute, are kept in `last_swap`.
+        copy and of the recompute, are kept in `last_swap`. `max_recompute`:
+        the most frames the time left before the next cycle boundary can
+        recompute (None: no bound but asr.max_late_chunks); a swap needing more
+        raises SwapDeferred (no_slack) rather than delay the next cycle.
         """
         self._require_boundary("import_state")
         if snap.version <= self.state_version:
@@ -272,6 +277,8 @@ class FrameState:
         plan = self._plan_recompute(snap)
         if len(plan.late) > self.cfg.asr.max_late_chunks:
             raise SwapDeferred(snap.version, len(plan.late), self.cfg.asr.max_late_chunks)
+        if max_recompute is not None and len(plan.chunks) > max_recompute:
+            raise SwapDeferred(snap.version, len(plan.chunks), max_recompute, DEFER_NO_SLACK)
         if plan.late_lost:
             log.warning("swap v%d: late or unseen frames %s have no vision rows and are dropped", snap.version,
                         plan.late_lost)

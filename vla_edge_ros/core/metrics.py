@@ -80,7 +80,8 @@ class CycleMetrics:
         if not math.isfinite(elapsed) or elapsed < 0:
             raise ValueError(f"CycleMetrics.record: cycle {result.cycle_id} has elapsed_ms {result.elapsed_ms!r}")
         sample = _Sample(reason=result.reason, elapsed_ms=elapsed,
-                         ran_model=result.reason is None or result.reason == DEADLINE_MISSED,
+                         ran_model=result.reason is None or (result.reason == DEADLINE_MISSED
+                                                             and not getattr(result, "boundary_skipped", False)),
                          evictions=len(result.evicted_frame_ids), overran=bool(getattr(result, "overran", False)),
                          exact_action=result.reason is None and bool(getattr(result, "state_exact", True)))
         with self._lock:

@@ -67,7 +67,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model.cuda_device import bound
-from .engine_state import DEFER_STALE, SwapDeferred, SwapReport
+from .engine_state import DEFER_NO_SLACK, DEFER_STALE, SwapDeferred, SwapReport
 from .frames import Frame
 from .metrics import percentile
 from .slack_scheduler import SlackScheduler
@@ -381,7 +381,7 @@ class SwapClient:
         self.not_ready = 0
         self.load_failures = 0
         self.rejections = 0
-        self.deferrals: dict = {DEFER_STALE: 0}   # SwapDeferred.reason -> offers not applied for it
+        self.deferrals: dict = {DEFER_STALE: 0, DEFER_NO_SLACK: 0}   # SwapDeferred.reason -> offers not applied
         self.swaps = 0
         self.dropped_frames = 0
         self.late_frames = 0
@@ -476,16 +476,16 @@ class SwapClient:
                 self._applying = snap.version
             return snap
 
-    def apply_ready(self, state, cycle_id: int) -> SwapOutcome | None:
+    def apply_ready(self, state, cycle_id: int, max_recompute: int | None = None) -> SwapOutcome | None:
         """At the boundary after cycle `cycle_id`: apply the loaded offer to `state` (a FrameState), if any,
         and account for it: the swap timed whole and in parts (KV copy, recompute of the late frames, the
-        rest). None when no offer was ready."""
+        rest). None when no offer was ready. max_recompute: FrameState.import_state's bound from the slack."""
         snap = self.take_ready()
         if snap is None:
             return None
         t = time.perf_counter()
         try:
-            dropped = state.import_state(snap)
+            dropped = state.import_state(snap, max_recompute)
         except SwapDeferred as exc:
             self.mark_deferred(snap.version, exc.reason)
             return SwapOutcome(snap.version, DEFERRED, detail=exc.reason)
@@ -533,8 +533,9 @@ class SwapClient:
             self._applying = 0
 
     def mark_deferred(self, version: int, reason: str) -> None:
-        """The engine did not apply the snapshot now (SwapDeferred: too stale). It will only be staler later,
-        so this and older versions are not loaded again; a fresher version is coming."""
+        """The engine did not apply the snapshot now (SwapDeferred: too stale, or too much to recompute before
+        the next boundary). It will only be staler later, so this and older versions are not loaded again; a
+        fresher version (fewer late frames) is coming."""
         with self._lock:
             self._deferred_through = max(self._deferred_through, version)
             self.deferrals[reason] = self.deferrals.get(reason, 0) + 1

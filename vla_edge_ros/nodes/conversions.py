@@ -18,7 +18,9 @@ Outbound (reasoning), one cycle -> exactly one of:
               header = the frame's stamp and the camera frame)
     fallback  diagnostic_msgs/DiagnosticStatus: message = reason code,
               values = FALLBACK_VALUE_KEYS (cycle_id, frame_id, frame_stamp,
-              estimate_ms, budget_ms, elapsed_ms, evictions, new_frame, detail)
+              estimate_ms, budget_ms, elapsed_ms, evictions, new_frame, boundary_skipped,
+              detail; boundary_skipped 1: no cycle ran for this boundary, the one
+              before overran it)
 Cycle ids are therefore on every cycle's output; they are consecutive.
 """
 from __future__ import annotations
@@ -43,7 +45,7 @@ from .interfaces import StateChunk
 
 UINT32_MAX = 2 ** 32 - 1
 FALLBACK_VALUE_KEYS = ("cycle_id", "frame_id", "frame_stamp", "estimate_ms", "budget_ms", "elapsed_ms",
-                       "evictions", "new_frame", "detail")
+                       "evictions", "new_frame", "boundary_skipped", "detail")
 
 
 # ----------------------------------------------------------------------------
@@ -161,6 +163,7 @@ def fallback_msg(result: CycleResult, name: str) -> DiagnosticStatus:
         "elapsed_ms": f"{result.elapsed_ms:.3f}",
         "evictions": len(result.evicted_frame_ids),
         "new_frame": int(bool(result.new_frame)),
+        "boundary_skipped": int(bool(result.boundary_skipped)),
         "detail": result.detail,
     }
     return status_msg(name, level, result.reason, values)

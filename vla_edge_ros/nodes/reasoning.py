@@ -286,6 +286,8 @@ class Reasoning(LifecycleNode):
         while not self._stop.is_set():
             boundary = grid.next_boundary()
             self.skipped_boundaries += boundary.skipped
+            if boundary.skipped and not self._answer_skipped(boundary, cfg.cycle.period_s):
+                return
             hybrid_sleep_until(boundary.perf_s, stop=self._stop)
             if self._stop.is_set():
                 return
@@ -302,7 +304,7 @@ class Reasoning(LifecycleNode):
                     return                 # shutting down: the publishers went away under us
                 raise
             t_between = time.perf_counter()
-            self._between_cycles(result.cycle_id)
+            self._between_cycles(result.cycle_id, boundary.perf_s + cfg.cycle.period_s)
             phases = self.engine.phases
             phases.record("publish", (t_between - t_publish) * 1e3)
             phases.record("between", (time.perf_counter() - t_between) * 1e3)
@@ -322,14 +324,33 @@ class Reasoning(LifecycleNode):
             pubs["chunk"].publish(conv.state_chunk_msg(frame, self.engine.state.state_version, self._chunk_seq,
                                                        camera_frame))
 
-    def _between_cycles(self, cycle_id: int) -> None:
-        """At the boundary after cycle `cycle_id`: new instruction, reconciled state."""
+    def _answer_skipped(self, boundary, period_s: float) -> bool:
+        """One deadline_missed fallback per boundary the last cycle (and the work at its boundary) overran, before
+        the next cycle runs; False when the node is shutting down."""
+        now = time.perf_counter()
+        for k in range(boundary.skipped, 0, -1):
+            missed_at = boundary.perf_s - k * period_s
+            with self._engine_lock:
+                result = self.engine.skipped_boundary((now - missed_at) * 1e3)
+            self.health.on_cycle(False, True, time.monotonic())
+            try:
+                self._publish_result(result, None)
+            except (_rclpy.RCLError, _rclpy.InvalidHandle):
+                if self._stop.is_set() or not self.context.ok():
+                    return False
+                raise
+        return True
+
+    def _between_cycles(self, cycle_id: int, next_boundary_perf: float) -> None:
+        """At the boundary after cycle `cycle_id`: new instruction, reconciled state. A swap whose recompute
+        of late frames would not end before the next boundary waits for a fresher offer."""
         with self._instruction_lock:
             text, self._pending_instruction = self._pending_instruction, None
         with self._engine_lock:
             if text is not None:
                 self.engine.set_instruction(text)
-            outcome = self.swap.apply_ready(self.engine.state, cycle_id)
+            budget = self.engine.swap_recompute_budget_frames((next_boundary_perf - time.perf_counter()) * 1e3)
+            outcome = self.swap.apply_ready(self.engine.state, cycle_id, max_recompute=budget)
         if outcome is not None:
             self._log_swap(outcome, cycle_id)
 

@@ -91,6 +91,7 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
         "phases_ms": phases(reasoning),
         "warmup": {"steady_ms": _float(reasoning.get("warmup.steady_ms")), "first_ms": _float(reasoning.get("warmup.first_ms"))},
         "admission_spikes_not_learned": _int(reasoning.get("admission.spikes_not_learned")),
+        "boundaries_skipped": _int(reasoning.get("skipped_boundaries")),
         "admission_estimate": {k: _float(reasoning.get(f"admission.{k}")) for k in
                                ("prefill_ms_per_token", "decode_ms_per_token", "other_ms", "tail_factor")},
         "gc": {"full_collections": _int(reasoning.get("gc.full_collections")),
@@ -205,7 +206,11 @@ def format_table(report: dict) -> str:
         ("actions", f"{report['actions']}"),
         ("fallbacks", f"{report['fallbacks']}"),
     ]
-    rows += [(f"  {reason}", str(count)) for reason, count in report["fallback_reasons"].items()]
+    skipped = report.get("boundaries_skipped", 0)
+    rows += [(f"  {reason}", str(count) + (f" (of which {skipped} boundaries no cycle ran for: the cycle before "
+                                            f"overran them; node total)" if reason == DEADLINE_MISSED and skipped
+                                           else ""))
+             for reason, count in report["fallback_reasons"].items()]
     rows += [
         ("lost (never published)", f"{report['lost_cycles']} ({report['lost_after_last_output']} after the last output)"),
         ("deadline-miss rate", f"{report['deadline_miss_rate']:.4f} (lost cycles count as missed; among admitted "
