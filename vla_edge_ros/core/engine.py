@@ -211,7 +211,6 @@ class Engine:
         decision = self.admission.decide((time.perf_counter() - t0) * 1000.0, prefill_tokens, decode_steps)
         result.estimate_ms, result.budget_ms, result.probe = decision.estimate_ms, decision.budget_ms, decision.probe
         clock.lap("admission")
-        t_admitted = time.perf_counter()
         if not decision.admit and not (cyc.deterministic or self._force_admit):
             return self._fail(result, R.REFUSED_BUDGET,
                               f"estimate {decision.estimate_ms:.2f} ms > budget {decision.budget_ms:.2f} ms")
@@ -246,7 +245,7 @@ class Engine:
         st.computed_tokens["suffix"] += s
         st.computed_tokens["decode"] += decode_steps
         result.prefill_tokens = prefill_tokens
-        other_ms = max(0.0, (time.perf_counter() - t_admitted) * 1e3 - result.prefill_ms - result.decode_ms)
+        other_ms = clock.ms.get("vision", 0.0) + clock.ms["slots"]      # the cycle's fixed cost besides the model
         self.admission.observe(result.prefill_ms, prefill_tokens, result.decode_ms, max(decode_steps, 1), other_ms)
         result.tokens = np.asarray(tokens, dtype=np.int64)
         result.action = self.codec.to_values(result.tokens)
