@@ -129,8 +129,9 @@ def _time_hf(torch, hf, hf_embed, ctx_ids, prefill_x, cached, p, n_act, lo, cycl
     out = {"cycle_ms": [], "prefill_ms": [], "decode_ms": [], "tokens": None}
     with torch.inference_mode():
         cache = DynamicCache()
-        hf(input_ids=torch.from_numpy(ctx_ids)[None], past_key_values=cache, use_cache=True,
-           position_ids=torch.arange(cached)[None])
+        if cached:                                   # nothing cached: the cycle starts from an empty cache
+            hf(input_ids=torch.from_numpy(ctx_ids)[None], past_key_values=cache, use_cache=True,
+               position_ids=torch.arange(cached)[None])
         x = torch.from_numpy(prefill_x)[None]
         pos = torch.arange(cached, cached + p)[None]
         for i in range(cycles + 2):
