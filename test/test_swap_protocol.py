@@ -274,14 +274,20 @@ def test_client_never_asks_while_it_may_still_read_an_offer_and_ignores_abandone
             summary["swap_rest_ms_max"]) == (4.0, 1.0, 2.5, 0.5)
 
 
-def test_a_deferred_offer_is_not_loaded_again_but_a_fresher_one_is(tiny_model_dir, frames, tmp_path):
-    cfg = C.load(overrides={"model.path": str(tiny_model_dir), "kv.capacity_tokens": CAPACITY,
-                            "cycle.deterministic": True, "asr.max_late_chunks": 1})
+def _primary_and_first_snapshot(model_dir, frames, max_late_chunks: int):
+    """A deterministic primary that answered frames[:3], and its state then as snapshot v1 of round 1."""
+    cfg = C.load(overrides={"model.path": str(model_dir), "kv.capacity_tokens": CAPACITY,
+                            "cycle.deterministic": True, "asr.max_late_chunks": max_late_chunks})
     primary = primary_engine(cfg)
     for f in frames[:3]:
         assert primary.run_cycle(f, f.stamp_s).new_frame
-    stale = primary.state.export_state(version=1)
-    stale.round = 1
+    snap = primary.state.export_state(version=1)
+    snap.round = 1
+    return primary, snap
+
+
+def test_a_deferred_offer_is_not_loaded_again_but_a_fresher_one_is(tiny_model_dir, frames, tmp_path):
+    primary, stale = _primary_and_first_snapshot(tiny_model_dir, frames, max_late_chunks=1)
     for f in frames[3:5]:                                   # two frames after it: more than asr.max_late_chunks
         assert primary.run_cycle(f, f.stamp_s).new_frame
     client = SwapClient(poll_period_s=0.0, request_timeout_s=2.0)
@@ -346,13 +352,7 @@ def test_a_new_store_removes_the_snapshot_directories_of_dead_reconcilers(tmp_pa
 def test_a_swap_whose_recompute_does_not_fit_the_slack_waits_for_a_fresher_offer(tiny_model_dir, frames, tmp_path):
     """One late frame to recompute but no time for it before the next boundary: deferred (no_slack), nothing
     changed; the same offer with room for one frame is applied, recomputing it."""
-    cfg = C.load(overrides={"model.path": str(tiny_model_dir), "kv.capacity_tokens": CAPACITY,
-                            "cycle.deterministic": True, "asr.max_late_chunks": 2})
-    primary = primary_engine(cfg)
-    for f in frames[:3]:
-        assert primary.run_cycle(f, f.stamp_s).new_frame
-    snap = primary.state.export_state(version=1)
-    snap.round = 1
+    primary, snap = _primary_and_first_snapshot(tiny_model_dir, frames, max_late_chunks=2)
     path = snap.save(tmp_path / "v1.npz")
     assert primary.run_cycle(frames[3], frames[3].stamp_s).new_frame      # one frame after the snapshot
     client = SwapClient(poll_period_s=0.0, request_timeout_s=2.0)
