@@ -294,23 +294,31 @@ class Engine:
         slack less the safety margin, over the admission estimate of a frame's prefill (the per-token cost of
         a cycle's prefill, which carries the suffix too: on the CPU it priced a frame at ~8 ms where a swap's
         recompute measured ~6.5). None (no bound) with nothing measured yet, or in deterministic mode."""
-        adm, cyc = self.admission, self.cfg.cycle
-        if cyc.deterministic or not adm.has_sample or adm.ema_prefill_ms_per_token <= 0:
+        per_frame = self._prefill_ms_per_frame()
+        if per_frame is None:
             return None
-        per_frame = adm.ema_prefill_ms_per_token * self.cfg.vision.tokens_per_frame
-        return max(0, int((slack_ms - cyc.safety_margin_ms) // per_frame))
+        return max(0, int((slack_ms - self.cfg.cycle.safety_margin_ms) // per_frame))
 
     def _rebase_budget_frames(self) -> int | None:
         """Frames a re-base may recompute in this cycle without making it late: the slack the admission
         estimate leaves, over its prefill cost per frame. None (all of them) with nothing measured yet, or
         in deterministic mode (offline replay: exactness over time)."""
-        adm, cyc = self.admission, self.cfg.cycle
-        if cyc.deterministic or self._force_admit or not adm.has_sample or adm.ema_prefill_ms_per_token <= 0:
+        per_frame = self._prefill_ms_per_frame()
+        if per_frame is None or self._force_admit:
             return None
+        adm, cyc = self.admission, self.cfg.cycle
         tpf = self.cfg.vision.tokens_per_frame
         cycle_ms = adm.mean_ms(tpf + int(self.suffix.size), max(self.cfg.action.num_tokens - 1, 1)) * adm.tail_factor
         slack_ms = cyc.deadline_ms - cyc.safety_margin_ms - cycle_ms
-        return max(0, int(slack_ms // (self.cfg.kv.rebase_headroom * adm.ema_prefill_ms_per_token * tpf)))
+        return max(0, int(slack_ms // (self.cfg.kv.rebase_headroom * per_frame)))
+
+    def _prefill_ms_per_frame(self) -> float | None:
+        """The admission estimate of one frame's prefill; None in deterministic mode or with nothing measured
+        (then recomputes are not bounded by time)."""
+        adm = self.admission
+        if self.cfg.cycle.deterministic or not adm.has_sample or adm.ema_prefill_ms_per_token <= 0:
+            return None
+        return adm.ema_prefill_ms_per_token * self.cfg.vision.tokens_per_frame
 
     def state_summary(self) -> dict:
         """The frame state's token accounting, with this cycle's suffix, for the diagnostics."""

@@ -295,14 +295,9 @@ class Reasoning(LifecycleNode):
             now_s = self.get_clock().now().nanoseconds * 1e-9
             with self._engine_lock:
                 result = self.engine.run_cycle(frame, now_s, cycle_start_perf=boundary.perf_s)
-            self.health.on_cycle(result.is_action, result.reason == DEADLINE_MISSED, time.monotonic())
             t_publish = time.perf_counter()
-            try:
-                self._publish_result(result, frame)
-            except (_rclpy.RCLError, _rclpy.InvalidHandle):
-                if self._stop.is_set() or not self.context.ok():
-                    return                 # shutting down: the publishers went away under us
-                raise
+            if not self._answer(result, frame):
+                return
             t_between = time.perf_counter()
             self._between_cycles(result.cycle_id, boundary.perf_s + cfg.cycle.period_s)
             phases = self.engine.phases
@@ -332,13 +327,20 @@ class Reasoning(LifecycleNode):
             missed_at = boundary.perf_s - k * period_s
             with self._engine_lock:
                 result = self.engine.skipped_boundary((now - missed_at) * 1e3)
-            self.health.on_cycle(False, True, time.monotonic())
-            try:
-                self._publish_result(result, None)
-            except (_rclpy.RCLError, _rclpy.InvalidHandle):
-                if self._stop.is_set() or not self.context.ok():
-                    return False
-                raise
+            if not self._answer(result, None):
+                return False
+        return True
+
+    def _answer(self, result, frame) -> bool:
+        """Count a cycle's outcome in the health rules and publish it; False when the node is shutting down
+        (the publishers went away under us)."""
+        self.health.on_cycle(result.is_action, result.reason == DEADLINE_MISSED, time.monotonic())
+        try:
+            self._publish_result(result, frame)
+        except (_rclpy.RCLError, _rclpy.InvalidHandle):
+            if self._stop.is_set() or not self.context.ok():
+                return False
+            raise
         return True
 
     def _between_cycles(self, cycle_id: int, next_boundary_perf: float) -> None:
