@@ -119,7 +119,8 @@ def test_deadline_too_small_to_admit_anything(model, harness, tmp_path):
     # r: refused before starting, m: ran and finished late (deadline_missed), a: action; cycles without
     # a usable frame (no_frame before the first one, stale_frame if the camera stalled) do not count.
     # s: a boundary no cycle ran for, because the late cycle before it (a probe: several ms against a 4 ms
-    # period) overran it; each is answered with its own deadline_missed fallback, marked boundary_skipped.
+    # period) overran it, or because the cycle thread itself woke more than a period late (a busy machine);
+    # each is answered with its own deadline_missed fallback, marked boundary_skipped.
     code = {R.REFUSED_BUDGET: "r", R.DEADLINE_MISSED: "m", "action": "a"}
 
     def letter(o) -> str:
@@ -127,7 +128,7 @@ def test_deadline_too_small_to_admit_anything(model, harness, tmp_path):
             return "s"
         return code.get(o[0] if o[0] == "action" else o[1], "")
     full = "".join(letter(o) for _, o in sorted(outputs.items()))
-    assert "s" in full and all(prev in "ms" for prev, cur in zip(full, full[1:]) if cur == "s"), full[:80]
+    assert "ms" in full, full[:80]          # a probe's overrun is answered boundary by boundary
     seq = full.replace("s", "")
     # The configure-time warm-up seeded the estimate, so even the first cycle with a frame is refused;
     # afterwards a cycle runs only as a probe after admission.probe_after_refusals refusals in a row.
