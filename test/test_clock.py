@@ -50,3 +50,13 @@ def test_grid_keeps_its_phase_and_counts_skipped_boundaries():
     assert b3.index == 5
     with pytest.raises(ValueError, match="period_s"):
         CycleGrid(0.0)
+
+
+def test_the_part_that_overran_a_boundary_is_the_one_still_running_when_it_passed():
+    from vla_edge_ros.core.boundary_overrun import BoundaryWork, overran_in
+    work = BoundaryWork(cycle_end_s=10.030, publish_end_s=10.031, between_end_s=10.045)
+    assert overran_in(work, 10.020) == "cycle"
+    assert overran_in(work, 10.0305) == "publish"
+    assert overran_in(work, 10.040) == "between"
+    assert overran_in(work, 10.050) == "other"       # everything had ended: the thread came back late
+    assert overran_in(None, 10.0) == "other"

@@ -251,3 +251,33 @@ def test_a_rebase_in_a_live_cycle_recomputes_only_what_fits_its_budget(tiny_mode
             assert eng.state.last_rebase["kept"] == 2 and eng.state.last_rebase["budget_frames"] == 2
             assert len(eng.state.frames) == 3             # the two kept and this cycle's new frame
     assert details and all("2 frames kept" in d for d in details), details
+
+
+def test_a_swap_recompute_is_planned_on_the_slow_end_of_recent_cycles(tiny_model_dir):
+    eng = make_engine(tiny_model_dir)
+    assert eng.swap_recompute_budget_frames(30.0) is None          # nothing measured: not bounded
+    adm, tpf = eng.admission, eng.cfg.vision.tokens_per_frame
+    adm.observe(0.25 * tpf, tpf, 1.0, 1)                           # seeds 0.25 ms per prefill token
+    margin = eng.cfg.cycle.safety_margin_ms
+    per_frame = 0.25 * tpf
+    assert eng.swap_recompute_budget_frames(30.0) == int((30.0 - margin) // per_frame)
+    for _ in range(20):                                            # cycles 1.3x slower than predicted
+        adm.observe(0.25 * tpf * 1.3, tpf, 1.3, 1)
+    assert adm.tail_factor > 1.2
+    planned = int((30.0 - margin) // (adm.ema_prefill_ms_per_token * tpf * adm.tail_factor))
+    assert eng.swap_recompute_budget_frames(30.0) == planned < int((30.0 - margin) // per_frame)
+    assert eng.swap_recompute_budget_frames(margin) == 0
+    # A lone frame's measured recompute, dearer than the cycle's per-token rate says, is what is planned on.
+    eng.state.note_recompute(3 * 12.0, 3)
+    assert eng.swap_recompute_budget_frames(30.0) == int((30.0 - margin) // (12.0 * adm.tail_factor))
+
+
+def test_warm_up_measures_a_frame_recompute_and_a_swap_measures_it_again(tiny_model_dir, clip):
+    eng = make_engine(tiny_model_dir)
+    eng.warm_up(4, clip[0])
+    seeded = eng.state.recompute_ms_per_frame
+    assert seeded is not None and seeded > 0
+    eng.state.note_recompute(float("nan"), 1)                       # not a measurement: ignored
+    eng.state.note_recompute(seeded * 11, 1)
+    alpha = eng.cfg.admission.ema_alpha
+    assert eng.state.recompute_ms_per_frame == pytest.approx(alpha * seeded * 11 + (1 - alpha) * seeded)

@@ -129,6 +129,9 @@ def test_deadline_too_small_to_admit_anything(model, harness, tmp_path):
         return code.get(o[0] if o[0] == "action" else o[1], "")
     full = "".join(letter(o) for _, o in sorted(outputs.items()))
     assert "ms" in full, full[:80]          # a probe's overrun is answered boundary by boundary
+    ordered = [o for _, o in sorted(outputs.items())]
+    after_probe = [nxt[2]["overran_in"] for o, nxt in zip(ordered, ordered[1:]) if letter(o) == "m" and letter(nxt) == "s"]
+    assert "cycle" in after_probe, after_probe          # the probe itself was still running at the next boundary
     seq = full.replace("s", "")
     # The configure-time warm-up seeded the estimate, so even the first cycle with a frame is refused;
     # afterwards a cycle runs only as a probe after admission.probe_after_refusals refusals in a row.

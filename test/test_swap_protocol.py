@@ -375,10 +375,11 @@ def test_a_skipped_boundary_is_answered_and_counted_as_a_miss(tiny_model_dir, fr
     cfg = C.load(overrides={"model.path": str(tiny_model_dir), "kv.capacity_tokens": CAPACITY})
     engine = primary_engine(cfg)
     first = engine.run_cycle(frames[0], frames[0].stamp_s)
-    skipped = engine.skipped_boundary(12.5)
+    skipped = engine.skipped_boundary(12.5, "between")
     after = engine.run_cycle(frames[1], frames[1].stamp_s)
     assert (first.cycle_id, skipped.cycle_id, after.cycle_id) == (0, 1, 2)
     assert skipped.reason == "deadline_missed" and skipped.boundary_skipped and "12.5 ms" in skipped.detail
+    assert skipped.overran_in == "between" and "between was still running" in skipped.detail
     total = engine.metrics.summary()
     assert total["cycles"] == 3 and total["fallback_reasons"]["deadline_missed"] >= 1
     assert total["model_cycles"] == 2                       # no latency sample for a cycle that never ran

@@ -38,6 +38,7 @@ class CycleResult:
     detail: str = ""                          # human-readable explanation for fallbacks
     phases_ms: dict = field(default_factory=dict)   # where the time went: core/cycle_phases.py IN_CYCLE names
     boundary_skipped: bool = False            # no cycle ran for this boundary (the one before overran it)
+    overran_in: str = ""                      # for a skipped boundary: core/boundary_overrun.py OVERRUN_PARTS
 
     @property
     def is_action(self) -> bool:

@@ -125,8 +125,11 @@ class Engine:
                 elapsed.append(r.elapsed_ms)
             # The RoPE re-base's recompute step, once, so that its first live use pays no one-time cost (on the
             # GPU, capturing forward()'s graph for one frame's rows: a first re-base that paid it ran a cycle late
-            # on the H200).
+            # on the H200); then once more, timed: the first swap's recompute budget is planned on it.
             self.state.recompute_retained()
+            t_recompute = time.perf_counter()
+            kept, _dropped, _forgotten = self.state.recompute_retained()
+            self.state.note_recompute((time.perf_counter() - t_recompute) * 1e3, len(kept))
         finally:
             self._force_admit = False
             # Forced warm-up cycles are neither refusals the probe counts nor spikes of the live estimate.
@@ -276,13 +279,15 @@ class Engine:
             self._last_prefill_logits = self.backend.prefill_logits()
         return self._last_prefill_logits
 
-    def skipped_boundary(self, late_ms: float) -> CycleResult:
+    def skipped_boundary(self, late_ms: float, overran_in: str = "other") -> CycleResult:
         """The answer for a boundary that passed while the cycle before it, or the work at that cycle's
         boundary, still ran: no cycle ran for it. A deadline_missed fallback with its own cycle id, so a
-        controller still gets one output per period and the miss is counted, never silent."""
+        controller still gets one output per period and the miss is counted, never silent. `overran_in`:
+        the part of that work still running when the boundary passed (core/boundary_overrun.py)."""
         result = CycleResult(cycle_id=self.cycle_id, reason=R.DEADLINE_MISSED, boundary_skipped=True,
+                             overran_in=overran_in,
                              detail=f"no cycle ran for this boundary: the previous cycle and the work at its boundary "
-                                    f"ended {late_ms:.1f} ms after it")
+                                    f"ended {late_ms:.1f} ms after it ({overran_in} was still running)")
         self.cycle_id += 1
         result.elapsed_ms = late_ms
         result.state_exact = self.state.state_exact
@@ -291,19 +296,24 @@ class Engine:
 
     def swap_recompute_budget_frames(self, slack_ms: float) -> int | None:
         """Frames a swap at this boundary may recompute with `slack_ms` left before the next boundary: the
-        slack less the safety margin, over the admission estimate of a frame's prefill (the per-token cost of
-        a cycle's prefill, which carries the suffix too: on the CPU it priced a frame at ~8 ms where a swap's
-        recompute measured ~6.5). None (no bound) with nothing measured yet, or in deterministic mode."""
-        per_frame = self._prefill_ms_per_frame()
+        slack less the safety margin, over the cost of one frame's recompute times the admission's tail factor.
+        That cost is the larger of the admission's per-frame prefill estimate and the measured recomputes
+        (FrameState.recompute_ms_per_frame: a lone frame's forward costs more per token than a cycle's longer
+        prefill), and the tail factor plans the swap on the slow end of recent cycles, as a cycle is. On a CPU
+        demo the cycle's rate priced a 16-row frame at ~2.6 ms, its recomputes took 5.8 ms (p50) to 10 ms, and
+        every skipped boundary was a swap that overran. None (no bound) with nothing measured yet, or in
+        deterministic mode."""
+        per_frame = self._frame_recompute_ms()
         if per_frame is None:
             return None
+        per_frame *= self.admission.tail_factor
         return max(0, int((slack_ms - self.cfg.cycle.safety_margin_ms) // per_frame))
 
     def _rebase_budget_frames(self) -> int | None:
         """Frames a re-base may recompute in this cycle without making it late: the slack the admission
         estimate leaves, over its prefill cost per frame. None (all of them) with nothing measured yet, or
         in deterministic mode (offline replay: exactness over time)."""
-        per_frame = self._prefill_ms_per_frame()
+        per_frame = self._frame_recompute_ms()
         if per_frame is None or self._force_admit:
             return None
         adm, cyc = self.admission, self.cfg.cycle
@@ -312,13 +322,15 @@ class Engine:
         slack_ms = cyc.deadline_ms - cyc.safety_margin_ms - cycle_ms
         return max(0, int(slack_ms // (self.cfg.kv.rebase_headroom * per_frame)))
 
-    def _prefill_ms_per_frame(self) -> float | None:
-        """The admission estimate of one frame's prefill; None in deterministic mode or with nothing measured
-        (then recomputes are not bounded by time)."""
+    def _frame_recompute_ms(self) -> float | None:
+        """What recomputing one frame (one frame per forward) is planned to cost: the larger of the admission
+        estimate of a frame's prefill and the measured recomputes; None in deterministic mode or with no cycle
+        measured (then recomputes are not bounded by time)."""
         adm = self.admission
         if self.cfg.cycle.deterministic or not adm.has_sample or adm.ema_prefill_ms_per_token <= 0:
             return None
-        return adm.ema_prefill_ms_per_token * self.cfg.vision.tokens_per_frame
+        return max(adm.ema_prefill_ms_per_token * self.cfg.vision.tokens_per_frame,
+                   self.state.recompute_ms_per_frame or 0.0)
 
     def state_summary(self) -> dict:
         """The frame state's token accounting, with this cycle's suffix, for the diagnostics."""

@@ -18,6 +18,7 @@ prefix, so the result is the state a from-scratch forward would build.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -118,6 +119,10 @@ class FrameState:
         self.computed_tokens = {"prefix": 0, "frames": 0, "suffix": 0, "decode": 0}
         self.last_swap: SwapReport | None = None
         self.last_rebase: dict | None = None    # what the latest re-base kept and forgot
+        # Measured ms to recompute one frame over the state (one frame per forward: a swap's late frames, the
+        # warm-up's re-base step); None until measured. A lone frame's forward costs more per token than a
+        # cycle's longer prefill (on the CPU model ~2x), so the swap budget needs this, not the cycle's rate.
+        self.recompute_ms_per_frame: float | None = None
         # How export_state packs the KV rows: None reads them to the host (numpy array); a callable
         # (backend, slots) -> KV holder keeps them on the device (model/cuda_state_transfer.DeviceKvExporter).
         self.kv_export = None
@@ -256,15 +261,37 @@ class FrameState:
         the most frames the time left before the next cycle boundary can
         recompute (None: no bound but asr.max_late_chunks); a swap needing more
         raises SwapDeferred (no_slack) rather than delay the next cycle.
+
+        Three steps: check (nothing changes yet), place the snapshot's frames and
+        KV, recompute the late frames over them.
         """
         self._require_boundary("import_state")
+        plan = self._check_snapshot(snap, max_recompute)
+        kv_copy_ms = self._place_snapshot(snap)
+        evicted, recompute_ms = self._recompute_over_snapshot(plan)
+        if self.frames and (self.last_frame_id is None or max(self.frames) > self.last_frame_id):
+            self.last_frame_id = max(self.frames)
+        self.state_version = snap.version
+        unseen_ids = {r.frame_id for r in plan.unseen}
+        self.last_swap = SwapReport(version=snap.version, frames=len(snap.frames), dropped=plan.dropped,
+                                    late=[c.frame_id for c in plan.chunks if c.frame_id not in unseen_ids],
+                                    late_lost=plan.late_lost, evicted=evicted, next_position=self.next_position,
+                                    unseen=[c.frame_id for c in plan.chunks if c.frame_id in unseen_ids],
+                                    kv_copy_ms=kv_copy_ms, recompute_ms=recompute_ms,
+                                    unseen_forgotten=plan.unseen_forgotten)
+        log.debug("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
+                  len(plan.dropped), len(plan.chunks))
+        return plan.dropped
+
+    def _check_snapshot(self, snap: StateSnapshot, max_recompute: int | None) -> "_RecomputePlan":
+        """Everything a swap to `snap` needs, checked before anything changes: SnapshotError when it cannot
+        be applied at all, SwapDeferred when a fresher offer or more slack would do; else the recompute plan."""
         if snap.version <= self.state_version:
             raise SnapshotError(f"snapshot v{snap.version} is not newer than the state in force (v{self.state_version})")
         spec, tpf = self.backend.spec, self.cfg.vision.tokens_per_frame
         snap.check_against(prefix_ids=self.prefix_ids, tokens_per_frame=tpf, num_layers=spec.num_layers,
                            kv_dim=spec.kv_dim, hidden_size=spec.hidden_size)
-        on_device = not isinstance(snap.kv, np.ndarray) and snap.kv is not None     # DeviceKV / IpcKV (model/)
-        if on_device:
+        if _kv_on_device(snap):
             try:
                 snap.kv.check_usable()      # KV left on a device: still the snapshot's
             except DeviceKVUnavailable as exc:
@@ -289,10 +316,14 @@ class FrameState:
             log.warning("swap v%d: %d more frames the reconciler never saw are forgotten (asr.max_late_chunks %d "
                         "bounds the recompute at the boundary)", snap.version, len(plan.unseen_forgotten),
                         self.cfg.asr.max_late_chunks)
+        return plan
 
+    def _place_snapshot(self, snap: StateSnapshot) -> float:
+        """The snapshot's frames into the slots and its KV into the arena (a checked snapshot fits: one pass,
+        no policy involved); returns the ms the KV copy took. A device KV found rewritten under the copy
+        leaves an empty, exact state and raises SnapshotError."""
         self.kv.evict_all()
         self.frames.clear()
-        # The snapshot fits (checked above): its frames take their slots in one pass, no policy involved.
         slots = self.kv.place_frames([(f.frame_id, f.pooled, f.position_start) for f in snap.frames],
                                      reserve=self.suffix_reserve)
         for i, f in enumerate(snap.frames):
@@ -301,7 +332,7 @@ class FrameState:
         kv_copy_ms = 0.0
         if slots:
             t_copy = time.perf_counter()
-            if on_device:                               # device to device into our arena (one kv_scatter)
+            if _kv_on_device(snap):                     # device to device into our arena (one kv_scatter)
                 try:
                     snap.kv.write_into(self.backend, np.concatenate(slots))
                 except DeviceKVUnavailable as exc:
@@ -318,24 +349,29 @@ class FrameState:
             kv_copy_ms = (time.perf_counter() - t_copy) * 1e3
         self.next_position = snap.next_position
         self.approximate_evictions = 0
+        return kv_copy_ms
+
+    def _recompute_over_snapshot(self, plan: "_RecomputePlan") -> tuple[list, float]:
+        """The plan's late and unseen frames appended over the placed snapshot, one frame per forward (the
+        cost warm_up prepared); returns (the frames the policy evicted meanwhile, the ms it took)."""
+        if not plan.chunks:
+            return [], 0.0
         t_recompute = time.perf_counter()
         evicted = []
-        for chunk in plan.chunks:                       # one frame per forward: the cost warm_up prepared
+        for chunk in plan.chunks:
             evicted += self.append_chunks([chunk], allow_evict=True)
-        recompute_ms = (time.perf_counter() - t_recompute) * 1e3 if plan.chunks else 0.0
-        if self.frames and (self.last_frame_id is None or max(self.frames) > self.last_frame_id):
-            self.last_frame_id = max(self.frames)
-        self.state_version = snap.version
-        unseen_ids = {r.frame_id for r in plan.unseen}
-        self.last_swap = SwapReport(version=snap.version, frames=len(snap.frames), dropped=plan.dropped,
-                                    late=[c.frame_id for c in plan.chunks if c.frame_id not in unseen_ids],
-                                    late_lost=plan.late_lost, evicted=evicted, next_position=self.next_position,
-                                    unseen=[c.frame_id for c in plan.chunks if c.frame_id in unseen_ids],
-                                    kv_copy_ms=kv_copy_ms, recompute_ms=recompute_ms,
-                                    unseen_forgotten=plan.unseen_forgotten)
-        log.debug("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
-                  len(plan.dropped), len(plan.chunks))
-        return plan.dropped
+        recompute_ms = (time.perf_counter() - t_recompute) * 1e3
+        self.note_recompute(recompute_ms, len(plan.chunks))
+        return evicted, recompute_ms
+
+    def note_recompute(self, ms: float, frames: int) -> None:
+        """Fold a measured recompute of `frames` frames (one per forward) into `recompute_ms_per_frame`, the
+        cost a swap's recompute budget is planned on (Engine.swap_recompute_budget_frames)."""
+        if frames <= 0 or not math.isfinite(ms):
+            return
+        per_frame = ms / frames
+        prev, alpha = self.recompute_ms_per_frame, self.cfg.admission.ema_alpha
+        self.recompute_ms_per_frame = per_frame if prev is None else alpha * per_frame + (1 - alpha) * prev
 
     def _plan_recompute(self, snap: StateSnapshot) -> "_RecomputePlan":
         """Which of this engine's frames a swap to `snap` keeps by recomputing them, and which it drops."""
@@ -494,3 +530,8 @@ class FrameState:
         if written:
             ctx = ctx[~np.isin(ctx, np.concatenate(written))]
         return ctx.astype(np.int32)
+
+
+def _kv_on_device(snap: StateSnapshot) -> bool:
+    """The snapshot's KV stays on a GPU (model/cuda_state_transfer.DeviceKV, model/cuda_ipc.IpcKV), not host rows."""
+    return snap.kv is not None and not isinstance(snap.kv, np.ndarray)

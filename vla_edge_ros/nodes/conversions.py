@@ -19,8 +19,9 @@ Outbound (reasoning), one cycle -> exactly one of:
     fallback  diagnostic_msgs/DiagnosticStatus: message = reason code,
               values = FALLBACK_VALUE_KEYS (cycle_id, frame_id, frame_stamp,
               estimate_ms, budget_ms, elapsed_ms, evictions, new_frame, boundary_skipped,
-              detail; boundary_skipped 1: no cycle ran for this boundary, the one
-              before overran it)
+              overran_in, detail; boundary_skipped 1: no cycle ran for this
+              boundary, the one before overran it, and overran_in says which part
+              of its work did: cycle, publish, between (swap apply) or other)
 Cycle ids are therefore on every cycle's output; they are consecutive.
 """
 from __future__ import annotations
@@ -45,7 +46,7 @@ from .interfaces import StateChunk
 
 UINT32_MAX = 2 ** 32 - 1
 FALLBACK_VALUE_KEYS = ("cycle_id", "frame_id", "frame_stamp", "estimate_ms", "budget_ms", "elapsed_ms",
-                       "evictions", "new_frame", "boundary_skipped", "detail")
+                       "evictions", "new_frame", "boundary_skipped", "overran_in", "detail")
 
 
 # ----------------------------------------------------------------------------
@@ -164,6 +165,7 @@ def fallback_msg(result: CycleResult, name: str) -> DiagnosticStatus:
         "evictions": len(result.evicted_frame_ids),
         "new_frame": int(bool(result.new_frame)),
         "boundary_skipped": int(bool(result.boundary_skipped)),
+        "overran_in": result.overran_in,
         "detail": result.detail,
     }
     return status_msg(name, level, result.reason, values)

@@ -48,6 +48,7 @@ from std_msgs.msg import String
 from ..config import ConfigError
 from ..core import gc_pauses
 from ..core import swap_protocol as swap
+from ..core.boundary_overrun import OVERRUN_PARTS, BoundaryWork, overran_in
 from ..core.clock import CycleGrid, hybrid_sleep_until
 from ..core.cpu_priority import make_thread_realtime
 from ..core.cycle_clock import CycleClockWriter, clock_path
@@ -101,6 +102,8 @@ class Reasoning(LifecycleNode):
         self.frame_ids = FrameIdEpochs()             # camera ids -> state ids that survive a camera restart
         self.rejected_frames = 0
         self.skipped_boundaries = 0
+        self.skipped_by_part = dict.fromkeys(OVERRUN_PARTS, 0)   # core/boundary_overrun.py: what overran them
+        self._last_work: BoundaryWork | None = None  # when the parts of the latest boundary's work ended
         self._engine_lock = threading.Lock()         # cycle thread vs diagnostics reading the state
         self._pending_instruction: str | None = None
         self._instruction_lock = threading.Lock()
@@ -253,6 +256,7 @@ class Reasoning(LifecycleNode):
                                         "phase": self.engine.phases.summary()}))
             values.update({"frames_received": stats.published, "frames_consumed": stats.consumed,
                            "frames_overwritten": stats.overwritten, "skipped_boundaries": self.skipped_boundaries,
+                           **{f"skipped_in.{part}": n for part, n in self.skipped_by_part.items()},
                            "instruction": self.engine.instruction})
             detail += f": miss rate {window['deadline_miss_rate']:.3f}, fallback rate {window['fallback_rate']:.3f}"
             self.health.on_swap_timeouts(self.swap.timeouts, time.monotonic())
@@ -300,9 +304,11 @@ class Reasoning(LifecycleNode):
                 return
             t_between = time.perf_counter()
             self._between_cycles(result.cycle_id, boundary.perf_s + cfg.cycle.period_s)
+            t_end = time.perf_counter()
+            self._last_work = BoundaryWork(t_publish, t_between, t_end)
             phases = self.engine.phases
             phases.record("publish", (t_between - t_publish) * 1e3)
-            phases.record("between", (time.perf_counter() - t_between) * 1e3)
+            phases.record("between", (t_end - t_between) * 1e3)
             if self._cycle_clock is not None:            # the reconciler may use the GPU until the next boundary
                 self._cycle_clock.cycle_ended(int((boundary.perf_s + cfg.cycle.period_s) * 1e9))
 
@@ -325,8 +331,10 @@ class Reasoning(LifecycleNode):
         now = time.perf_counter()
         for k in range(boundary.skipped, 0, -1):
             missed_at = boundary.perf_s - k * period_s
+            part = overran_in(self._last_work, missed_at)
+            self.skipped_by_part[part] += 1
             with self._engine_lock:
-                result = self.engine.skipped_boundary((now - missed_at) * 1e3)
+                result = self.engine.skipped_boundary((now - missed_at) * 1e3, part)
             if not self._answer(result, None):
                 return False
         return True

@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.boundary_overrun import OVERRUN_PARTS
 from ..core.cycle_phases import PHASES
 from ..core.cycle_result import DEADLINE_MISSED, FALLBACK_REASONS, REFUSED_BUDGET
 from ..core.metrics import percentile
@@ -92,6 +93,7 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
         "warmup": {"steady_ms": _float(reasoning.get("warmup.steady_ms")), "first_ms": _float(reasoning.get("warmup.first_ms"))},
         "admission_spikes_not_learned": _int(reasoning.get("admission.spikes_not_learned")),
         "boundaries_skipped": _int(reasoning.get("skipped_boundaries")),
+        "boundaries_skipped_in": {part: _int(reasoning.get(f"skipped_in.{part}")) for part in OVERRUN_PARTS},
         "admission_estimate": {k: _float(reasoning.get(f"admission.{k}")) for k in
                                ("prefill_ms_per_token", "decode_ms_per_token", "other_ms", "tail_factor")},
         "gc": {"full_collections": _int(reasoning.get("gc.full_collections")),
@@ -207,9 +209,10 @@ def format_table(report: dict) -> str:
         ("fallbacks", f"{report['fallbacks']}"),
     ]
     skipped = report.get("boundaries_skipped", 0)
-    rows += [(f"  {reason}", str(count) + (f" (of which {skipped} boundaries no cycle ran for: the cycle before "
-                                            f"overran them; node total)" if reason == DEADLINE_MISSED and skipped
-                                           else ""))
+    by_part = ", ".join(f"{part} {n}" for part, n in report.get("boundaries_skipped_in", {}).items() if n)
+    rows += [(f"  {reason}", str(count) + (f" (of which {skipped} boundaries no cycle ran for, node total; still "
+                                            f"running when they passed: {by_part or 'not reported'})"
+                                            if reason == DEADLINE_MISSED and skipped else ""))
              for reason, count in report["fallback_reasons"].items()]
     rows += [
         ("lost (never published)", f"{report['lost_cycles']} ({report['lost_after_last_output']} after the last output)"),
