@@ -239,10 +239,10 @@ def test_a_rebase_in_a_live_cycle_recomputes_only_what_fits_its_budget(tiny_mode
     details = []
     for i in range(30):
         # A known cost model (the slack of 33 - 2 ms fits 2.5 frames beside the cycle itself, each planned at
-        # kv.rebase_headroom times the prefill's cost per frame), set before each cycle so real timings on a busy
+        # kv.recompute_headroom times the prefill's cost per frame), set before each cycle so real timings on a busy
         # machine cannot move it.
         adm.has_sample, adm.ema_decode_ms_per_token, adm.ema_other_ms, adm.tail_quantile = True, 0.0, 0.0, 0.0
-        tpf, headroom = eng.cfg.vision.tokens_per_frame, eng.cfg.kv.rebase_headroom
+        tpf, headroom = eng.cfg.vision.tokens_per_frame, eng.cfg.kv.recompute_headroom
         adm.ema_prefill_ms_per_token = (eng.cfg.cycle.deadline_ms - eng.cfg.cycle.safety_margin_ms) / (
             (1 + 2.5 * headroom) * tpf + int(eng.suffix.size))
         r = eng.run_cycle(frame(clip[i % len(clip)], i), now_s=float(i))
@@ -260,16 +260,17 @@ def test_a_swap_recompute_is_planned_on_the_slow_end_of_recent_cycles(tiny_model
     adm.observe(0.25 * tpf, tpf, 1.0, 1)                           # seeds 0.25 ms per prefill token
     margin = eng.cfg.cycle.safety_margin_ms
     per_frame = 0.25 * tpf
-    assert eng.swap_recompute_budget_frames(30.0) == int((30.0 - margin) // per_frame)
+    assert eng.swap_recompute_budget_frames(30.0) == int((30.0 - margin) // (per_frame * eng.cfg.kv.recompute_headroom))
     for _ in range(20):                                            # cycles 1.3x slower than predicted
         adm.observe(0.25 * tpf * 1.3, tpf, 1.3, 1)
     assert adm.tail_factor > 1.2
-    planned = int((30.0 - margin) // (adm.ema_prefill_ms_per_token * tpf * adm.tail_factor))
+    headroom = eng.cfg.kv.recompute_headroom
+    planned = int((30.0 - margin) // (adm.ema_prefill_ms_per_token * tpf * adm.tail_factor * headroom))
     assert eng.swap_recompute_budget_frames(30.0) == planned < int((30.0 - margin) // per_frame)
     assert eng.swap_recompute_budget_frames(margin) == 0
     # A lone frame's measured recompute, dearer than the cycle's per-token rate says, is what is planned on.
     eng.state.note_recompute(3 * 12.0, 3)
-    assert eng.swap_recompute_budget_frames(30.0) == int((30.0 - margin) // (12.0 * adm.tail_factor))
+    assert eng.swap_recompute_budget_frames(30.0) == int((30.0 - margin) // (12.0 * adm.tail_factor * headroom))
 
 
 def test_warm_up_measures_a_frame_recompute_and_a_swap_measures_it_again(tiny_model_dir, clip):

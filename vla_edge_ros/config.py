@@ -151,9 +151,10 @@ class KVConfig:
     capacity_tokens: int = _doc("KV slots in the arena: prefix + retained frames + one cycle's suffix", default=4096)
     eviction_policy: str = _doc("fifo | sliding_window | semantic", default="semantic")
     window_frames: int = _doc("sliding_window: frames kept even when capacity remains", default=64)
-    rebase_headroom: float = _doc("a RoPE re-base without a swap plans each frame it recomputes at this multiple of "
-                                  "the prefill's cost per frame (H200, 1.5B: 4 frames planned without it ran a cycle "
-                                  "2 ms late)", default=1.25)
+    recompute_headroom: float = _doc("a RoPE re-base without a swap, and a swap's recompute of late frames, plan each "
+                                     "frame they recompute at this multiple of its estimated cost (H200, 1.5B: a "
+                                     "re-base of 4 frames planned without it ran a cycle 2 ms late; CPU demo: swaps "
+                                     "planned without it overran the next boundary 1-4 times in 20 s)", default=1.25)
     dtype: str = _doc("float32 | bfloat16: the element type of the KV arena; bfloat16 halves the arena, the "
                       "attention's K/V bytes and every device swap. Measured on the H200 (1.5B, 4064 cached): prefill "
                       "attention 0.70 -> 0.57 ms, the cycle unchanged within noise; `vla-edge verify` on the 1.5B "
@@ -164,8 +165,8 @@ class KVConfig:
     def __post_init__(self):
         _positive(self, "capacity_tokens", "kv")
         _positive(self, "window_frames", "kv")
-        if not self.rebase_headroom >= 1.0:
-            raise ConfigError(f"kv.rebase_headroom must be >= 1, got {self.rebase_headroom}")
+        if not self.recompute_headroom >= 1.0:
+            raise ConfigError(f"kv.recompute_headroom must be >= 1, got {self.recompute_headroom}")
         if self.eviction_policy not in EVICTION_POLICIES:
             raise ConfigError(f"kv.eviction_policy must be one of {EVICTION_POLICIES}, got {self.eviction_policy!r}")
         if self.dtype not in KV_DTYPES:

@@ -301,12 +301,12 @@ class Engine:
         (FrameState.recompute_ms_per_frame: a lone frame's forward costs more per token than a cycle's longer
         prefill), and the tail factor plans the swap on the slow end of recent cycles, as a cycle is. On a CPU
         demo the cycle's rate priced a 16-row frame at ~2.6 ms, its recomputes took 5.8 ms (p50) to 10 ms, and
-        every skipped boundary was a swap that overran. None (no bound) with nothing measured yet, or in
-        deterministic mode."""
+        every skipped boundary was a swap that overran. On top, kv.recompute_headroom, as a re-base plans. None
+        (no bound) with nothing measured yet, or in deterministic mode."""
         per_frame = self._frame_recompute_ms()
         if per_frame is None:
             return None
-        per_frame *= self.admission.tail_factor
+        per_frame *= self.admission.tail_factor * self.cfg.kv.recompute_headroom
         return max(0, int((slack_ms - self.cfg.cycle.safety_margin_ms) // per_frame))
 
     def _rebase_budget_frames(self) -> int | None:
@@ -320,7 +320,7 @@ class Engine:
         tpf = self.cfg.vision.tokens_per_frame
         cycle_ms = adm.mean_ms(tpf + int(self.suffix.size), max(self.cfg.action.num_tokens - 1, 1)) * adm.tail_factor
         slack_ms = cyc.deadline_ms - cyc.safety_margin_ms - cycle_ms
-        return max(0, int(slack_ms // (self.cfg.kv.rebase_headroom * per_frame)))
+        return max(0, int(slack_ms // (self.cfg.kv.recompute_headroom * per_frame)))
 
     def _frame_recompute_ms(self) -> float | None:
         """What recomputing one frame (one frame per forward) is planned to cost: the larger of the admission

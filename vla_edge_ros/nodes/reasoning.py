@@ -153,6 +153,8 @@ class Reasoning(LifecycleNode):
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """SUCCESS -> active: cycles run, swaps are requested."""
         self._stop.clear()
+        if os.environ.get("VLA_EXPERIMENT_MAIN_FIFO"):
+            self.get_logger().warning(f"EXPERIMENT main thread FIFO: {make_thread_realtime(int(os.environ['VLA_EXPERIMENT_MAIN_FIFO']))}")
         self._cycle_thread = threading.Thread(target=self._cycle_loop, name="vla-cycle", daemon=True)
         self._cycle_thread.start()
         self._swap_timer = self.create_timer(self.params.config.memory.sample_period_ms / 1000.0,
