@@ -50,3 +50,10 @@ def test_demo_reports_every_cycle_of_its_window(tiny_model_dir, tmp_path):
     assert 0 < exact["exact_actions"] <= exact["actions"]
     assert exact["rounds_started"] >= exact["rounds_applied"] + exact["rounds_aborted"]
     assert sum(exact["rounds_aborted_by"].values()) == exact["rounds_aborted"]
+    # Where the reasoning node's configure went, step by step, within its measured transition time.
+    steps = report["reasoning_configure_steps_s"]
+    assert set(steps) == {"backend", "engine", "warm-up", "interfaces and gc freeze"}, steps
+    assert all(v >= 0 for v in steps.values()) and sum(steps.values()) <= report["lifecycle_transition_s"]["reasoning"]
+    assert "reasoning configure steps" in done.stdout
+    # Every skipped boundary names the part of the work that overran it.
+    assert sum(report["boundaries_skipped_in"].values()) == report["boundaries_skipped"], report["boundaries_skipped_in"]

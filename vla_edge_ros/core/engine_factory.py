@@ -15,6 +15,7 @@ as float32), in a process whose BLAS uses model.cpu_threads threads.
 from __future__ import annotations
 
 import logging
+import time
 
 from ..config import VlaConfig
 from ..model.factory import choose_backend, create_backend
@@ -26,9 +27,11 @@ from .engine_state import FrameState
 log = logging.getLogger(__name__)
 
 
-def primary_engine(cfg: VlaConfig, device=None) -> Engine:
-    """The serving engine of `cfg` (model.backend); device: a CudaDevice for the GPU backend (default device 0)."""
-    return _engine(cfg, cfg.model.backend, device)
+def primary_engine(cfg: VlaConfig, device=None, steps_s: dict | None = None) -> Engine:
+    """The serving engine of `cfg` (model.backend); device: a CudaDevice for the GPU backend (default device 0).
+    steps_s: filled with the seconds each build step took ("backend": weights loaded or streamed to the device,
+    kernels compiled; "engine": the prefix computed, the cycle prepared), for the node's configure log."""
+    return _engine(cfg, cfg.model.backend, device, {} if steps_s is None else steps_s)
 
 
 def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
@@ -61,14 +64,19 @@ def describe_choice(kind: str) -> str:
     return choose_backend(kind).describe()
 
 
-def _engine(cfg: VlaConfig, kind: str, device) -> Engine:
+def _engine(cfg: VlaConfig, kind: str, device, steps_s: dict) -> Engine:
+    t0 = time.perf_counter()
     limit_cpu_threads(cfg.model.cpu_threads)
     tokenizer = load_tokenizer(cfg.model.path)
     backend = create_backend(kind, cfg.model.path, cfg.kv.capacity_tokens, dtype=cfg.model.dtype, device=device,
                              kernel_options=cfg.model.kernel_options(), kv_dtype=cfg.kv.dtype,
                              weights=cfg.model.weights)
+    t1 = time.perf_counter()
+    steps_s["backend"] = t1 - t0
     try:
-        return Engine(cfg, backend, tokenizer)
+        engine = Engine(cfg, backend, tokenizer)
+        steps_s["engine"] = time.perf_counter() - t1
+        return engine
     except BaseException:
         backend.close()              # a configuration the engine refuses leaves no device memory behind
         raise

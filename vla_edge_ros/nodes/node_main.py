@@ -69,10 +69,22 @@ class StopRequest:
         return self._event.is_set()
 
 
+def make_executor(node):
+    """The executor cycle.executor names (config.py says why events is the default); a node without our
+    parameters gets rclpy's SingleThreadedExecutor. Both raise a failing callback's exception out of
+    spin_once, which is what spin_resilient counts on."""
+    params = getattr(node, "params", None)
+    kind = params.config.cycle.executor if params is not None else "single_threaded"
+    if kind == "events":
+        from rclpy.experimental import EventsExecutor
+        return EventsExecutor(context=node.context)
+    return SingleThreadedExecutor(context=node.context)
+
+
 def spin_resilient(node, stop: StopRequest | None = None) -> None:
     """rclpy.spin that survives a failing callback (logged, throttled, counted in `node.callback_errors`)
     and returns when `stop` is raised or the context is shut down."""
-    executor = SingleThreadedExecutor()
+    executor = make_executor(node)
     executor.add_node(node)
     node.callback_errors = 0
     try:

@@ -123,15 +123,18 @@ class Reasoning(LifecycleNode):
         """SUCCESS -> inactive (engine built, warmed up); FAILURE (model or config unusable) stays unconfigured."""
         cfg = self.params.config
         t0 = time.perf_counter()
+        steps = {}                          # seconds per configure step, in the log (a cold start says where it went)
         try:
-            engine = primary_engine(cfg)
+            engine = primary_engine(cfg, steps_s=steps)
         except CONFIGURE_ERRORS as exc:
             self.get_logger().error(f"configure failed: {type(exc).__name__}: {exc}")
             return TransitionCallbackReturn.FAILURE
         try:
             frame = np.random.default_rng(WARMUP_SEED).integers(
                 0, 256, (cfg.vision.image_height, cfg.vision.image_width, 3), dtype=np.uint8)
+            t_warm = time.perf_counter()
             self.warmup = engine.warm_up(cfg.lifecycle.warmup_cycles, frame)
+            steps["warm-up"] = time.perf_counter() - t_warm
         except CONFIGURE_ERRORS as exc:
             engine.close()
             self.get_logger().error(f"configure failed in warm-up: {type(exc).__name__}: {exc}")
@@ -140,11 +143,17 @@ class Reasoning(LifecycleNode):
         # A fresh state: chunk numbering starts at 1 again, which tells a running reconciler to clear its
         # mirror (core/swap_protocol.py), exactly as for a restarted reasoning process.
         self._chunk_seq = 0
+        t_rest = time.perf_counter()
         self._open_interfaces(cfg)
         frozen = gc_pauses.freeze()         # the long-lived heap out of every later collection (core/gc_pauses.py)
+        self.gc.reset(frozen)               # from here on, the pauses the cycles can meet
+        steps["interfaces and gc freeze"] = time.perf_counter() - t_rest
+        self.warmup["configure_steps_s"] = steps
         w = self.warmup
         self.get_logger().info(
-            f"configured in {time.perf_counter() - t0:.1f} s: {cfg.model.path} on {self._backend_name()}, "
+            f"configured in {time.perf_counter() - t0:.1f} s ("
+            + ", ".join(f"{name} {s:.1f} s" for name, s in steps.items()) +
+            f"): {cfg.model.path} on {self._backend_name()}, "
             f"{engine.backend.memory_bytes() / GIB:.2f} GiB; warm-up {w['cycles']} cycles, first {w['first_ms']:.1f} ms, "
             f"steady {w['steady_ms']:.1f} ms of a {cfg.cycle.deadline_ms:g} ms deadline; {frozen} objects frozen out "
             f"of garbage collection")
@@ -153,8 +162,6 @@ class Reasoning(LifecycleNode):
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """SUCCESS -> active: cycles run, swaps are requested."""
         self._stop.clear()
-        if os.environ.get("VLA_EXPERIMENT_MAIN_FIFO"):
-            self.get_logger().warning(f"EXPERIMENT main thread FIFO: {make_thread_realtime(int(os.environ['VLA_EXPERIMENT_MAIN_FIFO']))}")
         self._cycle_thread = threading.Thread(target=self._cycle_loop, name="vla-cycle", daemon=True)
         self._cycle_thread.start()
         self._swap_timer = self.create_timer(self.params.config.memory.sample_period_ms / 1000.0,

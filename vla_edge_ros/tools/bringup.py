@@ -250,6 +250,33 @@ class GraphProcesses:
         return False
 
 
+class _Caller:
+    """Service calls spun on one executor until an overall deadline; `watch()` may raise to give up early."""
+
+    def __init__(self, executor, deadline: float, timeout_s: float, watch=None):
+        self.executor, self.deadline, self.timeout_s, self.watch = executor, deadline, timeout_s, watch
+
+    def call(self, client, request, wait_s: float):
+        """The answer, or None when none came within wait_s."""
+        while not client.wait_for_service(timeout_sec=0.2):
+            self._check()
+            if time.monotonic() > self.deadline:
+                raise BringupError(f"{client.srv_name} not available after {self.timeout_s:.0f} s")
+        future = client.call_async(request)
+        until = min(self.deadline, time.monotonic() + wait_s)
+        while not future.done() and time.monotonic() < until:
+            self.executor.spin_until_future_complete(future, timeout_sec=0.2)
+            self._check()
+        if not future.done():
+            client.remove_pending_request(future)
+            return None
+        return future.result()
+
+    def _check(self) -> None:
+        if self.watch is not None:
+            self.watch()
+
+
 def change_state(node, service: str, transition_id: int, timeout_s: float, watch=None) -> None:
     """Call lifecycle_msgs/srv/ChangeState on `service` (/<node>/change_state) until the node is in the
     transition's goal state; `watch()` may raise to give up early.
@@ -270,24 +297,7 @@ def change_state(node, service: str, transition_id: int, timeout_s: float, watch
     executor = SingleThreadedExecutor(context=node.context)
     executor.add_node(node)
     deadline = time.monotonic() + timeout_s
-
-    def call(client, request, wait_s):
-        """The answer, or None when none came within wait_s."""
-        while not client.wait_for_service(timeout_sec=0.2):
-            if watch is not None:
-                watch()
-            if time.monotonic() > deadline:
-                raise BringupError(f"{client.srv_name} not available after {timeout_s:.0f} s")
-        future = client.call_async(request)
-        until = min(deadline, time.monotonic() + wait_s)
-        while not future.done() and time.monotonic() < until:
-            executor.spin_until_future_complete(future, timeout_sec=0.2)
-            if watch is not None:
-                watch()
-        if not future.done():
-            client.remove_pending_request(future)
-            return None
-        return future.result()
+    call = _Caller(executor, deadline, timeout_s, watch).call
 
     try:
         request = ChangeState.Request()

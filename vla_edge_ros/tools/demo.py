@@ -222,7 +222,7 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
     from ..nodes import graph
     from .bringup import GraphProcesses
     from .demo_report import build_report
-    from .supervisor import NodeDied, Supervisor
+    from .supervisor import Supervisor
 
     frames = load_camera_frames(width)
     log_dir = Path(os.environ.get("VLA_EDGE_LOG_DIR", "out/logs"))
@@ -231,7 +231,6 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
     procs = GraphProcesses(params_file=params_file, overrides=overrides, log_dir=log_dir, nodes=nodes)
     supervisor = Supervisor(procs, cfg.supervisor, say=lambda text: print(f"vla-edge demo: {text}", flush=True))
     print(f"vla-edge demo: starting the graph (node logs in {log_dir}/), then {seconds:g} s of camera", flush=True)
-    ended_early = ""
     with _listening_node() as node:
         camera = FootageCamera(node, frames, cfg.cycle.camera_hz, cfg.camera.input_topic, cfg.camera.frame_id)
         controller = Controller(node, time.monotonic())
@@ -245,19 +244,7 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
                 controller.recording = True
                 print(f"vla-edge demo: first action {first_action_s:.2f} s after the camera started; "
                       f"measuring {seconds:g} s", flush=True)
-                end = controller.t0 + seconds
-                try:
-                    while time.monotonic() < end:
-                        supervisor.run(min(TICK_S, end - time.monotonic()))
-                        if tick is not None:
-                            tick(procs)
-                except NodeDied as exc:
-                    ended_early = f"{exc} after {time.monotonic() - controller.t0:.1f} s of the window"
-                camera.stop()
-                controller.recording = False
-                died = procs.dead()
-                if not ended_early:
-                    time.sleep(SETTLE_S)
+                ended_early, died = _measure(supervisor, controller, camera, seconds, tick)
         finally:
             try:
                 camera.stop()
@@ -278,6 +265,27 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
                           controller.diagnostics.get("camera_ingest", {}), meta,
                           controller.diagnostics.get("reconciler", {}))
     return report, cycles
+
+
+def _measure(supervisor, controller, camera, seconds: float, tick=None) -> tuple[str, dict]:
+    """The measured window: the supervisor runs the graph for `seconds` while the controller records; then
+    the camera stops. Returns (why it ended early, or "", the node processes dead at its end)."""
+    from .supervisor import NodeDied
+    ended_early = ""
+    end = controller.t0 + seconds
+    try:
+        while time.monotonic() < end:
+            supervisor.run(min(TICK_S, end - time.monotonic()))
+            if tick is not None:
+                tick(supervisor.procs)
+    except NodeDied as exc:
+        ended_early = f"{exc} after {time.monotonic() - controller.t0:.1f} s of the window"
+    camera.stop()
+    controller.recording = False
+    died = supervisor.procs.dead()
+    if not ended_early:
+        time.sleep(SETTLE_S)
+    return ended_early, died
 
 
 @contextmanager

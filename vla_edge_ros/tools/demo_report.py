@@ -33,6 +33,8 @@ from ..core.cycle_phases import PHASES
 from ..core.cycle_result import DEADLINE_MISSED, FALLBACK_REASONS, REFUSED_BUDGET
 from ..core.metrics import percentile
 
+CONFIGURE_STEPS = "warmup.configure_steps_s."     # the reasoning node's /diagnostics keys of its configure steps
+
 ACTION = "action"
 EXACT_SHARE_WORKED = 0.95      # "exact forgetting: YES" needs at least this share of actions on an exact state
 EXACT_SHARE_PARTLY = 0.5       # below it: "NO", the state was mostly approximate (swaps or not)
@@ -91,6 +93,8 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
         "exactness": exactness(reasoning, reconciler),
         "phases_ms": phases(reasoning),
         "warmup": {"steady_ms": _float(reasoning.get("warmup.steady_ms")), "first_ms": _float(reasoning.get("warmup.first_ms"))},
+        "reasoning_configure_steps_s": {k[len(CONFIGURE_STEPS):]: _float(v) for k, v in reasoning.items()
+                                        if k.startswith(CONFIGURE_STEPS)},
         "admission_spikes_not_learned": _int(reasoning.get("admission.spikes_not_learned")),
         "boundaries_skipped": _int(reasoning.get("skipped_boundaries")),
         "boundaries_skipped_in": {part: _int(reasoning.get(f"skipped_in.{part}")) for part in OVERRUN_PARTS},
@@ -185,10 +189,18 @@ def exactness(reasoning: dict, reconciler: dict) -> dict:
 
 
 def format_table(report: dict) -> str:
-    lat = report["latency_ms"]
-    frames = report["frames"]
-    dropped = frames["dropped_by_double_buffer"]
-    mem = report["peak_memory"]
+    rows = _run_rows(report) + _outcome_rows(report) + _state_rows(report)
+    width = max(len(k) for k, _ in rows)
+    table = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    if len(report.get("phases_ms", {})) > 1:
+        table += ("\nwhere the cycle's time went (reasoning node; wake..finish add up to the cycle latency; off_cpu: "
+                  "of the admitted part, the cycle thread not running)\n")
+        table += format_phase_table(report["phases_ms"])
+    return table
+
+
+def _run_rows(report: dict) -> list:
+    """What ran: duration, early end, restarts, model, start-up times."""
     rows = [
         ("duration", f"{report['seconds']:.1f} s, camera {report['camera_hz']:g} Hz, deadline {report['deadline_ms']:g} ms"),
     ]
@@ -197,12 +209,21 @@ def format_table(report: dict) -> str:
     restarted = {k: v for k, v in report.get("restarts", {}).items() if v}
     if restarted:
         rows.append(("node restarts", ", ".join(f"{k} {v}" for k, v in restarted.items())))
-    rows += [
+    return rows + [
         ("model", f"{report['model']} ({report['backend']}; reconciler {report.get('reconciler', 'active')})"),
         ("process start -> active", f"{report.get('start_to_active_s', 0.0):.1f} s (" + ", ".join(
             f"{k} {v:.1f} s" for k, v in report.get("lifecycle_transition_s", {}).items()) + " configure+activate)"),
+        ("reasoning configure steps", ", ".join(f"{k} {v:.2f} s" for k, v in
+                                                report.get("reasoning_configure_steps_s", {}).items()) or "-"),
         ("camera start -> first action", f"{report['camera_to_first_action_s']:.2f} s (DDS discovery; before the "
                                          f"measured window)"),
+    ]
+
+
+def _outcome_rows(report: dict) -> list:
+    """What the cycles answered, and how fast."""
+    lat = report["latency_ms"]
+    rows = [
         ("cycles", f"{report['cycles']} received of {report['expected_cycles']} (cycle-id gaps: "
                    f"{report['cycle_id_gaps']})"),
         ("actions", f"{report['actions']}"),
@@ -214,40 +235,41 @@ def format_table(report: dict) -> str:
                                             f"running when they passed: {by_part or 'not reported'})"
                                             if reason == DEADLINE_MISSED and skipped else ""))
              for reason, count in report["fallback_reasons"].items()]
-    rows += [
+    return rows + [
         ("lost (never published)", f"{report['lost_cycles']} ({report['lost_after_last_output']} after the last output)"),
         ("deadline-miss rate", f"{report['deadline_miss_rate']:.4f} (lost cycles count as missed; among admitted "
                                f"cycles {report['admitted_miss_rate']:.4f})"),
         ("refusal rate", f"{report['refusal_rate']:.4f}"),
         ("cycle latency p50/p95/p99", "/".join(_ms(lat[k]) for k in ("p50", "p95", "p99")) + f" ms (max {_ms(lat['max'])})"),
+    ]
+
+
+def _state_rows(report: dict) -> list:
+    """Frames, the KV state and its swaps, admission, the collector and memory."""
+    frames, mem, swaps = report["frames"], report["peak_memory"], report["swaps"]
+    dropped = frames["dropped_by_double_buffer"]
+    return [
         ("camera frames published", f"{frames['camera_published']} (slowest publish call after the first {report['max_publish_ms']:.2f} ms)"),
         ("frames dropped (double buffer)", f"{dropped['total']} (camera_ingest {dropped['camera_ingest']}, "
                                            f"reasoning {dropped['reasoning']})"),
         ("images rejected", str(frames["rejected_by_ingest"])),
         ("evictions", f"{report['evictions']} (frames retained {report['kv']['frames_retained']})"),
         ("exact forgetting", _exactness_line(report["exactness"])),
-        ("state swaps applied", f"{report['swaps']['applied']} (state version {report['swaps']['state_version']}; "
-                                f"{report['swaps']['late_frames']} late frames recomputed; rejected "
-                                f"{report['swaps']['rejected']}, load failures {report['swaps']['load_failures']})"),
+        ("state swaps applied", f"{swaps['applied']} (state version {swaps['state_version']}; "
+                                f"{swaps['late_frames']} late frames recomputed; rejected "
+                                f"{swaps['rejected']}, load failures {swaps['load_failures']})"),
         ("swap at the boundary p50/p99/max", "; ".join(
-            f"{label} " + "/".join(_ms(report["swaps"][f"{part}_{q}"]) for q in ("p50", "p99", "max")) + " ms"
+            f"{label} " + "/".join(_ms(swaps[f"{part}_{q}"]) for q in ("p50", "p99", "max")) + " ms"
             for label, part in (("whole", "apply_ms"), ("KV copy", "kv_copy_ms"), ("late recompute", "recompute_ms"),
                                 ("rest", "rest_ms")))),
         ("reconciler work", ", ".join(f"{k} {v}" for k, v in report["reconciler_work"].items() if v != "") or "-"),
         ("admission spikes not learned", str(report["admission_spikes_not_learned"])),
         ("admission estimate (last)", _estimate_line(report.get("admission_estimate", {}))),
         ("garbage collection (reasoning)", f"{report['gc']['full_collections']} full collections, longest pause "
-                                           f"{_ms(report['gc']['max_pause_ms'])} ms"),
+                                           f"{_ms(report['gc']['max_pause_ms'])} ms (while serving)"),
         ("peak memory", f"reasoning process VmHWM {_mib(mem['reasoning_process_vm_hwm_bytes'])}, "
                         f"model + KV arena {_mib(mem['engine_model_and_kv_bytes'])}"),
     ]
-    width = max(len(k) for k, _ in rows)
-    table = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-    if len(report.get("phases_ms", {})) > 1:
-        table += ("\nwhere the cycle's time went (reasoning node; wake..finish add up to the cycle latency; off_cpu: "
-              "of the admitted part, the cycle thread not running)\n")
-        table += format_phase_table(report["phases_ms"])
-    return table
 
 
 def _estimate_line(e: dict) -> str:
