@@ -2,6 +2,7 @@
 
     primary_engine(cfg)      the reasoning node's engine (control cycle + frame state):
                              backend model.backend
+    swap_kv_mapper(backend)  the reasoning side's opener of KV offered over CUDA IPC
     reconciler_state(cfg)    the reconciler's frame state (no cycle): backend asr.backend; on
                              a GPU its snapshots keep their KV on the device
                              (DeviceKvExporter), so a swap moves it by CUDA IPC, not a file;
@@ -51,6 +52,15 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
     except BaseException:
         backend.close()
         raise
+
+
+def swap_kv_mapper(backend):
+    """The reasoning side's opener of offered KV left on the reconciler's GPU (model/cuda_ipc.IpcKvMapper:
+    `open(descriptor)` -> an IpcKV, `close()`), for a backend on a GPU; None on the CPU (offers carry host KV)."""
+    if backend.device is None:
+        return None
+    from ..model.cuda_ipc import IpcKvMapper       # lazy: imports pycuda
+    return IpcKvMapper(backend.device)
 
 
 def reconciler_step_rows(cfg: VlaConfig) -> list[int]:

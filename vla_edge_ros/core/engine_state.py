@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..model.backend import kv_payload
 from ..model.errors import DeviceKVUnavailable
 from ..config import VlaConfig
 from .frames import Frame
@@ -291,9 +292,9 @@ class FrameState:
         spec, tpf = self.backend.spec, self.cfg.vision.tokens_per_frame
         snap.check_against(prefix_ids=self.prefix_ids, tokens_per_frame=tpf, num_layers=spec.num_layers,
                            kv_dim=spec.kv_dim, hidden_size=spec.hidden_size)
-        if _kv_on_device(snap):
+        if snap.kv is not None:
             try:
-                snap.kv.check_usable()      # KV left on a device: still the snapshot's
+                kv_payload(snap.kv).check_usable()      # KV left on a device: still the snapshot's
             except DeviceKVUnavailable as exc:
                 raise SnapshotError(f"snapshot v{snap.version}: {exc}") from exc
         need = len(snap.frames) * tpf + self.suffix_reserve
@@ -332,20 +333,17 @@ class FrameState:
         kv_copy_ms = 0.0
         if slots:
             t_copy = time.perf_counter()
-            if _kv_on_device(snap):                     # device to device into our arena (one kv_scatter)
-                try:
-                    snap.kv.write_into(self.backend, np.concatenate(slots))
-                except DeviceKVUnavailable as exc:
-                    # The reconciler rewrote the buffer under the copy: this KV is mixed. Forget the frames
-                    # (an exact, empty state) rather than attend to it; the next offer brings them back.
-                    log.error("swap v%d: %s; all frames forgotten, the state stays exact", snap.version, exc)
-                    self.kv.evict_all()
-                    self.frames.clear()
-                    self.next_position = self.prefix_tokens
-                    self.approximate_evictions = 0
-                    raise SnapshotError(f"snapshot v{snap.version}: {exc}") from exc
-            else:
-                self.backend.write_kv(np.concatenate(slots), snap.kv)
+            try:                                        # on a GPU device to device (one kv_scatter)
+                kv_payload(snap.kv).write_into(self.backend, np.concatenate(slots))
+            except DeviceKVUnavailable as exc:
+                # The reconciler rewrote the buffer under the copy: this KV is mixed. Forget the frames
+                # (an exact, empty state) rather than attend to it; the next offer brings them back.
+                log.error("swap v%d: %s; all frames forgotten, the state stays exact", snap.version, exc)
+                self.kv.evict_all()
+                self.frames.clear()
+                self.next_position = self.prefix_tokens
+                self.approximate_evictions = 0
+                raise SnapshotError(f"snapshot v{snap.version}: {exc}") from exc
             kv_copy_ms = (time.perf_counter() - t_copy) * 1e3
         self.next_position = snap.next_position
         self.approximate_evictions = 0
@@ -530,8 +528,3 @@ class FrameState:
         if written:
             ctx = ctx[~np.isin(ctx, np.concatenate(written))]
         return ctx.astype(np.int32)
-
-
-def _kv_on_device(snap: StateSnapshot) -> bool:
-    """The snapshot's KV stays on a GPU (model/cuda_state_transfer.DeviceKV, model/cuda_ipc.IpcKV), not host rows."""
-    return snap.kv is not None and not isinstance(snap.kv, np.ndarray)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..model.backend import kv_payload
+
 
 class SnapshotError(ValueError):
     """A snapshot does not fit the engine that is asked to apply it (names the mismatch)."""
@@ -83,7 +85,8 @@ class StateSnapshot:
                 "unseen": [[int(lo), int(hi)] for lo, hi in self.unseen], "round": int(self.round)}
         pooled = np.stack([f.pooled for f in self.frames]) if self.frames else np.zeros((0, 0), np.float32)
         # KV left on a device (a DeviceKV) travels by its IPC handle in the swap offer, not in the file.
-        host_kv = self.kv if isinstance(self.kv, np.ndarray) else np.zeros(0, np.float32)
+        payload = kv_payload(self.kv)
+        host_kv = payload.rows if payload is not None and not payload.on_device else np.zeros(0, np.float32)
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), "kv": host_kv, "pooled": pooled}
         if self.rows is not None:
             arrays["rows"] = self.rows
@@ -125,7 +128,7 @@ class StateSnapshot:
         if n and (self.kv is None or self.kv.shape != expected or self.kv.dtype != np.float32):
             got = None if self.kv is None else f"{self.kv.dtype} {self.kv.shape}"
             raise SnapshotError(f"snapshot v{self.version}: kv must be float32 {expected}, got {got}")
-        if n and not np.isfinite(self.kv).all():
+        if n and not kv_payload(self.kv).all_finite():
             raise SnapshotError(f"snapshot v{self.version}: kv contains NaN or Inf")
         if self.rows is not None and self.rows.shape != (n, tokens_per_frame, hidden_size):
             raise SnapshotError(f"snapshot v{self.version}: rows must be {(n, tokens_per_frame, hidden_size)}, "

@@ -64,8 +64,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
+from ..model.backend import kv_payload
 from ..model.cuda_device import bound
 from .engine_state import DEFER_NO_SLACK, DEFER_STALE, SwapDeferred, SwapReport
 from .frames import Frame
@@ -128,8 +128,8 @@ class SnapshotStore:
 
     def publish(self, snap: StateSnapshot) -> SwapOffer:
         """Write the snapshot file; KV left on a GPU goes in the offer as its CUDA IPC descriptor instead."""
-        on_device = snap.kv is not None and not isinstance(snap.kv, np.ndarray)     # a DeviceKV (model/)
-        descriptor = snap.kv.ipc_descriptor() if on_device else None
+        payload = kv_payload(snap.kv)
+        descriptor = snap.kv.ipc_descriptor() if payload is not None and payload.on_device else None
         path = snap.save(self.directory / self.file_name(snap.version))
         return SwapOffer(version=snap.version, path=str(path), frames=len(snap.frames),
                          newest_frame_id=snap.newest_frame_id, kv=descriptor, round=snap.round)

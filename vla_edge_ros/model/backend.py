@@ -96,3 +96,47 @@ class Backend(Protocol):
 
     def close(self) -> int:
         """Free the backend's memory now (device memory for GPU backends); returns the bytes freed."""
+
+
+class KvPayload(Protocol):
+    """A snapshot's KV rows [2, layers, rows, kv_dim], wherever they are: `HostKV` (a host array: the numpy
+    reconciler, a snapshot file), `cuda_state_transfer.DeviceKV` (left on the reconciler's device in the same
+    process) or `cuda_ipc.IpcKV` (mapped from the reconciler's process). The swap uses only these."""
+
+    shape: tuple
+    on_device: bool             # the rows are not in host memory: the offer carries an IPC descriptor for them
+
+    def all_finite(self) -> bool:
+        """No NaN or Inf among the rows (on a device: from the sum taken at export)."""
+
+    def check_usable(self) -> None:
+        """model.errors.DeviceKVUnavailable when the rows are no longer this snapshot's (a reused buffer)."""
+
+    def write_into(self, backend, slots: np.ndarray) -> None:
+        """The rows into `slots` of `backend`'s arena (device to device where both are on a GPU)."""
+
+
+class HostKV:
+    """KvPayload of rows in host memory."""
+
+    on_device = False
+
+    def __init__(self, rows: np.ndarray):
+        self.rows = rows
+        self.shape = rows.shape
+
+    def all_finite(self) -> bool:
+        return bool(np.isfinite(self.rows).all())
+
+    def check_usable(self) -> None:
+        """Host rows are the snapshot's own: always usable."""
+
+    def write_into(self, backend, slots: np.ndarray) -> None:
+        backend.write_kv(np.asarray(slots), self.rows)
+
+
+def kv_payload(kv) -> KvPayload | None:
+    """A snapshot's `kv` as a KvPayload: a host array wrapped in HostKV, a device payload as it is, None as None."""
+    if kv is None:
+        return None
+    return HostKV(kv) if isinstance(kv, np.ndarray) else kv

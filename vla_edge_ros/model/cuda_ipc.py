@@ -92,6 +92,7 @@ class IpcKV:
     """`StateSnapshot.kv` of an offer from another process (see the module docstring)."""
 
     dtype = np.dtype(np.float32)
+    on_device = True                       # model/backend.KvPayload
 
     def __init__(self, descriptor: dict, mapper: IpcKvMapper):
         missing = [k for k in DESCRIPTOR_KEYS if k not in descriptor]
@@ -109,6 +110,10 @@ class IpcKV:
         if ufunc is np.isfinite and method == "__call__":
             return np.bool_(self.finite)
         raise TypeError(f"IpcKV stays on the device: numpy {ufunc.__name__} is not available")
+
+    def all_finite(self) -> bool:
+        """From the reconciler's sum taken at export, carried in the descriptor (model/backend.KvPayload)."""
+        return self.finite
 
     def prepare(self) -> None:
         """Map the buffer now (the loader thread), so the cycle boundary only copies."""

@@ -141,6 +141,7 @@ class DeviceKV:
     """
 
     dtype = np.dtype(np.float32)
+    on_device = True                       # model/backend.KvPayload
 
     def __init__(self, exporter: DeviceKvExporter, index: int, generation: int, shape: tuple, finite: bool):
         self.exporter, self.index, self.generation = exporter, index, generation
@@ -152,6 +153,10 @@ class DeviceKV:
         if ufunc is np.isfinite and method == "__call__":
             return np.bool_(self.finite)
         raise TypeError(f"DeviceKV stays on the device: numpy {ufunc.__name__} is not available (use to_host())")
+
+    def all_finite(self) -> bool:
+        """From the sum taken at export (model/backend.KvPayload)."""
+        return self.finite
 
     def check_usable(self) -> None:
         """Raise DeviceKVUnavailable when a newer export has reused this snapshot's device buffer."""

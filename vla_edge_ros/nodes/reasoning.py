@@ -55,7 +55,7 @@ from ..core.cycle_clock import CycleClockWriter, clock_path
 from ..core.cycle_result import DEADLINE_MISSED
 from ..core.double_buffer import LatestFrameBuffer
 from ..core.engine import EngineConfigError
-from ..core.engine_factory import describe_choice, primary_engine
+from ..core.engine_factory import describe_choice, primary_engine, swap_kv_mapper
 from ..core.frame_ids import FrameIdEpochs
 from ..core.health import HealthLog, ReasoningHealth
 from ..model.cuda_device import bound
@@ -400,9 +400,7 @@ class Reasoning(LifecycleNode):
     def _open_interfaces(self, cfg) -> None:
         """Topics, the swap client and its protocol state, for a configured engine."""
         poll_s = cfg.memory.sample_period_ms / 1000.0
-        if self.engine.backend.device is not None:
-            from ..model.cuda_ipc import IpcKvMapper
-            self._ipc_mapper = IpcKvMapper(self.engine.backend.device)
+        self._ipc_mapper = swap_kv_mapper(self.engine.backend)
         self.swap = swap.SwapClient(poll_s, SWAP_TIMEOUT_POLLS * poll_s,
                                     open_device_kv=self._ipc_mapper.open if self._ipc_mapper is not None else None)
         latched = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
