@@ -282,3 +282,22 @@ def test_warm_up_measures_a_frame_recompute_and_a_swap_measures_it_again(tiny_mo
     eng.state.note_recompute(seeded * 11, 1)
     alpha = eng.cfg.admission.ema_alpha
     assert eng.state.recompute_ms_per_frame == pytest.approx(alpha * seeded * 11 + (1 - alpha) * seeded)
+
+
+def test_a_cycle_that_will_be_late_gives_up_between_decode_steps_and_keeps_its_frame(tiny_model_dir, clip):
+    # A 3 ms deadline the tiny model's prefill alone outruns, with an estimate that admits the cycle anyway.
+    eng = make_engine(tiny_model_dir, **{"cycle.deadline_ms": 3.0, "cycle.safety_margin_ms": 0.1,
+                                         "cycle.stale_frame_ms": 1e9})
+    adm = eng.admission
+    adm.has_sample, adm.ema_prefill_ms_per_token, adm.ema_decode_ms_per_token, adm.ema_other_ms = True, 1e-4, 1e-4, 0.0
+    r = eng.run_cycle(frame(clip[0], 0), now_s=0.0)
+    steps = eng.cfg.action.num_tokens - 1
+    assert r.reason == R.DEADLINE_MISSED and "given up after" in r.detail, r.detail
+    assert f"of {steps + 1} action tokens" in r.detail and r.action is None
+    assert r.new_frame and 0 in eng.state.frames                       # the prefill's KV is kept: it is exact
+    assert eng.state.computed_tokens["decode"] < steps
+    # Deterministic replay acts on every cycle, late or not: nothing is given up there.
+    det = make_engine(tiny_model_dir, **{"cycle.deadline_ms": 3.0, "cycle.safety_margin_ms": 0.1,
+                                         "cycle.stale_frame_ms": 1e9, "cycle.deterministic": True})
+    r = det.run_cycle(frame(clip[0], 0), now_s=0.0)
+    assert r.is_action and len(r.tokens) == steps + 1 and r.overran

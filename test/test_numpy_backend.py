@@ -307,3 +307,26 @@ def test_cycle_refuses_decode_slots_that_clash_with_the_prefill(models):
                                  np.array([3, 4]), 768, 3, 256)
     with pytest.raises(ValueError, match="2 decode steps need as many"):
         backend.run_cycle_tokens(x, np.arange(3), np.arange(3), EMPTY, np.array([20]), np.array([3]), 768, 3, 256)
+
+
+def test_a_cycle_asked_to_give_up_stops_before_the_next_decode_step_with_the_tokens_so_far(models):
+    """give_up (Backend.run_cycle_tokens) is asked before every decode step with (steps done, steps left, decode
+    ms so far); True stops there. The tokens returned are the full cycle's first ones, for both host loops."""
+    from vla_edge_ros.model.host_cycle import run_cycle_on_host
+    spec, weights, _, _, _ = models["tiny"]
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((20, spec.hidden_size)).astype(np.float32)
+    lo = spec.vocab_size - 256
+    args = (x, np.arange(20), np.arange(20), EMPTY, np.arange(20, 27), np.arange(20, 27), lo, 8, 256)
+    full = NumpyBackend(spec, weights, capacity=64).run_cycle_tokens(*args)
+    asked = []
+
+    def give_up(done, left, decode_ms):
+        asked.append((done, left))
+        assert decode_ms >= 0.0
+        return done == 3
+    partial = NumpyBackend(spec, weights, capacity=64).run_cycle_tokens(*args, give_up=give_up)
+    assert asked == [(0, 7), (1, 6), (2, 5), (3, 4)]
+    np.testing.assert_array_equal(partial, full[:4])
+    on_host = run_cycle_on_host(NumpyBackend(spec, weights, capacity=64), *args, give_up=lambda done, left, ms: True)
+    np.testing.assert_array_equal(on_host.tokens, full[:1])          # after the prefill: its token only

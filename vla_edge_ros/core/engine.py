@@ -242,27 +242,59 @@ class Engine:
         decode_slots = suffix_slots[s:s + decode_steps]
         decode_positions = np.arange(st.next_position + s, st.next_position + s + decode_steps, dtype=np.int64)
         clock.lap("slots")
-        tokens, result.prefill_ms, result.decode_ms = self._prefill_decode(prefill, decode_slots, decode_positions)
+        # A probe, and the first cycle (which seeds the estimate), run to their end: they are there to measure.
+        measuring = decision.probe or not self.admission.has_sample
+        give_up = None if (cyc.deterministic or self._force_admit or measuring) else self._late_cycle_check(t0)
+        tokens, result.prefill_ms, result.decode_ms = self._prefill_decode(prefill, decode_slots, decode_positions,
+                                                                           give_up)
         clock.lap_split("prefill", result.prefill_ms, "decode")    # the lap since "slots", prefill's share first
+        steps_done = len(tokens) - 1
         st.computed_tokens["frames"] += tpf if new else 0
         st.computed_tokens["suffix"] += s
-        st.computed_tokens["decode"] += decode_steps
+        st.computed_tokens["decode"] += steps_done
         result.prefill_tokens = prefill_tokens
         other_ms = clock.ms.get("vision", 0.0) + clock.ms["slots"]      # the cycle's fixed cost besides the model
-        self.admission.observe(result.prefill_ms, prefill_tokens, result.decode_ms, max(decode_steps, 1), other_ms)
         result.tokens = np.asarray(tokens, dtype=np.int64)
-        result.action = self.codec.to_values(result.tokens)
         st.mark_written()                               # finite logits all the way: the frame's KV is good
+        if steps_done < decode_steps:
+            # Given up between decode steps: never acted on, but learned from as the whole cycle it would have
+            # been (the steps not run at this cycle's own rate, or the estimate's before the first), so that a
+            # slow spell raises the estimate and admission starts refusing, as it would after late cycles.
+            per_step = result.decode_ms / steps_done if steps_done else self.admission.ema_decode_ms_per_token
+            whole_decode_ms = result.decode_ms + (decode_steps - steps_done) * per_step
+            self.admission.observe(result.prefill_ms, prefill_tokens, whole_decode_ms, decode_steps, other_ms)
+            return self._fail(result, R.DEADLINE_MISSED,
+                              f"given up after {steps_done + 1} of {decode_steps + 1} action tokens at "
+                              f"{(time.perf_counter() - t0) * 1e3:.1f} ms: it would have finished after the "
+                              f"{cyc.deadline_ms:g} ms deadline (the next boundary stays free)")
+        self.admission.observe(result.prefill_ms, prefill_tokens, result.decode_ms, max(decode_steps, 1), other_ms)
+        result.action = self.codec.to_values(result.tokens)
 
-    def _prefill_decode(self, prefill, decode_slots, decode_positions) -> tuple:
+    def _late_cycle_check(self, t0: float):
+        """The question a host-loop backend asks before each decode step (Backend.run_cycle_tokens give_up):
+        would the steps left, at this cycle's own rate so far (before the first step: the admission's
+        per-token estimate), end after the cycle's deadline? A cycle that will be late anyway stops at once
+        instead of running on past the next boundary, which it would take from the cycle after it (on the
+        2-vCPU machine half the skipped boundaries of a 10-minute soak were such late cycles)."""
+        deadline_at = t0 + self.cfg.cycle.deadline_ms / 1000.0
+        estimate_ms = self.admission.ema_decode_ms_per_token
+
+        def give_up(steps_done: int, steps_left: int, decode_ms: float) -> bool:
+            per_step_ms = decode_ms / steps_done if steps_done else estimate_ms
+            return time.perf_counter() + steps_left * per_step_ms / 1000.0 > deadline_at
+        return give_up
+
+    def _prefill_decode(self, prefill, decode_slots, decode_positions, give_up=None) -> tuple:
         """The backend's cycle (CUDA: prefill, restricted argmax and decode steps feeding tokens back on the
-        device, one host sync; numpy: a loop of forward calls). -> (tokens, prefill ms, decode ms)"""
+        device, one host sync; numpy: a loop of forward calls, which `give_up` may stop early).
+        -> (tokens, prefill ms, decode ms)"""
         x, positions, write_slots, context = prefill
         self._last_prefill_logits = None                  # fetched from the backend only when asked for
         self._prefill_logits_ready = False
         t0 = time.perf_counter()
         tokens = self.backend.run_cycle_tokens(x, positions, write_slots, context, decode_slots, decode_positions,
-                                               self.codec.first_bin_id, int(decode_slots.size) + 1, self.codec.num_bins)
+                                               self.codec.first_bin_id, int(decode_slots.size) + 1, self.codec.num_bins,
+                                               give_up=give_up)
         total_ms = (time.perf_counter() - t0) * 1000.0
         self._prefill_logits_ready = True
         # The backend splits its own time (device events on the GPU); host overhead (uploads, launches,

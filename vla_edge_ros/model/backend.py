@@ -61,11 +61,14 @@ class Backend(Protocol):
 
     def run_cycle_tokens(self, prefill_x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
                          context_slots: np.ndarray, decode_slots: np.ndarray, decode_positions: np.ndarray,
-                         action_bin_lo: int, n_tokens: int, n_bins: int) -> np.ndarray:
+                         action_bin_lo: int, n_tokens: int, n_bins: int, give_up=None) -> np.ndarray:
         """One control cycle: prefill rows -> token 0 (argmax over the action bins of the last row's logits)
         -> n_tokens - 1 decode steps, step j feeding token j at decode_positions[j] into decode_slots[j].
         Returns [n_tokens] int64 token ids; NonFiniteLogitsError (model/errors.py) on NaN/Inf logits.
-        Sets last_cycle_ms. The CUDA backend keeps it all on the device (one host sync)."""
+        Sets last_cycle_ms. The CUDA backend keeps it all on the device (one host sync).
+        give_up(steps_done, steps_left, decode_ms_so_far) -> bool, where given, is asked by a host-loop backend
+        before each decode step: True stops the cycle there and returns the tokens chosen so far (fewer than
+        n_tokens). The CUDA backend's cycle is one device graph and runs to its end."""
 
     def prefill_logits(self) -> np.ndarray:
         """[vocab] float32 logits of the last prefill row of the latest run_cycle_tokens (RuntimeError before one)."""

@@ -303,10 +303,11 @@ class CudaBackend:
     @_on_device
     def run_cycle_tokens(self, prefill_x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
                          context_slots: np.ndarray, decode_slots: np.ndarray, decode_positions: np.ndarray,
-                         action_bin_lo: int, n_tokens: int, n_bins: int | None = None) -> np.ndarray:
+                         action_bin_lo: int, n_tokens: int, n_bins: int | None = None, give_up=None) -> np.ndarray:
         """One cycle on the device: prefill rows -> token 0 (argmax over the action bins of the last row's
         logits) -> n_tokens-1 decode steps, step j feeding token j at decode_positions[j] into
-        decode_slots[j]. Returns the n_tokens chosen token ids [n_tokens] int64."""
+        decode_slots[j]. Returns the n_tokens chosen token ids [n_tokens] int64. `give_up` is not asked: the
+        cycle is one device graph and runs to its end (model/backend.py)."""
         self.begin_cycle(prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions, n_tokens)
         bins = self._bins(action_bin_lo, n_bins)
         start, after_prefill, end = self._cycle_events

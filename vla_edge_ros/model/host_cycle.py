@@ -36,15 +36,19 @@ def restricted_argmax(logits: np.ndarray, bin_lo: int, n_bins: int) -> int:
 
 
 def run_cycle_on_host(backend, prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions,
-                      bin_lo: int, n_tokens: int, n_bins: int) -> HostCycle:
-    """The cycle as a loop of backend.forward calls (see the module docstring)."""
+                      bin_lo: int, n_tokens: int, n_bins: int, give_up=None) -> HostCycle:
+    """The cycle as a loop of backend.forward calls (see the module docstring); `give_up` as in
+    Backend.run_cycle_tokens."""
     t_prefill = time.perf_counter()
     out = backend.forward(prefill_x, positions, write_slots, context_slots, logits="last")
     prefill_logits = out.logits[-1]                                          # [vocab]
     tokens = [restricted_argmax(prefill_logits, bin_lo, n_bins)]
     t_decode = time.perf_counter()
     ctx = np.concatenate([context_slots, write_slots]).astype(np.int32)
-    for slot, pos in zip(decode_slots[:n_tokens - 1], decode_positions[:n_tokens - 1]):
+    steps = len(decode_slots[:n_tokens - 1])
+    for j, (slot, pos) in enumerate(zip(decode_slots[:n_tokens - 1], decode_positions[:n_tokens - 1])):
+        if give_up is not None and give_up(j, steps - j, (time.perf_counter() - t_decode) * 1e3):
+            break
         slot = np.asarray([slot], dtype=np.int32)
         out = backend.forward(backend.embed(np.asarray(tokens[-1:], dtype=np.int64)),
                               np.asarray([pos], dtype=np.int64), slot, ctx, logits="last")
@@ -63,10 +67,10 @@ class HostLoopCycles:
     _host_prefill_logits: np.ndarray | None = None
 
     def run_cycle_tokens(self, prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions,
-                         action_bin_lo: int, n_tokens: int, n_bins: int) -> np.ndarray:
+                         action_bin_lo: int, n_tokens: int, n_bins: int, give_up=None) -> np.ndarray:
         self._host_prefill_logits = None
         cycle = run_cycle_on_host(self, prefill_x, positions, write_slots, context_slots, decode_slots,
-                                  decode_positions, action_bin_lo, n_tokens, n_bins)
+                                  decode_positions, action_bin_lo, n_tokens, n_bins, give_up)
         self._host_prefill_logits = cycle.prefill_logits
         self.last_cycle_ms = (cycle.prefill_ms, cycle.decode_ms)
         return cycle.tokens

@@ -91,7 +91,7 @@ class NumpyBackend(HostLoopCycles):
         return self._forward_rows(x, positions, write_slots, window, logits, return_hidden)
 
     def run_cycle_tokens(self, prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions,
-                         action_bin_lo: int, n_tokens: int, n_bins: int) -> np.ndarray:
+                         action_bin_lo: int, n_tokens: int, n_bins: int, give_up=None) -> np.ndarray:
         """The cycle of model/backend.py with the context's K/V gathered once per layer for the whole cycle.
 
         The same arithmetic as the loop of `forward` calls in host_cycle.py (which stays the reference,
@@ -118,6 +118,8 @@ class NumpyBackend(HostLoopCycles):
         tokens = [restricted_argmax(prefill_logits, action_bin_lo, n_bins)]               # [vocab] -> id
         t_decode = time.perf_counter()
         for j in range(steps):
+            if give_up is not None and give_up(j, steps - j, (time.perf_counter() - t_decode) * 1e3):
+                break                                    # the cycle will be late: stop here (Backend protocol)
             x = self._embed[tokens[-1:]]                                                    # [1, hidden]
             out = self._forward_rows(x, decode_positions[j:j + 1], decode_slots[j:j + 1], window, "last", False)
             tokens.append(restricted_argmax(out.logits[-1], action_bin_lo, n_bins))
