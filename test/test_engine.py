@@ -271,6 +271,13 @@ def test_a_swap_recompute_is_planned_on_the_slow_end_of_recent_cycles(tiny_model
     # A lone frame's measured recompute, dearer than the cycle's per-token rate says, is what is planned on.
     eng.state.note_recompute(3 * 12.0, 3)
     assert eng.swap_recompute_budget_frames(30.0) == int((30.0 - margin) // (12.0 * adm.tail_factor * headroom))
+    # With enough recomputes measured, their own slow end: 1 in 8 took 3x the rest.
+    assert eng.state.recompute_ms_per_frame_tail is None
+    for i in range(40):
+        eng.state.note_recompute(12.0 * (3 if i % 8 == 0 else 1), 1)
+    tail = eng.state.recompute_ms_per_frame_tail
+    assert tail == pytest.approx(36.0)
+    assert eng.swap_recompute_budget_frames(100.0) == int((100.0 - margin) // (tail * headroom))
 
 
 def test_warm_up_measures_a_frame_recompute_and_a_swap_measures_it_again(tiny_model_dir, clip):

@@ -333,12 +333,15 @@ class Engine:
         (FrameState.recompute_ms_per_frame: a lone frame's forward costs more per token than a cycle's longer
         prefill), and the tail factor plans the swap on the slow end of recent cycles, as a cycle is. On a CPU
         demo the cycle's rate priced a 16-row frame at ~2.6 ms, its recomputes took 5.8 ms (p50) to 10 ms, and
-        every skipped boundary was a swap that overran. On top, kv.recompute_headroom, as a re-base plans. None
-        (no bound) with nothing measured yet, or in deterministic mode."""
+        every skipped boundary was a swap that overran. Once enough recomputes were measured, their own tail
+        (FrameState.recompute_ms_per_frame_tail) where it is the larger: in a 10-minute soak planned without
+        it, 18 swaps still overran. On top, kv.recompute_headroom, as a re-base plans. None (no bound) with
+        nothing measured yet, or in deterministic mode."""
         per_frame = self._frame_recompute_ms()
         if per_frame is None:
             return None
-        per_frame *= self.admission.tail_factor * self.cfg.kv.recompute_headroom
+        per_frame = max(per_frame * self.admission.tail_factor, self.state.recompute_ms_per_frame_tail or 0.0)
+        per_frame *= self.cfg.kv.recompute_headroom
         return max(0, int((slack_ms - self.cfg.cycle.safety_margin_ms) // per_frame))
 
     def _rebase_budget_frames(self) -> int | None:
