@@ -52,6 +52,8 @@ def test_every_key_has_a_description():
     ({"asr.evict_fraction": 1.0}, "asr.evict_fraction"),
     ({"asr.backend": "gpu"}, "asr.backend"),
     ({"vision.grid_cols": 0}, "vision.grid_cols"),
+    ({"cycle.executor": "multi_threaded"}, "cycle.executor"),
+    ({"kv.recompute_headroom": 0.5}, "kv.recompute_headroom"),
 ])
 def test_impossible_values_name_the_key(override, fragment):
     with pytest.raises(C.ConfigError, match=fragment.replace(".", r"\.")):

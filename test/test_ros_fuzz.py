@@ -220,7 +220,14 @@ def test_camera_ingest_answers_every_parameter_update_and_keeps_serving(ingest):
     for name, value in zip(names, values):
         got, want = _python_value(value), current[name]
         assert got == want or (isinstance(want, float) and math.isnan(want) and math.isnan(got)), (name, got, want)
-    _good_frame(ingest, "raw")             # changes apply at the next start: frames go on as before
+    # The live key may have been fuzzed below the good frame's size (it is then rightly rejected): set it back,
+    # then frames must go on as before (every other change applies only at the next start).
+    reset = Parameter(name="camera.max_pixels", value=ParameterValue(type=ParameterType.PARAMETER_INTEGER,
+                                                                     integer_value=F.MAX_PIXELS))
+    results = H.call_service(harness, SetParameters, "/camera_ingest/set_parameters",
+                             SetParameters.Request(parameters=[reset])).results
+    assert results[0].successful, results[0].reason
+    _good_frame(ingest, "raw")
     out = ingest["frames"].messages()[-1].image
     assert (out.width, out.height) == (C.VlaConfig().vision.image_width, C.VlaConfig().vision.image_height)
     assert np.frombuffer(out.data, np.uint8).size == out.width * out.height * 3

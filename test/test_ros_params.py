@@ -142,6 +142,9 @@ def test_reasoning_applies_live_keys_and_refuses_the_rest_while_configured(tmp_p
         H.lifecycle_transition(harness, "reasoning", Transition.TRANSITION_CLEANUP)
         accepted = set_params(kv__capacity_tokens=2048)[0]
         assert accepted.successful, accepted.reason
+        # Even unconfigured: the executor was chosen when the process started, no configure would apply it.
+        executor = set_params(cycle__executor="single_threaded")[0]
+        assert not executor.successful and "read once when the node process starts" in executor.reason
         assert procs.dead() == {}, H.node_log(tmp_path, "reasoning")
     finally:
         camera.stop()

@@ -273,8 +273,10 @@ class ReconcilerWorker:
     def _publish(self, snap: StateSnapshot) -> None:
         offer = self.store.publish(snap)
         with self._handout_lock:
-            self.offer = offer
+            # Older files go before the offer is visible: whoever sees the new offer finds only its file (and
+            # the handed-out one's) on disk.
             self.store.keep_only({offer.version} | ({self._handed_out.version} if self._handed_out else set()))
+            self.offer = offer
         log.debug("offering state v%d (round %d, %d frames) at %s", snap.version, snap.round, len(snap.frames),
                   offer.path)
 

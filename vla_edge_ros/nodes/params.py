@@ -14,7 +14,9 @@ boundary); while `fixed()` says the node's resources were built from the
 configuration (a lifecycle node that is configured, or any plain node once
 started), a change to any other key is refused, naming the keys and what to
 do instead. A lifecycle node accepts every valid change while unconfigured:
-the next configure builds from it.
+the next configure builds from it, except PROCESS_KEYS, read once when the
+process starts (the executor every callback runs on): a change to one of those
+is always refused, since no transition would apply it.
 
 Refused at start as well: parameter overrides (from `--params-file` or `-p`)
 naming a key no section of `VlaConfig` has, e.g. a typo `cycle.deadline_s`.
@@ -34,6 +36,8 @@ from rclpy.exceptions import InvalidParameterValueException
 from .. import config as C
 
 log = logging.getLogger(__name__)
+
+PROCESS_KEYS = frozenset({"cycle.executor"})    # read once at process start (nodes/node_main.py make_executor)
 
 _ROS_TYPE_NAMES = {
     ParameterType.PARAMETER_BOOL: "bool",
@@ -144,6 +148,11 @@ class NodeParameters:
         except C.ConfigError as exc:
             return SetParametersResult(successful=False, reason=str(exc))
         old, new = self.config.flat(), new.flat()
+        process = sorted(k for k in changed if k in PROCESS_KEYS and new[k] != old[k])
+        if process:
+            return SetParametersResult(successful=False, reason=(
+                f"{self._node.get_name()}: {process} is read once when the node process starts; restart the "
+                f"process with the new value"))
         fixed = sorted(k for k in changed if k not in self.live_keys and new[k] != old[k])   # same value: no change
         if fixed and self._fixed():
             live = f"; live: {sorted(self.live_keys)}" if self.live_keys else ""
