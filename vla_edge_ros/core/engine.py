@@ -256,18 +256,20 @@ class Engine:
         other_ms = clock.ms.get("vision", 0.0) + clock.ms["slots"]      # the cycle's fixed cost besides the model
         result.tokens = np.asarray(tokens, dtype=np.int64)
         st.mark_written()                               # finite logits all the way: the frame's KV is good
-        if steps_done < decode_steps:
-            # Given up between decode steps: never acted on, but learned from as the whole cycle it would have
-            # been (the steps not run at this cycle's own rate, or the estimate's before the first), so that a
-            # slow spell raises the estimate and admission starts refusing, as it would after late cycles.
+        given_up = steps_done < decode_steps
+        whole_decode_ms = result.decode_ms
+        if given_up:
+            # Given up between decode steps: learned from as the whole cycle it would have been (the steps not run
+            # at this cycle's own rate, or the estimate's before the first), so that a slow spell raises the
+            # estimate and admission starts refusing, as it would after late cycles.
             per_step = result.decode_ms / steps_done if steps_done else self.admission.ema_decode_ms_per_token
-            whole_decode_ms = result.decode_ms + (decode_steps - steps_done) * per_step
-            self.admission.observe(result.prefill_ms, prefill_tokens, whole_decode_ms, decode_steps, other_ms)
+            whole_decode_ms += (decode_steps - steps_done) * per_step
+        self.admission.observe(result.prefill_ms, prefill_tokens, whole_decode_ms, max(decode_steps, 1), other_ms)
+        if given_up:                                    # never acted on
             return self._fail(result, R.DEADLINE_MISSED,
                               f"given up after {steps_done + 1} of {decode_steps + 1} action tokens at "
                               f"{(time.perf_counter() - t0) * 1e3:.1f} ms: it would have finished after the "
                               f"{cyc.deadline_ms:g} ms deadline (the next boundary stays free)")
-        self.admission.observe(result.prefill_ms, prefill_tokens, result.decode_ms, max(decode_steps, 1), other_ms)
         result.action = self.codec.to_values(result.tokens)
 
     def _late_cycle_check(self, t0: float):
