@@ -7,7 +7,7 @@ import textwrap
 CHILD = textwrap.dedent("""
     import os, threading, time
     from pathlib import Path
-    from vla_edge_ros.core.cpu_priority import AUTOGROUP, AUTOGROUP_ENABLED, lower_process_priority
+    from vla_edge_ros.core.cpu_priority import autogroup_nice, lower_process_priority
     stop = threading.Event()
     early = threading.Thread(target=stop.wait)            # started before: must be reniced too
     early.start()
@@ -22,7 +22,8 @@ CHILD = textwrap.dedent("""
         except ProcessLookupError:                        # `late` may still be listed while it exits
             pass
     stop.set(); early.join()
-    autogroup = AUTOGROUP.read_text().split("nice")[1].strip() if AUTOGROUP_ENABLED.read_text().strip() == "1" else "off"
+    group = autogroup_nice()                              # None: autogroups off, or a container's file unreadable
+    autogroup = "off" if group is None else group
     print(len(nices), sorted(set(nices)), late_nice[0], autogroup)
 """)
 

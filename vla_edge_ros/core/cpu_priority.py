@@ -51,16 +51,21 @@ def lower_process_priority(niceness: int) -> int:
     return changed
 
 
-def _lower_autogroup(niceness: int) -> int:
-    """This session's autogroup nice value raised to `niceness` where autogroups are on; 1 if changed."""
+def autogroup_nice() -> int | None:
+    """This session's autogroup nice value; None where autogroups are off or the file reads otherwise than
+    "/autogroup-123 nice 0" (seen in containers, where it can be empty)."""
     try:
         if AUTOGROUP_ENABLED.read_text().strip() != "1":
-            return 0
-        text = AUTOGROUP.read_text()                        # "/autogroup-123 nice 0"
-        current = int(text.split("nice")[1])
+            return None
+        return int(AUTOGROUP.read_text().split("nice")[1])
     except (OSError, IndexError, ValueError):
-        return 0
-    if current >= niceness:
+        return None
+
+
+def _lower_autogroup(niceness: int) -> int:
+    """This session's autogroup nice value raised to `niceness` where autogroups are on; 1 if changed."""
+    current = autogroup_nice()
+    if current is None or current >= niceness:
         return 0
     try:
         AUTOGROUP.write_text(str(niceness))
@@ -74,12 +79,8 @@ def _lower_autogroup(niceness: int) -> int:
 def describe_priority() -> str:
     """'nice 10, autogroup nice 10' of this thread and session (for the logs)."""
     text = f"nice {os.getpriority(os.PRIO_PROCESS, 0)}"
-    try:
-        if AUTOGROUP_ENABLED.read_text().strip() == "1":
-            text += f", autogroup nice {int(AUTOGROUP.read_text().split('nice')[1])}"
-    except (OSError, IndexError, ValueError):
-        pass
-    return text
+    group = autogroup_nice()
+    return text if group is None else f"{text}, autogroup nice {group}"
 
 
 def make_thread_realtime(priority: int) -> str | None:
