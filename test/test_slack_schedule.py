@@ -15,6 +15,7 @@ import pytest
 
 from vla_edge_ros import config as C
 from vla_edge_ros.core.cycle_clock import CycleClockReader, CycleClockWriter, clock_path
+from vla_edge_ros.core.gap_ledger import GapLedger
 from vla_edge_ros.core.engine_factory import reconciler_state
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
@@ -200,6 +201,24 @@ def test_the_worker_steps_only_between_a_cycle_end_and_the_next_boundary(tiny_mo
     summary = worker.summary()
     assert summary["schedule"] == "slack" and summary["steps"] == len(steps)
     assert 0 < summary["step_host_ms_per_token_p50"] <= summary["step_ms_per_token_p50"], summary
+    # The gap ledger: every gap it counts is one the primary published; the gaps are the 25 ms of slack.
+    assert 1 <= summary["gaps_stepped"] <= summary["gaps_seen"] <= len(cycles), summary
+    assert 20 <= summary["gap_ms_p50"] <= 26 and 0 <= summary["gap_late_ms_p50"] < summary["gap_ms_p50"], summary
+    assert summary["gap_frames_mean"] > 0 and summary["drain_ms_max"] > 0, summary
+
+
+def test_the_gap_ledger_counts_cycle_ends_it_never_read_only_while_a_round_has_work():
+    ledger = GapLedger()
+    assert ledger.seen(2, 25.0, 24.0, busy=True)
+    assert not ledger.seen(2, 25.0, 10.0, busy=True)         # the same cycle end read again: not a new gap
+    assert ledger.seen(8, 25.0, 5.0, busy=True)              # cycle ends 4 and 6 were never read
+    assert ledger.seen(14, 25.0, 20.0, busy=False)           # 10 and 12 passed while there was nothing to do
+    ledger.used(25.0, 12.5, 3, fitted=True)
+    ledger.used(25.0, 0.0, 0, fitted=False)
+    s = ledger.summary()
+    assert (s["gaps_seen"], s["gaps_missed"], s["gaps_idle"], s["gaps_stepped"], s["gaps_nothing_fit"]) == \
+        (3, 2, 1, 1, 1), s
+    assert s["gap_late_ms_p50"] == 10.5 and s["gap_used_share_p50"] == 0.25 and s["gap_frames_mean"] == 1.5, s
 
 
 def test_a_step_that_does_not_fit_is_never_started_and_starvation_is_reported():

@@ -167,6 +167,7 @@ class StateReconciler:
         self.stats = ReconcilerStats()
         self._round: Round | None = None
         self._inbox: deque = deque()      # ("chunk", StateChunk | Frame) | ("applied", v, ids) | ("rejected", v, why)
+        self.drained_items = 0            # items the latest receive() handled
         self._offer_lock = threading.Lock()
         self._offer: StateSnapshot | None = None    # the newest offer, until taken
         self._live: tuple | None = None             # (version, frame ids) of the current round's newest offer
@@ -358,6 +359,7 @@ class StateReconciler:
         return shadow
 
     def _drain(self) -> None:
+        self.drained_items = len(self._inbox)     # the gap ledger times the drains that had work
         while self._inbox:
             kind, *rest = self._inbox.popleft()
             if kind == "chunk":

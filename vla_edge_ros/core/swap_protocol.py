@@ -69,6 +69,7 @@ from ..model.backend import kv_payload
 from ..model.cuda_device import bound
 from .engine_state import DEFER_NO_SLACK, DEFER_STALE, SwapDeferred, SwapReport
 from .frames import Frame
+from .gap_ledger import GapLedger
 from .metrics import percentile
 from .slack_scheduler import SlackScheduler
 from .stale_snapshots import remove_stale_snapshot_dirs, snapshot_dir_prefix
@@ -160,6 +161,7 @@ class ReconcilerWorker:
         asr = reconciler.cfg.asr
         self.scheduler = SlackScheduler(reconciler.tpf, max(asr.warmup_tokens_per_step, reconciler.tpf),
                                         asr.slack_margin_ms) if clock is not None else None
+        self.gaps = GapLedger() if clock is not None else None
         self._window_seq: int | None = None       # the primary's cycle end whose slack was used last
         self._starved_logged = -float("inf")
         self.offer: SwapOffer | None = None       # replaced whole: readers on other threads see old or new
@@ -235,7 +237,7 @@ class ReconcilerWorker:
 
     def summary(self) -> dict:
         offer = self.offer
-        sched = self.scheduler.summary() if self.scheduler is not None else {}
+        sched = {**self.scheduler.summary(), **self.gaps.summary()} if self.scheduler is not None else {}
         return {**self.reconciler.summary(), "offered_version": offer.version if offer else 0,
                 "offered_frames": offer.frames if offer else 0, "offers_handed_out": self.handouts,
                 "offers_withdrawn": self.withdrawn, "worker_error": repr(self.error) if self.error else "",
@@ -300,12 +302,17 @@ class ReconcilerWorker:
         rec = self.reconciler
         if self.scheduler is None:
             return rec.tick()
-        if not rec.receive():
-            return 0
+        t0 = time.perf_counter()
+        pending = rec.receive()
+        if rec.drained_items:
+            self.gaps.drained((time.perf_counter() - t0) * 1e3)
         window = self.clock.gap_window()
         if window is None:                        # no live primary cycles: nothing to protect
-            return rec.tick()
+            return rec.tick() if pending else 0
         seq, left_ns, gap_ns = window
+        self.gaps.seen(seq, gap_ns / 1e6, left_ns / 1e6, busy=rec.frames_to_compute > 0)
+        if not pending:
+            return 0
         if seq == self._window_seq:               # this gap is used up: wait for the next cycle to end
             time.sleep(WINDOW_POLL_S)
             return 0
@@ -317,19 +324,24 @@ class ReconcilerWorker:
             log.warning("the primary's slack (%.1f ms before its next cycle) fits no reconciler step (one frame "
                         "%.1f ms planned): no round can finish on asr.schedule slack; asr.schedule free gives exact "
                         "swaps at the cost of late cycles", left_ns / 1e6, self.scheduler.one_frame_ms() or 0.0)
-        total = 0
+        total, step_s, fitted = 0, 0.0, False
+        busy = rec.frames_to_compute > 0
         while rec.frames_to_compute:              # steps while the gap holds another one
             frames = self.scheduler.frames_for((end_ns - time.perf_counter_ns()) / 1e6)
             if frames == 0:
                 break
+            fitted = True
             t0 = time.perf_counter()
             tokens = rec.step(frames * rec.tpf)   # the inbox was drained above: only the step is timed
             queued = time.perf_counter()          # host work done, the device work queued (or done, on the CPU)
             rec.state.backend.synchronize()      # the step's device work is done: time it, leave the GPU idle
+            step_s += time.perf_counter() - t0
             self.scheduler.observe((time.perf_counter() - t0) * 1e3, tokens, host_ms=(queued - t0) * 1e3)
             total += tokens
             if not tokens:
                 break
+        if busy:
+            self.gaps.used(gap_ns / 1e6, step_s * 1e3, total // rec.tpf, fitted)
         if rec.offer_due and self.scheduler.offer_fits((end_ns - time.perf_counter_ns()) / 1e6):
             t0 = time.perf_counter()
             rec.make_offer()                      # the export: device work too (the exporter synchronizes)

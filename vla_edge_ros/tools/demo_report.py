@@ -40,6 +40,7 @@ EXACT_SHARE_WORKED = 0.95      # "exact forgetting: YES" needs at least this sha
 EXACT_SHARE_PARTLY = 0.5       # below it: "NO", the state was mostly approximate (swaps or not)
 ABORT_REASONS = ("no_longer_fits", "own_policy_evicted", "rejected_by_primary", "primary_restarted")
 SWAP_PARTS = ("apply_ms", "kv_copy_ms", "recompute_ms", "rest_ms")
+GAP_KEYS = ("gaps_", "gap_", "drain_ms_")      # the reconciler's gap ledger (core/gap_ledger.py), slack schedule
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
                                                             "starved", "warmup_step_ms_per_token",
                                                             "step_ms_per_token", "step_ms_per_token_p10",
                                                             "step_ms_per_token_p50", "step_ms_per_token_p90",
-                                                            "step_host_ms_per_token_p50", "offer_ms")},
+                                                            "step_host_ms_per_token_p50", "offer_ms")}
+        | {k: reconciler[k] for k in sorted(reconciler) if k.startswith(GAP_KEYS)},
     }
 
 
