@@ -132,3 +132,12 @@ def test_the_cuda_backend_defaults_are_the_configured_kernel_switches():
     from vla_edge_ros.model.cuda_backend import CudaBackend
     params = inspect.signature(CudaBackend.__init__).parameters
     assert {k: params[k].default for k in C.ModelConfig().kernel_options()} == C.ModelConfig().kernel_options()
+
+
+def test_set_on_the_command_line_passes_a_whole_number_for_a_float_key_as_a_float():
+    from vla_edge_ros.tools.bringup import parse_sets
+    got = parse_sets(["asr.swap_poll_ms=100", "kv.capacity_tokens=1024", "asr.mode=semantic", "cycle.deadline_ms=50.5"])
+    assert got == {"asr.swap_poll_ms": 100.0, "kv.capacity_tokens": 1024, "asr.mode": "semantic",
+                   "cycle.deadline_ms": 50.5}
+    assert type(got["asr.swap_poll_ms"]) is float and type(got["kv.capacity_tokens"]) is int
+    C.load(overrides=got)                 # and the config takes them

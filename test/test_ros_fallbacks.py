@@ -157,7 +157,7 @@ def test_reasoning_carries_on_when_the_reconciler_is_killed(model, harness, tmp_
         H.wait_until(lambda: len(tokens) > 30, H.GRAPH_START_TIMEOUT_S, "30 actions with the reconciler up")
         procs.kill("reconciler", signal.SIGKILL)
         t_kill = time.monotonic()
-        time.sleep(4.0)               # longer than the swap request timeout (20 x memory.sample_period_ms)
+        time.sleep(4.0)               # longer than the swap request timeout (health.reconciler_silence_s)
         t_end = time.monotonic()
         camera.stop()
         dead = procs.dead()

@@ -213,12 +213,13 @@ def test_the_gap_ledger_counts_cycle_ends_it_never_read_only_while_a_round_has_w
     assert not ledger.seen(2, 25.0, 10.0, busy=True)         # the same cycle end read again: not a new gap
     assert ledger.seen(8, 25.0, 5.0, busy=True)              # cycle ends 4 and 6 were never read
     assert ledger.seen(14, 25.0, 20.0, busy=False)           # 10 and 12 passed while there was nothing to do
-    ledger.used(25.0, 12.5, 3, fitted=True)
-    ledger.used(25.0, 0.0, 0, fitted=False)
+    ledger.used(25.0, 12.5, 3, fitted=True, backlog=8)
+    ledger.used(25.0, 0.0, 0, fitted=False, backlog=1)
     s = ledger.summary()
     assert (s["gaps_seen"], s["gaps_missed"], s["gaps_idle"], s["gaps_stepped"], s["gaps_nothing_fit"]) == \
         (3, 2, 1, 1, 1), s
     assert s["gap_late_ms_p50"] == 10.5 and s["gap_used_share_p50"] == 0.25 and s["gap_frames_mean"] == 1.5, s
+    assert s["gap_frames_backlogged_mean"] == 3, s                  # the gap that began with 8 frames to compute
 
 
 def test_a_step_that_does_not_fit_is_never_started_and_starvation_is_reported():

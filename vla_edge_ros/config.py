@@ -350,6 +350,13 @@ class ASRConfig:
                                 "(late) and any the reconciler never saw. An offer with more late frames is not "
                                 "applied but deferred (the reconciler keeps catching up and offers a fresher "
                                 "version); never-seen frames beyond it are forgotten, oldest first", default=2)
+    swap_poll_ms: float = _doc("how often the reasoning node asks the reconciler for a fresher state (a service call; "
+                               "none while one is loading or waiting for its boundary). Every ms of the wait is a late "
+                               "frame sooner: polled every 100 ms, offers waited 1.5 cycles on average before they "
+                               "were even asked for, and 28 of 83 in a 4-minute H200 soak arrived with more than "
+                               "max_late_chunks late frames and were deferred. Each request costs both processes CPU: on a 2-core "
+                               "machine every 10 ms took cycles from the primary (refusals), hence one per "
+                               "cycle by default and 10 ms in the GPU preset", default=33.0)
     export_buffers: int = _doc("reconciler on a GPU: device buffers its offers' KV is exported into (each the size of "
                                "the KV arena). At least 3: the newest offer, the one the primary may be copying "
                                "from (the latest answered), and one to export the next fresher offer into, so a "
@@ -387,6 +394,7 @@ class ASRConfig:
             raise ConfigError(f"asr.rebuild_fill must be in (0, 1], got {self.rebuild_fill}")
         _positive(self, "warmup_tokens_per_step", "asr")
         _non_negative(self, "max_late_chunks", "asr")
+        _positive(self, "swap_poll_ms", "asr")
         if self.export_buffers < MIN_EXPORT_BUFFERS:
             raise ConfigError(f"asr.export_buffers must be >= {MIN_EXPORT_BUFFERS} (the newest offer, the one being "
                               f"copied, and one to export into), got {self.export_buffers}")

@@ -14,7 +14,9 @@ alone could not say why. This ledger keeps, per gap of the primary:
     late_ms      how far into the gap the worker was when it first read it (the gap's start is the
                  primary's cycle end): time the step cannot use
     used_share   the gap's share spent in steps
-    frames       frames computed in it
+    frames       frames computed in it; also over the gaps that began with a backlog (>= BACKLOG_FRAMES to
+                 compute), where only the gap's length limits the step: a small figure there is the schedule's,
+                 a small figure overall may just be a round that has caught up
 
 and the inbox drains (receive(): every mirrored frame's vision encoding on the host), which run on the same
 thread and so delay the next read of a window. Summaries are over the latest LEDGER_GAPS gaps.
@@ -26,6 +28,7 @@ from collections import Counter, deque
 from .metrics import percentile
 
 LEDGER_GAPS = 1024        # latest gaps (and drains) whose figures are summarised
+BACKLOG_FRAMES = 4        # a gap starting with at least this many frames to compute: limited by its length alone
 SEQ_PER_CYCLE = 2         # cycle_clock's seqlock: one cycle end advances the sequence number by 2
 
 
@@ -37,6 +40,7 @@ class GapLedger:
         self._gap: deque = deque(maxlen=LEDGER_GAPS)       # the whole gap (ms)
         self._used: deque = deque(maxlen=LEDGER_GAPS)      # share of the gap in steps (gaps with round work)
         self._frames: deque = deque(maxlen=LEDGER_GAPS)    # frames computed (gaps with round work)
+        self._backlogged: deque = deque(maxlen=LEDGER_GAPS)  # frames computed in gaps that began with a backlog
         self._drain: deque = deque(maxlen=LEDGER_GAPS)     # ms per inbox drain that handled at least one item
 
     def seen(self, seq: int, gap_ms: float, left_ms: float, busy: bool) -> bool:
@@ -55,11 +59,14 @@ class GapLedger:
         self._late.append(max(0.0, gap_ms - left_ms))
         return True
 
-    def used(self, gap_ms: float, step_ms: float, frames: int, fitted: bool) -> None:
-        """The end of a gap with round work: step_ms spent in steps, frames computed; fitted: a step fitted."""
+    def used(self, gap_ms: float, step_ms: float, frames: int, fitted: bool, backlog: int = 0) -> None:
+        """The end of a gap with round work: step_ms spent in steps, frames computed; fitted: a step fitted;
+        backlog: frames the round had to compute when the gap began."""
         self.counts["stepped" if frames else ("step_empty" if fitted else "nothing_fit")] += 1
         self._used.append(step_ms / gap_ms if gap_ms > 0 else 0.0)
         self._frames.append(frames)
+        if backlog >= BACKLOG_FRAMES:
+            self._backlogged.append(frames)
 
     def drained(self, ms: float) -> None:
         self._drain.append(ms)
@@ -68,11 +75,14 @@ class GapLedger:
         """Flat numbers for /diagnostics ("" where nothing was recorded)."""
         def pct(values, q):
             return round(percentile(values, q), 3) if values else ""
-        frames = list(self._frames)
-        return {**{f"gaps_{k}": self.counts[k] for k in ("seen", "missed", "idle", "stepped", "nothing_fit",
-                                                                      "step_empty")},
-                "gap_ms_p50": pct(self._gap, 50),
+        counts = {f"gaps_{k}": self.counts[k] for k in ("seen", "missed", "idle", "stepped", "nothing_fit",
+                                                         "step_empty")}
+        return {**counts, "gap_ms_p50": pct(self._gap, 50),
                 "gap_late_ms_p50": pct(self._late, 50), "gap_late_ms_p90": pct(self._late, 90),
                 "gap_used_share_p50": pct(self._used, 50),
-                "gap_frames_mean": round(sum(frames) / len(frames), 3) if frames else "",
+                "gap_frames_mean": _mean(self._frames), "gap_frames_backlogged_mean": _mean(self._backlogged),
                 "drain_ms_p50": pct(self._drain, 50), "drain_ms_max": round(max(self._drain), 3) if self._drain else ""}
+
+def _mean(values) -> float | str:
+    values = list(values)
+    return round(sum(values) / len(values), 3) if values else ""

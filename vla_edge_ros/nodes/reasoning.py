@@ -69,7 +69,6 @@ from .node_main import run_node
 from .params import NodeParameters
 
 DIAGNOSTICS_PERIOD_S = 1.0
-SWAP_TIMEOUT_POLLS = 20    # a swap request unanswered for 20 memory-sample periods is abandoned
 WARMUP_SEED = 7            # the synthetic warm-up frame (noise, so every kernel sees real-looking data)
 # What configure may fail on without the node going down: unusable model, arena over the memory
 # ceiling, no CUDA device for model.backend pycuda, a kernel that does not compile, ...
@@ -164,8 +163,7 @@ class Reasoning(LifecycleNode):
         self._stop.clear()
         self._cycle_thread = threading.Thread(target=self._cycle_loop, name="vla-cycle", daemon=True)
         self._cycle_thread.start()
-        self._swap_timer = self.create_timer(self.params.config.memory.sample_period_ms / 1000.0,
-                                             self._maybe_request_swap)
+        self._swap_timer = self.create_timer(self.params.config.asr.swap_poll_ms / 1000.0, self._maybe_request_swap)
         if self.params.config.asr.schedule != "free":    # a reconciler on the slack schedule reads it
             self._cycle_clock = CycleClockWriter(clock_path(os.environ.get("ROS_DOMAIN_ID"), self.get_namespace()),
                                            self.params.config.cycle.period_s)
@@ -399,9 +397,9 @@ class Reasoning(LifecycleNode):
 
     def _open_interfaces(self, cfg) -> None:
         """Topics, the swap client and its protocol state, for a configured engine."""
-        poll_s = cfg.memory.sample_period_ms / 1000.0
         self._ipc_mapper = swap_kv_mapper(self.engine.backend)
-        self.swap = swap.SwapClient(poll_s, SWAP_TIMEOUT_POLLS * poll_s,
+        # A request unanswered for as long as the reconciler counts as lost is abandoned.
+        self.swap = swap.SwapClient(cfg.asr.swap_poll_ms / 1000.0, cfg.health.reconciler_silence_s,
                                     open_device_kv=self._ipc_mapper.open if self._ipc_mapper is not None else None)
         latched = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
         self._subs = [self.create_subscription(FrameMsg, graph.FRAME_TOPIC, self._on_frame, QoSProfile(depth=1)),

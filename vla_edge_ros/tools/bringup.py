@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from .. import config as C
 from ..nodes.parent_death import PARENT_PID_ENV
 from .node_processes import STOP_TIMEOUT_S, BringupError, stop_process   # noqa: F401 (BringupError: this module's API)
 
@@ -89,13 +90,18 @@ def run(args) -> int:
 
 
 def parse_sets(items: list) -> dict:
-    """['cycle.deadline_ms=50.0', ...] -> {'cycle.deadline_ms': 50.0}; values parsed as YAML."""
+    """['cycle.deadline_ms=50.0', ...] -> {'cycle.deadline_ms': 50.0}; values parsed as YAML. A whole number
+    given for a key whose value is a float (`--set asr.swap_poll_ms=100`) is passed as a float: ROS parameters are
+    statically typed and the node would refuse an integer there."""
+    float_keys = {k for k, v in C.VlaConfig().flat().items() if isinstance(v, float)}
     out = {}
     for item in items:
         key, sep, text = item.partition("=")
+        key = key.strip()
         if not sep or "." not in key:
             raise SystemExit(f"--set expects KEY=VALUE with a dotted key such as cycle.deadline_ms=50.0, got {item!r}")
-        out[key.strip()] = yaml.safe_load(text)
+        value = yaml.safe_load(text)
+        out[key] = float(value) if key in float_keys and type(value) is int else value
     return out
 
 
