@@ -141,3 +141,8 @@ def test_set_on_the_command_line_passes_a_whole_number_for_a_float_key_as_a_floa
                    "cycle.deadline_ms": 50.5}
     assert type(got["asr.swap_poll_ms"]) is float and type(got["kv.capacity_tokens"]) is int
     C.load(overrides=got)                 # and the config takes them
+
+
+def test_an_mmap_threshold_beyond_glibcs_range_is_refused():
+    with pytest.raises(C.ConfigError, match="malloc_mmap_threshold_mib"):
+        C.load(overrides={"memory.malloc_mmap_threshold_mib": 64.0})

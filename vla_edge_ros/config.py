@@ -213,10 +213,19 @@ class PromptConfig:
 class MemoryConfig:
     vram_ceiling_gib: float = _doc("modelled device-memory ceiling; the engine refuses to configure above it", default=8.0)
     sample_period_ms: float = _doc("how often the memory sampler reads usage", default=100.0)
+    malloc_mmap_threshold_mib: float = _doc("each node process fixes glibc's mmap threshold at this size once built "
+                                            "(core/malloc_threshold.py): buffers this large or larger go back to the "
+                                            "OS when freed, where glibc's dynamic threshold let a node's resident "
+                                            "memory step up by a 24 MiB swap snapshot and stay. Above a camera frame, "
+                                            "below a snapshot; 0 leaves glibc's default. Read at process start",
+                                            default=4.0)
 
     def __post_init__(self):
         _positive(self, "vram_ceiling_gib", "memory")
         _positive(self, "sample_period_ms", "memory")
+        if not 0.0 <= self.malloc_mmap_threshold_mib <= 32.0:
+            raise ConfigError(f"memory.malloc_mmap_threshold_mib must be in 0..32 (glibc's limit; 0 leaves its "
+                              f"default), got {self.malloc_mmap_threshold_mib}")
 
     @property
     def vram_ceiling_bytes(self) -> int:

@@ -50,7 +50,7 @@ class CameraIngest(Node):
         super().__init__("camera_ingest")
         # Frame size and the rest stay those of the start (a live vision.* change would send frames of a size
         # the reasoning node's encoder was not built for); the pixel limit applies from the next image.
-        self.params = NodeParameters(self, sections=("camera", "vision", "cycle", "health"),
+        self.params = NodeParameters(self, sections=("camera", "vision", "cycle", "health", "memory"),
                                      live_keys=LIVE_KEYS, on_change=self._on_config_change)
         self.cfg = cfg = self.params.config
         self.health = CameraHealth(cfg.health, cfg.cycle.stale_frame_ms, start_s=time.monotonic())

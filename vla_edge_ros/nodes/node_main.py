@@ -41,6 +41,7 @@ from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.logging import get_logger
 from rclpy.signals import SignalHandlerOptions
 
+from ..core.malloc_threshold import pin_mmap_threshold
 from .parent_death import exit_with_parent
 
 LOG_FORMAT = "[%(levelname)s] [%(name)s]: %(message)s"
@@ -103,6 +104,16 @@ def spin_resilient(node, stop: StopRequest | None = None) -> None:
         executor.shutdown()
 
 
+def _pin_mmap_threshold(node, name: str) -> None:
+    """memory.malloc_mmap_threshold_mib for this process (core/malloc_threshold.py says why)."""
+    params = getattr(node, "params", None)
+    if params is None:
+        return
+    why_not = pin_mmap_threshold(params.config.memory.malloc_mmap_threshold_mib)
+    if why_not is not None:
+        get_logger(name).warning(f"memory.malloc_mmap_threshold_mib not applied: {why_not}")
+
+
 def run_node(name: str, build, start_errors: tuple, args=None, spin=spin_resilient) -> int:
     """Build the node with `build()` and spin it; `start_errors` are the exceptions meaning 'cannot start'."""
     # core/ and model/ log through Python logging; show their INFO lines beside the node's own.
@@ -119,6 +130,7 @@ def run_node(name: str, build, start_errors: tuple, args=None, spin=spin_resilie
     node = None
     try:
         node = build()
+        _pin_mmap_threshold(node, name)
         spin(node, stop)
         if stop:
             get_logger(name).info(f"{stop.signal_name}: shutting down")

@@ -37,7 +37,8 @@ from .. import config as C
 
 log = logging.getLogger(__name__)
 
-PROCESS_KEYS = frozenset({"cycle.executor"})    # read once at process start (nodes/node_main.py make_executor)
+# Read once at process start (nodes/node_main.py: make_executor, pin_mmap_threshold).
+PROCESS_KEYS = frozenset({"cycle.executor", "memory.malloc_mmap_threshold_mib"})
 
 _ROS_TYPE_NAMES = {
     ParameterType.PARAMETER_BOOL: "bool",
