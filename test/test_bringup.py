@@ -46,3 +46,58 @@ def test_bringup_activates_the_reconciler_and_stops_on_ctrl_c(tiny_model_dir):
         harness.close()
     assert proc.returncode == 0, out
     assert "stopped, exit codes {'camera_ingest': 0, 'reasoning': 0, 'reconciler': 0}" in out, out
+
+
+def test_a_transition_busy_longer_than_an_answer_wait_is_requested_once(monkeypatch):
+    """A configure that holds its node's executor (a cold GPU start: ~30 s) answers neither change_state nor
+    get_state meanwhile; bringup waits for it rather than send the transition again, which the node would
+    then refuse from its goal state with an RCLError in its log."""
+    import threading
+
+    import rclpy
+    from lifecycle_msgs.msg import Transition
+    from rclpy.executors import SingleThreadedExecutor
+    from rclpy.lifecycle import LifecycleNode, TransitionCallbackReturn
+
+    from vla_edge_ros.tools import bringup
+
+    class SlowConfigure(LifecycleNode):
+        def __init__(self, context):
+            super().__init__("slow_configure", context=context)
+            self.configures = 0
+
+        def on_configure(self, state):
+            self.configures += 1
+            time.sleep(2.0)                    # five times the answer wait below
+            return TransitionCallbackReturn.SUCCESS
+
+    monkeypatch.setattr(bringup, "ANSWER_WAIT_S", 0.4)
+    harness = H.RosHarness(H.ros_domain(__name__) % 50 + 50)
+    slow = SlowConfigure(harness.context)
+    executor = SingleThreadedExecutor(context=harness.context)
+    executor.add_node(slow)
+    errors, stop = [], threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            try:
+                executor.spin_once(timeout_sec=0.1)
+            except Exception as exc:  # noqa: BLE001 - what a second request would raise: counted, asserted below
+                errors.append(exc)
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    client = rclpy.create_node("bringup_side", context=harness.context)    # spun by change_state alone
+    try:
+        bringup.change_state(client, "/slow_configure/change_state", Transition.TRANSITION_CONFIGURE, 20.0)
+        time.sleep(1.0)                        # a second request, had one been sent, would be served by now
+        state_id = slow._state_machine.current_state[0]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        executor.shutdown()
+        client.destroy_node()
+        slow.destroy_node()
+        harness.close()
+    assert state_id == State.PRIMARY_STATE_INACTIVE
+    assert slow.configures == 1 and not errors, (slow.configures, errors)

@@ -263,20 +263,28 @@ class _Caller:
         self.executor, self.deadline, self.timeout_s, self.watch = executor, deadline, timeout_s, watch
 
     def call(self, client, request, wait_s: float):
-        """The answer, or None when none came within wait_s."""
+        """The answer, or None when none came within wait_s (the request is then given up)."""
+        future = self.send(client, request)
+        answer = self.wait(future, wait_s)
+        if answer is None:
+            client.remove_pending_request(future)
+        return answer
+
+    def send(self, client, request):
+        """The request sent once the service is available: its future."""
         while not client.wait_for_service(timeout_sec=0.2):
             self._check()
             if time.monotonic() > self.deadline:
                 raise BringupError(f"{client.srv_name} not available after {self.timeout_s:.0f} s")
-        future = client.call_async(request)
+        return client.call_async(request)
+
+    def wait(self, future, wait_s: float):
+        """The future's answer, or None when none came within wait_s (the request stays pending)."""
         until = min(self.deadline, time.monotonic() + wait_s)
         while not future.done() and time.monotonic() < until:
             self.executor.spin_until_future_complete(future, timeout_sec=0.2)
             self._check()
-        if not future.done():
-            client.remove_pending_request(future)
-            return None
-        return future.result()
+        return future.result() if future.done() else None
 
     def _check(self) -> None:
         if self.watch is not None:
@@ -290,7 +298,11 @@ def change_state(node, service: str, transition_id: int, timeout_s: float, watch
     A service being "available" means the request can reach the server, not yet that its answer can
     come back (DDS matches the two directions separately), so an answer can be lost right after
     start-up. An unanswered request is therefore followed by /<node>/get_state: done if the goal
-    state is reached, sent again if the node is still where it was.
+    state is reached, sent again if the node is still where it was. A node that answers neither is
+    busy in the transition itself (a configure that compiles kernels and loads weights holds the node's
+    executor for half a minute on a cold GPU): its request is waited for, never sent again, since the
+    node would take the second one after the first and refuse it from the goal state ("Transition is
+    not registered", logged as a failed callback).
     """
     from lifecycle_msgs.msg import State
     from lifecycle_msgs.srv import ChangeState, GetState
@@ -303,26 +315,34 @@ def change_state(node, service: str, transition_id: int, timeout_s: float, watch
     executor = SingleThreadedExecutor(context=node.context)
     executor.add_node(node)
     deadline = time.monotonic() + timeout_s
-    call = _Caller(executor, deadline, timeout_s, watch).call
+    caller = _Caller(executor, deadline, timeout_s, watch)
+    pending = None
 
     try:
         request = ChangeState.Request()
         request.transition.id = transition_id
         while time.monotonic() < deadline:
-            answer = call(change, request, ANSWER_WAIT_S)
+            if pending is None:
+                pending = caller.send(change, request)
+            answer = caller.wait(pending, ANSWER_WAIT_S)
             if answer is not None:
+                pending = None
                 if not answer.success:
                     raise BringupError(f"{service}: transition {transition_id} refused (see the node's log)")
                 return
-            state = call(get, GetState.Request(), ANSWER_WAIT_S)
+            state = caller.call(get, GetState.Request(), ANSWER_WAIT_S)
             current = None if state is None else state.current_state.id
             if current == goal:
                 return
+            if current is None or current >= State.TRANSITION_STATE_CONFIGURING:
+                continue                     # busy in the transition: its answer is still to come
             log.info("%s: no answer to transition %d (state now %s); asking again", service, transition_id, current)
-            if current is not None and current >= State.TRANSITION_STATE_CONFIGURING:
-                time.sleep(0.2)              # mid-transition (e.g. configuring loads the model): let it finish
+            change.remove_pending_request(pending)
+            pending = None
         raise BringupError(f"{service}: transition {transition_id} not done after {timeout_s:.0f} s")
     finally:
+        if pending is not None:
+            change.remove_pending_request(pending)
         executor.remove_node(node)
         executor.shutdown()
         node.destroy_client(change)
