@@ -363,9 +363,10 @@ class ASRConfig:
                                "none while one is loading or waiting for its boundary). Every ms of the wait is a late "
                                "frame sooner: polled every 100 ms, offers waited 1.5 cycles on average before they "
                                "were even asked for, and 28 of 83 in a 4-minute H200 soak arrived with more than "
-                               "max_late_chunks late frames and were deferred. Each request costs both processes CPU: on a 2-core "
-                               "machine every 10 ms took cycles from the primary (refusals), hence one per "
-                               "cycle by default and 10 ms in the GPU preset", default=33.0)
+                               "max_late_chunks late frames and were deferred (10 ms in config/gpu_demo.yaml: 2 -> 140 rounds applied). "
+                               "Each request costs both processes CPU: on a 2-core machine polling every 10 or 33 ms "
+                               "took cycles from the primary (79 and 30 refusals in 40 s demos against 1), hence "
+                               "100 ms by default", default=100.0)
     export_buffers: int = _doc("reconciler on a GPU: device buffers its offers' KV is exported into (each the size of "
                                "the KV arena). At least 3: the newest offer, the one the primary may be copying "
                                "from (the latest answered), and one to export the next fresher offer into, so a "
