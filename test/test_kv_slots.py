@@ -221,3 +221,19 @@ def test_bad_frames_are_rejected():
     with pytest.raises(ValueError, match="1-D float"):
         m.add_frame(1, np.ones((2, HID), np.float32), TPF, reserve=0)
     assert ids(m) == [0]
+
+
+def test_frames_placed_by_a_swap_get_the_same_unit_vectors_as_frames_admitted_one_by_one():
+    """The reconciler's shadow admits frames one by one; a swap places them all at once: the semantic policy
+    must see bit-identical cosines either way, or the two sides would evict different frames."""
+    rng = np.random.default_rng(3)
+    pooled = rng.standard_normal((6, HID)).astype(np.float32)
+    pooled[2] = 0.0                                            # a zero vector stays zero on both paths
+    one_by_one = manager("semantic", frames=8)
+    for i, p in enumerate(pooled):
+        one_by_one.add_frame(i, p, i * TPF, reserve=0)
+    placed = manager("semantic", frames=8)
+    placed.place_frames([(i, p, i * TPF) for i, p in enumerate(pooled)], reserve=0)
+    for a, b in zip(one_by_one.retained(), placed.retained()):
+        assert np.array_equal(a.unit, b.unit), a.frame_id
+    assert not placed.retained()[2].unit.any()
