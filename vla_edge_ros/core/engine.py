@@ -218,7 +218,20 @@ class Engine:
             return self._fail(result, R.REFUSED_BUDGET,
                               f"estimate {decision.estimate_ms:.2f} ms > budget {decision.budget_ms:.2f} ms")
         clock.start_cpu_watch()
+        prefill, decode_slots, decode_positions = self._cycle_inputs(frame, new, result, clock)
+        # A probe, and the first cycle (which seeds the estimate), run to their end: they are there to measure.
+        measuring = decision.probe or not self.admission.has_sample
+        give_up = None if (cyc.deterministic or self._force_admit or measuring) else self._late_cycle_check(t0)
+        tokens, result.prefill_ms, result.decode_ms = self._prefill_decode(prefill, decode_slots, decode_positions,
+                                                                           give_up)
+        clock.lap_split("prefill", result.prefill_ms, "decode")    # the lap since "slots", prefill's share first
+        self._take_tokens(tokens, new, prefill_tokens, decode_steps, result, clock, t0)
 
+    def _cycle_inputs(self, frame, new: bool, result: CycleResult, clock: PhaseClock) -> tuple:
+        """(prefill inputs, decode slots, decode positions): the new frame through the vision encoder into slots
+        its policy makes room for, the suffix after it, transient slots for the decoded tokens."""
+        st, tpf, s = self.state, self.cfg.vision.tokens_per_frame, int(self.suffix.size)
+        decode_steps = self.cfg.action.num_tokens - 1
         rows, positions, write_slots = [], [], []
         if new:
             chunk = st.encode_chunk(frame)
@@ -232,8 +245,7 @@ class Engine:
             st.last_frame_id = frame.frame_id
             result.new_frame = True
         context = st.context_excluding(write_slots)
-        suffix_slots = st.kv.alloc_transient(int(self.suffix.size) + decode_steps)
-        s = int(self.suffix.size)
+        suffix_slots = st.kv.alloc_transient(s + decode_steps)
         rows.append(self.suffix_rows)                                           # [S, hidden]
         positions.append(np.arange(st.next_position, st.next_position + s))
         write_slots.append(suffix_slots[:s])
@@ -242,15 +254,16 @@ class Engine:
         decode_slots = suffix_slots[s:s + decode_steps]
         decode_positions = np.arange(st.next_position + s, st.next_position + s + decode_steps, dtype=np.int64)
         clock.lap("slots")
-        # A probe, and the first cycle (which seeds the estimate), run to their end: they are there to measure.
-        measuring = decision.probe or not self.admission.has_sample
-        give_up = None if (cyc.deterministic or self._force_admit or measuring) else self._late_cycle_check(t0)
-        tokens, result.prefill_ms, result.decode_ms = self._prefill_decode(prefill, decode_slots, decode_positions,
-                                                                           give_up)
-        clock.lap_split("prefill", result.prefill_ms, "decode")    # the lap since "slots", prefill's share first
+        return prefill, decode_slots, decode_positions
+
+    def _take_tokens(self, tokens, new: bool, prefill_tokens: int, decode_steps: int, result: CycleResult,
+                     clock: PhaseClock, t0: float) -> None:
+        """The decoded tokens into the result and the state's counts, the cycle into admission's estimate; a
+        cycle given up between decode steps ends as deadline_missed, any other as an action."""
+        st, cyc = self.state, self.cfg.cycle
         steps_done = len(tokens) - 1
-        st.computed_tokens["frames"] += tpf if new else 0
-        st.computed_tokens["suffix"] += s
+        st.computed_tokens["frames"] += self.cfg.vision.tokens_per_frame if new else 0
+        st.computed_tokens["suffix"] += int(self.suffix.size)
         st.computed_tokens["decode"] += steps_done
         result.prefill_tokens = prefill_tokens
         other_ms = clock.ms.get("vision", 0.0) + clock.ms["slots"]      # the cycle's fixed cost besides the model

@@ -104,15 +104,18 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
         "gc": {"full_collections": _int(reasoning.get("gc.full_collections")),
                "max_pause_ms": _float(reasoning.get("gc.max_pause_ms")),
                "max_full_pause_ms": _float(reasoning.get("gc.max_full_pause_ms"))},
-        "reconciler_work": {k: reconciler.get(k, "") for k in ("schedule", "reoffers", "offers_handed_out",
-                                                            "offers_withdrawn", "steps", "largest_step_frames",
-                                                            "windows_too_small", "offers_postponed", "relaxations",
-                                                            "starved", "warmup_step_ms_per_token",
-                                                            "step_ms_per_token", "step_ms_per_token_p10",
-                                                            "step_ms_per_token_p50", "step_ms_per_token_p90",
-                                                            "step_host_ms_per_token_p50", "offer_ms")}
-        | {k: reconciler[k] for k in sorted(reconciler) if k.startswith(GAP_KEYS)},
+        "reconciler_work": _reconciler_work(reconciler),
     }
+
+
+def _reconciler_work(reconciler: dict) -> dict:
+    """The reconciler's schedule and step costs, and its gap ledger (core/gap_ledger.py), from its /diagnostics."""
+    keys = ("schedule", "reoffers", "offers_handed_out", "offers_withdrawn", "steps", "largest_step_frames",
+            "windows_too_small", "offers_postponed", "relaxations", "starved", "warmup_step_ms_per_token",
+            "step_ms_per_token", "step_ms_per_token_p10", "step_ms_per_token_p50", "step_ms_per_token_p90",
+            "step_host_ms_per_token_p50", "offer_ms")
+    return {k: reconciler.get(k, "") for k in keys} | {k: reconciler[k] for k in sorted(reconciler)
+                                                        if k.startswith(GAP_KEYS)}
 
 
 def _frames(reasoning: dict, camera: dict, meta: dict) -> dict:
