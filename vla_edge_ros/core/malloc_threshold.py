@@ -16,17 +16,23 @@ A fixed threshold (mallopt M_MMAP_THRESHOLD, which also switches the dynamic
 adjustment off) keeps every buffer of that size or more on mmap. It is set
 above a camera frame (640 x 480 x 3 = 0.9 MiB, allocated 60 times a second:
 mapping each would cost page faults on every frame) and below a snapshot.
+The trim threshold is fixed with it at twice that size, the value glibc's own
+adjustment gives it: fixing the mmap threshold alone leaves the trim threshold
+at 128 KiB, and the heap then gave back and faulted in again the numpy
+backend's temporaries of every cycle (a tiny-model cycle at 4096 slots ran
+10-15% slower; a CI run lost its live-keys test's actions to it).
 """
 from __future__ import annotations
 
 import ctypes
 
-M_MMAP_THRESHOLD = -3          # glibc's mallopt parameter number (malloc.h)
+M_TRIM_THRESHOLD = -1          # glibc's mallopt parameter numbers (malloc.h)
+M_MMAP_THRESHOLD = -3
 MIB = 1 << 20
 
 
 def pin_mmap_threshold(mib: float) -> str | None:
-    """Fix the mmap threshold at `mib` MiB (0: leave glibc's dynamic threshold). None when done, else why not
+    """Fix the mmap threshold at `mib` MiB and the trim threshold at twice that (0: leave glibc's dynamic ones). None when done, else why not
     (not glibc, or refused): the caller logs it; memory then behaves as glibc's default."""
     if mib <= 0:
         return None
@@ -37,4 +43,6 @@ def pin_mmap_threshold(mib: float) -> str | None:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     if mallopt(M_MMAP_THRESHOLD, int(mib * MIB)) != 1:
         return f"mallopt refused an mmap threshold of {mib} MiB"
+    if mallopt(M_TRIM_THRESHOLD, int(2 * mib * MIB)) != 1:
+        return f"mallopt refused a trim threshold of {2 * mib} MiB (the mmap threshold is set)"
     return None
