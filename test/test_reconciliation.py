@@ -382,3 +382,29 @@ def test_asr_modes_are_policy_objects_picked_by_name():
     assert semantic.trigger(10, 20, cfg.asr.semantic_evictions_before_rebuild - 1) is None
     csr = make_asr_mode(cfg)
     assert csr.trigger(18, 20, 0) == "csr_threshold" and csr.trigger(17, 20, 0) is None
+
+
+@pytest.mark.parametrize("snapshot_rows", [True, False])
+def test_an_offer_without_vision_rows_takes_them_from_the_frames_the_primary_admitted(
+        tiny_model_dir, model, clip, hf, snapshot_rows):
+    """asr.snapshot_rows false: the offer carries no vision rows, and the swapped-in frames, those the primary's
+    own policy evicted while the round ran among them, get theirs from the primary's records; a re-base then
+    recomputes every frame (none forgotten for want of rows) into HF's from-scratch state."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "semantic",
+                                              "asr.snapshot_rows": snapshot_rows})
+    for _ in range(12):                  # a slow reconciler: the primary fills up and evicts on its own
+        rig.cycle(reconcile=False)
+    drain(rig.rec)
+    assert rig.rec.phase is Phase.READY
+    offer = rig.rec._offer               # the snapshot object the primary will take at the next boundary
+    assert (offer.rows is None) is (not snapshot_rows)
+    released = set(offer.frame_ids) - set(rig.held())
+    assert released, "the primary evicted none of the round's frames: nothing here would need released rows"
+    c = rig.cycle(new=False)
+    assert c.swap is not None and set(released) <= set(rig.held()) and rig.primary.state.state_exact
+    assert all(rig.primary.state.frames[f].tokens is not None for f in rig.held())
+    held = rig.held()
+    keep, dropped, _ = rig.primary.state.recompute_retained()
+    assert keep == held and dropped == []
+    rig.primary_only_cycle(new=False)
+    assert cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary)) >= COS_EXACT

@@ -367,6 +367,12 @@ class ASRConfig:
                                "Each request costs both processes CPU: on a 2-core machine polling every 10 or 33 ms "
                                "took cycles from the primary (79 and 30 refusals in 40 s demos against 1), hence "
                                "100 ms by default", default=100.0)
+    snapshot_rows: bool = _doc("offers carry their frames' vision rows (the reasoning node needs them to recompute "
+                               "those frames later: late frames at a swap, a RoPE re-base). false: they are left out "
+                               "and the reasoning node takes them from the frames it admitted itself, kept for "
+                               "frame_capacity frames after it lets them go; an offer of the 1.5B shape at 4096 slots "
+                               "then writes and reads ~1 MB instead of ~25 MB through /dev/shm. Correct on the CPU "
+                               "(tests); its time on the GPU not measured yet, so on by default", default=True)
     export_buffers: int = _doc("reconciler on a GPU: device buffers its offers' KV is exported into (each the size of "
                                "the KV arena). At least 3: the newest offer, the one the primary may be copying "
                                "from (the latest answered), and one to export the next fresher offer into, so a "

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,6 +130,11 @@ class FrameState:
         # How export_state packs the KV rows: None reads them to the host (numpy array); a callable
         # (backend, slots) -> KV holder keeps them on the device (model/cuda_state_transfer.DeviceKvExporter).
         self.kv_export = None
+        # asr.snapshot_rows false: offers come without vision rows and a swap takes them from here, the rows of
+        # the frames this state admitted and has since let go (newest frame_capacity of them). A reconciler's
+        # round holds only frames admitted after its trigger, and at most one eviction per frame admitted
+        # since: that is fewer than frame_capacity, so a swap finds every row it needs.
+        self._released_rows: OrderedDict | None = None if cfg.asr.snapshot_rows else OrderedDict()
         self._prefill_prefix(tokenizer)
 
     def append_frame(self, frame: Frame) -> list[int]:
@@ -229,8 +234,9 @@ class FrameState:
         self.last_frame_id = last
         return dropped
 
-    def export_state(self, version: int = 0) -> StateSnapshot:
-        """The retained frames with their KV rows (and vision rows when known), oldest first."""
+    def export_state(self, version: int = 0, with_rows: bool = True) -> StateSnapshot:
+        """The retained frames with their KV rows and, with_rows and where known, their vision rows, oldest
+        first (asr.snapshot_rows says when a reconciler leaves them out)."""
         retained = self.kv.retained()
         frames = [SnapshotFrame(r.frame_id, self.frames[r.frame_id].stamp_s, r.position_start, r.pooled)
                   for r in retained]
@@ -238,8 +244,8 @@ class FrameState:
         kv = None
         if retained:
             kv = self.backend.read_kv(slots) if self.kv_export is None else self.kv_export(self.backend, slots)
-        tokens = [self.frames[r.frame_id].tokens for r in retained]
-        rows = np.stack(tokens) if retained and all(t is not None for t in tokens) else None
+        tokens = [self.frames[r.frame_id].tokens for r in retained] if with_rows else []
+        rows = np.stack(tokens) if tokens and all(t is not None for t in tokens) else None
         return StateSnapshot(version=version, frames=frames, kv=kv, next_position=self.next_position,
                              prefix_ids=self.prefix_ids.copy(), rows=rows)
 
@@ -327,11 +333,15 @@ class FrameState:
         no policy involved); returns the ms the KV copy took. A device KV found rewritten under the copy
         leaves an empty, exact state and raises SnapshotError."""
         self.kv.evict_all()
-        self.frames.clear()
+        # Frames the swap drops are forgotten on purpose: no later offer holds them, so their rows are not kept.
+        held, self.frames = self.frames, {}
         slots = self.kv.place_frames([(f.frame_id, f.pooled, f.position_start) for f in snap.frames],
                                      reserve=self.suffix_reserve)
         for i, f in enumerate(snap.frames):
-            rows = snap.rows[i] if snap.rows is not None else None
+            if snap.rows is not None:
+                rows = snap.rows[i]
+            else:
+                rows = held[f.frame_id].tokens if f.frame_id in held else self._released_tokens(f.frame_id)
             self.frames[f.frame_id] = FrameRecord(f.frame_id, f.stamp_s, rows)
         kv_copy_ms = 0.0
         if slots:
@@ -351,6 +361,25 @@ class FrameState:
         self.next_position = snap.next_position
         self.approximate_evictions = 0
         return kv_copy_ms
+
+    def _release(self, record: FrameRecord | None) -> None:
+        """A frame the policy evicted: its vision rows are kept for a swap whose offer comes without them."""
+        if self._released_rows is None or record is None or record.tokens is None:
+            return
+        self._released_rows[record.frame_id] = record.tokens
+        self._released_rows.move_to_end(record.frame_id)
+        while len(self._released_rows) > self.frame_capacity:
+            self._released_rows.popitem(last=False)
+
+    def _released_tokens(self, frame_id: int) -> np.ndarray | None:
+        """A frame's vision rows from the released ones (None when not kept: the frame keeps its exact KV, but
+        a later re-base cannot recompute it and forgets it, recompute_retained)."""
+        if self._released_rows is None:
+            return None
+        tokens = self._released_rows.get(frame_id)
+        if tokens is None:
+            log.debug("swap: no vision rows kept for frame %d", frame_id)
+        return tokens
 
     def _recompute_over_snapshot(self, plan: "_RecomputePlan") -> tuple[list, float]:
         """The plan's late and unseen frames appended over the placed snapshot, one frame per forward (the
@@ -491,7 +520,7 @@ class FrameState:
         admission = self.kv.add_frame(chunk.frame_id, chunk.pooled, position_start, reserve=self.suffix_reserve)
         evicted = [f.frame_id for f in admission.evicted]
         for fid in evicted:
-            self.frames.pop(fid, None)
+            self._release(self.frames.pop(fid, None))
         # Every policy eviction leaves a hole (and stale context) that a from-scratch forward would not have.
         self.approximate_evictions += len(evicted)
         self.frames[chunk.frame_id] = FrameRecord(chunk.frame_id, chunk.stamp_s, chunk.tokens)

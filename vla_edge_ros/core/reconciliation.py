@@ -285,7 +285,7 @@ class StateReconciler:
         if r.ready_s is not None:          # a fresher version of a round the primary has not applied yet
             self.version += 1
             r.version = self.version
-        snap = self.state.export_state(r.version)
+        snap = self.state.export_state(r.version, with_rows=self.cfg.asr.snapshot_rows)
         snap.unseen = list(self._unseen)
         snap.round = r.first_version
         r.offered = r.done
