@@ -224,8 +224,8 @@ class MemoryConfig:
         _positive(self, "vram_ceiling_gib", "memory")
         _positive(self, "sample_period_ms", "memory")
         if not 0.0 <= self.malloc_mmap_threshold_mib <= 32.0:
-            raise ConfigError(f"memory.malloc_mmap_threshold_mib must be in 0..32 (glibc's limit; 0 leaves its "
-                              f"default), got {self.malloc_mmap_threshold_mib}")
+            raise ConfigError(f"memory.malloc_mmap_threshold_mib must be in 0..32 (0 leaves glibc's dynamic "
+                              f"threshold, which itself stops at 32), got {self.malloc_mmap_threshold_mib}")
 
     @property
     def vram_ceiling_bytes(self) -> int:
@@ -363,9 +363,10 @@ class ASRConfig:
                                "none while one is loading or waiting for its boundary). Every ms of the wait is a late "
                                "frame sooner: polled every 100 ms, offers waited 1.5 cycles on average before they "
                                "were even asked for, and 28 of 83 in a 4-minute H200 soak arrived with more than "
-                               "max_late_chunks late frames and were deferred (10 ms in config/gpu_demo.yaml: 2 -> 140 rounds applied). "
-                               "Each request costs both processes CPU: on a 2-core machine polling every 10 or 33 ms "
-                               "took cycles from the primary (79 and 30 refusals in 40 s demos against 1), hence "
+                               "max_late_chunks late frames and were deferred; at 10 ms (config/gpu_demo.yaml), with "
+                               "the reconciler's encoding moved off its worker, 140 of 148 rounds were applied. Each "
+                               "request costs both processes CPU: on a 2-core machine polling every 10 or 33 ms took "
+                               "cycles from the primary (79 and 30 refusals in one 40 s demo each, against 1), hence "
                                "100 ms by default", default=100.0)
     snapshot_rows: bool = _doc("offers carry their frames' vision rows (the reasoning node needs them to recompute "
                                "those frames later: late frames at a swap, a RoPE re-base). false: they are left out "

@@ -130,10 +130,10 @@ class FrameState:
         # How export_state packs the KV rows: None reads them to the host (numpy array); a callable
         # (backend, slots) -> KV holder keeps them on the device (model/cuda_state_transfer.DeviceKvExporter).
         self.kv_export = None
-        # asr.snapshot_rows false: offers come without vision rows and a swap takes them from here, the rows of
-        # the frames this state admitted and has since let go (newest frame_capacity of them). A reconciler's
-        # round holds only frames admitted after its trigger, and at most one eviction per frame admitted
-        # since: that is fewer than frame_capacity, so a swap finds every row it needs.
+        # asr.snapshot_rows false: offers come without vision rows, and a swap takes them from the frames it holds
+        # or from here: the rows of the frames its policy evicted, the newest frame_capacity of them. Enough: a
+        # round's frames were all held here at its trigger or admitted since, the policy evicts at most one frame
+        # per frame admitted, and a round is aborted before more than frame_capacity frames are admitted.
         self._released_rows: OrderedDict | None = None if cfg.asr.snapshot_rows else OrderedDict()
         self._prefill_prefix(tokenizer)
 
