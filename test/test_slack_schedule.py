@@ -201,9 +201,10 @@ def test_the_worker_steps_only_between_a_cycle_end_and_the_next_boundary(tiny_mo
     summary = worker.summary()
     assert summary["schedule"] == "slack" and summary["steps"] == len(steps)
     assert 0 < summary["step_host_ms_per_token_p50"] <= summary["step_ms_per_token_p50"], summary
-    # The gap ledger: every gap it counts is one the primary published; the gaps are the 25 ms of slack.
+    # The gap ledger: every gap it counts is one the primary published; the gaps are the 25 ms of slack (less where
+    # the primary's thread woke late for its cycle end on a loaded machine, never more).
     assert 1 <= summary["gaps_stepped"] <= summary["gaps_seen"] <= len(cycles), summary
-    assert 20 <= summary["gap_ms_p50"] <= 26 and 0 <= summary["gap_late_ms_p50"] < summary["gap_ms_p50"], summary
+    assert 10 <= summary["gap_ms_p50"] <= 25.5 and 0 <= summary["gap_late_ms_p50"] < summary["gap_ms_p50"], summary
     assert summary["gap_frames_mean"] > 0 and summary["drain_ms_max"] > 0, summary
 
 
