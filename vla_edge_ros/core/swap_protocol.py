@@ -167,6 +167,7 @@ class ReconcilerWorker:
         self.offer: SwapOffer | None = None       # replaced whole: readers on other threads see old or new
         self._offer_epoch = 0                     # the reconciler's epoch when that offer was made
         self._primary_epoch = 0                   # primary restarts seen here (chunk numbering back at 1)
+        self._published_this_epoch = 0            # offers made since the latest primary restart
         # The offer last answered to the primary: it may be loading it or copying its KV, so its file and its
         # export buffer stay until a version at least as new is applied or the primary asks again.
         self._handout_lock = threading.Lock()
@@ -186,11 +187,19 @@ class ReconcilerWorker:
         """One admitted frame, tagged with the primary's state version at admission and (from the
         graph) the chunk sequence number; a jump in it means chunks were lost. Never waits for the worker."""
         rec = self.reconciler
+        # Encoded here, on the subscription's thread, not in the worker's inbox drain: the vision encoder took 3.4 ms
+        # per frame (p50, H200 machine, 1.5B shape) out of the worker's gaps; here it overlaps the worker's steps
+        # (numpy and the CUDA synchronize both release the GIL). The encoder is a pure function of its weights.
+        # First, before any protocol state changes: what follows (a restart, an acknowledgement, the chunk itself)
+        # then reaches the worker together, as it did when this callback only queued the frame.
+        chunk = rec.state.encode_chunk(frame)
         if seq is not None:
             if self._last_seq is not None and seq == 1:
                 # A new reasoning process (its numbering starts at 1) holds none of the mirrored frames:
                 # an offer built from them would bring back frames it never had.
-                self._primary_epoch += 1
+                with self._handout_lock:
+                    self._primary_epoch += 1
+                    self._published_this_epoch = 0
                 rec.restart_mirror()
                 log.warning("chunk numbering restarted: the reasoning node restarted, mirror cleared")
             elif self._last_seq is not None and seq != self._last_seq + 1:
@@ -203,20 +212,19 @@ class ReconcilerWorker:
                 if self._handed_out is not None and self._handed_out.version <= primary_version:
                     self._handed_out = None
                     self._protect_handout()
-        # Encoded here, on the subscription's thread, not in the worker's inbox drain: the vision encoder took 3.4 ms
-        # per frame (p50, H200 machine, 1.5B shape) out of the worker's gaps; here it overlaps the worker's steps
-        # (numpy and the CUDA synchronize both release the GIL). The encoder is a pure function of its weights.
-        rec.mirror_encoded(rec.state.encode_chunk(frame))
+        rec.mirror_encoded(chunk)
         self._wake.set()
 
     def answer(self) -> SwapAnswer:
         """The answer to a swap request. An offer answered is "handed out" (see the module docstring)."""
         with self._handout_lock:
             offer, epoch = self.offer, self._offer_epoch
+            phase = self.reconciler.phase.value
+            # Until the first offer after a restart, say so (whether or not the worker has dropped the old offer yet).
+            if epoch != self._primary_epoch or (self._primary_epoch and not self._published_this_epoch):
+                return SwapAnswer(reason=f"the reasoning node restarted: rebuilding the mirror (phase {phase})")
             if offer is None:
-                return SwapAnswer(reason=f"no reconciled state yet (phase {self.reconciler.phase.value})")
-            if epoch != self._primary_epoch:
-                return SwapAnswer(reason="the reasoning node restarted: rebuilding the mirror")
+                return SwapAnswer(reason=f"no reconciled state yet (phase {phase})")
             self._handed_out = offer
             self.handouts += 1
             self._protect_handout()
@@ -282,6 +290,8 @@ class ReconcilerWorker:
             # the handed-out one's) on disk.
             self.store.keep_only({offer.version} | ({self._handed_out.version} if self._handed_out else set()))
             self.offer = offer
+            if self.reconciler.epoch == self._primary_epoch:     # built after the latest restart was taken in
+                self._published_this_epoch += 1
         log.debug("offering state v%d (round %d, %d frames) at %s", snap.version, snap.round, len(snap.frames),
                   offer.path)
 
