@@ -50,7 +50,7 @@ Who calls what (the ROS reconciler node, or `InProcessAsr` below). The primary
 side only appends to a queue or takes a finished snapshot, so it never waits
 for reconciler work; everything else runs on the reconciler's side:
 
-    primary side   mirror_chunk(frame) / mirror_encoded(chunk)   each admitted frame, in order
+    primary side   mirror_encoded(chunk)                         each admitted frame, in order
                    mark_gap()                                    chunks may have been missed
                    restart_mirror()                              the primary restarted, state empty
                    take_offer() -> StateSnapshot | None          at a cycle boundary (the newest offer, once)
@@ -166,7 +166,7 @@ class StateReconciler:
         self.k_applied = 0                # newest version the primary reported applied
         self.stats = ReconcilerStats()
         self._round: Round | None = None
-        self._inbox: deque = deque()      # ("chunk", StateChunk | Frame) | ("applied", v, ids) | ("rejected", v, why)
+        self._inbox: deque = deque()      # ("chunk", StateChunk) | ("applied", v, ids) | ("rejected", v, why)
         self.drained_items = 0            # items the latest receive() handled
         self._offer_lock = threading.Lock()
         self._offer: StateSnapshot | None = None    # the newest offer, until taken
@@ -193,12 +193,9 @@ class StateReconciler:
 
     # ------------------------------------------------------------ primary side
 
-    def mirror_chunk(self, frame: Frame) -> None:
-        """A frame the primary admitted (pixels; encoded on the reconciler side). Never blocks."""
-        self._inbox.append(("chunk", frame))
-
     def mirror_encoded(self, chunk: StateChunk) -> None:
-        """As mirror_chunk, with the primary's own vision rows (same process: no second encode)."""
+        """A frame the primary admitted, with its vision rows (the primary's own in one process; in the graph
+        encoded by the reconciler node as the chunk arrives, ReconcilerWorker.on_chunk). Never blocks."""
         self._inbox.append(("chunk", chunk))
 
     def restart_mirror(self) -> None:
@@ -373,11 +370,10 @@ class StateReconciler:
             else:
                 self._on_rejected(*rest)
 
-    def _on_chunk(self, item) -> None:
-        if item.frame_id <= self._last_chunk_id:
+    def _on_chunk(self, chunk: StateChunk) -> None:
+        if chunk.frame_id <= self._last_chunk_id:
             self.stats.duplicate_chunks += 1     # re-sent or out of order: frame ids only grow
             return
-        chunk = self.state.encode_chunk(item) if isinstance(item, Frame) else item
         if self._gap_open:
             if chunk.frame_id > self._last_chunk_id + 1:
                 self._unseen = (self._unseen + [(self._last_chunk_id, chunk.frame_id)])[-MAX_GAPS:]
