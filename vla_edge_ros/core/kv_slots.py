@@ -108,8 +108,7 @@ class SemanticPolicy(EvictionPolicy):
             return None
         if len(retained) < 2:
             return 0
-        units = np.stack([f.unit for f in retained])                          # [n, hidden] float64
-        sims = np.einsum("ij,ij->i", units[:-1], units[1:])                    # [n-1] cosines of adjacent frames
+        sims = adjacent_cosines(np.stack([f.unit for f in retained]))         # [n-1] cosines of adjacent frames
         return int(np.argmax(sims))         # older frame of the most alike pair; ties -> oldest pair
 
 
@@ -140,12 +139,15 @@ def unit_vectors(pooled: np.ndarray) -> np.ndarray:
     return np.divide(v, norms, out=np.zeros_like(v), where=norms > 0)
 
 
+def adjacent_cosines(units: np.ndarray) -> np.ndarray:
+    """[n, hidden] unit vectors (unit_vectors) -> [n-1]: cosine of rows i and i+1."""
+    return np.einsum("ij,ij->i", units[:-1], units[1:])
+
+
 def adjacent_cosine_similarities(pooled: np.ndarray) -> np.ndarray:
-    """[n, hidden] -> [n-1]: cosine of rows i and i+1 (a zero vector counts as similarity 0)."""
-    a, b = pooled[:-1].astype(np.float64), pooled[1:].astype(np.float64)       # [n-1, hidden]
-    dots = np.einsum("ij,ij->i", a, b)
-    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+    """[n, hidden] -> [n-1]: cosine of rows i and i+1 (a zero vector counts as similarity 0), computed as the
+    semantic policy computes it."""
+    return adjacent_cosines(unit_vectors(pooled))
 
 
 # ----------------------------------------------------------------------------
