@@ -55,6 +55,14 @@ from ..config import AdmissionConfig, CycleConfig
 TAIL_MIN_SAMPLES = 10     # fewer learned cycles than this: no tail yet (the mean alone, as the first seconds)
 
 
+def window_quantile(samples, q: float) -> float | None:
+    """The q-quantile of a window of recent samples; None before TAIL_MIN_SAMPLES of them. Callers compute it
+    as a sample comes in, never per cycle: a decision is on every cycle's critical path."""
+    if len(samples) < TAIL_MIN_SAMPLES:
+        return None
+    return float(np.quantile(np.fromiter(samples, float), q))
+
+
 @dataclass(frozen=True)
 class AdmissionDecision:
     admit: bool
@@ -94,10 +102,8 @@ class AdmissionController:
         return self._tail
 
     def _update_tail(self) -> None:
-        if self.tail_quantile == 0.0 or len(self._ratios) < TAIL_MIN_SAMPLES:
-            self._tail = 1.0
-        else:
-            self._tail = max(1.0, float(np.quantile(np.fromiter(self._ratios, float), self.tail_quantile)))
+        tail = window_quantile(self._ratios, self.tail_quantile) if self.tail_quantile else None
+        self._tail = 1.0 if tail is None else max(1.0, tail)
 
     def decide(self, elapsed_ms: float, prefill_tokens: int, decode_tokens: int) -> AdmissionDecision:
         """Admit or refuse a cycle that has already spent `elapsed_ms` and would run these tokens."""

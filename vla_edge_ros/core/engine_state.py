@@ -28,7 +28,7 @@ import numpy as np
 from ..model.backend import kv_payload
 from ..model.errors import DeviceKVUnavailable
 from ..config import VlaConfig
-from .admission import TAIL_MIN_SAMPLES
+from .admission import window_quantile
 from .frames import Frame
 from .kv_slots import KVCapacityError, KVSlotManager, make_policy
 from .prompt import encode_text, prefix_text
@@ -127,6 +127,7 @@ class FrameState:
         # cycle's longer prefill (on the CPU model ~2x), so the swap budget needs this, not the cycle's rate.
         self.recompute_ms_per_frame: float | None = None
         self._recompute_samples: deque = deque(maxlen=cfg.admission.tail_window)   # per-frame ms, for the tail
+        self._recompute_tail: float | None = None
         # How export_state packs the KV rows: None reads them to the host (numpy array); a callable
         # (backend, slots) -> KV holder keeps them on the device (model/cuda_state_transfer.DeviceKvExporter).
         self.kv_export = None
@@ -403,15 +404,15 @@ class FrameState:
         prev, alpha = self.recompute_ms_per_frame, self.cfg.admission.ema_alpha
         self.recompute_ms_per_frame = per_frame if prev is None else alpha * per_frame + (1 - alpha) * prev
         self._recompute_samples.append(per_frame)
+        self._recompute_tail = window_quantile(self._recompute_samples, self.cfg.admission.tail_quantile)
 
     @property
     def recompute_ms_per_frame_tail(self) -> float | None:
         """The admission.tail_quantile of the last admission.tail_window measured per-frame recomputes; None
         before TAIL_MIN_SAMPLES of them. A recompute at the boundary varies more than a cycle (10-minute CPU
-        soak: p99 2.3x the median, against ~1.4x for cycles), so a swap is planned on its own tail."""
-        if len(self._recompute_samples) < TAIL_MIN_SAMPLES:
-            return None
-        return float(np.quantile(np.fromiter(self._recompute_samples, float), self.cfg.admission.tail_quantile))
+        soak: p99 2.3x the median, against ~1.4x for cycles), so a swap is planned on its own tail. Kept from
+        the latest sample: the swap budget asks for it at every cycle boundary."""
+        return self._recompute_tail
 
     def _plan_recompute(self, snap: StateSnapshot) -> "_RecomputePlan":
         """Which of this engine's frames a swap to `snap` keeps by recomputing them, and which it drops."""
