@@ -339,6 +339,28 @@ class ReconcilerWorker:
             time.sleep(WINDOW_POLL_S)
         return total
 
+    def _steps_until(self, end_ns: int) -> tuple[int, float, bool]:
+        """Steps of the largest size that fits before end_ns while the round has frames to compute; returns (tokens
+        computed, seconds spent, whether any step fitted)."""
+        rec = self.reconciler
+        total, spent, fitted = 0, 0.0, False
+        while rec.frames_to_compute:
+            frames = self.scheduler.frames_for((end_ns - time.perf_counter_ns()) / 1e6)
+            if frames == 0:
+                break
+            fitted = True
+            t0 = time.perf_counter()
+            tokens = rec.step(frames * rec.tpf)
+            queued = time.perf_counter()          # host work done, the device work queued (or done, on the CPU)
+            rec.state.backend.synchronize()      # the step's device work is done: time it, leave the GPU idle
+            elapsed = time.perf_counter() - t0
+            spent += elapsed
+            self.scheduler.observe(elapsed * 1e3, tokens, host_ms=(queued - t0) * 1e3)
+            total += tokens
+            if not tokens:                        # the round was aborted
+                break
+        return total, spent, fitted
+
     def _drain(self) -> None:
         """The inbox into the reconciler's state (chunks, swap reports; may start a round), timed for the ledger."""
         t0 = time.perf_counter()
@@ -357,25 +379,11 @@ class ReconcilerWorker:
             log.warning("the primary's slack (%.1f ms before its next cycle) fits no reconciler step (one frame "
                         "%.1f ms planned): no round can finish on asr.schedule slack; asr.schedule free gives exact "
                         "swaps at the cost of late cycles", left_ns / 1e6, self.scheduler.one_frame_ms() or 0.0)
-        total, step_s, fitted = 0, 0.0, False
         backlog = rec.frames_to_compute
-        for drained in (False, True):
-            while rec.frames_to_compute:          # steps while the gap holds another one
-                frames = self.scheduler.frames_for((end_ns - time.perf_counter_ns()) / 1e6)
-                if frames == 0:
-                    break
-                fitted = True
-                t0 = time.perf_counter()
-                tokens = rec.step(frames * rec.tpf)
-                queued = time.perf_counter()      # host work done, the device work queued (or done, on the CPU)
-                rec.state.backend.synchronize()  # the step's device work is done: time it, leave the GPU idle
-                step_s += time.perf_counter() - t0
-                self.scheduler.observe((time.perf_counter() - t0) * 1e3, tokens, host_ms=(queued - t0) * 1e3)
-                total += tokens
-                if not tokens:
-                    break
-            if not drained:                       # the frames that arrived meanwhile (this gap's chunk among
-                self._drain()                     # them), computed in what is left of the gap if it fits
+        total, step_s, fitted = self._steps_until(end_ns)
+        self._drain()                             # the frames that arrived meanwhile (this gap's chunk among them),
+        more, more_s, more_fitted = self._steps_until(end_ns)      # computed in what is left of the gap if it fits
+        total, step_s, fitted = total + more, step_s + more_s, fitted or more_fitted
         if backlog:
             self.gaps.used(gap_ns / 1e6, step_s * 1e3, total // rec.tpf, fitted, backlog)
         if rec.offer_due and self.scheduler.offer_fits((end_ns - time.perf_counter_ns()) / 1e6):
