@@ -15,7 +15,7 @@ import pytest
 
 from vla_edge_ros import config as C
 from vla_edge_ros.core.cycle_clock import CycleClockReader, CycleClockWriter, clock_path
-from vla_edge_ros.core.gap_ledger import GapLedger
+from vla_edge_ros.core.gap_ledger import SUMMARY_PREFIXES, GapLedger
 from vla_edge_ros.core.engine_factory import reconciler_state
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
@@ -221,6 +221,7 @@ def test_the_gap_ledger_counts_cycle_ends_it_never_read_only_while_a_round_has_w
         (3, 2, 1, 1, 1), s
     assert s["gap_late_ms_p50"] == 10.5 and s["gap_used_share_p50"] == 0.25 and s["gap_frames_mean"] == 1.5, s
     assert s["gap_frames_backlogged_mean"] == 3, s                  # the gap that began with 8 frames to compute
+    assert all(k.startswith(SUMMARY_PREFIXES) for k in s), s       # what the demo report picks its fields by
 
 
 def test_a_step_that_does_not_fit_is_never_started_and_starvation_is_reported():

@@ -30,6 +30,7 @@ from .metrics import percentile
 LEDGER_GAPS = 1024        # latest gaps (and drains) whose figures are summarised
 BACKLOG_FRAMES = 4        # a gap starting with at least this many frames to compute: limited by its length alone
 SEQ_PER_CYCLE = 2         # cycle_clock's seqlock: one cycle end advances the sequence number by 2
+SUMMARY_PREFIXES = ("gaps_", "gap_", "drain_ms_")    # every key summary() writes starts with one of these
 
 
 class GapLedger:

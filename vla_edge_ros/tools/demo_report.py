@@ -31,6 +31,7 @@ from pathlib import Path
 from ..core.boundary_overrun import OVERRUN_PARTS
 from ..core.cycle_phases import PHASES
 from ..core.cycle_result import DEADLINE_MISSED, FALLBACK_REASONS, REFUSED_BUDGET
+from ..core.gap_ledger import SUMMARY_PREFIXES as GAP_SUMMARY_PREFIXES
 from ..core.metrics import percentile
 
 CONFIGURE_STEPS = "warmup.configure_steps_s."     # the reasoning node's /diagnostics keys of its configure steps
@@ -40,7 +41,6 @@ EXACT_SHARE_WORKED = 0.95      # "exact forgetting: YES" needs at least this sha
 EXACT_SHARE_PARTLY = 0.5       # below it: "NO", the state was mostly approximate (swaps or not)
 ABORT_REASONS = ("no_longer_fits", "own_policy_evicted", "rejected_by_primary", "primary_restarted")
 SWAP_PARTS = ("apply_ms", "kv_copy_ms", "recompute_ms", "rest_ms")
-GAP_KEYS = ("gaps_", "gap_", "drain_ms_")      # the reconciler's gap ledger (core/gap_ledger.py), slack schedule
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def _reconciler_work(reconciler: dict) -> dict:
             "step_ms_per_token", "step_ms_per_token_p10", "step_ms_per_token_p50", "step_ms_per_token_p90",
             "step_host_ms_per_token_p50", "offer_ms")
     return {k: reconciler.get(k, "") for k in keys} | {k: reconciler[k] for k in sorted(reconciler)
-                                                        if k.startswith(GAP_KEYS)}
+                                                        if k.startswith(GAP_SUMMARY_PREFIXES)}
 
 
 def _frames(reasoning: dict, camera: dict, meta: dict) -> dict:
