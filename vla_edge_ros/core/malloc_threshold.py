@@ -18,9 +18,10 @@ above a camera frame (640 x 480 x 3 = 0.9 MiB, allocated 60 times a second:
 mapping each would cost page faults on every frame) and below a snapshot.
 The trim threshold is fixed with it at twice that size, the value glibc's own
 adjustment gives it: fixing the mmap threshold alone leaves the trim threshold
-at 128 KiB, and the heap then gave back and faulted in again the numpy
-backend's temporaries of every cycle (a tiny-model cycle at 4096 slots ran
-10-15% slower; a CI run lost its live-keys test's actions to it).
+at 128 KiB, and the heap then gives back and faults in again the numpy
+backend's temporaries of every cycle (in an ad-hoc loop of tiny-model cycles
+at 4096 slots, slower than glibc's default; with the trim threshold set, as
+fast).
 """
 from __future__ import annotations
 
