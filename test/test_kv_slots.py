@@ -237,3 +237,23 @@ def test_frames_placed_by_a_swap_get_the_same_unit_vectors_as_frames_admitted_on
     for a, b in zip(one_by_one.retained(), placed.retained()):
         assert np.array_equal(a.unit, b.unit), a.frame_id
     assert not placed.retained()[2].unit.any()
+
+
+def test_a_swap_placing_frames_with_units_computed_by_its_loader_gets_the_same_slots_and_units():
+    """A loaded snapshot brings its unit vectors (StateSnapshot.prepare_units, off the cycle thread): placing
+    with them must give exactly what placing without them gives, and units that do not match are refused."""
+    from vla_edge_ros.core.state_snapshot import SnapshotFrame, StateSnapshot
+    rng = np.random.default_rng(4)
+    pooled = rng.standard_normal((5, HID)).astype(np.float32)
+    frames = [(i, p, i * TPF) for i, p in enumerate(pooled)]
+    snap = StateSnapshot(version=1, frames=[SnapshotFrame(i, 0.0, s, p) for i, p, s in frames])
+    snap.prepare_units()
+    plain, prepared = manager("semantic", frames=8), manager("semantic", frames=8)
+    slots_plain = plain.place_frames(frames, reserve=0)
+    slots_prepared = prepared.place_frames(frames, reserve=0, units=snap.units)
+    assert [s.tolist() for s in slots_plain] == [s.tolist() for s in slots_prepared]
+    for a, b in zip(plain.retained(), prepared.retained()):
+        assert np.array_equal(a.unit, b.unit) and a.slots.tolist() == b.slots.tolist()
+    assert not prepared.retained()[0].slots.flags.writeable
+    with pytest.raises(ValueError, match="unit vectors for 5 frames"):
+        manager("semantic", frames=8).place_frames(frames, reserve=0, units=snap.units[:4])

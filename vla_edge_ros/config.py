@@ -372,8 +372,10 @@ class ASRConfig:
                                "those frames later: late frames at a swap, a RoPE re-base). false: they are left out "
                                "and the reasoning node takes them from the frames it admitted itself, kept for "
                                "frame_capacity frames after it lets them go; an offer of the 1.5B shape at 4096 slots "
-                               "then writes and reads ~1 MB instead of ~25 MB through /dev/shm. Correct on the CPU "
-                               "(tests); its time on the GPU not measured yet, so on by default", default=True)
+                               "then writes and reads ~1 MB instead of ~25 MB through /dev/shm. Off by default since "
+                               "two 3-minute H200 soaks side by side (notes/cuda_notes.md, 2026-12-02 second): with "
+                               "the rows 35 of 90 rounds applied and 18% of actions on an exact state, without them "
+                               "114 of 115 and 100%", default=False)
     export_buffers: int = _doc("reconciler on a GPU: device buffers its offers' KV is exported into (each the size of "
                                "the KV arena). At least 3: the newest offer, the one the primary may be copying "
                                "from (the latest answered), and one to export the next fresher offer into, so a "

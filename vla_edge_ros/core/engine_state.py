@@ -80,6 +80,7 @@ class SwapReport:
     unseen: list = ()            # frame ids the snapshot's author never saw: kept, recomputed after its frames
     kv_copy_ms: float = 0.0      # writing the snapshot's KV into the arena (device to device on a GPU)
     recompute_ms: float = 0.0    # recomputing the late and unseen frames over it (one frame per forward)
+    check_ms: float = 0.0        # checking it before anything changed (_check_snapshot)
     unseen_forgotten: list = ()  # never-seen frames beyond asr.max_late_chunks: forgotten (oldest first), in dropped
 
 
@@ -277,7 +278,9 @@ class FrameState:
         KV, recompute the late frames over them.
         """
         self._require_boundary("import_state")
+        t_check = time.perf_counter()
         plan = self._check_snapshot(snap, max_recompute)
+        check_ms = (time.perf_counter() - t_check) * 1e3
         kv_copy_ms = self._place_snapshot(snap)
         evicted, recompute_ms = self._recompute_over_snapshot(plan)
         if self.frames and (self.last_frame_id is None or max(self.frames) > self.last_frame_id):
@@ -288,7 +291,7 @@ class FrameState:
                                     late=[c.frame_id for c in plan.chunks if c.frame_id not in unseen_ids],
                                     late_lost=plan.late_lost, evicted=evicted, next_position=self.next_position,
                                     unseen=[c.frame_id for c in plan.chunks if c.frame_id in unseen_ids],
-                                    kv_copy_ms=kv_copy_ms, recompute_ms=recompute_ms,
+                                    kv_copy_ms=kv_copy_ms, recompute_ms=recompute_ms, check_ms=check_ms,
                                     unseen_forgotten=plan.unseen_forgotten)
         log.debug("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
                   len(plan.dropped), len(plan.chunks))
@@ -337,7 +340,7 @@ class FrameState:
         # Frames the swap drops are forgotten on purpose: no later offer holds them, so their rows are not kept.
         held, self.frames = self.frames, {}
         slots = self.kv.place_frames([(f.frame_id, f.pooled, f.position_start) for f in snap.frames],
-                                     reserve=self.suffix_reserve)
+                                     reserve=self.suffix_reserve, units=snap.units)
         for i, f in enumerate(snap.frames):
             if snap.rows is not None:
                 rows = snap.rows[i]

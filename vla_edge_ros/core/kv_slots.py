@@ -228,31 +228,39 @@ class KVSlotManager:
         self._added += 1
         return FrameAdmission(slots=slots, evicted=evicted)
 
-    def place_frames(self, frames: list, reserve: int) -> list:
+    def place_frames(self, frames: list, reserve: int, units: np.ndarray | None = None) -> list:
         """Allocate slots for a whole state at once (a swap: the manager holds no frames), oldest first,
         with no policy call: the caller has checked that they fit beside `reserve` transient slots.
-        frames: [(frame_id, pooled [hidden], position_start)]. Returns the slot arrays in that order."""
+        frames: [(frame_id, pooled [hidden], position_start)]; units: their pooled embeddings as unit_vectors
+        gives them, when already computed (a swap's loader does, off the cycle thread). Returns the slot
+        arrays in that order."""
         if self._frames:
             raise ValueError(f"place_frames: {len(self._frames)} frames are still retained; evict them first")
-        need = len(frames) * self.tokens_per_frame + reserve
+        tpf = self.tokens_per_frame
+        need = len(frames) * tpf + reserve
         if need > len(self._free):
             raise KVCapacityError(f"place_frames: {len(frames)} frames + reserve {reserve} need {need} slots, "
                                   f"{len(self._free)} are free")
         ids = [int(fid) for fid, _, _ in frames]
         if len(set(ids)) != len(ids):
             raise ValueError(f"place_frames: duplicate frame ids in {ids[:16]}")
-        pooled = np.asarray([p for _, p, _ in frames], dtype=np.float32) if frames else np.zeros((0, 1), np.float32)
-        if frames and (pooled.ndim != 2 or not np.isfinite(pooled).all()):
-            raise ValueError(f"place_frames: pooled embeddings must be finite vectors of one size, got {pooled.shape}")
-        out = []
-        units = unit_vectors(pooled)             # all at once: a swap places ~125 frames at a cycle boundary
-        for (fid, _, start), row, unit in zip(frames, pooled, units):
-            slots = self._pop(self.tokens_per_frame)
-            slots.flags.writeable = False
-            self._frames.append(RetainedFrame(frame_id=int(fid), slots=slots, pooled=row, position_start=int(start),
-                                              added_seq=self._added, unit=unit))
+        if not frames:
+            return []
+        if units is None:
+            pooled = np.asarray([p for _, p, _ in frames], dtype=np.float32)
+            if pooled.ndim != 2 or not np.isfinite(pooled).all():
+                raise ValueError(f"place_frames: pooled embeddings must be finite vectors of one size, got {pooled.shape}")
+            units = unit_vectors(pooled)         # all at once: a swap places ~125 frames at a cycle boundary
+        elif units.shape[0] != len(frames) or not np.isfinite(units).all():
+            raise ValueError(f"place_frames: {units.shape} unit vectors for {len(frames)} frames, or not finite")
+        # All the slots in one pop, cut per frame: the same slots, in the same order, as a pop per frame.
+        slots = self._pop(len(frames) * tpf)
+        slots.flags.writeable = False
+        out = [slots[i * tpf:(i + 1) * tpf] for i in range(len(frames))]
+        for (fid, pooled_row, start), frame_slots, unit in zip(frames, out, units):
+            self._frames.append(RetainedFrame(frame_id=int(fid), slots=frame_slots, pooled=pooled_row,
+                                              position_start=int(start), added_seq=self._added, unit=unit))
             self._added += 1
-            out.append(slots)
         return out
 
     def evict_all(self) -> list:

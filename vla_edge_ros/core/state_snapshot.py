@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model.backend import kv_payload
+from .kv_slots import unit_vectors
 
 
 class SnapshotError(ValueError):
@@ -63,6 +64,16 @@ class StateSnapshot:
     # The version of the first offer of the reconciliation round this snapshot belongs to: a round offers
     # fresher versions while it waits for the primary, and once one of them is applied the others are moot.
     round: int = 0
+    # [len(frames), hidden] float64 unit vectors of the pooled embeddings (kv_slots.unit_vectors), computed off the
+    # cycle thread by prepare_units (the swap loader) so that placing ~125 frames at the boundary does not; None:
+    # the swap computes them there.
+    units: np.ndarray | None = None
+
+    def prepare_units(self) -> None:
+        """Compute `units` now (the loader thread: at the boundary this was ~0.4 ms of a swap for 60 frames of
+        the 1.5B shape on the build machine)."""
+        pooled = np.stack([f.pooled for f in self.frames]) if self.frames else np.zeros((0, 1), np.float32)
+        self.units = unit_vectors(pooled)
 
     def never_saw(self, frame_id: int) -> bool:
         """True when `frame_id` fell in a gap of the author's mirror: not dropped on purpose."""

@@ -16,12 +16,14 @@ one configuration); a mismatch is a clear error, never a conversion.
 In the reasoning process an `IpcKvMapper` opens each handle once
 (cuIpcOpenMemHandle; the exporter has asr.export_buffers buffers, so after
 the first few offers nothing is opened again) in the backend's context, on the swap loader thread.
-At the cycle boundary `IpcKV.write_into` checks the buffer's generation word
-(it must read 2g: written completely, not reused), runs one kv_scatter from
-the mapped rows into the arena slots, synchronizes and checks the word again:
-a change means the reconciler rewrote the buffer during the copy, and the
-copy is reported as torn (DeviceKVUnavailable) so the engine can forget the frames
-rather than attend to mixed KV.
+At the cycle boundary `IpcKV.write_into` queues, on the backend's stream, a
+read of the buffer's generation word (it must read 2g: written completely,
+not reused), one kv_scatter from the mapped rows into the arena slots and a
+second read of the word, then synchronizes once: a wrong word before or a
+change after means the copy may be mixed (reused, or rewritten during the
+copy), and it is reported as torn (DeviceKVUnavailable) so the engine can
+forget the frames rather than attend to mixed KV. (Three synchronous steps,
+read-copy-sync-read, each a wait for the GPU that the other process shares.)
 
 A mapping stays valid while the reconciler process keeps the allocation; an
 offer is only taken from a reconciler that just answered, and the copy runs
@@ -50,6 +52,7 @@ class IpcKvMapper:
         self._open: dict = {}            # handle hex -> pycuda IPCMemoryHandle
         self._lock = threading.Lock()
         self.opened = 0
+        self._words = None               # two page-locked int32: the generation word before and after a copy
 
     def address(self, handle_hex: str) -> int:
         """Device address of the mapped allocation in this context (opened on first use)."""
@@ -67,6 +70,15 @@ class IpcKvMapper:
                 self.opened += 1
                 log.info("opened a reconciler KV buffer through CUDA IPC (%d mapped)", len(self._open))
             return int(mapped)
+
+    def header_words(self) -> tuple:
+        """Two page-locked host words the copy's generation reads land in (made once, in this context)."""
+        with self._lock:
+            if self._words is None:
+                with self.device.bound():
+                    self._words = (self.device.drv.pagelocked_empty(1, np.int32),
+                                   self.device.drv.pagelocked_empty(1, np.int32))
+            return self._words
 
     def open(self, descriptor: dict) -> "IpcKV":
         """The KV holder of an offer's descriptor, its buffer mapped now (call off the cycle thread)."""
@@ -138,17 +150,27 @@ class IpcKV:
             raise ValueError(f"IpcKV.write_into: this arena holds {np.dtype(backend.kv_rows_dtype()).name}, the "
                              f"reconciler's rows {self.descriptor['element']} (kv.dtype differs between the nodes)")
         t = time.perf_counter()
-        self.check_usable()
-        drv = self.mapper.device.drv
+        dev = self.mapper.device
+        drv = dev.drv
+        base = self.mapper.address(self.descriptor["handle"])
+        word_at = base + int(self.descriptor["header_offset"])
+        before, after = self.mapper.header_words()
         try:
-            backend.scatter_kv_rows(self.mapper.address(self.descriptor["handle"]), slots)
+            with dev.bound():
+                drv.memcpy_dtoh_async(before, word_at, backend.stream)
+            backend.scatter_kv_rows(base, slots)
+            with dev.bound():
+                drv.memcpy_dtoh_async(after, word_at, backend.stream)
             backend.synchronize()
         except drv.Error as exc:          # e.g. the reconciler's process went away under the mapping
             raise DeviceKVUnavailable(f"copying the reconciler's KV failed: {exc}") from exc
-        word = self._header()
         self.last_copy_ms = (time.perf_counter() - t) * 1e3
-        if word != 2 * self.generation:
-            raise DeviceKVUnavailable(f"reconciler buffer rewritten during the copy (generation word {word}): torn KV")
+        if int(before[0]) != 2 * self.generation:
+            raise DeviceKVUnavailable(f"reconciler buffer {self.descriptor.get('buffer')} moved on before the copy "
+                                      f"(generation word {int(before[0])}, offer {self.generation}): torn KV")
+        if int(after[0]) != 2 * self.generation:
+            raise DeviceKVUnavailable(f"reconciler buffer rewritten during the copy (generation word {int(after[0])}): "
+                                      f"torn KV")
 
     def _header(self) -> int:
         base = self.mapper.address(self.descriptor["handle"])

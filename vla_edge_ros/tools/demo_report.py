@@ -33,6 +33,7 @@ from ..core.cycle_phases import PHASES
 from ..core.cycle_result import DEADLINE_MISSED, FALLBACK_REASONS, REFUSED_BUDGET
 from ..core.gap_ledger import SUMMARY_PREFIXES as GAP_SUMMARY_PREFIXES
 from ..core.metrics import percentile
+from ..core.swap_protocol import SWAP_TIMINGS
 
 CONFIGURE_STEPS = "warmup.configure_steps_s."     # the reasoning node's /diagnostics keys of its configure steps
 
@@ -40,7 +41,6 @@ ACTION = "action"
 EXACT_SHARE_WORKED = 0.95      # "exact forgetting: YES" needs at least this share of actions on an exact state
 EXACT_SHARE_PARTLY = 0.5       # below it: "NO", the state was mostly approximate (swaps or not)
 ABORT_REASONS = ("no_longer_fits", "own_policy_evicted", "rejected_by_primary", "primary_restarted")
-SWAP_PARTS = ("apply_ms", "kv_copy_ms", "recompute_ms", "rest_ms")
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def _frames(reasoning: dict, camera: dict, meta: dict) -> dict:
 def _swaps(reasoning: dict) -> dict:
     return {"applied": _int(reasoning.get("swap.swaps")), "state_version": _int(reasoning.get("swap.state_version")),
             **{f"{part}_{q}": _float(reasoning.get(f"swap.swap_{part}_{q}"))
-               for part in SWAP_PARTS for q in ("p50", "p99", "max")},
+               for part in SWAP_TIMINGS for q in ("p50", "p99", "max")},
             "kv_copy_ms_last": _float(reasoning.get("swap.swap_kv_copy_ms_last")),
             "deferred_stale": _int(reasoning.get("swap.swap_deferred_stale")),
             "late_frames": _int(reasoning.get("swap.swap_late_frames")),
@@ -265,8 +265,8 @@ def _state_rows(report: dict) -> list:
                                 f"{swaps['rejected']}, load failures {swaps['load_failures']})"),
         ("swap at the boundary p50/p99/max", "; ".join(
             f"{label} " + "/".join(_ms(swaps[f"{part}_{q}"]) for q in ("p50", "p99", "max")) + " ms"
-            for label, part in (("whole", "apply_ms"), ("KV copy", "kv_copy_ms"), ("late recompute", "recompute_ms"),
-                                ("rest", "rest_ms")))),
+            for label, part in (("whole", "apply_ms"), ("checks", "check_ms"), ("KV copy", "kv_copy_ms"),
+                                ("late recompute", "recompute_ms"), ("rest", "rest_ms")))),
         ("reconciler work", ", ".join(f"{k} {v}" for k, v in report["reconciler_work"].items() if v != "") or "-"),
         ("admission spikes not learned", str(report["admission_spikes_not_learned"])),
         ("admission estimate (last)", _estimate_line(report.get("admission_estimate", {}))),
