@@ -126,3 +126,15 @@ def test_unreadable_or_missing_weight_file(tmp_path):
 def test_bad_pixels_are_rejected(pixels, needle):
     with pytest.raises(ValueError, match=needle):
         VisionEncoder(VISION, HIDDEN).encode(pixels)
+
+
+def test_on_gpu_needs_a_gpu_backend_and_tools_without_a_model_keep_the_numpy_projection(real_frame, tiny_model_dir):
+    """vision.on_gpu with the numpy model backend is a clear error naming the key (the reasoning node's and the
+    reconciler's configure report it); an offline tool that passes no backend encodes as before."""
+    from vla_edge_ros.model.factory import create_backend
+    cfg = dataclasses.replace(VISION, on_gpu=True)
+    with pytest.raises(ValueError, match="vision.on_gpu needs the model on a GPU.*NumpyBackend"):
+        VisionEncoder(cfg, HIDDEN, create_backend("numpy", tiny_model_dir, 256, "float32"))
+    tool = VisionEncoder(cfg, HIDDEN)
+    assert tool.device_projection is None
+    np.testing.assert_array_equal(tool.encode(real_frame).tokens, VisionEncoder(VISION, HIDDEN).encode(real_frame).tokens)

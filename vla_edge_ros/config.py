@@ -134,6 +134,10 @@ class VisionConfig:
     grid_rows: int = _doc("patches down (image height = grid_rows * patch_size)", default=4)
     seed: int = _doc("seed of the projection weights when no weights file is given", default=1234)
     weights_path: str = _doc("optional safetensors file with patch_proj.weight [hidden, 3*p*p] and patch_proj.bias [hidden]", default="")
+    on_gpu: bool = _doc("run the patch projection on the model's GPU (model.backend pycuda; the reconciler's on its "
+                        "own backend, which must then be pycuda too): cuda/vision.cu through model/cuda_vision.py, "
+                        "the resize stays on the host. Off by default: tested against the numpy encoder on the "
+                        "H200 (test_cuda_vision.py) but not yet measured in the ROS graph", default=False)
 
     def __post_init__(self):
         for name in ("patch_size", "grid_cols", "grid_rows"):

@@ -108,7 +108,7 @@ class FrameState:
     def __init__(self, cfg: VlaConfig, backend, tokenizer, encoder: VisionEncoder | None = None):
         self.cfg = cfg
         self.backend = backend
-        self.encoder = encoder or VisionEncoder(cfg.vision, backend.spec.hidden_size)
+        self.encoder = encoder or VisionEncoder(cfg.vision, backend.spec.hidden_size, backend)
         self.kv = KVSlotManager(cfg.kv.capacity_tokens, cfg.vision.tokens_per_frame,
                                 make_policy(cfg.kv.eviction_policy, cfg.kv.window_frames))
         # Transient slots a cycle may need: the longest suffix plus the decoded tokens fed back.

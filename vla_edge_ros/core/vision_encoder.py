@@ -44,7 +44,10 @@ class EncodedFrame:
 
 
 class VisionEncoder:
-    def __init__(self, vision_cfg: VisionConfig, hidden_size: int):
+    def __init__(self, vision_cfg: VisionConfig, hidden_size: int, backend=None):
+        """backend: with vision.on_gpu, the model backend whose GPU runs the patch projection (its
+        `patch_projection`, PyCUDA only; a backend without one is a ValueError); the resize stays on the host
+        either way. None: the numpy projection whatever vision.on_gpu says (offline tools with no model)."""
         if hidden_size <= 0:
             raise ValueError(f"VisionEncoder: hidden_size must be > 0, got {hidden_size}")
         self.cfg = vision_cfg
@@ -55,6 +58,14 @@ class VisionEncoder:
             weight, bias = seeded_patch_weights(vision_cfg.seed, self.hidden_size, vision_cfg.patch_dim)
         self.weight = weight                  # [hidden, 3*p*p] float32
         self.bias = bias                      # [hidden] float32
+        # vision.on_gpu: image at the encoder size (uint8) -> (tokens, pooled) on the device (model/cuda_vision.py).
+        self.device_projection = None
+        if vision_cfg.on_gpu and backend is not None:
+            if not hasattr(backend, "patch_projection"):
+                raise ValueError(f"vision.on_gpu needs the model on a GPU (model.backend pycuda); this backend is "
+                                 f"{type(backend).__name__}")
+            self.device_projection = backend.patch_projection(weight, bias, vision_cfg.grid_rows, vision_cfg.grid_cols,
+                                                              vision_cfg.patch_size)
 
     @property
     def tokens_per_frame(self) -> int:
@@ -62,6 +73,9 @@ class VisionEncoder:
 
     def encode(self, pixels: np.ndarray) -> EncodedFrame:
         """[H, W, 3] uint8 RGB -> EncodedFrame (see the module docstring for the layout)."""
+        if self.device_projection is not None:
+            tokens, pooled = self.device_projection(self.resize(pixels))
+            return EncodedFrame(tokens=tokens, pooled=pooled)
         image = self.prepare(pixels)                                    # [Hi, Wi, 3] float32 in [-1, 1]
         patches = extract_patches(image, self.cfg.patch_size)           # [tokens, 3*p*p]
         tokens = patches @ self.weight.T + self.bias                    # [tokens, hidden]
@@ -71,11 +85,15 @@ class VisionEncoder:
 
     def prepare(self, pixels: np.ndarray) -> np.ndarray:
         """Validate, resize to the encoder size and map to [-1, 1]: [Hi, Wi, 3] float32."""
+        return self.resize(pixels).astype(np.float32) / 127.5 - 1.0
+
+    def resize(self, pixels: np.ndarray) -> np.ndarray:
+        """Validate and resize to the encoder size: [Hi, Wi, 3] uint8."""
         _check_pixels(pixels)
         width, height = self.cfg.image_width, self.cfg.image_height
         if pixels.shape[:2] != (height, width):
             pixels = cv2.resize(pixels, (width, height), interpolation=cv2.INTER_AREA)
-        return pixels.astype(np.float32) / 127.5 - 1.0
+        return pixels
 
 
 # ----------------------------------------------------------------------------

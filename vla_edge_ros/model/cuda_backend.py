@@ -516,6 +516,23 @@ class CudaBackend:
             log.info("KV landing buffer of %.0f MB for swaps from another context", nbytes / 1e6)
         return int(self._landing.gpudata)
 
+    @_on_device
+    def device_buffer(self, shape, dtype, host: np.ndarray | None = None):
+        """A device array for a helper on this backend's device (cuda_vision.py), counted and freed by close();
+        filled from `host` when given, else zeroed."""
+        if host is None:
+            return self._alloc(shape, dtype)
+        if np.asarray(host).size != int(np.prod(shape)):
+            raise ValueError(f"device_buffer: {np.asarray(host).size} host values for shape {tuple(shape)}")
+        arr = self._alloc(shape, dtype, zero=False)
+        self._drv.memcpy_htod(int(arr.gpudata), np.ascontiguousarray(host, dtype=dtype))
+        return arr
+
+    def patch_projection(self, weight: np.ndarray, bias: np.ndarray, grid_rows: int, grid_cols: int, patch: int):
+        """The vision encoder's patch projection on this device (vision.on_gpu): model/cuda_vision.py."""
+        from .cuda_vision import CudaPatchProjection
+        return CudaPatchProjection(self, weight, bias, grid_rows, grid_cols, patch)
+
     def _rows_view(self, ptr: int):
         """A GPUArray view (no allocation) of a [2, layers, capacity, kv_dim] buffer of arena elements at a device
         address."""
