@@ -5,6 +5,7 @@
 #   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (the default, in that order); more
 #   stages: profile (decode launch modes + ncu per kernel), ncu-gemv, ncu-decode and ncu-prefill (stall reasons of
 #   layer 0's kernels, NCU_MODE's variants), probes, csr (= csr-hf), asr (= asr-4k), asr-shared, asr-32k, asr-32k-approx,
+#   asr-2gpu (the reconciler on GPU 1: bench asr at 4096 and 32768 and the ROS soak; needs two GPUs),
 #   suite (the whole test suite, needs prepare.sh --ros) and demo
 #   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each), pack (all but the tables, the suite
 #   log and one timeline into results.tgz: the device tool returns 8 files). Run from the repo root after
@@ -91,6 +92,28 @@ for stage in $STAGES; do
             $PY -m vla_edge_ros.cli bench asr --from-json "$OUT/asr-32k.json" "$OUT/asr-32k-approx.json" \
                 --png "$OUT/asr-32k-fig6.png" 2>&1 | tee "$OUT/asr-32k-fig6.log" || status=1
         fi ;;
+    asr-2gpu)
+        # Issue 24, on nvidia-h200-x2: the reconciler on GPU 1 (asr.device 1), its KV read by GPU 0 peer to peer.
+        # bench asr at 4096 (three modes) and 32768 (asr and sync), then the 4-minute soak of the ROS graph with the
+        # reconciler node on GPU 1; ~14 minutes in all, so over two device calls (STAGES=asr-2gpu ASR2_PARTS=...).
+        make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
+        for part in ${ASR2_PARTS:-4k 32k soak}; do
+            case $part in
+            4k) args="--capacity 4096" ;;
+            32k) args="--capacity 32768 --modes asr sync --max-cycles 5500" ;;
+            soak)
+                echo "== soak, reconciler node on GPU 1"
+                VLA_EDGE_LOG_DIR="$OUT/logs/soak_2gpu" ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST $PY -m vla_edge_ros.cli soak \
+                    --minutes 4 --params config/gpu_demo.yaml --model "$MODELS/qwen15" --set asr.device=1 \
+                    --json "$OUT/soak_2gpu.json" --png "$OUT/soak_2gpu.png" 2>&1 | tee "$OUT/soak_2gpu.txt" \
+                    | grep -v " INFO " || status=1
+                continue ;;
+            esac
+            echo "== bench asr $args, reconciler on GPU 1"
+            $PY -m vla_edge_ros.cli bench asr --backend pycuda ${FRAMES:+--frames "$FRAMES"} $args --reconciler-device 1 \
+                ${ASR_ARGS:-} --json "$OUT/asr-2gpu-$part.json" --png "$OUT/asr-2gpu-$part.png" 2>&1 \
+                | tee "$OUT/asr-2gpu-$part.log" | grep -v " INFO " || status=1
+        done ;;
     verify-small)
         for m in ${VERIFY_MODELS:-tiny llama-tiny}; do
             make_model $m "$MODELS/$m"

@@ -51,6 +51,8 @@ def test_every_key_has_a_description():
     ({"camera.reliability": "sometimes"}, "camera.reliability"),
     ({"asr.evict_fraction": 1.0}, "asr.evict_fraction"),
     ({"asr.backend": "gpu"}, "asr.backend"),
+    ({"asr.device": -2}, "asr.device"),
+    ({"asr.device": 1, "asr.backend": "numpy"}, "asr.backend is numpy"),
     ({"vision.grid_cols": 0}, "vision.grid_cols"),
     ({"cycle.executor": "multi_threaded"}, "cycle.executor"),
     ({"kv.recompute_headroom": 0.5}, "kv.recompute_headroom"),

@@ -388,6 +388,14 @@ class ASRConfig:
                         "context of its own process (pick the GPU with CUDA_VISIBLE_DEVICES); on the primary's GPU its "
                         "kernels time-slice with the cycles, which no GPU run has measured yet, hence numpy by default",
                         default="numpy")
+    device: int = _doc("the CUDA device of a GPU reconciler (asr.backend pycuda or auto; numbered as the process sees "
+                       "them, after CUDA_VISIBLE_DEVICES). -1: the primary's device (device 0), the one-GPU "
+                       "arrangement. Another index puts the reconciler on a second GPU, the CSR/ASR paper's own "
+                       "arrangement: its offers' KV is read by the primary's GPU peer to peer (CUDA IPC opened with "
+                       "peer access). An index the process cannot see fails the reconciler's configure; one the "
+                       "primary's GPU cannot reach peer to peer is reported at configure and the reconciler runs on "
+                       "the primary's device instead (model/cuda_device.reconciler_device_index). Not yet measured "
+                       "on two GPUs", default=-1)
 
     schedule: str = _doc("slack: the reconciler's work runs only between the end of a primary cycle and the next "
                          "boundary (core/slack_scheduler.py; the reasoning node publishes its cycle timing, "
@@ -423,6 +431,11 @@ class ASRConfig:
                               f"copied, and one to export into), got {self.export_buffers}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"asr.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.device < -1:
+            raise ConfigError(f"asr.device must be -1 (the primary's device) or a CUDA device index, got {self.device}")
+        if self.device >= 0 and self.backend == "numpy":
+            raise ConfigError(f"asr.device {self.device} picks a GPU for the reconciler, but asr.backend is numpy: "
+                              f"set asr.backend pycuda (or auto), or asr.device -1")
 
 
 @dataclass(frozen=True)

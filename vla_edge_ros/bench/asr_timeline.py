@@ -109,8 +109,10 @@ def add_arguments(p) -> None:
     p.add_argument("--device-transfer", choices=("device", "host"), default="device",
                    help="pycuda: swap KV device to device across the two contexts, or through host memory")
     p.add_argument("--reconciler-context", choices=("own", "shared"), default="own",
-                   help="pycuda: the reconciler's CUDA context: its own (second GPU if any), or the primary's "
+                   help="pycuda: the reconciler's CUDA context: its own (on asr.device's GPU), or the primary's "
                         "(second stream in the same context: kernels may overlap instead of time-slicing)")
+    p.add_argument("--reconciler-device", type=int, help="pycuda: asr.device, the reconciler's GPU (default: from "
+                   "the config; -1 the primary's)")
     add_input_arguments(p)
     p.add_argument("--png", help="write Fig. 6 (latency per cycle through the rounds) here")
 
@@ -149,7 +151,9 @@ def _run(args) -> int:
     overrides = {"model.path": str(model_dir), "model.backend": kind, "kv.capacity_tokens": capacity,
                  "cycle.deadline_ms": 1000.0 / hz}
     if kind == "pycuda":
-        overrides["model.dtype"] = "bfloat16"
+        overrides.update({"model.dtype": "bfloat16", "asr.backend": "pycuda"})
+        if getattr(args, "reconciler_device", None) is not None:
+            overrides["asr.device"] = args.reconciler_device
     if getattr(args, "asr_mode", None):
         overrides["asr.mode"] = args.asr_mode
     cfg = base.replace(overrides)
@@ -274,7 +278,7 @@ class _Engines:
             self.name = f"{model_dir}, numpy backend fp32"
             return
         from ..model.cuda_backend import CudaBackend
-        from ..model.cuda_device import CudaDevice, primary_device
+        from ..model.cuda_device import CudaDevice, primary_device, reconciler_device_index
         from ..model.cuda_state_transfer import DeviceKvExporter
 
         spec, weights = gpu_inputs.random_model(shape)
@@ -282,9 +286,12 @@ class _Engines:
         self.primary_backend = CudaBackend(spec, weights, cfg.kv.capacity_tokens, "bfloat16")
         self.reconciler_backend = self.exporter = self.own = None
         if with_reconciler:
-            # "own": a context of its own (the second GPU when there is one); "shared": the primary's context.
-            count = primary_device(0).drv.Device.count()
-            self.own = CudaDevice.own(1 if count > 1 else 0) if context == "own" else primary_device(0)
+            # "own": a context of its own on asr.device's GPU (the primary's by default; another one is read peer to
+            # peer, model/cuda_device.reconciler_device_index); "shared": the primary's context.
+            index, why = reconciler_device_index(cfg.asr.device)
+            if cfg.asr.device >= 0 and index != cfg.asr.device:
+                log.warning("bench asr: %s", why)
+            self.own = CudaDevice.own(index) if context == "own" else primary_device(0)
             self.reconciler_backend = CudaBackend(spec, weights, cfg.kv.capacity_tokens, "bfloat16", device=self.own)
             if transfer == "device":
                 self.exporter = DeviceKvExporter(self.reconciler_backend)

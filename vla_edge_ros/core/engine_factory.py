@@ -19,7 +19,7 @@ import logging
 import time
 
 from ..config import VlaConfig
-from ..model.factory import choose_backend, create_backend
+from ..model.factory import choose_backend, create_backend, resolve_kind
 from ..model.weights import load_tokenizer
 from .cpu_threads import limit_cpu_threads
 from .engine import Engine
@@ -39,6 +39,8 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
     """The reconciler's frame state (asr.backend; it runs no control cycle, so no Engine around it); on a
     GPU its snapshots' KV stays on the device."""
     limit_cpu_threads(cfg.model.cpu_threads)
+    if device is None and resolve_kind(cfg.asr.backend) == "pycuda":
+        device = reconciler_device(cfg.asr.device)
     backend = create_backend(cfg.asr.backend, cfg.model.path, cfg.kv.capacity_tokens, dtype=cfg.model.dtype,
                              device=device, kernel_options=cfg.model.kernel_options(), kv_dtype=cfg.kv.dtype,
                              weights=cfg.model.weights)
@@ -52,6 +54,18 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
     except BaseException:
         backend.close()
         raise
+
+
+def reconciler_device(requested: int):
+    """The CudaDevice (primary context) a GPU reconciler runs on for asr.device `requested`
+    (model/cuda_device.reconciler_device_index: a fallback to the primary's device is logged as a warning)."""
+    from ..model.cuda_device import primary_device, reconciler_device_index   # lazy: imports pycuda
+    index, why = reconciler_device_index(requested)
+    if requested >= 0 and index != requested:
+        log.warning("reconciler: %s", why)
+    else:
+        log.info("reconciler on %s", why)
+    return primary_device(index)
 
 
 def swap_kv_mapper(backend):

@@ -140,6 +140,27 @@ def primary_device(index: int = 0) -> CudaDevice:
         return dev
 
 
+def reconciler_device_index(requested: int, primary: int = 0) -> tuple[int, str]:
+    """Where a GPU reconciler runs for asr.device `requested`: (device index, one line saying why).
+
+    -1 or the primary's own index: the primary's device. Another index must exist (NoCudaDevice names
+    asr.device otherwise) and be reachable from the primary's device peer to peer, since the primary's
+    kv_scatter reads the offered KV where it lies; when it is not, the reconciler runs on the primary's
+    device instead and the line says so (the caller logs it as a warning: never a silent fallback)."""
+    drv = driver()
+    if requested < 0 or requested == primary:
+        return primary, f"device {primary}, the primary's (asr.device {requested})"
+    count = drv.Device.count()
+    if requested >= count:
+        raise NoCudaDevice(f"asr.device {requested}: this process sees {count} CUDA device(s) (0..{count - 1}; "
+                           f"CUDA_VISIBLE_DEVICES renumbers them)")
+    here, there = drv.Device(primary), drv.Device(requested)
+    if not here.can_access_peer(there):
+        return primary, (f"asr.device {requested} ({there.name()}) cannot be read peer to peer by the primary's "
+                         f"device {primary} ({here.name()}): the reconciler runs on device {primary} instead")
+    return requested, f"device {requested} ({there.name()}), its KV read by device {primary} peer to peer"
+
+
 def current_handle(drv) -> int | None:
     """Handle of the context current on this thread (PyCUDA's view), or None."""
     try:

@@ -77,7 +77,8 @@ class Reconciler(LifecycleNode):
             lower_process_priority(cfg.asr.niceness)    # the primary's cycle gets the cores first
         kv_path = "CUDA IPC (KV stays on the GPU)" if state.kv_export is not None else "the snapshot file"
         kv_path += f"; schedule {'slack' if self.worker.clock is not None else 'free'} (asr.schedule {cfg.asr.schedule})"
-        self.get_logger().info(f"configured: {cfg.model.path} on {type(state.backend).__name__} "
+        where = f" on {state.backend.device.describe()}" if state.backend.device is not None else ""
+        self.get_logger().info(f"configured: {cfg.model.path} on {type(state.backend).__name__}{where} "
                                f"({describe_choice(cfg.asr.backend)}), snapshots in {self.worker.store.directory}, "
                                f"KV by {kv_path}; CPU {describe_priority()}")
         return TransitionCallbackReturn.SUCCESS
