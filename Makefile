@@ -29,7 +29,15 @@ $(STAMP): requirements.txt setup.py scripts/bootstrap.sh scripts/build_interface
 $(DEMO_MODEL)/config.json: $(STAMP)
 	$(VLA) make-model $(DEMO_MODEL_KIND) --out $(DEMO_MODEL)
 
-demo: $(STAMP) $(DEMO_MODEL)/config.json
+# On a GPU the kernels are compiled into PyCUDA's cache once per machine (and again after a kernel source
+# changes), so that the first node's configure loads them instead of compiling (vla-edge compile-kernels).
+ifeq ($(HAVE_GPU),yes)
+KERNEL_STAMP := $(VENV)/.kernels-cached
+$(KERNEL_STAMP): $(STAMP) $(wildcard cuda/*.cu cuda/*.cuh)
+	$(VLA) compile-kernels --params $(DEMO_PARAMS) && touch $@
+endif
+
+demo: $(STAMP) $(DEMO_MODEL)/config.json $(KERNEL_STAMP)
 	$(VLA) demo --seconds $(DEMO_SECONDS) --params $(DEMO_PARAMS) --model $(DEMO_MODEL) --json out/demo.json --png out/demo_timeline.png
 
 test: $(STAMP)

@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "make-model": ("make_model", "write a model snapshot (tiny, llama-tiny, smollm2, qwen2.5-1.5b-random, "
                                  "llama-2-7b-random)"),
     "quantize": ("quantize", "write a float snapshot as an INT4 one (groups of fp16-scaled 4-bit weights)"),
+    "compile-kernels": ("compile_kernels", "compile the CUDA kernels into PyCUDA's cache ahead of the first node"),
     "retention": ("retention", "which clips the eviction policies keep on real footage"),
     "record": ("record", "write the footage as a rosbag2 (mcap)"),
     "replay": ("replay", "publish a bag's images with their recorded timing"),

@@ -1,0 +1,58 @@
+"""`vla-edge compile-kernels`: PyCUDA's kernel cache filled ahead of the first node (issue 21's cold start).
+
+On a machine without PyCUDA (CI) the command says so and exits 2; an unknown family is refused by name.
+With a GPU (marker `gpu`) it compiles into PyCUDA's on-disk cache, which XDG_CACHE_HOME moves into a
+temporary directory here: the cache gains the cubins, and the backend's own load of that family
+afterwards finds them there (it adds nothing).
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "vla_edge_ros.cli", "compile-kernels", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def _has_pycuda() -> bool:
+    try:
+        import pycuda.compiler  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_has_pycuda(), reason="PyCUDA is installed here")
+def test_without_pycuda_it_says_so():
+    out = _cli("--arch", "sm_90")
+    assert out.returncode == 2 and "PyCUDA is not installed" in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(not _has_pycuda(), reason="needs PyCUDA")
+def test_an_unknown_family_is_refused_by_name():
+    out = _cli("--arch", "sm_90", "--families", "argmax", "warp_drive")
+    assert out.returncode == 2 and "warp_drive" in out.stderr, out.stderr
+
+
+@pytest.mark.gpu
+def test_it_fills_the_cache_the_backend_then_loads_from(tmp_path):
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    out = _cli("--families", "argmax", "rmsnorm", "--kv-dtype", "float32", env=env)
+    assert out.returncode == 0, out.stderr
+    cached = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
+    assert len(cached) >= 2, cached
+    # A second process loading the same families, as a node's backend does, compiles nothing new.
+    probe = ("from vla_edge_ros.model.cuda_device import primary_device\n"
+             "from vla_edge_ros.model.cuda_kernels import compile_family\n"
+             "d = primary_device(0)\n"
+             "compile_family(d, 'argmax'); compile_family(d, 'rmsnorm')\n")
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert loaded.returncode == 0, loaded.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == cached

@@ -1,0 +1,61 @@
+"""`vla-edge compile-kernels`: fill PyCUDA's kernel cache before a node needs it.
+
+A GPU node compiles cuda/*.cu with nvcc through PyCUDA when its backend is built, and PyCUDA keeps each
+cubin in its on-disk cache (keyed by the source, the options, the architecture and nvcc's version), so
+every later process only loads them. On a fresh machine the first reasoning node therefore paid the
+compile inside its configure: start to active took 35.2 s on the H200, with ~26 s in configure (issue 21).
+This command compiles every family exactly as the backend does (`cuda_kernels.family_cubin`, the same
+source, options and architecture) ahead of that, as a build step: `make demo` runs it once per machine
+on a GPU. It needs nvcc, and a GPU only to read the architecture when --arch is not given.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--arch", help="GPU architecture, e.g. sm_90 (default: device 0's)")
+    parser.add_argument("--params", metavar="FILE", help="ROS parameter file whose kv.dtype picks the KV families' "
+                        "build (default config/vla_edge.yaml)")
+    parser.add_argument("--kv-dtype", nargs="+", help="KV arena types to build for (default: kv.dtype of --params)")
+    parser.add_argument("--families", nargs="+", help="only these kernel families (default: all)")
+
+
+def run(args) -> int:
+    try:
+        import pycuda.compiler  # noqa: F401 - the compiler and its cache are PyCUDA's
+    except ImportError as exc:
+        print(f"compile-kernels: PyCUDA is not installed ({exc}); it is the GPU backend's (requirements-gpu)",
+              file=sys.stderr)
+        return 2
+    from ..config import load
+    from ..model.cuda_kernels import FAMILIES, KV_ARENA_TYPES, family_cubin, family_options
+    families = list(args.families or FAMILIES)
+    unknown = [f for f in families if f not in FAMILIES]
+    kv_dtypes = list(args.kv_dtype or [load(args.params).kv.dtype])
+    bad_dtypes = [d for d in kv_dtypes if d not in KV_ARENA_TYPES]
+    if unknown or bad_dtypes:
+        print(f"compile-kernels: unknown {'families ' + str(unknown) if unknown else ''}"
+              f"{' kv dtypes ' + str(bad_dtypes) if bad_dtypes else ''}; families: {list(FAMILIES)}, kv dtypes: "
+              f"{list(KV_ARENA_TYPES)}", file=sys.stderr)
+        return 2
+    arch = args.arch or _device_arch()
+    builds = sorted({(f, family_options(f, d)) for f in families for d in kv_dtypes})
+    t_all = time.perf_counter()
+    for family, options in builds:
+        t = time.perf_counter()
+        try:
+            family_cubin(family, arch, options)
+        except Exception as exc:  # noqa: BLE001 - pycuda.driver.CompileError and nvcc's own failures alike
+            print(f"compile-kernels: {family} {' '.join(options)} failed: {exc}", file=sys.stderr)
+            return 1
+        print(f"{family:20s} {' '.join(options) or '-':12s} {time.perf_counter() - t:6.2f} s")
+    print(f"{len(builds)} builds for {arch} in {time.perf_counter() - t_all:.1f} s: PyCUDA's cache holds them now")
+    return 0
+
+
+def _device_arch() -> str:
+    from ..model.cuda_device import primary_device
+    from ..model.cuda_kernels import device_arch
+    return device_arch(primary_device(0))
