@@ -5,6 +5,7 @@ With a GPU (marker `gpu`) it compiles into PyCUDA's on-disk cache, which XDG_CAC
 temporary directory here: the cache gains the cubins, and the backend's own load of that family
 afterwards finds them there (it adds nothing).
 """
+import importlib.util
 import os
 import subprocess
 import sys
@@ -21,11 +22,7 @@ def _cli(*args, env=None):
 
 
 def _has_pycuda() -> bool:
-    try:
-        import pycuda.compiler  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("pycuda") is not None
 
 
 @pytest.mark.skipif(_has_pycuda(), reason="PyCUDA is installed here")

@@ -10,6 +10,7 @@ on a GPU. It needs nvcc, and a GPU only to read the architecture when --arch is 
 """
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 
@@ -23,11 +24,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    try:
-        import pycuda.compiler  # noqa: F401 - the compiler and its cache are PyCUDA's
-    except ImportError as exc:
-        print(f"compile-kernels: PyCUDA is not installed ({exc}); it is the GPU backend's (requirements-gpu)",
-              file=sys.stderr)
+    if importlib.util.find_spec("pycuda") is None:        # the compiler and its cache are PyCUDA's
+        print("compile-kernels: PyCUDA is not installed (the gpu extra: scripts/bootstrap.sh installs it where a "
+              "CUDA GPU and nvcc are found)", file=sys.stderr)
         return 2
     from ..config import load
     from ..model.cuda_kernels import FAMILIES, KV_ARENA_TYPES, family_cubin, family_options
