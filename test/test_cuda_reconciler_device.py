@@ -14,7 +14,7 @@ from vla_edge_ros import config as C
 
 pytestmark = pytest.mark.gpu
 
-CAPACITY = 256
+CAPACITY = 512
 
 
 def _cfg(model_dir, device: int):
