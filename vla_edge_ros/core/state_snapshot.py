@@ -70,8 +70,8 @@ class StateSnapshot:
     units: np.ndarray | None = None
 
     def prepare_units(self) -> None:
-        """Compute `units` now (the loader thread: at the boundary this was ~0.4 ms of a swap for 60 frames of
-        the 1.5B shape on the build machine)."""
+        """Compute `units` now, on the loader thread: placing 60 frames of the 1.5B shape took 0.70 ms with
+        them computed at the boundary and 0.13 ms with them given (the build machine)."""
         pooled = np.stack([f.pooled for f in self.frames]) if self.frames else np.zeros((0, 1), np.float32)
         self.units = unit_vectors(pooled)
 
