@@ -137,7 +137,8 @@ class VisionConfig:
     on_gpu: bool = _doc("run the patch projection on the model's GPU (model.backend pycuda; the reconciler's on its "
                         "own backend, which must then be pycuda too): cuda/vision.cu through model/cuda_vision.py, "
                         "the resize stays on the host. Off by default: tested against the numpy encoder on the "
-                        "H200 (test_cuda_vision.py) but not yet measured in the ROS graph", default=False)
+                        "H200 (test_cuda_vision.py); one 50 s H200 demo with it (vision 2.0 -> 0.5 ms p50) also "
+                        "had 2 deadline misses, and the reconciler's encodes are not in its slack schedule", default=False)
 
     def __post_init__(self):
         for name in ("patch_size", "grid_cols", "grid_rows"):
@@ -386,7 +387,8 @@ class ASRConfig:
                                "re-export never overwrites KV the primary may be reading", default=3)
     backend: str = _doc("the reconciler node's transformer backend (auto | numpy | pycuda). pycuda runs it in a CUDA "
                         "context of its own process (pick the GPU with CUDA_VISIBLE_DEVICES); on the primary's GPU its "
-                        "kernels time-slice with the cycles, which no GPU run has measured yet, hence numpy by default",
+                        "kernels time-slice with the cycles (hence asr.schedule slack). numpy by default, the CPU "
+                        "machine's; config/gpu_demo.yaml sets pycuda, the arrangement the H200 soaks measured",
                         default="numpy")
     device: int = _doc("the CUDA device of a GPU reconciler (asr.backend pycuda or auto; numbered as the process sees "
                        "them, after CUDA_VISIBLE_DEVICES). -1: the primary's device (device 0), the one-GPU "
