@@ -69,6 +69,7 @@ FAMILIES = {
     "projection_f32": {"projection_f32": "PPPPiiiiiii"},
     "projection_fused": {f"projection_fused_nt{nt}": "PPiPfPPiiiiiiPPPPPPiiii" for nt in (1, 2, 4)},
     "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii", "gemv_bf16_items": "PPPfPPiiiiPPPPPPiiii"},
+    "gemv_int4": {"gemv_int4": "PPPPPiiii"},
     "projection_staged": {"projection_staged": "PPPPiiiiiiii"},
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_merge": "PPPPiiii", "attention_merge_prefetch": "PPPPiiii"},
@@ -92,9 +93,10 @@ FAMILIES = {
 # projection gemv.cu replaced, kept for bench/gemv_probe.py's comparison and its tests;
 # projection_staged: only with model.staged_prefill_projections; decode_persistent: only with
 # model.persistent_decode; attention_mma: only with model.tensor_core_attention; gemm_bulk and
-# prefill_bulk: only with model.bulk_prefill_min_rows), so it should not pay their compile time.
+# prefill_bulk: only with model.bulk_prefill_min_rows; gemv_int4: INT4 weights, which no backend path uses yet),
+# so it should not pay their compile time.
 ON_DEMAND_FAMILIES = frozenset({"vision", "projection_fused", "projection_staged", "decode_persistent",
-                                "attention_mma", "gemm_bulk", "prefill_bulk"})
+                                "attention_mma", "gemm_bulk", "prefill_bulk", "gemv_int4"})
 # Families that read or write the KV arena (they include kv_store.cuh; test_kernel_sources.py checks the
 # list): compiled with -DKV_BF16 for a bf16 arena (kv.dtype), so a module serves one arena type.
 KV_FAMILIES = frozenset({"rope", "attention_tiled", "attention_mma", "attention_decode", "kv_slots", "gemv",
@@ -965,6 +967,28 @@ class CudaKernels:
         if n:
             self._launch("kv_count_nonfinite", (min(ceil_div(n, 256), 4 * self.num_sms),), 256, stream, ptr(values),
                          np.int64(n), ptr(counter))
+
+    def gemv_int4(self, Wq, scales, x, out, mode: int, stream, bias=None, group: int = 128):
+        """gemv_int4.cu, one activation row from INT4 weights (model/int4.py's format): out = x @ w_hat^T
+        (+ bias) with MODE_STORE, out += x @ w_hat^T with MODE_ADD; Wq uint8 [rows, K / 2], scales fp16 bits
+        as uint16 [rows, K / group], x float32 [K] (or [1, K]), out float32 [rows]."""
+        _check_array("gemv_int4 weight", Wq, np.uint8, 2)
+        _check_array("gemv_int4 scales", scales, np.uint16, 2)
+        _check_array("gemv_int4 x", x, np.float32)
+        _check_array("gemv_int4 out", out, np.float32)
+        _check(mode in (kc.MODE_STORE, kc.MODE_ADD), f"gemv_int4: mode {mode} is neither STORE nor ADD")
+        rows, K = Wq.shape[0], 2 * Wq.shape[1]
+        _check(K % 32 == 0 and group % 32 == 0 and K % group == 0,
+               f"gemv_int4: K {K} and group {group} must be multiples of 32, and K of group")
+        _check(scales.shape == (rows, K // group), f"gemv_int4 scales: shape {scales.shape}, expected "
+                                                   f"{(rows, K // group)}")
+        _check(x.size >= K and out.size >= rows, f"gemv_int4: x of {x.size} values (K {K}), out of {out.size} "
+                                                 f"(rows {rows})")
+        _check(bias is None or bias.size >= rows, "gemv_int4 bias: fewer values than rows")
+        _check(4 * K <= 48 * 1024, f"gemv_int4: K {K} needs {4 * K} bytes of shared memory > 48 KB")
+        self._launch("gemv_int4", (ceil_div(rows, GEMV_THREADS // 32),), GEMV_THREADS, stream, ptr(Wq), ptr(scales),
+                     ptr(x), ptr(bias), ptr(out), np.int32(rows), np.int32(K), np.int32(group), np.int32(mode),
+                     shared=4 * K)
 
     # -- vision ------------------------------------------------------------
 
