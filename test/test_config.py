@@ -52,6 +52,8 @@ def test_every_key_has_a_description():
     ({"asr.evict_fraction": 1.0}, "asr.evict_fraction"),
     ({"asr.backend": "gpu"}, "asr.backend"),
     ({"asr.device": -2}, "asr.device"),
+    ({"asr.semantic_trigger": "often"}, "asr.semantic_trigger"),
+    ({"asr.mode": "semantic", "asr.semantic_trigger": "fill", "asr.rebuild_fill": 0.9}, "must be below asr.threshold"),
     ({"asr.device": 1, "asr.backend": "numpy"}, "asr.backend is numpy"),
     ({"vision.grid_cols": 0}, "vision.grid_cols"),
     ({"cycle.executor": "multi_threaded"}, "cycle.executor"),

@@ -382,6 +382,28 @@ def test_asr_modes_are_policy_objects_picked_by_name():
     assert semantic.trigger(10, 20, cfg.asr.semantic_evictions_before_rebuild - 1) is None
     csr = make_asr_mode(cfg)
     assert csr.trigger(18, 20, 0) == "csr_threshold" and csr.trigger(17, 20, 0) is None
+    fill = make_asr_mode(cfg.replace({"asr.mode": "semantic", "asr.semantic_trigger": "fill", "asr.rebuild_fill": 0.5}))
+    assert fill.trigger(18, 20, 0) == "semantic_fill" and fill.trigger(17, 20, 99) is None
+
+
+def test_semantic_fill_trigger_rebuilds_before_the_primary_ever_evicts(tiny_model_dir, model, clip):
+    """asr.semantic_trigger fill: a round starts at asr.threshold, keeps asr.rebuild_fill of the capacity chosen by
+    the eviction policy, and a reconciler that keeps up swaps before the primary has to evict on its own: the state
+    stays exact, where the evictions trigger serves on an approximate one from the first eviction to the swap."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "semantic", "asr.semantic_trigger": "fill",
+                                              "kv.eviction_policy": "semantic", "asr.rebuild_fill": 0.5})
+    cap = rig.primary.state.frame_capacity
+    while rig.rec.version == 0:
+        c = rig.cycle()
+        assert c.result.evicted_frame_ids == [] and rig.primary.state.state_exact
+    kept = rig.rec.offered_frame_ids
+    assert set(kept) <= set(rig.held()) and len(kept) == int(0.5 * cap)
+    swaps = 0
+    for _ in range(30):
+        c = rig.cycle()
+        swaps += c.swap is not None
+        assert rig.primary.state.state_exact and rig.rec.primary_frame_ids == rig.held()
+    assert swaps >= 3 and rig.primary.state.kv.evictions == 0 and rig.rec.stats.rounds_aborted == 0
 
 
 @pytest.mark.parametrize("snapshot_rows", [True, False])

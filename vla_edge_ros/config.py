@@ -40,6 +40,7 @@ RELIABILITIES = ("best_effort", "reliable")
 TF_FRAME_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*")
 ASR_MODES = ("csr", "semantic")
 ASR_SCHEDULES = ("auto", "slack", "free")
+SEMANTIC_TRIGGERS = ("evictions", "fill")
 EXECUTORS = ("events", "single_threaded")
 MIN_EXPORT_BUFFERS = 3        # asr.export_buffers: the newest offer, the one being copied, one to export into
 GIB = 1024 ** 3
@@ -345,10 +346,20 @@ class CameraConfig:
 
 @dataclass(frozen=True)
 class ASRConfig:
-    mode: str = _doc("csr: drop the oldest chunks at the threshold; semantic: rebuild after N approximate evictions", default="csr")
-    threshold: float = _doc("fill fraction of the state that triggers reconciliation (csr mode)", default=0.9)
+    mode: str = _doc("csr: drop the oldest chunks at the threshold; semantic: rebuild the frames the eviction policy "
+                     "keeps (asr.semantic_trigger says when)", default="csr")
+    threshold: float = _doc("fill fraction of the state that triggers reconciliation (csr mode, and semantic mode "
+                            "with asr.semantic_trigger fill)", default=0.9)
     evict_fraction: float = _doc("fraction of the oldest chunks dropped per reconciliation (csr mode)", default=0.5)
     semantic_evictions_before_rebuild: int = _doc("approximate evictions that trigger an exact rebuild (semantic mode)", default=8)
+    semantic_trigger: str = _doc("semantic mode: what starts a round. evictions: asr.semantic_evictions_before_rebuild "
+                                 "approximate evictions by the primary, which serves on an approximate state from the "
+                                 "first of them until the swap. fill: "
+                                 "the primary's frames reach asr.threshold of the frame capacity, as in csr mode, so a "
+                                 "round that keeps up swaps before the primary evicts on its own; asr.rebuild_fill "
+                                 "must then be below asr.threshold. 30 s CPU demos (config/cpu_demo.yaml, notes/cpu_notes.md): "
+                                 "21.7% of actions exact with evictions, 98.7% with fill and rebuild_fill 0.5; not "
+                                 "measured on the GPU, hence evictions by default", default="evictions")
     rebuild_fill: float = _doc("semantic mode: the rebuilt state keeps at most this fraction of the frame capacity "
                                "(the eviction policy drops the primary's most redundant frames beyond it), so chunks "
                                "arriving while the reconciler works fit without new approximate evictions", default=0.75)
@@ -418,6 +429,11 @@ class ASRConfig:
         _non_negative(self, "slack_margin_ms", "asr")
         if self.mode not in ASR_MODES:
             raise ConfigError(f"asr.mode must be one of {ASR_MODES}, got {self.mode!r}")
+        if self.semantic_trigger not in SEMANTIC_TRIGGERS:
+            raise ConfigError(f"asr.semantic_trigger must be one of {SEMANTIC_TRIGGERS}, got {self.semantic_trigger!r}")
+        if self.mode == "semantic" and self.semantic_trigger == "fill" and self.rebuild_fill >= self.threshold:
+            raise ConfigError(f"asr.semantic_trigger fill: asr.rebuild_fill ({self.rebuild_fill}) must be below "
+                              f"asr.threshold ({self.threshold}), or every round would start the next at once")
         if not 0.0 < self.threshold <= 1.0:
             raise ConfigError(f"asr.threshold must be in (0, 1], got {self.threshold}")
         if not 0.0 < self.evict_fraction < 1.0:

@@ -6,9 +6,11 @@ baseline of the benchmark, so both decide alike:
     csr       the primary's frames reach asr.threshold of its frame capacity: keep the newest
               (1 - asr.evict_fraction) of them (the paper's rule)
     semantic  the primary has made asr.semantic_evictions_before_rebuild approximate evictions
-              since its state was last exact: rebuild the frames it still holds, trimmed by its
-              eviction policy to asr.rebuild_fill of the frame capacity so that the chunks arriving
-              during the round fit without new approximate evictions
+              since its state was last exact (asr.semantic_trigger evictions), or its frames reach
+              asr.threshold of its frame capacity (fill: before any approximate eviction): rebuild
+              the frames it still holds, trimmed by its eviction policy to asr.rebuild_fill of the
+              frame capacity so that the chunks arriving during the round fit without new
+              approximate evictions
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from ..config import VlaConfig
 
 TRIGGER_CSR = "csr_threshold"
 TRIGGER_SEMANTIC = "semantic_evictions"
+TRIGGER_SEMANTIC_FILL = "semantic_fill"
 
 
 class CsrMode:
@@ -42,8 +45,11 @@ class SemanticMode:
 
     def __init__(self, asr):
         self.evictions_before_rebuild, self.rebuild_fill = asr.semantic_evictions_before_rebuild, asr.rebuild_fill
+        self.on_fill, self.threshold = asr.semantic_trigger == "fill", asr.threshold
 
     def trigger(self, frames_held: int, frame_capacity: int, approximate_evictions: int) -> str | None:
+        if self.on_fill:    # a full primary (it evicts) is past the threshold too: no second rule needed
+            return TRIGGER_SEMANTIC_FILL if frames_held >= math.ceil(self.threshold * frame_capacity) else None
         return TRIGGER_SEMANTIC if approximate_evictions >= self.evictions_before_rebuild else None
 
     def keep(self, retained: list, frame_capacity: int, policy) -> list[int]:
