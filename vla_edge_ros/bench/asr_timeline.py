@@ -288,9 +288,7 @@ class _Engines:
         if with_reconciler:
             # "own": a context of its own on asr.device's GPU (the primary's by default; another one is read peer to
             # peer, model/cuda_device.reconciler_device_index); "shared": the primary's context.
-            index, why = reconciler_device_index(cfg.asr.device)
-            if cfg.asr.device >= 0 and index != cfg.asr.device:
-                log.warning("bench asr: %s", why)
+            index, _why = reconciler_device_index(cfg.asr.device)       # logged there, a fallback as a warning
             self.own = CudaDevice.own(index) if context == "own" else primary_device(0)
             self.reconciler_backend = CudaBackend(spec, weights, cfg.kv.capacity_tokens, "bfloat16", device=self.own)
             if transfer == "device":

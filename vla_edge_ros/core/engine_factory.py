@@ -58,14 +58,9 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
 
 def reconciler_device(requested: int):
     """The CudaDevice (primary context) a GPU reconciler runs on for asr.device `requested`
-    (model/cuda_device.reconciler_device_index: a fallback to the primary's device is logged as a warning)."""
+    (model/cuda_device.reconciler_device_index, which logs the choice and warns of a fallback)."""
     from ..model.cuda_device import primary_device, reconciler_device_index   # lazy: imports pycuda
-    index, why = reconciler_device_index(requested)
-    if requested >= 0 and index != requested:
-        log.warning("reconciler: %s", why)
-    else:
-        log.info("reconciler on %s", why)
-    return primary_device(index)
+    return primary_device(reconciler_device_index(requested)[0])
 
 
 def swap_kv_mapper(backend):

@@ -258,7 +258,8 @@ class KVSlotManager:
         slots.flags.writeable = False
         out = [slots[i * tpf:(i + 1) * tpf] for i in range(len(frames))]
         for (fid, pooled_row, start), frame_slots, unit in zip(frames, out, units):
-            self._frames.append(RetainedFrame(frame_id=int(fid), slots=frame_slots, pooled=pooled_row,
+            self._frames.append(RetainedFrame(frame_id=int(fid), slots=frame_slots,
+                                              pooled=np.asarray(pooled_row, dtype=np.float32),
                                               position_start=int(start), added_seq=self._added, unit=unit))
             self._added += 1
         return out

@@ -146,19 +146,25 @@ def reconciler_device_index(requested: int, primary: int = 0) -> tuple[int, str]
     -1 or the primary's own index: the primary's device. Another index must exist (NoCudaDevice names
     asr.device otherwise) and be reachable from the primary's device peer to peer, since the primary's
     kv_scatter reads the offered KV where it lies; when it is not, the reconciler runs on the primary's
-    device instead and the line says so (the caller logs it as a warning: never a silent fallback)."""
+    device instead, and that is logged here as a warning (never a silent fallback; the choice otherwise at
+    INFO), so every caller reports it alike."""
     drv = driver()
     if requested < 0 or requested == primary:
-        return primary, f"device {primary}, the primary's (asr.device {requested})"
-    count = drv.Device.count()
-    if requested >= count:
-        raise NoCudaDevice(f"asr.device {requested}: this process sees {count} CUDA device(s) (0..{count - 1}; "
-                           f"CUDA_VISIBLE_DEVICES renumbers them)")
-    here, there = drv.Device(primary), drv.Device(requested)
-    if not here.can_access_peer(there):
-        return primary, (f"asr.device {requested} ({there.name()}) cannot be read peer to peer by the primary's "
-                         f"device {primary} ({here.name()}): the reconciler runs on device {primary} instead")
-    return requested, f"device {requested} ({there.name()}), its KV read by device {primary} peer to peer"
+        index, why = primary, f"device {primary}, the primary's (asr.device {requested})"
+    else:
+        count = drv.Device.count()
+        if requested >= count:
+            raise NoCudaDevice(f"asr.device {requested}: this process sees {count} CUDA device(s) (0..{count - 1}; "
+                               f"CUDA_VISIBLE_DEVICES renumbers them)")
+        here, there = drv.Device(primary), drv.Device(requested)
+        if here.can_access_peer(there):
+            index, why = requested, f"device {requested} ({there.name()}), its KV read by device {primary} peer to peer"
+        else:
+            index, why = primary, (f"asr.device {requested} ({there.name()}) cannot be read peer to peer by the "
+                                   f"primary's device {primary} ({here.name()}): the reconciler runs on device "
+                                   f"{primary} instead")
+    log.log(logging.WARNING if requested >= 0 and index != requested else logging.INFO, "reconciler on %s", why)
+    return index, why
 
 
 def current_handle(drv) -> int | None:
