@@ -210,6 +210,40 @@ def test_while_ready_the_reconciler_catches_up_and_offers_a_fresher_version(tiny
     assert rig.rec.stats.rounds_applied == 1 and rig.rec.k_applied == first + 1
 
 
+def test_in_the_nodes_order_the_swap_follows_the_cycle_and_recomputes_the_frame_it_admitted(
+        tiny_model_dir, model, clip, hf):
+    """Given the next boundary, the driver swaps as the reasoning node does: after the cycle (timed apart, not in
+    its latency), so the frame that cycle admitted is late for the offer and recomputed over it, exactly; with
+    no slack left before that boundary the swap waits for a fresher offer instead (no_slack)."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
+                                              "cycle.deterministic": False})
+
+    def node_cycle(slack_s: float):
+        rig.i += 1
+        c = rig.driver.cycle(rig.frame(rig.i - 1), float(rig.i - 1), next_boundary_perf=time.perf_counter() + slack_s)
+        assert c.result.is_action, c.result.detail
+        return c
+
+    swaps = []
+    while len(swaps) < 2:
+        c = node_cycle(10.0)
+        assert (c.swap is None) == (c.swap_ms is None)
+        if c.swap is not None:
+            swaps.append(c)
+            assert c.swap.late == [rig.i - 1] and c.swap.recompute_ms > 0 and c.swap_ms >= c.swap.recompute_ms
+            assert rig.primary.state.state_exact and contiguous(rig.primary)
+            c = node_cycle(10.0)                       # the next cycle attends to the swapped state: as from scratch
+            assert cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary)) >= COS_EXACT
+        drain(rig.rec)
+    assert rig.primary.state.recompute_ms_per_frame is not None      # measured by those swaps
+    while rig.rec.phase is not Phase.READY:
+        node_cycle(10.0)
+        drain(rig.rec)
+    version = rig.primary.state.state_version
+    c = node_cycle(-1.0)                               # the next boundary already passed: nothing may be recomputed
+    assert c.swap is None and rig.driver.deferred["no_slack"] == 1 and rig.primary.state.state_version == version
+
+
 def test_a_stale_offer_is_deferred_not_rejected_and_the_round_goes_on(tiny_model_dir, model, clip):
     rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
                                               "asr.max_late_chunks": 1})

@@ -11,9 +11,14 @@ cycles (without an ASR run: as many as the rule needs for that many rounds):
     asr      the primary Engine + a StateReconciler on a second Engine
              (core/reconciliation.py); reconciler work runs on its own thread
              (`--work thread`: a second core, the paper's second compute
-             resource; the default wherever there is more than one core) or in
-             the primary's idle time after each cycle (`--work interleaved`);
-             swaps applied at a cycle boundary, their cost counted in that cycle
+             resource; the default on a CPU with more than one core) or in
+             the primary's idle time after each cycle (`--work interleaved`:
+             steps sized by the slack schedule the reconciler node uses; the
+             default on one GPU, where that schedule is what the ROS graph
+             runs); as in the reasoning node, a ready offer is applied at the
+             boundary after a cycle, bounded by the slack before the next one,
+             and timed apart (swap ms); cycles are timed from their scheduled
+             boundaries, so a swap that overruns one counts in the next cycle
     sync     at the same trigger, with the same choice of frames to keep, the
              primary recomputes the kept frames itself between two cycles, in
              one forward (FrameState.rebuild_in_place), counted in the next cycle
@@ -51,8 +56,8 @@ ASR run whose rounds do not converge before it eats the sync run's time; the
 JSON and the plot are rewritten after each mode, so a run cut short keeps the
 modes it finished).
 
-Reported per mode (bench/asr_report.py): p50/p99/max cycle latency (boundary
-work included), cycles over the deadline, refusals, fallbacks by reason,
+Reported per mode (bench/asr_report.py): p50/p99/max cycle latency (from the
+scheduled boundary; a sync rebuild included), the swaps' apply time, cycles over the deadline, refusals, fallbacks by reason,
 rounds (swaps applied / rebuilds) and aborted rounds, time from trigger to
 swap, p99 while a reconciliation is in progress vs the steady state, the
 share of cycles served from an exact state, the primary's approximate
@@ -147,7 +152,10 @@ def _run(args) -> int:
     modes = list(getattr(args, "modes", None) or MODES)
     warm = not getattr(args, "no_warm_start", False)
     # A second core is the paper's second compute resource; on one core the reconciler can only use the gaps.
-    work = getattr(args, "work", None) or ("thread" if kind == "pycuda" or (os.cpu_count() or 1) > 1 else "interleaved")
+    # On one GPU the reconciler node uses the primary's gaps (the slack schedule): interleaved is that schedule.
+    # On a CPU a second core is the paper's second compute resource; on one core only the gaps are left.
+    work = getattr(args, "work", None) or ("thread" if kind == "numpy" and (os.cpu_count() or 1) > 1
+                                           else "interleaved")
     overrides = {"model.path": str(model_dir), "model.backend": kind, "kv.capacity_tokens": capacity,
                  "cycle.deadline_ms": 1000.0 / hz}
     if kind == "pycuda":
@@ -340,11 +348,12 @@ class _Runner:
         t0 = time.perf_counter()
         try:
             for i in range(limit):
-                _sleep_until(t0 + i * period)
+                boundary = t0 + i * period
+                _sleep_until(boundary)
                 fid = warm_frames + i                    # frame ids (and stamps) go on from the warm frames
                 now_s = warm_frames * period + (time.perf_counter() - t0)
                 frame = Frame(pixels=frames[fid % len(frames)], stamp_s=now_s, frame_id=fid)
-                records.append(self._cycle(frame, now_s, i))
+                records.append(self._cycle(frame, now_s, i, boundary, boundary + period))
                 self.driver.work_until(t0 + (i + 1) * period)
                 records[-1].update(self._round_totals())
                 if (i + 1) % PROGRESS_EVERY == 0:
@@ -401,10 +410,12 @@ class _Runner:
                  self.mode, len(records), len(recent), lat["p50"], lat["p99"], outcomes, len(self.primary.state.frames),
                  self.primary.state.state_version, "" if rec is None else f"; reconciler {rec.summary()}")
 
-    def _cycle(self, frame, now_s, i) -> dict:
+    def _cycle(self, frame, now_s, i, boundary: float, next_boundary: float) -> dict:
+        """One cycle timed from its scheduled boundary, as the reasoning node times it (work at the previous
+        boundary that overran this one counts here); asr: a ready swap applied after it, timed apart."""
         from ..core.reconciliation import make_asr_mode
 
-        event = ""
+        event, swap_ms = "", None
         if self.mode == "sync":
             t = time.perf_counter()
             p = self.primary.state
@@ -415,16 +426,16 @@ class _Runner:
                                    tokens_per_step=SYNC_REBUILD_TOKENS_PER_FORWARD)
                 event = "rebuild"
                 self.rebuild_ms.append((time.perf_counter() - t) * 1e3)
-            c = self.driver.cycle(frame, now_s, start_perf=t)      # the rebuild counts in this cycle
+            c = self.driver.cycle(frame, now_s, start_perf=boundary)      # the rebuild counts in this cycle
             latency = c.latency_ms
             phase = "rebuild" if event else "idle"
         else:
-            c = self.driver.cycle(frame, now_s)
-            latency, phase = c.latency_ms, c.phase
+            c = self.driver.cycle(frame, now_s, start_perf=boundary, next_boundary_perf=next_boundary)
+            latency, phase, swap_ms = c.latency_ms, c.phase, c.swap_ms
             event = "swap" if c.swap is not None else ""
         s = self.primary.state
         return {"i": i, "t_s": now_s, "latency_ms": latency, "reason": c.result.reason or "action", "phase": phase,
-                "event": event, "evicted": len(c.result.evicted_frame_ids), "frames": len(s.frames),
+                "event": event, "swap_ms": swap_ms, "evicted": len(c.result.evicted_frame_ids), "frames": len(s.frames),
                 "state_version": s.state_version, "approximate_evictions": s.approximate_evictions,
                 "state_exact": s.state_exact}
 

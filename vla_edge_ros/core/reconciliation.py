@@ -546,9 +546,10 @@ def _append_capped(values: list, value: float) -> None:
 class DriverCycle:
     """One primary cycle as the driver saw it."""
     result: CycleResult
-    latency_ms: float             # boundary work (a swap) + the cycle
+    latency_ms: float             # from the cycle's start to its result (a swap before it included)
     phase: str                    # reconciler phase at the start of the cycle
-    swap: SwapReport | None       # the swap applied at this cycle's boundary, if any
+    swap: SwapReport | None       # the swap applied at this cycle's boundary (before or after it), if any
+    swap_ms: float | None = None  # a swap after the cycle, whole (FrameState.import_state)
 
 
 class InProcessAsr:
@@ -556,10 +557,14 @@ class InProcessAsr:
 
     work="interleaved": the caller gives the reconciler the idle time after
     each cycle (`work_until`); work="thread": it runs on its own thread at a
-    raised niceness (numpy releases the GIL in its matmuls). Swaps are applied
-    at the start of a cycle and their cost is counted in that cycle; an offer
-    too stale to apply (SwapDeferred) is counted in `deferred` and the next,
-    fresher one is awaited. With reconciler=None (absent) or after it stopped
+    raised niceness (numpy releases the GIL in its matmuls). A ready offer is
+    applied at a cycle boundary: by default before the cycle, counted in it;
+    given the next boundary, after the cycle, bounded by the slack left
+    until then, as the reasoning node does (the frame the cycle admitted is
+    late for that offer and recomputed over it; bench asr runs this way). An
+    offer too stale to apply, or with too much to recompute in the slack
+    (SwapDeferred), is counted in `deferred` and the next, fresher one is
+    awaited. With reconciler=None (absent) or after it stopped
     or died, the primary serves and evicts approximately on its own.
     """
 
@@ -582,21 +587,31 @@ class InProcessAsr:
             self._thread = threading.Thread(target=self._thread_main, name="asr-reconciler", daemon=True)
             self._thread.start()
 
-    def cycle(self, frame: Frame | None, now_s: float, start_perf: float | None = None) -> DriverCycle:
-        """Apply a ready swap, run one primary cycle, mirror its admitted frame.
+    def cycle(self, frame: Frame | None, now_s: float, start_perf: float | None = None,
+              next_boundary_perf: float | None = None) -> DriverCycle:
+        """Run one primary cycle and mirror its admitted frame, with a ready swap at a boundary.
 
-        start_perf: when the cycle began (earlier work of the caller counts in it); default now.
+        start_perf: when the cycle began (its scheduled boundary: earlier work counts in it); default now.
+        next_boundary_perf: None: the swap comes first and counts in the cycle's latency. Else, as the
+        reasoning node does: the swap after the cycle, its recompute bounded by the time left until this
+        next boundary (Engine.swap_recompute_budget_frames), timed apart (swap_ms).
         """
         t0 = time.perf_counter() if start_perf is None else start_perf
         rec = self.reconciler
         phase = rec.phase.value if rec is not None else "absent"
-        swap = self._apply_ready_swap()
+        after = next_boundary_perf is not None
+        swap = None if after else self._apply_ready_swap()
         result = self.primary.run_cycle(frame, now_s, cycle_start_perf=t0)
         latency_ms = (time.perf_counter() - t0) * 1e3
         if rec is not None and result.new_frame and frame.frame_id in self.primary.state.frames:
             rec.mirror_encoded(self.primary_chunk(frame.frame_id))
             self._wake.set()
-        return DriverCycle(result=result, latency_ms=latency_ms, phase=phase, swap=swap)
+        swap_ms = None
+        if after:
+            t_swap = time.perf_counter()
+            swap = self._apply_ready_swap(next_boundary_perf)
+            swap_ms = (time.perf_counter() - t_swap) * 1e3 if swap is not None else None
+        return DriverCycle(result=result, latency_ms=latency_ms, phase=phase, swap=swap, swap_ms=swap_ms)
 
     def work_until(self, deadline_perf: float, margin_ms: float | None = None) -> int:
         """Interleaved mode: reconciler steps in the gap before `deadline_perf` (the next cycle), sized by
@@ -649,15 +664,18 @@ class InProcessAsr:
 
     # ------------------------------------------------------------- internals
 
-    def _apply_ready_swap(self) -> SwapReport | None:
+    def _apply_ready_swap(self, next_boundary_perf: float | None = None) -> SwapReport | None:
         rec = self.reconciler
         if rec is None:
             return None
         snap = rec.take_offer()
         if snap is None:
             return None
+        budget = None
+        if next_boundary_perf is not None:
+            budget = self.primary.swap_recompute_budget_frames((next_boundary_perf - time.perf_counter()) * 1e3)
         try:
-            self.primary.state.import_state(snap)
+            self.primary.state.import_state(snap, budget)
         except SwapDeferred as exc:          # too stale: the round goes on and offers a fresher version
             log.debug("%s", exc)
             self.deferred[exc.reason] += 1
