@@ -92,7 +92,8 @@ def print_summary(summaries: dict, header: list[str]) -> None:
                 ["mode", "cycles", "rounds", "aborted", "p50", "p99", "max", "> deadline", "refused", "no action",
                  "p99 reconciling", "p99 steady", "ratio", "exact", "trigger->swap", "max", "approx. evicted"], rows)
     for mode, s in summaries.items():
-        print(f"  {mode}: outcomes {s['outcomes']}")
+        deferred = s["reconciler"].get("offers_deferred")
+        print(f"  {mode}: outcomes {s['outcomes']}" + (f"; offers deferred at a boundary {deferred}" if deferred else ""))
         apply = s.get("swap_apply_ms")
         if apply:
             print(f"  {mode}: swap at the boundary after a cycle, p50/p99/max {_f(apply['p50'])} / {_f(apply['p99'])} / "
