@@ -111,7 +111,8 @@ class CudaRig:
     def __init__(self, model_dir, model, own, clip, work="interleaved", **overrides):
         from vla_edge_ros.core.engine import Engine
         from vla_edge_ros.core.engine_state import FrameState
-        from vla_edge_ros.core.reconciliation import InProcessAsr, StateReconciler
+        from vla_edge_ros.core.in_process_asr import InProcessAsr
+        from vla_edge_ros.core.reconciliation import StateReconciler
         from vla_edge_ros.model.cuda_state_transfer import DeviceKvExporter
         _, _, tokenizer = model
         self.cfg = C.load(overrides={"model.path": str(model_dir), "model.backend": "pycuda", "model.dtype": "float32",

@@ -18,7 +18,8 @@ from vla_edge_ros.core.engine import Engine
 from vla_edge_ros.core.engine_state import FrameState, SwapDeferred
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
-from vla_edge_ros.core.reconciliation import InProcessAsr, Phase, StateReconciler
+from vla_edge_ros.core.in_process_asr import InProcessAsr
+from vla_edge_ros.core.reconciliation import Phase, StateReconciler
 from vla_edge_ros.core.state_snapshot import SnapshotError, StateChunk, StateSnapshot
 
 COS_EXACT = 0.9999

@@ -338,7 +338,8 @@ class _Engines:
 
 class _Runner:
     def __init__(self, mode, cfg, engines: _Engines, work):
-        from ..core.reconciliation import InProcessAsr, StateReconciler
+        from ..core.in_process_asr import InProcessAsr
+        from ..core.reconciliation import StateReconciler
 
         if mode == "approx":
             cfg = cfg.replace({"kv.eviction_policy": "semantic"})

@@ -26,7 +26,7 @@ Protections kept from the one-cost-per-token schedule before:
 
 Both drivers use it: the reconciler node (core/swap_protocol.ReconcilerWorker,
 windows read from the reasoning node's core/cycle_clock.py) and the in-process
-benchmark (core/reconciliation.InProcessAsr, windows known directly).
+benchmark (core/in_process_asr.InProcessAsr, windows known directly).
 """
 from __future__ import annotations
 
