@@ -82,6 +82,7 @@ class SwapReport:
     recompute_ms: float = 0.0    # recomputing the late and unseen frames over it (one frame per forward)
     check_ms: float = 0.0        # checking it before anything changed (_check_snapshot)
     place_ms: float = 0.0        # the snapshot's frames into the slot bookkeeping (host only, before the KV copy)
+    place_off_cpu_ms: float = 0.0  # of place_ms, the thread not running (preempted, or waiting for the interpreter lock)
     unseen_forgotten: list = ()  # never-seen frames beyond asr.max_late_chunks: forgotten (oldest first), in dropped
 
 
@@ -282,7 +283,7 @@ class FrameState:
         t_check = time.perf_counter()
         plan = self._check_snapshot(snap, max_recompute)
         check_ms = (time.perf_counter() - t_check) * 1e3
-        place_ms, kv_copy_ms = self._place_snapshot(snap)
+        place_ms, place_off_cpu_ms, kv_copy_ms = self._place_snapshot(snap)
         evicted, recompute_ms = self._recompute_over_snapshot(plan)
         if self.frames and (self.last_frame_id is None or max(self.frames) > self.last_frame_id):
             self.last_frame_id = max(self.frames)
@@ -293,7 +294,7 @@ class FrameState:
                                     late_lost=plan.late_lost, evicted=evicted, next_position=self.next_position,
                                     unseen=[c.frame_id for c in plan.chunks if c.frame_id in unseen_ids],
                                     kv_copy_ms=kv_copy_ms, recompute_ms=recompute_ms, check_ms=check_ms,
-                                    place_ms=place_ms,
+                                    place_ms=place_ms, place_off_cpu_ms=place_off_cpu_ms,
                                     unseen_forgotten=plan.unseen_forgotten)
         log.debug("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
                   len(plan.dropped), len(plan.chunks))
@@ -334,11 +335,13 @@ class FrameState:
                         self.cfg.asr.max_late_chunks)
         return plan
 
-    def _place_snapshot(self, snap: StateSnapshot) -> tuple[float, float]:
+    def _place_snapshot(self, snap: StateSnapshot) -> tuple[float, float, float]:
         """The snapshot's frames into the slots and its KV into the arena (a checked snapshot fits: one pass,
-        no policy involved); returns the ms the slot bookkeeping and the KV copy took. A device KV found
-        rewritten under the copy leaves an empty, exact state and raises SnapshotError."""
-        t_place = time.perf_counter()
+        no policy involved); returns the ms the slot bookkeeping took, the ms of it this thread did not run
+        (host-only work: what is not CPU time is waiting for a core or the interpreter lock), and the ms of
+        the KV copy. A device KV found rewritten under the copy leaves an empty, exact state and raises
+        SnapshotError."""
+        t_place, cpu_place = time.perf_counter(), time.thread_time()
         self.kv.evict_all()
         # Frames the swap drops are forgotten on purpose: no later offer holds them, so their rows are not kept.
         held, self.frames = self.frames, {}
@@ -351,6 +354,7 @@ class FrameState:
                 rows = held[f.frame_id].tokens if f.frame_id in held else self._released_tokens(f.frame_id)
             self.frames[f.frame_id] = FrameRecord(f.frame_id, f.stamp_s, rows)
         place_ms = (time.perf_counter() - t_place) * 1e3
+        place_off_cpu_ms = max(0.0, place_ms - (time.thread_time() - cpu_place) * 1e3)
         kv_copy_ms = 0.0
         if slots:
             t_copy = time.perf_counter()
@@ -368,7 +372,7 @@ class FrameState:
             kv_copy_ms = (time.perf_counter() - t_copy) * 1e3
         self.next_position = snap.next_position
         self.approximate_evictions = 0
-        return place_ms, kv_copy_ms
+        return place_ms, place_off_cpu_ms, kv_copy_ms
 
     def _release(self, record: FrameRecord | None) -> None:
         """A frame the policy evicted: its vision rows are kept for a swap whose offer comes without them."""

@@ -79,7 +79,8 @@ log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 TIMING_SAMPLES = 256      # swap timings kept for the diagnostics' percentiles
-SWAP_TIMINGS = ("apply_ms", "check_ms", "place_ms", "kv_copy_ms", "recompute_ms", "rest_ms")   # a swap at the boundary, and its parts
+SWAP_TIMINGS = ("apply_ms", "check_ms", "place_ms", "place_off_cpu_ms", "kv_copy_ms", "recompute_ms", "rest_ms")
+SWAP_PARTS = ("check_ms", "place_ms", "kv_copy_ms", "recompute_ms")   # what apply_ms is made of, besides the rest   # a swap at the boundary, and its parts
 STARVED_LOG_PERIOD_S = 30.0   # slack schedule: how often a starved reconciler says so
 WINDOW_POLL_S = 0.0005   # slack schedule: how often the worker looks for the primary's next cycle end
 IDLE_WAIT_S = 0.01         # worker thread: longest sleep when the reconciler has nothing to do (woken on a chunk)
@@ -560,16 +561,19 @@ class SwapClient:
         self.mark_applied(snap.version, cycle_id, len(dropped), len(report.late), len(report.unseen),
                           apply_ms=apply_ms, kv_copy_ms=report.kv_copy_ms, recompute_ms=report.recompute_ms,
                           check_ms=report.check_ms, place_ms=report.place_ms,
+                          place_off_cpu_ms=report.place_off_cpu_ms,
                           round_id=snap.round, unseen_forgotten=len(report.unseen_forgotten))
         return SwapOutcome(snap.version, APPLIED, apply_ms=apply_ms, dropped=len(dropped), report=report)
 
     def mark_applied(self, version: int, cycle_id: int, dropped: int, late: int, unseen: int = 0,
                      apply_ms: float | None = None, kv_copy_ms: float | None = None,
                      recompute_ms: float | None = None, round_id: int = 0, unseen_forgotten: int = 0,
-                     check_ms: float | None = None, place_ms: float | None = None) -> None:
+                     check_ms: float | None = None, place_ms: float | None = None,
+                     place_off_cpu_ms: float | None = None) -> None:
         """apply_ms: the whole swap at the boundary; check_ms / place_ms / kv_copy_ms / recompute_ms: its checks
         before anything changed, the slot and frame bookkeeping, its KV copy and the recompute of the late (and
-        unseen) frames; the rest is what is left of apply_ms (none of those: the calls around them)."""
+        unseen) frames; the rest is what is left of apply_ms (none of those: the calls around them);
+        place_off_cpu_ms: of place_ms, the cycle thread not running."""
         with self._lock:
             self.applied_version = version
             self.applied_at_cycle = cycle_id
@@ -580,10 +584,10 @@ class SwapClient:
             self.late_frames += late
             self.unseen_frames += unseen
             self.unseen_forgotten += unseen_forgotten
-            parts = {"apply_ms": apply_ms, "check_ms": check_ms, "place_ms": place_ms, "kv_copy_ms": kv_copy_ms,
-                     "recompute_ms": recompute_ms}
+            parts = {"apply_ms": apply_ms, "check_ms": check_ms, "place_ms": place_ms,
+                     "place_off_cpu_ms": place_off_cpu_ms, "kv_copy_ms": kv_copy_ms, "recompute_ms": recompute_ms}
             if apply_ms is not None:
-                parts["rest_ms"] = max(0.0, apply_ms - sum(v or 0.0 for k, v in parts.items() if k != "apply_ms"))
+                parts["rest_ms"] = max(0.0, apply_ms - sum(parts[k] or 0.0 for k in SWAP_PARTS))
             for key, value in parts.items():
                 if value is not None:
                     self.timings[key].append(float(value))

@@ -265,7 +265,8 @@ def _state_rows(report: dict) -> list:
                                 f"{swaps['rejected']}, load failures {swaps['load_failures']})"),
         ("swap at the boundary p50/p99/max", "; ".join(
             f"{label} " + "/".join(_ms(swaps[f"{part}_{q}"]) for q in ("p50", "p99", "max")) + " ms"
-            for label, part in (("whole", "apply_ms"), ("checks", "check_ms"), ("slots", "place_ms"), ("KV copy", "kv_copy_ms"),
+            for label, part in (("whole", "apply_ms"), ("checks", "check_ms"), ("slots", "place_ms"),
+                                ("of which off CPU", "place_off_cpu_ms"), ("KV copy", "kv_copy_ms"),
                                 ("late recompute", "recompute_ms"), ("rest", "rest_ms")))),
         ("reconciler work", ", ".join(f"{k} {v}" for k, v in report["reconciler_work"].items() if v != "") or "-"),
         ("admission spikes not learned", str(report["admission_spikes_not_learned"])),
