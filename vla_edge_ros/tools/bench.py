@@ -31,8 +31,8 @@ def add_arguments(p) -> None:
                    help="what to measure (default: one control cycle)")
     p.add_argument("--backend", default="numpy", choices=["numpy", "pycuda"])
     p.add_argument("--model", help="model directory (default: model.path from the config)")
-    p.add_argument("--shape", help="pycuda: model shape to generate (tiny | qwen2.5-1.5b; default: tiny for the "
-                   f"cycle suite, {GPU_SUITE_SHAPE} for csr / asr)")
+    p.add_argument("--shape", help=f"pycuda: model shape to generate (tiny | qwen2.5-1.5b; default {GPU_SUITE_SHAPE}, "
+                   "the robot's model in config/gpu_demo.yaml)")
     p.add_argument("--config", help="configuration YAML (default: config/vla_edge.yaml)")
     p.add_argument("--cycles", type=int, default=20, help="timed cycles per cached length")
     p.add_argument("--cached", type=int, nargs="+", help="cached lengths to sweep")
@@ -71,5 +71,6 @@ def run(args) -> int:
         print(f"vla-edge bench: no {args.suite!r} benchmark for backend {args.backend!r}; have {sorted(SUITES)}")
         return 2
     if args.shape is None:
-        args.shape = GPU_SUITE_SHAPE if args.suite in ("csr", "asr") else "tiny"
+        # The robot's shape for every suite: a GPU figure is compared with the graph's on that model.
+        args.shape = GPU_SUITE_SHAPE
     return importlib.import_module(SUITES[key]).run(args)
