@@ -104,6 +104,11 @@ def test_bench_asr_runs_the_three_modes_through_the_rounds(asr_run):
     assert asr["timeline"][-1]["rounds_started"] >= asr["rounds"]
     assert len(asr["trigger_to_swap_ms"]["samples"]) >= 3
     assert all(c["event"] in ("", "swap") for c in asr["timeline"])
+    # Each swap is applied after its cycle, as the reasoning node does, and timed apart from the cycle's latency.
+    assert all((c["swap_ms"] is not None) == (c["event"] == "swap") for c in asr["timeline"])
+    applied = asr["swap_apply_ms"]
+    assert 0 < applied["p50"] <= applied["p99"] <= applied["max"] == max(c["swap_ms"] or 0 for c in asr["timeline"])
+    assert data["config"] == "package defaults" and asr["reconciler"]["offers_deferred"] is not None
     assert sync["rounds"] >= 1 and all(c["event"] in ("", "rebuild") for c in sync["timeline"])
     assert sync["exact_state_fraction"] == 1.0 and sync["approximate_evictions"] == 0
     assert approx["rounds"] == 0 and approx["approximate_evictions"] > 0 and approx["exact_state_fraction"] < 1.0
