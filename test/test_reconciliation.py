@@ -190,6 +190,45 @@ def test_late_frames_are_recomputed_one_frame_per_forward(tiny_model_dir, model,
     assert rig.primary.state.last_swap.late == late and rows == [32, 32]
 
 
+def test_late_frames_batched_per_forward_are_prepared_in_warm_up_and_stay_exact(tiny_model_dir, model, clip, hf):
+    """asr.late_frames_per_forward 2: a swap's two late frames in one forward of 64 rows, a shape the warm-up
+    prepared (on the GPU captured), and the state after it still the one HF computes from scratch."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
+                                              "asr.late_frames_per_forward": 2})
+    backend = rig.primary.state.backend
+    prepared, rows = [], []
+    real_prepare, real_forward = backend.prepare_forward, backend.forward
+
+    def recorded_prepare(row_counts):                          # instrumentation: what warm_up asks for
+        prepared.append(list(row_counts))
+        return real_prepare(row_counts)
+
+    backend.prepare_forward = recorded_prepare
+    try:
+        rig.primary.warm_up(4, clip[0])
+    finally:
+        del backend.prepare_forward
+    assert [64] in prepared
+    while rig.rec.phase is not Phase.READY:
+        rig.cycle()
+    snap = rig.rec.take_offer()
+    late = [rig.primary_only_cycle().frame_id for _ in range(2)]
+
+    def recorded_forward(x, *args, **kwargs):
+        rows.append(x.shape[0])
+        return real_forward(x, *args, **kwargs)
+
+    backend.forward = recorded_forward
+    try:
+        rig.primary.state.import_state(snap)
+    finally:
+        del backend.forward
+    assert rig.primary.state.last_swap.late == late and rows == [64]
+    assert rig.primary.state.state_exact and contiguous(rig.primary)
+    rig.primary_only_cycle()                                    # attends to the swapped state and the late frames
+    assert cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary)) >= COS_EXACT
+
+
 def test_while_ready_the_reconciler_catches_up_and_offers_a_fresher_version(tiny_model_dir, model, clip, hf):
     """Algorithm 1's catch-up does not stop at the first offer: chunks arriving while the primary has not
     applied it are computed too and offered as a fresher version, so the primary has few frames to recompute

@@ -371,10 +371,15 @@ class ASRConfig:
                                        "backend prepares forward() for every step size up to it at configure (CUDA: "
                                        "captures their graphs), so no step pays a capture inside a gap", default=128)
     max_late_chunks: int = _doc("the most frames the primary recomputes when it applies a reconciled state at a "
-                                "cycle boundary, one frame per forward: the frames it admitted after the snapshot "
-                                "(late) and any the reconciler never saw. An offer with more late frames is not "
+                                "cycle boundary (asr.late_frames_per_forward at a time): the frames it admitted "
+                                "after the snapshot (late) and any the reconciler never saw. An offer with more late frames is not "
                                 "applied but deferred (the reconciler keeps catching up and offers a fresher "
                                 "version); never-seen frames beyond it are forgotten, oldest first", default=2)
+    late_frames_per_forward: int = _doc("frames of a swap's recompute at the boundary per forward. 1 (the default): the "
+                                        "shape of the re-base step, prepared in warm-up; more: fewer launches and less "
+                                        "device time for a swap with several late frames, each batch size up to "
+                                        "max_late_chunks prepared in warm-up too. Measured on the CPU only (tested "
+                                        "against HF there), so off", default=1)
     swap_poll_ms: float = _doc("how often the reasoning node asks the reconciler for a fresher state (a service call; "
                                "none while one is loading or waiting for its boundary). Every ms of the wait is a late "
                                "frame sooner: polled every 100 ms, offers waited 1.5 cycles on average before they "
@@ -443,6 +448,7 @@ class ASRConfig:
             raise ConfigError(f"asr.rebuild_fill must be in (0, 1], got {self.rebuild_fill}")
         _positive(self, "warmup_tokens_per_step", "asr")
         _non_negative(self, "max_late_chunks", "asr")
+        _positive(self, "late_frames_per_forward", "asr")
         _positive(self, "swap_poll_ms", "asr")
         if self.export_buffers < MIN_EXPORT_BUFFERS:
             raise ConfigError(f"asr.export_buffers must be >= {MIN_EXPORT_BUFFERS} (the newest offer, the one being "

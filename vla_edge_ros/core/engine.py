@@ -130,6 +130,11 @@ class Engine:
             t_recompute = time.perf_counter()
             kept, _dropped, _forgotten = self.state.recompute_retained()
             self.state.note_recompute((time.perf_counter() - t_recompute) * 1e3, len(kept))
+            # A swap recomputing its late frames several per forward (asr.late_frames_per_forward) uses those
+            # shapes too: prepared here (captured on the GPU), never first met at a boundary.
+            asr, tpf = self.cfg.asr, self.cfg.vision.tokens_per_frame
+            batch = min(asr.late_frames_per_forward, max(1, asr.max_late_chunks))
+            self.backend.prepare_forward([tpf * k for k in range(2, batch + 1)])
         finally:
             self._force_admit = False
             # Forced warm-up cycles are neither refusals the probe counts nor spikes of the live estimate.

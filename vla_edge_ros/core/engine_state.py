@@ -79,7 +79,7 @@ class SwapReport:
     next_position: int
     unseen: list = ()            # frame ids the snapshot's author never saw: kept, recomputed after its frames
     kv_copy_ms: float = 0.0      # writing the snapshot's KV into the arena (device to device on a GPU)
-    recompute_ms: float = 0.0    # recomputing the late and unseen frames over it (one frame per forward)
+    recompute_ms: float = 0.0    # recomputing the late and unseen frames over it (asr.late_frames_per_forward at once)
     check_ms: float = 0.0        # checking it before anything changed (_check_snapshot)
     place_ms: float = 0.0        # the snapshot's frames into the slot bookkeeping (host only, before the KV copy)
     place_off_cpu_ms: float = 0.0  # of place_ms, the thread not running (preempted, or waiting for the interpreter lock)
@@ -125,8 +125,8 @@ class FrameState:
         self.computed_tokens = {"prefix": 0, "frames": 0, "suffix": 0, "decode": 0}
         self.last_swap: SwapReport | None = None
         self.last_rebase: dict | None = None    # what the latest re-base kept and forgot
-        # Measured ms to recompute one frame over the state (one frame per forward: a swap's late frames, the
-        # warm-up's re-base step); None until measured. A lone frame's forward costs more per token than a
+        # Measured ms to recompute one frame over the state (a swap's late frames, the warm-up's re-base step,
+        # one frame per forward unless asr.late_frames_per_forward batches a swap's); None until measured. A lone frame's forward costs more per token than a
         # cycle's longer prefill (on the CPU model ~2x), so the swap budget needs this, not the cycle's rate.
         self.recompute_ms_per_frame: float | None = None
         self._recompute_samples: deque = deque(maxlen=cfg.admission.tail_window)   # per-frame ms, for the tail
@@ -263,8 +263,9 @@ class FrameState:
         "ready" and "applied") are not lost: they are recomputed from their
         stored vision rows over the swapped state, so the result is still the
         from-scratch state. That recompute is what a swap costs beyond the KV
-        copy, so it is bounded: one frame per forward (the shape warm_up
-        prepared: no graph capture at the boundary), at most
+        copy, so it is bounded: asr.late_frames_per_forward frames per
+        forward (shapes warm_up prepared: no graph capture at the
+        boundary), at most
         asr.max_late_chunks frames. A snapshot with more late frames raises
         SwapDeferred (stale: a fresher one is coming); frames the reconciler
         never saw fill the rest of that bound and any beyond it are forgotten,
@@ -394,14 +395,15 @@ class FrameState:
         return tokens
 
     def _recompute_over_snapshot(self, plan: "_RecomputePlan") -> tuple[list, float]:
-        """The plan's late and unseen frames appended over the placed snapshot, one frame per forward (the
-        cost warm_up prepared); returns (the frames the policy evicted meanwhile, the ms it took)."""
+        """The plan's late and unseen frames appended over the placed snapshot, asr.late_frames_per_forward
+        frames per forward (shapes warm_up prepared); returns (the frames the policy evicted meanwhile, the ms
+        it took)."""
         if not plan.chunks:
             return [], 0.0
         t_recompute = time.perf_counter()
-        evicted = []
-        for chunk in plan.chunks:
-            evicted += self.append_chunks([chunk], allow_evict=True)
+        evicted, per = [], self.cfg.asr.late_frames_per_forward
+        for i in range(0, len(plan.chunks), per):
+            evicted += self.append_chunks(plan.chunks[i:i + per], allow_evict=True)
         recompute_ms = (time.perf_counter() - t_recompute) * 1e3
         self.note_recompute(recompute_ms, len(plan.chunks))
         return evicted, recompute_ms
