@@ -280,6 +280,26 @@ def test_a_swap_recompute_is_planned_on_the_slow_end_of_recent_cycles(tiny_model
     assert eng.swap_recompute_budget_frames(100.0) == int((100.0 - margin) // (tail * headroom))
 
 
+def test_one_slow_recompute_cannot_price_every_later_swap_and_rebase_out_of_the_slack(tiny_model_dir):
+    """Recomputes are measured only when one runs: a single hiccup (86 ms once in a CPU soak) counted in full left
+    every later swap and re-base a budget of 0 frames, so no new sample ever came. It counts up to
+    kv.recompute_estimate_cap x the cycles' own estimate of a frame, which every cycle refreshes."""
+    def planned(cap):
+        eng = make_engine(tiny_model_dir, **{"kv.recompute_estimate_cap": cap})
+        tpf = eng.cfg.vision.tokens_per_frame
+        eng.admission.observe(0.05 * tpf, tpf, 0.5, 1)             # cycles: 0.05 ms per prefill token, short decode
+        for _ in range(30):                                         # an ordinary lone-frame recompute: 2x that
+            eng.state.note_recompute(0.1 * tpf, 1)
+        before = eng.swap_recompute_budget_frames(20.0), eng._rebase_budget_frames()
+        eng.state.note_recompute(1000.0, 1)                         # one hiccup
+        return before, (eng.swap_recompute_budget_frames(20.0), eng._rebase_budget_frames())
+    (swap_before, rebase_before), (swap_after, rebase_after) = planned(8.0)
+    assert swap_before >= 2 and rebase_before >= 2
+    assert swap_after >= 1 and rebase_after >= 1                    # smaller, but a swap can still run and re-measure
+    _, (swap_uncapped, rebase_uncapped) = planned(1e9)
+    assert swap_uncapped == 0 and rebase_uncapped == 0              # what the cap prevents
+
+
 def test_warm_up_measures_a_frame_recompute_and_a_swap_measures_it_again(tiny_model_dir, clip):
     eng = make_engine(tiny_model_dir)
     eng.warm_up(4, clip[0])

@@ -171,6 +171,9 @@ class KVConfig:
                                      "frame they recompute at this multiple of its estimated cost (H200, 1.5B: a "
                                      "re-base of 4 frames planned without it ran a cycle 2 ms late; CPU demo: swaps "
                                      "planned without it overran the next boundary 1-4 times in 20 s)", default=1.25)
+    recompute_estimate_cap: float = _doc("those plans count a measured recompute up to this x the cycles' estimate of a "
+                                         "frame's prefill (2-4x on the CPU): unbounded, one 86 ms hiccup stopped every "
+                                         "later swap and re-base (Engine._frame_recompute_ms)", default=8.0)
     dtype: str = _doc("float32 | bfloat16: the element type of the KV arena; bfloat16 halves the arena, the "
                       "attention's K/V bytes and every device swap. Measured on the H200 (1.5B, 4064 cached): prefill "
                       "attention 0.70 -> 0.57 ms, the cycle unchanged within noise; `vla-edge verify` on the 1.5B "
@@ -181,8 +184,9 @@ class KVConfig:
     def __post_init__(self):
         _positive(self, "capacity_tokens", "kv")
         _positive(self, "window_frames", "kv")
-        if not self.recompute_headroom >= 1.0:
-            raise ConfigError(f"kv.recompute_headroom must be >= 1, got {self.recompute_headroom}")
+        for name in ("recompute_headroom", "recompute_estimate_cap"):
+            if not getattr(self, name) >= 1.0:
+                raise ConfigError(f"kv.{name} must be >= 1, got {getattr(self, name)}")
         if self.eviction_policy not in EVICTION_POLICIES:
             raise ConfigError(f"kv.eviction_policy must be one of {EVICTION_POLICIES}, got {self.eviction_policy!r}")
         if self.dtype not in KV_DTYPES:

@@ -358,12 +358,14 @@ class Engine:
         demo the cycle's rate priced a 16-row frame at ~2.6 ms, its recomputes took 5.8 ms (p50) to 10 ms, and
         every skipped boundary was a swap that overran. Once enough recomputes were measured, their own tail
         (FrameState.recompute_ms_per_frame_tail) where it is the larger: in a 10-minute soak planned without
-        it, 18 swaps still overran. On top, kv.recompute_headroom, as a re-base plans. None (no bound) with
-        nothing measured yet, or in deterministic mode."""
+        it, 18 swaps still overran. On top, kv.recompute_headroom, as a re-base plans. The measured recomputes
+        count up to kv.recompute_estimate_cap x the prefill estimate (_frame_recompute_ms says why). None (no
+        bound) with nothing measured yet, or in deterministic mode."""
         per_frame = self._frame_recompute_ms()
         if per_frame is None:
             return None
-        per_frame = max(per_frame * self.admission.tail_factor, self.state.recompute_ms_per_frame_tail or 0.0)
+        tail = min(self.state.recompute_ms_per_frame_tail or 0.0, self._recompute_cap_ms())
+        per_frame = max(per_frame * self.admission.tail_factor, tail)
         per_frame *= self.cfg.kv.recompute_headroom
         return max(0, int((slack_ms - self.cfg.cycle.safety_margin_ms) // per_frame))
 
@@ -382,13 +384,22 @@ class Engine:
 
     def _frame_recompute_ms(self) -> float | None:
         """What recomputing one frame (one frame per forward) is planned to cost: the larger of the admission
-        estimate of a frame's prefill and the measured recomputes; None in deterministic mode or with no cycle
-        measured (then recomputes are not bounded by time)."""
+        estimate of a frame's prefill and the measured recomputes, these at most kv.recompute_estimate_cap x
+        that estimate. The cap is what lets a plan recover: recomputes are measured only when one runs, so a
+        single slow one (a machine hiccup) left unbounded priced every later swap and re-base out of the slack
+        and no new sample ever came (a 10-minute CPU soak: one 86 ms swap, then 1056 rounds aborted and every
+        re-base forgot all its frames), while the cycles' estimate is refreshed every cycle. None in
+        deterministic mode or with no cycle measured (then recomputes are not bounded by time)."""
         adm = self.admission
         if self.cfg.cycle.deterministic or not adm.has_sample or adm.ema_prefill_ms_per_token <= 0:
             return None
         return max(adm.ema_prefill_ms_per_token * self.cfg.vision.tokens_per_frame,
-                   self.state.recompute_ms_per_frame or 0.0)
+                   min(self.state.recompute_ms_per_frame or 0.0, self._recompute_cap_ms()))
+
+    def _recompute_cap_ms(self) -> float:
+        """The most a measured recompute of one frame counts for in a plan (see _frame_recompute_ms)."""
+        frame_ms = self.admission.ema_prefill_ms_per_token * self.cfg.vision.tokens_per_frame
+        return self.cfg.kv.recompute_estimate_cap * frame_ms
 
     def state_summary(self) -> dict:
         """The frame state's token accounting, with this cycle's suffix, for the diagnostics."""
