@@ -171,8 +171,8 @@ class KVConfig:
                                      "frame they recompute at this multiple of its estimated cost (H200, 1.5B: a "
                                      "re-base of 4 frames planned without it ran a cycle 2 ms late; CPU demo: swaps "
                                      "planned without it overran the next boundary 1-4 times in 20 s)", default=1.25)
-    recompute_estimate_cap: float = _doc("those plans count a measured recompute up to this x the cycles' estimate of a "
-                                         "frame's prefill (2-4x on the CPU): unbounded, one 86 ms hiccup stopped every "
+    recompute_estimate_cap: float = _doc("those plans count measured recomputes up to this x the cycles' estimate of a "
+                                         "frame's prefill (2-4x on the CPU): slow samples alone must not stop every "
                                          "later swap and re-base (Engine._frame_recompute_ms)", default=8.0)
     dtype: str = _doc("float32 | bfloat16: the element type of the KV arena; bfloat16 halves the arena, the "
                       "attention's K/V bytes and every device swap. Measured on the H200 (1.5B, 4064 cached): prefill "

@@ -47,6 +47,7 @@ from .vision_encoder import VisionEncoder
 
 log = logging.getLogger(__name__)
 FAILURE_LOG_PERIOD_S = 5.0      # a failure repeating every cycle: traceback once, then a count every 5 s
+WARMUP_RECOMPUTES = 3           # timed lone-frame recomputes in warm-up: a median the first swaps can plan on
 
 
 class EngineConfigError(ValueError):
@@ -125,11 +126,13 @@ class Engine:
                 elapsed.append(r.elapsed_ms)
             # The RoPE re-base's recompute step, once, so that its first live use pays no one-time cost (on the
             # GPU, capturing forward()'s graph for one frame's rows: a first re-base that paid it ran a cycle late
-            # on the H200); then once more, timed: the first swap's recompute budget is planned on it.
+            # on the H200); then WARMUP_RECOMPUTES times, timed: the first swaps' recompute budget is planned on
+            # their median, which one slow measurement does not move.
             self.state.recompute_retained()
-            t_recompute = time.perf_counter()
-            kept, _dropped, _forgotten = self.state.recompute_retained()
-            self.state.note_recompute((time.perf_counter() - t_recompute) * 1e3, len(kept))
+            for _ in range(WARMUP_RECOMPUTES):
+                t_recompute = time.perf_counter()
+                kept, _dropped, _forgotten = self.state.recompute_retained()
+                self.state.note_recompute((time.perf_counter() - t_recompute) * 1e3, len(kept))
             # A swap recomputing its late frames several per forward (asr.late_frames_per_forward) uses those
             # shapes too: prepared here (captured on the GPU), never first met at a boundary.
             asr, tpf = self.cfg.asr, self.cfg.vision.tokens_per_frame
@@ -384,12 +387,13 @@ class Engine:
 
     def _frame_recompute_ms(self) -> float | None:
         """What recomputing one frame (one frame per forward) is planned to cost: the larger of the admission
-        estimate of a frame's prefill and the measured recomputes, these at most kv.recompute_estimate_cap x
-        that estimate. The cap is what lets a plan recover: recomputes are measured only when one runs, so a
-        single slow one (a machine hiccup) left unbounded priced every later swap and re-base out of the slack
-        and no new sample ever came (a 10-minute CPU soak: one 86 ms swap, then 1056 rounds aborted and every
-        re-base forgot all its frames), while the cycles' estimate is refreshed every cycle. None in
-        deterministic mode or with no cycle measured (then recomputes are not bounded by time)."""
+        estimate of a frame's prefill and the measured recomputes (their median), these at most
+        kv.recompute_estimate_cap x that estimate. Recomputes are measured only when one runs, so an estimate
+        that prices every swap and re-base out of the slack never gets a sample to correct it (a 10-minute CPU
+        soak: one 86 ms swap folded into an average, then 1056 rounds aborted and every re-base forgot all its
+        frames); the median ignores one such sample, and the cap bounds what slow samples alone can do, against
+        the cycles' estimate that every cycle refreshes. None in deterministic mode or with no cycle measured
+        (then recomputes are not bounded by time)."""
         adm = self.admission
         if self.cfg.cycle.deterministic or not adm.has_sample or adm.ema_prefill_ms_per_token <= 0:
             return None

@@ -126,7 +126,8 @@ class FrameState:
         self.last_swap: SwapReport | None = None
         self.last_rebase: dict | None = None    # what the latest re-base kept and forgot
         # Measured ms to recompute one frame over the state (a swap's late frames, the warm-up's re-base step,
-        # one frame per forward unless asr.late_frames_per_forward batches a swap's); None until measured. A lone frame's forward costs more per token than a
+        # one frame per forward unless asr.late_frames_per_forward batches a swap's): the median of recent
+        # samples (note_recompute); None until measured. A lone frame's forward costs more per token than a
         # cycle's longer prefill (on the CPU model ~2x), so the swap budget needs this, not the cycle's rate.
         self.recompute_ms_per_frame: float | None = None
         self._recompute_samples: deque = deque(maxlen=cfg.admission.tail_window)   # per-frame ms, for the tail
@@ -409,14 +410,15 @@ class FrameState:
         return evicted, recompute_ms
 
     def note_recompute(self, ms: float, frames: int) -> None:
-        """Fold a measured recompute of `frames` frames (one per forward) into `recompute_ms_per_frame`, the
-        cost a swap's recompute budget is planned on (Engine.swap_recompute_budget_frames)."""
+        """Fold a measured recompute of `frames` frames into `recompute_ms_per_frame`, the cost a swap's
+        recompute budget and a re-base are planned on (Engine.swap_recompute_budget_frames): the median of the
+        last admission.tail_window per-frame samples. Not a moving average: recomputes are measured only when
+        one runs, and one slow sample (an 86 ms machine hiccup in a CPU soak) folded into an average priced
+        every later swap out of the slack, so no sample ever came to bring it back; a median ignores it."""
         if frames <= 0 or not math.isfinite(ms):
             return
-        per_frame = ms / frames
-        prev, alpha = self.recompute_ms_per_frame, self.cfg.admission.ema_alpha
-        self.recompute_ms_per_frame = per_frame if prev is None else alpha * per_frame + (1 - alpha) * prev
-        self._recompute_samples.append(per_frame)
+        self._recompute_samples.append(ms / frames)
+        self.recompute_ms_per_frame = float(np.median(np.fromiter(self._recompute_samples, float)))
         self._recompute_tail = window_quantile(self._recompute_samples, self.cfg.admission.tail_quantile)
 
     @property
