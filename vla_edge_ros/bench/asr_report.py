@@ -86,8 +86,8 @@ def print_summary(summaries: dict, header: list[str]) -> None:
                      s["over_deadline"], s["refused"], s["fallbacks"], _f(s["p99_reconciling_ms"]),
                      _f(s["p99_steady_ms"]), _f(s["p99_ratio_reconciling_vs_steady"]),
                      f"{s['exact_state_fraction']:.2f}", _f(swap["mean"]), _f(swap["max"]), s["approximate_evictions"]])
-    print_table("cycle latency (ms, from the scheduled boundary; a sync rebuild included); rounds = swaps applied (asr) / rebuilds (sync); "
-                "ratio = p99 reconciling / p99 steady; exact = share of cycles on an exact state; trigger->swap "
+    print_table("cycle latency (ms, from the scheduled boundary; a sync rebuild included); rounds = swaps applied "
+                "(asr) / rebuilds (sync); ratio = p99 reconciling / p99 steady; exact = share of cycles on an exact state; trigger->swap "
                 "(mean, max ms) = the rebuild itself for sync",
                 ["mode", "cycles", "rounds", "aborted", "p50", "p99", "max", "> deadline", "refused", "no action",
                  "p99 reconciling", "p99 steady", "ratio", "exact", "trigger->swap", "max", "approx. evicted"], rows)

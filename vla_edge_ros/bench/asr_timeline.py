@@ -33,13 +33,16 @@ then one cycle away instead of a fill phase of 30 s at 32K.
 On the GPU (`--backend pycuda --shape qwen2.5-1.5b`, bf16 random weights,
 bench/gpu_inputs.py) the primary runs on a CudaBackend in the process's
 primary context, reused by each mode's fresh Engine; the reconciler's Engine
-runs on a second CudaBackend in a context of its own (the second GPU when
-there is one, else a second context on the same GPU:
-model/cuda_state_transfer.py), on its own thread; a swap moves the KV device
+runs on a second CudaBackend in a context of its own (asr.device's GPU,
+the primary's by default: model/cuda_state_transfer.py), in the primary's
+gaps (or on its own thread with `--work thread`); a swap moves the KV device
 to device across the two contexts (`--device-transfer host`: through host
-memory instead). The GPU runs (`scripts/gpu_session.sh` stages asr-4k,
-asr-32k, asr-32k-approx), with their expected time at 30 Hz (10 rounds take
-10 x (trigger - kept) cycles: 10 x 57 at 4K, 10 x 459 at 32K):
+memory instead). Without `--config` the GPU runs take config/gpu_demo.yaml,
+the robot's setup (threshold 0.75 there: fewer cycles per round than the
+package default's 0.9 the counts below assume). The GPU runs
+(`scripts/gpu_session.sh` stages asr-4k, asr-32k, asr-32k-approx), with their
+expected time at 30 Hz (10 rounds take 10 x (trigger - kept) cycles: 10 x 57
+at 4K, 10 x 459 at 32K with threshold 0.9):
 
     python -m vla_edge_ros.cli bench asr --backend pycuda --capacity 4096 \
         --json out/asr-4k.json --png out/asr-4k.png                       # ~20 s per mode, ~2 min in all
@@ -57,11 +60,12 @@ JSON and the plot are rewritten after each mode, so a run cut short keeps the
 modes it finished).
 
 Reported per mode (bench/asr_report.py): p50/p99/max cycle latency (from the
-scheduled boundary; a sync rebuild included), the swaps' apply time, cycles over the deadline, refusals, fallbacks by reason,
-rounds (swaps applied / rebuilds) and aborted rounds, time from trigger to
-swap, p99 while a reconciliation is in progress vs the steady state, the
-share of cycles served from an exact state, the primary's approximate
-evictions; and Fig. 6: latency per cycle with the deadline, triggers, swaps,
+scheduled boundary; a sync rebuild included), the swaps' apply time, cycles
+over the deadline, refusals, fallbacks by reason, rounds (swaps applied /
+rebuilds) and aborted rounds, offers deferred at a boundary, time from
+trigger to swap, p99 while a reconciliation is in progress vs the steady
+state, the share of cycles served from an exact state, the primary's
+approximate evictions; and Fig. 6: latency per cycle with the deadline, triggers, swaps,
 rebuilds, approximate evictions and aborted rounds marked.
 """
 from __future__ import annotations

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 RECONCILER_NICE = 10          # thread mode: the reconciler thread's niceness (the CPU's "low-priority stream")
 WORK_MODES = ("interleaved", "thread")
 
+
 @dataclass
 class DriverCycle:
     """One primary cycle as the driver saw it."""

@@ -79,8 +79,9 @@ log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 TIMING_SAMPLES = 256      # swap timings kept for the diagnostics' percentiles
+# A swap at the boundary timed whole and in parts (place_off_cpu_ms is a share of place_ms, not a part of its own).
 SWAP_TIMINGS = ("apply_ms", "check_ms", "place_ms", "place_off_cpu_ms", "kv_copy_ms", "recompute_ms", "rest_ms")
-SWAP_PARTS = ("check_ms", "place_ms", "kv_copy_ms", "recompute_ms")   # what apply_ms is made of, besides the rest   # a swap at the boundary, and its parts
+SWAP_PARTS = ("check_ms", "place_ms", "kv_copy_ms", "recompute_ms")   # what apply_ms is made of, besides the rest
 STARVED_LOG_PERIOD_S = 30.0   # slack schedule: how often a starved reconciler says so
 WINDOW_POLL_S = 0.0005   # slack schedule: how often the worker looks for the primary's next cycle end
 IDLE_WAIT_S = 0.01         # worker thread: longest sleep when the reconciler has nothing to do (woken on a chunk)
