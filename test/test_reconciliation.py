@@ -6,6 +6,7 @@ hand (`tick` until nothing is left: an infinitely fast second resource, or no
 ticks at all: a slow one) so every scenario is deterministic; the thread mode
 is exercised where it matters (the reconciler dying).
 """
+import contextlib
 import time
 
 import numpy as np
@@ -95,6 +96,26 @@ def drain(rec):
         pass
 
 
+@contextlib.contextmanager
+def recording(obj, method: str, what):
+    """Instrumentation: obj.method still runs; what(*args, **kwargs) of each call goes into the list yielded."""
+    seen, real = [], getattr(obj, method)
+
+    def recorded(*args, **kwargs):
+        seen.append(what(*args, **kwargs))
+        return real(*args, **kwargs)
+
+    setattr(obj, method, recorded)
+    try:
+        yield seen
+    finally:
+        delattr(obj, method)
+
+
+def row_count(x, *args, **kwargs):
+    return x.shape[0]
+
+
 def contiguous(eng) -> bool:
     starts = [r.position_start for r in eng.state.kv.retained()]
     return starts == [eng.state.prefix_tokens + 32 * k for k in range(len(starts))] and \
@@ -174,19 +195,8 @@ def test_late_frames_are_recomputed_one_frame_per_forward(tiny_model_dir, model,
         rig.cycle()
     snap = rig.rec.take_offer()
     late = [rig.primary_only_cycle().frame_id for _ in range(2)]
-    backend = rig.primary.state.backend
-    rows = []
-    real_forward = backend.forward
-
-    def recorded_forward(x, *args, **kwargs):                 # instrumentation: the row count of each forward
-        rows.append(x.shape[0])
-        return real_forward(x, *args, **kwargs)
-
-    backend.forward = recorded_forward
-    try:
+    with recording(rig.primary.state.backend, "forward", row_count) as rows:
         rig.primary.state.import_state(snap)
-    finally:
-        del backend.forward
     assert rig.primary.state.last_swap.late == late and rows == [32, 32]
 
 
@@ -196,33 +206,15 @@ def test_late_frames_batched_per_forward_are_prepared_in_warm_up_and_stay_exact(
     rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
                                               "asr.late_frames_per_forward": 2})
     backend = rig.primary.state.backend
-    prepared, rows = [], []
-    real_prepare, real_forward = backend.prepare_forward, backend.forward
-
-    def recorded_prepare(row_counts):                          # instrumentation: what warm_up asks for
-        prepared.append(list(row_counts))
-        return real_prepare(row_counts)
-
-    backend.prepare_forward = recorded_prepare
-    try:
+    with recording(backend, "prepare_forward", lambda row_counts: list(row_counts)) as prepared:
         rig.primary.warm_up(4, clip[0])
-    finally:
-        del backend.prepare_forward
     assert [64] in prepared
     while rig.rec.phase is not Phase.READY:
         rig.cycle()
     snap = rig.rec.take_offer()
     late = [rig.primary_only_cycle().frame_id for _ in range(2)]
-
-    def recorded_forward(x, *args, **kwargs):
-        rows.append(x.shape[0])
-        return real_forward(x, *args, **kwargs)
-
-    backend.forward = recorded_forward
-    try:
+    with recording(backend, "forward", row_count) as rows:
         rig.primary.state.import_state(snap)
-    finally:
-        del backend.forward
     assert rig.primary.state.last_swap.late == late and rows == [64]
     assert rig.primary.state.state_exact and contiguous(rig.primary)
     rig.primary_only_cycle()                                    # attends to the swapped state and the late frames
