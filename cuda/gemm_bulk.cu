@@ -31,6 +31,7 @@
 #include "common.cuh"
 #include "mma_bf16.cuh"
 #include "mma_tiles.cuh"
+#include "gemm_epilogue.cuh"
 
 #define GB_BM 128
 #define GB_BN 128
@@ -136,53 +137,8 @@ __device__ __forceinline__ void gemm_bulk(const uint16_t* __restrict__ x, long l
     cp_async_wait<0>();                                        // only empty groups can be left: none in flight
 
     // acc[mt][nt][2 r + e]: row m0 + wm WROWS + 16 mt + g + 8 r, column n0 + wn WCOLS + 8 nt + 2 t + e.
-    const int row_base = m0 + wm * WROWS + g;
-    const int col_base = n0 + wn * WCOLS;
-    if (mode == PMODE_SWIGLU) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int pp = 0; pp < NT / 2; ++pp) {              // n8 tile 2 pp = gate rows, 2 pp + 1 = up rows
-                const int c = ((col_base >> 4) + pp) * 8 + 2 * t;
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    const int m = row_base + mt * 16 + 8 * r;
-                    if (m >= M || c >= out_cols) continue;
-                    const float v0 = silu(acc[mt][2 * pp][2 * r]) * acc[mt][2 * pp + 1][2 * r];
-                    const float v1 = silu(acc[mt][2 * pp][2 * r + 1]) * acc[mt][2 * pp + 1][2 * r + 1];
-                    uint32_t hi, lo;
-                    split_pair(v0, v1, hi, lo);
-                    uint16_t* dst = out_h + (size_t)m * ldo + c;
-                    *reinterpret_cast<uint32_t*>(dst) = hi;
-                    *reinterpret_cast<uint32_t*>(dst + o_part_stride) = lo;
-                }
-            }
-        return;
-    }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int m = row_base + mt * 16 + 8 * r;
-                const int n = col_base + nt * 8 + 2 * t;
-                if (m >= M || n >= out_cols) continue;
-                float* o = out_f + (size_t)m * ldo + n;
-                const float v0 = acc[mt][nt][2 * r], v1 = acc[mt][nt][2 * r + 1];
-                if (mode == PMODE_STORE) {
-                    *reinterpret_cast<float2*>(o) = make_float2(v0 + (bias ? bias[n] : 0.f),
-                                                                v1 + (bias ? bias[n + 1] : 0.f));
-                } else if (k_split > 1) {
-                    atomicAdd(o, v0);
-                    atomicAdd(o + 1, v1);
-                } else {
-                    float2 cur = *reinterpret_cast<const float2*>(o);
-                    cur.x += v0;
-                    cur.y += v1;
-                    *reinterpret_cast<float2*>(o) = cur;
-                }
-            }
+    store_gemm_tile<MT, NT>(acc, m0 + wm * WROWS + g, n0 + wn * WCOLS, t, M, out_cols, mode, k_split, bias, out_f,
+                            out_h, o_part_stride, ldo);
 }
 
 // Entries by activation parts: 128 rows x 128 columns per block, 2 x 4 warps of 64 x 32, 3 stages (90 KB of

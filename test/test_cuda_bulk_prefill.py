@@ -35,6 +35,17 @@ def _joined(flat: np.ndarray, part_stride: int, rows: int, cols: int) -> np.ndar
     return (hi + lo).reshape(rows, cols)
 
 
+GEMM_KERNELS = ["mma", "wgmma128", "wgmma256"]
+
+
+def _gemm_kernel(kn, kernel):
+    """Skips a wgmma kernel on a device without sm_90a (it cannot be built there)."""
+    from vla_edge_ros.model import cuda_kernels as ck
+    if ck.family_arch(ck.BULK_GEMMS[kernel].family, kn.arch) is None:
+        pytest.skip(f"{kernel} needs sm_90a; this device is {kn.arch}")
+    return kernel
+
+
 def _close(got, expected, norm_tol, what):
     assert_close(got, expected, rtol=RTOL, atol=2 * norm_tol * peak(expected), what=what, norm_rtol=norm_tol)
 
@@ -48,8 +59,10 @@ def _close(got, expected, norm_tol, what):
     (333, 640, 256, 2),
 ])
 @pytest.mark.parametrize("parts", [2, 1])
-def test_gemm_bulk_add_and_store(kn, gpu, M, N, K, k_split, parts):
+@pytest.mark.parametrize("kernel", GEMM_KERNELS)
+def test_gemm_bulk_add_and_store(kn, gpu, M, N, K, k_split, parts, kernel):
     from vla_edge_ros.model import cuda_kernels as ck
+    kernel = _gemm_kernel(kn, kernel)
     ga, stream = gpu
     rng = np.random.default_rng(M * 7 + N + parts)
     x = (rng.standard_normal((M, K)) * 2).astype(np.float32)
@@ -62,19 +75,23 @@ def test_gemm_bulk_add_and_store(kn, gpu, M, N, K, k_split, parts):
     start = rng.standard_normal((M, N)).astype(np.float32)
     out = ga.to_gpu(start)
     W_d, x_d = ga.to_gpu(W), ga.to_gpu(flat)
-    used = kn.gemm_bulk(W_d, x_d, stride, M, ck.MODE_ADD, stream, out=out, parts=parts, k_split=k_split)
+    used = kn.gemm_bulk(W_d, x_d, stride, M, ck.MODE_ADD, stream, out=out, parts=parts, k_split=k_split,
+                        kernel=kernel)
     stream.synchronize()
-    _close(out.get(), ref.projection_ref(W, x_eff, ck.MODE_ADD, out=start), 1e-5, f"gemm_bulk ADD, k_split {used}")
+    _close(out.get(), ref.projection_ref(W, x_eff, ck.MODE_ADD, out=start), 1e-5,
+           f"gemm_bulk {kernel} ADD, k_split {used}")
     bias = rng.standard_normal(N).astype(np.float32)
     out = ga.to_gpu(np.full((M, N), np.nan, np.float32))
-    kn.gemm_bulk(W_d, x_d, stride, M, ck.MODE_STORE, stream, out=out, bias=ga.to_gpu(bias), parts=parts)
+    kn.gemm_bulk(W_d, x_d, stride, M, ck.MODE_STORE, stream, out=out, bias=ga.to_gpu(bias), parts=parts, kernel=kernel)
     stream.synchronize()
-    _close(out.get(), ref.projection_ref(W, x_eff, ck.MODE_STORE, bias=bias), 1e-5, "gemm_bulk STORE")
+    _close(out.get(), ref.projection_ref(W, x_eff, ck.MODE_STORE, bias=bias), 1e-5, f"gemm_bulk {kernel} STORE")
 
 
 @pytest.mark.parametrize("M,inter,K", [(70, 352, 128), (300, 8960, 1536), (200, 352, 96)])
-def test_gemm_bulk_swiglu_writes_hi_lo(kn, gpu, M, inter, K):
+@pytest.mark.parametrize("kernel", GEMM_KERNELS)
+def test_gemm_bulk_swiglu_writes_hi_lo(kn, gpu, M, inter, K, kernel):
     from vla_edge_ros.model import cuda_kernels as ck
+    kernel = _gemm_kernel(kn, kernel)
     ga, stream = gpu
     rng = np.random.default_rng(inter)
     gate = rng.standard_normal((inter, K)).astype(np.float32) * 0.05
@@ -86,11 +103,11 @@ def test_gemm_bulk_swiglu_writes_hi_lo(kn, gpu, M, inter, K):
     out_stride = M * inter
     out_hl = ga.to_gpu(np.full(2 * out_stride, NAN_BF16, np.uint16))
     kn.gemm_bulk(ga.to_gpu(W), ga.to_gpu(flat), M * K, M, ck.MODE_SWIGLU, stream, out_hl=out_hl,
-                 out_part_stride=out_stride, out_cols=inter)
+                 out_part_stride=out_stride, out_cols=inter, kernel=kernel)
     stream.synchronize()
     x_eff = ref.from_bf16_bits(hi).astype(np.float64) + ref.from_bf16_bits(lo)
     expected = ref.projection_ref(W, x_eff, ck.MODE_SWIGLU, out_cols=inter)
-    _close(_joined(out_hl.get(), out_stride, M, inter), expected, 3e-5, "gemm_bulk SWIGLU")
+    _close(_joined(out_hl.get(), out_stride, M, inter), expected, 3e-5, f"gemm_bulk {kernel} SWIGLU")
 
 
 def test_rmsnorm_split_rows_and_bias_init(kn, gpu):
@@ -194,24 +211,34 @@ def test_bulk_forward_matches_numpy_and_the_cycle_kernels(model):
     cycle = _backend(model, cap, bulk_prefill_min_rows=0)
     numpy = NumpyBackend(spec, weights, cap, "bfloat16")
     assert bulk.bulk_min_rows == 1 and cycle.bulk_min_rows == 0
+    named = {"bulk": bulk, "bulk in passes": passes, "cycle kernels": cycle}
+    from vla_edge_ros.model import cuda_kernels as ck
+    if ck.family_arch("gemm_wgmma", bulk.kernels.arch) is not None:   # the Hopper GEMMs, one pass and three
+        for kernel, max_rows in (("wgmma256", 512), ("wgmma128", 128)):
+            b = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=max_rows)
+            b.kernels.load_family("gemm_wgmma")
+            b.bulk_gemm = kernel
+            named[f"bulk {kernel}, passes of {max_rows}"] = b
     rng = np.random.default_rng(6)
     slots = rng.permutation(cap)
     x = numpy.embed(rng.integers(0, spec.vocab_size, size=340))
     pos = np.arange(340) * 2 + 1
     ctx = slots[:40]
-    results = []
-    for b in (bulk, passes, cycle, numpy):
+    results = {}
+    for name, b in (*named.items(), ("numpy", numpy)):
         b.forward(x[:40], pos[:40], ctx, np.array([], np.int64), logits="none")
-        results.append(b.forward(x[40:], pos[40:], slots[40:340], np.delete(ctx, [2, 9]), logits="all",
-                                 return_hidden=True))
-    exp = results[3]
-    for name, got in zip(("bulk", "bulk in passes", "cycle kernels"), results[:3]):
+        results[name] = b.forward(x[40:], pos[40:], slots[40:340], np.delete(ctx, [2, 9]), logits="all",
+                                  return_hidden=True)
+    exp = results["numpy"]
+    for name in named:
+        got = results[name]
         for layer, (h, e) in enumerate(zip(got.hidden_states, exp.hidden_states)):
             assert rel_norm(h, e) < 1e-4, f"{name}: hidden state {layer}"
         assert rel_norm(got.logits, exp.logits) < 1e-4, name
     kv_ref = np.stack([numpy._k[:, slots[:340]], numpy._v[:, slots[:340]]]).reshape(2, spec.num_layers, 340, -1)
-    for b in (bulk, passes):
-        assert rel_norm(b.read_kv(slots[:340]), kv_ref) < 1e-4
+    for name, b in named.items():
+        if name != "cycle kernels":
+            assert rel_norm(b.read_kv(slots[:340]), kv_ref) < 1e-4, name
 
 
 def test_bulk_graph_replays_serve_other_offsets_and_contexts(model):

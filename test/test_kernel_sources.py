@@ -52,6 +52,30 @@ def test_kernel_limits_mirrored_in_python_match_the_sources():
     assert ck.PROJ_WARPS == _defines("projection_bf16.cu")["PROJ_WARPS"]
 
 
+def test_bulk_gemm_plans_match_their_kernels():
+    """The launcher sizes grids and shared memory from BULK_GEMMS: each plan must be its kernel's tile, and each
+    wgmma plan must name an entry gemm_wgmma.cu defines with that many weight rows and stages."""
+    bulk = _defines("gemm_bulk.cu")
+    assert (ck.GEMM_BULK_BM, ck.GEMM_BULK_BN, ck.GEMM_BULK_BK, ck.GEMM_BULK_STAGES, ck.GEMM_BULK_ROW,
+            ck.GEMM_BULK_THREADS) == tuple(bulk[k] for k in ("GB_BM", "GB_BN", "GB_BK", "GB_STAGES", "GB_ROW",
+                                                              "GB_THREADS"))
+    source = (CUDA / "gemm_wgmma.cu").read_text()
+    wg = kc.parse_defines(source)
+    entries = {(int(bn), int(parts)): int(stages) for bn, parts, stages in
+               re.findall(r"^GEMM_WGMMA_ENTRY\((\d+), (\d+), (\d+), \d+\)", source, re.MULTILINE)}
+    assert set(ck.FAMILIES["gemm_wgmma"]) == {f"gemm_wgmma_n{bn}_p{parts}" for bn, parts in entries}
+    plans = [plan for plan in ck.BULK_GEMMS.values() if plan.family == "gemm_wgmma"]
+    assert plans, "no BULK_GEMMS plan uses gemm_wgmma.cu"
+    for plan in plans:
+        assert (plan.bm, plan.bk, plan.row) == (wg["GW_BM"], wg["GW_BK"], wg["GW_BK"]), plan
+        assert wg["GW_THREADS"] == ck.GEMM_BULK_THREADS
+        for parts in (1, 2):
+            assert entries[(plan.bn, parts)] == plan.stages, (plan, parts)
+            assert f"{plan.prefix}_p{parts}" in ck.FAMILIES["gemm_wgmma"]
+    assert ck.family_arch("gemm_wgmma", "sm_90") == "sm_90a"
+    assert ck.family_arch("gemm_wgmma", "sm_80") is None and ck.family_arch("gemm_bulk", "sm_80") == "sm_80"
+
+
 def test_shared_numbers_are_defined_only_in_common_cuh():
     shared = set(kc.HEADER_NAMES.values()) | {"ATTN_CHUNK", "ATTN_MAX_GROUP", "ATTN_MAX_HEAD_DIM"}
     for path in sorted(CUDA.glob("*.cu*")):

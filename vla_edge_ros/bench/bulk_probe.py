@@ -4,15 +4,16 @@
 
 Three tables, each measured in one run on one backend (random bf16 weights drawn by HF on the GPU, the robot's
 fp32 KV arena), so every ratio compares like with like:
-  gemm     each projection of a layer (q|k|v, o, gate/up, down) through gemm_bulk.cu at M activation rows:
-           the useful rate 2 M N K / time (graph replays), with the activations as bf16 hi + lo (p2: the precision
-           of the cycle's prefill) or bf16 alone (p1: HF's)
+  gemm     each projection of a layer (q|k|v, o, gate/up, down) at M activation rows through each bulk GEMM
+           kernel (cuda_kernels.BULK_GEMMS: gemm_bulk.cu's mma.sync, gemm_wgmma.cu's wgmma where the device has
+           sm_90a): the useful rate 2 M N K / time (graph replays), with the activations as bf16 hi + lo (p2: the
+           precision of the cycle's prefill) or bf16 alone (p1: HF's)
   forward  CudaBackend.forward over n rows after `--context` cached slots, host uploads and the final
            synchronize included (what a reconciler step costs): the cycle's prefill kernels (passes of 128 rows,
-           the path of every forward before the bulk prefill) against the bulk prefill (2 and 1 parts, attention
-           with 1 and 2 K/V stages), ms and us per token
-  recompute a full recompute of N tokens from an empty arena (passes of bulk_max_rows rows), bulk against the
-           cycle's kernels: the CSR paper's unordered baseline (bench csr has it against HF's SDPA recompute)
+           the path of every forward before the bulk prefill) against the bulk prefill with each GEMM kernel,
+           ms and us per token
+  recompute a full recompute of N tokens from an empty arena (passes of bulk_max_rows rows), with each GEMM
+           kernel: the CSR paper's unordered baseline (bench csr has it against HF's SDPA recompute)
 A diagnosis tool for choosing the defaults (model.bulk_prefill_min_rows, BULK_* in cuda_backend.py); the
 benchmarks of record are `vla-edge bench csr` and `bench asr`.
 """
@@ -28,7 +29,7 @@ from .common import machine_info, print_table, write_json
 
 FORWARD_ROWS = (32, 64, 128, 256, 512, 1024)
 GEMM_ROWS = (256, 1024, 4096)
-RECOMPUTE = (4096,)
+RECOMPUTE = (4096, 16384)
 
 
 def _median_ms(run, repeats: int) -> float:
@@ -48,9 +49,12 @@ def probe(context: int, quick: bool) -> dict:
     from ..model import cuda_kernels as ck
     from ..model.cuda_backend import CudaBackend
     from .gemv_probe import _time_graph
+    from ..model.cuda_device import primary_device
     from .gpu_inputs import random_model
 
     spec, weights = random_model("qwen2.5-1.5b")
+    gemms = [k for k, plan in ck.BULK_GEMMS.items()
+             if ck.family_arch(plan.family, ck.device_arch(primary_device(0))) is not None]
     capacity = max(context + max(FORWARD_ROWS), max(RECOMPUTE)) + 64
     backend = CudaBackend(spec, weights, capacity, "bfloat16", vram_ceiling_bytes=None, bulk_prefill_min_rows=1,
                           bulk_prefill_max_rows=1024)
@@ -64,24 +68,26 @@ def probe(context: int, quick: bool) -> dict:
         x = gpuarray.to_gpu(rng.integers(0x3c00, 0x3f80, size=2 * 4096 * spec.intermediate_size).astype(np.uint16))
         y = gpuarray.zeros((4096, max(spec.hidden_size, spec.q_dim + 2 * spec.kv_dim)), np.float32)
         y_hl = gpuarray.zeros(2 * 4096 * spec.intermediate_size, np.uint16)
-        variants = [("bulk", 2), ("bulk", 1)]
+        for plan in {ck.BULK_GEMMS[k].family for k in gemms}:
+            backend.kernels.load_family(plan)
+        variants = [(kernel, parts) for parts in (2, 1) for kernel in gemms]
         for m in GEMM_ROWS[:1] if quick else GEMM_ROWS:
             for name, W, mode in shapes:
                 n_out, k = W.shape
                 row = {"proj": name, "M": m, "us": {}, "tflops": {}}
-                for variant, parts in variants:
+                for kernel, parts in variants:
                     kw = {"out_hl": y_hl, "out_part_stride": y_hl.size // 2, "out_cols": spec.intermediate_size} \
                         if mode == ck.MODE_SWIGLU else {"out": y}
 
-                    def record(W=W, mode=mode, parts=parts, kw=kw, m=m):
-                        backend.kernels.gemm_bulk(W, x, x.size // 2, m, mode, stream, parts=parts, **kw)
+                    def record(W=W, mode=mode, parts=parts, kw=kw, m=m, kernel=kernel):
+                        backend.kernels.gemm_bulk(W, x, x.size // 2, m, mode, stream, parts=parts, kernel=kernel, **kw)
                     us = _time_graph(stream, record, replays=20, per_replay=1)      # microseconds per launch
-                    key = f"{variant} p{parts}"
+                    key = f"{kernel} p{parts}"
                     row["us"][key] = us
                     row["tflops"][key] = 2.0 * m * n_out * k / (us * 1e-6) / 1e12
                 out["gemm"].append(row)
     keys = [f"{v} p{p}" for v, p in variants]
-    print_table("gemm_bulk.cu per projection: useful TFLOP/s (2 M N K / time, graph replays; us of the first)",
+    print_table("bulk GEMM per projection: useful TFLOP/s (2 M N K / time, graph replays; us of the first)",
                 ["proj", "M", *keys, f"us {keys[0]}"],
                 [[r["proj"], r["M"], *(r["tflops"][k] for k in keys), r["us"][keys[0]]] for r in out["gemm"]])
 
@@ -96,38 +102,40 @@ def probe(context: int, quick: bool) -> dict:
                         np.arange(context, context + n), ctx_slots, logits="none")
         backend.synchronize()
 
-    # (label, bulk on, activation parts, attention K/V stages)
-    variants = [("cycle kernels", 0, 2, 1), ("bulk", 1, 2, 1), ("bulk attn2", 1, 2, 2), ("bulk p1", 1, 1, 1)]
+    # (label, bulk on, activation parts, GEMM kernel)
+    variants = [("cycle kernels", 0, 2, "mma"), *((f"bulk {k}", 1, 2, k) for k in gemms),
+                (f"bulk {gemms[-1]} p1", 1, 1, gemms[-1])]
+
+    def use(bulk, parts, kernel):
+        backend.bulk_min_rows, backend.bulk_parts, backend.bulk_gemm = bulk, parts, kernel
+        backend._drop_graphs()                                # the bulk graphs baked the previous variant in
     for n in FORWARD_ROWS[2:4] if quick else FORWARD_ROWS:
         row = {"rows": n}
-        for label, bulk, parts, stages in variants:
-            backend.bulk_min_rows, backend.bulk_parts, backend.bulk_attention_stages = bulk, parts, stages
-            backend._drop_graphs()                            # the bulk graphs baked the previous variant in
+        for label, bulk, parts, kernel in variants:
+            use(bulk, parts, kernel)
             row[label] = _median_ms(lambda: forward(n), repeats=5)
         out["forward"].append(row)
     labels = [v[0] for v in variants]
+    best = min(labels[1:], key=lambda k: sum(r[k] for r in out["forward"]))
     print_table(f"forward of n rows after {context} cached slots (ms; us per token in brackets)",
-                ["rows", *labels, "x cycle (bulk)"],
+                ["rows", *labels, f"x cycle ({best})"],
                 [[r["rows"], *(f"{r[k]:.2f} ({r[k] * 1e3 / r['rows']:.1f})" for k in labels),
-                  r["cycle kernels"] / r["bulk"]] for r in out["forward"]])
+                  r["cycle kernels"] / r[best]] for r in out["forward"]])
 
-    for total in RECOMPUTE:
+    for total in RECOMPUTE[:1] if quick else RECOMPUTE:
         row = {"tokens": total}
-        for label, bulk in (("cycle kernels", 0), ("bulk", 1)):
-            backend.bulk_min_rows, backend.bulk_parts, backend.bulk_attention_stages = bulk, 2, 1
-            backend._drop_graphs()
+        for label, bulk, parts, kernel in variants[1:]:
+            use(bulk, parts, kernel)
 
             def recompute(total=total):
                 backend.forward(rows_all[:total], np.arange(total), np.arange(total), np.zeros(0, np.int64),
                                 logits="none")
                 backend.synchronize()
-            row[label] = _median_ms(recompute, repeats=1 if label == "cycle kernels" else 3)
+            row[label] = _median_ms(recompute, repeats=3)
         out["recompute"].append(row)
-    print_table("full recompute from an empty arena (ms; us per token)", ["tokens", "cycle kernels", "bulk",
-                                                                         "x faster"],
-                [[r["tokens"], f"{r['cycle kernels']:.1f} ({r['cycle kernels'] * 1e3 / r['tokens']:.1f})",
-                  f"{r['bulk']:.1f} ({r['bulk'] * 1e3 / r['tokens']:.1f})",
-                  r["cycle kernels"] / r["bulk"]] for r in out["recompute"]])
+    print_table("full recompute from an empty arena (ms; us per token in brackets)", ["tokens", *labels[1:]],
+                [[r["tokens"], *(f"{r[k]:.1f} ({r[k] * 1e3 / r['tokens']:.1f})" for k in labels[1:])]
+                 for r in out["recompute"]])
     drv.Context.synchronize()
     backend.close()
     return out

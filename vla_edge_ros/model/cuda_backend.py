@@ -91,6 +91,9 @@ UPLOAD_BLOCK_BYTES = 64 << 20   # rows of the embedding table per host->device c
 DEFAULT_BULK_MIN_ROWS = 64      # even with the cycle's kernels there on the H200 (5.5 vs 5.3 ms), ahead from 128
 DEFAULT_BULK_MAX_ROWS = 1024
 BULK_ACTIVATION_PARTS = 2
+# Its GEMM kernel (cuda_kernels.BULK_GEMMS): "mma" (gemm_bulk.cu, mma.sync) until gemm_wgmma.cu's Hopper kernels have
+# been measured against it on the H200 (bench/bulk_probe.py); a device without sm_90a keeps "mma" regardless.
+BULK_GEMM = "mma"
 BULK_ATTENTION_STAGES = 1
 BULK_PARTIAL_ROWS = 2
 
@@ -175,6 +178,7 @@ class CudaBackend:
         self.bulk_min_rows, self.bulk_max_rows = _bulk_rows(spec, self.dtype, int(bulk_prefill_min_rows),
                                                             int(bulk_prefill_max_rows))
         self.bulk_parts = BULK_ACTIVATION_PARTS
+        self.bulk_gemm = BULK_GEMM
         self.bulk_attention_stages = BULK_ATTENTION_STAGES
         source = tensor_source(weights, spec)
         self.device = device if device is not None else primary_device(0)
@@ -230,7 +234,9 @@ class CudaBackend:
         if self.staged_prefill_projections and wdt == np.uint16:
             self.kernels.load_family("projection_staged")   # on demand, but its first launch may be in a capture
         if self.bulk_min_rows:
-            self.kernels.load_family("gemm_bulk")
+            if ck.family_arch(ck.BULK_GEMMS[self.bulk_gemm].family, self.kernels.arch) is None:
+                self.bulk_gemm = "mma"                       # wgmma needs sm_90a
+            self.kernels.load_family(ck.BULK_GEMMS[self.bulk_gemm].family)
             self.kernels.load_family("prefill_bulk")
         self._bytes = 0
         self._upload_weights(source, wdt)
@@ -928,7 +934,7 @@ class CudaBackend:
         splits = self._bulk_splits(n)
 
         def gemm(W, x, part_stride, mode, **kw):
-            kn.gemm_bulk(W, x, part_stride, n, mode, s, parts=self.bulk_parts, **kw)
+            kn.gemm_bulk(W, x, part_stride, n, mode, s, parts=self.bulk_parts, kernel=self.bulk_gemm, **kw)
         for li, layer in enumerate(self.layers):
             k_ptr, v_ptr = self._kv_ptrs(li)
             kn.rmsnorm_split(self.resid, layer.input_norm, self.bulk_x, x_stride, n, sp.rms_norm_eps, s,

@@ -84,6 +84,7 @@ FAMILIES = {
     "decode_persistent": {f"decode_layers_v{vpl}_b{blocks}": "PiPPiPiPPPPPPPPPPiiiiiiiiiffq"
                           for vpl in (1, 2) for blocks in (1, 2)},
     "gemm_bulk": {f"gemm_bulk_p{parts}": "PqiPPPPqiiiiiii" for parts in (2, 1)},
+    "gemm_wgmma": {f"gemm_wgmma_n{bn}_p{parts}": "PqiPPPPqiiiiiii" for bn in (128, 256) for parts in (2, 1)},
     "prefill_bulk": {"rmsnorm_split_rows": "PPPqifPPi", "kv_stage": "PPPPiiiiPPPP",
                      **{f"attention_flash_hd{hd}_s{st}": "PiPPPPiPPPiiiif" for hd in (32, 64, 128) for st in (1, 2)},
                      "attention_flash_merge": "PPPqiiiii"},
@@ -92,11 +93,14 @@ FAMILIES = {
 # decoder never launches these (vision: the GPU vision path; projection_fused: the tensor-core one-row
 # projection gemv.cu replaced, kept for bench/gemv_probe.py's comparison and its tests;
 # projection_staged: only with model.staged_prefill_projections; decode_persistent: only with
-# model.persistent_decode; attention_mma: only with model.tensor_core_attention; gemm_bulk and
+# model.persistent_decode; attention_mma: only with model.tensor_core_attention; gemm_bulk, gemm_wgmma and
 # prefill_bulk: only with model.bulk_prefill_min_rows; gemv_int4: INT4 weights, which no backend path uses yet),
 # so it should not pay their compile time.
 ON_DEMAND_FAMILIES = frozenset({"vision", "projection_fused", "projection_staged", "decode_persistent",
-                                "attention_mma", "gemm_bulk", "prefill_bulk", "gemv_int4"})
+                                "attention_mma", "gemm_bulk", "gemm_wgmma", "prefill_bulk", "gemv_int4"})
+# Families built for an architecture's own instruction set (the "a" target, e.g. sm_90a for wgmma), which no
+# other architecture runs: family_arch() says where they can be built.
+ARCH_SPECIFIC_FAMILIES = {"gemm_wgmma": ("sm_90",)}
 # Families that read or write the KV arena (they include kv_store.cuh; test_kernel_sources.py checks the
 # list): compiled with -DKV_BF16 for a bf16 arena (kv.dtype), so a module serves one arena type.
 KV_FAMILIES = frozenset({"rope", "attention_tiled", "attention_mma", "attention_decode", "kv_slots", "gemv",
@@ -119,7 +123,7 @@ def ceil_div(a: int, b: int) -> int:
 
 # Kernels whose dynamic shared memory may exceed the default 48 KB (opted in at load).
 DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", *FAMILIES["attention_decode"], *FAMILIES["gemv"],
-                          *FAMILIES["attention_mma"], *FAMILIES["gemm_bulk"],
+                          *FAMILIES["attention_mma"], *FAMILIES["gemm_bulk"], *FAMILIES["gemm_wgmma"],
                           *(name for name in FAMILIES["prefill_bulk"] if name.startswith("attention_flash_hd")))
 # attention_mma.cu: the head_dims with an entry point; the query vectors (row x head) one block serves by
 # default (one 16-row mma tile per warp), and at most (the warps loop over the tiles).
@@ -139,6 +143,31 @@ GEMM_BULK_STAGES = 3
 GEMM_BULK_ROW = 40
 GEMM_BULK_THREADS = 256
 GEMM_BULK_BLOCKS_PER_SM = 2
+# The bulk GEMM kernels by name (CudaBackend.bulk_gemm): family, entry prefix, rows x columns per block, K columns per
+# stage, stages, bf16 per shared-memory tile row, extra shared bytes, resident blocks per SM. "mma": gemm_bulk.cu
+# (mma.sync, any sm_80+); "wgmma128" / "wgmma256": gemm_wgmma.cu (sm_90a only), 128 or 256 weight rows per block.
+@dataclass(frozen=True)
+class BulkGemm:
+    family: str
+    prefix: str               # entry name without its _p<parts>
+    bm: int
+    bn: int
+    bk: int
+    stages: int
+    row: int
+    extra_shared: int         # bytes beyond the stages (gemm_wgmma.cu aligns its tiles to 1 KB)
+    blocks_per_sm: int
+
+    def shared_bytes(self, parts: int) -> int:
+        return self.stages * (parts * self.bm + self.bn) * self.row * 2 + self.extra_shared
+
+
+BULK_GEMMS = {
+    "mma": BulkGemm("gemm_bulk", "gemm_bulk", GEMM_BULK_BM, GEMM_BULK_BN, GEMM_BULK_BK, GEMM_BULK_STAGES,
+                    GEMM_BULK_ROW, 0, GEMM_BULK_BLOCKS_PER_SM),
+    "wgmma128": BulkGemm("gemm_wgmma", "gemm_wgmma_n128", 128, 128, 64, 4, 64, 1024, 1),
+    "wgmma256": BulkGemm("gemm_wgmma", "gemm_wgmma_n256", 128, 256, 64, 3, 64, 1024, 1),
+}
 # prefill_bulk.cu: query rows per attention block, list entries per K/V tile, its head_dim entries.
 FLASH_ROWS = 16
 FLASH_BKV = 32
@@ -161,6 +190,14 @@ def device_arch(device) -> str:
 
 _LOCAL_HEADER = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"/]+\.cuh)"[ \t]*$', re.MULTILINE)
 _PRAGMA_ONCE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once[ \t]*\n?", re.MULTILINE)
+
+
+def family_arch(family: str, arch: str) -> str | None:
+    """The nvcc target of `family` on a device of `arch`: arch itself, its "a" target for ARCH_SPECIFIC_FAMILIES
+    (wgmma needs sm_90a), or None where the family cannot run on arch."""
+    if family not in ARCH_SPECIFIC_FAMILIES:
+        return arch
+    return f"{arch}a" if arch in ARCH_SPECIFIC_FAMILIES[family] else None
 
 
 def family_source(family: str) -> str:
@@ -401,8 +438,12 @@ class CudaKernels:
 
     def _load_family(self, family: str):
         """Compile (or fetch) one family in this context and prepare its kernels for launching."""
+        arch = family_arch(family, self.arch)
+        if arch is None:
+            raise KernelError(f"kernel family {family} needs one of {ARCH_SPECIFIC_FAMILIES[family]}; this device is "
+                              f"{self.arch}")
         with self.device.bound():
-            mod = compile_family(self.device, family, self.arch, family_options(family, self.kv_dtype))
+            mod = compile_family(self.device, family, arch, family_options(family, self.kv_dtype))
             for name, types in FAMILIES[family].items():
                 fn = mod.get_function(name)
                 fn.prepare(types)
@@ -547,22 +588,26 @@ class CudaKernels:
 
     def gemm_bulk(self, W, x, part_stride: int, M: int, mode: int, stream, out=None, out_hl=None,
                   out_part_stride: int = 0, bias=None, out_cols: int | None = None, k_split: int | None = None,
-                  parts: int = 2) -> int:
-        """gemm_bulk.cu: acc = x[:M] @ W^T on the tensor cores, x the activations as bf16 bits in a flat uint16
-        buffer (hi rows [M, K] at element 0, lo rows at part_stride; parts 1 reads hi only). STORE / ADD: out
-        float32 2-D [>= M, >= out_cols]; SWIGLU: out_hl flat uint16, hi rows [M, out_cols] at 0, lo at
-        out_part_stride. k_split > 1 (ADD only) splits K over blocks that add atomically; by default just enough
-        to give a wave of resident blocks. Returns k_split."""
+                  parts: int = 2, kernel: str = "mma") -> int:
+        """acc = x[:M] @ W^T on the tensor cores by the BULK_GEMMS kernel `kernel` (gemm_bulk.cu's mma.sync or
+        gemm_wgmma.cu's wgmma), x the activations as bf16 bits in a flat uint16 buffer (hi rows [M, K] at element
+        0, lo rows at part_stride; parts 1 reads hi only). STORE / ADD: out float32 2-D [>= M, >= out_cols];
+        SWIGLU: out_hl flat uint16, hi rows [M, out_cols] at 0, lo at out_part_stride. k_split > 1 (ADD only)
+        splits K over blocks that add atomically; by default just enough to give a wave of resident blocks.
+        Returns k_split."""
+        _check(kernel in BULK_GEMMS, f"gemm_bulk: unknown kernel {kernel!r}; choose one of {tuple(BULK_GEMMS)}")
+        plan = BULK_GEMMS[kernel]
         _check_array("gemm_bulk weight", W, np.uint16, 2)
         _check_array("gemm_bulk x", x, np.uint16)
         _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU), f"gemm_bulk: unknown mode {mode}")
         _check(parts in (1, 2), f"gemm_bulk: parts {parts} not 1 or 2")
         N, K = W.shape
-        _check(K % GEMM_BULK_BK == 0, f"gemm_bulk: K {K} not a multiple of {GEMM_BULK_BK}")
+        k_multiple = plan.bk if kernel == "mma" else 8          # gemm_wgmma.cu zero-fills a K tail within a stage
+        _check(K % k_multiple == 0, f"gemm_bulk {kernel}: K {K} not a multiple of {k_multiple}")
         _check(M >= 1 and part_stride % 8 == 0 and (parts == 1 or part_stride >= M * K),
                f"gemm_bulk x: part stride {part_stride} must be a multiple of 8 and hold {M} x {K}")
         _check(x.size >= (parts - 1) * part_stride + M * K, f"gemm_bulk x: {x.size} elements < {M} rows x {K}")
-        n_steps = K // GEMM_BULK_BK
+        n_steps = ceil_div(K, plan.bk)
         if mode == kc.MODE_SWIGLU:
             _check(out_hl is not None, "gemm_bulk SWIGLU: out_hl missing")
             _check_array("gemm_bulk out_hl", out_hl, np.uint16)
@@ -581,18 +626,18 @@ class CudaKernels:
             _check(bias is None or (mode == kc.MODE_STORE and bias.dtype == np.float32 and bias.shape[0] >= out_cols),
                    "gemm_bulk bias: float32 [out_cols], STORE only")
             ldo, out_f = out.shape[1], out
-        blocks = ceil_div(M, GEMM_BULK_BM) * ceil_div(N, GEMM_BULK_BN)
+        blocks = ceil_div(M, plan.bm) * ceil_div(N, plan.bn)
         if k_split is None:                 # ADD: split K until the grid holds a wave of resident blocks
-            k_split = 1 if mode != kc.MODE_ADD else max(1, min(ceil_div(GEMM_BULK_BLOCKS_PER_SM * self.num_sms, blocks),
+            k_split = 1 if mode != kc.MODE_ADD else max(1, min(ceil_div(plan.blocks_per_sm * self.num_sms, blocks),
                                                                 n_steps // 4))
         _check(k_split == 1 or mode == kc.MODE_ADD, f"gemm_bulk: k_split {k_split} needs MODE_ADD (atomic adds)")
         _check(1 <= k_split <= n_steps, f"gemm_bulk: k_split {k_split} outside [1, {n_steps}]")
-        name = f"gemm_bulk_p{parts}"
-        shared = GEMM_BULK_STAGES * (parts * GEMM_BULK_BM + GEMM_BULK_BN) * GEMM_BULK_ROW * 2
+        name = f"{plan.prefix}_p{parts}"
+        shared = plan.shared_bytes(parts)
         self._function(name)
         _check(shared <= self._shared_limits[name], f"gemm_bulk: {shared} bytes of shared memory > "
                                                     f"{self._shared_limits[name]}")
-        self._launch(name, (ceil_div(M, GEMM_BULK_BM), ceil_div(N, GEMM_BULK_BN), k_split), GEMM_BULK_THREADS, stream,
+        self._launch(name, (ceil_div(M, plan.bm), ceil_div(N, plan.bn), k_split), GEMM_BULK_THREADS, stream,
                      ptr(x), np.int64(part_stride), np.int32(K), ptr(W), ptr(bias), ptr(out_f), ptr(out_hl),
                      np.int64(out_part_stride), np.int32(ldo), np.int32(M), np.int32(N), np.int32(K),
                      np.int32(out_cols), np.int32(mode), np.int32(k_split), shared=shared)

@@ -29,7 +29,7 @@ def run(args) -> int:
               "CUDA GPU and nvcc are found)", file=sys.stderr)
         return 2
     from ..config import load
-    from ..model.cuda_kernels import FAMILIES, KV_ARENA_TYPES, family_cubin, family_options
+    from ..model.cuda_kernels import FAMILIES, KV_ARENA_TYPES, family_arch, family_cubin, family_options
     families = list(args.families or FAMILIES)
     unknown = [f for f in families if f not in FAMILIES]
     kv_dtypes = list(args.kv_dtype or [load(args.params).kv.dtype])
@@ -44,8 +44,12 @@ def run(args) -> int:
     t_all = time.perf_counter()
     for family, options in builds:
         t = time.perf_counter()
+        target = family_arch(family, arch)
+        if target is None:                  # an architecture-specific family (wgmma) this device cannot run
+            print(f"{family:20s} {' '.join(options) or '-':12s} skipped: not built for {arch}")
+            continue
         try:
-            family_cubin(family, arch, options)
+            family_cubin(family, target, options)
         except Exception as exc:  # noqa: BLE001 - pycuda.driver.CompileError and nvcc's own failures alike
             print(f"compile-kernels: {family} {' '.join(options)} failed: {exc}", file=sys.stderr)
             return 1
