@@ -1,6 +1,7 @@
 """The bulk prefill against the cycle's prefill kernels on the Qwen2.5-1.5B shape (GPU only).
 
     python -m vla_edge_ros.bench.bulk_probe [--json out/bulk_probe.json] [--quick]
+    ncu --clock-control none -k regex:gemm python -m vla_edge_ros.bench.bulk_probe --launch-once 1024
 
 Three tables, each measured in one run on one backend (random bf16 weights drawn by HF on the GPU, the robot's
 fp32 KV arena), so every ratio compares like with like:
@@ -14,6 +15,8 @@ fp32 KV arena), so every ratio compares like with like:
            ms and us per token
   recompute a full recompute of N tokens from an empty arena (passes of bulk_max_rows rows), with each GEMM
            kernel: the CSR paper's unordered baseline (bench csr has it against HF's SDPA recompute)
+`--launch-once M` launches each GEMM kernel once per projection at M rows, outside any graph, and exits: the
+run to put under Nsight Compute (`ncu`) to see what limits a kernel.
 A diagnosis tool for choosing the defaults (model.bulk_prefill_min_rows, BULK_* in cuda_backend.py); the
 benchmarks of record are `vla-edge bench csr` and `bench asr`.
 """
@@ -42,6 +45,41 @@ def _median_ms(run, repeats: int) -> float:
     return float(np.median(times))
 
 
+def _layer_gemms(backend, spec, ck):
+    """(name, weight, mode) of layer 0's four projections."""
+    layer = backend.layers[0]
+    return [("q|k|v", layer.w_qkv, ck.MODE_ADD), ("o", layer.w_o, ck.MODE_ADD),
+            ("gate/up", layer.w_gate_up, ck.MODE_SWIGLU), ("down", layer.w_down, ck.MODE_ADD)]
+
+
+def launch_once(m: int) -> None:
+    """Each GEMM kernel once per projection at m rows, plain launches (for a profiler's kernel filter)."""
+    from pycuda import gpuarray
+
+    from ..model import cuda_kernels as ck
+    from ..model.cuda_backend import CudaBackend
+    from ..model.cuda_device import primary_device
+    from .gpu_inputs import random_model
+
+    spec, weights = random_model("qwen2.5-1.5b")
+    backend = CudaBackend(spec, weights, 256, "bfloat16", vram_ceiling_bytes=None, bulk_prefill_min_rows=1)
+    arch = ck.device_arch(primary_device(0))
+    with backend.device.bound():
+        x = gpuarray.to_gpu(np.full(2 * m * spec.intermediate_size, 0x3c00, np.uint16))
+        y = gpuarray.zeros((m, spec.q_dim + 2 * spec.kv_dim), np.float32)
+        y_hl = gpuarray.zeros(2 * m * spec.intermediate_size, np.uint16)
+        for kernel, plan in ck.BULK_GEMMS.items():
+            if ck.family_arch(plan.family, arch) is None:
+                continue
+            for name, W, mode in _layer_gemms(backend, spec, ck):
+                kw = {"out_hl": y_hl, "out_part_stride": y_hl.size // 2, "out_cols": spec.intermediate_size} \
+                    if mode == ck.MODE_SWIGLU else {"out": y}
+                backend.kernels.gemm_bulk(W, x, x.size // 2, m, mode, backend.stream, kernel=kernel, **kw)
+                backend.stream.synchronize()
+                print(f"launched {kernel} {name} at {m} rows")
+    backend.close()
+
+
 def probe(context: int, quick: bool) -> dict:
     import pycuda.driver as drv
     from pycuda import gpuarray
@@ -60,9 +98,7 @@ def probe(context: int, quick: bool) -> dict:
                           bulk_prefill_max_rows=1024)
     rng = np.random.default_rng(0)
     out = {"machine": machine_info(), "context": context, "gemm": [], "forward": [], "recompute": []}
-    layer = backend.layers[0]
-    shapes = [("q|k|v", layer.w_qkv, ck.MODE_ADD), ("o", layer.w_o, ck.MODE_ADD),
-              ("gate/up", layer.w_gate_up, ck.MODE_SWIGLU), ("down", layer.w_down, ck.MODE_ADD)]
+    shapes = _layer_gemms(backend, spec, ck)
     with backend.device.bound():
         stream = backend.stream
         x = gpuarray.to_gpu(rng.integers(0x3c00, 0x3f80, size=2 * 4096 * spec.intermediate_size).astype(np.uint16))
@@ -146,7 +182,12 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=2048, help="cached slots before the timed forwards")
     p.add_argument("--quick", action="store_true", help="one GEMM size, two forward sizes")
     p.add_argument("--json", default=None)
+    p.add_argument("--launch-once", type=int, default=0, metavar="M",
+                   help="launch each GEMM kernel once per projection at M rows and exit (for ncu)")
     args = p.parse_args(argv)
+    if args.launch_once:
+        launch_once(args.launch_once)
+        return 0
     write_json(args.json, probe(args.context, args.quick))
     return 0
 
