@@ -1,0 +1,192 @@
+"""The launchers of the bulk prefill's kernels (gemm_bulk.cu, gemm_wgmma.cu, prefill_bulk.cu) and the tile
+constants they size grids and shared memory with: a base class of cuda_kernels.CudaKernels, which supplies the
+compiled functions (`_function`, `_launch`, `_shared_limits`), `num_sms` and `kv_dtype`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import kernel_constants as kc
+from .cuda_launch_common import ATTN_MAX_GROUP, ceil_div, ptr
+from .cuda_launch_common import check as _check, check_array as _check_array
+
+# gemm_bulk.cu: rows x columns per block, K columns per stage, stages, padded shared-memory row (bf16), threads,
+# resident blocks per SM.
+GEMM_BULK_BM = 128
+GEMM_BULK_BN = 128
+GEMM_BULK_BK = 32
+GEMM_BULK_STAGES = 3
+GEMM_BULK_ROW = 40
+GEMM_BULK_THREADS = 256
+GEMM_BULK_BLOCKS_PER_SM = 2
+# The bulk GEMM kernels by name (CudaBackend.bulk_gemm): family, entry prefix, rows x columns per block, K columns per
+# stage, stages, bf16 per shared-memory tile row, extra shared bytes, resident blocks per SM. "mma": gemm_bulk.cu
+# (mma.sync, any sm_80+); "wgmma128" / "wgmma256": gemm_wgmma.cu (sm_90a only), 128 or 256 weight rows per block.
+@dataclass(frozen=True)
+class BulkGemm:
+    family: str
+    prefix: str               # entry name without its _p<parts>
+    bm: int
+    bn: int
+    bk: int
+    stages: int
+    row: int
+    extra_shared: int         # bytes beyond the stages (gemm_wgmma.cu aligns its tiles to 1 KB)
+    blocks_per_sm: int
+
+    def shared_bytes(self, parts: int) -> int:
+        return self.stages * (parts * self.bm + self.bn) * self.row * 2 + self.extra_shared
+
+
+BULK_GEMMS = {
+    "mma": BulkGemm("gemm_bulk", "gemm_bulk", GEMM_BULK_BM, GEMM_BULK_BN, GEMM_BULK_BK, GEMM_BULK_STAGES,
+                    GEMM_BULK_ROW, 0, GEMM_BULK_BLOCKS_PER_SM),
+    "wgmma128": BulkGemm("gemm_wgmma", "gemm_wgmma_n128", 128, 128, 64, 4, 64, 1024, 1),
+    "wgmma256": BulkGemm("gemm_wgmma", "gemm_wgmma_n256", 128, 256, 64, 3, 64, 1024, 1),
+}
+# prefill_bulk.cu: query rows per attention block, list entries per K/V tile, its head_dim entries.
+FLASH_ROWS = 16
+FLASH_BKV = 32
+FLASH_HEAD_DIMS = (32, 64, 128)
+LOG2_E = 1.4426950408889634     # its scores are in log2 units: q is scaled by scale * log2(e)
+
+
+class BulkPrefillLaunchers:
+    """Checked launchers of the bulk prefill (CudaBackend._enqueue_bulk_layers)."""
+
+    def gemm_bulk(self, W, x, part_stride: int, M: int, mode: int, stream, out=None, out_hl=None,
+                  out_part_stride: int = 0, bias=None, out_cols: int | None = None, k_split: int | None = None,
+                  parts: int = 2, kernel: str = "mma") -> int:
+        """acc = x[:M] @ W^T on the tensor cores by the BULK_GEMMS kernel `kernel` (gemm_bulk.cu's mma.sync or
+        gemm_wgmma.cu's wgmma), x the activations as bf16 bits in a flat uint16 buffer (hi rows [M, K] at element
+        0, lo rows at part_stride; parts 1 reads hi only). STORE / ADD: out float32 2-D [>= M, >= out_cols];
+        SWIGLU: out_hl flat uint16, hi rows [M, out_cols] at 0, lo at out_part_stride. k_split > 1 (ADD only)
+        splits K over blocks that add atomically; by default just enough to give a wave of resident blocks.
+        Returns k_split."""
+        _check(kernel in BULK_GEMMS, f"gemm_bulk: unknown kernel {kernel!r}; choose one of {tuple(BULK_GEMMS)}")
+        plan = BULK_GEMMS[kernel]
+        _check_array("gemm_bulk weight", W, np.uint16, 2)
+        _check_array("gemm_bulk x", x, np.uint16)
+        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU), f"gemm_bulk: unknown mode {mode}")
+        _check(parts in (1, 2), f"gemm_bulk: parts {parts} not 1 or 2")
+        N, K = W.shape
+        k_multiple = plan.bk if kernel == "mma" else 8          # gemm_wgmma.cu zero-fills a K tail within a stage
+        _check(K % k_multiple == 0, f"gemm_bulk {kernel}: K {K} not a multiple of {k_multiple}")
+        _check(M >= 1 and part_stride % 8 == 0 and (parts == 1 or part_stride >= M * K),
+               f"gemm_bulk x: part stride {part_stride} must be a multiple of 8 and hold {M} x {K}")
+        _check(x.size >= (parts - 1) * part_stride + M * K, f"gemm_bulk x: {x.size} elements < {M} rows x {K}")
+        n_steps = ceil_div(K, plan.bk)
+        if mode == kc.MODE_SWIGLU:
+            _check(out_hl is not None, "gemm_bulk SWIGLU: out_hl missing")
+            _check_array("gemm_bulk out_hl", out_hl, np.uint16)
+            _check(N % 16 == 0, f"gemm_bulk SWIGLU: {N} weight rows, expected a multiple of 16 (interleaved gate/up)")
+            out_cols = N // 2 if out_cols is None else out_cols
+            _check(out_cols <= N // 2 and out_cols % 2 == 0, f"gemm_bulk SWIGLU: out_cols {out_cols} (even, <= {N // 2})")
+            _check(out_part_stride % 8 == 0 and out_part_stride >= M * out_cols
+                   and out_hl.size >= out_part_stride + M * out_cols, "gemm_bulk SWIGLU: out_hl too small")
+            ldo, out_f, k_split = out_cols, None, 1
+        else:
+            _check_array("gemm_bulk out", out, np.float32, 2)
+            out_cols = N if out_cols is None else out_cols
+            _check(out_cols <= N and out_cols % 2 == 0 and out.shape[1] >= out_cols and out.shape[1] % 2 == 0,
+                   f"gemm_bulk: out_cols {out_cols} (even, <= {N}) vs out {out.shape}")
+            _check(out.shape[0] >= M, f"gemm_bulk out: {out.shape[0]} rows < {M}")
+            _check(bias is None or (mode == kc.MODE_STORE and bias.dtype == np.float32 and bias.shape[0] >= out_cols),
+                   "gemm_bulk bias: float32 [out_cols], STORE only")
+            ldo, out_f = out.shape[1], out
+        blocks = ceil_div(M, plan.bm) * ceil_div(N, plan.bn)
+        if k_split is None:                 # ADD: split K until the grid holds a wave of resident blocks
+            k_split = 1 if mode != kc.MODE_ADD else max(1, min(ceil_div(plan.blocks_per_sm * self.num_sms, blocks),
+                                                                n_steps // 4))
+        _check(k_split == 1 or mode == kc.MODE_ADD, f"gemm_bulk: k_split {k_split} needs MODE_ADD (atomic adds)")
+        _check(1 <= k_split <= n_steps, f"gemm_bulk: k_split {k_split} outside [1, {n_steps}]")
+        name = f"{plan.prefix}_p{parts}"
+        shared = plan.shared_bytes(parts)
+        self._function(name)
+        _check(shared <= self._shared_limits[name], f"gemm_bulk: {shared} bytes of shared memory > "
+                                                    f"{self._shared_limits[name]}")
+        self._launch(name, (ceil_div(M, plan.bm), ceil_div(N, plan.bn), k_split), GEMM_BULK_THREADS, stream,
+                     ptr(x), np.int64(part_stride), np.int32(K), ptr(W), ptr(bias), ptr(out_f), ptr(out_hl),
+                     np.int64(out_part_stride), np.int32(ldo), np.int32(M), np.int32(N), np.int32(K),
+                     np.int32(out_cols), np.int32(mode), np.int32(k_split), shared=shared)
+        return k_split
+
+    def rmsnorm_split(self, x, w, out_hl, part_stride: int, n_rows: int, eps: float, stream, init_dst=None,
+                      init_src=None):
+        """out_hl (flat uint16): hi rows [n_rows, hidden] at 0, lo at part_stride, of rmsnorm(x[:n_rows]) * w (the
+        bulk GEMM's activations); optionally init_dst[i] = init_src (or 0), as rmsnorm()."""
+        _check_array("rmsnorm_split x", x, np.float32, 2)
+        _check_array("rmsnorm_split weight", w, np.float32, 1)
+        _check_array("rmsnorm_split out", out_hl, np.uint16)
+        hidden = x.shape[1]
+        _check(w.shape[0] == hidden and hidden % 2 == 0, f"rmsnorm_split: weight {w.shape} vs hidden {hidden} (even)")
+        _check(n_rows <= x.shape[0] and part_stride % 2 == 0 and part_stride >= n_rows * hidden
+               and out_hl.size >= part_stride + n_rows * hidden, f"rmsnorm_split: {n_rows} rows do not fit")
+        init_cols = 0
+        if init_dst is not None:
+            _check_array("rmsnorm_split init_dst", init_dst, np.float32, 2)
+            init_cols = init_dst.shape[1]
+            _check(n_rows <= init_dst.shape[0], f"rmsnorm_split init_dst: {init_dst.shape[0]} rows < {n_rows}")
+            _check(init_src is None or init_src.shape[0] == init_cols, "rmsnorm_split init_src: wrong length")
+        self._launch("rmsnorm_split_rows", (n_rows,), 256, stream, ptr(x), ptr(w), ptr(out_hl), np.int64(part_stride),
+                     np.int32(hidden), np.float32(eps), ptr(init_dst), ptr(init_src), np.int32(init_cols))
+
+    def kv_stage(self, k_layer: int, v_layer: int, attend_list, ctl, stage, n_rows: int, n_kv_heads: int,
+                 capacity: int, head_dim: int, stream):
+        """One layer's K/V of the attend list entries this pass's rows see, into stage (uint16 [4, KVH, stage_cap,
+        hd]: K hi, K lo, V hi, V lo; a bf16 arena fills the hi parts only)."""
+        _check_array("kv_stage list", attend_list, np.int32)
+        _check_array("kv_stage ctl", ctl, np.int32)
+        _check_array("kv_stage stage", stage, np.uint16, 4)
+        _check(stage.shape[0] == 4 and stage.shape[1] == n_kv_heads and stage.shape[3] == head_dim,
+               f"kv_stage: stage {stage.shape}, expected [4, {n_kv_heads}, cap, {head_dim}]")
+        _check(head_dim % 8 == 0, f"kv_stage: head_dim {head_dim} not a multiple of 8")
+        cap = stage.shape[2]
+        part = stage[0].size
+        self._launch("kv_stage", (ceil_div(cap * (head_dim // 8), 256), n_kv_heads), 256, stream, np.uintp(k_layer),
+                     np.uintp(v_layer), ptr(attend_list), ptr(ctl), np.int32(n_rows), np.int32(capacity),
+                     np.int32(head_dim), np.int32(cap), ptr(stage), ptr(stage, part), ptr(stage, 2 * part),
+                     ptr(stage, 3 * part))
+
+    def attention_flash(self, qkv, stage, ctl, part_o, part_ml, out_hl, out_part_stride: int, n_rows: int,
+                        n_q_heads: int, n_kv_heads: int, head_dim: int, n_splits: int, scale: float, stream,
+                        stages: int = 1):
+        """prefill_bulk.cu: causal attention of n_rows rows (q in qkv, after RoPE) over the staged K/V (kv_stage),
+        the list split over n_splits blocks per (16 rows, KV head), then the merge into out_hl (flat uint16: hi
+        rows [n_rows, Hq * hd] at 0, lo at out_part_stride), the o projection's activations. part_o / part_ml:
+        float32, at least n_splits * n_rows * Hq * hd / * 2 values. stages: K/V tiles in flight per block."""
+        _check_array("attention_flash qkv", qkv, np.float32, 2)
+        _check_array("attention_flash stage", stage, np.uint16, 4)
+        _check_array("attention_flash out", out_hl, np.uint16)
+        _check_array("attention_flash part_o", part_o, np.float32)
+        _check_array("attention_flash part_ml", part_ml, np.float32)
+        _check(n_kv_heads > 0 and n_q_heads % n_kv_heads == 0, f"attention_flash: {n_q_heads} heads not a multiple "
+                                                                f"of {n_kv_heads}")
+        group = n_q_heads // n_kv_heads
+        _check(group <= ATTN_MAX_GROUP, f"attention_flash: group {group} > {ATTN_MAX_GROUP}")
+        _check(head_dim in FLASH_HEAD_DIMS, f"attention_flash: head_dim {head_dim} not in {FLASH_HEAD_DIMS}")
+        _check(stages in (1, 2), f"attention_flash: stages {stages} not 1 or 2")
+        _check(qkv.shape[1] % 4 == 0 and qkv.shape[0] >= n_rows, f"attention_flash qkv: shape {qkv.shape}")
+        _check(stage.shape[1] == n_kv_heads and stage.shape[3] == head_dim, f"attention_flash stage: {stage.shape}")
+        q_dim = n_q_heads * head_dim
+        _check(part_o.size >= n_splits * n_rows * q_dim and part_ml.size >= n_splits * n_rows * n_q_heads * 2,
+               f"attention_flash: partial sums too small for {n_splits} splits of {n_rows} rows")
+        _check(out_part_stride % 2 == 0 and out_part_stride >= n_rows * q_dim
+               and out_hl.size >= out_part_stride + n_rows * q_dim, "attention_flash out: too small")
+        kv_parts = 2 if self.kv_dtype == "float32" else 1
+        row = head_dim + 8
+        shared = 2 * (2 * group * FLASH_ROWS * row + stages * 2 * kv_parts * FLASH_BKV * row)
+        name = f"attention_flash_hd{head_dim}_s{stages}"
+        self._function(name)
+        _check(shared <= self._shared_limits[name], f"attention_flash: {shared} bytes of shared memory > "
+                                                    f"{self._shared_limits[name]}")
+        part = stage[0].size
+        self._launch(name, (ceil_div(n_rows, FLASH_ROWS), n_kv_heads, n_splits), 32 * group, stream, ptr(qkv),
+                     np.int32(qkv.shape[1]), ptr(stage), ptr(stage, part), ptr(stage, 2 * part), ptr(stage, 3 * part),
+                     np.int32(stage.shape[2]), ptr(ctl), ptr(part_o), ptr(part_ml), np.int32(n_rows),
+                     np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(n_splits),
+                     np.float32(scale * LOG2_E), shared=shared)
+        self._launch("attention_flash_merge", (n_rows, n_q_heads), head_dim // 2, stream, ptr(part_o), ptr(part_ml),
+                     ptr(out_hl), np.int64(out_part_stride), np.int32(q_dim), np.int32(n_rows), np.int32(n_q_heads),
+                     np.int32(head_dim), np.int32(n_splits))

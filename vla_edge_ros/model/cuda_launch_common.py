@@ -1,0 +1,34 @@
+"""What every kernel launcher (cuda_kernels.py, cuda_bulk_launchers.py) checks its arguments with, and the
+limits they share. No PyCUDA import: the arrays are anything with dtype, shape and gpudata."""
+from __future__ import annotations
+
+import numpy as np
+
+ATTN_MAX_GROUP = 8              # query heads per KV head the attention kernels hold (common.cuh's ATTN_MAX_GROUP)
+
+
+class KernelError(ValueError):
+    """A launcher was given arrays of the wrong dtype, shape or alignment (names the argument)."""
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def check(cond: bool, msg: str):
+    if not cond:
+        raise KernelError(msg)
+
+
+def check_array(name: str, a, dtype, ndim: int | None = None):
+    check(a is not None, f"{name}: missing array")
+    check(a.dtype == np.dtype(dtype), f"{name}: dtype {a.dtype}, expected {np.dtype(dtype)}")
+    if ndim is not None:
+        check(len(a.shape) == ndim, f"{name}: shape {a.shape}, expected {ndim} dimensions")
+
+
+def ptr(a, elem_offset: int = 0) -> int:
+    """Device address of element `elem_offset` of a GPUArray (0 for None)."""
+    if a is None:
+        return 0
+    return int(a.gpudata) + int(elem_offset) * a.dtype.itemsize
