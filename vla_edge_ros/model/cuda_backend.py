@@ -42,7 +42,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,26 +49,18 @@ from . import cuda_kernels as ck
 from .backend import ForwardResult
 from .errors import NonFiniteLogitsError
 from .forward_inputs import check_forward_inputs, slot_array, token_id_array
-from .kernel_reference import interleave_gate_up, permute_rows, qkv_rope_row_order, rope_inv_freq
 from .cuda_device import primary_device
 from .spec import ModelSpec
 from .weight_stream import tensor_source
-from .weights import (BIAS_FIELDS, GLOBAL_TENSOR_NAMES, LAYER_TENSOR_NAMES, bf16_bits_to_float32, canonical_dtype,
-                      float32_to_bf16_bits, round_to_bf16)
+from .cuda_device_memory import (BULK_PARTIAL_ROWS, MAX_CYCLE_TOKENS, UPLOAD_BLOCK_BYTES,  # noqa: F401 (re-exported)
+                                 DeviceMemory, LayerWeights)
+from .cuda_layer_enqueue import DECODE_MAX_ROWS, LAYER_GROUPS, LayerEnqueue  # noqa: F401
+from .weights import bf16_bits_to_float32, canonical_dtype, float32_to_bf16_bits
 
 log = logging.getLogger(__name__)
 
 GIB = 1024 ** 3
 DEFAULT_MAX_ROWS = 128          # rows per kernel pass: a frame (32) + the longest suffix (48) fit in one
-MAX_CYCLE_TOKENS = 256          # action tokens one cycle may emit
-# Calls of at most this many rows take the decode pipeline: bf16 one-row projections from gemv.cu
-# (RMSNorm prologue, RoPE + K/V store, SwiGLU and residual adds in the epilogues: 6 launches per
-# layer with the attention) and attention_decode.cu. Longer calls (prefill) take one kernel per step
-# with projection_staged.cu / projection_bf16.cu and attention_mma.cu / attention_tiled.cu. Chosen by measurement (notes/cuda_notes.md, issue 10 runs 2-7):
-# on one row the CUDA-core GEMV streams weights ~1.4x faster than the tensor-core projection_fused.cu,
-# and the register attention beats the shared-memory kernels; on 32 rows that attention loses 3x.
-DECODE_MAX_ROWS = 1
-LAYER_GROUPS = ("projections", "attention", "norms+rope")
 # model.persistent_decode (decode_persistent.cu; off: measured slower than the launches, 1.61 vs 1.57 ms
 # per step in the H200 bench): blocks per SM of the persistent grid (2 was the faster: 16 warps per SM, the
 # attention state partly spilled, against 8 warps with it all in registers), and how many bytes of the
@@ -81,7 +72,6 @@ PERSISTENT_L2_PREFETCH_BYTES = 0
 # accumulator in registers; 2: capped at 128 registers, a little spilled). Measured on the H200 (32 rows
 # at 4064 cached): 0.71 ms of prefill attention at 2, 0.82 at 1.
 ATTENTION_MMA_BLOCKS_PER_SM = 2
-UPLOAD_BLOCK_BYTES = 64 << 20   # rows of the embedding table per host->device copy: bounds the host's share
 # The bulk prefill (model.bulk_prefill_min_rows > 0; gemm_bulk.cu, prefill_bulk.cu): the rows from which a forward
 # takes it and the rows per pass, by default; the
 # activations' parts in its GEMMs (2: bf16 hi + lo, the precision of the cycle's prefill; 1: bf16 as HF, measured
@@ -96,7 +86,6 @@ BULK_ACTIVATION_PARTS = 2
 # to 1024 (1.25x gemm_bulk.cu's mma.sync at 1024 rows, 1.21x at 128) and the fastest recompute; elsewhere "mma".
 BULK_GEMM = "wgmma128"
 BULK_ATTENTION_STAGES = 1
-BULK_PARTIAL_ROWS = 2
 
 
 class DeviceMemoryError(MemoryError):
@@ -119,20 +108,26 @@ def _on_device(method):
     return wrapper
 
 
-@dataclass
-class _Layer:
-    input_norm: object      # [hidden] f32
-    post_norm: object       # [hidden] f32
-    w_qkv: object           # [q+2kv, hidden] bf16 bits / f32
-    w_qkv_rope: object      # [qkv_rope rows, hidden] bf16 bits in qkv_rope_row_order, decode only (None for f32)
-    b_qkv: object           # [q+2kv] f32 or None
-    w_o: object             # [hidden, q_dim]
-    w_gate_up: object       # [2 ceil8(inter), hidden] interleaved
-    w_down: object          # [hidden, inter]
 
 
-class CudaBackend:
-    """Backend protocol on one CUDA device (see the module docstring)."""
+class CudaBackend(DeviceMemory, LayerEnqueue):
+    """Backend protocol on one CUDA device (see the module docstring).
+
+    Constructor: weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
+    weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context);
+    programmatic_launch: launch the decode kernels with programmatic dependent launch (cuda_pdl.py)
+    where the device supports it (sm_90+), else ordinarily; staged_prefill_projections: bf16 prefill
+    projections through projection_staged.cu (the measured faster default); persistent_decode: bf16
+    decode steps as one persistent kernel (decode_persistent.cu, cooperative launch) instead of six
+    launches per layer; tensor_core_attention: bf16 prefill attention partials on the tensor cores
+    (attention_mma.cu) where head_dim has an entry there (the measured faster default);
+    decode_attention_head_split: warps per 8-slot group of attention_decode.cu's blocks (1 or 2; 2 measured
+    faster); decode_gemv_blocks_per_sm: > 0 loops a decode projection's items over that many blocks per SM
+    where it has more (gemv_bf16_items; 4 measured faster; 0: a block per item); kv_dtype: the KV arena's
+    element, float32 or bfloat16 (K and V rounded to nearest even as they are stored: half the arena,
+    attention bytes and swap bytes); bulk_prefill_min_rows: a forward() over at least this many rows runs
+    the bulk prefill (gemm_bulk.cu, prefill_bulk.cu: tensor-core GEMMs and flash attention, passes of
+    bulk_prefill_max_rows rows; bf16 models), 0: never."""
 
     def __init__(self, spec: ModelSpec, weights, capacity: int, dtype: str = "bfloat16",
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
@@ -141,31 +136,8 @@ class CudaBackend:
                  decode_attention_head_split: int = 2, decode_gemv_blocks_per_sm: int = 4, device=None,
                  kv_dtype: str = "float32", bulk_prefill_min_rows: int = DEFAULT_BULK_MIN_ROWS,
                  bulk_prefill_max_rows: int = DEFAULT_BULK_MAX_ROWS):
-        """weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
-        weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context);
-        programmatic_launch: launch the decode kernels with programmatic dependent launch (cuda_pdl.py)
-        where the device supports it (sm_90+), else ordinarily; staged_prefill_projections: bf16 prefill
-        projections through projection_staged.cu (the measured faster default); persistent_decode: bf16
-        decode steps as one persistent kernel (decode_persistent.cu, cooperative launch) instead of six
-        launches per layer; tensor_core_attention: bf16 prefill attention partials on the tensor cores
-        (attention_mma.cu) where head_dim has an entry there (the measured faster default);
-        decode_attention_head_split: warps per 8-slot group of attention_decode.cu's blocks (1 or 2; 2 measured
-        faster); decode_gemv_blocks_per_sm: > 0 loops a decode projection's items over that many blocks per SM
-        where it has more (gemv_bf16_items; 4 measured faster; 0: a block per item); kv_dtype: the KV arena's
-        element, float32 or bfloat16 (K and V rounded to nearest even as they are stored: half the arena,
-        attention bytes and swap bytes); bulk_prefill_min_rows: a forward() over at least this many rows runs
-        the bulk prefill (gemm_bulk.cu, prefill_bulk.cu: tensor-core GEMMs and flash attention, passes of
-        bulk_prefill_max_rows rows; bf16 models), 0: never."""
         self.spec = spec
-        self.persistent_decode = False                     # set_persistent_decode() turns it on after the build
-        self.persistent_blocks_per_sm = PERSISTENT_BLOCKS_PER_SM
-        self.persistent_l2_prefetch_bytes = PERSISTENT_L2_PREFETCH_BYTES
-        self.programmatic_launch = bool(programmatic_launch)
-        self.staged_prefill_projections = bool(staged_prefill_projections)
-        self.tensor_core_attention = False                 # set_kernel_variants() after the build
-        self.attention_blocks_per_sm = ATTENTION_MMA_BLOCKS_PER_SM
-        self.decode_attention_head_split = 1
-        self.decode_gemv_blocks_per_sm = 0
+        self._init_launch_options(programmatic_launch, staged_prefill_projections)
         self.capacity = int(capacity)
         self._slot_marks = np.zeros(self.capacity, dtype=bool)    # scratch for the slot-set checks of forward()
         self.dtype = canonical_dtype(dtype)
@@ -195,15 +167,7 @@ class CudaBackend:
         plan = self._plan(wdt)
         self.planned_bytes = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in plan.values())
         with self.device.bound():
-            free, total = self._drv.mem_get_info()
-            if vram_ceiling_bytes is not None and self.planned_bytes > vram_ceiling_bytes:
-                raise DeviceMemoryError(
-                    f"CudaBackend: weights + KV arena ({self.capacity} slots) + scratch need {self.planned_bytes / GIB:.2f} "
-                    f"GiB, over the VRAM ceiling of {vram_ceiling_bytes / GIB:.2f} GiB (dtype {self.dtype}); lower kv "
-                    f"capacity or use bf16")
-            if self.planned_bytes > free:
-                raise DeviceMemoryError(f"CudaBackend: need {self.planned_bytes / GIB:.2f} GiB, device has "
-                                        f"{free / GIB:.2f} GiB free")
+            self._check_plan_fits(vram_ceiling_bytes)
             try:
                 self._build(source, wdt)
             except BaseException:
@@ -224,6 +188,30 @@ class CudaBackend:
         except BaseException:
             self.close()
             raise
+
+    def _init_launch_options(self, programmatic_launch: bool, staged_prefill_projections: bool) -> None:
+        """The kernel choices before the build; set_kernel_variants / set_persistent_decode apply the rest after it."""
+        self.persistent_decode = False                     # set_persistent_decode() turns it on after the build
+        self.persistent_blocks_per_sm = PERSISTENT_BLOCKS_PER_SM
+        self.persistent_l2_prefetch_bytes = PERSISTENT_L2_PREFETCH_BYTES
+        self.programmatic_launch = bool(programmatic_launch)
+        self.staged_prefill_projections = bool(staged_prefill_projections)
+        self.tensor_core_attention = False                 # set_kernel_variants() after the build
+        self.attention_blocks_per_sm = ATTENTION_MMA_BLOCKS_PER_SM
+        self.decode_attention_head_split = 1
+        self.decode_gemv_blocks_per_sm = 0
+
+    def _check_plan_fits(self, vram_ceiling_bytes: int | None) -> None:
+        """DeviceMemoryError unless the planned bytes fit the ceiling and the device's free memory (context current)."""
+        free, _total = self._drv.mem_get_info()
+        if vram_ceiling_bytes is not None and self.planned_bytes > vram_ceiling_bytes:
+            raise DeviceMemoryError(
+                f"CudaBackend: weights + KV arena ({self.capacity} slots) + scratch need {self.planned_bytes / GIB:.2f} "
+                f"GiB, over the VRAM ceiling of {vram_ceiling_bytes / GIB:.2f} GiB (dtype {self.dtype}); lower kv "
+                f"capacity or use bf16")
+        if self.planned_bytes > free:
+            raise DeviceMemoryError(f"CudaBackend: need {self.planned_bytes / GIB:.2f} GiB, device has "
+                                    f"{free / GIB:.2f} GiB free")
 
     def _build(self, source, wdt) -> None:
         """Compile/load the kernels, upload the weights and allocate the state (device context current)."""
@@ -686,351 +674,9 @@ class CudaBackend:
                              f"{self.spec.vocab_size}")
         return int(action_bin_lo), int(n_bins)
 
-    def _plan(self, wdt) -> dict:
-        """name -> (shape, dtype) of every device buffer, for the ceiling check before allocating."""
-        sp, m = self.spec, self.max_rows
-        qkv_rows = sp.q_dim + 2 * sp.kv_dim
-        i8 = -(-sp.intermediate_size // 8) * 8
-        plan = {"embed": ((sp.vocab_size, sp.hidden_size), wdt), "final_norm": ((sp.hidden_size,), np.float32),
-                "inv_freq": ((sp.head_dim // 2,), np.float32)}
-        if not sp.tie_word_embeddings:
-            plan["lm_head"] = ((sp.vocab_size, sp.hidden_size), wdt)
-        for i in range(sp.num_layers):
-            plan[f"layer{i}.norms"] = ((2 * sp.hidden_size,), np.float32)
-            plan[f"layer{i}.qkv"] = ((qkv_rows, sp.hidden_size), wdt)
-            if wdt == np.uint16:
-                plan[f"layer{i}.qkv_rope"] = ((len(self._rope_order()), sp.hidden_size), wdt)
-            if sp.qkv_bias:
-                plan[f"layer{i}.qkv_bias"] = ((qkv_rows,), np.float32)
-            plan[f"layer{i}.o"] = ((sp.hidden_size, sp.q_dim), wdt)
-            plan[f"layer{i}.gate_up"] = ((2 * i8, sp.hidden_size), wdt)
-            plan[f"layer{i}.down"] = ((sp.hidden_size, sp.intermediate_size), wdt)
-        kv = (sp.num_layers, sp.num_kv_heads, self.capacity, sp.head_dim)
-        self.n_splits = -(-self.capacity // ck.ATTN_CHUNK)
-        rows = self._stream_rows()
-        plan.update({
-            "k_cache": (kv, self.kv_element), "v_cache": (kv, self.kv_element),
-            "resid": ((rows, sp.hidden_size), np.float32), "normed": ((rows, sp.hidden_size), np.float32),
-            "prefill_last": ((1, sp.hidden_size), np.float32),
-            "qkv": ((rows, qkv_rows), np.float32), "attn": ((m, sp.q_dim), np.float32),
-            "act": ((m, sp.intermediate_size), np.float32),
-            "part_o": ((m, sp.num_heads, self.n_splits, sp.head_dim), np.float32),
-            "part_ml": ((m, sp.num_heads, self.n_splits, 2), np.float32),
-            "logits": ((m, sp.vocab_size), np.float32),
-            "tables": ((3 * self.capacity + m + ck.CTL_INTS + MAX_CYCLE_TOKENS,), np.int32),
-            "kv_staging": ((2, sp.num_layers, m, sp.kv_dim), self.kv_element), "kv_slots": ((self.capacity,), np.int32),
-        })
-        if wdt == np.uint16:
-            plan["decode_layer_table"] = ((sp.num_layers, ck.DECODE_LAYER_POINTERS), np.uint64)
-            plan["decode_counters"] = ((2,), np.uint32)
-        if self.bulk_min_rows:
-            plan.update(self._bulk_plan())
-        return plan
-
-    def _stream_rows(self) -> int:
-        """Rows of the residual stream, norm and q|k|v buffers: a cycle's pass, or a bulk pass."""
-        return max(self.max_rows, self.bulk_max_rows if self.bulk_min_rows else 0)
-
-    def _bulk_plan(self) -> dict:
-        """The bulk prefill's own buffers: activations as bf16 hi/lo for the GEMMs (the normed rows or the
-        attention output; the SwiGLU output), the staged K/V of one layer, the attention's partial sums."""
-        sp, b = self.spec, self.bulk_max_rows
-        return {"bulk_x": ((2 * b * max(sp.hidden_size, sp.q_dim),), np.uint16),
-                "bulk_act": ((2 * b * sp.intermediate_size,), np.uint16),
-                "bulk_stage": ((4, sp.num_kv_heads, self.capacity, sp.head_dim), np.uint16),
-                "bulk_part_o": ((BULK_PARTIAL_ROWS * b * sp.q_dim,), np.float32),
-                "bulk_part_ml": ((BULK_PARTIAL_ROWS * b * sp.num_heads * 2,), np.float32)}
-
-    def _rope_order(self) -> np.ndarray:
-        sp = self.spec
-        return qkv_rope_row_order(sp.num_heads, sp.num_kv_heads, sp.head_dim)
-
-    def _alloc(self, shape, dtype, zero: bool = True):
-        arr = self._gpuarray.empty(shape, dtype)
-        self._buffers.append(arr)
-        self._bytes += arr.nbytes
-        if zero:
-            self._drv.memset_d8(int(arr.gpudata), 0, arr.nbytes)
-        return arr
-
-    def _to_device(self, host: np.ndarray):
-        """A device copy of a host array (float32 or uint16 bf16 bits), counted and freed by close()."""
-        arr = self._alloc(host.shape, host.dtype, zero=False)
-        self._drv.memcpy_htod(int(arr.gpudata), np.ascontiguousarray(host))
-        return arr
-
-    def _read(self, source, name: str, wdt, rows=None) -> np.ndarray:
-        """One tensor (or rows of it) on the host as the device stores it: bf16 bits for wdt uint16, else float32."""
-        return source.read(name, "bf16" if wdt == np.uint16 else "f32", rows=rows)
-
-    def _read_small(self, source, name: str) -> np.ndarray:
-        """Norm weights and biases: float32 on the device; a bf16 model's are bf16 values (rounded as HF stores them)."""
-        host = source.read(name, "f32")
-        return round_to_bf16(host) if self.dtype == "bfloat16" else host
-
-    def _upload_rows(self, source, name: str, wdt):
-        """A big 2-D tensor (embedding, separate head) uploaded in blocks of rows, so the host never holds it whole."""
-        rows, cols = source.shape(name)
-        arr = self._alloc((rows, cols), wdt, zero=False)
-        row_bytes = cols * np.dtype(wdt).itemsize
-        step = max(1, UPLOAD_BLOCK_BYTES // row_bytes)
-        for r0 in range(0, rows, step):
-            block = self._read(source, name, wdt, rows=(r0, min(rows, r0 + step)))
-            self._drv.memcpy_htod(int(arr.gpudata) + r0 * row_bytes, np.ascontiguousarray(block))
-        return arr
-
-    def _upload_weights(self, source, wdt) -> None:
-        """Every weight tensor to the device in its stored format, one tensor (or row block) on the host at a time."""
-        sp = self.spec
-        self.embed_table = self._upload_rows(source, GLOBAL_TENSOR_NAMES["embed"], wdt)           # [vocab, hidden]
-        self.head = self.embed_table if source.tied else self._upload_rows(source, GLOBAL_TENSOR_NAMES["lm_head"], wdt)
-        self.final_norm = self._to_device(self._read_small(source, GLOBAL_TENSOR_NAMES["final_norm"]))   # [hidden]
-        self.inv_freq = self._to_device(rope_inv_freq(sp.rope_theta, sp.head_dim))                      # [hd/2], never rounded
-        before = self._bytes
-        self.layers = []
-        for i in range(sp.num_layers):
-            name = {f: t.format(i=i) for f, t in LAYER_TENSOR_NAMES.items()}
-            b_qkv = None
-            if sp.qkv_bias:
-                b_qkv = self._to_device(np.concatenate([self._read_small(source, name[f]) for f in BIAS_FIELDS]))
-            w_qkv = np.concatenate([self._read(source, name[f], wdt) for f in ("q_proj", "k_proj", "v_proj")])   # [q+2kv, hidden]
-            gate_up = interleave_gate_up(self._read(source, name["gate_proj"], wdt), self._read(source, name["up_proj"], wdt))
-            self.layers.append(_Layer(
-                input_norm=self._to_device(self._read_small(source, name["input_norm"])),
-                post_norm=self._to_device(self._read_small(source, name["post_norm"])),
-                w_qkv=self._to_device(w_qkv),
-                w_qkv_rope=self._to_device(permute_rows(w_qkv, self._rope_order())) if wdt == np.uint16 else None,
-                b_qkv=b_qkv,
-                w_o=self._to_device(self._read(source, name["o_proj"], wdt)),
-                w_gate_up=self._to_device(gate_up),
-                w_down=self._to_device(self._read(source, name["down_proj"], wdt))))
-            del w_qkv, gate_up
-        # A pass streams one of the two q|k|v layouts: count one.
-        duplicate = sum(layer.w_qkv_rope.nbytes for layer in self.layers if layer.w_qkv_rope is not None)
-        self.layer_weight_bytes = self._bytes - before - duplicate
-
-    def _free_buffers(self) -> int:
-        """Free every device allocation now (not at garbage collection); returns the bytes freed."""
-        freed = 0
-        for graph in self._graphs.values():
-            graph.close()
-        self._graphs.clear()
-        with self.device.bound():
-            for arr in self._buffers:
-                freed += arr.nbytes
-                arr.gpudata.free()
-        self._buffers.clear()
-        return freed
-
-    def _allocate_state(self) -> None:
-        sp, m, cap = self.spec, self.max_rows, self.capacity
-        kv = (sp.num_layers, sp.num_kv_heads, cap, sp.head_dim)
-        rows = self._stream_rows()
-        self.k_cache = self._alloc(kv, self.kv_element)
-        self.v_cache = self._alloc(kv, self.kv_element)
-        self._layer_stride = sp.num_kv_heads * cap * sp.head_dim * self.kv_element.itemsize   # bytes per layer
-        self.resid = self._alloc((rows, sp.hidden_size), np.float32)                  # residual stream
-        self.normed = self._alloc((rows, sp.hidden_size), np.float32)                 # norm outputs
-        self.prefill_last = self._alloc((1, sp.hidden_size), np.float32)              # last prefill row, final layer
-        self.qkv = self._alloc((rows, sp.q_dim + 2 * sp.kv_dim), np.float32)
-        self.attn = self._alloc((m, sp.q_dim), np.float32)
-        self.act = self._alloc((m, sp.intermediate_size), np.float32)                 # silu(gate) * up
-        self.part_o = self._alloc((m, sp.num_heads, self.n_splits, sp.head_dim), np.float32)
-        self.part_ml = self._alloc((m, sp.num_heads, self.n_splits, 2), np.float32)
-        self.logits = self._alloc((m, sp.vocab_size), np.float32)
-        self.pos_table = self._alloc((cap,), np.int32)
-        self.slot_table = self._alloc((cap,), np.int32)
-        self.attend_list = self._alloc((cap,), np.int32)
-        self.ids = self._alloc((m,), np.int32)
-        self.ctl = self._alloc((ck.CTL_INTS,), np.int32)
-        self.tokens_out = self._alloc((MAX_CYCLE_TOKENS,), np.int32)
-        self.kv_staging = self._alloc((2, sp.num_layers, m, sp.kv_dim), self.kv_element)
-        if self.dtype == "bfloat16":
-            self.decode_layer_table = self._to_device(self._layer_pointers())
-            self.decode_counters = self._alloc((2,), np.uint32)                      # zero: the barrier's start
-        self.kv_slots_buf = self._alloc((cap,), np.int32)                             # slot lists of KV moves
-        if self.bulk_min_rows:
-            for name, (shape, dtype) in self._bulk_plan().items():
-                setattr(self, name, self._alloc(shape, dtype, zero=name == "bulk_stage"))
-        self._token_ids = self.ctl[ck.CTL_TOKEN:ck.CTL_TOKEN + 1]                     # decode input id (view)
-        self._scale = float(sp.head_dim ** -0.5)
-
-    def _layer_pointers(self) -> np.ndarray:
-        """decode_persistent.cu's layer table: per layer, DecodeLayer's pointers in its order."""
-        table = np.zeros((self.spec.num_layers, ck.DECODE_LAYER_POINTERS), np.uint64)
-        for li, layer in enumerate(self.layers):
-            k_ptr, v_ptr = self._kv_ptrs(li)
-            table[li] = [ck.ptr(layer.w_qkv_rope), ck.ptr(layer.b_qkv), ck.ptr(layer.input_norm), ck.ptr(layer.w_o),
-                         ck.ptr(layer.w_gate_up), ck.ptr(layer.post_norm), ck.ptr(layer.w_down), k_ptr, v_ptr]
-        return table
-
     def _kv_ptrs(self, layer: int) -> tuple[int, int]:
         off = layer * self._layer_stride
         return int(self.k_cache.gpudata) + off, int(self.v_cache.gpudata) + off
-
-    def _fused(self, n: int) -> bool:
-        return self.dtype == "bfloat16" and n <= DECODE_MAX_ROWS
-
-    def _enqueue_layers(self, n: int, layer_outs: list | None = None, groups=LAYER_GROUPS) -> None:
-        """All decoder layers over rows [0, n) of resid; row offsets and lengths come from ctl.
-        `groups` limits the launches to some of LAYER_GROUPS (the benchmark times them apart)."""
-        for li, layer in enumerate(self.layers):
-            if self._fused(n):
-                self._enqueue_layer_fused(li, layer, n, groups)
-            else:
-                self._enqueue_layer_split(li, layer, n, groups)
-            if layer_outs is not None:
-                layer_outs.append(self._get(self.resid, n))
-
-    def _enqueue_layer_fused(self, li: int, layer: _Layer, n: int, groups) -> None:
-        """bf16 decode (one row, gemv.cu): RMSNorm folded into the q|k|v and gate/up projections, RoPE and
-        the K/V store in the q|k|v epilogue, SwiGLU in the gate/up one, residual adds in the o/down ones."""
-        sp, s = self.spec, self.stream
-
-        def gemv(*args, **kw):
-            self.kernels.gemv(*args, blocks_per_sm=self.decode_gemv_blocks_per_sm, **kw)
-        if "projections" in groups:
-            gemv(layer.w_qkv_rope, self.resid, self.qkv, ck.MODE_QKV_ROPE, s, norm_w=layer.input_norm,
-                 eps=sp.rms_norm_eps, bias=layer.b_qkv, rope=self._rope_target(li))
-        if "attention" in groups:
-            self._enqueue_attention(li, n)
-        if "projections" in groups:
-            gemv(layer.w_o, self.attn, self.resid, ck.MODE_ADD, s)
-            gemv(layer.w_gate_up, self.resid, self.act, ck.MODE_SWIGLU, s, norm_w=layer.post_norm,
-                 eps=sp.rms_norm_eps, out_cols=sp.intermediate_size)
-            gemv(layer.w_down, self.act, self.resid, ck.MODE_ADD, s)
-
-    def _enqueue_layer_split(self, li: int, layer: _Layer, n: int, groups) -> None:
-        """One kernel per step: RMSNorm (+ bias init), q|k|v, RoPE + K/V store, attention, o, RMSNorm,
-        gate/up + SwiGLU, down (prefill, and every call of the fp32 path)."""
-        sp, kn, s = self.spec, self.kernels, self.stream
-        k_ptr, v_ptr = self._kv_ptrs(li)
-        proj, other = "projections" in groups, "norms+rope" in groups
-        if other:
-            kn.rmsnorm(self.resid, layer.input_norm, self.normed, n, sp.rms_norm_eps, s, init_dst=self.qkv,
-                       init_src=layer.b_qkv)
-        if proj:
-            self._project(layer.w_qkv, self.normed, self.qkv, n, ck.MODE_ADD)
-        if other:
-            kn.rope_store(self.qkv, self.pos_table, self.slot_table, self.ctl, self.inv_freq, k_ptr, v_ptr, n,
-                          sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, s)
-        if "attention" in groups:
-            self._enqueue_attention(li, n)
-        if proj:
-            self._project(layer.w_o, self.attn, self.resid, n, ck.MODE_ADD)
-        if other:
-            kn.rmsnorm(self.resid, layer.post_norm, self.normed, n, sp.rms_norm_eps, s)
-        if proj:
-            self._project(layer.w_gate_up, self.normed, self.act, n, ck.MODE_SWIGLU, out_cols=sp.intermediate_size)
-            self._project(layer.w_down, self.act, self.resid, n, ck.MODE_ADD)
-
-    def _enqueue_bulk_layers(self, n: int, layer_outs: list | None = None) -> None:
-        """All decoder layers over rows [0, n) of resid through the bulk prefill (n <= bulk_max_rows; offsets and
-        lengths from ctl): per layer RMSNorm -> bf16 hi/lo, q|k|v GEMM onto the bias, RoPE + K/V store, K/V of the
-        attend list staged, flash attention -> hi/lo, o GEMM into the residual, RMSNorm -> hi/lo, gate/up GEMM
-        with SwiGLU -> hi/lo, down GEMM into the residual."""
-        sp, kn, s = self.spec, self.kernels, self.stream
-        x_stride = self.bulk_x.size // 2                  # element offset of the lo parts
-        act_stride = self.bulk_act.size // 2
-        splits = self._bulk_splits(n)
-
-        def gemm(W, x, part_stride, mode, **kw):
-            kn.gemm_bulk(W, x, part_stride, n, mode, s, parts=self.bulk_parts, kernel=self.bulk_gemm, **kw)
-        for li, layer in enumerate(self.layers):
-            k_ptr, v_ptr = self._kv_ptrs(li)
-            kn.rmsnorm_split(self.resid, layer.input_norm, self.bulk_x, x_stride, n, sp.rms_norm_eps, s,
-                             init_dst=self.qkv, init_src=layer.b_qkv)
-            gemm(layer.w_qkv, self.bulk_x, x_stride, ck.MODE_ADD, out=self.qkv)
-            kn.rope_store(self.qkv, self.pos_table, self.slot_table, self.ctl, self.inv_freq, k_ptr, v_ptr, n,
-                          sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, s)
-            kn.kv_stage(k_ptr, v_ptr, self.attend_list, self.ctl, self.bulk_stage, n, sp.num_kv_heads, self.capacity,
-                        sp.head_dim, s)
-            kn.attention_flash(self.qkv, self.bulk_stage, self.ctl, self.bulk_part_o, self.bulk_part_ml, self.bulk_x,
-                               x_stride, n, sp.num_heads, sp.num_kv_heads, sp.head_dim, splits, self._scale, s,
-                               stages=self.bulk_attention_stages)
-            gemm(layer.w_o, self.bulk_x, x_stride, ck.MODE_ADD, out=self.resid)
-            kn.rmsnorm_split(self.resid, layer.post_norm, self.bulk_x, x_stride, n, sp.rms_norm_eps, s)
-            gemm(layer.w_gate_up, self.bulk_x, x_stride, ck.MODE_SWIGLU, out_hl=self.bulk_act,
-                 out_part_stride=act_stride, out_cols=sp.intermediate_size)
-            gemm(layer.w_down, self.bulk_act, act_stride, ck.MODE_ADD, out=self.resid)
-            if layer_outs is not None:
-                layer_outs.append(self._get(self.resid, n))
-
-    def _bulk_splits(self, n: int) -> int:
-        """Blocks the attention list of a bulk pass is split over per (16 rows, KV head): enough for ~2 blocks per SM
-        when the rows alone give fewer, as many as the partial-sum buffers hold."""
-        blocks = ck.ceil_div(n, ck.FLASH_ROWS) * self.spec.num_kv_heads
-        return max(1, min(ck.ceil_div(2 * self.kernels.num_sms, blocks), BULK_PARTIAL_ROWS * self.bulk_max_rows // n))
-
-    def _project(self, W, x, out, n: int, mode: int, **kw) -> None:
-        """A projection of the split pipeline: projection_staged.cu where model.staged_prefill_projections asks
-        for it (bf16, up to 32 rows; the measured faster default), else projection_bf16.cu / projection_f32.cu."""
-        if self.staged_prefill_projections and W.dtype == np.uint16 and n <= ck.STAGED_MAX_TOKENS:
-            self.kernels.projection_staged(W, x, out, n, mode, self.stream, **kw)
-        else:
-            self.kernels.projection(W, x, out, n, mode, self.stream, **kw)
-
-    def _enqueue_attention(self, li: int, n: int) -> None:
-        """attention_decode.cu (partial sums from registers) for decode rows, attention_tiled.cu (K/V chunk
-        in shared memory, shared by up to 8 rows) or attention_mma.cu (the same on the tensor cores, with
-        model.tensor_core_attention) for longer calls; attention.cu's merge after any of them."""
-        sp = self.spec
-        k_ptr, v_ptr = self._kv_ptrs(li)
-        if n <= DECODE_MAX_ROWS:
-            self.kernels.attention_decode(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o,
-                                          self.part_ml, self.attn, n, sp.num_heads, sp.num_kv_heads, sp.head_dim,
-                                          self.capacity, self.n_splits, self._scale, self.stream,
-                                          head_split=self.decode_attention_head_split)
-            return
-        self.kernels.attention(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o, self.part_ml, self.attn,
-                               n, sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, self.n_splits,
-                               self._scale, self.stream, tensor_cores=self.tensor_core_attention,
-                               blocks_per_sm=self.attention_blocks_per_sm)
-
-    def _rope_target(self, li: int) -> ck.RopeTarget:
-        sp = self.spec
-        k_ptr, v_ptr = self._kv_ptrs(li)
-        return ck.RopeTarget(self.pos_table, self.slot_table, self.ctl, self.inv_freq, k_ptr, v_ptr,
-                             sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity)
-
-    def _enqueue_head_argmax(self, row: int, bin_lo: int, n_bins: int, rows_consumed: int) -> None:
-        sp, kn, s = self.spec, self.kernels, self.stream
-        if self._fused(1):                      # final RMSNorm folded into the head projection
-            kn.gemv(self.head, self.resid, self.logits, ck.MODE_STORE, s, norm_w=self.final_norm, eps=sp.rms_norm_eps,
-                    w_row0=bin_lo, rows=n_bins, x_row0=row)
-        else:
-            kn.rmsnorm(self.resid, self.final_norm, self.normed, 1, sp.rms_norm_eps, s, row0=row)
-            kn.projection(self.head, self.normed, self.logits, 1, ck.MODE_STORE, s, w_row0=bin_lo, rows=n_bins, x_row0=row)
-        kn.argmax_bins(self.logits, n_bins, bin_lo, self.ctl, self.tokens_out, rows_consumed, s)
-
-    def _enqueue_prefill(self, n_rows: int, bin_lo: int, n_bins: int) -> None:
-        self._enqueue_layers(n_rows)
-        self._enqueue_head_argmax(n_rows - 1, bin_lo, n_bins, n_rows)
-        # Keep the last row's final hidden state: decode reuses resid, prefill_logits() reads this. The copy
-        # comes last so that no programmatically launched kernel follows a copy node in the graph.
-        row_bytes = self.spec.hidden_size * 4
-        self._drv.memcpy_dtod_async(int(self.prefill_last.gpudata), int(self.resid.gpudata) + (n_rows - 1) * row_bytes,
-                                    row_bytes, self.stream)
-
-    def _enqueue_decode(self, bin_lo: int, n_bins: int) -> None:
-        self.kernels.embed_gather(self.embed_table, self._token_ids, self.resid, 1, self.stream)
-        if self.persistent_decode:
-            self._enqueue_persistent_layers()
-        else:
-            self._enqueue_layers(1)
-        self._enqueue_head_argmax(0, bin_lo, n_bins, 1)
-
-    def _enqueue_persistent_layers(self) -> None:
-        """Every layer of the decode step in one cooperative launch of decode_persistent.cu."""
-        sp = self.spec
-        self.kernels.decode_layers(
-            self.decode_layer_table, self.resid, self.qkv, self.attn, self.act, self.part_o, self.part_ml,
-            self.attend_list, self.pos_table, self.slot_table, self.ctl, self.inv_freq, self.decode_counters,
-            qkv_rows=self.layers[0].w_qkv_rope.shape[0], inter=sp.intermediate_size,
-            gate_up_rows=self.layers[0].w_gate_up.shape[0], n_q_heads=sp.num_heads, n_kv_heads=sp.num_kv_heads,
-            head_dim=sp.head_dim, capacity=self.capacity, n_splits=self.n_splits, eps=sp.rms_norm_eps,
-            scale=self._scale, stream=self.stream, blocks_per_sm=self.persistent_blocks_per_sm,
-            l2_prefetch_bytes=self.persistent_l2_prefetch_bytes)
 
     def _run_graph(self, key, record) -> None:
         if not self.use_graphs:

@@ -83,24 +83,9 @@ class BulkPrefillLaunchers:
                f"gemm_bulk x: part stride {part_stride} must be a multiple of 8 and hold {M} x {K}")
         _check(x.size >= (parts - 1) * part_stride + M * K, f"gemm_bulk x: {x.size} elements < {M} rows x {K}")
         n_steps = ceil_div(K, plan.bk)
+        ldo, out_f, out_cols = _gemm_outputs(mode, N, M, out, out_hl, out_part_stride, bias, out_cols)
         if mode == kc.MODE_SWIGLU:
-            _check(out_hl is not None, "gemm_bulk SWIGLU: out_hl missing")
-            _check_array("gemm_bulk out_hl", out_hl, np.uint16)
-            _check(N % 16 == 0, f"gemm_bulk SWIGLU: {N} weight rows, expected a multiple of 16 (interleaved gate/up)")
-            out_cols = N // 2 if out_cols is None else out_cols
-            _check(out_cols <= N // 2 and out_cols % 2 == 0, f"gemm_bulk SWIGLU: out_cols {out_cols} (even, <= {N // 2})")
-            _check(out_part_stride % 8 == 0 and out_part_stride >= M * out_cols
-                   and out_hl.size >= out_part_stride + M * out_cols, "gemm_bulk SWIGLU: out_hl too small")
-            ldo, out_f, k_split = out_cols, None, 1
-        else:
-            _check_array("gemm_bulk out", out, np.float32, 2)
-            out_cols = N if out_cols is None else out_cols
-            _check(out_cols <= N and out_cols % 2 == 0 and out.shape[1] >= out_cols and out.shape[1] % 2 == 0,
-                   f"gemm_bulk: out_cols {out_cols} (even, <= {N}) vs out {out.shape}")
-            _check(out.shape[0] >= M, f"gemm_bulk out: {out.shape[0]} rows < {M}")
-            _check(bias is None or (mode == kc.MODE_STORE and bias.dtype == np.float32 and bias.shape[0] >= out_cols),
-                   "gemm_bulk bias: float32 [out_cols], STORE only")
-            ldo, out_f = out.shape[1], out
+            k_split = 1
         blocks = ceil_div(M, plan.bm) * ceil_div(N, plan.bn)
         if k_split is None:                 # ADD: split K until the grid holds a wave of resident blocks
             k_split = 1 if mode != kc.MODE_ADD else max(1, min(ceil_div(plan.blocks_per_sm * self.num_sms, blocks),
@@ -204,3 +189,25 @@ class BulkPrefillLaunchers:
         self._launch("attention_flash_merge", (n_rows, n_q_heads), head_dim // 2, stream, ptr(part_o), ptr(part_ml),
                      ptr(out_hl), np.int64(out_part_stride), np.int32(q_dim), np.int32(n_rows), np.int32(n_q_heads),
                      np.int32(head_dim), np.int32(n_splits))
+
+
+def _gemm_outputs(mode: int, N: int, M: int, out, out_hl, out_part_stride: int, bias, out_cols):
+    """(ldo, out_f, out_cols) of a bulk GEMM's output after checking it: STORE / ADD write float32 rows into out,
+    SWIGLU bf16 hi/lo rows into out_hl (N interleaved gate/up rows give N / 2 columns)."""
+    if mode == kc.MODE_SWIGLU:
+        _check(out_hl is not None, "gemm_bulk SWIGLU: out_hl missing")
+        _check_array("gemm_bulk out_hl", out_hl, np.uint16)
+        _check(N % 16 == 0, f"gemm_bulk SWIGLU: {N} weight rows, expected a multiple of 16 (interleaved gate/up)")
+        out_cols = N // 2 if out_cols is None else out_cols
+        _check(out_cols <= N // 2 and out_cols % 2 == 0, f"gemm_bulk SWIGLU: out_cols {out_cols} (even, <= {N // 2})")
+        _check(out_part_stride % 8 == 0 and out_part_stride >= M * out_cols
+               and out_hl.size >= out_part_stride + M * out_cols, "gemm_bulk SWIGLU: out_hl too small")
+        return out_cols, None, out_cols
+    _check_array("gemm_bulk out", out, np.float32, 2)
+    out_cols = N if out_cols is None else out_cols
+    _check(out_cols <= N and out_cols % 2 == 0 and out.shape[1] >= out_cols and out.shape[1] % 2 == 0,
+           f"gemm_bulk: out_cols {out_cols} (even, <= {N}) vs out {out.shape}")
+    _check(out.shape[0] >= M, f"gemm_bulk out: {out.shape[0]} rows < {M}")
+    _check(bias is None or (mode == kc.MODE_STORE and bias.dtype == np.float32 and bias.shape[0] >= out_cols),
+           "gemm_bulk bias: float32 [out_cols], STORE only")
+    return out.shape[1], out, out_cols
