@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from kernel_compare import assert_close, peak, rel_norm
+from vla_edge_ros.model import cuda_bulk_launchers as cbl
 from vla_edge_ros.model import kernel_reference as ref
 
 pytestmark = pytest.mark.gpu
@@ -41,7 +42,7 @@ GEMM_KERNELS = ["mma", "wgmma128", "wgmma256", "tma"]
 def _gemm_kernel(kn, kernel):
     """Skips a wgmma kernel on a device without sm_90a (it cannot be built there)."""
     from vla_edge_ros.model import cuda_kernels as ck
-    if ck.family_arch(ck.BULK_GEMMS[kernel].family, kn.arch) is None:
+    if ck.family_arch(cbl.BULK_GEMMS[kernel].family, kn.arch) is None:
         pytest.skip(f"{kernel} needs sm_90a; this device is {kn.arch}")
     return kernel
 
@@ -231,7 +232,7 @@ def test_bulk_forward_matches_numpy_and_the_cycle_kernels(model):
     if ck.family_arch("gemm_wgmma", bulk.kernels.arch) is not None:   # the Hopper GEMMs, one pass and three
         for kernel, max_rows in (("wgmma256", 512), ("wgmma128", 128), ("tma", 128)):
             b = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=max_rows)
-            b.kernels.load_family(ck.BULK_GEMMS[kernel].family)
+            b.kernels.load_family(cbl.BULK_GEMMS[kernel].family)
             b.bulk_gemm = kernel
             named[f"bulk {kernel}, passes of {max_rows}"] = b
     rng = np.random.default_rng(6)
@@ -261,14 +262,13 @@ def test_bulk_graph_replays_serve_other_offsets_and_contexts(model, kernel):
     """The graph of a bulk pass reads its offsets, lengths and slots from device tables: the second forward
     of the same row count (a different context, other slots) replays it and must still be right. With the
     default GEMM and with gemm_tma.cu (its tensor maps are kernel parameters, copied into the graph)."""
-    from vla_edge_ros.model import cuda_kernels as ck
     from vla_edge_ros.model.numpy_backend import NumpyBackend
     spec, weights = model
     cap = 400
     cuda = _backend(model, cap, bulk_prefill_min_rows=64)
     if kernel is not None:
         _gemm_kernel(cuda.kernels, kernel)
-        cuda.kernels.load_family(ck.BULK_GEMMS[kernel].family)
+        cuda.kernels.load_family(cbl.BULK_GEMMS[kernel].family)
         cuda.bulk_gemm = kernel
     numpy = NumpyBackend(spec, weights, cap, "bfloat16")
     cuda.prepare_forward([96])

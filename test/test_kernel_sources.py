@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from vla_edge_ros.model import cuda_bulk_launchers as cbl
 from vla_edge_ros.model import cuda_kernels as ck
 from vla_edge_ros.model import kernel_constants as kc
 from vla_edge_ros.model import kernel_reference as ref
@@ -56,19 +57,19 @@ def test_bulk_gemm_plans_match_their_kernels():
     """The launcher sizes grids and shared memory from BULK_GEMMS: each plan must be its kernel's tile, and each
     wgmma plan must name an entry gemm_wgmma.cu defines with that many weight rows and stages."""
     bulk = _defines("gemm_bulk.cu")
-    assert (ck.GEMM_BULK_BM, ck.GEMM_BULK_BN, ck.GEMM_BULK_BK, ck.GEMM_BULK_STAGES, ck.GEMM_BULK_ROW,
-            ck.GEMM_BULK_THREADS) == tuple(bulk[k] for k in ("GB_BM", "GB_BN", "GB_BK", "GB_STAGES", "GB_ROW",
+    assert (cbl.GEMM_BULK_BM, cbl.GEMM_BULK_BN, cbl.GEMM_BULK_BK, cbl.GEMM_BULK_STAGES, cbl.GEMM_BULK_ROW,
+            cbl.GEMM_BULK_THREADS) == tuple(bulk[k] for k in ("GB_BM", "GB_BN", "GB_BK", "GB_STAGES", "GB_ROW",
                                                               "GB_THREADS"))
     source = (CUDA / "gemm_wgmma.cu").read_text()
     wg = kc.parse_defines(source)
     entries = {(int(bn), int(parts)): int(stages) for bn, parts, stages in
                re.findall(r"^GEMM_WGMMA_ENTRY\((\d+), (\d+), (\d+), \d+\)", source, re.MULTILINE)}
     assert set(ck.FAMILIES["gemm_wgmma"]) == {f"gemm_wgmma_n{bn}_p{parts}" for bn, parts in entries}
-    plans = [plan for plan in ck.BULK_GEMMS.values() if plan.family == "gemm_wgmma"]
+    plans = [plan for plan in cbl.BULK_GEMMS.values() if plan.family == "gemm_wgmma"]
     assert plans, "no BULK_GEMMS plan uses gemm_wgmma.cu"
     for plan in plans:
         assert (plan.bm, plan.bk, plan.row) == (wg["GW_BM"], wg["GW_BK"], wg["GW_BK"]), plan
-        assert wg["GW_THREADS"] == ck.GEMM_BULK_THREADS
+        assert wg["GW_THREADS"] == cbl.GEMM_BULK_THREADS
         for parts in (1, 2):
             assert entries[(plan.bn, parts)] == plan.stages, (plan, parts)
             assert f"{plan.prefix}_p{parts}" in ck.FAMILIES["gemm_wgmma"]
@@ -76,7 +77,7 @@ def test_bulk_gemm_plans_match_their_kernels():
     tma = kc.parse_defines(tma_source)
     tma_entries = {int(parts): int(stages) for parts, stages in
                    re.findall(r"^GEMM_TMA_ENTRY\((\d+), (\d+)\)", tma_source, re.MULTILINE)}
-    plan = ck.BULK_GEMMS["tma"]
+    plan = cbl.BULK_GEMMS["tma"]
     assert (plan.bm, plan.bn, plan.bk, plan.row, plan.threads) == \
         (tma["GT_BM"], tma["GT_BN"], tma["GT_BK"], tma["GT_BK"], tma["GT_THREADS"])
     assert tma_entries == {1: plan.stages, 2: plan.stages}

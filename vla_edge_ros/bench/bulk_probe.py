@@ -56,6 +56,7 @@ def launch_once(m: int) -> None:
     """Each GEMM kernel once per projection at m rows, plain launches (for a profiler's kernel filter)."""
     from pycuda import gpuarray
 
+    from ..model import cuda_bulk_launchers as cbl
     from ..model import cuda_kernels as ck
     from ..model.cuda_backend import CudaBackend
     from ..model.cuda_device import primary_device
@@ -68,7 +69,7 @@ def launch_once(m: int) -> None:
         x = gpuarray.to_gpu(np.full(2 * m * spec.intermediate_size, 0x3c00, np.uint16))
         y = gpuarray.zeros((m, spec.q_dim + 2 * spec.kv_dim), np.float32)
         y_hl = gpuarray.zeros(2 * m * spec.intermediate_size, np.uint16)
-        for kernel, plan in ck.BULK_GEMMS.items():
+        for kernel, plan in cbl.BULK_GEMMS.items():
             if ck.family_arch(plan.family, arch) is None:
                 continue
             for name, W, mode in _layer_gemms(backend, spec, ck):
@@ -84,6 +85,7 @@ def probe(context: int, quick: bool) -> dict:
     import pycuda.driver as drv
     from pycuda import gpuarray
 
+    from ..model import cuda_bulk_launchers as cbl
     from ..model import cuda_kernels as ck
     from ..model.cuda_backend import CudaBackend
     from .gemv_probe import _time_graph
@@ -91,7 +93,7 @@ def probe(context: int, quick: bool) -> dict:
     from .gpu_inputs import random_model
 
     spec, weights = random_model("qwen2.5-1.5b")
-    gemms = [k for k, plan in ck.BULK_GEMMS.items()
+    gemms = [k for k, plan in cbl.BULK_GEMMS.items()
              if ck.family_arch(plan.family, ck.device_arch(primary_device(0))) is not None]
     capacity = max(context + max(FORWARD_ROWS), max(RECOMPUTE)) + 64
     backend = CudaBackend(spec, weights, capacity, "bfloat16", vram_ceiling_bytes=None, bulk_prefill_min_rows=1,
@@ -104,7 +106,7 @@ def probe(context: int, quick: bool) -> dict:
         x = gpuarray.to_gpu(rng.integers(0x3c00, 0x3f80, size=2 * 4096 * spec.intermediate_size).astype(np.uint16))
         y = gpuarray.zeros((4096, max(spec.hidden_size, spec.q_dim + 2 * spec.kv_dim)), np.float32)
         y_hl = gpuarray.zeros(2 * 4096 * spec.intermediate_size, np.uint16)
-        for plan in {ck.BULK_GEMMS[k].family for k in gemms}:
+        for plan in {cbl.BULK_GEMMS[k].family for k in gemms}:
             backend.kernels.load_family(plan)
         variants = [(kernel, parts) for parts in (2, 1) for kernel in gemms]
         for m in GEMM_ROWS[:1] if quick else GEMM_ROWS:

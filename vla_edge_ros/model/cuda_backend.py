@@ -52,9 +52,9 @@ from .forward_inputs import check_forward_inputs, slot_array, token_id_array
 from .cuda_device import primary_device
 from .spec import ModelSpec
 from .weight_stream import tensor_source
-from .cuda_device_memory import (BULK_PARTIAL_ROWS, MAX_CYCLE_TOKENS, UPLOAD_BLOCK_BYTES,  # noqa: F401 (re-exported)
-                                 DeviceMemory, LayerWeights)
-from .cuda_layer_enqueue import DECODE_MAX_ROWS, LAYER_GROUPS, LayerEnqueue  # noqa: F401
+from .cuda_bulk_launchers import BULK_GEMMS, FLASH_HEAD_DIMS
+from .cuda_device_memory import MAX_CYCLE_TOKENS, DeviceMemory
+from .cuda_layer_enqueue import LAYER_GROUPS, LayerEnqueue
 from .weights import bf16_bits_to_float32, canonical_dtype, float32_to_bf16_bits
 
 log = logging.getLogger(__name__)
@@ -223,9 +223,9 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
         if self.staged_prefill_projections and wdt == np.uint16:
             self.kernels.load_family("projection_staged")   # on demand, but its first launch may be in a capture
         if self.bulk_min_rows:
-            if ck.family_arch(ck.BULK_GEMMS[self.bulk_gemm].family, self.kernels.arch) is None:
+            if ck.family_arch(BULK_GEMMS[self.bulk_gemm].family, self.kernels.arch) is None:
                 self.bulk_gemm = "mma"                       # wgmma needs sm_90a
-            self.kernels.load_family(ck.BULK_GEMMS[self.bulk_gemm].family)
+            self.kernels.load_family(BULK_GEMMS[self.bulk_gemm].family)
             self.kernels.load_family("prefill_bulk")
         self._bytes = 0
         self._upload_weights(source, wdt)
@@ -747,8 +747,8 @@ def _bulk_rows(spec: ModelSpec, dtype: str, min_rows: int, max_rows: int) -> tup
     why = None
     if dtype != "bfloat16":
         why = f"{dtype} weights (its GEMMs multiply bf16 weights)"
-    elif spec.head_dim not in ck.FLASH_HEAD_DIMS:
-        why = f"head_dim {spec.head_dim} (its attention has entries for {ck.FLASH_HEAD_DIMS})"
+    elif spec.head_dim not in FLASH_HEAD_DIMS:
+        why = f"head_dim {spec.head_dim} (its attention has entries for {FLASH_HEAD_DIMS})"
     elif (spec.q_dim + 2 * spec.kv_dim) % 2:
         why = f"q|k|v width {spec.q_dim + 2 * spec.kv_dim} is odd"
     if why is not None:

@@ -33,10 +33,8 @@ import numpy as np
 from ..config import DECODE_ATTENTION_HEAD_SPLITS, DECODE_GEMV_MAX_BLOCKS_PER_SM
 from ..resources import kernel_dir
 from . import kernel_constants as kc
-from .cuda_bulk_launchers import (BULK_GEMMS, FLASH_BKV, FLASH_HEAD_DIMS, FLASH_ROWS, GEMM_BULK_BK,  # noqa: F401
-                                  GEMM_BULK_BLOCKS_PER_SM, GEMM_BULK_BM, GEMM_BULK_BN, GEMM_BULK_ROW,
-                                  GEMM_BULK_STAGES, GEMM_BULK_THREADS, LOG2_E, BulkGemm, BulkPrefillLaunchers)
-from .cuda_launch_common import ATTN_MAX_GROUP, KernelError, ceil_div, ptr  # noqa: F401
+from .cuda_bulk_launchers import BulkPrefillLaunchers
+from .cuda_launch_common import ATTN_MAX_GROUP, KernelError, ceil_div, ptr
 from .cuda_launch_common import check as _check, check_array as _check_array
 
 log = logging.getLogger(__name__)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import cuda_kernels as ck
+from .cuda_bulk_launchers import FLASH_ROWS
 from .cuda_device_memory import BULK_PARTIAL_ROWS, LayerWeights
 
 # Calls of at most this many rows take the decode pipeline: bf16 one-row projections from gemv.cu
@@ -113,7 +114,7 @@ class LayerEnqueue:
     def _bulk_splits(self, n: int) -> int:
         """Blocks the attention list of a bulk pass is split over per (16 rows, KV head): enough for ~2 blocks per SM
         when the rows alone give fewer, as many as the partial-sum buffers hold."""
-        blocks = ck.ceil_div(n, ck.FLASH_ROWS) * self.spec.num_kv_heads
+        blocks = ck.ceil_div(n, FLASH_ROWS) * self.spec.num_kv_heads
         return max(1, min(ck.ceil_div(2 * self.kernels.num_sms, blocks), BULK_PARTIAL_ROWS * self.bulk_max_rows // n))
 
     def _project(self, W, x, out, n: int, mode: int, **kw) -> None:
