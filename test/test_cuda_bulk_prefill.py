@@ -36,7 +36,7 @@ def _joined(flat: np.ndarray, part_stride: int, rows: int, cols: int) -> np.ndar
     return (hi + lo).reshape(rows, cols)
 
 
-GEMM_KERNELS = ["mma", "wgmma128", "wgmma256", "tma"]
+GEMM_KERNELS = ["mma", "wgmma128", "wgmma256"]
 
 
 def _gemm_kernel(kn, kernel):
@@ -109,21 +109,6 @@ def test_gemm_bulk_swiglu_writes_hi_lo(kn, gpu, M, inter, K, kernel):
     x_eff = ref.from_bf16_bits(hi).astype(np.float64) + ref.from_bf16_bits(lo)
     expected = ref.projection_ref(W, x_eff, ck.MODE_SWIGLU, out_cols=inter)
     _close(_joined(out_hl.get(), out_stride, M, inter), expected, 3e-5, f"gemm_bulk {kernel} SWIGLU")
-
-
-def test_tensor_maps_are_cached_and_checked(kn):
-    """cuda_tensor_map.bf16_tiled: 128 bytes from the driver, the same bytes again from the cache, and a clear
-    error for what the driver would refuse."""
-    from vla_edge_ros.model.cuda_kernels import KernelError
-    from vla_edge_ros.model.cuda_tensor_map import MAP_BYTES, bf16_tiled
-    _gemm_kernel(kn, "tma")
-    a = bf16_tiled(1 << 20, (1536, 300, 2), (3072, 1 << 20), (64, 128, 1))
-    assert len(a) == MAP_BYTES and a == bf16_tiled(1 << 20, (1536, 300, 2), (3072, 1 << 20), (64, 128, 1))
-    assert a != bf16_tiled(1 << 20, (1536, 301, 2), (3072, 1 << 20), (64, 128, 1))
-    with pytest.raises(KernelError, match="16-byte"):
-        bf16_tiled((1 << 20) + 8, (1536, 300), (3072,), (64, 128))
-    with pytest.raises(KernelError, match="64 bf16"):
-        bf16_tiled(1 << 20, (1536, 300), (3072,), (32, 128))
 
 
 def test_rmsnorm_split_rows_and_bias_init(kn, gpu):
@@ -230,7 +215,7 @@ def test_bulk_forward_matches_numpy_and_the_cycle_kernels(model):
     named = {"bulk": bulk, "bulk in passes": passes, "cycle kernels": cycle}
     from vla_edge_ros.model import cuda_kernels as ck
     if ck.family_arch("gemm_wgmma", bulk.kernels.arch) is not None:   # the Hopper GEMMs, one pass and three
-        for kernel, max_rows in (("wgmma256", 512), ("wgmma128", 128), ("tma", 128)):
+        for kernel, max_rows in (("wgmma256", 512), ("wgmma128", 128)):
             b = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=max_rows)
             b.kernels.load_family(cbl.BULK_GEMMS[kernel].family)
             b.bulk_gemm = kernel
@@ -257,11 +242,11 @@ def test_bulk_forward_matches_numpy_and_the_cycle_kernels(model):
             assert rel_norm(b.read_kv(slots[:340]), kv_ref) < 1e-4, name
 
 
-@pytest.mark.parametrize("kernel", [None, "tma"])
+@pytest.mark.parametrize("kernel", [None, "mma"])
 def test_bulk_graph_replays_serve_other_offsets_and_contexts(model, kernel):
     """The graph of a bulk pass reads its offsets, lengths and slots from device tables: the second forward
     of the same row count (a different context, other slots) replays it and must still be right. With the
-    default GEMM and with gemm_tma.cu (its tensor maps are kernel parameters, copied into the graph)."""
+    default GEMM (wgmma on the H200) and with gemm_bulk.cu's mma.sync."""
     from vla_edge_ros.model.numpy_backend import NumpyBackend
     spec, weights = model
     cap = 400

@@ -10,7 +10,6 @@ import numpy as np
 from . import kernel_constants as kc
 from .cuda_launch_common import ATTN_MAX_GROUP, ceil_div, ptr
 from .cuda_launch_common import check as _check, check_array as _check_array
-from .cuda_tensor_map import bf16_tiled
 
 # gemm_bulk.cu: rows x columns per block, K columns per stage, stages, padded shared-memory row (bf16), threads,
 # resident blocks per SM.
@@ -23,8 +22,7 @@ GEMM_BULK_THREADS = 256
 GEMM_BULK_BLOCKS_PER_SM = 2
 # The bulk GEMM kernels by name (CudaBackend.bulk_gemm): family, entry prefix, rows x columns per block, K columns per
 # stage, stages, bf16 per shared-memory tile row, extra shared bytes, resident blocks per SM. "mma": gemm_bulk.cu
-# (mma.sync, any sm_80+); "wgmma128" / "wgmma256": gemm_wgmma.cu (sm_90a only), 128 or 256 weight rows per block;
-# "tma": gemm_tma.cu (sm_90a only), the same products with TMA copies.
+# (mma.sync, any sm_80+); "wgmma128" / "wgmma256": gemm_wgmma.cu (sm_90a only), 128 or 256 weight rows per block.
 @dataclass(frozen=True)
 class BulkGemm:
     family: str
@@ -36,7 +34,6 @@ class BulkGemm:
     row: int
     extra_shared: int         # bytes beyond the stages (gemm_wgmma.cu aligns its tiles to 1 KB)
     blocks_per_sm: int
-    threads: int = 256
 
     def shared_bytes(self, parts: int) -> int:
         return self.stages * (parts * self.bm + self.bn) * self.row * 2 + self.extra_shared
@@ -47,9 +44,6 @@ BULK_GEMMS = {
                     GEMM_BULK_ROW, 0, GEMM_BULK_BLOCKS_PER_SM),
     "wgmma128": BulkGemm("gemm_wgmma", "gemm_wgmma_n128", 128, 128, 64, 4, 64, 1024, 1),
     "wgmma256": BulkGemm("gemm_wgmma", "gemm_wgmma_n256", 128, 256, 64, 3, 64, 1024, 1),
-    # gemm_tma.cu: TMA copies and mbarriers (1 KB of alignment, two 8-byte barriers per stage), 2 consumer
-    # warpgroups and a producer warp
-    "tma": BulkGemm("gemm_tma", "gemm_tma", 128, 128, 64, 4, 64, 1024 + 16 * 4, 1, threads=288),
 }
 # prefill_bulk.cu: query rows per attention block, list entries per K/V tile, its head_dim entries.
 FLASH_ROWS = 16
@@ -97,18 +91,10 @@ class BulkPrefillLaunchers:
         self._function(name)
         _check(shared <= self._shared_limits[name], f"gemm_bulk: {shared} bytes of shared memory > "
                                                     f"{self._shared_limits[name]}")
-        grid = (ceil_div(M, plan.bm), ceil_div(N, plan.bn), k_split)
-        tail = (ptr(bias), ptr(out_f), ptr(out_hl), np.int64(out_part_stride), np.int32(ldo), np.int32(M),
-                np.int32(N), np.int32(K), np.int32(out_cols), np.int32(mode), np.int32(k_split))
-        if plan.family == "gemm_tma":       # the operands as tensor maps: x (K, M, parts), W (K, N)
-            item = 2                        # bytes per bf16
-            part_bytes = part_stride * item if parts == 2 else ceil_div(M * K * item, 16) * 16   # one part: unused
-            map_x = bf16_tiled(ptr(x), (K, M, parts), (K * item, part_bytes), (plan.bk, plan.bm, 1))
-            map_w = bf16_tiled(ptr(W), (K, N), (K * item,), (plan.bk, plan.bn))
-            self._launch(name, grid, plan.threads, stream, map_x, map_w, *tail, shared=shared)
-        else:
-            self._launch(name, grid, plan.threads, stream, ptr(x), np.int64(part_stride), np.int32(K), ptr(W),
-                         *tail, shared=shared)
+        self._launch(name, (ceil_div(M, plan.bm), ceil_div(N, plan.bn), k_split), GEMM_BULK_THREADS, stream,
+                     ptr(x), np.int64(part_stride), np.int32(K), ptr(W), ptr(bias), ptr(out_f), ptr(out_hl),
+                     np.int64(out_part_stride), np.int32(ldo), np.int32(M), np.int32(N), np.int32(K),
+                     np.int32(out_cols), np.int32(mode), np.int32(k_split), shared=shared)
         return k_split
 
     def rmsnorm_split(self, x, w, out_hl, part_stride: int, n_rows: int, eps: float, stream, init_dst=None,

@@ -87,7 +87,6 @@ FAMILIES = {
                           for vpl in (1, 2) for blocks in (1, 2)},
     "gemm_bulk": {f"gemm_bulk_p{parts}": "PqiPPPPqiiiiiii" for parts in (2, 1)},
     "gemm_wgmma": {f"gemm_wgmma_n{bn}_p{parts}": "PqiPPPPqiiiiiii" for bn in (128, 256) for parts in (2, 1)},
-    "gemm_tma": {f"gemm_tma_p{parts}": "128s128sPPPqiiiiiii" for parts in (2, 1)},     # two tensor maps by value
     "prefill_bulk": {"rmsnorm_split_rows": "PPPqifPPi", "kv_stage": "PPPPiiiiPPPP",
                      **{f"attention_flash_hd{hd}_s{st}": "PiPPPPiPPPiiiif" for hd in (32, 64, 128) for st in (1, 2)},
                      "attention_flash_merge": "PPPqiiiii"},
@@ -100,11 +99,10 @@ FAMILIES = {
 # prefill_bulk: only with model.bulk_prefill_min_rows; gemv_int4: INT4 weights, which no backend path uses yet),
 # so it should not pay their compile time.
 ON_DEMAND_FAMILIES = frozenset({"vision", "projection_fused", "projection_staged", "decode_persistent",
-                                "attention_mma", "gemm_bulk", "gemm_wgmma", "gemm_tma", "prefill_bulk",
-                                "gemv_int4"})
+                                "attention_mma", "gemm_bulk", "gemm_wgmma", "prefill_bulk", "gemv_int4"})
 # Families built for an architecture's own instruction set (the "a" target, e.g. sm_90a for wgmma), which no
 # other architecture runs: family_arch() says where they can be built.
-ARCH_SPECIFIC_FAMILIES = {"gemm_wgmma": ("sm_90",), "gemm_tma": ("sm_90",)}
+ARCH_SPECIFIC_FAMILIES = {"gemm_wgmma": ("sm_90",)}
 # Families that read or write the KV arena (they include kv_store.cuh; test_kernel_sources.py checks the
 # list): compiled with -DKV_BF16 for a bf16 arena (kv.dtype), so a module serves one arena type.
 KV_FAMILIES = frozenset({"rope", "attention_tiled", "attention_mma", "attention_decode", "kv_slots", "gemv",
@@ -120,7 +118,6 @@ class KernelLaunchError(RuntimeError):
 # Kernels whose dynamic shared memory may exceed the default 48 KB (opted in at load).
 DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", *FAMILIES["attention_decode"], *FAMILIES["gemv"],
                           *FAMILIES["attention_mma"], *FAMILIES["gemm_bulk"], *FAMILIES["gemm_wgmma"],
-                          *FAMILIES["gemm_tma"],
                           *(name for name in FAMILIES["prefill_bulk"] if name.startswith("attention_flash_hd")))
 # attention_mma.cu: the head_dims with an entry point; the query vectors (row x head) one block serves by
 # default (one 16-row mma tile per warp), and at most (the warps loop over the tiles).
