@@ -28,7 +28,7 @@
 #define GW_BK 64
 #define GW_THREADS 256
 
-template <int BN, int PARTS, int STAGES, int WAIT>
+template <int BN, int PARTS, int STAGES, int WAIT>   // BN: 128 (the one wgmma shape wgmma_ops.cuh wraps)
 __device__ __forceinline__ void gemm_wgmma(const uint16_t* __restrict__ x, long long a_part_stride, int lda,
                                            const uint16_t* __restrict__ W, const float* __restrict__ bias,
                                            float* out_f, uint16_t* out_h, long long o_part_stride, int ldo, int M,
@@ -96,8 +96,7 @@ __device__ __forceinline__ void gemm_wgmma(const uint16_t* __restrict__ x, long 
 #pragma unroll
             for (int p = 0; p < PARTS; ++p) {
                 const uint64_t da = wgmma_desc(st + p * A_TILE * 2 + wg * 64 * GW_BK * 2 + ks * 32);
-                if constexpr (BN == 128) wgmma_m64n128k16(acc[0], da, db);
-                else wgmma_m64n256k16(acc[0], da, db);
+                wgmma_m64n128k16(acc[0], da, db);
             }
         }
         wgmma_commit();
@@ -112,8 +111,9 @@ __device__ __forceinline__ void gemm_wgmma(const uint16_t* __restrict__ x, long 
                            out_h, o_part_stride, ldo);
 }
 
-// Entries: 128 x 128 tiles with 4 stages and one batch of products kept in flight, and 128 x 256 tiles with 3
-// stages (the shared memory of a fourth does not fit with 2 parts) and none; one block per SM either way.
+// Entries: 128 x 128 tiles with 4 stages and one batch of products kept in flight, one block per SM. Measured on the
+// H200 against 128 x 256 tiles with 3 stages and none in flight (notes/cuda_notes.md, 2026-12-02 fourth): faster in
+// every forward from 32 to 1024 rows and in the full recompute, so only this one is built.
 #define GEMM_WGMMA_ENTRY(BN, PARTS, STAGES, WAIT)                                                             \
     extern "C" __global__ void __launch_bounds__(GW_THREADS, 1) gemm_wgmma_n##BN##_p##PARTS(                 \
             const uint16_t* x, long long a_part_stride, int lda, const uint16_t* W, const float* bias,         \
@@ -124,5 +124,3 @@ __device__ __forceinline__ void gemm_wgmma(const uint16_t* __restrict__ x, long 
     }
 GEMM_WGMMA_ENTRY(128, 2, 4, 1)
 GEMM_WGMMA_ENTRY(128, 1, 4, 1)
-GEMM_WGMMA_ENTRY(256, 2, 3, 0)
-GEMM_WGMMA_ENTRY(256, 1, 3, 0)

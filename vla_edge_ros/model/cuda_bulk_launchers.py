@@ -22,7 +22,7 @@ GEMM_BULK_THREADS = 256
 GEMM_BULK_BLOCKS_PER_SM = 2
 # The bulk GEMM kernels by name (CudaBackend.bulk_gemm): family, entry prefix, rows x columns per block, K columns per
 # stage, stages, bf16 per shared-memory tile row, extra shared bytes, resident blocks per SM. "mma": gemm_bulk.cu
-# (mma.sync, any sm_80+); "wgmma128" / "wgmma256": gemm_wgmma.cu (sm_90a only), 128 or 256 weight rows per block.
+# (mma.sync, any sm_80+); "wgmma128": gemm_wgmma.cu (sm_90a only), 128 weight rows per block.
 @dataclass(frozen=True)
 class BulkGemm:
     family: str
@@ -43,7 +43,6 @@ BULK_GEMMS = {
     "mma": BulkGemm("gemm_bulk", "gemm_bulk", GEMM_BULK_BM, GEMM_BULK_BN, GEMM_BULK_BK, GEMM_BULK_STAGES,
                     GEMM_BULK_ROW, 0, GEMM_BULK_BLOCKS_PER_SM),
     "wgmma128": BulkGemm("gemm_wgmma", "gemm_wgmma_n128", 128, 128, 64, 4, 64, 1024, 1),
-    "wgmma256": BulkGemm("gemm_wgmma", "gemm_wgmma_n256", 128, 256, 64, 3, 64, 1024, 1),
 }
 # prefill_bulk.cu: query rows per attention block, list entries per K/V tile, its head_dim entries.
 FLASH_ROWS = 16

@@ -86,7 +86,7 @@ FAMILIES = {
     "decode_persistent": {f"decode_layers_v{vpl}_b{blocks}": "PiPPiPiPPPPPPPPPPiiiiiiiiiffq"
                           for vpl in (1, 2) for blocks in (1, 2)},
     "gemm_bulk": {f"gemm_bulk_p{parts}": "PqiPPPPqiiiiiii" for parts in (2, 1)},
-    "gemm_wgmma": {f"gemm_wgmma_n{bn}_p{parts}": "PqiPPPPqiiiiiii" for bn in (128, 256) for parts in (2, 1)},
+    "gemm_wgmma": {f"gemm_wgmma_n128_p{parts}": "PqiPPPPqiiiiiii" for parts in (2, 1)},
     "prefill_bulk": {"rmsnorm_split_rows": "PPPqifPPi", "kv_stage": "PPPPiiiiPPPP",
                      **{f"attention_flash_hd{hd}_s{st}": "PiPPPPiPPPiiiif" for hd in (32, 64, 128) for st in (1, 2)},
                      "attention_flash_merge": "PPPqiiiii"},
