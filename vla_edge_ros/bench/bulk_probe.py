@@ -6,7 +6,7 @@
 Three tables, each measured in one run on one backend (random bf16 weights drawn by HF on the GPU, the robot's
 fp32 KV arena), so every ratio compares like with like:
   gemm     each projection of a layer (q|k|v, o, gate/up, down) at M activation rows through each bulk GEMM
-           kernel (cuda_kernels.BULK_GEMMS: gemm_bulk.cu's mma.sync, gemm_wgmma.cu's wgmma where the device has
+           kernel (cuda_bulk_launchers.BULK_GEMMS: gemm_bulk.cu's mma.sync, gemm_wgmma.cu's wgmma where the device has
            sm_90a): the useful rate 2 M N K / time (graph replays), with the activations as bf16 hi + lo (p2: the
            precision of the cycle's prefill) or bf16 alone (p1: HF's)
   forward  CudaBackend.forward over n rows after `--context` cached slots, host uploads and the final
@@ -106,8 +106,8 @@ def probe(context: int, quick: bool) -> dict:
         x = gpuarray.to_gpu(rng.integers(0x3c00, 0x3f80, size=2 * 4096 * spec.intermediate_size).astype(np.uint16))
         y = gpuarray.zeros((4096, max(spec.hidden_size, spec.q_dim + 2 * spec.kv_dim)), np.float32)
         y_hl = gpuarray.zeros(2 * 4096 * spec.intermediate_size, np.uint16)
-        for plan in {cbl.BULK_GEMMS[k].family for k in gemms}:
-            backend.kernels.load_family(plan)
+        for family in {cbl.BULK_GEMMS[k].family for k in gemms}:
+            backend.kernels.load_family(family)
         variants = [(kernel, parts) for parts in (2, 1) for kernel in gemms]
         for m in GEMM_ROWS[:1] if quick else GEMM_ROWS:
             for name, W, mode in shapes:
