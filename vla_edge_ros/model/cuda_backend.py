@@ -72,12 +72,11 @@ PERSISTENT_L2_PREFETCH_BYTES = 0
 # accumulator in registers; 2: capped at 128 registers, a little spilled). Measured on the H200 (32 rows
 # at 4064 cached): 0.71 ms of prefill attention at 2, 0.82 at 1.
 ATTENTION_MMA_BLOCKS_PER_SM = 2
-# The bulk prefill (model.bulk_prefill_min_rows > 0; gemm_bulk.cu, prefill_bulk.cu): the rows from which a forward
-# takes it and the rows per pass, by default; the
-# activations' parts in its GEMMs (2: bf16 hi + lo, the precision of the cycle's prefill; 1: bf16 as HF, measured
-# 1.33x faster at 1024 rows on the H200 but not the precision the swaps' KV must match); K/V tiles in flight per
-# attention block (1: two blocks per SM; 2 measured 3-7% slower); the attention's partial sums hold this many
-# times bulk_max_rows rows (a short pass splits its list over as many blocks).
+# The bulk prefill (model.bulk_prefill_min_rows > 0; gemm_wgmma.cu or gemm_bulk.cu, prefill_bulk.cu): the rows from
+# which a forward takes it and the rows per pass, by default; the activations' parts in its GEMMs (2: bf16 hi + lo,
+# the precision of the cycle's prefill; 1: bf16 as HF, measured 1.33x faster at 1024 rows on the H200 but not the
+# precision the swaps' KV must match); K/V tiles in flight per attention block (1: two blocks per SM; 2 measured 3-7%
+# slower). (The attention's partial sums: cuda_device_memory.BULK_PARTIAL_ROWS.)
 DEFAULT_BULK_MIN_ROWS = 64      # even with the cycle's kernels there on the H200 (5.5 vs 5.3 ms), ahead from 128
 DEFAULT_BULK_MAX_ROWS = 1024
 BULK_ACTIVATION_PARTS = 2
