@@ -41,12 +41,13 @@ def run(args) -> int:
         return 2
     arch = args.arch or _device_arch()
     builds = sorted({(f, family_options(f, d)) for f in families for d in kv_dtypes})
-    t_all = time.perf_counter()
+    t_all, skipped = time.perf_counter(), 0
     for family, options in builds:
         t = time.perf_counter()
         target = family_arch(family, arch)
         if target is None:                  # an architecture-specific family (wgmma) this device cannot run
             print(f"{family:20s} {' '.join(options) or '-':12s} skipped: not built for {arch}")
+            skipped += 1
             continue
         try:
             family_cubin(family, target, options)
@@ -54,7 +55,8 @@ def run(args) -> int:
             print(f"compile-kernels: {family} {' '.join(options)} failed: {exc}", file=sys.stderr)
             return 1
         print(f"{family:20s} {' '.join(options) or '-':12s} {time.perf_counter() - t:6.2f} s")
-    print(f"{len(builds)} builds for {arch} in {time.perf_counter() - t_all:.1f} s: PyCUDA's cache holds them now")
+    print(f"{len(builds) - skipped} builds for {arch} in {time.perf_counter() - t_all:.1f} s"
+          f"{f' ({skipped} skipped)' if skipped else ''}: PyCUDA's cache holds them now")
     return 0
 
 
