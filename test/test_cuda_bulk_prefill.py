@@ -15,6 +15,7 @@ import pytest
 from kernel_compare import assert_close, peak, rel_norm
 from vla_edge_ros.model import cuda_bulk_launchers as cbl
 from vla_edge_ros.model import kernel_reference as ref
+from vla_edge_ros.model import weight_layouts as layouts
 
 pytestmark = pytest.mark.gpu
 
@@ -97,7 +98,7 @@ def test_gemm_bulk_swiglu_writes_hi_lo(kn, gpu, M, inter, K, kernel):
     rng = np.random.default_rng(inter)
     gate = rng.standard_normal((inter, K)).astype(np.float32) * 0.05
     up = rng.standard_normal((inter, K)).astype(np.float32) * 0.05
-    W = ref.to_bf16_bits(ref.interleave_gate_up(gate, up))
+    W = ref.to_bf16_bits(layouts.interleave_gate_up(gate, up))
     x = rng.standard_normal((M, K)).astype(np.float32)
     hi, lo = _split(x)
     flat = np.concatenate([hi.reshape(-1), lo.reshape(-1)])

@@ -9,6 +9,7 @@ import pytest
 
 from kernel_compare import assert_close, peak
 from vla_edge_ros.model import kernel_reference as ref
+from vla_edge_ros.model import weight_layouts as layouts
 
 pytestmark = pytest.mark.gpu
 
@@ -63,7 +64,7 @@ def test_gemv_modes_match_reference(kn, gpu, rows, k, norm):
     if rows % 16 == 0:
         inter = rows // 2 - 3                                   # ragged: the last tile has padding rows
         wf = ref.from_bf16_bits(w)
-        w_gu = ref.to_bf16_bits(ref.interleave_gate_up(wf[:inter], wf[rows // 2: rows // 2 + inter]))
+        w_gu = ref.to_bf16_bits(layouts.interleave_gate_up(wf[:inter], wf[rows // 2: rows // 2 + inter]))
         act = _nan(ga, (1, inter))
         kn.gemv(ga.to_gpu(w_gu), x_dev, act, MODE_SWIGLU, stream, norm_w=nw_dev, eps=eps, out_cols=inter, x_row0=1)
         stream.synchronize()
@@ -81,13 +82,13 @@ def test_gemv_qkv_rope_writes_q_and_kv_slots(kn, gpu, hq, kvh, hd, norm):
     hidden, cap, row_offset = 96 if hd == 24 else 256, 64, 3
     qkv_rows = (hq + 2 * kvh) * hd
     w_nat = ref.from_bf16_bits(ref.to_bf16_bits((rng.standard_normal((qkv_rows, hidden)) / 16).astype(np.float32)))
-    w_dev = ref.to_bf16_bits(ref.permute_rows(w_nat, ref.qkv_rope_row_order(hq, kvh, hd)))
+    w_dev = ref.to_bf16_bits(layouts.permute_rows(w_nat, layouts.qkv_rope_row_order(hq, kvh, hd)))
     bias = rng.standard_normal(qkv_rows).astype(np.float32)
     x = (rng.standard_normal((1, hidden)) * 2).astype(np.float32)
     norm_w = rng.standard_normal(hidden).astype(np.float32) if norm else None
     pos = rng.integers(0, 30000, size=row_offset + 1).astype(np.int32)
     slots = rng.permutation(cap)[:row_offset + 1].astype(np.int32)
-    inv = ref.rope_inv_freq(1e6, hd)
+    inv = layouts.rope_inv_freq(1e6, hd)
     ctl = np.array([row_offset, 0, 0, -1], np.int32)
     k0 = np.full((kvh, cap, hd), 7.0, np.float32)
     k_d, v_d = ga.to_gpu(k0), ga.to_gpu(k0.copy())

@@ -24,6 +24,7 @@ import pytest
 from gpu_cases import attention_case, kv_round_trip
 from kernel_compare import assert_close, peak
 from vla_edge_ros.model import kernel_reference as ref
+from vla_edge_ros.model import weight_layouts as layouts
 
 pytestmark = pytest.mark.gpu
 
@@ -126,7 +127,7 @@ def test_projection_modes_match_reference(kn, gpu, wdtype, rows, k, n):
     if rows % 16 == 0:
         inter = rows // 2 - 3                                   # ragged: last tile half padding
         gate, up = w[:inter], w[rows // 2: rows // 2 + inter]
-        w_gu = ref.interleave_gate_up(gate, up)
+        w_gu = layouts.interleave_gate_up(gate, up)
         w_gu_dev = ref.to_bf16_bits(w_gu) if wdtype == "bf16" else w_gu
         act = _nan(ga, (n, inter))
         kn.projection(ga.to_gpu(w_gu_dev), ga.to_gpu(x), act, n, MODE_SWIGLU, stream, out_cols=inter)
@@ -157,7 +158,7 @@ def test_rope_store_at_absolute_positions(kn, gpu, hq, kvh, hd):
     qkv = rng.standard_normal((n, (hq + 2 * kvh) * hd)).astype(np.float32)
     pos = rng.integers(0, 30000, size=row_offset + n).astype(np.int32)
     slots = rng.permutation(cap)[:row_offset + n].astype(np.int32)
-    inv = ref.rope_inv_freq(1e6, hd)
+    inv = layouts.rope_inv_freq(1e6, hd)
     k0 = np.full((kvh, cap, hd), 7.0, np.float32)
     qkv_d, k_d, v_d = ga.to_gpu(qkv), ga.to_gpu(k0), ga.to_gpu(k0.copy())
     ctl = _ctl(row_offset, 0)
@@ -211,7 +212,7 @@ def test_projection_fused_modes_match_reference(kn, gpu, rows, k, n, norm):
     if rows % 16 == 0:
         inter = rows // 2 - 3                                   # ragged: last tile half padding
         wf = ref.from_bf16_bits(w)
-        w_gu = ref.to_bf16_bits(ref.interleave_gate_up(wf[:inter], wf[rows // 2: rows // 2 + inter]))
+        w_gu = ref.to_bf16_bits(layouts.interleave_gate_up(wf[:inter], wf[rows // 2: rows // 2 + inter]))
         act = _nan(ga, (n, inter))
         kn.projection_fused(ga.to_gpu(w_gu), ga.to_gpu(x), act, n, MODE_SWIGLU, stream, norm_w=nw_dev, eps=eps,
                             out_cols=inter)
@@ -230,13 +231,13 @@ def test_projection_fused_qkv_rope_writes_q_and_kv_slots(kn, gpu, hq, kvh, hd, n
     hidden, cap, row_offset = 96 if hd == 24 else 256, 64, 3
     qkv_rows = (hq + 2 * kvh) * hd
     w_nat = ref.from_bf16_bits(ref.to_bf16_bits((rng.standard_normal((qkv_rows, hidden)) / 16).astype(np.float32)))
-    w_dev = ref.to_bf16_bits(ref.permute_rows(w_nat, ref.qkv_rope_row_order(hq, kvh, hd)))
+    w_dev = ref.to_bf16_bits(layouts.permute_rows(w_nat, layouts.qkv_rope_row_order(hq, kvh, hd)))
     bias = rng.standard_normal(qkv_rows).astype(np.float32)
     x = (rng.standard_normal((n, hidden)) * 2).astype(np.float32)
     norm_w = rng.standard_normal(hidden).astype(np.float32) if norm else None
     pos = rng.integers(0, 30000, size=row_offset + n).astype(np.int32)
     slots = rng.permutation(cap)[:row_offset + n].astype(np.int32)
-    inv = ref.rope_inv_freq(1e6, hd)
+    inv = layouts.rope_inv_freq(1e6, hd)
     ctl = _ctl(row_offset, 0)
     k0 = np.full((kvh, cap, hd), 7.0, np.float32)
     k_d, v_d = ga.to_gpu(k0), ga.to_gpu(k0.copy())

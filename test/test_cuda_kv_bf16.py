@@ -12,6 +12,7 @@ import pytest
 from gpu_cases import attention_inputs, kv_round_trip
 from kernel_compare import assert_close, peak, rel_norm
 from vla_edge_ros.model import kernel_reference as ref
+from vla_edge_ros.model import weight_layouts as layouts
 from vla_edge_ros.model.weights import float32_to_bf16_bits, round_to_bf16
 
 pytestmark = pytest.mark.gpu
@@ -84,7 +85,7 @@ def test_rope_store_rounds_k_and_v_to_nearest_even(kn, kn16, gpu, hq, kvh, hd):
     qkv = rng.standard_normal((n, (hq + 2 * kvh) * hd)).astype(np.float32)
     pos = ga.to_gpu(rng.integers(0, 30000, size=row_offset + n).astype(np.int32))
     slots = ga.to_gpu(rng.permutation(cap)[:row_offset + n].astype(np.int32))
-    inv = ga.to_gpu(ref.rope_inv_freq(1e6, hd))
+    inv = ga.to_gpu(layouts.rope_inv_freq(1e6, hd))
     ctl = ga.to_gpu(np.array([row_offset, 0, 0, -1], np.int32))
     arenas = {}
     for kernels, dtype in ((kn, np.float32), (kn16, np.uint16)):

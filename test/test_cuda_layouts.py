@@ -1,14 +1,14 @@
 """Host-side weight layouts of the CUDA kernels, checked on the CPU (no device needed).
 
 The QKV_ROPE epilogue of cuda/projection_fused.cu finds the natural q|k|v column of each tile row
-by arithmetic; kernel_reference.qkv_rope_row_order builds the weight in that order. Here the
+by arithmetic; weight_layouts.qkv_rope_row_order builds the weight in that order. Here the
 epilogue's index arithmetic, transcribed, must agree with the order for every tile row, and the
 reordered projection followed by that mapping must equal HF-layout RoPE.
 """
 import numpy as np
 import pytest
 
-from vla_edge_ros.model import kernel_reference as ref
+from vla_edge_ros.model import weight_layouts as layouts
 
 
 def _epilogue_targets(n_q_heads, n_kv_heads, head_dim, n_tiles):
@@ -37,7 +37,7 @@ def _epilogue_targets(n_q_heads, n_kv_heads, head_dim, n_tiles):
 
 @pytest.mark.parametrize("hq,kvh,hd", [(12, 2, 128), (4, 1, 24), (4, 2, 32), (14, 2, 64), (3, 3, 6)])
 def test_qkv_rope_order_matches_epilogue_arithmetic(hq, kvh, hd):
-    order = ref.qkv_rope_row_order(hq, kvh, hd)
+    order = layouts.qkv_rope_row_order(hq, kvh, hd)
     assert len(order) % 16 == 0
     np.testing.assert_array_equal(order, _epilogue_targets(hq, kvh, hd, len(order) // 16))
     kept = np.sort(order[order >= 0])
@@ -49,8 +49,8 @@ def test_reordered_projection_then_rope_equals_natural():
     rng = np.random.default_rng(0)
     w = rng.standard_normal(((hq + 2 * kvh) * hd, hidden)).astype(np.float32)
     x = rng.standard_normal((3, hidden)).astype(np.float32)
-    order = ref.qkv_rope_row_order(hq, kvh, hd)
-    dev = x.astype(np.float64) @ ref.permute_rows(w, order).T.astype(np.float64)   # [3, device rows]
+    order = layouts.qkv_rope_row_order(hq, kvh, hd)
+    dev = x.astype(np.float64) @ layouts.permute_rows(w, order).T.astype(np.float64)   # [3, device rows]
     natural = np.zeros((3, w.shape[0]))
     cols = _epilogue_targets(hq, kvh, hd, len(order) // 16)
     natural[:, cols[cols >= 0]] = dev[:, cols >= 0]

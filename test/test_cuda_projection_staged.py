@@ -13,6 +13,7 @@ import pytest
 from gpu_cases import one_cycle
 from kernel_compare import assert_close, peak
 from vla_edge_ros.model import kernel_reference as ref
+from vla_edge_ros.model import weight_layouts as layouts
 
 pytestmark = pytest.mark.gpu
 
@@ -56,7 +57,7 @@ def test_projection_staged_matches_the_unstaged_kernel_and_the_reference(kn, gpu
     if rows % 16 == 0:
         inter = rows // 2 - 3                                   # ragged: the last tile has padding rows
         wf = ref.from_bf16_bits(w)
-        w_gu = ga.to_gpu(ref.to_bf16_bits(ref.interleave_gate_up(wf[:inter], wf[rows // 2: rows // 2 + inter])))
+        w_gu = ga.to_gpu(ref.to_bf16_bits(layouts.interleave_gate_up(wf[:inter], wf[rows // 2: rows // 2 + inter])))
         a_staged, a_unstaged = _nan(ga, (n, inter)), _nan(ga, (n, inter))
         kn.projection_staged(w_gu, x_dev, a_staged, n, MODE_SWIGLU, stream, out_cols=inter)
         kn.projection(w_gu, x_dev, a_unstaged, n, MODE_SWIGLU, stream, out_cols=inter)

@@ -33,7 +33,7 @@ notes/cuda_notes.md, issue 10, run 7).
 Device layouts:
     k_cache, v_cache   [layers, kv_heads, capacity, head_dim] float32, or uint16 bf16 bits (kv_dtype)
     qkv weight         [q_dim + 2 kv_dim, hidden]  (q, k, v rows stacked; HF [out, in])
-    qkv_rope weight    the same rows in kernel_reference.qkv_rope_row_order (bf16 decode pipeline)
+    qkv_rope weight    the same rows in weight_layouts.qkv_rope_row_order (bf16 decode pipeline)
     gate/up weight     [2 ceil8(inter), hidden]    interleaved in blocks of 8 (MODE_SWIGLU)
     tables             positions / write slots per cycle row, attend list = context + cycle rows
 """

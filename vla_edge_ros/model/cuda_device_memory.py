@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import cuda_kernels as ck
-from .kernel_reference import interleave_gate_up, permute_rows, qkv_rope_row_order, rope_inv_freq
+from .weight_layouts import interleave_gate_up, permute_rows, qkv_rope_row_order, rope_inv_freq
 from .weights import BIAS_FIELDS, GLOBAL_TENSOR_NAMES, LAYER_TENSOR_NAMES, round_to_bf16
 
 MAX_CYCLE_TOKENS = 256          # action tokens one cycle may emit

@@ -291,7 +291,7 @@ class RopeTarget:
     capacity: int
 
     def weight_rows(self) -> int:
-        """Rows of the reordered q|k|v weight (kernel_reference.qkv_rope_row_order)."""
+        """Rows of the reordered q|k|v weight (weight_layouts.qkv_rope_row_order)."""
         pairs = (self.n_q_heads + self.n_kv_heads) * (self.head_dim // 2)
         return 16 * (ceil_div(pairs, 8) + ceil_div(self.n_kv_heads * self.head_dim, 16))
 

@@ -3,9 +3,10 @@
 Each function mirrors its kernel's signature and layout (see the .cu header
 comments) and is written for clarity, computing in float64 where the kernel
 accumulates in fp32, so tests compare kernels against these with
-`atol + |ref| * rtol`. Also the host-side weight layouts the kernels expect
-(bf16 bits, interleaved gate/up) and the RoPE frequencies exactly as HF
-computes them.
+`atol + |ref| * rtol`. Also bf16 bits to and from float32 as the device stores
+weights; the weight layouts the kernels expect (interleaved gate/up, the
+q|k|v rows of the decode pipeline) and the RoPE frequencies are the backend's
+own (weight_layouts.py).
 """
 from __future__ import annotations
 
@@ -29,57 +30,6 @@ def to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 def from_bf16_bits(bits: np.ndarray) -> np.ndarray:
     return bf16_bits_to_float32(bits).reshape(np.shape(bits))
-
-
-def interleave_gate_up(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """gate, up [I, H] -> [2*ceil8(I), H]: tile t holds gate rows 8t..8t+7 then up rows 8t..8t+7
-    (zero rows pad I to a multiple of 8), the layout of MODE_SWIGLU."""
-    inter, hidden = gate.shape
-    if up.shape != gate.shape:
-        raise ValueError(f"interleave_gate_up: gate {gate.shape} and up {up.shape} differ")
-    i8 = -(-inter // 8) * 8
-    g = np.zeros((i8, hidden), gate.dtype)
-    u = np.zeros((i8, hidden), up.dtype)
-    g[:inter], u[:inter] = gate, up
-    tiles = np.stack([g.reshape(i8 // 8, 8, hidden), u.reshape(i8 // 8, 8, hidden)], axis=1)   # [T, 2, 8, H]
-    return np.ascontiguousarray(tiles.reshape(2 * i8, hidden))
-
-
-def qkv_rope_row_order(n_q_heads: int, n_kv_heads: int, head_dim: int) -> np.ndarray:
-    """Device row -> natural q|k|v row (-1: zero padding) of the QKV_ROPE weight layout.
-
-    Pair tiles first: pair p = (head h, j < hd/2), h over the q heads then the k heads, sits in
-    tile p // 8 at rows g = p % 8 (natural row h*hd + j) and g + 8 (natural row h*hd + j + hd/2),
-    so one lane of projection_fused.cu holds both halves RoPE rotates together. Then the v rows in
-    natural order, starting at a fresh tile; both parts padded to whole 16-row tiles."""
-    half = head_dim // 2
-    n_pairs = (n_q_heads + n_kv_heads) * half
-    pair_tiles = -(-n_pairs // 8)
-    kv_dim = n_kv_heads * head_dim
-    v_tiles = -(-kv_dim // 16)
-    order = np.full(16 * (pair_tiles + v_tiles), -1, np.int64)
-    p = np.arange(n_pairs)
-    h, j = p // half, p % half
-    dev_a = 16 * (p // 8) + p % 8
-    order[dev_a] = h * head_dim + j
-    order[dev_a + 8] = h * head_dim + j + half
-    v0 = (n_q_heads + n_kv_heads) * head_dim
-    order[16 * pair_tiles + np.arange(kv_dim)] = v0 + np.arange(kv_dim)
-    return order
-
-
-def permute_rows(w: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """w [R, K] -> [len(order), K]: row i = w[order[i]], zeros where order[i] == -1."""
-    out = np.zeros((len(order), w.shape[1]), w.dtype)
-    keep = order >= 0
-    out[keep] = w[order[keep]]
-    return out
-
-
-def rope_inv_freq(theta: float, head_dim: int) -> np.ndarray:
-    """[head_dim/2] float32: 1 / theta^(2j/hd), rounded as HF computes it (float32 exponent)."""
-    exponents = (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim))
-    return (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------
