@@ -39,6 +39,7 @@ __device__ __forceinline__ void gemm_wgmma(const uint16_t* __restrict__ x, long 
     constexpr int STAGE = PARTS * A_TILE + B_TILE;             // bf16 per stage (a multiple of 512: 1 KB)
     constexpr int AHEAD = STAGES - 1 - WAIT;
     static_assert(AHEAD >= 1, "at least one stage must load while one is multiplied");
+    static_assert(BN == 128, "the products below are wgmma_m64n128k16: 128 weight rows per block");
     extern __shared__ uint4 smem_wgmma[];
     const uint32_t raw = shared_address(smem_wgmma);
     const uint32_t base = (raw + 1023u) & ~1023u;              // the swizzle is a function of address bits

@@ -60,6 +60,7 @@ def test_bulk_gemm_plans_match_their_kernels():
     assert (cbl.GEMM_BULK_BM, cbl.GEMM_BULK_BN, cbl.GEMM_BULK_BK, cbl.GEMM_BULK_STAGES, cbl.GEMM_BULK_ROW,
             cbl.GEMM_BULK_THREADS) == tuple(bulk[k] for k in ("GB_BM", "GB_BN", "GB_BK", "GB_STAGES", "GB_ROW",
                                                               "GB_THREADS"))
+    assert cbl.BULK_GEMMS["mma"].k_multiple == bulk["GB_BK"]       # gemm_bulk.cu has no K tail
     source = (CUDA / "gemm_wgmma.cu").read_text()
     wg = kc.parse_defines(source)
     entries = {(int(bn), int(parts)): int(stages) for bn, parts, stages in

@@ -21,7 +21,8 @@ GEMM_BULK_ROW = 40
 GEMM_BULK_THREADS = 256
 GEMM_BULK_BLOCKS_PER_SM = 2
 # The bulk GEMM kernels by name (CudaBackend.bulk_gemm): family, entry prefix, rows x columns per block, K columns per
-# stage, stages, bf16 per shared-memory tile row, extra shared bytes, resident blocks per SM. "mma": gemm_bulk.cu
+# stage, stages, bf16 per shared-memory tile row, extra shared bytes, resident blocks per SM, what K must be a
+# multiple of (gemm_bulk.cu needs whole stages; gemm_wgmma.cu zero-fills a tail, 16-byte chunks). "mma": gemm_bulk.cu
 # (mma.sync, any sm_80+); "wgmma128": gemm_wgmma.cu (sm_90a only), 128 weight rows per block.
 @dataclass(frozen=True)
 class BulkGemm:
@@ -34,6 +35,7 @@ class BulkGemm:
     row: int
     extra_shared: int         # bytes beyond the stages (gemm_wgmma.cu aligns its tiles to 1 KB)
     blocks_per_sm: int
+    k_multiple: int
 
     def shared_bytes(self, parts: int) -> int:
         return self.stages * (parts * self.bm + self.bn) * self.row * 2 + self.extra_shared
@@ -41,8 +43,8 @@ class BulkGemm:
 
 BULK_GEMMS = {
     "mma": BulkGemm("gemm_bulk", "gemm_bulk", GEMM_BULK_BM, GEMM_BULK_BN, GEMM_BULK_BK, GEMM_BULK_STAGES,
-                    GEMM_BULK_ROW, 0, GEMM_BULK_BLOCKS_PER_SM),
-    "wgmma128": BulkGemm("gemm_wgmma", "gemm_wgmma_n128", 128, 128, 64, 4, 64, 1024, 1),
+                    GEMM_BULK_ROW, 0, GEMM_BULK_BLOCKS_PER_SM, GEMM_BULK_BK),
+    "wgmma128": BulkGemm("gemm_wgmma", "gemm_wgmma_n128", 128, 128, 64, 4, 64, 1024, 1, 8),
 }
 # prefill_bulk.cu: query rows per attention block, list entries per K/V tile, its head_dim entries.
 FLASH_ROWS = 16
@@ -70,8 +72,7 @@ class BulkPrefillLaunchers:
         _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU), f"gemm_bulk: unknown mode {mode}")
         _check(parts in (1, 2), f"gemm_bulk: parts {parts} not 1 or 2")
         N, K = W.shape
-        k_multiple = plan.bk if kernel == "mma" else 8          # the Hopper kernels zero-fill a K tail
-        _check(K % k_multiple == 0, f"gemm_bulk {kernel}: K {K} not a multiple of {k_multiple}")
+        _check(K % plan.k_multiple == 0, f"gemm_bulk {kernel}: K {K} not a multiple of {plan.k_multiple}")
         _check(M >= 1 and part_stride % 8 == 0 and (parts == 1 or part_stride >= M * K),
                f"gemm_bulk x: part stride {part_stride} must be a multiple of 8 and hold {M} x {K}")
         _check(x.size >= (parts - 1) * part_stride + M * K, f"gemm_bulk x: {x.size} elements < {M} rows x {K}")
