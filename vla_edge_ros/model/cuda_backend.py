@@ -82,7 +82,7 @@ DEFAULT_BULK_MAX_ROWS = 1024
 BULK_ACTIVATION_PARTS = 2
 # Its GEMM kernel (cuda_bulk_launchers.BULK_GEMMS): gemm_wgmma.cu's 128 x 128 tiles on a device with sm_90a,
 # measured on the H200 (bench/bulk_probe.py, notes/cuda_notes.md 2026-12-02 fourth): the fastest forward at every
-# row count from 32 to 1024 (1.25x gemm_bulk.cu's mma.sync at 1024 rows, 1.21x at 128) and the fastest recompute;
+# row count from 32 to 1024 (1.25x gemm_bulk.cu's mma.sync at 1024 rows, 1.27x at 128) and the fastest recompute;
 # elsewhere "mma".
 BULK_GEMM = "wgmma128"
 BULK_ATTENTION_STAGES = 1
