@@ -3,8 +3,9 @@
 // list are combined with a numerically safe softmax.
 //
 // Query row i (table index t = ctl[CTL_ROW_OFFSET] + i) attends to attend_list[0, len_i) with
-// len_i = ctl[CTL_CTX_LEN] + t + 1; split s holds the entries [s*ATTN_CHUNK, (s+1)*ATTN_CHUNK) ∩
-// [0, len_i) as m_s = max score, l_s = sum exp(score - m_s), o_s[:] = sum exp(score - m_s) v[:].
+// len_i = ctl[CTL_CTX_LEN] + t + 1; split s holds the entries [s*S, (s+1)*S) ∩ [0, len_i), S =
+// split_span(ctl, n_rows, n_splits) (common.cuh; ATTN_CHUNK when the splits cover the arena), as
+// m_s = max score, l_s = sum exp(score - m_s), o_s[:] = sum exp(score - m_s) v[:].
 // attention_merge: M = max_s m_s;  out[i, h, :] = sum_s e^(m_s - M) o_s[:] / sum_s e^(m_s - M) l_s
 //
 // Layouts:   part_o  [n_rows, Hq, n_splits, hd] float32; part_ml [n_rows, Hq, n_splits, 2] float32
@@ -25,7 +26,7 @@
         griddep_wait();                   /* the partial sums come from the kernel before */                   \
         griddep_launch_dependents();                                                                           \
         merge_body<PRE>(part_o, part_ml, ctl, out, out_stride, n_q_heads, head_dim, n_splits, blockIdx.x,     \
-                        blockIdx.y);                                                                           \
+                        blockIdx.y, gridDim.y);                                                                \
     }
 
 MERGE_ENTRY(attention_merge, 0)

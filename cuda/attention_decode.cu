@@ -5,7 +5,9 @@
 // Same contract as attention_tiled.cu: query row i (table index t = ctl[CTL_ROW_OFFSET] + i) attends
 // to attend_list[0, len_i), len_i = ctl[CTL_CTX_LEN] + t + 1; query head h uses KV head h / group.
 //
-// attention_decode_partial: split s covers list entries [s*ATTN_CHUNK, (s+1)*ATTN_CHUNK) ∩ [0, len_i):
+// attention_decode_partial: split s covers list entries [s*S, (s+1)*S) ∩ [0, len_i), S = split_span(ctl,
+//            n_rows, n_splits) (common.cuh: whole ATTN_CHUNKs, one when the splits cover the arena, more
+//            when the host launches fewer, as it does at long context), its chunks one after another:
 //            m = max_j score_j,  l = sum_j exp(score_j - m),  o[:] = sum_j exp(score_j - m) v_j[:]
 //            score_j = (q . k_j) * scale. Splits past len_i write nothing; attention.cu's
 //            attention_merge combines the splits (the same layout as attention_tiled.cu's).
@@ -30,7 +32,7 @@
 //            for hd <= 128, _v2 for hd <= 256 (float4s per lane); dynamic shared memory
 //            DEC_WARPS * group * (8 + 4 hd) bytes.
 // Preconditions: group <= ATTN_MAX_GROUP, hd % 4 == 0, hd <= 256,
-//            n_splits * ATTN_CHUNK >= the longest len_i (checked on the host).
+//            n_splits <= MERGE_MAX_SPLITS (checked on the host).
 // Programmatic dependent launch: waits (griddep_wait) before reading anything an earlier kernel
 // wrote, so it may be launched with the programmatic-serialization attribute.
 #include "attention_decode.cuh"
@@ -46,7 +48,7 @@
         griddep_launch_dependents();                                                                           \
         decode_partial_body<VPL, HS>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl, part_o, part_ml,     \
                                      n_q_heads, n_kv_heads, head_dim, capacity, n_splits, scale,               \
-                                     blockIdx.x, blockIdx.y, blockIdx.z);                                      \
+                                     blockIdx.x, blockIdx.y, blockIdx.z, gridDim.z);                           \
     }
 
 DECODE_PARTIAL_ENTRY(1, 1, )

@@ -67,7 +67,7 @@ template <int VPL, int HEAD_SPLIT>
 __device__ void decode_partial_body(const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache,
                                     const int* attend_list, const int* ctl, float* part_o, float* part_ml,
                                     int n_q_heads, int n_kv_heads, int head_dim, int capacity, int n_splits,
-                                    float scale, int split, int kvh, int i) {
+                                    float scale, int split, int kvh, int i, int n_rows) {
     // Slots per warp pass: VPL 2 holds twice the registers per slot, so half as many at a time.
     constexpr int BATCH = DEC_SLOTS_PER_WARP / VPL;
     constexpr int LANES_PER_SLOT = 32 / BATCH;                  // warp_sum_spread leaves slot u in these lanes
@@ -76,8 +76,10 @@ __device__ void decode_partial_body(const float* qkv, int qkv_stride, const kv_t
 
     const int group = n_q_heads / n_kv_heads;
     const int len = list_length(ctl, i);
-    const int j0 = split * ATTN_CHUNK;
+    const int span = split_span(ctl, n_rows, n_splits);         // whole chunks, >= ATTN_CHUNK
+    const int j0 = split * span;
     if (j0 >= len) return;                                      // block-uniform
+    const int j_end = min(len, j0 + span);
     const int lane = threadIdx.x & 31;
     const int warp = (threadIdx.x >> 5) % DEC_WARPS;            // slot group, range [0, DEC_WARPS)
     const int part = (threadIdx.x >> 5) / DEC_WARPS;            // head share, range [0, HEAD_SPLIT)
@@ -118,51 +120,55 @@ __device__ void decode_partial_body(const float* qkv, int qkv_stride, const kv_t
 
     const kv_t* k_head = k_cache + (size_t)kvh * capacity * head_dim;
     const kv_t* v_head = v_cache + (size_t)kvh * capacity * head_dim;
-    const int w0 = j0 + warp * DEC_SLOTS_PER_WARP;              // first list entry of this slot group
-    for (int b0 = w0; b0 < min(len, w0 + DEC_SLOTS_PER_WARP); b0 += BATCH) {
-        const int n_b = min(BATCH, len - b0);                   // warp-uniform, range [1, BATCH]
-        const int my_slot = lane < n_b ? attend_list[b0 + lane] : 0;
-        float4 kf[BATCH][VPL], vf[BATCH][VPL];
+    // The split's chunks in turn; in each, warp w takes the 8-slot group w. The softmax state carries over.
+    for (int c0 = j0; c0 < j_end; c0 += ATTN_CHUNK) {
+        const int w0 = c0 + warp * DEC_SLOTS_PER_WARP;          // first list entry of this slot group
+        for (int b0 = w0; b0 < min(j_end, w0 + DEC_SLOTS_PER_WARP); b0 += BATCH) {
+            const int n_b = min(BATCH, j_end - b0);             // warp-uniform, range [1, BATCH]
+            const int my_slot = lane < n_b ? attend_list[b0 + lane] : 0;
+            float4 kf[BATCH][VPL], vf[BATCH][VPL];
 #pragma unroll
-        for (int u = 0; u < BATCH; ++u) {                       // every K and V load of the pass in flight
-            const int slot = __shfl_sync(0xffffffffu, my_slot, u);
+            for (int u = 0; u < BATCH; ++u) {                   // every K and V load of the pass in flight
+                const int slot = __shfl_sync(0xffffffffu, my_slot, u);
 #pragma unroll
-            for (int v = 0; v < VPL; ++v) {
-                const int c = lane + 32 * v;
-                const bool ok = u < n_b && c < vec;
-                const size_t off = (size_t)slot * head_dim + 4 * c;
-                kf[u][v] = ok ? load_kv4(k_head + off) : make_float4(0.f, 0.f, 0.f, 0.f);
-                vf[u][v] = ok ? load_kv4(v_head + off) : make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int v = 0; v < VPL; ++v) {
+                    const int c = lane + 32 * v;
+                    const bool ok = u < n_b && c < vec;
+                    const size_t off = (size_t)slot * head_dim + 4 * c;
+                    kf[u][v] = ok ? load_kv4(k_head + off) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    vf[u][v] = ok ? load_kv4(v_head + off) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
             }
-        }
 #pragma unroll
-        for (int j = 0; j < HEADS; ++j) {
-            if (part + HEAD_SPLIT * j >= group) break;          // warp-uniform: skipped, not predicated
-            float d[BATCH];
+            for (int j = 0; j < HEADS; ++j) {
+                if (part + HEAD_SPLIT * j >= group) break;      // warp-uniform: skipped, not predicated
+                float d[BATCH];
 #pragma unroll
-            for (int u = 0; u < BATCH; ++u) {
-                d[u] = 0.f;
+                for (int u = 0; u < BATCH; ++u) {
+                    d[u] = 0.f;
 #pragma unroll
-                for (int v = 0; v < VPL; ++v) d[u] += dot4(q[j][v], kf[u][v]);
+                    for (int v = 0; v < VPL; ++v) d[u] += dot4(q[j][v], kf[u][v]);
+                }
+                float sc = warp_sum_spread(d);                  // slot my_u's score, log2 units
+                sc = my_u < n_b ? sc : -INFINITY;
+                float mx = sc;
+#pragma unroll
+                for (int off = LANES_PER_SLOT; off < 32; off <<= 1)
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+                mx = fmaxf(mx, m[j]);                           // finite: entry b0 is in the pass
+                const float corr = fast_exp2(m[j] - mx);        // 0 on the first pass (m = -inf)
+                const float p = fast_exp2(sc - mx);             // 0 for positions past n_b
+                l[j] = l[j] * corr + p;
+#pragma unroll
+                for (int v = 0; v < VPL; ++v) scale4(acc[j][v], corr);
+#pragma unroll
+                for (int u = 0; u < BATCH; ++u) {
+                    const float pu = __shfl_sync(0xffffffffu, p, u * LANES_PER_SLOT);
+#pragma unroll
+                    for (int v = 0; v < VPL; ++v) axpy4(acc[j][v], pu, vf[u][v]);
+                }
+                m[j] = mx;
             }
-            float sc = warp_sum_spread(d);                      // slot my_u's score, log2 units
-            sc = my_u < n_b ? sc : -INFINITY;
-            float mx = sc;
-#pragma unroll
-            for (int off = LANES_PER_SLOT; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-            mx = fmaxf(mx, m[j]);                               // finite: entry b0 is in the pass
-            const float corr = fast_exp2(m[j] - mx);            // 0 on the first pass (m = -inf)
-            const float p = fast_exp2(sc - mx);                 // 0 for positions past n_b
-            l[j] = l[j] * corr + p;
-#pragma unroll
-            for (int v = 0; v < VPL; ++v) scale4(acc[j][v], corr);
-#pragma unroll
-            for (int u = 0; u < BATCH; ++u) {
-                const float pu = __shfl_sync(0xffffffffu, p, u * LANES_PER_SLOT);
-#pragma unroll
-                for (int v = 0; v < VPL; ++v) axpy4(acc[j][v], pu, vf[u][v]);
-            }
-            m[j] = mx;
         }
     }
 

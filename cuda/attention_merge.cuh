@@ -24,13 +24,14 @@
 
 template <int PRE>
 __device__ void merge_body(const float* part_o, const float* part_ml, const int* ctl, float* out, int out_stride,
-                           int n_q_heads, int head_dim, int n_splits, int h, int i) {
+                           int n_q_heads, int head_dim, int n_splits, int h, int i, int n_rows) {
     __shared__ float wgt[MERGE_MAX_SPLITS];
     __shared__ float scratch[32];
     __shared__ float4 sums[MERGE_WARPS][ATTN_MAX_HEAD_DIM / 4];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int len = list_length(ctl, i);
-    const int active = min(n_splits, (len + ATTN_CHUNK - 1) / ATTN_CHUNK);
+    const int span = split_span(ctl, n_rows, n_splits);
+    const int active = min(n_splits, (len + span - 1) / span);
     const int vec = head_dim >> 2;
     const float4* po = reinterpret_cast<const float4*>(part_o + ((size_t)i * n_q_heads + h) * n_splits * head_dim);
     float4 pre[PRE > 0 ? PRE : 1];                              // this lane's float4 of splits warp + 8 k

@@ -22,19 +22,23 @@
 //
 // Per split s, query vector (row i, head h), as attention_tiled.cu:
 //            m = max_j score_j,  l = sum_j exp(score_j - m),  o[:] = sum_j exp(score_j - m) v_j[:]
-//            over list entries j in [s*ATTN_CHUNK, (s+1)*ATTN_CHUNK) ∩ [0, len_i), score_j = (q.k_j) * scale.
+//            over list entries j in [s*S, (s+1)*S) ∩ [0, len_i), score_j = (q.k_j) * scale, S = split_span(ctl,
+//            n_rows, n_splits) (common.cuh): one ATTN_CHUNK when the splits cover the arena, several (walked
+//            one after another with a running softmax) when the host launches fewer splits, as it does at
+//            long context, where the partial sums of 64-entry splits outweigh the K/V they summarise.
 //            Splits a row cannot see write nothing (attention.cu's merge skips them).
 //
 // Layouts:   as attention_tiled.cu (qkv rows, one layer's k/v arena [KVH, capacity, hd] kv_t, attend_list,
 //            part_o [n_rows, Hq, n_splits, hd], part_ml [n_rows, Hq, n_splits, 2]).
-// Launch:    grid (n_splits, KVH, ceil_div(n_rows, R)), block AM_THREADS (8 warps), dynamic shared memory
+// Launch:    grid (ceil_div(n_rows, R), n_splits, KVH), block AM_THREADS (8 warps), dynamic shared memory
 //            2 * AM_KV_PARTS * (CHUNK * (hd + 8) + hd * (CHUNK + 8)) bytes; R = rows_per_block, R * group <= 256
 //            (cuda_kernels.ATTN_MMA_MAX_QV).
 //            Entry points attention_partial_mma_hd<hd>_b<blocks per SM> (below): head_dim is a template
 //            parameter, as it sizes the per-warp accumulators.
-// Block:     one chunk x one KV head x R query rows: its query vectors qv = rr * group + g form tiles
-//            of 16 (the mma's M); warp w takes tiles w, w + 8, ... The chunk's K (slot-major) and V
-//            (transposed, dimension-major) are gathered once into shared memory as bf16 hi/lo.
+// Block:     one split x one KV head x R query rows: its query vectors qv = rr * group + g form tiles
+//            of 16 (the mma's M); warp w takes tiles w, w + 8, ... Each chunk's K (slot-major) and V
+//            (transposed, dimension-major) are gathered into shared memory as bf16 hi/lo. The row blocks
+//            of one split are neighbours in the grid, so the second gathers its chunks from L2.
 //            Per tile: S[16 x 64] = Q K^T (8 n-tiles of 8 slots, hd/16 k-steps); the softmax
 //            statistics of each row from its quad's registers; then O[16 x hd] = P V with P taken
 //            straight from S's accumulator registers (an m16n8 accumulator pair is an m16k16 A fragment).
@@ -171,6 +175,93 @@ __device__ __forceinline__ void gather_chunk(const kv_t* k_head, const kv_t* v_h
     }
 }
 
+// One query tile's running softmax state across the chunks of its split (rows g and g + 8 of the tile):
+// m = -inf until the row has seen a slot; o holds the unnormalised P.V sums.
+template <int HD>
+struct TileState {
+    float o[HD / 8][4];
+    float m[2], l[2];
+};
+
+// The tile's scores against the chunk in shared memory, folded into st (online softmax). lim[r]: the
+// chunk's slots row r sees (0: none, and its state is left as it was).
+template <int HD>
+__device__ __forceinline__ void tile_chunk(TileState<HD>& st, const float* const (&q_src)[2], const int (&lim)[2],
+                                           float scale, const uint32_t* kh32, const uint32_t* kl32,
+                                           const uint32_t* vh32, const uint32_t* vl32, int g, int t) {
+    using L = MmaLayout<HD>;
+    // S = (q * scale) K^T: 8 n-tiles of 8 slots.
+    float s[ATTN_CHUNK / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ++ks) {
+        uint32_t ah[4], al[4];
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {                           // fragment f: row (f & 1), column half (f >> 1)
+            const float2 q = *reinterpret_cast<const float2*>(q_src[f & 1] + 16 * ks + 2 * t + 8 * (f >> 1));
+            split2(q.x * scale, q.y * scale, ah[f], al[f]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt) {
+            const int w = ((nt * 8 + g) * L::KS + 16 * ks + 2 * t) >> 1;
+            mma_split(s[nt], ah, al, kh32[w], kh32[w + 4], AM_KV_PARTS == 2 ? kl32[w] : 0u,
+                      AM_KV_PARTS == 2 ? kl32[w + 4] : 0u);
+        }
+    }
+
+    // Softmax statistics per row, over the quad of 4 threads that holds it (slots 8 nt + 2t + j); the
+    // running sums are rescaled to the new maximum (corr = 0 while nothing was seen: o and l are 0).
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                if (nt * 8 + 2 * t + j < lim[r]) mx = fmaxf(mx, s[nt][2 * r + j]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = lim[r] > 0 ? fmaxf(st.m[r], mx) : st.m[r];
+        corr[r] = lim[r] <= 0 ? 1.f : (st.m[r] == -INFINITY ? 0.f : expf(st.m[r] - m_new));
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const float p = nt * 8 + 2 * t + j < lim[r] ? expf(s[nt][2 * r + j] - m_new) : 0.f;
+                s[nt][2 * r + j] = p;
+                sum += p;
+            }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        st.l[r] = st.l[r] * corr[r] + sum;
+        st.m[r] = m_new;
+    }
+
+    // O = O corr + P V: 4 k-steps of 16 slots, hd / 8 n-tiles of 8 dimensions.
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; ++nd) {
+        st.o[nd][0] *= corr[0]; st.o[nd][1] *= corr[0];
+        st.o[nd][2] *= corr[1]; st.o[nd][3] *= corr[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < ATTN_CHUNK / 16; ++kk) {
+        uint32_t ph[4], pl[4];
+        split2(s[2 * kk][0], s[2 * kk][1], ph[0], pl[0]);           // row g,     slots 16kk + 2t
+        split2(s[2 * kk][2], s[2 * kk][3], ph[1], pl[1]);           // row g + 8, slots 16kk + 2t
+        split2(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);   // row g,     slots 16kk + 8 + 2t
+        split2(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);   // row g + 8, slots 16kk + 8 + 2t
+#pragma unroll
+        for (int nd = 0; nd < HD / 8; ++nd) {
+            const int w = ((nd * 8 + g) * L::VS + 16 * kk + 2 * t) >> 1;
+            mma_split(st.o[nd], ph, pl, vh32[w], vh32[w + 4], AM_KV_PARTS == 2 ? vl32[w] : 0u,
+                      AM_KV_PARTS == 2 ? vl32[w + 4] : 0u);
+        }
+    }
+}
+
 template <int HD>
 __device__ __forceinline__ void attention_partial_mma(
         const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache, const int* attend_list,
@@ -182,17 +273,17 @@ __device__ __forceinline__ void attention_partial_mma(
     uint16_t* kl = kh + L::K_HALVES;                            // lo halves: fp32 arena only
     uint16_t* vh = kh + AM_KV_PARTS * L::K_HALVES;
     uint16_t* vl = vh + L::V_HALVES;
-    const int split = blockIdx.x;                               // range [0, n_splits)
-    const int kvh = blockIdx.y;                                 // range [0, KVH)
-    const int r_begin = blockIdx.z * rows_per_block;            // rows [r_begin, r_end) of the call
+    const int r_begin = blockIdx.x * rows_per_block;            // rows [r_begin, r_end) of the call
+    const int split = blockIdx.y;                               // range [0, n_splits)
+    const int kvh = blockIdx.z;                                 // range [0, KVH)
     const int r_end = min(n_rows, r_begin + rows_per_block);
     const int group = n_q_heads / n_kv_heads;
-    const int j0 = split * ATTN_CHUNK;
-    const int n_here = min(ATTN_CHUNK, list_length(ctl, r_end - 1) - j0);   // the last row sees the most
-    if (n_here <= 0) return;                                    // block-uniform: no barrier skipped
-    gather_chunk<HD>(k_cache + (size_t)kvh * capacity * HD, v_cache + (size_t)kvh * capacity * HD, attend_list,
-                     j0, n_here, kh, kl, vh, vl);
-    __syncthreads();
+    const int span = split_span(ctl, n_rows, n_splits);
+    const int j0 = split * span;
+    const int j_end = min(j0 + span, list_length(ctl, r_end - 1));   // the block's last row sees the most
+    if (j0 >= j_end) return;                                    // block-uniform: no barrier skipped
+    const kv_t* k_head = k_cache + (size_t)kvh * capacity * HD;
+    const kv_t* v_head = v_cache + (size_t)kvh * capacity * HD;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;                      // mma fragment coordinates
@@ -201,9 +292,13 @@ __device__ __forceinline__ void attention_partial_mma(
     const uint32_t* kl32 = reinterpret_cast<const uint32_t*>(kl);
     const uint32_t* vh32 = reinterpret_cast<const uint32_t*>(vh);
     const uint32_t* vl32 = reinterpret_cast<const uint32_t*>(vl);
-    for (int tile = warp; tile * 16 < n_q; tile += AM_WARPS) {
+    const int rounds = (n_q + 16 * AM_WARPS - 1) / (16 * AM_WARPS);   // tiles per warp, block-uniform
+    int gathered = -1;                                          // the chunk now in shared memory
+    for (int round = 0; round < rounds; ++round) {
+        const int tile = warp + round * AM_WARPS;
+        const bool has_tile = tile * 16 < n_q;                  // warp-uniform
         // This thread's two query vectors: rows g and g + 8 of the tile.
-        int qv[2], row[2], lim[2];
+        int qv[2], row[2], len[2];
         const float* q_src[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -213,81 +308,36 @@ __device__ __forceinline__ void attention_partial_mma(
             row[r] = r_begin + rr;
             const int h = kvh * group + (ok ? qv[r] - rr * group : 0);
             q_src[r] = qkv + (size_t)row[r] * qkv_stride + (size_t)h * HD;
-            lim[r] = ok ? min(n_here, list_length(ctl, row[r]) - j0) : 0;   // visible slots of the chunk
+            len[r] = ok ? list_length(ctl, row[r]) : 0;
+        }
+        TileState<HD> st;
+#pragma unroll
+        for (int nd = 0; nd < HD / 8; ++nd) st.o[nd][0] = st.o[nd][1] = st.o[nd][2] = st.o[nd][3] = 0.f;
+        st.m[0] = st.m[1] = -INFINITY;
+        st.l[0] = st.l[1] = 0.f;
+
+        // The split's chunks in turn (one, where the splits cover the arena): each gathered into shared
+        // memory once (a second round of tiles over a one-chunk split reuses it).
+        for (int c0 = j0; c0 < j_end; c0 += ATTN_CHUNK) {
+            const int n_here = min(ATTN_CHUNK, j_end - c0);
+            if (c0 != gathered) {
+                if (gathered >= 0) __syncthreads();             // every warp is done with the previous chunk
+                gather_chunk<HD>(k_head, v_head, attend_list, c0, n_here, kh, kl, vh, vl);
+                __syncthreads();
+                gathered = c0;
+            }
+            if (!has_tile) continue;
+            const int lim[2] = {min(n_here, len[0] - c0), min(n_here, len[1] - c0)};   // visible slots
+            tile_chunk<HD>(st, q_src, lim, scale, kh32, kl32, vh32, vl32, g, t);
         }
 
-        // S = (q * scale) K^T: 8 n-tiles of 8 slots.
-        float s[ATTN_CHUNK / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < HD / 16; ++ks) {
-            uint32_t ah[4], al[4];
-#pragma unroll
-            for (int f = 0; f < 4; ++f) {                       // fragment f: row (f & 1), column half (f >> 1)
-                const float2 q = *reinterpret_cast<const float2*>(q_src[f & 1] + 16 * ks + 2 * t + 8 * (f >> 1));
-                split2(q.x * scale, q.y * scale, ah[f], al[f]);
-            }
-#pragma unroll
-            for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt) {
-                const int w = ((nt * 8 + g) * L::KS + 16 * ks + 2 * t) >> 1;
-                mma_split(s[nt], ah, al, kh32[w], kh32[w + 4], AM_KV_PARTS == 2 ? kl32[w] : 0u,
-                          AM_KV_PARTS == 2 ? kl32[w + 4] : 0u);
-            }
-        }
-
-        // Softmax statistics per row, over the quad of 4 threads that holds it (slots 8 nt + 2t + j).
-        float m[2], l[2];
+        if (!has_tile) continue;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt)
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-                    if (nt * 8 + 2 * t + j < lim[r]) mx = fmaxf(mx, s[nt][2 * r + j]);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            m[r] = lim[r] > 0 ? mx : 0.f;                       // a row that sees nothing: all weights 0
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt)
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const float p = nt * 8 + 2 * t + j < lim[r] ? expf(s[nt][2 * r + j] - m[r]) : 0.f;
-                    s[nt][2 * r + j] = p;
-                    sum += p;
-                }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            l[r] = sum;
-        }
-
-        // O = P V: 4 k-steps of 16 slots, hd / 8 n-tiles of 8 dimensions.
-        float o[HD / 8][4];
-#pragma unroll
-        for (int nd = 0; nd < HD / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < ATTN_CHUNK / 16; ++kk) {
-            uint32_t ph[4], pl[4];
-            split2(s[2 * kk][0], s[2 * kk][1], ph[0], pl[0]);           // row g,     slots 16kk + 2t
-            split2(s[2 * kk][2], s[2 * kk][3], ph[1], pl[1]);           // row g + 8, slots 16kk + 2t
-            split2(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);   // row g,     slots 16kk + 8 + 2t
-            split2(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);   // row g + 8, slots 16kk + 8 + 2t
-#pragma unroll
-            for (int nd = 0; nd < HD / 8; ++nd) {
-                const int w = ((nd * 8 + g) * L::VS + 16 * kk + 2 * t) >> 1;
-                mma_split(o[nd], ph, pl, vh32[w], vh32[w + 4], AM_KV_PARTS == 2 ? vl32[w] : 0u,
-                          AM_KV_PARTS == 2 ? vl32[w + 4] : 0u);
-            }
-        }
-
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            if (lim[r] <= 0) continue;                          // not written: the merge skips it
+            if (st.m[r] == -INFINITY) continue;                 // saw nothing: not written, the merge skips it
             const int h = kvh * group + (qv[r] - (row[r] - r_begin) * group);
             const size_t base = ((size_t)row[r] * n_q_heads + h) * n_splits + split;
-            store_partial_row<HD>(o, r, m[r], l[r], part_o, part_ml, base, t);
+            store_partial_row<HD>(st.o, r, st.m[r], st.l[r], part_o, part_ml, base, t);
         }
     }
 }

@@ -37,6 +37,18 @@ __device__ __forceinline__ int list_length(const int* ctl, int i) {
 
 // Attention splits the attend list into chunks of this many slots (flash-decoding).
 #define ATTN_CHUNK 64
+
+// Entries of the attend list each of a call's n_splits splits covers: whole chunks, as few as cover the
+// call's longest list (its last row's) with n_splits splits, the same for every row of the call so that
+// a block of several rows shares one K/V range. A launch whose splits cover the arena (n_splits =
+// capacity / ATTN_CHUNK: attention_tiled.cu) gets one chunk per split; launched with fewer splits, each
+// walks several chunks and the merge reads fewer partial sums (long context). The partial kernels and
+// the merge compute it alike from the same (ctl, n_rows, n_splits).
+__device__ __forceinline__ int split_span(const int* ctl, int n_rows, int n_splits) {
+    const int chunks = (list_length(ctl, n_rows - 1) + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    return ATTN_CHUNK * ((chunks + n_splits - 1) / n_splits);
+}
+
 // Largest query-heads-per-KV-head group and head_dim the attention kernels hold in shared memory.
 #define ATTN_MAX_GROUP 8
 #define ATTN_MAX_HEAD_DIM 256

@@ -132,7 +132,7 @@ __device__ void decode_layers_body(const DecodeLayer* layers, int n_layers, floa
             __syncthreads();                                    // the shared state of the previous item is read
             decode_partial_body<VPL, 1>(qkv, qkv_stride, L.k_cache, L.v_cache, attend_list, ctl, part_o, part_ml,
                                      n_q_heads, n_kv_heads, head_dim, capacity, n_splits, scale, item % active,
-                                     item / active, 0);
+                                     item / active, 0, 1);
         }
         if (l2_prefetch_bytes > 0) {                           // each block once its attention items are done
             const long long o_bytes = 2LL * hidden * hidden;
@@ -144,7 +144,7 @@ __device__ void decode_layers_body(const DecodeLayer* layers, int n_layers, floa
         // 3: merge
         for (int h = blockIdx.x; h < n_q_heads; h += gridDim.x) {
             __syncthreads();
-            merge_body<0>(part_o, part_ml, ctl, attn, attn_stride, n_q_heads, head_dim, n_splits, h, 0);
+            merge_body<0>(part_o, part_ml, ctl, attn, attn_stride, n_q_heads, head_dim, n_splits, h, 0, 1);
         }
         projection_prefetch(p_o, w);
         grid_barrier(arrived, target);

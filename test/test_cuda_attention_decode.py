@@ -47,6 +47,19 @@ def test_attention_decode_over_slot_list_with_holes(kn, gpu, hq, kvh, hd, ctx, n
     assert_close(out.get(), expected, rtol=1e-5, atol=2e-6 * max(1.0, np.abs(expected).max()), what="attention_decode")
 
 
+@pytest.mark.parametrize("max_splits", [1, 3, 7, 64])
+@pytest.mark.parametrize("hq,kvh,hd,ctx,n,cap", [CASES[0], CASES[1], CASES[3], CASES[7]])
+def test_fewer_splits_walk_several_chunks(kn, gpu, hq, kvh, hd, ctx, n, cap, max_splits):
+    """Splits that each walk several 64-entry chunks (long context) give the reference's output, and the
+    merge reads exactly the splits written: the unwritten rest of the poisoned partial sums stays out."""
+    ga, stream = gpu
+    args, _arena, expected = decode_case(ga, hq, kvh, hd, ctx, n, cap)
+    kn.attention_decode(*args, stream, head_split=2, max_splits=max_splits)
+    stream.synchronize()
+    assert_close(args[7].get(), expected, rtol=1e-5, atol=2e-6 * max(1.0, np.abs(expected).max()),
+                 what=f"attention_decode, at most {max_splits} splits")
+
+
 @pytest.mark.parametrize("hq,kvh,hd,ctx,n,cap", [CASES[0], CASES[7], CASES[9]])
 def test_head_splits_agree_bit_for_bit(kn, gpu, hq, kvh, hd, ctx, n, cap):
     """Two warps per slot group, each with half of the query heads, compute every head as one warp does."""
@@ -71,6 +84,8 @@ def test_attention_decode_rejects_what_it_cannot_do(kn, gpu):
         kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 4, 1, 130, 64, 2, 1.0, stream)
     with pytest.raises(KernelError, match="group 16"):
         kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 16, 1, 32, 64, 2, 1.0, stream)
+    with pytest.raises(KernelError, match="max_splits 0"):
+        kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 4, 1, 128, 64, 2, 1.0, stream, max_splits=0)
     with pytest.raises(KernelError, match="head_split 3"):
         kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 4, 1, 128, 64, 2, 1.0, stream, head_split=3)
 

@@ -219,6 +219,17 @@ def family_cubin(family: str, arch: str, options: tuple = ()) -> bytes:
                           options=COMPILE_OPTIONS + list(options))
 
 
+def long_context_splits(num_sms: int, n_kv_heads: int) -> int:
+    """Splits per KV head the cycle's attention launches (attention / attention_decode's max_splits): one block
+    per SM over the KV heads, each walking as many 64-entry chunks as the context needs. Where the splits
+    instead cover the arena (one chunk each), a long context means thousands of short blocks and partial sums
+    larger than the K/V they summarise. Measured on the H200 (bench/long_context_probe.py, 1.5B shape, fp32
+    arena, us per layer, splits covering the arena -> at most 64 splits): decode 14.0 -> 11.7 at 4064 cached,
+    35.5 -> 33.6 at 16384, 70.4 -> 51.2 at 32000; prefill (32 rows) 30.8 -> 29.2, 106.6 -> 93.8, 200.3 -> 144.2
+    (notes/cuda_notes.md, session of 2026-12-02, fifth)."""
+    return max(1, num_sms // n_kv_heads)
+
+
 def fused_config(n_tiles: int, n_steps: int, mode: int, num_sms: int, warps: int | None = None) -> tuple[int, int]:
     """(warps per block, K parts) of a projection_fused launch over n_tiles 16-row tiles and n_steps
     32-wide K steps: about PROJ_TARGET_WARPS warps in all, each streaming at least
@@ -596,12 +607,20 @@ class CudaKernels(BulkPrefillLaunchers):
 
     def attention(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
                   n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float, stream,
-                  tensor_cores: bool = False, blocks_per_sm: int = 1, rows_per_block: int | None = None):
+                  tensor_cores: bool = False, blocks_per_sm: int = 1, rows_per_block: int | None = None,
+                  max_splits: int | None = None):
         """out[i, h*hd:(h+1)*hd] = softmax(q k^T * scale) v over attend_list[:len_i]: the partial sums of each
         ATTN_CHUNK-slot split, then the merge. Partial sums by attention_tiled.cu (fp32, K/V chunk in shared
         memory, shared by up to 8 rows), or with tensor_cores by attention_mma.cu (bf16 hi/lo products, ~1e-5
         relative; head_dim in ATTN_MMA_HEAD_DIMS; blocks_per_sm 1 or 2 (hd 128) picks its entry;
-        rows_per_block defaults to the fewest blocks of at most ATTN_MMA_TARGET_QV query vectors)."""
+        rows_per_block defaults to the fewest blocks of at most ATTN_MMA_TARGET_QV query vectors). max_splits
+        (tensor cores only): launch at most this many splits per KV head, each walking several chunks
+        (attention_decode's max_splits)."""
+        _check(n_splits * ATTN_CHUNK >= capacity, f"attention: {n_splits} splits do not cover {capacity} slots")
+        if max_splits is not None:
+            _check(tensor_cores, "attention: max_splits needs tensor_cores (attention_tiled.cu takes one chunk per split)")
+            _check(max_splits >= 1, f"attention: max_splits {max_splits} < 1")
+            n_splits = min(n_splits, int(max_splits))
         group = self._attention_checks("attention", qkv, attend_list, out, part_o, part_ml, n_rows, n_q_heads,
                                        n_kv_heads, head_dim, n_splits)
         _check(head_dim <= ATTN_MAX_HEAD_DIM, f"attention: head_dim {head_dim} > {ATTN_MAX_HEAD_DIM}")
@@ -623,7 +642,7 @@ class CudaKernels(BulkPrefillLaunchers):
             self._function(name)                       # loads the family, and with it the shared-memory limit
             _check(shared <= self._shared_limits[name],
                    f"attention (tensor cores): {shared} bytes of shared memory > {self._shared_limits[name]}")
-            self._launch(name, (n_splits, n_kv_heads, ceil_div(n_rows, rows)), ATTN_TILED_THREADS, stream, *args,
+            self._launch(name, (ceil_div(n_rows, rows), n_splits, n_kv_heads), ATTN_TILED_THREADS, stream, *args,
                          np.int32(capacity), np.int32(n_splits), np.float32(scale), np.int32(n_rows), np.int32(rows),
                          shared=shared)
         else:
@@ -670,14 +689,20 @@ class CudaKernels(BulkPrefillLaunchers):
 
     def attention_decode(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
                          n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float,
-                         stream, head_split: int = 1):
+                         stream, head_split: int = 1, max_splits: int | None = None):
         """attention_decode.cu: the same function as attention() for a few query rows (decode), partial sums
-        from registers, same split layout (ATTN_CHUNK entries per split) and merge. head_split: warps sharing
-        each 8-entry group of a block, each taking that share of the query heads (1 or 2; same results)."""
+        from registers, same split layout and merge. head_split: warps sharing each 8-entry group of a block,
+        each taking that share of the query heads (1 or 2; same results). max_splits: launch at most this many
+        splits per KV head (None: n_splits, one ATTN_CHUNK each over the arena); fewer splits each walk several
+        chunks (common.cuh's split_span), so the merge reads fewer partial sums at long context. The sums are
+        the same up to the order of the softmax's additions."""
+        _check(n_splits * ATTN_CHUNK >= capacity, f"attention decode: {n_splits} splits do not cover {capacity} slots")
+        if max_splits is not None:
+            _check(max_splits >= 1, f"attention decode: max_splits {max_splits} < 1")
+            n_splits = min(n_splits, int(max_splits))
         group = self._attention_checks("attention decode", qkv, attend_list, out, part_o, part_ml, n_rows, n_q_heads,
                                        n_kv_heads, head_dim, n_splits)
         _check(head_dim <= 256, f"attention decode: head_dim {head_dim} must be <= 256")
-        _check(n_splits * ATTN_CHUNK >= capacity, f"attention decode: {n_splits} splits do not cover {capacity} slots")
         _check(head_split in ATTN_DECODE_HEAD_SPLITS,
                f"attention decode: head_split {head_split} not in {ATTN_DECODE_HEAD_SPLITS}")
         shared = (ATTN_DECODE_THREADS // 32) * group * (8 + 4 * head_dim)   # per 8-entry group: m, l, o of each head

@@ -1,0 +1,129 @@
+"""Attention over a long KV cache on the Qwen2.5-1.5B shape, per layer (GPU only): what grows with the context.
+
+    python -m vla_edge_ros.bench.long_context_probe [--cached 4064 16384 32000] [--json out/long_context.json]
+
+The cycle's attention at each cached length, 28 layers each on its own fp32 K/V arena (so they stream from
+HBM as in a cycle), captured as a CUDA graph and replayed: microseconds per layer for
+
+  * the decode row (attention_decode.cu + the merge) with the splits covering the arena (one 64-entry chunk
+    each, the baseline) and with at most S splits per KV head, each walking several chunks;
+  * the prefill's 32 rows (attention_mma.cu + the merge, the backend's launch shape), the same way;
+  * the merge alone for each, and the K/V read floor (the layer's K/V bytes at the copy bandwidth measured
+    in the same run).
+
+Each variant's largest difference from the baseline (relative to the output's peak) is printed beside it. A
+diagnosis tool for the split count (the H200's answer is in notes/cuda_notes.md); the benchmark of record is
+bench/pycuda_cycle.py.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from .attention_probe import HD, HQ, KVH, LAYERS, ROWS
+from .common import machine_info, print_table, write_json
+from .gemv_probe import _time_graph
+
+DEFAULT_CACHED = (4064, 16384, 32000)
+DECODE_SPLITS = (None, 256, 128, 66, 64, 32)
+PREFILL_SPLITS = (None, 256, 128, 66, 64, 32)
+
+
+def probe(cached_list: list, replays: int) -> dict:
+    import pycuda.driver as drv
+    from pycuda import gpuarray
+
+    from ..model.cuda_backend import ATTENTION_MMA_BLOCKS_PER_SM
+    from ..model.cuda_device import primary_device
+    from ..model.cuda_kernels import ATTN_CHUNK, CudaKernels
+    from .pycuda_cycle import copy_bandwidth
+
+    device = primary_device(0)
+    with device.bound():
+        kn = CudaKernels(device)
+        stream = drv.Stream()
+        bandwidth = copy_bandwidth()
+        rng = np.random.default_rng(0)
+        capacity = max(cached_list) + ROWS + 8
+        n_splits = -(-capacity // ATTN_CHUNK)
+        k = [gpuarray.to_gpu(rng.standard_normal((KVH, capacity, HD)).astype(np.float32)) for _ in range(LAYERS)]
+        v = [gpuarray.to_gpu(rng.standard_normal((KVH, capacity, HD)).astype(np.float32)) for _ in range(LAYERS)]
+        qkv = gpuarray.to_gpu((rng.standard_normal((ROWS, (HQ + 2 * KVH) * HD)) * 2).astype(np.float32))
+        attend = gpuarray.to_gpu(rng.permutation(capacity).astype(np.int32))     # scattered slots, as after eviction
+        part_o = gpuarray.zeros((ROWS, HQ, n_splits, HD), np.float32)
+        part_ml = gpuarray.zeros((ROWS, HQ, n_splits, 2), np.float32)
+        out = gpuarray.zeros((ROWS, HQ * HD), np.float32)
+
+        def timed(calls):
+            """us per layer of calls(li) over the 28 layers, and the output after one untimed run."""
+            def record():
+                for li in range(LAYERS):
+                    calls(li)
+            record()                                         # outside the capture: loads on-demand families
+            stream.synchronize()
+            result = out.get()
+            return _time_graph(stream, record, replays, LAYERS), result
+
+        rows = []
+        for cached in cached_list:
+            floor_us = cached * KVH * HD * 4 * 2 / bandwidth * 1e6
+            ctl = gpuarray.to_gpu(np.array([0, cached, 0, -1], np.int32))
+            base = None
+            for max_splits in DECODE_SPLITS:
+                launched = n_splits if max_splits is None else min(n_splits, max_splits)
+
+                def decode(li, ms=max_splits):
+                    kn.attention_decode(qkv, int(k[li].gpudata), int(v[li].gpudata), attend, ctl, part_o, part_ml,
+                                        out, 1, HQ, KVH, HD, capacity, n_splits, HD ** -0.5, stream, head_split=2,
+                                        max_splits=ms)
+                us, result = timed(decode)
+                merge_us, _ = timed(lambda li, s=launched: kn._merge(part_o, part_ml, ctl, out, 1, HQ, HD, s, stream))
+                base = result[:1] if base is None else base
+                rows.append(_row(cached, "decode 1 row", "arena" if max_splits is None else f"<= {max_splits}",
+                                 us, merge_us, floor_us, result[:1], base))
+
+            base = None
+            for max_splits in PREFILL_SPLITS:
+                launched = n_splits if max_splits is None else min(n_splits, max_splits)
+
+                def prefill(li, ms=max_splits):
+                    kn.attention(qkv, int(k[li].gpudata), int(v[li].gpudata), attend, ctl, part_o, part_ml, out,
+                                 ROWS, HQ, KVH, HD, capacity, n_splits, HD ** -0.5, stream, tensor_cores=True,
+                                 blocks_per_sm=ATTENTION_MMA_BLOCKS_PER_SM, max_splits=ms)
+                us, result = timed(prefill)
+                merge_us, _ = timed(lambda li, s=launched: kn._merge(part_o, part_ml, ctl, out, ROWS, HQ, HD, s,
+                                                                     stream))
+                base = result if base is None else base
+                rows.append(_row(cached, f"prefill {ROWS} rows", "arena" if max_splits is None else f"<= {max_splits}",
+                                 us, merge_us, floor_us, result, base))
+            ctl.gpudata.free()
+    return {"machine": machine_info(), "capacity": capacity, "copy_bandwidth_gbs": bandwidth / 1e9, "rows": rows}
+
+
+def _row(cached, what, splits, us, merge_us, floor_us, result, base) -> dict:
+    diff = float(np.max(np.abs(result - base)) / np.max(np.abs(base)))
+    return {"cached": cached, "attention": what, "splits": splits, "us_per_layer": us, "merge_us": merge_us,
+            "floor_us": floor_us, "x_floor": us / floor_us, "max_rel_diff": diff}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cached", type=int, nargs="+", default=list(DEFAULT_CACHED))
+    p.add_argument("--replays", type=int, default=10)
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    result = probe(args.cached, args.replays)
+    print_table(f"attention per layer over a long cache, {HQ}/{KVH} heads x {HD}, fp32 arena of "
+                f"{result['capacity']} slots, copy bandwidth {result['copy_bandwidth_gbs']:.0f} GB/s "
+                f"({result['machine'].get('gpu', 'GPU')})",
+                ["cached", "attention", "splits", "us/layer", "merge us", "K/V floor us", "x floor", "max rel diff"],
+                [[r["cached"], r["attention"], r["splits"], r["us_per_layer"], r["merge_us"], r["floor_us"],
+                  r["x_floor"], f"{r['max_rel_diff']:.1e}"] for r in result["rows"]])
+    write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
