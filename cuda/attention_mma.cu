@@ -184,8 +184,10 @@ struct TileState {
 };
 
 // The tile's scores against the chunk in shared memory, folded into st (online softmax). lim[r]: the
-// chunk's slots row r sees (0: none, and its state is left as it was).
-template <int HD>
+// chunk's slots row r sees (0: none, and its state is left as it was). FIRST: the split's first chunk,
+// st not yet set: it is written, not rescaled, so the P.V sums are not live while S is computed (the
+// registers of a one-chunk split, the common case, are those of a kernel without a running state).
+template <int HD, bool FIRST>
 __device__ __forceinline__ void tile_chunk(TileState<HD>& st, const float* const (&q_src)[2], const int (&lim)[2],
                                            float scale, const uint32_t* kh32, const uint32_t* kl32,
                                            const uint32_t* vh32, const uint32_t* vl32, int g, int t) {
@@ -223,8 +225,9 @@ __device__ __forceinline__ void tile_chunk(TileState<HD>& st, const float* const
                 if (nt * 8 + 2 * t + j < lim[r]) mx = fmaxf(mx, s[nt][2 * r + j]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = lim[r] > 0 ? fmaxf(st.m[r], mx) : st.m[r];
-        corr[r] = lim[r] <= 0 ? 1.f : (st.m[r] == -INFINITY ? 0.f : expf(st.m[r] - m_new));
+        const float m_old = FIRST ? -INFINITY : st.m[r];
+        const float m_new = lim[r] > 0 ? fmaxf(m_old, mx) : m_old;
+        corr[r] = lim[r] <= 0 ? 1.f : (m_old == -INFINITY ? 0.f : expf(m_old - m_new));
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt)
@@ -236,15 +239,19 @@ __device__ __forceinline__ void tile_chunk(TileState<HD>& st, const float* const
             }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        st.l[r] = st.l[r] * corr[r] + sum;
+        st.l[r] = FIRST ? sum : st.l[r] * corr[r] + sum;
         st.m[r] = m_new;
     }
 
     // O = O corr + P V: 4 k-steps of 16 slots, hd / 8 n-tiles of 8 dimensions.
 #pragma unroll
     for (int nd = 0; nd < HD / 8; ++nd) {
-        st.o[nd][0] *= corr[0]; st.o[nd][1] *= corr[0];
-        st.o[nd][2] *= corr[1]; st.o[nd][3] *= corr[1];
+        if (FIRST) {
+            st.o[nd][0] = st.o[nd][1] = st.o[nd][2] = st.o[nd][3] = 0.f;
+        } else {
+            st.o[nd][0] *= corr[0]; st.o[nd][1] *= corr[0];
+            st.o[nd][2] *= corr[1]; st.o[nd][3] *= corr[1];
+        }
     }
 #pragma unroll
     for (int kk = 0; kk < ATTN_CHUNK / 16; ++kk) {
@@ -310,11 +317,7 @@ __device__ __forceinline__ void attention_partial_mma(
             q_src[r] = qkv + (size_t)row[r] * qkv_stride + (size_t)h * HD;
             len[r] = ok ? list_length(ctl, row[r]) : 0;
         }
-        TileState<HD> st;
-#pragma unroll
-        for (int nd = 0; nd < HD / 8; ++nd) st.o[nd][0] = st.o[nd][1] = st.o[nd][2] = st.o[nd][3] = 0.f;
-        st.m[0] = st.m[1] = -INFINITY;
-        st.l[0] = st.l[1] = 0.f;
+        TileState<HD> st;                                       // set by the first chunk
 
         // The split's chunks in turn (one, where the splits cover the arena): each gathered into shared
         // memory once (a second round of tiles over a one-chunk split reuses it).
@@ -328,7 +331,10 @@ __device__ __forceinline__ void attention_partial_mma(
             }
             if (!has_tile) continue;
             const int lim[2] = {min(n_here, len[0] - c0), min(n_here, len[1] - c0)};   // visible slots
-            tile_chunk<HD>(st, q_src, lim, scale, kh32, kl32, vh32, vl32, g, t);
+            if (c0 == j0)
+                tile_chunk<HD, true>(st, q_src, lim, scale, kh32, kl32, vh32, vl32, g, t);
+            else
+                tile_chunk<HD, false>(st, q_src, lim, scale, kh32, kl32, vh32, vl32, g, t);
         }
 
         if (!has_tile) continue;

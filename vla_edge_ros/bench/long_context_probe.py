@@ -7,7 +7,7 @@ HBM as in a cycle), captured as a CUDA graph and replayed: microseconds per laye
 
   * the decode row (attention_decode.cu + the merge) with the splits covering the arena (one 64-entry chunk
     each, the baseline) and with at most S splits per KV head, each walking several chunks;
-  * the prefill's 32 rows (attention_mma.cu + the merge, the backend's launch shape), the same way;
+  * the prefill's 32 rows (attention_mma.cu + the merge) in several launch shapes, the same way;
   * the merge alone for each, and the K/V read floor (the layer's K/V bytes at the copy bandwidth measured
     in the same run).
 
@@ -26,16 +26,21 @@ from .attention_probe import HD, HQ, KVH, LAYERS, ROWS
 from .common import machine_info, print_table, write_json
 from .gemv_probe import _time_graph
 
-DEFAULT_CACHED = (4064, 16384, 32000)
-DECODE_SPLITS = (None, 256, 128, 66, 64, 32)
-PREFILL_SPLITS = (None, 256, 128, 66, 64, 32)
+DEFAULT_CACHED = (4064, 8192, 16384, 32000)
+DECODE_SPLITS = (None, 128, 66, 64)
+# (label, attention() launch shape): blocks per SM of attention_mma.cu's entry, query rows per block, max_splits
+PREFILL_VARIANTS = [("b2 r16", dict(blocks_per_sm=2, rows_per_block=16)),
+                    ("b2 r16 <= 128", dict(blocks_per_sm=2, rows_per_block=16, max_splits=128)),
+                    ("b2 r16 <= 66", dict(blocks_per_sm=2, rows_per_block=16, max_splits=66)),
+                    ("b1 r16 <= 66", dict(blocks_per_sm=1, rows_per_block=16, max_splits=66)),
+                    ("b1 r32 <= 66", dict(blocks_per_sm=1, rows_per_block=32, max_splits=66)),
+                    ("b1 r32", dict(blocks_per_sm=1, rows_per_block=32))]
 
 
 def probe(cached_list: list, replays: int) -> dict:
     import pycuda.driver as drv
     from pycuda import gpuarray
 
-    from ..model.cuda_backend import ATTENTION_MMA_BLOCKS_PER_SM
     from ..model.cuda_device import primary_device
     from ..model.cuda_kernels import ATTN_CHUNK, CudaKernels
     from .pycuda_cycle import copy_bandwidth
@@ -85,19 +90,17 @@ def probe(cached_list: list, replays: int) -> dict:
                                  us, merge_us, floor_us, result[:1], base))
 
             base = None
-            for max_splits in PREFILL_SPLITS:
-                launched = n_splits if max_splits is None else min(n_splits, max_splits)
+            for label, shape in PREFILL_VARIANTS:
+                launched = min(n_splits, shape.get("max_splits", n_splits))
 
-                def prefill(li, ms=max_splits):
+                def prefill(li, shape=shape):
                     kn.attention(qkv, int(k[li].gpudata), int(v[li].gpudata), attend, ctl, part_o, part_ml, out,
-                                 ROWS, HQ, KVH, HD, capacity, n_splits, HD ** -0.5, stream, tensor_cores=True,
-                                 blocks_per_sm=ATTENTION_MMA_BLOCKS_PER_SM, max_splits=ms)
+                                 ROWS, HQ, KVH, HD, capacity, n_splits, HD ** -0.5, stream, tensor_cores=True, **shape)
                 us, result = timed(prefill)
                 merge_us, _ = timed(lambda li, s=launched: kn._merge(part_o, part_ml, ctl, out, ROWS, HQ, HD, s,
                                                                      stream))
                 base = result if base is None else base
-                rows.append(_row(cached, f"prefill {ROWS} rows", "arena" if max_splits is None else f"<= {max_splits}",
-                                 us, merge_us, floor_us, result, base))
+                rows.append(_row(cached, f"prefill {ROWS} rows", label, us, merge_us, floor_us, result, base))
             ctl.gpudata.free()
     return {"machine": machine_info(), "capacity": capacity, "copy_bandwidth_gbs": bandwidth / 1e9, "rows": rows}
 

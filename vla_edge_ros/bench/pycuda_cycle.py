@@ -297,7 +297,10 @@ def _time_ours(backend, spec, n_cached: int, cycles: int, rng) -> dict:
     # The breakdown replays the launched pipeline's kernel groups: a persistent step has no groups to time.
     breakdown = {"prefill": _breakdown(backend, PREFILL_ROWS, 0, n_cached)}
     if not backend.persistent_decode:
-        breakdown["decode"] = _breakdown(backend, 1, n_cached + PREFILL_ROWS, n_cached)
+        # The decode row's table index is PREFILL_ROWS: the attend list holds the n_cached context entries, then
+        # the cycle's rows (until 2026-12-02 this passed n_cached + PREFILL_ROWS, which timed the decode
+        # attention over up to twice the context, cut at the arena's size).
+        breakdown["decode"] = _breakdown(backend, 1, PREFILL_ROWS, n_cached)
     return {"cycle_ms": percentiles(cycle_ms), "prefill_ms": float(np.median(prefill_ms)),
             "decode_ms_per_token": float(np.median(decode_ms)), "cycles": len(cycle_ms), "breakdown_ms": breakdown}
 

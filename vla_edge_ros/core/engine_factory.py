@@ -24,6 +24,7 @@ from ..model.weights import load_tokenizer
 from .cpu_threads import limit_cpu_threads
 from .engine import Engine
 from .engine_state import FrameState
+from .vision_encoder import VisionEncoder
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,12 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
                              device=device, kernel_options=cfg.model.kernel_options(), kv_dtype=cfg.kv.dtype,
                              weights=cfg.model.weights)
     try:
-        state = FrameState(cfg, backend, load_tokenizer(cfg.model.path))
+        # The reconciler encodes each frame as its chunk arrives, on the subscription's thread, outside the slack
+        # schedule that keeps its GPU work in the primary's gaps; on the GPU that encode could land inside a
+        # primary cycle (two contexts time-slice the GPU). So its projection stays on the host whatever
+        # vision.on_gpu says: ~1e-7 of the token scale from the primary's rows, far below the bf16 KV's rounding.
+        encoder = VisionEncoder(cfg.vision, backend.spec.hidden_size)
+        state = FrameState(cfg, backend, load_tokenizer(cfg.model.path), encoder)
         backend.prepare_forward(reconciler_step_rows(cfg))
         if backend.device is not None:
             from ..model.cuda_state_transfer import DeviceKvExporter

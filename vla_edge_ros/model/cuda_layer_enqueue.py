@@ -128,19 +128,23 @@ class LayerEnqueue:
     def _enqueue_attention(self, li: int, n: int) -> None:
         """attention_decode.cu (partial sums from registers) for decode rows, attention_tiled.cu (K/V chunk
         in shared memory, shared by up to 8 rows) or attention_mma.cu (the same on the tensor cores, with
-        model.tensor_core_attention) for longer calls; attention.cu's merge after any of them."""
+        model.tensor_core_attention) for longer calls; attention.cu's merge after any of them. The decode and
+        tensor-core kernels launch at most cuda_kernels.long_context_splits splits, each walking as many chunks
+        as the context needs (attention_tiled.cu: one chunk per split)."""
         sp = self.spec
         k_ptr, v_ptr = self._kv_ptrs(li)
+        splits = ck.long_context_splits(self.kernels.num_sms, sp.num_kv_heads)
         if n <= DECODE_MAX_ROWS:
             self.kernels.attention_decode(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o,
                                           self.part_ml, self.attn, n, sp.num_heads, sp.num_kv_heads, sp.head_dim,
                                           self.capacity, self.n_splits, self._scale, self.stream,
-                                          head_split=self.decode_attention_head_split)
+                                          head_split=self.decode_attention_head_split, max_splits=splits)
             return
         self.kernels.attention(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o, self.part_ml, self.attn,
                                n, sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, self.n_splits,
                                self._scale, self.stream, tensor_cores=self.tensor_core_attention,
-                               blocks_per_sm=self.attention_blocks_per_sm)
+                               blocks_per_sm=self.attention_blocks_per_sm,
+                               max_splits=splits if self.tensor_core_attention else None)
 
     def _rope_target(self, li: int) -> ck.RopeTarget:
         sp = self.spec
