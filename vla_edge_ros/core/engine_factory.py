@@ -46,12 +46,7 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
                              device=device, kernel_options=cfg.model.kernel_options(), kv_dtype=cfg.kv.dtype,
                              weights=cfg.model.weights)
     try:
-        # The reconciler encodes each frame as its chunk arrives, on the subscription's thread, outside the slack
-        # schedule that keeps its GPU work in the primary's gaps; on the GPU that encode could land inside a
-        # primary cycle (two contexts time-slice the GPU). So its projection stays on the host whatever
-        # vision.on_gpu says: ~1e-7 of the token scale from the primary's rows, far below the bf16 KV's rounding.
-        encoder = VisionEncoder(cfg.vision, backend.spec.hidden_size)
-        state = FrameState(cfg, backend, load_tokenizer(cfg.model.path), encoder)
+        state = FrameState(cfg, backend, load_tokenizer(cfg.model.path), reconciler_encoder(cfg, backend.spec))
         backend.prepare_forward(reconciler_step_rows(cfg))
         if backend.device is not None:
             from ..model.cuda_state_transfer import DeviceKvExporter
@@ -60,6 +55,15 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
     except BaseException:
         backend.close()
         raise
+
+
+def reconciler_encoder(cfg: VlaConfig, spec) -> VisionEncoder:
+    """The reconciler's vision encoder: the numpy projection whatever vision.on_gpu says. It encodes each frame
+    as the chunk arrives, on the subscription's thread, outside the slack schedule that keeps its GPU work in
+    the primary's gaps; on the GPU that encode could land inside a primary cycle (two contexts time-slice the
+    GPU). Its rows differ from the primary's GPU rows by ~1e-7 of the token scale (model/cuda_vision.py), far
+    below the bf16 rounding of everything computed from them."""
+    return VisionEncoder(cfg.vision, spec.hidden_size)
 
 
 def reconciler_device(requested: int):
