@@ -19,7 +19,7 @@ def attention_inputs(ga, hq, kvh, hd, ctx, n, cap, seed, row_offset, poison_part
     """-> (the launch arguments of CudaKernels.attention / attention_decode up to `stream`, the device K/V arena
     they point into (keep it alive), the reference output). poison_partials: the split partial sums start as
     NaN too (else zeros)."""
-    from vla_edge_ros.model.cuda_kernels import ATTN_CHUNK
+    from vla_edge_ros.model.cuda_attention_launchers import ATTN_CHUNK
     rng = np.random.default_rng(seed)
     n_splits = -(-cap // ATTN_CHUNK)
     k = rng.standard_normal((kvh, cap, hd)).astype(np.float32)

@@ -226,7 +226,8 @@ def test_projection_fused_modes_match_reference(kn, gpu, rows, k, n, norm):
 def test_projection_fused_qkv_rope_writes_q_and_kv_slots(kn, gpu, hq, kvh, hd, n, norm):
     """The QKV_ROPE epilogue against RMSNorm -> natural q|k|v projection + bias -> rope_store_ref."""
     ga, stream = gpu
-    from vla_edge_ros.model.cuda_kernels import MODE_QKV_ROPE, MODE_STORE, RopeTarget
+    from vla_edge_ros.model.cuda_kernels import MODE_QKV_ROPE, MODE_STORE
+    from vla_edge_ros.model.cuda_projection_launchers import RopeTarget
     rng = np.random.default_rng(hq * hd + n + norm)
     hidden, cap, row_offset = 96 if hd == 24 else 256, 64, 3
     qkv_rows = (hq + 2 * kvh) * hd

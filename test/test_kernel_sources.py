@@ -15,10 +15,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from vla_edge_ros.model import cuda_attention_launchers as ca
 from vla_edge_ros.model import cuda_bulk_launchers as cbl
 from vla_edge_ros.model import cuda_kernels as ck
+from vla_edge_ros.model import cuda_projection_launchers as cp
 from vla_edge_ros.model import kernel_constants as kc
 from vla_edge_ros.model import kernel_reference as ref
+from vla_edge_ros.model.cuda_launch_common import ATTN_MAX_GROUP
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = ROOT / "cuda"
@@ -47,10 +50,10 @@ def test_python_reads_control_block_and_modes_from_common_cuh():
 
 def test_kernel_limits_mirrored_in_python_match_the_sources():
     common = _defines("common.cuh")
-    assert (ck.ATTN_CHUNK, ck.ATTN_MAX_GROUP, ck.ATTN_MAX_HEAD_DIM) == \
+    assert (ca.ATTN_CHUNK, ATTN_MAX_GROUP, ca.ATTN_MAX_HEAD_DIM) == \
         (common["ATTN_CHUNK"], common["ATTN_MAX_GROUP"], common["ATTN_MAX_HEAD_DIM"])
-    assert ck.FUSED_MAX_WARPS == _defines("projection_fused.cu")["FUSED_MAX_WARPS"]
-    assert ck.PROJ_WARPS == _defines("projection_bf16.cu")["PROJ_WARPS"]
+    assert cp.FUSED_MAX_WARPS == _defines("projection_fused.cu")["FUSED_MAX_WARPS"]
+    assert cp.PROJ_WARPS == _defines("projection_bf16.cu")["PROJ_WARPS"]
 
 
 def test_bulk_gemm_plans_match_their_kernels():
@@ -236,7 +239,7 @@ def test_persistent_decode_shares_its_stage_bodies_and_layer_table_layout():
     struct = re.search(r"struct DecodeLayer \{(.*?)\};", persistent, re.DOTALL).group(1)
     fields = re.findall(r"^\s*[\w ]+\*\s*\w+;", struct, re.MULTILINE)
     assert len(fields) == ck.DECODE_LAYER_POINTERS, fields
-    assert _defines("gemv_rows.cuh")["GEMV_THREADS"] == ck.GEMV_THREADS
-    assert _defines("attention_decode.cuh")["DEC_THREADS"] == ck.ATTN_DECODE_THREADS
-    assert _defines("attention_merge.cuh")["MERGE_MAX_SPLITS"] == ck.ATTN_MERGE_MAX_SPLITS
+    assert _defines("gemv_rows.cuh")["GEMV_THREADS"] == cp.GEMV_THREADS
+    assert _defines("attention_decode.cuh")["DEC_THREADS"] == ca.ATTN_DECODE_THREADS
+    assert _defines("attention_merge.cuh")["MERGE_MAX_SPLITS"] == ca.ATTN_MERGE_MAX_SPLITS
     assert "decode_persistent" in ck.ON_DEMAND_FAMILIES

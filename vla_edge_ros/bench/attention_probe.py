@@ -31,7 +31,8 @@ def probe(cached: int, replays: int) -> dict:
     from pycuda import gpuarray
 
     from ..model.cuda_device import primary_device
-    from ..model.cuda_kernels import ATTN_CHUNK, CudaKernels
+    from ..model.cuda_attention_launchers import ATTN_CHUNK
+    from ..model.cuda_kernels import CudaKernels
 
     device = primary_device(0)
     with device.bound():

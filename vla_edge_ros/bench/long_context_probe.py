@@ -42,7 +42,8 @@ def probe(cached_list: list, replays: int) -> dict:
     from pycuda import gpuarray
 
     from ..model.cuda_device import primary_device
-    from ..model.cuda_kernels import ATTN_CHUNK, CudaKernels
+    from ..model.cuda_attention_launchers import ATTN_CHUNK
+    from ..model.cuda_kernels import CudaKernels
     from .pycuda_cycle import copy_bandwidth
 
     device = primary_device(0)

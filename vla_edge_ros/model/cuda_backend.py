@@ -45,11 +45,14 @@ import math
 
 import numpy as np
 
+from . import cuda_attention_launchers as ca
 from . import cuda_kernels as ck
+from .cuda_projection_launchers import GEMV_MAX_BLOCKS_PER_SM
 from .backend import ForwardResult
 from .errors import NonFiniteLogitsError
 from .forward_inputs import check_forward_inputs, slot_array, token_id_array
 from .cuda_device import primary_device
+from .cuda_launch_common import ATTN_MAX_GROUP
 from .spec import ModelSpec
 from .weight_stream import tensor_source
 from .cuda_bulk_launchers import BULK_GEMMS, FLASH_HEAD_DIMS
@@ -581,11 +584,11 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
         group of the decode attention (1 or 2), and the blocks per SM the decode projections loop their items
         over (0: a block per item). Captured graphs are rebuilt on next use; the kernels are loaded here, outside
         any capture. Returns the variants in effect."""
-        if decode_attention_head_split is not None and decode_attention_head_split not in ck.ATTN_DECODE_HEAD_SPLITS:
-            raise ValueError(f"decode_attention_head_split must be one of {ck.ATTN_DECODE_HEAD_SPLITS}, got "
+        if decode_attention_head_split is not None and decode_attention_head_split not in ca.ATTN_DECODE_HEAD_SPLITS:
+            raise ValueError(f"decode_attention_head_split must be one of {ca.ATTN_DECODE_HEAD_SPLITS}, got "
                              f"{decode_attention_head_split}")
-        if decode_gemv_blocks_per_sm is not None and not 0 <= decode_gemv_blocks_per_sm <= ck.GEMV_MAX_BLOCKS_PER_SM:
-            raise ValueError(f"decode_gemv_blocks_per_sm must be in [0, {ck.GEMV_MAX_BLOCKS_PER_SM}], got "
+        if decode_gemv_blocks_per_sm is not None and not 0 <= decode_gemv_blocks_per_sm <= GEMV_MAX_BLOCKS_PER_SM:
+            raise ValueError(f"decode_gemv_blocks_per_sm must be in [0, {GEMV_MAX_BLOCKS_PER_SM}], got "
                              f"{decode_gemv_blocks_per_sm}")
         self._drop_graphs()
         if decode_attention_head_split is not None:
@@ -598,9 +601,9 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
             self.attention_blocks_per_sm = int(attention_blocks_per_sm)
         if tensor_core_attention is not None:
             enabled = bool(tensor_core_attention)
-            if enabled and (self.dtype != "bfloat16" or self.spec.head_dim not in ck.ATTN_MMA_HEAD_DIMS):
+            if enabled and (self.dtype != "bfloat16" or self.spec.head_dim not in ca.ATTN_MMA_HEAD_DIMS):
                 log.info("tensor-core attention serves bf16 models with head_dim in %s; %s with head_dim %d keeps "
-                            "attention_tiled.cu", ck.ATTN_MMA_HEAD_DIMS, self.dtype, self.spec.head_dim)
+                            "attention_tiled.cu", ca.ATTN_MMA_HEAD_DIMS, self.dtype, self.spec.head_dim)
                 enabled = False
             if enabled:
                 self.kernels.load_family("attention_mma")
@@ -730,9 +733,9 @@ def _check_model(spec: ModelSpec, capacity: int, max_rows: int) -> None:
         if value % 32:
             raise ValueError(f"CudaBackend needs {name} % 32 == 0 (projection K steps of 32), got {value}")
     group = spec.num_heads // spec.num_kv_heads
-    if group > ck.ATTN_MAX_GROUP or spec.head_dim > ck.ATTN_MAX_HEAD_DIM or spec.head_dim % 2:
-        raise ValueError(f"CudaBackend attention supports head groups <= {ck.ATTN_MAX_GROUP} and even head_dim <= "
-                         f"{ck.ATTN_MAX_HEAD_DIM}; got group {group}, head_dim {spec.head_dim}")
+    if group > ATTN_MAX_GROUP or spec.head_dim > ca.ATTN_MAX_HEAD_DIM or spec.head_dim % 2:
+        raise ValueError(f"CudaBackend attention supports head groups <= {ATTN_MAX_GROUP} and even head_dim <= "
+                         f"{ca.ATTN_MAX_HEAD_DIM}; got group {group}, head_dim {spec.head_dim}")
     if not math.isfinite(spec.rope_theta) or spec.rope_theta <= 0:
         raise ValueError(f"rope_theta must be a positive number, got {spec.rope_theta}")
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import cuda_kernels as ck
+from .cuda_attention_launchers import ATTN_CHUNK
 from .weight_layouts import interleave_gate_up, permute_rows, qkv_rope_row_order, rope_inv_freq
 from .weights import BIAS_FIELDS, GLOBAL_TENSOR_NAMES, LAYER_TENSOR_NAMES, round_to_bf16
 
@@ -54,7 +55,7 @@ class DeviceMemory:
             plan[f"layer{i}.gate_up"] = ((2 * i8, sp.hidden_size), wdt)
             plan[f"layer{i}.down"] = ((sp.hidden_size, sp.intermediate_size), wdt)
         kv = (sp.num_layers, sp.num_kv_heads, self.capacity, sp.head_dim)
-        self.n_splits = -(-self.capacity // ck.ATTN_CHUNK)
+        self.n_splits = -(-self.capacity // ATTN_CHUNK)
         rows = self._stream_rows()
         plan.update({
             "k_cache": (kv, self.kv_element), "v_cache": (kv, self.kv_element),

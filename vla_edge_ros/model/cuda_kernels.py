@@ -3,7 +3,10 @@
 One `CudaKernels` object per process/device holds the compiled modules; each
 launcher checks dtypes, shapes and divisibility, computes its grid with
 `ceil_div` and launches asynchronously on the given stream. Arrays are
-`pycuda.gpuarray.GPUArray`s (bf16 weights are stored as uint16 bit patterns);
+`pycuda.gpuarray.GPUArray`s (bf16 weights are stored as uint16 bit patterns).
+The projection, attention and bulk-prefill launchers live in their own modules
+(cuda_projection_launchers.py, cuda_attention_launchers.py,
+cuda_bulk_launchers.py) as base classes of CudaKernels;
 the per-call numbers of the cycle (row offset, context length, emitted tokens)
 live in the device control block described in `cuda/common.cuh`. Its indices
 (CTL_*) and the projection modes (MODE_*) are read from that header
@@ -27,14 +30,14 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass
 import numpy as np
 
-from ..config import DECODE_ATTENTION_HEAD_SPLITS, DECODE_GEMV_MAX_BLOCKS_PER_SM
 from ..resources import kernel_dir
 from . import kernel_constants as kc
+from .cuda_attention_launchers import ATTN_CHUNK, ATTN_DECODE_THREADS, ATTN_MERGE_MAX_SPLITS, AttentionLaunchers
 from .cuda_bulk_launchers import BulkPrefillLaunchers
-from .cuda_launch_common import ATTN_MAX_GROUP, KernelError, ceil_div, ptr
+from .cuda_projection_launchers import GEMV_THREADS, ProjectionLaunchers
+from .cuda_launch_common import KernelError, ceil_div, ptr
 from .cuda_launch_common import check as _check, check_array as _check_array
 
 log = logging.getLogger(__name__)
@@ -44,24 +47,6 @@ SYNC_ENV = "VLA_EDGE_CUDA_SYNC"
 # CTL_* and MODE_* come from cuda/common.cuh on first use (kernel_constants.py); the limits
 # below mirror #defines of the .cu files, and test_kernel_sources.py checks that they agree.
 __getattr__ = kc.reexport(__name__)
-ATTN_CHUNK = 64
-ATTN_MAX_HEAD_DIM = 256
-PROJ_WARPS = 4
-# projection_fused.cu: at most this many warps of one block split a 16-row tile's K range.
-FUSED_MAX_WARPS = 16
-# Aim for this many warps per projection launch so enough 16-byte loads are in flight
-# to cover HBM latency (Little's law: ~4.5 TB/s x ~1 us needs megabytes in flight).
-# (run 5: 4096 warps with >= 2 steps each made the fused decode projections 4% slower)
-PROJ_TARGET_WARPS = 2048
-# Each K split should still stream at least this many 32-wide steps (one unrolled iteration).
-PROJ_MIN_STEPS_PER_SPLIT = 4   # = the unrolled steps of projection_bf16.cu
-# Query rows one attention block serves (its K/V chunk is loaded once for all of them).
-ATTN_MAX_ROWS_PER_BLOCK = 8
-ATTN_TILED_THREADS = 256
-# attention.cu's merge keeps one weight per split in shared memory.
-ATTN_MERGE_MAX_SPLITS = 4096
-ATTN_DECODE_THREADS = 256       # attention_decode.cu: 8 warps x 8 list entries = one ATTN_CHUNK
-ATTN_DECODE_HEAD_SPLITS = DECODE_ATTENTION_HEAD_SPLITS   # ... times this many warps per 8-entry group
 
 # family -> kernel name -> PyCUDA prepare() argument types
 FAMILIES = {
@@ -119,15 +104,7 @@ class KernelLaunchError(RuntimeError):
 DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", *FAMILIES["attention_decode"], *FAMILIES["gemv"],
                           *FAMILIES["attention_mma"], *FAMILIES["gemm_bulk"], *FAMILIES["gemm_wgmma"],
                           *(name for name in FAMILIES["prefill_bulk"] if name.startswith("attention_flash_hd")))
-# attention_mma.cu: the head_dims with an entry point; the query vectors (row x head) one block serves by
-# default (one 16-row mma tile per warp), and at most (the warps loop over the tiles).
-ATTN_MMA_HEAD_DIMS = (32, 64, 128)
-ATTN_MMA_TARGET_QV = 128
-ATTN_MMA_MAX_QV = 256
-GEMV_THREADS = 256              # gemv.cu: 8 warps, one weight row each
-GEMV_MAX_BLOCKS_PER_SM = DECODE_GEMV_MAX_BLOCKS_PER_SM   # gemv_bf16_items' looped grid, at most
 DECODE_LAYER_POINTERS = 9       # decode_persistent.cu: pointers per DecodeLayer entry of the layer table
-STAGED_MAX_TOKENS = 32          # projection_staged.cu: activation rows staged per block
 
 
 # ----------------------------------------------------------------------------
@@ -219,105 +196,11 @@ def family_cubin(family: str, arch: str, options: tuple = ()) -> bytes:
                           options=COMPILE_OPTIONS + list(options))
 
 
-def long_context_splits(num_sms: int, n_kv_heads: int) -> int:
-    """Splits per KV head the cycle's attention launches (attention / attention_decode's max_splits): one block
-    per SM over the KV heads, each walking as many 64-entry chunks as the context needs. Where the splits
-    instead cover the arena (one chunk each), a long context means thousands of short blocks and partial sums
-    larger than the K/V they summarise. Measured on the H200 (bench/long_context_probe.py, 1.5B shape, fp32
-    arena, us per layer, splits covering the arena -> at most 64 splits): decode 14.0 -> 11.7 at 4064 cached,
-    35.5 -> 33.6 at 16384, 70.4 -> 51.2 at 32000; prefill (32 rows) 30.8 -> 29.2, 106.6 -> 93.8, 200.3 -> 144.2
-    (notes/cuda_notes.md, session of 2026-12-02, fifth)."""
-    return max(1, num_sms // n_kv_heads)
-
-
-def fused_config(n_tiles: int, n_steps: int, mode: int, num_sms: int, warps: int | None = None) -> tuple[int, int]:
-    """(warps per block, K parts) of a projection_fused launch over n_tiles 16-row tiles and n_steps
-    32-wide K steps: about PROJ_TARGET_WARPS warps in all, each streaming at least
-    PROJ_MIN_STEPS_PER_SPLIT steps; K parts (atomic adds) only for MODE_ADD. `warps` fixes the first."""
-    if warps is None:
-        most = max(1, min(FUSED_MAX_WARPS, n_steps // PROJ_MIN_STEPS_PER_SPLIT))
-        warps = min(most, max(1, ceil_div(PROJ_TARGET_WARPS, n_tiles)))
-    kb = 1
-    if mode == kc.MODE_ADD:
-        kb = max(1, min(ceil_div(PROJ_TARGET_WARPS, n_tiles * warps), n_steps // (warps * PROJ_MIN_STEPS_PER_SPLIT)))
-    return warps, kb
-
-
-def _output_columns(what: str, mode: int, rows: int, out_cols: int | None, out) -> int:
-    """out_cols of a STORE / ADD / SWIGLU projection over `rows` weight rows (SWIGLU: interleaved gate/up
-    rows, half as many outputs), checked against the output buffer."""
-    if mode == kc.MODE_SWIGLU:
-        _check(rows % 16 == 0, f"{what} swiglu weight: {rows} rows, expected a multiple of 16 (interleaved gate/up)")
-        out_cols = rows // 2 if out_cols is None else out_cols
-        _check(out_cols <= rows // 2, f"{what} swiglu: out_cols {out_cols} > {rows // 2}")
-    else:
-        out_cols = rows if out_cols is None else out_cols
-        _check(out_cols <= rows, f"{what}: out_cols {out_cols} > rows {rows}")
-    _check(out_cols <= out.shape[1], f"{what} out: {out.shape[1]} columns < {out_cols}")
-    return out_cols
-
-
-def _one_row_epilogue(what: str, mode: int, rows: int, K: int, out_cols: int | None, out, norm_w, bias,
-                      rope: "RopeTarget | None") -> tuple[int, tuple]:
-    """Checks shared by the launchers of the folded one-row projections (projection_fused, gemv): the RMSNorm
-    weight, the QKV_ROPE target, the output columns and the bias. -> (out_cols, rope launch arguments)."""
-    if norm_w is not None:
-        _check_array(f"{what} norm weight", norm_w, np.float32, 1)
-        _check(norm_w.shape[0] == K, f"{what} norm weight: {norm_w.shape[0]} values, K is {K}")
-    rope_args = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-    if mode == kc.MODE_QKV_ROPE:
-        _check(rope is not None, f"{what} QKV_ROPE: rope target missing")
-        _check(rows == rope.weight_rows(), f"{what} QKV_ROPE weight: {rows} rows, the rope layout of "
-               f"{rope.n_q_heads}/{rope.n_kv_heads} heads x {rope.head_dim} has {rope.weight_rows()}")
-        _check(out.shape[1] >= rope.n_q_heads * rope.head_dim, f"{what} QKV_ROPE out: {out.shape[1]} columns too few")
-        _check(bias is None or bias.shape[0] == (rope.n_q_heads + 2 * rope.n_kv_heads) * rope.head_dim,
-               f"{what} QKV_ROPE bias: natural q|k|v float32 vector expected")
-        out_cols = 0
-        rope_args = rope.launch_args()
-    else:
-        out_cols = _output_columns(what, mode, rows, out_cols, out)
-    _check(bias is None or bias.dtype == np.float32, f"{what} bias: float32 expected")
-    _check(bias is None or mode in (kc.MODE_STORE, kc.MODE_QKV_ROPE), f"{what} bias: only STORE and QKV_ROPE add one")
-    _check(bias is None or mode == kc.MODE_QKV_ROPE or bias.shape[0] >= out_cols, f"{what} bias: shorter than out_cols")
-    return out_cols, rope_args
-
-
 # ----------------------------------------------------------------------------
 # Launchers
 
 
-@dataclass(frozen=True)
-class RopeTarget:
-    """Where the QKV_ROPE epilogue of projection_fused writes: call tables, RoPE frequencies and
-    one layer's K/V arena (k_layer, v_layer: device addresses of [KVH, capacity, hd] float32)."""
-    pos_table: object
-    slot_table: object
-    ctl: object
-    inv_freq: object
-    k_layer: int
-    v_layer: int
-    n_q_heads: int
-    n_kv_heads: int
-    head_dim: int
-    capacity: int
-
-    def weight_rows(self) -> int:
-        """Rows of the reordered q|k|v weight (weight_layouts.qkv_rope_row_order)."""
-        pairs = (self.n_q_heads + self.n_kv_heads) * (self.head_dim // 2)
-        return 16 * (ceil_div(pairs, 8) + ceil_div(self.n_kv_heads * self.head_dim, 16))
-
-    def launch_args(self) -> tuple:
-        for name in ("pos_table", "slot_table", "ctl"):
-            _check_array(f"rope {name}", getattr(self, name), np.int32)
-        _check_array("rope inv_freq", self.inv_freq, np.float32, 1)
-        _check(self.head_dim % 2 == 0, f"rope: head_dim {self.head_dim} is odd")
-        _check(self.inv_freq.shape[0] == self.head_dim // 2, f"rope inv_freq: {self.inv_freq.shape[0]} != head_dim/2")
-        return (ptr(self.pos_table), ptr(self.slot_table), ptr(self.ctl), ptr(self.inv_freq), np.uintp(self.k_layer),
-                np.uintp(self.v_layer), np.int32(self.n_q_heads), np.int32(self.n_kv_heads), np.int32(self.head_dim),
-                np.int32(self.capacity))
-
-
-class CudaKernels(BulkPrefillLaunchers):
+class CudaKernels(ProjectionLaunchers, AttentionLaunchers, BulkPrefillLaunchers):
     """Compiled kernels of every family in one device's context, plus checked launchers.
 
     Launches go to the context current on the calling thread, which must be `device`'s
@@ -399,6 +282,10 @@ class CudaKernels(BulkPrefillLaunchers):
                     self._shared_limits[name] = limit
                 self._fns[name] = fn
 
+    def attention_mma_entries(self) -> tuple:
+        """The entry points of attention_mma.cu (AttentionLaunchers checks a launch shape against them)."""
+        return tuple(FAMILIES["attention_mma"])
+
     def _function(self, name: str):
         """The prepared kernel `name`; the first call for a kernel of ON_DEMAND_FAMILIES compiles its family."""
         if name not in self._fns:
@@ -462,129 +349,6 @@ class CudaKernels(BulkPrefillLaunchers):
         self._launch("rmsnorm_rows", (n_rows,), 256, stream, ptr(x, row0 * hidden), ptr(w), ptr(out, row0 * hidden),
                      np.int32(hidden), np.float32(eps), ptr(init_dst), ptr(init_src), np.int32(init_cols))
 
-    # -- projections -------------------------------------------------------
-
-    def projection(self, W, x, out, n_tokens: int, mode: int, stream, bias=None, out_cols: int | None = None,
-                   w_row0: int = 0, rows: int | None = None, ksplit: int | None = None, x_row0: int = 0):
-        """acc = x[x_row0 : x_row0+n_tokens, :K] @ W[w_row0 : w_row0+rows]^T, epilogue by mode (see the .cu)."""
-        _check(W.dtype in (np.uint16, np.float32), f"projection weight: dtype {W.dtype}, expected uint16 (bf16) or float32")
-        _check_array("projection x", x, np.float32, 2)
-        _check_array("projection out", out, np.float32, 2)
-        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU), f"projection: unknown mode {mode}")
-        total_rows, K = W.shape
-        rows = total_rows - w_row0 if rows is None else rows
-        _check(0 < rows and w_row0 + rows <= total_rows, f"projection weight: rows {w_row0}+{rows} > {total_rows}")
-        out_cols = _output_columns("projection", mode, rows, out_cols, out)
-        _check(x.shape[1] >= K, f"projection x: {x.shape[1]} columns < K {K}")
-        _check(x.shape[1] % 8 == 0, f"projection x: row stride {x.shape[1]} not a multiple of 8")
-        _check(x_row0 + n_tokens <= x.shape[0] and n_tokens <= out.shape[0], f"projection: {n_tokens} tokens exceed x/out rows")
-        _check(bias is None or (bias.dtype == np.float32 and bias.shape[0] >= out_cols), "projection bias: float32 [out_cols] expected")
-        x_ptr = ptr(x, x_row0 * x.shape[1])
-        if W.dtype == np.float32:
-            _check(K % 4 == 0, f"projection f32: K {K} not a multiple of 4")
-            self._launch("projection_f32", (ceil_div(out_cols, 8), n_tokens), 256, stream, ptr(W, w_row0 * K), x_ptr,
-                         ptr(bias), ptr(out), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(x.shape[1]),
-                         np.int32(out.shape[1]), np.int32(out_cols), np.int32(mode))
-            return
-        _check(K % 32 == 0, f"projection bf16: K {K} not a multiple of 32")
-        n_tiles = ceil_div(rows, 16)
-        n_steps = K // 32
-        if ksplit is None:
-            ksplit = 1
-            if mode == kc.MODE_ADD:
-                ksplit = max(1, min(n_steps // PROJ_MIN_STEPS_PER_SPLIT, ceil_div(PROJ_TARGET_WARPS, n_tiles)))
-        _check(ksplit == 1 or mode == kc.MODE_ADD, f"projection: ksplit {ksplit} needs MODE_ADD (atomic accumulation)")
-        _check(1 <= ksplit <= n_steps, f"projection: ksplit {ksplit} outside [1, {n_steps}]")
-        nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
-        grid = (ceil_div(n_tiles * ksplit, PROJ_WARPS), ceil_div(n_tokens, 8 * nt))
-        self._launch(f"projection_bf16_nt{nt}", grid, PROJ_WARPS * 32, stream, ptr(W, w_row0 * K), x_ptr, ptr(bias),
-                     ptr(out), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(x.shape[1]),
-                     np.int32(out.shape[1]), np.int32(out_cols), np.int32(mode), np.int32(ksplit))
-
-    def projection_staged(self, W, x, out, n_tokens: int, mode: int, stream, bias=None, out_cols: int | None = None,
-                          ksplit: int | None = None):
-        """projection_staged.cu (model.staged_prefill_projections, the default): what projection() computes
-        for bf16 W and n_tokens <= 32, with each 128-wide chunk of the activations split into hi/lo once per
-        block of 8 tiles in shared memory instead of once per tile."""
-        _check_array("projection weight", W, np.uint16, 2)
-        _check_array("projection x", x, np.float32, 2)
-        _check_array("projection out", out, np.float32, 2)
-        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU), f"projection: unknown mode {mode}")
-        rows, K = W.shape
-        _check(K % 32 == 0, f"projection bf16: K {K} not a multiple of 32")
-        _check(1 <= n_tokens <= STAGED_MAX_TOKENS, f"projection_staged: {n_tokens} tokens outside [1, {STAGED_MAX_TOKENS}]")
-        _check(x.shape[1] >= K and x.shape[1] % 4 == 0, f"projection x: row stride {x.shape[1]} must be >= K and % 4 == 0")
-        _check(n_tokens <= x.shape[0] and n_tokens <= out.shape[0], f"projection: {n_tokens} tokens exceed x/out rows")
-        out_cols = _output_columns("projection", mode, rows, out_cols, out)
-        _check(bias is None or (bias.dtype == np.float32 and bias.shape[0] >= out_cols and mode == kc.MODE_STORE),
-               "projection bias: float32 [out_cols] expected, STORE only")
-        n_groups, n_steps = ceil_div(ceil_div(rows, 16), 8), K // 32
-        if ksplit is None:                      # about two blocks per SM, each at least one staged chunk
-            ksplit = 1 if mode != kc.MODE_ADD else max(1, min(n_steps // 4, ceil_div(2 * self.num_sms, n_groups)))
-        _check(ksplit == 1 or mode == kc.MODE_ADD, f"projection: ksplit {ksplit} needs MODE_ADD (atomic accumulation)")
-        _check(1 <= ksplit <= n_steps, f"projection: ksplit {ksplit} outside [1, {n_steps}]")
-        self._launch("projection_staged", (n_groups * ksplit,), 256, stream, ptr(W), ptr(x), ptr(bias), ptr(out),
-                     np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(x.shape[1]), np.int32(out.shape[1]),
-                     np.int32(out_cols), np.int32(mode), np.int32(ksplit))
-
-    def projection_fused(self, W, x, out, n_tokens: int, mode: int, stream, norm_w=None, eps: float = 0.0,
-                         bias=None, out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
-                         x_row0: int = 0, rope: "RopeTarget | None" = None, warps: int | None = None,
-                         kb: int | None = None):
-        """bf16 W: acc = v[x_row0 : x_row0+n_tokens, :K] @ W[w_row0 : w_row0+rows]^T with v = x, or
-        x * norm_w scaled by each row's RMS (norm_w given); epilogue by mode (projection_fused.cu)."""
-        _check_array("projection weight", W, np.uint16, 2)
-        _check_array("projection x", x, np.float32, 2)
-        _check_array("projection out", out, np.float32, 2)
-        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU, kc.MODE_QKV_ROPE), f"projection: unknown mode {mode}")
-        total_rows, K = W.shape
-        rows = total_rows - w_row0 if rows is None else rows
-        _check(0 < rows and w_row0 + rows <= total_rows, f"projection weight: rows {w_row0}+{rows} > {total_rows}")
-        _check(K % 32 == 0, f"projection bf16: K {K} not a multiple of 32")
-        _check(x.shape[1] >= K and x.shape[1] % 8 == 0,
-               f"projection x: row stride {x.shape[1]} must be >= K {K} and a multiple of 8")
-        _check(x_row0 + n_tokens <= x.shape[0] and n_tokens <= out.shape[0], f"projection: {n_tokens} tokens exceed x/out rows")
-        out_cols, rope_args = _one_row_epilogue("projection", mode, rows, K, out_cols, out, norm_w, bias, rope)
-        n_tiles, n_steps = ceil_div(rows, 16), K // 32
-        default_warps, default_kb = fused_config(n_tiles, n_steps, mode, self.num_sms, warps)
-        warps = default_warps if warps is None else warps
-        kb = default_kb if kb is None else kb
-        _check(1 <= warps <= FUSED_MAX_WARPS, f"projection: {warps} warps per block outside [1, {FUSED_MAX_WARPS}]")
-        _check(kb == 1 or mode == kc.MODE_ADD, f"projection: kb {kb} > 1 needs MODE_ADD (atomic accumulation)")
-        _check(kb * warps <= n_steps, f"projection: {kb} x {warps} K parts > {n_steps} K steps")
-        nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
-        grid = (n_tiles, kb, ceil_div(n_tokens, 8 * nt))
-        self._launch(f"projection_fused_nt{nt}", grid, 32 * warps, stream, ptr(W, w_row0 * K), ptr(x, x_row0 * x.shape[1]),
-                     np.int32(x.shape[1]), ptr(norm_w), np.float32(eps), ptr(bias), ptr(out), np.int32(out.shape[1]),
-                     np.int32(out_cols), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(mode), *rope_args)
-
-    def gemv(self, W, x, out, mode: int, stream, norm_w=None, eps: float = 0.0, bias=None, out_cols: int | None = None,
-             w_row0: int = 0, rows: int | None = None, x_row0: int = 0, rope: "RopeTarget | None" = None,
-             blocks_per_sm: int = 0):
-        """gemv.cu, one activation row: acc = v[x_row0, :K] @ W[w_row0 : w_row0+rows]^T with v = x, or x * norm_w
-        scaled by the row's RMS (norm_w given); epilogue by mode, as projection_fused for one token.
-        blocks_per_sm > 0: where the projection has more 8-row items than that many blocks per SM, a grid of that
-        size loops over them (gemv_bf16_items; the same sums)."""
-        _check_array("gemv weight", W, np.uint16, 2)
-        _check_array("gemv x", x, np.float32, 2)
-        _check_array("gemv out", out, np.float32, 2)
-        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU, kc.MODE_QKV_ROPE), f"gemv: unknown mode {mode}")
-        total_rows, K = W.shape
-        rows = total_rows - w_row0 if rows is None else rows
-        _check(0 < rows and w_row0 + rows <= total_rows, f"gemv weight: rows {w_row0}+{rows} > {total_rows}")
-        _check(K % 8 == 0 and x.shape[1] >= K and x.shape[1] % 4 == 0,
-               f"gemv: K {K} must be a multiple of 8, x's row stride ({x.shape[1]}) >= K and a multiple of 4")
-        _check(x_row0 < x.shape[0], f"gemv x: row {x_row0} >= {x.shape[0]} rows")
-        limit = self._shared_limits["gemv_bf16"]
-        _check(4 * K <= limit, f"gemv: K {K} needs {4 * K} bytes of shared memory > {limit}")
-        out_cols, rope_args = _one_row_epilogue("gemv", mode, rows, K, out_cols, out, norm_w, bias, rope)
-        _check(blocks_per_sm >= 0, f"gemv: blocks_per_sm {blocks_per_sm} < 0")
-        items, cap = ceil_div(rows, GEMV_THREADS // 32), blocks_per_sm * self.num_sms
-        name, grid = ("gemv_bf16_items", cap) if 0 < cap < items else ("gemv_bf16", items)
-        self._launch(name, (grid,), GEMV_THREADS, stream, ptr(W, w_row0 * K),
-                     ptr(x, x_row0 * x.shape[1]), ptr(norm_w), np.float32(eps), ptr(bias), ptr(out), np.int32(out_cols),
-                     np.int32(rows), np.int32(K), np.int32(mode), *rope_args, shared=4 * K)
-
     # -- rope + KV store ---------------------------------------------------
 
     def rope_store(self, qkv, pos_table, slot_table, ctl, inv_freq, k_layer: int, v_layer: int, n_rows: int,
@@ -602,117 +366,6 @@ class CudaKernels(BulkPrefillLaunchers):
         self._launch("rope_store", (n_rows,), 128, stream, ptr(qkv), np.int32(qkv.shape[1]), ptr(pos_table),
                      ptr(slot_table), ptr(ctl), ptr(inv_freq), np.uintp(k_layer), np.uintp(v_layer),
                      np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim), np.int32(capacity))
-
-    # -- attention ---------------------------------------------------------
-
-    def attention(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
-                  n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float, stream,
-                  tensor_cores: bool = False, blocks_per_sm: int = 1, rows_per_block: int | None = None,
-                  max_splits: int | None = None):
-        """out[i, h*hd:(h+1)*hd] = softmax(q k^T * scale) v over attend_list[:len_i]: the partial sums of each
-        ATTN_CHUNK-slot split, then the merge. Partial sums by attention_tiled.cu (fp32, K/V chunk in shared
-        memory, shared by up to 8 rows), or with tensor_cores by attention_mma.cu (bf16 hi/lo products, ~1e-5
-        relative; head_dim in ATTN_MMA_HEAD_DIMS; blocks_per_sm 1 or 2 (hd 128) picks its entry;
-        rows_per_block defaults to the fewest blocks of at most ATTN_MMA_TARGET_QV query vectors). max_splits
-        (tensor cores only): launch at most this many splits per KV head, each walking several chunks
-        (attention_decode's max_splits)."""
-        _check(n_splits * ATTN_CHUNK >= capacity, f"attention: {n_splits} splits do not cover {capacity} slots")
-        if max_splits is not None:
-            _check(tensor_cores, "attention: max_splits needs tensor_cores (attention_tiled.cu takes one chunk per split)")
-            _check(max_splits >= 1, f"attention: max_splits {max_splits} < 1")
-            n_splits = min(n_splits, int(max_splits))
-        group = self._attention_checks("attention", qkv, attend_list, out, part_o, part_ml, n_rows, n_q_heads,
-                                       n_kv_heads, head_dim, n_splits)
-        _check(head_dim <= ATTN_MAX_HEAD_DIM, f"attention: head_dim {head_dim} > {ATTN_MAX_HEAD_DIM}")
-        args = (ptr(qkv), np.int32(qkv.shape[1]), np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl),
-                ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads))
-        if tensor_cores:
-            name = f"attention_partial_mma_hd{head_dim}_b{blocks_per_sm}"
-            _check(head_dim in ATTN_MMA_HEAD_DIMS, f"attention (tensor cores): head_dim {head_dim} not in "
-                                                   f"{ATTN_MMA_HEAD_DIMS}")
-            _check(name in FAMILIES["attention_mma"], f"attention (tensor cores): no entry {name}")
-            if rows_per_block is None:
-                rows_per_block = ceil_div(n_rows, ceil_div(n_rows * group, ATTN_MMA_TARGET_QV))
-            rows = max(1, min(int(rows_per_block), n_rows))
-            _check(rows * group <= ATTN_MMA_MAX_QV, f"attention (tensor cores): {rows} rows x group {group} > "
-                                                    f"{ATTN_MMA_MAX_QV} query vectors per block")
-            # bf16 K/V chunk as hi and lo halves (fp32 arena) or hi only (bf16 arena: lo is zero)
-            parts = 2 if self.kv_dtype == "float32" else 1
-            shared = 2 * parts * (ATTN_CHUNK * (head_dim + 8) + head_dim * (ATTN_CHUNK + 8))
-            self._function(name)                       # loads the family, and with it the shared-memory limit
-            _check(shared <= self._shared_limits[name],
-                   f"attention (tensor cores): {shared} bytes of shared memory > {self._shared_limits[name]}")
-            self._launch(name, (ceil_div(n_rows, rows), n_splits, n_kv_heads), ATTN_TILED_THREADS, stream, *args,
-                         np.int32(capacity), np.int32(n_splits), np.float32(scale), np.int32(n_rows), np.int32(rows),
-                         shared=shared)
-        else:
-            def smem(rows):
-                return 4 * (ATTN_CHUNK * (2 * head_dim + 4) + rows * group * (head_dim + ATTN_CHUNK))
-            rows = min(n_rows, ATTN_MAX_ROWS_PER_BLOCK)
-            while rows > 1 and smem(rows) > self.max_shared:
-                rows -= 1
-            _check(smem(rows) <= self.max_shared, f"attention: {smem(rows)} bytes of shared memory > {self.max_shared}")
-            self._launch("attention_partial_tiled", (n_splits, n_kv_heads, ceil_div(n_rows, rows)),
-                         ATTN_TILED_THREADS, stream, *args, np.int32(head_dim), np.int32(capacity), np.int32(n_splits),
-                         np.float32(scale), np.int32(n_rows), np.int32(rows), shared=smem(rows))
-        self._merge(part_o, part_ml, ctl, out, n_rows, n_q_heads, head_dim, n_splits, stream)
-
-    @staticmethod
-    def _attention_checks(what: str, qkv, attend_list, out, part_o, part_ml, n_rows: int, n_q_heads: int,
-                          n_kv_heads: int, head_dim: int, n_splits: int) -> int:
-        """The preconditions every attention kernel shares (dtypes, grouping, float4 strides, partial-sum sizes);
-        returns the group (query heads per KV head)."""
-        _check_array(f"{what} qkv", qkv, np.float32, 2)
-        _check_array(f"{what} list", attend_list, np.int32)
-        _check_array(f"{what} out", out, np.float32, 2)
-        _check_array(f"{what} part_o", part_o, np.float32)
-        _check_array(f"{what} part_ml", part_ml, np.float32)
-        _check(n_kv_heads > 0 and n_q_heads % n_kv_heads == 0,
-               f"{what}: {n_q_heads} heads not a multiple of {n_kv_heads} KV heads")
-        group = n_q_heads // n_kv_heads
-        _check(group <= ATTN_MAX_GROUP, f"{what}: group {group} > {ATTN_MAX_GROUP}")
-        _check(head_dim % 4 == 0, f"{what}: head_dim {head_dim} not a multiple of 4 (float4 loads)")
-        _check(qkv.shape[1] % 4 == 0, f"{what} qkv: row stride {qkv.shape[1]} not a multiple of 4 (float4 loads)")
-        _check(part_o.size >= n_rows * n_q_heads * n_splits * head_dim, f"{what} part_o: too small for the split count")
-        _check(part_ml.size >= n_rows * n_q_heads * n_splits * 2, f"{what} part_ml: too small for the split count")
-        _check(out.shape[1] >= n_q_heads * head_dim and out.shape[0] >= n_rows, f"{what} out: shape {out.shape} too small")
-        return group
-
-    def _merge(self, part_o, part_ml, ctl, out, n_rows, n_q_heads, head_dim, n_splits, stream):
-        _check(n_splits <= ATTN_MERGE_MAX_SPLITS, f"attention: {n_splits} splits > {ATTN_MERGE_MAX_SPLITS} (merge)")
-        _check(out.shape[1] % 4 == 0, f"attention out: row stride {out.shape[1]} not a multiple of 4 (float4 stores)")
-        # The prefetching entry holds 119 registers (2 blocks per SM): where its grid fits in one wave of those
-        # (decode rows), its loads overlap the weights' reductions; a prefill's grid keeps the 40-register one.
-        name = "attention_merge_prefetch" if n_q_heads * n_rows <= 2 * self.num_sms else "attention_merge"
-        self._launch(name, (n_q_heads, n_rows), 256, stream, ptr(part_o), ptr(part_ml), ptr(ctl), ptr(out),
-                     np.int32(out.shape[1]), np.int32(n_q_heads), np.int32(head_dim), np.int32(n_splits))
-
-    def attention_decode(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
-                         n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float,
-                         stream, head_split: int = 1, max_splits: int | None = None):
-        """attention_decode.cu: the same function as attention() for a few query rows (decode), partial sums
-        from registers, same split layout and merge. head_split: warps sharing each 8-entry group of a block,
-        each taking that share of the query heads (1 or 2; same results). max_splits: launch at most this many
-        splits per KV head (None: n_splits, one ATTN_CHUNK each over the arena); fewer splits each walk several
-        chunks (common.cuh's split_span), so the merge reads fewer partial sums at long context. The sums are
-        the same up to the order of the softmax's additions."""
-        _check(n_splits * ATTN_CHUNK >= capacity, f"attention decode: {n_splits} splits do not cover {capacity} slots")
-        if max_splits is not None:
-            _check(max_splits >= 1, f"attention decode: max_splits {max_splits} < 1")
-            n_splits = min(n_splits, int(max_splits))
-        group = self._attention_checks("attention decode", qkv, attend_list, out, part_o, part_ml, n_rows, n_q_heads,
-                                       n_kv_heads, head_dim, n_splits)
-        _check(head_dim <= 256, f"attention decode: head_dim {head_dim} must be <= 256")
-        _check(head_split in ATTN_DECODE_HEAD_SPLITS,
-               f"attention decode: head_split {head_split} not in {ATTN_DECODE_HEAD_SPLITS}")
-        shared = (ATTN_DECODE_THREADS // 32) * group * (8 + 4 * head_dim)   # per 8-entry group: m, l, o of each head
-        _check(shared <= self.max_shared, f"attention decode: {shared} bytes of shared memory > {self.max_shared}")
-        name = "attention_decode_partial_v" + ("1" if head_dim <= 128 else "2") + ("_h2" if head_split == 2 else "")
-        self._launch(name, (n_splits, n_kv_heads, n_rows), ATTN_DECODE_THREADS * head_split, stream, ptr(qkv),
-                     np.int32(qkv.shape[1]), np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl),
-                     ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim),
-                     np.int32(capacity), np.int32(n_splits), np.float32(scale), shared=shared)
-        self._merge(part_o, part_ml, ctl, out, n_rows, n_q_heads, head_dim, n_splits, stream)
 
     # -- persistent decode step ---------------------------------------------
 

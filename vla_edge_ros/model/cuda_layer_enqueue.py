@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import cuda_kernels as ck
+from .cuda_attention_launchers import long_context_splits
+from .cuda_projection_launchers import STAGED_MAX_TOKENS, RopeTarget
 from .cuda_bulk_launchers import FLASH_ROWS
 from .cuda_device_memory import BULK_PARTIAL_ROWS, LayerWeights
 
@@ -120,7 +122,7 @@ class LayerEnqueue:
     def _project(self, W, x, out, n: int, mode: int, **kw) -> None:
         """A projection of the split pipeline: projection_staged.cu where model.staged_prefill_projections asks
         for it (bf16, up to 32 rows; the measured faster default), else projection_bf16.cu / projection_f32.cu."""
-        if self.staged_prefill_projections and W.dtype == np.uint16 and n <= ck.STAGED_MAX_TOKENS:
+        if self.staged_prefill_projections and W.dtype == np.uint16 and n <= STAGED_MAX_TOKENS:
             self.kernels.projection_staged(W, x, out, n, mode, self.stream, **kw)
         else:
             self.kernels.projection(W, x, out, n, mode, self.stream, **kw)
@@ -133,7 +135,7 @@ class LayerEnqueue:
         as the context needs (attention_tiled.cu: one chunk per split)."""
         sp = self.spec
         k_ptr, v_ptr = self._kv_ptrs(li)
-        splits = ck.long_context_splits(self.kernels.num_sms, sp.num_kv_heads)
+        splits = long_context_splits(self.kernels.num_sms, sp.num_kv_heads)
         if n <= DECODE_MAX_ROWS:
             self.kernels.attention_decode(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o,
                                           self.part_ml, self.attn, n, sp.num_heads, sp.num_kv_heads, sp.head_dim,
@@ -146,10 +148,10 @@ class LayerEnqueue:
                                blocks_per_sm=self.attention_blocks_per_sm,
                                max_splits=splits if self.tensor_core_attention else None)
 
-    def _rope_target(self, li: int) -> ck.RopeTarget:
+    def _rope_target(self, li: int) -> RopeTarget:
         sp = self.spec
         k_ptr, v_ptr = self._kv_ptrs(li)
-        return ck.RopeTarget(self.pos_table, self.slot_table, self.ctl, self.inv_freq, k_ptr, v_ptr,
+        return RopeTarget(self.pos_table, self.slot_table, self.ctl, self.inv_freq, k_ptr, v_ptr,
                              sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity)
 
     def _enqueue_head_argmax(self, row: int, bin_lo: int, n_bins: int, rows_consumed: int) -> None:
