@@ -39,7 +39,6 @@ Device layouts:
 """
 from __future__ import annotations
 
-import functools
 import logging
 import math
 
@@ -57,8 +56,9 @@ from .spec import ModelSpec
 from .weight_stream import tensor_source
 from .cuda_bulk_launchers import BULK_GEMMS, FLASH_HEAD_DIMS
 from .cuda_device_memory import MAX_CYCLE_TOKENS, DeviceMemory
+from .cuda_kv_transfer import KvTransfer, on_device
 from .cuda_layer_enqueue import LAYER_GROUPS, LayerEnqueue
-from .weights import bf16_bits_to_float32, canonical_dtype, float32_to_bf16_bits
+from .weights import canonical_dtype
 
 log = logging.getLogger(__name__)
 
@@ -99,21 +99,7 @@ class NonFiniteActionError(NonFiniteLogitsError):
     """A restricted argmax on the device met NaN/Inf logits (reports the token index)."""
 
 
-def _on_device(method):
-    """Run a public method with the backend's CUDA context current on the calling thread (cuda_device.py):
-    the cycle thread, a reconciler worker and a loader thread may all call in."""
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        if self.closed:
-            raise RuntimeError(f"CudaBackend.{method.__name__}: the backend was closed")
-        with self.device.bound():
-            return method(self, *args, **kwargs)
-    return wrapper
-
-
-
-
-class CudaBackend(DeviceMemory, LayerEnqueue):
+class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
     """Backend protocol on one CUDA device (see the module docstring).
 
     Constructor: weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
@@ -242,7 +228,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
 
     # ------------------------------------------------------------------ Public API
 
-    @_on_device
+    @on_device
     def embed(self, token_ids: np.ndarray) -> np.ndarray:
         ids = token_id_array(token_ids, self.spec.vocab_size)
         out = np.empty((ids.size, self.spec.hidden_size), np.float32)
@@ -253,7 +239,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
             out[start:start + n] = self._get(self.resid, n)
         return out
 
-    @_on_device
+    @on_device
     def forward(self, x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
                 context_slots: np.ndarray, logits: str = "last", return_hidden: bool = False) -> ForwardResult:
         x, positions, write_slots, context_slots = self._check_inputs(x, positions, write_slots, context_slots, logits)
@@ -298,7 +284,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
         out_logits = np.concatenate(logit_chunks) if logit_chunks else None
         return ForwardResult(logits=out_logits, hidden_states=hidden)
 
-    @_on_device
+    @on_device
     def run_cycle_tokens(self, prefill_x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
                          context_slots: np.ndarray, decode_slots: np.ndarray, decode_positions: np.ndarray,
                          action_bin_lo: int, n_tokens: int, n_bins: int | None = None, give_up=None) -> np.ndarray:
@@ -319,7 +305,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
         self.last_cycle_ms = (after_prefill.time_since(start), end.time_since(after_prefill))
         return tokens
 
-    @_on_device
+    @on_device
     def prefill_logits(self) -> np.ndarray:
         """Full-vocabulary logits [vocab] of the last prefill row of the latest run_cycle_tokens (the
         cycle itself scores only the action bins). For checks and debugging, not for the cycle path."""
@@ -330,7 +316,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
         self.kernels.projection(self.head, self.normed, self.logits, 1, ck.MODE_STORE, self.stream)
         return self._get(self.logits, 1)[0]
 
-    @_on_device
+    @on_device
     def begin_cycle(self, prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions,
                     n_tokens: int) -> None:
         """Upload one cycle's rows, tables and control block (async on self.stream)."""
@@ -360,7 +346,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
         self._put(self.attend_list, np.concatenate([context_slots, all_slots]).astype(np.int32))
         self._put(self.ctl, np.array([0, context_slots.size, 0, -1], np.int32))
 
-    @_on_device
+    @on_device
     def prepare_cycle(self, prefill_rows: int, action_bin_lo: int, n_bins: int) -> None:
         """Capture (not run) the graphs a cycle with this prefill length needs, so the first such cycle only
         replays them: configure and instruction changes call it, never a live cycle."""
@@ -370,7 +356,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
         self._graph(("prefill", prefill_rows) + bins, lambda: self._enqueue_prefill(prefill_rows, *bins))
         self._graph(("decode",) + bins, lambda: self._enqueue_decode(*bins))
 
-    @_on_device
+    @on_device
     def prepare_forward(self, row_counts) -> None:
         """Capture (not run) the layer graphs of every pass a forward() over each of these row counts makes."""
         if not self.use_graphs:
@@ -390,18 +376,18 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
         step = self.bulk_max_rows if bulk else self.max_rows
         return [(start, min(step, total - start), bulk) for start in range(0, total, step)]
 
-    @_on_device
+    @on_device
     def launch_prefill(self, n_rows: int, bin_lo: int, n_bins: int) -> None:
         """Enqueue (or replay) the prefill of n_rows rows ending with the restricted argmax."""
         self.has_prefill_logits = True
         self._run_graph(("prefill", n_rows, bin_lo, n_bins), lambda: self._enqueue_prefill(n_rows, bin_lo, n_bins))
 
-    @_on_device
+    @on_device
     def launch_decode_step(self, bin_lo: int, n_bins: int) -> None:
         """Enqueue (or replay) one decode step: gather the last token, 1-row forward, restricted argmax."""
         self._run_graph(("decode", bin_lo, n_bins), lambda: self._enqueue_decode(bin_lo, n_bins))
 
-    @_on_device
+    @on_device
     def finish_cycle(self, n_tokens: int) -> np.ndarray:
         tokens = self._get(self.tokens_out, n_tokens).astype(np.int64)
         bad = np.flatnonzero(tokens < 0)
@@ -409,112 +395,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
             raise NonFiniteActionError(f"non-finite logits at action token {int(bad[0])} of {n_tokens} (device argmax)")
         return tokens
 
-    @_on_device
-    def copy_slots(self, src_slots: np.ndarray, dst_slots: np.ndarray) -> None:
-        src = self._slot_array(src_slots, "src_slots")
-        dst = self._slot_array(dst_slots, "dst_slots")
-        if src.shape != dst.shape:
-            raise ValueError(f"copy_slots: src_slots {src.shape} and dst_slots {dst.shape} differ in length")
-        if src.size > self.max_rows and np.intersect1d(src, dst).size:
-            # Chunks would read slots an earlier chunk already overwrote: go through the host copy.
-            self.write_kv(dst, self.read_kv(src))
-            return
-        for start in range(0, src.size, self.max_rows):
-            n = min(self.max_rows, src.size - start)
-            self._put(self.kv_slots_buf, src[start:start + n].astype(np.int32))
-            self._kv_move("gather", n)
-            self._put(self.kv_slots_buf, dst[start:start + n].astype(np.int32))
-            self._kv_move("scatter", n)
-        self.stream.synchronize()
-
-    @_on_device
-    def read_kv(self, slots: np.ndarray) -> np.ndarray:
-        """[2, layers, len(slots), kv_dim] float32: K (after RoPE) and V of the slots (a bf16 arena's values
-        widened exactly)."""
-        slots = self._slot_array(slots, "slots")
-        out = np.empty((2, self.spec.num_layers, slots.size, self.spec.kv_dim), np.float32)
-        for start in range(0, slots.size, self.max_rows):
-            n = min(self.max_rows, slots.size - start)
-            self._put(self.kv_slots_buf, slots[start:start + n].astype(np.int32))
-            self._kv_move("gather", n)
-            self.stream.synchronize()
-            out[:, :, start:start + n] = self.kv_to_host(self.kv_staging.get()[:, :, :n])
-        return out
-
-    def kv_to_host(self, rows: np.ndarray) -> np.ndarray:
-        """Arena elements as the device holds them (float32, or uint16 bf16 bits) -> float32 values."""
-        return bf16_bits_to_float32(rows) if self.kv_element == np.uint16 else rows
-
-    def kv_from_host(self, values: np.ndarray) -> np.ndarray:
-        """float32 values -> arena elements (a bf16 arena: rounded to nearest even, as the kernels store)."""
-        return float32_to_bf16_bits(values) if self.kv_element == np.uint16 else values
-
-    @_on_device
-    def write_kv(self, slots: np.ndarray, kv: np.ndarray) -> None:
-        slots = self._slot_array(slots, "slots")
-        expected = (2, self.spec.num_layers, slots.size, self.spec.kv_dim)
-        kv = np.asarray(kv)
-        if kv.shape != expected or kv.dtype != np.float32:
-            raise ValueError(f"write_kv: kv must be float32 {expected}, got {kv.dtype} {kv.shape}")
-        staging = np.zeros(self.kv_staging.shape, self.kv_element)
-        for start in range(0, slots.size, self.max_rows):
-            n = min(self.max_rows, slots.size - start)
-            staging[:, :, :n] = self.kv_from_host(kv[:, :, start:start + n])
-            self.stream.synchronize()
-            self.kv_staging.set(staging)
-            self._put(self.kv_slots_buf, slots[start:start + n].astype(np.int32))
-            self._kv_move("scatter", n)
-        self.stream.synchronize()
-
-    # -- whole-state KV moves on the device (model/cuda_state_transfer.py, model/cuda_ipc.py)
-
-    @_on_device
-    def gather_kv_rows(self, dst_ptr: int, slots: np.ndarray) -> None:
-        """Enqueue on self.stream: K/V of `slots` into the device buffer at dst_ptr, laid out as
-        [2, layers, capacity, kv_dim] in the arena's element (kv_rows_dtype) with row j = slots[j] (one launch).
-        The caller synchronizes."""
-        slots = self._slot_array(slots, "slots")
-        if slots.size:
-            self._put(self.kv_slots_buf, slots.astype(np.int32))
-            self.kernels.kv_move("gather", self.k_cache, self.v_cache, self.kv_slots_buf, self._rows_view(dst_ptr),
-                                 slots.size, self.spec.num_layers, self.spec.num_kv_heads, self.capacity,
-                                 self.spec.head_dim, self.stream)
-
-    @_on_device
-    def scatter_kv_rows(self, src_ptr: int, slots: np.ndarray) -> None:
-        """Enqueue on self.stream: rows 0..len(slots)-1 of a [2, layers, capacity, kv_dim] device buffer in the
-        arena's element (kv_rows_dtype) at src_ptr (this context's address, e.g. an opened IPC handle) into
-        `slots` (one launch)."""
-        slots = self._slot_array(slots, "slots")
-        if slots.size:
-            self._put(self.kv_slots_buf, slots.astype(np.int32))
-            self.kernels.kv_move("scatter", self.k_cache, self.v_cache, self.kv_slots_buf, self._rows_view(src_ptr),
-                                 slots.size, self.spec.num_layers, self.spec.num_kv_heads, self.capacity,
-                                 self.spec.head_dim, self.stream)
-
-    @_on_device
-    def synchronize(self) -> None:
-        self.stream.synchronize()
-
-    def kv_rows_shape(self) -> tuple:
-        """Shape of the whole-state KV buffers gather_kv_rows / scatter_kv_rows use."""
-        sp = self.spec
-        return (2, sp.num_layers, self.capacity, sp.kv_dim)
-
-    def kv_rows_dtype(self) -> np.dtype:
-        """Element of those buffers: the arena's own (float32, or uint16 bf16 bits), moved bit for bit."""
-        return self.kv_element
-
-    @_on_device
-    def landing_buffer(self, nbytes: int) -> int:
-        """Address of a device buffer for KV arriving from another context of this process (made on first use,
-        freed by close): only the in-process two-context arrangement of the benchmark and tests needs it."""
-        if self._landing is None or self._landing.nbytes < nbytes:
-            self._landing = self._alloc((-(-nbytes // 4),), np.float32, zero=False)
-            log.info("KV landing buffer of %.0f MB for swaps from another context", nbytes / 1e6)
-        return int(self._landing.gpudata)
-
-    @_on_device
+    @on_device
     def device_buffer(self, shape, dtype, host: np.ndarray | None = None):
         """A device array for a helper on this backend's device (cuda_vision.py), counted and freed by close();
         filled from `host` when given, else zeroed."""
@@ -531,12 +412,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
         from .cuda_vision import CudaPatchProjection
         return CudaPatchProjection(self, weight, bias, grid_rows, grid_cols, patch)
 
-    def _rows_view(self, ptr: int):
-        """A GPUArray view (no allocation) of a [2, layers, capacity, kv_dim] buffer of arena elements at a device
-        address."""
-        return self._gpuarray.GPUArray(self.kv_rows_shape(), self.kv_element, gpudata=int(ptr))
-
-    @_on_device
+    @on_device
     def set_programmatic_launch(self, enabled: bool) -> bool:
         """Launch the decode kernels programmatically (True) or ordinarily, between cycles; captured graphs
         are rebuilt on next use. Returns what is in effect (False where the device cannot)."""
@@ -551,7 +427,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
     # Device state a decode step reads or writes: what decode_state()/restore_decode_state() copy.
     DECODE_STATE = ("k_cache", "v_cache", "resid", "ctl", "tokens_out")
 
-    @_on_device
+    @on_device
     def decode_state(self) -> dict:
         """Device copies of the state the decode steps of a begun cycle start from (after launch_prefill), so
         that two decode launch modes can be compared from the very same state (the prefill's split-K atomics
@@ -559,7 +435,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
         self.stream.synchronize()
         return {name: getattr(self, name).copy() for name in self.DECODE_STATE}
 
-    @_on_device
+    @on_device
     def restore_decode_state(self, state: dict) -> None:
         """Copy a decode_state() back into the live buffers (the cycle's tables stay as begin_cycle wrote them)."""
         self.stream.synchronize()
@@ -574,7 +450,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
             graph.close()
         self._graphs.clear()
 
-    @_on_device
+    @on_device
     def set_kernel_variants(self, tensor_core_attention: bool | None = None,
                             attention_blocks_per_sm: int | None = None,
                             decode_attention_head_split: int | None = None,
@@ -615,7 +491,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
                 "decode_attention_head_split": self.decode_attention_head_split,
                 "decode_gemv_blocks_per_sm": self.decode_gemv_blocks_per_sm}
 
-    @_on_device
+    @on_device
     def set_persistent_decode(self, enabled: bool, blocks_per_sm: int | None = None,
                               l2_prefetch_bytes: int | None = None) -> bool:
         """Run bf16 decode steps as one persistent kernel (True) or six launches per layer, between cycles;
@@ -695,11 +571,6 @@ class CudaBackend(DeviceMemory, LayerEnqueue):
             graph = capture("-".join(map(str, key)), self.stream, record)
             self._graphs[key] = graph
         return graph
-
-    def _kv_move(self, direction: str, n: int) -> None:
-        sp = self.spec
-        self.kernels.kv_move(direction, self.k_cache, self.v_cache, self.kv_slots_buf, self.kv_staging, n,
-                             sp.num_layers, sp.num_kv_heads, self.capacity, sp.head_dim, self.stream)
 
     def _put(self, dst, host: np.ndarray) -> None:
         """Copy a host array into the start of a device buffer, ordered on self.stream."""
