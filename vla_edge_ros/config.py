@@ -135,12 +135,10 @@ class VisionConfig:
     grid_rows: int = _doc("patches down (image height = grid_rows * patch_size)", default=4)
     seed: int = _doc("seed of the projection weights when no weights file is given", default=1234)
     weights_path: str = _doc("optional safetensors file with patch_proj.weight [hidden, 3*p*p] and patch_proj.bias [hidden]", default="")
-    on_gpu: bool = _doc("run the reasoning node's patch projection on the model's GPU (model.backend pycuda): "
-                        "cuda/vision.cu through model/cuda_vision.py, the resize stays on the host. The reconciler "
-                        "keeps the numpy projection (its encodes are not in its slack schedule, and on the GPU "
-                        "they time-sliced the primary's cycles: one 50 s H200 demo with both on the GPU, vision "
-                        "2.0 -> 0.5 ms p50, had 2 deadline misses). Off by default until a graph run on the GPU "
-                        "with the reconciler's encodes on the host has measured it", default=False)
+    on_gpu: bool = _doc("run the reasoning node's patch projection on the model's GPU (model.backend pycuda; "
+                        "cuda/vision.cu, the resize stays on the host; on in config/gpu_demo.yaml). The reconciler "
+                        "keeps the numpy projection: its encodes are outside its slack schedule, and on the GPU they "
+                        "time-sliced the primary's cycles (engine_factory.reconciler_encoder)", default=False)
 
     def __post_init__(self):
         for name in ("patch_size", "grid_cols", "grid_rows"):
