@@ -12,12 +12,14 @@ import os
 import threading
 import time
 import zlib
+from collections import Counter
 from pathlib import Path
 
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 
+from vla_edge_ros.core import cycle_result as R
 from vla_edge_ros.core import footage
 from vla_edge_ros.nodes import conversions as conv
 from vla_edge_ros.nodes import graph
@@ -227,6 +229,27 @@ def cycle_outputs(tokens: Collector, fallbacks: Collector) -> dict:
         assert cid not in out, f"cycle {cid} published twice (as {out[cid][0]} and as fallback {msg.message})"
         out[cid] = ("fallback", msg.message, values)
     return out
+
+
+# What a starved CPU makes the policy say: admission refuses what the measured cost cannot fit, and a
+# probe cycle (admission.probe_after_refusals) may finish late. CI runners share their cores with other
+# jobs; one run had about a quarter of its two cores for minutes and acted on ~1 cycle in 12.
+LOAD_REASONS = (R.REFUSED_BUDGET, R.DEADLINE_MISSED)
+
+
+def assert_acts_or_explains_load(outputs: dict, min_actions: int, quiet_share: float = 0.6) -> str:
+    """`outputs` as cycle_outputs gives them. The policy acts on at least `min_actions` cycles, and every cycle
+    it does not act on is refused or late for lack of CPU, nothing else. On a quiet machine it acts on at least
+    `quiet_share` of them (measured here: 0.6 to 1.0 of cycles); below that share the fallbacks must all be
+    load, so a reason such as no_frame, stale_frame or engine_error fails the test whatever the machine.
+    Returns a one-line summary for the test's output."""
+    actions = sum(o[0] == "action" for o in outputs.values())
+    reasons = Counter(o[1] for o in outputs.values() if o[0] == "fallback")
+    summary = f"{actions} actions in {len(outputs)} cycles, fallbacks {dict(reasons)}"
+    assert actions >= min_actions, summary
+    unexplained = {r: n for r, n in reasons.items() if r not in LOAD_REASONS}
+    assert not unexplained or actions >= quiet_share * len(outputs), f"not load: {unexplained}; {summary}"
+    return summary
 
 
 def assert_no_gaps(ids) -> None:
