@@ -22,12 +22,12 @@
 #define CTL_TOKEN      3   // last emitted token id: the next decode step's input
 #define CTL_INTS       4
 
-// Projection epilogue modes: the `mode` argument of projection_f32, projection_bf16 and
-// projection_fused (each .cu header says what its modes compute).
+// Projection epilogue modes: the `mode` argument of projection_f32, projection_bf16, projection_staged
+// and gemv (each .cu header says what its modes compute).
 #define PMODE_STORE    0   // out = acc (+ bias)
 #define PMODE_ADD      1   // out += acc (residual stream, or a bias-initialised accumulator)
 #define PMODE_SWIGLU   2   // out = silu(gate) * up, gate/up rows interleaved in blocks of 8
-#define PMODE_QKV_ROPE 3   // projection_fused only: q out, k/v into the arena, RoPE applied
+#define PMODE_QKV_ROPE 3   // gemv only: q out, k/v into the arena, RoPE applied
 
 // Entries of the attend list that query row i of a call sees: the cached context, then the call's
 // rows up to and including its own (table index ctl[CTL_ROW_OFFSET] + i); shared by the attention kernels.

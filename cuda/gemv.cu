@@ -13,10 +13,10 @@
 //              QKV_ROPE : W in kernel_reference.qkv_rope_row_order; rows 16t + g and 16t + g + 8 are a
 //                         RoPE pair (or two v rows): qkv_rope.cuh's epilogue (q to out, k, v to the arena)
 //
-// Why not the tensor cores (projection_fused.cu): with one activation row an mma uses 1 of its 8
+// Why not the tensor cores (the removed projection_fused.cu, notes/cuda_notes.md): with one activation row an mma uses 1 of its 8
 // columns and the bf16 hi/lo split of the activations costs more instructions than the FMAs it
 // replaces; measured on the H200 with one launch per layer on its own weights (bench/gemv_probe.py),
-// this plain loop streams the gate/up weights at ~0.8 of the copy bandwidth against ~0.55.
+// this plain loop streamed the gate/up weights at ~0.8 of the copy bandwidth against ~0.55.
 //
 // Layouts:   W [rows, K] row-major bf16 bits; x [K] float32 (the caller offsets the row); norm_w [K];
 //            out [out_cols or rows] float32; rope tables as qkv_rope.cuh.

@@ -1,5 +1,6 @@
-// mma_bf16.cuh: the tensor-core building blocks of the bf16 projections (projection_bf16.cu and
-// projection_fused.cu), written once so both kernels multiply and round exactly alike.
+// mma_bf16.cuh: the tensor-core building blocks of the bf16 kernels (projection_bf16.cu,
+// projection_staged.cu, attention_mma.cu, prefill_bulk.cu, gemm_bulk.cu), written once so all of them
+// multiply and round exactly alike.
 //
 // mma_bf16_16816:    one mma.sync m16n8k16, bf16 inputs, fp32 accumulators c[0..3] (in place).
 // load_weights16:    one streaming 16-byte load of 8 bf16 weights, kept out of L1.

@@ -1,4 +1,4 @@
-// qkv_rope.cuh: the QKV_ROPE pair epilogue the one-row projections share (projection_fused.cu, gemv.cu) (RoPE, then q to the output row, k and v into
+// qkv_rope.cuh: the QKV_ROPE pair epilogue of the one-row projection (gemv.cu) (RoPE, then q to the output row, k and v into
 // one layer's KV arena). Row pair (a, b) = rows g and g + 8 of tile `tile` of a q|k|v weight laid
 // out by kernel_reference.qkv_rope_row_order: the RoPE pair (j, j + hd/2) of one head, or two v rows.
 #pragma once

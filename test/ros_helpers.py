@@ -238,17 +238,23 @@ LOAD_REASONS = (R.REFUSED_BUDGET, R.DEADLINE_MISSED)
 
 
 def assert_acts_or_explains_load(outputs: dict, min_actions: int, quiet_share: float = 0.6) -> str:
-    """`outputs` as cycle_outputs gives them. The policy acts on at least `min_actions` cycles, and every cycle
-    it does not act on is refused or late for lack of CPU, nothing else. On a quiet machine it acts on at least
-    `quiet_share` of them (measured here: 0.6 to 1.0 of cycles); below that share the fallbacks must all be
-    load, so a reason such as no_frame, stale_frame or engine_error fails the test whatever the machine.
-    Returns a one-line summary for the test's output."""
+    """`outputs` as cycle_outputs gives them: see assert_acts_or_explains_load_counts."""
     actions = sum(o[0] == "action" for o in outputs.values())
     reasons = Counter(o[1] for o in outputs.values() if o[0] == "fallback")
-    summary = f"{actions} actions in {len(outputs)} cycles, fallbacks {dict(reasons)}"
+    return assert_acts_or_explains_load_counts(actions, reasons, len(outputs), min_actions, quiet_share)
+
+
+def assert_acts_or_explains_load_counts(actions: int, reasons: dict, cycles: int, min_actions: int,
+                                        quiet_share: float = 0.6) -> str:
+    """The policy acts on at least `min_actions` of `cycles`, and every cycle it does not act on is refused or
+    late for lack of CPU, nothing else. On a quiet machine it acts on at least `quiet_share` of them
+    (measured here: 0.6 to 1.0 of cycles); below that share the fallbacks must all be load, so a reason such
+    as no_frame, stale_frame or engine_error fails the test whatever the machine. Returns a one-line summary."""
+    reasons = {r: n for r, n in reasons.items() if n}
+    summary = f"{actions} actions in {cycles} cycles, fallbacks {reasons}"
     assert actions >= min_actions, summary
     unexplained = {r: n for r, n in reasons.items() if r not in LOAD_REASONS}
-    assert not unexplained or actions >= quiet_share * len(outputs), f"not load: {unexplained}; {summary}"
+    assert not unexplained or actions >= quiet_share * cycles, f"not load: {unexplained}; {summary}"
     return summary
 
 

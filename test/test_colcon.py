@@ -75,13 +75,13 @@ def test_installed_package_finds_its_kernels_through_the_ament_index(installed):
     the index it says where it looked and how to fix it."""
     site = next(installed.glob("lib/python3*/site-packages"))
     code = ("from vla_edge_ros.resources import kernel_dir; from vla_edge_ros.model import cuda_kernels as ck; "
-            "print(kernel_dir()); print(len(ck.family_source('projection_fused'))); print(ck.MODE_QKV_ROPE)")
+            "print(kernel_dir()); print(len(ck.family_source('projection_bf16'))); print(ck.MODE_QKV_ROPE)")
     env = {**os.environ, "PYTHONPATH": str(site), "AMENT_PREFIX_PATH": str(installed)}
     done = subprocess.run([sys.executable, "-c", code], cwd=installed, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     directory, length, mode = done.stdout.split()
     assert Path(directory) == installed / "share" / graph.PACKAGE / "cuda"
-    assert int(length) > 0          # projection_fused.cu includes common.cuh and mma_bf16.cuh: both installed
+    assert int(length) > 0          # projection_bf16.cu includes common.cuh and mma_bf16.cuh: both installed
     assert int(mode) == header_values(ROOT / "cuda" / "common.cuh")["MODE_QKV_ROPE"]
     env.pop("AMENT_PREFIX_PATH")
     done = subprocess.run([sys.executable, "-c", code], cwd=installed, env=env, capture_output=True, text=True, timeout=120)

@@ -44,13 +44,13 @@ def test_gemv_modes_match_reference(kn, gpu, rows, k, norm):
     out = _nan(ga, (1, rows))
     kn.gemv(w_dev, x_dev, out, MODE_STORE, stream, norm_w=nw_dev, eps=eps, bias=ga.to_gpu(bias), x_row0=1)
     stream.synchronize()
-    _close(out.get(), ref.projection_fused_ref(w, x[1:2], MODE_STORE, norm_w=norm_w, eps=eps, bias=bias), f"{case} STORE")
+    _close(out.get(), ref.folded_projection_ref(w, x[1:2], MODE_STORE, norm_w=norm_w, eps=eps, bias=bias), f"{case} STORE")
 
     base = rng.standard_normal((1, rows)).astype(np.float32)
     acc = ga.to_gpu(base)
     kn.gemv(w_dev, x_dev, acc, MODE_ADD, stream, norm_w=nw_dev, eps=eps, x_row0=1)
     stream.synchronize()
-    expected = ref.projection_fused_ref(w, x[1:2], MODE_ADD, out=base, norm_w=norm_w, eps=eps)
+    expected = ref.folded_projection_ref(w, x[1:2], MODE_ADD, out=base, norm_w=norm_w, eps=eps)
     _close(acc.get(), expected, f"{case} ADD")
 
     if rows >= 64:                                              # the head's slice: rows [w_row0, w_row0 + n)
@@ -58,7 +58,7 @@ def test_gemv_modes_match_reference(kn, gpu, rows, k, norm):
         out = _nan(ga, (1, n))
         kn.gemv(w_dev, x_dev, out, MODE_STORE, stream, norm_w=nw_dev, eps=eps, w_row0=lo, rows=n, x_row0=1)
         stream.synchronize()
-        _close(out.get(), ref.projection_fused_ref(w[lo:lo + n], x[1:2], MODE_STORE, norm_w=norm_w, eps=eps),
+        _close(out.get(), ref.folded_projection_ref(w[lo:lo + n], x[1:2], MODE_STORE, norm_w=norm_w, eps=eps),
                f"{case} STORE rows [{lo}, {lo + n})")
 
     if rows % 16 == 0:
@@ -68,7 +68,7 @@ def test_gemv_modes_match_reference(kn, gpu, rows, k, norm):
         act = _nan(ga, (1, inter))
         kn.gemv(ga.to_gpu(w_gu), x_dev, act, MODE_SWIGLU, stream, norm_w=nw_dev, eps=eps, out_cols=inter, x_row0=1)
         stream.synchronize()
-        expected = ref.projection_fused_ref(w_gu, x[1:2], MODE_SWIGLU, norm_w=norm_w, eps=eps, out_cols=inter)
+        expected = ref.folded_projection_ref(w_gu, x[1:2], MODE_SWIGLU, norm_w=norm_w, eps=eps, out_cols=inter)
         _close(act.get(), expected, f"{case} SWIGLU")
 
 
@@ -99,7 +99,7 @@ def test_gemv_qkv_rope_writes_q_and_kv_slots(kn, gpu, hq, kvh, hd, norm):
     kn.gemv(ga.to_gpu(w_dev), ga.to_gpu(x), out, MODE_QKV_ROPE, stream, norm_w=ga.to_gpu(norm_w) if norm else None,
             eps=1e-6, bias=ga.to_gpu(bias), rope=rope)
     stream.synchronize()
-    pre = ref.projection_fused_ref(w_nat, x, MODE_STORE, norm_w=norm_w, eps=1e-6, bias=bias)   # [1, q+2kv]
+    pre = ref.folded_projection_ref(w_nat, x, MODE_STORE, norm_w=norm_w, eps=1e-6, bias=bias)   # [1, q+2kv]
     e_qkv, e_k, e_v = ref.rope_store_ref(pre, pos, slots, ctl, inv, k0, k0.copy(), hq, kvh, hd)
     got = out.get()
     case = f"gemv QKV_ROPE {hq}/{kvh}x{hd} norm={norm}"

@@ -1,6 +1,6 @@
 """Host-side weight layouts of the CUDA kernels, checked on the CPU (no device needed).
 
-The QKV_ROPE epilogue of cuda/projection_fused.cu finds the natural q|k|v column of each tile row
+The QKV_ROPE epilogue of cuda/gemv.cu (qkv_rope.cuh) finds the natural q|k|v column of each tile row
 by arithmetic; weight_layouts.qkv_rope_row_order builds the weight in that order. Here the
 epilogue's index arithmetic, transcribed, must agree with the order for every tile row, and the
 reordered projection followed by that mapping must equal HF-layout RoPE.

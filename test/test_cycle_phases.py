@@ -8,7 +8,7 @@ import pytest
 from vla_edge_ros.core.engine_factory import primary_engine
 from vla_edge_ros import config as C
 from vla_edge_ros.core import cycle_result as R
-from vla_edge_ros.core.cycle_phases import IN_CYCLE, PhaseClock, PhaseStats
+from vla_edge_ros.core.cycle_phases import IN_CYCLE, OVERLAPPING, PhaseClock, PhaseStats
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.nodes.conversions import flatten
@@ -37,8 +37,12 @@ def test_the_laps_add_up_to_the_cycle_and_name_only_what_ran(engine_and_results)
     _, results = engine_and_results
     for r in results[:-1]:
         assert r.is_action, r.detail
-        assert set(r.phases_ms) <= set(IN_CYCLE) | {"off_cpu"}
-        assert 0.0 <= r.phases_ms.pop("off_cpu") <= r.elapsed_ms
+        assert set(r.phases_ms) <= set(IN_CYCLE) | set(OVERLAPPING)
+        off_cpu = r.phases_ms.pop("off_cpu")
+        assert 0.0 <= off_cpu <= r.elapsed_ms
+        # Linux (as here and on the robot) says how much of it was waiting for a core; the kernel's clock and
+        # the thread's CPU clock tick apart, so a wait the thread clock missed may show by a tick's worth.
+        assert 0.0 <= r.phases_ms.pop("run_queue") <= off_cpu + 1.0
         assert {"wake", "admission", "slots", "prefill", "decode", "finish"} <= set(r.phases_ms)
         assert ("vision" in r.phases_ms) == r.new_frame          # a repeated frame is not encoded again
         assert r.phases_ms["prefill"] == pytest.approx(r.prefill_ms)

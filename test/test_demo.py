@@ -37,12 +37,13 @@ def test_demo_reports_every_cycle_of_its_window(tiny_model_dir, tmp_path):
     # A cycle per deadline for SECONDS; a loaded 2-core machine may skip a few boundaries, never most.
     assert report["cycles"] >= 0.5 * SECONDS * 1000 / H.PLUMBING_DEADLINE_MS, report["cycles"]
     assert report["fallback_reasons"]["no_frame"] == 0, "the window opened before frames reached the cycle"
-    # No fallback from a fault (an engine error, the memory ceiling). How many cycles end in a budget refusal, a
-    # missed deadline or a stale frame depends on the load of the machine (one CI run of three node processes
-    # and a reconciler on 2 cores: 26 actions of 80), so only a working loop is asked for here.
+    # No fallback from a fault (an engine error, the memory ceiling). How many cycles end in a budget refusal or
+    # a missed deadline depends on the load of the machine (CI runs of three node processes and a reconciler on
+    # 2 cores: 26 actions of 80, and 7 of 60 while other tests ran beside), so only a working loop is asked for.
     for reason in ("engine_error", "memory_ceiling"):
         assert report["fallback_reasons"][reason] == 0, report["fallback_reasons"]
-    assert report["actions"] >= 0.2 * report["cycles"], report
+    print(H.assert_acts_or_explains_load_counts(report["actions"], report["fallback_reasons"], report["cycles"],
+                                                min_actions=1, quiet_share=0.2))
     assert 0 < report["camera_to_first_action_s"] < 30
     # Whether exact forgetting worked is said at a glance, with its numbers.
     exact = report["exactness"]

@@ -52,7 +52,6 @@ def test_kernel_limits_mirrored_in_python_match_the_sources():
     common = _defines("common.cuh")
     assert (ca.ATTN_CHUNK, ATTN_MAX_GROUP, ca.ATTN_MAX_HEAD_DIM) == \
         (common["ATTN_CHUNK"], common["ATTN_MAX_GROUP"], common["ATTN_MAX_HEAD_DIM"])
-    assert cp.FUSED_MAX_WARPS == _defines("projection_fused.cu")["FUSED_MAX_WARPS"]
     assert cp.PROJ_WARPS == _defines("projection_bf16.cu")["PROJ_WARPS"]
 
 
@@ -116,7 +115,7 @@ def test_family_source_is_one_translation_unit(family):
     assert src.count("#define CTL_INTS") == 1, "common.cuh pasted once"
     mma_definitions = src.count("void mma_bf16_16816(")
     assert mma_definitions <= 1, "mma_bf16.cuh pasted once"
-    if family in ("projection_bf16", "projection_fused"):
+    if family in ("projection_bf16", "projection_staged", "attention_mma", "prefill_bulk"):
         assert mma_definitions == 1, f"{family}.cu includes mma_bf16.cuh"
 
 

@@ -1,4 +1,4 @@
-"""The engine's one-row GEMV (cuda/gemv.cu) against the tensor-core projection it replaced (GPU only).
+"""The engine's one-row GEMV (cuda/gemv.cu) against the copy bandwidth (GPU only).
 
     python -m vla_edge_ros.bench.gemv_probe [--json out/gemv_probe.json]
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \\
@@ -6,12 +6,12 @@
 
 For the four weight shapes of a Qwen2.5-1.5B decoder layer, one launch per layer on its own weights
 (28 copies, so they stream from HBM), captured as a CUDA graph and replayed: microseconds per launch
-and the fraction of the copy bandwidth measured in the same run, for projection_fused.cu with its
-default block shape and for gemv.cu (STORE / ADD epilogue, no RMSNorm), and on the gate/up shape for
-gemv.cu's gemv_bf16_items (2 or 4 blocks per SM looping over the 8-row items). Each gemv result is
+and the fraction of the copy bandwidth measured in the same run, for gemv.cu (STORE / ADD epilogue, no
+RMSNorm), and on the gate/up shape for gemv.cu's gemv_bf16_items (2 or 4 blocks per SM looping over the 8-row items). Each gemv result is
 checked against numpy first. `--once SHAPE` launches each kernel once on that shape (for ncu). A diagnosis
 tool; the benchmark of record is bench/pycuda_cycle.py. (The plain-loop candidates that led to
-gemv.cu are in notes/cuda_notes.md, issue 10 run 5.)
+gemv.cu, and the tensor-core projection_fused.cu it was measured against before that kernel was removed,
+are in notes/cuda_notes.md, issue 10 run 5.)
 """
 from __future__ import annotations
 
@@ -67,10 +67,6 @@ def probe(layers: int, replays: int, once: str | None) -> dict:
         expected = from_bf16_bits(host_w).astype(np.float64) @ x_host
         mode = MODE_ADD if name in ("o", "down") else MODE_STORE
 
-        def mma():
-            for w in weights:
-                kn.projection_fused(w, x, out, 1, mode, stream)
-
         def gemv(blocks_per_sm=0):
             def launch():
                 for w in weights:
@@ -84,11 +80,8 @@ def probe(layers: int, replays: int, once: str | None) -> dict:
             return float(np.linalg.norm(out.get()[0] - expected) / np.linalg.norm(expected))
         grids = [0] + ([2, 4] if name == "gate_up" else [])
         if once:
-            mma()
             for bps in grids:
                 gemv(bps)()
-        else:
-            results.append({"shape": name, "kernel": "projection_fused.cu", "us": _time_graph(stream, mma, replays, n)})
         for bps in [] if once else grids:
             err = checked(bps)
             kernel = "gemv.cu (the engine's)" if bps == 0 else f"gemv.cu, items over {bps} blocks/SM"

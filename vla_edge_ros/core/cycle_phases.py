@@ -15,8 +15,12 @@ The phases, in the order a cycle meets them (all in ms):
     between     at the boundary after a cycle: a new instruction, a reconciled state swapped in
     frame_decode  per received frame, on the executor thread: a ROS Image -> RGB pixels
     off_cpu     of the cycle from admission on, the time its thread was not running (wall minus the
-                thread's CPU time): preempted by other processes, or waiting for the GIL held by
-                another thread of the node. Not a phase of its own: it overlaps the ones above.
+                thread's CPU time): preempted by other processes, waiting for the GIL held by
+                another thread of the node, or its machine's CPU taken by the hypervisor.
+    run_queue   of off_cpu, the time the thread was runnable but waiting for a core while other
+                tasks ran (the kernel's run_delay, core/sched_stats.py; absent where unknown). The
+                rest of off_cpu is blocked (the GIL, a page fault) or stolen by the hypervisor.
+                off_cpu and run_queue are not phases of their own: they overlap the ones above.
 
 `wake` .. `finish` add up to the cycle's elapsed_ms (up to the few microseconds
 between laps). Each phase's distribution covers the cycles in which it ran (a
@@ -31,10 +35,12 @@ import time
 
 import numpy as np
 
+from .sched_stats import run_queue_s
+
 IN_CYCLE = ("wake", "rebase", "admission", "vision", "slots", "prefill", "decode", "finish")
 AFTER_CYCLE = ("publish", "between")
 PER_FRAME = ("frame_decode",)
-OVERLAPPING = ("off_cpu",)
+OVERLAPPING = ("off_cpu", "run_queue")
 PHASES = IN_CYCLE + AFTER_CYCLE + PER_FRAME + OVERLAPPING
 DEFAULT_SAMPLES = 20_000      # per phase: the last ~11 minutes at 30 Hz; a bounded record for a node that runs forever
 
@@ -45,7 +51,7 @@ class PhaseClock:
     def __init__(self, start_perf: float):
         self._last = start_perf
         self.ms: dict = {}
-        self._cpu_from: tuple | None = None          # (wall, thread CPU) where off_cpu starts counting
+        self._cpu_from: tuple | None = None          # (wall, thread CPU, run queue) where off_cpu starts counting
 
     @property
     def last_perf(self) -> float:
@@ -53,12 +59,15 @@ class PhaseClock:
         return self._last
 
     def start_cpu_watch(self) -> None:
-        self._cpu_from = (time.perf_counter(), time.thread_time())
+        self._cpu_from = (time.perf_counter(), time.thread_time(), run_queue_s())
 
     def stop_cpu_watch(self) -> None:
         if self._cpu_from is not None:
             wall, cpu = time.perf_counter() - self._cpu_from[0], time.thread_time() - self._cpu_from[1]
             self.ms["off_cpu"] = max(0.0, wall - cpu) * 1e3
+            queued, queued_from = run_queue_s(), self._cpu_from[2]
+            if queued is not None and queued_from is not None:
+                self.ms["run_queue"] = max(0.0, queued - queued_from) * 1e3
             self._cpu_from = None
 
     def lap(self, name: str) -> None:

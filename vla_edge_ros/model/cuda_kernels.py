@@ -54,7 +54,6 @@ FAMILIES = {
     "rmsnorm": {"rmsnorm_rows": "PPPifPPi"},
     "projection_bf16": {f"projection_bf16_nt{nt}": "PPPPiiiiiiii" for nt in (1, 2, 4)},
     "projection_f32": {"projection_f32": "PPPPiiiiiii"},
-    "projection_fused": {f"projection_fused_nt{nt}": "PPiPfPPiiiiiiPPPPPPiiii" for nt in (1, 2, 4)},
     "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii", "gemv_bf16_items": "PPPfPPiiiiPPPPPPiiii"},
     "gemv_int4": {"gemv_int4": "PPPPPiiii"},
     "projection_staged": {"projection_staged": "PPPPiiiiiiii"},
@@ -77,13 +76,11 @@ FAMILIES = {
                      "attention_flash_merge": "PPPqiiiii"},
 }
 # Families compiled on the first launch of one of their kernels rather than by CudaKernels(): the
-# decoder never launches these (vision: the GPU vision path; projection_fused: the tensor-core one-row
-# projection gemv.cu replaced, kept for bench/gemv_probe.py's comparison and its tests;
-# projection_staged: only with model.staged_prefill_projections; decode_persistent: only with
+# decoder never launches these (vision: the GPU vision path; projection_staged: only with model.staged_prefill_projections; decode_persistent: only with
 # model.persistent_decode; attention_mma: only with model.tensor_core_attention; gemm_bulk, gemm_wgmma and
 # prefill_bulk: only with model.bulk_prefill_min_rows; gemv_int4: INT4 weights, which no backend path uses yet),
 # so it should not pay their compile time.
-ON_DEMAND_FAMILIES = frozenset({"vision", "projection_fused", "projection_staged", "decode_persistent",
+ON_DEMAND_FAMILIES = frozenset({"vision", "projection_staged", "decode_persistent",
                                 "attention_mma", "gemm_bulk", "gemm_wgmma", "prefill_bulk", "gemv_int4"})
 # Families built for an architecture's own instruction set (the "a" target, e.g. sm_90a for wgmma), which no
 # other architecture runs: family_arch() says where they can be built.
@@ -91,7 +88,7 @@ ARCH_SPECIFIC_FAMILIES = {"gemm_wgmma": ("sm_90",)}
 # Families that read or write the KV arena (they include kv_store.cuh; test_kernel_sources.py checks the
 # list): compiled with -DKV_BF16 for a bf16 arena (kv.dtype), so a module serves one arena type.
 KV_FAMILIES = frozenset({"rope", "attention_tiled", "attention_mma", "attention_decode", "kv_slots", "gemv",
-                         "projection_fused", "decode_persistent", "prefill_bulk"})
+                         "decode_persistent", "prefill_bulk"})
 # kv.dtype -> (numpy type of the arena's elements on the device, the compile options of KV_FAMILIES).
 KV_ARENA_TYPES = {"float32": (np.float32, ()), "bfloat16": (np.uint16, ("-DKV_BF16",))}
 

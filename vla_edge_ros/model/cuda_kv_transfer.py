@@ -93,22 +93,20 @@ class KvTransfer:
         """Enqueue on self.stream: K/V of `slots` into the device buffer at dst_ptr, laid out as
         [2, layers, capacity, kv_dim] in the arena's element (kv_rows_dtype) with row j = slots[j] (one launch).
         The caller synchronizes."""
-        slots = self._slot_array(slots, "slots")
-        if slots.size:
-            self._put(self.kv_slots_buf, slots.astype(np.int32))
-            self.kernels.kv_move("gather", self.k_cache, self.v_cache, self.kv_slots_buf, self._rows_view(dst_ptr),
-                                 slots.size, self.spec.num_layers, self.spec.num_kv_heads, self.capacity,
-                                 self.spec.head_dim, self.stream)
+        self._move_kv_rows("gather", dst_ptr, slots)
 
     @on_device
     def scatter_kv_rows(self, src_ptr: int, slots: np.ndarray) -> None:
         """Enqueue on self.stream: rows 0..len(slots)-1 of a [2, layers, capacity, kv_dim] device buffer in the
         arena's element (kv_rows_dtype) at src_ptr (this context's address, e.g. an opened IPC handle) into
         `slots` (one launch)."""
+        self._move_kv_rows("scatter", src_ptr, slots)
+
+    def _move_kv_rows(self, direction: str, rows_ptr: int, slots: np.ndarray) -> None:
         slots = self._slot_array(slots, "slots")
         if slots.size:
             self._put(self.kv_slots_buf, slots.astype(np.int32))
-            self.kernels.kv_move("scatter", self.k_cache, self.v_cache, self.kv_slots_buf, self._rows_view(src_ptr),
+            self.kernels.kv_move(direction, self.k_cache, self.v_cache, self.kv_slots_buf, self._rows_view(rows_ptr),
                                  slots.size, self.spec.num_layers, self.spec.num_kv_heads, self.capacity,
                                  self.spec.head_dim, self.stream)
 

@@ -16,7 +16,8 @@ from .cuda_device_memory import BULK_PARTIAL_ROWS, LayerWeights
 # (RMSNorm prologue, RoPE + K/V store, SwiGLU and residual adds in the epilogues: 6 launches per
 # layer with the attention) and attention_decode.cu. Longer calls (prefill) take one kernel per step
 # with projection_staged.cu / projection_bf16.cu and attention_mma.cu / attention_tiled.cu. Chosen by measurement (notes/cuda_notes.md, issue 10 runs 2-7):
-# on one row the CUDA-core GEMV streams weights ~1.4x faster than the tensor-core projection_fused.cu,
+# on one row the CUDA-core GEMV streamed weights ~1.4x faster than a tensor-core one-row projection
+# (projection_fused.cu, since removed),
 # and the register attention beats the shared-memory kernels; on 32 rows that attention loses 3x.
 DECODE_MAX_ROWS = 1
 LAYER_GROUPS = ("projections", "attention", "norms+rope")

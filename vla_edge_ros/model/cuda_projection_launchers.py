@@ -1,5 +1,5 @@
 """The launchers of the projection kernels (projection_f32.cu, projection_bf16.cu, projection_staged.cu,
-projection_fused.cu, gemv.cu) with their launch-shape rules and the limits they size grids with: a base class of
+gemv.cu) with their launch-shape rules and the limits they size grids with: a base class of
 cuda_kernels.CudaKernels, which supplies the compiled functions (`_function`, `_launch`, `_shared_limits`) and
 `num_sms`. The limits mirror #defines of the .cu files; test_kernel_sources.py checks that they agree."""
 from __future__ import annotations
@@ -14,11 +14,8 @@ from .cuda_launch_common import ceil_div, ptr
 from .cuda_launch_common import check as _check, check_array as _check_array
 
 PROJ_WARPS = 4
-# projection_fused.cu: at most this many warps of one block split a 16-row tile's K range.
-FUSED_MAX_WARPS = 16
 # Aim for this many warps per projection launch so enough 16-byte loads are in flight
 # to cover HBM latency (Little's law: ~4.5 TB/s x ~1 us needs megabytes in flight).
-# (run 5: 4096 warps with >= 2 steps each made the fused decode projections 4% slower)
 PROJ_TARGET_WARPS = 2048
 # Each K split should still stream at least this many 32-wide steps (one unrolled iteration).
 PROJ_MIN_STEPS_PER_SPLIT = 4   # = the unrolled steps of projection_bf16.cu
@@ -29,7 +26,7 @@ STAGED_MAX_TOKENS = 32          # projection_staged.cu: activation rows staged p
 
 @dataclass(frozen=True)
 class RopeTarget:
-    """Where the QKV_ROPE epilogue of projection_fused writes: call tables, RoPE frequencies and
+    """Where the QKV_ROPE epilogue of gemv.cu writes: call tables, RoPE frequencies and
     one layer's K/V arena (k_layer, v_layer: device addresses of [KVH, capacity, hd] float32)."""
     pos_table: object
     slot_table: object
@@ -58,19 +55,6 @@ class RopeTarget:
                 np.int32(self.capacity))
 
 
-def fused_config(n_tiles: int, n_steps: int, mode: int, num_sms: int, warps: int | None = None) -> tuple[int, int]:
-    """(warps per block, K parts) of a projection_fused launch over n_tiles 16-row tiles and n_steps
-    32-wide K steps: about PROJ_TARGET_WARPS warps in all, each streaming at least
-    PROJ_MIN_STEPS_PER_SPLIT steps; K parts (atomic adds) only for MODE_ADD. `warps` fixes the first."""
-    if warps is None:
-        most = max(1, min(FUSED_MAX_WARPS, n_steps // PROJ_MIN_STEPS_PER_SPLIT))
-        warps = min(most, max(1, ceil_div(PROJ_TARGET_WARPS, n_tiles)))
-    kb = 1
-    if mode == kc.MODE_ADD:
-        kb = max(1, min(ceil_div(PROJ_TARGET_WARPS, n_tiles * warps), n_steps // (warps * PROJ_MIN_STEPS_PER_SPLIT)))
-    return warps, kb
-
-
 def _output_columns(what: str, mode: int, rows: int, out_cols: int | None, out) -> int:
     """out_cols of a STORE / ADD / SWIGLU projection over `rows` weight rows (SWIGLU: interleaved gate/up
     rows, half as many outputs), checked against the output buffer."""
@@ -87,8 +71,7 @@ def _output_columns(what: str, mode: int, rows: int, out_cols: int | None, out) 
 
 def _one_row_epilogue(what: str, mode: int, rows: int, K: int, out_cols: int | None, out, norm_w, bias,
                       rope: "RopeTarget | None") -> tuple[int, tuple]:
-    """Checks shared by the launchers of the folded one-row projections (projection_fused, gemv): the RMSNorm
-    weight, the QKV_ROPE target, the output columns and the bias. -> (out_cols, rope launch arguments)."""
+    """Checks of the folded one-row projection (gemv.cu): the RMSNorm weight, the QKV_ROPE target, the output columns and the bias. -> (out_cols, rope launch arguments)."""
     if norm_w is not None:
         _check_array(f"{what} norm weight", norm_w, np.float32, 1)
         _check(norm_w.shape[0] == K, f"{what} norm weight: {norm_w.shape[0]} values, K is {K}")
@@ -176,42 +159,11 @@ class ProjectionLaunchers:
                      np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(x.shape[1]), np.int32(out.shape[1]),
                      np.int32(out_cols), np.int32(mode), np.int32(ksplit))
 
-    def projection_fused(self, W, x, out, n_tokens: int, mode: int, stream, norm_w=None, eps: float = 0.0,
-                         bias=None, out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
-                         x_row0: int = 0, rope: "RopeTarget | None" = None, warps: int | None = None,
-                         kb: int | None = None):
-        """bf16 W: acc = v[x_row0 : x_row0+n_tokens, :K] @ W[w_row0 : w_row0+rows]^T with v = x, or
-        x * norm_w scaled by each row's RMS (norm_w given); epilogue by mode (projection_fused.cu)."""
-        _check_array("projection weight", W, np.uint16, 2)
-        _check_array("projection x", x, np.float32, 2)
-        _check_array("projection out", out, np.float32, 2)
-        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU, kc.MODE_QKV_ROPE), f"projection: unknown mode {mode}")
-        total_rows, K = W.shape
-        rows = total_rows - w_row0 if rows is None else rows
-        _check(0 < rows and w_row0 + rows <= total_rows, f"projection weight: rows {w_row0}+{rows} > {total_rows}")
-        _check(K % 32 == 0, f"projection bf16: K {K} not a multiple of 32")
-        _check(x.shape[1] >= K and x.shape[1] % 8 == 0,
-               f"projection x: row stride {x.shape[1]} must be >= K {K} and a multiple of 8")
-        _check(x_row0 + n_tokens <= x.shape[0] and n_tokens <= out.shape[0], f"projection: {n_tokens} tokens exceed x/out rows")
-        out_cols, rope_args = _one_row_epilogue("projection", mode, rows, K, out_cols, out, norm_w, bias, rope)
-        n_tiles, n_steps = ceil_div(rows, 16), K // 32
-        default_warps, default_kb = fused_config(n_tiles, n_steps, mode, self.num_sms, warps)
-        warps = default_warps if warps is None else warps
-        kb = default_kb if kb is None else kb
-        _check(1 <= warps <= FUSED_MAX_WARPS, f"projection: {warps} warps per block outside [1, {FUSED_MAX_WARPS}]")
-        _check(kb == 1 or mode == kc.MODE_ADD, f"projection: kb {kb} > 1 needs MODE_ADD (atomic accumulation)")
-        _check(kb * warps <= n_steps, f"projection: {kb} x {warps} K parts > {n_steps} K steps")
-        nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
-        grid = (n_tiles, kb, ceil_div(n_tokens, 8 * nt))
-        self._launch(f"projection_fused_nt{nt}", grid, 32 * warps, stream, ptr(W, w_row0 * K), ptr(x, x_row0 * x.shape[1]),
-                     np.int32(x.shape[1]), ptr(norm_w), np.float32(eps), ptr(bias), ptr(out), np.int32(out.shape[1]),
-                     np.int32(out_cols), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(mode), *rope_args)
-
     def gemv(self, W, x, out, mode: int, stream, norm_w=None, eps: float = 0.0, bias=None, out_cols: int | None = None,
              w_row0: int = 0, rows: int | None = None, x_row0: int = 0, rope: "RopeTarget | None" = None,
              blocks_per_sm: int = 0):
         """gemv.cu, one activation row: acc = v[x_row0, :K] @ W[w_row0 : w_row0+rows]^T with v = x, or x * norm_w
-        scaled by the row's RMS (norm_w given); epilogue by mode, as projection_fused for one token.
+        scaled by the row's RMS (norm_w given); epilogue by mode (kernel_reference.folded_projection_ref).
         blocks_per_sm > 0: where the projection has more 8-row items than that many blocks per SM, a grid of that
         size loops over them (gemv_bf16_items; the same sums)."""
         _check_array("gemv weight", W, np.uint16, 2)

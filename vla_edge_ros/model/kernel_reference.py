@@ -79,11 +79,11 @@ def projection_ref(W: np.ndarray, x: np.ndarray, mode: int, out: np.ndarray | No
     return (out[:, :cols].astype(np.float64) + acc).astype(np.float32)
 
 
-def projection_fused_ref(W: np.ndarray, x: np.ndarray, mode: int, out: np.ndarray | None = None,
-                         norm_w: np.ndarray | None = None, eps: float = 0.0, bias: np.ndarray | None = None,
-                         out_cols: int | None = None) -> np.ndarray:
-    """projection_fused.cu modes STORE / ADD / SWIGLU: the RMSNorm prologue (norm_w given) then
-    projection_ref. (QKV_ROPE is rope_store_ref applied to a natural-layout STORE.)"""
+def folded_projection_ref(W: np.ndarray, x: np.ndarray, mode: int, out: np.ndarray | None = None,
+                          norm_w: np.ndarray | None = None, eps: float = 0.0, bias: np.ndarray | None = None,
+                          out_cols: int | None = None) -> np.ndarray:
+    """gemv.cu's modes STORE / ADD / SWIGLU (the RMSNorm folded into the projection): the RMSNorm prologue
+    (norm_w given) then projection_ref. (QKV_ROPE is rope_store_ref applied to a natural-layout STORE.)"""
     if norm_w is not None:
         x, _ = rmsnorm_rows_ref(x[:, :W.shape[1]], norm_w, eps)
     return projection_ref(W, x, mode, out=out, bias=bias, out_cols=out_cols)

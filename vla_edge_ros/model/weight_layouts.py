@@ -26,7 +26,7 @@ def qkv_rope_row_order(n_q_heads: int, n_kv_heads: int, head_dim: int) -> np.nda
 
     Pair tiles first: pair p = (head h, j < hd/2), h over the q heads then the k heads, sits in
     tile p // 8 at rows g = p % 8 (natural row h*hd + j) and g + 8 (natural row h*hd + j + hd/2),
-    so one lane of projection_fused.cu holds both halves RoPE rotates together. Then the v rows in
+    so one lane of gemv.cu's QKV_ROPE epilogue holds both halves RoPE rotates together. Then the v rows in
     natural order, starting at a fresh tile; both parts padded to whole 16-row tiles."""
     half = head_dim // 2
     n_pairs = (n_q_heads + n_kv_heads) * half

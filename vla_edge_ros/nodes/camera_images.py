@@ -36,40 +36,46 @@ from sensor_msgs.msg import Image
 
 
 class ImageRejected(ValueError):
+    """An image the node will not turn into a frame; `kind` names why, as a counter in /diagnostics
+    (camera_ingest's rejected_<kind>). Each subclass gives its kind where it is declared."""
     kind = "invalid"
+    kinds: list = []          # every subclass's kind, in declaration order
+
+    def __init_subclass__(cls, kind: str, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.kind = kind
+        ImageRejected.kinds.append(kind)
 
 
-class UnsupportedEncodingError(ImageRejected):
-    kind = "encoding"
+class UnsupportedEncodingError(ImageRejected, kind="encoding"):
+    """An encoding (or a compressed format) this module has no conversion for."""
 
 
-class EmptyImageError(ImageRejected):
-    kind = "zero_size"
+class EmptyImageError(ImageRejected, kind="zero_size"):
+    """Width or height zero, or no data."""
 
 
-class ImageTooLargeError(ImageRejected):
-    kind = "too_large"
+class ImageTooLargeError(ImageRejected, kind="too_large"):
+    """More pixels than camera.max_pixels: refused before anything is allocated for it."""
 
 
-class StepMismatchError(ImageRejected):
-    kind = "step"
+class StepMismatchError(ImageRejected, kind="step"):
+    """A row stride (step) shorter than one row of pixels."""
 
 
-class DataLengthMismatchError(ImageRejected):
-    kind = "data_length"
+class DataLengthMismatchError(ImageRejected, kind="data_length"):
+    """A data length other than height x step."""
 
 
-class ImageDecodeError(ImageRejected):
-    kind = "decode"
+class ImageDecodeError(ImageRejected, kind="decode"):
+    """Pixels that could not be converted to RGB, or a compressed image that does not decode."""
 
 
-class GeometryError(ImageRejected):
-    kind = "geometry"
+class GeometryError(ImageRejected, kind="geometry"):
+    """A size the encoding cannot have (an odd width where two pixels share one U/V pair)."""
 
 
-REJECTION_KINDS = tuple(c.kind for c in (UnsupportedEncodingError, EmptyImageError, ImageTooLargeError,
-                                         StepMismatchError, DataLengthMismatchError, ImageDecodeError,
-                                         GeometryError))
+REJECTION_KINDS = tuple(ImageRejected.kinds)
 
 
 # ----------------------------------------------------------------------------

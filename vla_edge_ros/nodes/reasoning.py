@@ -37,7 +37,6 @@ import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
 from diagnostic_msgs.msg import DiagnosticStatus
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
-from rclpy.lifecycle import LifecycleNode
 from rclpy.lifecycle import LifecycleState
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy
@@ -64,6 +63,7 @@ from . import conversions as conv
 from . import graph
 from . import health_status
 from . import swap_wire
+from .engine_node import EngineNode
 from .interfaces import ActionTokens, FrameMsg, StateChunk, Swap
 from .node_main import run_node
 from .params import NodeParameters
@@ -80,7 +80,7 @@ GIB = 1024 ** 3
 LIVE_KEYS = ("prompt.instruction", "camera.max_pixels", "action.dim_names")
 
 
-class Reasoning(LifecycleNode):
+class Reasoning(EngineNode):
     def __init__(self):
         self.engine = None
         self.swap = None
@@ -174,26 +174,15 @@ class Reasoning(LifecycleNode):
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """SUCCESS -> inactive: no more cycles once the one in flight has published its outcome."""
-        self._stop_cycles()
+        done = super().on_deactivate(state)
         self.health.set_active(False, time.monotonic())
-        return super().on_deactivate(state)
+        return done
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
         """SUCCESS -> unconfigured: the engine's memory is given back (device memory on a GPU, logged)."""
-        self._free()
+        done = super().on_cleanup(state)
         gc_pauses.unfreeze()
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """SUCCESS -> finalized, from any primary state."""
-        self._stop_cycles()
-        self._free()
-        return TransitionCallbackReturn.SUCCESS
-
-    def close(self) -> None:
-        """Process exit (node_main): stop the cycle thread and free the engine before the node is destroyed."""
-        self._stop_cycles()
-        self._free()
+        return done
 
     # ---------------------------------------------------------------- executor
 
@@ -410,7 +399,8 @@ class Reasoning(LifecycleNode):
                       "chunk": self.create_publisher(StateChunk, graph.STATE_CHUNK_TOPIC, QoSProfile(depth=64))}
         self._swap_client = self.create_client(Swap, graph.SWAP_SERVICE)
 
-    def _stop_cycles(self) -> None:
+    def _stop_work(self) -> None:
+        """The cycle thread joined, the cycle clock closed, the swap timer gone."""
         self._stop.set()
         if self._cycle_thread is not None:
             self._cycle_thread.join(timeout=5.0)

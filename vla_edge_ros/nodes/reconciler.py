@@ -17,7 +17,6 @@ import os
 import sys
 
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.lifecycle import LifecycleNode
 from rclpy.lifecycle import LifecycleState
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.qos import QoSProfile
@@ -35,6 +34,7 @@ from . import conversions as conv
 from . import graph
 from . import health_status
 from . import swap_wire
+from .engine_node import EngineNode
 from .interfaces import StateChunk, Swap
 from .node_main import run_node
 from .params import NodeParameters
@@ -42,7 +42,7 @@ from .params import NodeParameters
 DIAGNOSTICS_PERIOD_S = 1.0
 
 
-class Reconciler(LifecycleNode):
+class Reconciler(EngineNode):
     def __init__(self):
         self.worker: ReconcilerWorker | None = None
         self._chunk_sub = None
@@ -92,22 +92,6 @@ class Reconciler(LifecycleNode):
         self._diag_timer = self.create_timer(DIAGNOSTICS_PERIOD_S, self._publish_diagnostics)
         return super().on_activate(state)
 
-    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """SUCCESS -> inactive: no more chunks, no swap service; the mirrored state is kept."""
-        self._stop_serving()
-        return super().on_deactivate(state)
-
-    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """SUCCESS -> unconfigured: engine and snapshot files freed."""
-        self._free()
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """SUCCESS -> finalized, from any primary state."""
-        self._stop_serving()
-        self._free()
-        return TransitionCallbackReturn.SUCCESS
-
     # ------------------------------------------------------------- callbacks
 
     def _on_chunk(self, msg: StateChunk) -> None:
@@ -130,7 +114,8 @@ class Reconciler(LifecycleNode):
 
     # ------------------------------------------------------------- resources
 
-    def _stop_serving(self) -> None:
+    def _stop_work(self) -> None:
+        """Deactivated: no more chunks, no swap service; the mirrored state is kept."""
         if self.worker is not None:
             self.worker.stop()
         for handle, destroy in ((self._chunk_sub, self.destroy_subscription), (self._swap_srv, self.destroy_service),
@@ -139,11 +124,9 @@ class Reconciler(LifecycleNode):
                 destroy(handle)
         self._chunk_sub = self._swap_srv = self._diag_timer = None
 
-    def close(self) -> None:
-        """Stop the worker, delete the snapshot files (destroy_node then releases the ROS handles)."""
-        self._free()
-
     def _free(self) -> None:
+        """The worker stopped, the snapshot files deleted, the engine freed (destroy_node then releases the
+        ROS handles)."""
         if self.worker is not None:
             self.worker.stop()
             self.worker.store.close()

@@ -229,6 +229,7 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
     """Run the graph for `seconds` of camera time; returns (report dict, [CycleRecord]).
     reconciler: active | inactive (configured only) | off (not started).
     `tick(procs)` (optional) is called about once a second of the window, e.g. to sample memory."""
+    from ..core.sched_stats import StealWatch
     from ..nodes import graph
     from .bringup import GraphProcesses
     from .demo_report import build_report
@@ -241,6 +242,7 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
     procs = GraphProcesses(params_file=params_file, overrides=overrides, log_dir=log_dir, nodes=nodes)
     supervisor = Supervisor(procs, cfg.supervisor, say=lambda text: print(f"vla-edge demo: {text}", flush=True))
     print(f"vla-edge demo: starting the graph (node logs in {log_dir}/), then {seconds:g} s of camera", flush=True)
+    steal, host_steal_share = StealWatch(), None
     with _listening_node() as node:
         camera = FootageCamera(node, frames, cfg.cycle.camera_hz, cfg.camera.input_topic, cfg.camera.frame_id)
         controller = Controller(node, time.monotonic())
@@ -250,11 +252,13 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
                 supervisor.start(leave_inactive=("reconciler",) if reconciler == "inactive" else ())
                 start_to_active_s = time.monotonic() - t_start
                 first_action_s = _wait_for_first_action(supervisor, controller, camera)
+                steal.start()
                 controller.t0 = time.monotonic()
                 controller.recording = True
                 print(f"vla-edge demo: first action {first_action_s:.2f} s after the camera started; "
                       f"measuring {seconds:g} s", flush=True)
                 ended_early, died = _measure(supervisor, controller, camera, seconds, tick)
+                host_steal_share = steal.share()
         finally:
             try:
                 camera.stop()
@@ -268,7 +272,7 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
             "camera_frame_width": width, "max_publish_ms": camera.max_publish_s * 1000.0,
             "joint_states_received": controller.joint_states, "exit_codes": codes,
             "died_during_run": died, "ended_early": ended_early, "restarts": supervisor.restarts(),
-            "graph_nodes": [s.name for s in nodes],
+            "graph_nodes": [s.name for s in nodes], "host_steal_share": host_steal_share,
             "overrides": {k: v for k, v in overrides.items() if k != "model.path"}}
     cycles = list(controller.cycles.values())
     report = build_report(cycles, controller.diagnostics.get("reasoning", {}),

@@ -199,7 +199,7 @@ def format_table(report: dict) -> str:
     table = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
     if len(report.get("phases_ms", {})) > 1:
         table += ("\nwhere the cycle's time went (reasoning node; wake..finish add up to the cycle latency; off_cpu: "
-                  "of the admitted part, the cycle thread not running)\n")
+                  "of the admitted part, the cycle thread not running; run_queue: of that, waiting for a core)\n")
         table += format_phase_table(report["phases_ms"])
     return table
 
@@ -214,6 +214,9 @@ def _run_rows(report: dict) -> list:
     restarted = {k: v for k, v in report.get("restarts", {}).items() if v}
     if restarted:
         rows.append(("node restarts", ", ".join(f"{k} {v}" for k, v in restarted.items())))
+    if report.get("host_steal_share") is not None:
+        rows.append(("hypervisor steal", f"{100 * report['host_steal_share']:.1f}% of the machine's CPU time in the "
+                                         f"window (/proc/stat: the CPUs were taken for other guests)"))
     return rows + [
         ("model", f"{report['model']} ({report['backend']}; reconciler {report.get('reconciler', 'active')})"),
         ("process start -> active", f"{report.get('start_to_active_s', 0.0):.1f} s (" + ", ".join(

@@ -1,0 +1,53 @@
+"""core/sched_stats.py reads what the Linux scheduler says about a thread's waits and the machine's steal."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from vla_edge_ros.core import sched_stats
+
+pytestmark = pytest.mark.skipif(not os.path.exists(sched_stats.SCHEDSTAT), reason="no /proc/thread-self/schedstat")
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_thread_sharing_its_core_with_a_busy_process_waits_on_the_run_queue():
+    """Pinned to one core with a busy process of the same priority, the thread is runnable about half the
+    time it is not running; alone on it, it barely waits."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        q0 = sched_stats.run_queue_s()
+        _spin(0.3)
+        alone = sched_stats.run_queue_s() - q0
+        hog = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+        try:
+            time.sleep(0.2)                                   # the hog is up and spinning
+            q0, t0 = sched_stats.run_queue_s(), time.perf_counter()
+            _spin(0.6)
+            shared, wall = sched_stats.run_queue_s() - q0, time.perf_counter() - t0
+        finally:
+            hog.kill()
+            hog.wait()
+    finally:
+        os.sched_setaffinity(0, before)
+    assert alone < 0.1, alone
+    assert 0.25 * wall < shared <= wall, (shared, wall)
+
+
+def test_steal_share_is_a_fraction_of_the_machines_cpu_time():
+    if sched_stats.host_steal_s() is None:
+        pytest.skip("/proc/stat has no steal column here")
+    watch = sched_stats.StealWatch()
+    assert watch.share() is None                              # not started
+    watch.start()
+    time.sleep(0.3)
+    share = watch.share()
+    assert share is not None and 0.0 <= share <= 1.0, share
