@@ -127,5 +127,10 @@ def test_state_changes_are_refused_inside_a_cycle(tiny_model_dir, clip):
     r = eng.run_cycle(Frame(clip[1], 1.0, 1), now_s=1.0)
     assert r.is_action and seen and "cycle boundaries" in seen[0]
     assert eng.state.state_version == 0
+    assert eng.state.swap_fixed_ms_tail == 0.0
     eng.state.import_state(snap)                    # at the boundary it is fine
     assert eng.state.state_version == 1
+    # What it cost besides a recompute is what the next swap's budget keeps room for.
+    r = eng.state.last_swap
+    assert eng.state.swap_fixed_ms_tail == pytest.approx(r.check_ms + r.place_ms + r.kv_copy_ms)
+    assert eng.state.swap_fixed_ms_tail > 0.0

@@ -11,7 +11,7 @@ import pytest
 from vla_edge_ros.core.engine_factory import primary_engine
 from vla_edge_ros import config as C
 from vla_edge_ros.core import cycle_result as R
-from vla_edge_ros.core.engine import EngineConfigError
+from vla_edge_ros.core.engine import NO_SWAP_ROOM, EngineConfigError
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.prompt import encode_text, prefix_text
@@ -278,6 +278,14 @@ def test_a_swap_recompute_is_planned_on_the_slow_end_of_recent_cycles(tiny_model
     tail = eng.state.recompute_ms_per_frame_tail
     assert tail == pytest.approx(36.0)
     assert eng.swap_recompute_budget_frames(100.0) == int((100.0 - margin) // (tail * headroom))
+    # Room is kept for what a swap costs besides its recompute (checks, placing, the KV copy), at its slow end;
+    # a slack that cannot take even that leaves the offer for the next boundary.
+    for ms in [2.0] * 19 + [6.0]:
+        eng.state._note_swap_fixed(ms)
+    fixed = eng.state.swap_fixed_ms_tail
+    assert 2.0 < fixed <= 6.0
+    assert eng.swap_recompute_budget_frames(100.0) == int((100.0 - margin - fixed) // (tail * headroom))
+    assert eng.swap_recompute_budget_frames(margin + fixed - 0.1) == NO_SWAP_ROOM
 
 
 def test_one_slow_recompute_cannot_price_every_later_swap_and_rebase_out_of_the_slack(tiny_model_dir):

@@ -246,7 +246,7 @@ def test_in_the_nodes_order_the_swap_follows_the_cycle_and_recomputes_the_frame_
         tiny_model_dir, model, clip, hf):
     """Given the next boundary, the driver swaps as the reasoning node does: after the cycle (timed apart, not in
     its latency), so the frame that cycle admitted is late for the offer and recomputed over it, exactly; with
-    no slack left before that boundary the swap waits for a fresher offer instead (no_slack)."""
+    no room left before that boundary the offer waits for the next one (Engine.swap_recompute_budget_frames)."""
     rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
                                               "cycle.deterministic": False})
 
@@ -273,8 +273,12 @@ def test_in_the_nodes_order_the_swap_follows_the_cycle_and_recomputes_the_frame_
         node_cycle(10.0)
         drain(rig.rec)
     version = rig.primary.state.state_version
-    c = node_cycle(-1.0)                               # the next boundary already passed: nothing may be recomputed
-    assert c.swap is None and rig.driver.deferred["no_slack"] == 1 and rig.primary.state.state_version == version
+    offered = rig.rec.live_offer_version
+    c = node_cycle(-1.0)                    # the next boundary already passed: not even a swap without late frames
+    assert c.swap is None and not rig.driver.deferred and rig.primary.state.state_version == version
+    assert rig.rec.live_offer_version == offered       # the offer was left for the next boundary, not taken
+    c = node_cycle(10.0)                               # which has room: applied, its late frames recomputed
+    assert c.swap is not None and c.swap.version == offered and len(c.swap.late) == 2
 
 
 def test_a_stale_offer_is_deferred_not_rejected_and_the_round_goes_on(tiny_model_dir, model, clip):

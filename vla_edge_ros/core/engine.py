@@ -47,6 +47,7 @@ from .vision_encoder import VisionEncoder
 
 log = logging.getLogger(__name__)
 FAILURE_LOG_PERIOD_S = 5.0      # a failure repeating every cycle: traceback once, then a count every 5 s
+NO_SWAP_ROOM = -1               # swap_recompute_budget_frames: the slack cannot take even a swap without late frames
 WARMUP_RECOMPUTES = 3           # timed lone-frame recomputes in warm-up: a median the first swaps can plan on
 
 
@@ -354,7 +355,8 @@ class Engine:
 
     def swap_recompute_budget_frames(self, slack_ms: float) -> int | None:
         """Frames a swap at this boundary may recompute with `slack_ms` left before the next boundary: the
-        slack less the safety margin, over the cost of one frame's recompute times the admission's tail factor.
+        slack less the safety margin and the slow end of what a swap costs besides its recompute
+        (FrameState.swap_fixed_ms_tail), over the cost of one frame's recompute times the admission's tail factor.
         That cost is the larger of the admission's per-frame prefill estimate and the measured recomputes
         (FrameState.recompute_ms_per_frame: a lone frame's forward costs more per token than a cycle's longer
         prefill), and the tail factor plans the swap on the slow end of recent cycles, as a cycle is. On a CPU
@@ -363,14 +365,18 @@ class Engine:
         (FrameState.recompute_ms_per_frame_tail) where it is the larger: in a 10-minute soak planned without
         it, 18 swaps still overran. On top, kv.recompute_headroom, as a re-base plans. The measured recomputes
         count up to kv.recompute_estimate_cap x the prefill estimate (_frame_recompute_ms says why). None (no
-        bound) with nothing measured yet, or in deterministic mode."""
+        bound) with nothing measured yet, or in deterministic mode; NO_SWAP_ROOM when not even a swap without
+        late frames fits (the caller leaves the offer for the next boundary)."""
         per_frame = self._frame_recompute_ms()
         if per_frame is None:
             return None
+        room_ms = slack_ms - self.cfg.cycle.safety_margin_ms - self.state.swap_fixed_ms_tail
+        if room_ms < 0.0:
+            return NO_SWAP_ROOM
         tail = min(self.state.recompute_ms_per_frame_tail or 0.0, self._recompute_cap_ms())
         per_frame = max(per_frame * self.admission.tail_factor, tail)
         per_frame *= self.cfg.kv.recompute_headroom
-        return max(0, int((slack_ms - self.cfg.cycle.safety_margin_ms) // per_frame))
+        return int(room_ms // per_frame)
 
     def _rebase_budget_frames(self) -> int | None:
         """Frames a re-base may recompute in this cycle without making it late: the slack the admission

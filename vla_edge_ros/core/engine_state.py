@@ -132,6 +132,10 @@ class FrameState:
         self.recompute_ms_per_frame: float | None = None
         self._recompute_samples: deque = deque(maxlen=cfg.admission.tail_window)   # per-frame ms, for the tail
         self._recompute_tail: float | None = None
+        # What a swap costs besides its recompute (checks, placing the frames, the KV copy), measured per swap:
+        # the swap budget keeps room for its slow end before it prices late frames (swap_fixed_ms_tail).
+        self._swap_fixed_samples: deque = deque(maxlen=cfg.admission.tail_window)
+        self.swap_fixed_ms_tail = 0.0
         # How export_state packs the KV rows: None reads them to the host (numpy array); a callable
         # (backend, slots) -> KV holder keeps them on the device (model/cuda_state_transfer.DeviceKvExporter).
         self.kv_export = None
@@ -286,6 +290,7 @@ class FrameState:
         plan = self._check_snapshot(snap, max_recompute)
         check_ms = (time.perf_counter() - t_check) * 1e3
         place_ms, place_off_cpu_ms, kv_copy_ms = self._place_snapshot(snap)
+        self._note_swap_fixed(check_ms + place_ms + kv_copy_ms)
         evicted, recompute_ms = self._recompute_over_snapshot(plan)
         if self.frames and (self.last_frame_id is None or max(self.frames) > self.last_frame_id):
             self.last_frame_id = max(self.frames)
@@ -420,6 +425,16 @@ class FrameState:
         self._recompute_samples.append(ms / frames)
         self.recompute_ms_per_frame = float(np.median(np.fromiter(self._recompute_samples, float)))
         self._recompute_tail = window_quantile(self._recompute_samples, self.cfg.admission.tail_quantile)
+
+    def _note_swap_fixed(self, ms: float) -> None:
+        """Fold one swap's cost besides its recompute into swap_fixed_ms_tail: the admission.tail_quantile of
+        the recent ones, their largest until TAIL_MIN_SAMPLES are in (a CPU demo: ~2.5 ms at p99, which a
+        budget of the slack less the safety margin alone left out, and a boundary was skipped)."""
+        if not math.isfinite(ms):
+            return
+        self._swap_fixed_samples.append(ms)
+        tail = window_quantile(self._swap_fixed_samples, self.cfg.admission.tail_quantile)
+        self.swap_fixed_ms_tail = max(self._swap_fixed_samples) if tail is None else tail
 
     @property
     def recompute_ms_per_frame_tail(self) -> float | None:

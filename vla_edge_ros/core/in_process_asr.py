@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from .cycle_result import CycleResult
-from .engine import Engine
+from .engine import NO_SWAP_ROOM, Engine
 from .engine_state import SwapDeferred, SwapReport
 from .frames import Frame
 from .reconciliation import Phase, StateReconciler
@@ -156,12 +156,14 @@ class InProcessAsr:
         rec = self.reconciler
         if rec is None:
             return None
-        snap = rec.take_offer()
-        if snap is None:
-            return None
         budget = None
         if next_boundary_perf is not None:
             budget = self.primary.swap_recompute_budget_frames((next_boundary_perf - time.perf_counter()) * 1e3)
+            if budget == NO_SWAP_ROOM:          # the offer waits for the next boundary, as in the graph
+                return None
+        snap = rec.take_offer()
+        if snap is None:
+            return None
         try:
             self.primary.state.import_state(snap, budget)
         except SwapDeferred as exc:          # too stale: the round goes on and offers a fresher version

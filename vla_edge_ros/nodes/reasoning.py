@@ -53,7 +53,7 @@ from ..core.cpu_priority import make_thread_realtime
 from ..core.cycle_clock import CycleClockWriter, clock_path
 from ..core.cycle_result import DEADLINE_MISSED
 from ..core.double_buffer import LatestFrameBuffer
-from ..core.engine import EngineConfigError
+from ..core.engine import NO_SWAP_ROOM, EngineConfigError
 from ..core.engine_factory import describe_choice, primary_engine, swap_kv_mapper
 from ..core.frame_ids import FrameIdEpochs
 from ..core.health import HealthLog, ReasoningHealth
@@ -356,6 +356,8 @@ class Reasoning(EngineNode):
             if text is not None:
                 self.engine.set_instruction(text)
             budget = self.engine.swap_recompute_budget_frames((next_boundary_perf - time.perf_counter()) * 1e3)
+            if budget == NO_SWAP_ROOM:          # a loaded offer waits for the next boundary
+                return
             outcome = self.swap.apply_ready(self.engine.state, cycle_id, max_recompute=budget)
         if outcome is not None:
             self._log_swap(outcome, cycle_id)
