@@ -43,7 +43,7 @@ def test_the_laps_add_up_to_the_cycle_and_name_only_what_ran(engine_and_results)
         # Linux (as here and on the robot) says how much of it was waiting for a core; the kernel's clock and
         # the thread's CPU clock tick apart, so a wait the thread clock missed may show by a tick's worth.
         assert 0.0 <= r.phases_ms.pop("run_queue") <= off_cpu + 1.0
-        assert r.phases_ms.pop("stolen") in (0.0, off_cpu)
+        assert 0.0 <= r.phases_ms.pop("stolen") <= off_cpu
         assert {"wake", "admission", "slots", "prefill", "decode", "finish"} <= set(r.phases_ms)
         assert ("vision" in r.phases_ms) == r.new_frame          # a repeated frame is not encoded again
         assert r.phases_ms["prefill"] == pytest.approx(r.prefill_ms)

@@ -52,11 +52,3 @@ def test_steal_share_is_a_fraction_of_the_machines_cpu_time():
     share = watch.share()
     assert share is not None and 0.0 <= share <= 1.0, share
 
-
-def test_a_thread_that_sleeps_is_counted_back_onto_a_cpu_each_time():
-    """The count that tells stolen time from blocked time (cycle_phases' `stolen`): it grows with each sleep."""
-    _, before = sched_stats.thread_sched()
-    for _ in range(5):
-        time.sleep(0.002)
-    _, after = sched_stats.thread_sched()
-    assert after - before >= 5

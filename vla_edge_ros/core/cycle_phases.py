@@ -20,10 +20,10 @@ The phases, in the order a cycle meets them (all in ms):
     run_queue   of off_cpu, the time the thread was runnable but waiting for a core while other
                 tasks ran (the kernel's run_delay, core/sched_stats.py; absent where unknown). The
                 rest of off_cpu is blocked (the GIL, a page fault) or stolen by the hypervisor.
-    stolen      of off_cpu, what the hypervisor took: in a cycle whose thread never left its CPU
-                (it neither waited nor slept, core/sched_stats.py), all of off_cpu; 0 in any other
-                (a lower bound). off_cpu, run_queue and stolen are not phases of their own: they
-                overlap the ones above.
+    stolen      of off_cpu, about what the hypervisor took: the machine's steal counter over the
+                cycle (/proc/stat, all CPUs, in clock ticks of 10 ms: coarse, and on a machine of
+                several CPUs possibly another CPU's), at most off_cpu. off_cpu, run_queue and
+                stolen are not phases of their own: they overlap the ones above.
 
 `wake` .. `finish` add up to the cycle's elapsed_ms (up to the few microseconds
 between laps). Each phase's distribution covers the cycles in which it ran (a
@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from .sched_stats import thread_sched
+from .sched_stats import host_steal_s, run_queue_s
 
 IN_CYCLE = ("wake", "rebase", "admission", "vision", "slots", "prefill", "decode", "finish")
 AFTER_CYCLE = ("publish", "between")
@@ -62,16 +62,18 @@ class PhaseClock:
         return self._last
 
     def start_cpu_watch(self) -> None:
-        self._cpu_from = (time.perf_counter(), time.thread_time(), thread_sched())
+        self._cpu_from = (time.perf_counter(), time.thread_time(), run_queue_s(), host_steal_s())
 
     def stop_cpu_watch(self) -> None:
         if self._cpu_from is not None:
             wall, cpu = time.perf_counter() - self._cpu_from[0], time.thread_time() - self._cpu_from[1]
             off_cpu = self.ms["off_cpu"] = max(0.0, wall - cpu) * 1e3
-            sched, sched_from = thread_sched(), self._cpu_from[2]
-            if sched is not None and sched_from is not None:
-                self.ms["run_queue"] = max(0.0, sched[0] - sched_from[0]) * 1e3
-                self.ms["stolen"] = off_cpu if sched[1] == sched_from[1] else 0.0
+            queued, queued_from = run_queue_s(), self._cpu_from[2]
+            if queued is not None and queued_from is not None:
+                self.ms["run_queue"] = max(0.0, queued - queued_from) * 1e3
+            steal, steal_from = host_steal_s(), self._cpu_from[3]
+            if steal is not None and steal_from is not None:
+                self.ms["stolen"] = min(off_cpu, max(0.0, steal - steal_from) * 1e3)
             self._cpu_from = None
 
     def lap(self, name: str) -> None:

@@ -5,9 +5,7 @@ Two questions a late cycle raises that the thread's own clocks (wall time, CPU t
 - Was the cycle thread runnable but waiting for a core? /proc/thread-self/schedstat's second field is
   the thread's run_delay: nanoseconds spent on a run queue, runnable, while other tasks ran. The rest
   of a cycle's time off the CPU is time blocked (the GIL held by another thread, a page fault, I/O) or
-  stolen by the hypervisor, which the guest kernel charges to nobody. The third field counts the times
-  the thread was put on a CPU: if it did not move during a cycle, the thread never left its CPU, so
-  whatever time it did not run was taken by the hypervisor.
+  stolen by the hypervisor, which the guest kernel charges to nobody.
 - Did the hypervisor take the machine's CPUs away? /proc/stat's `steal` column: time the virtual CPUs
   were ready but the host ran something else. On the 2-vCPU development machine (a KVM guest) it was
   ~14% of the CPU time while a test suite ran; a cycle thread cannot win a core its machine does not
@@ -41,24 +39,15 @@ def _open_once(holder, attr: str, path: str) -> int | None:
     return None if fd < 0 else fd
 
 
-def thread_sched() -> tuple[float, int] | None:
-    """(seconds the calling thread has spent runnable on a run queue, times it was put on a CPU) since it
-    started; None if unknown. The second only grows when the thread left its CPU (preempted, or asleep on
-    the GIL, a lock, I/O) and came back: a vCPU paused by the hypervisor does not count."""
+def run_queue_s() -> float | None:
+    """Seconds the calling thread has spent runnable on a run queue since it started; None if unknown."""
     fd = _open_once(_thread, "fd", SCHEDSTAT)
     if fd is None:
         return None
     try:
-        fields = os.pread(fd, 96, 0).split()
-        return int(fields[1]) * 1e-9, int(fields[2])
+        return int(os.pread(fd, 96, 0).split()[1]) * 1e-9
     except (OSError, IndexError, ValueError):
         return None
-
-
-def run_queue_s() -> float | None:
-    """Seconds the calling thread has spent runnable on a run queue since it started; None if unknown."""
-    sched = thread_sched()
-    return None if sched is None else sched[0]
 
 
 def host_steal_s() -> float | None:

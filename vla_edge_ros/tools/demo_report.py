@@ -200,7 +200,7 @@ def format_table(report: dict) -> str:
     if len(report.get("phases_ms", {})) > 1:
         table += ("\nwhere the cycle's time went (reasoning node; wake..finish add up to the cycle latency; off_cpu: "
                   "of the admitted part, the cycle thread not running; run_queue: of that, waiting for a core; stolen: of "
-                  "that, taken by the hypervisor, a lower bound)\n")
+                  "that, about what the hypervisor took, from its 10 ms ticks)\n")
         table += format_phase_table(report["phases_ms"])
     return table
 
