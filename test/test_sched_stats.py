@@ -52,3 +52,20 @@ def test_steal_share_is_a_fraction_of_the_machines_cpu_time():
     share = watch.share()
     assert share is not None and 0.0 <= share <= 1.0, share
 
+
+
+def test_each_thread_reads_its_own_file_and_an_ended_thread_leaves_no_descriptor():
+    import threading
+
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    sched_stats.run_queue_s()                                   # this thread's file, opened once
+    before = open_fds()
+    seen = []
+    for _ in range(5):
+        t = threading.Thread(target=lambda: seen.append(sched_stats.run_queue_s()))
+        t.start()
+        t.join()
+    assert len(seen) == 5 and all(v is not None and v >= 0.0 for v in seen)
+    assert open_fds() == before

@@ -54,7 +54,7 @@ class PhaseClock:
     def __init__(self, start_perf: float):
         self._last = start_perf
         self.ms: dict = {}
-        self._cpu_from: tuple | None = None          # (wall, thread CPU, run queue) where off_cpu starts counting
+        self._cpu_from: tuple | None = None          # (wall, thread CPU, run queue, steal) where off_cpu starts
 
     @property
     def last_perf(self) -> float:

@@ -28,15 +28,27 @@ _process = types.SimpleNamespace()   # /proc/stat, one for the process
 _CLOCK_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 
 
-def _open_once(holder, attr: str, path: str) -> int | None:
-    fd = getattr(holder, attr, None)
-    if fd is None:
+class _File:
+    """A file descriptor closed with its holder: a thread's schedstat file goes when the thread ends (its
+    threading.local is dropped), so a node that restarts its cycle thread leaks none."""
+
+    def __init__(self, path: str):
         try:
-            fd = os.open(path, os.O_RDONLY)
+            self.fd = os.open(path, os.O_RDONLY)
         except OSError:
-            fd = -1                              # absent (not Linux, no schedstats): asked once only
-        setattr(holder, attr, fd)
-    return None if fd < 0 else fd
+            self.fd = -1                         # absent (not Linux, no schedstats): asked once only
+
+    def __del__(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
+def _open_once(holder, attr: str, path: str) -> int | None:
+    file = getattr(holder, attr, None)
+    if file is None:
+        file = _File(path)
+        setattr(holder, attr, file)
+    return None if file.fd < 0 else file.fd
 
 
 def run_queue_s() -> float | None:
