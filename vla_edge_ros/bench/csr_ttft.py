@@ -100,6 +100,8 @@ def add_arguments(p) -> None:
                    f"(default {DEFAULT_CHUNK}; pycuda {GPU_CHUNK})")
     p.add_argument("--backend", default="numpy", choices=["numpy", "pycuda"])
     p.add_argument("--shape", help="pycuda: random model shape (default qwen2.5-1.5b)")
+    p.add_argument("--kv-dtype", choices=("float32", "bfloat16"), help="pycuda: the KV arena's element type (default: "
+                   "kv.dtype of the config; HF's cache is bf16)")
     add_input_arguments(p)
 
 
@@ -185,9 +187,10 @@ def _run(args) -> int:
         spec, weights, twin = gpu_inputs.random_model_with_twin(shape, HF_ATTENTION)
         hf = HfRecompute(twin, f"random {shape} (the same weights as ours)")
         del twin
-        backend = CudaBackend(spec, weights, capacity, "bfloat16")
+        kv_dtype = getattr(args, "kv_dtype", None) or cfg.kv.dtype
+        backend = CudaBackend(spec, weights, capacity, "bfloat16", kv_dtype=kv_dtype)
         del weights
-        model_name, dtype = f"random {shape} (HF init, seed 0)", "bf16 weights, fp32 activations"
+        model_name, dtype = f"random {shape} (HF init, seed 0)", f"bf16 weights, fp32 activations, {kv_dtype} KV arena"
     else:
         from ..model.factory import load_model
         spec, weights, _ = load_model(model_dir)
@@ -216,7 +219,7 @@ def _run(args) -> int:
                 "hf_sweep_s": t1 - t0, "our_sweep_s": t2 - t1}
     print_report(results, plan, machine, run_info)
     write_json(getattr(args, "json", None), {
-        "suite": "csr", "backend": run_info["backend"], "model": model_name, "machine": machine,
+        "suite": "csr", "backend": run_info["backend"], "model": model_name, "dtype": dtype, "machine": machine,
         "repeats": plan.repeats, "baseline_repeats": plan.base_repeats, "baseline_warmup": plan.base_warmup,
         "baseline_suffixes": list(plan.base_suffixes), "kv_capacity": capacity, "prefill_chunk": plan.chunk,
         "prefix_tokens": int(prefix.size), "footage": source, "hf": hf_info, "hf_sweep_s": t1 - t0,

@@ -1,13 +1,16 @@
 """Attention over a long KV cache on the Qwen2.5-1.5B shape, per layer (GPU only): what grows with the context.
 
-    python -m vla_edge_ros.bench.long_context_probe [--cached 4064 16384 32000] [--json out/long_context.json]
+    python -m vla_edge_ros.bench.long_context_probe [--cached 4064 16384 32000] [--kv-dtype bfloat16]
+                                                      [--json out/long_context.json]
 
-The cycle's attention at each cached length, 28 layers each on its own fp32 K/V arena (so they stream from
-HBM as in a cycle), captured as a CUDA graph and replayed: microseconds per layer for
+The cycle's attention at each cached length, 28 layers each on its own K/V arena (fp32, or bf16 with
+--kv-dtype bfloat16; each layer its own so they stream from HBM as in a cycle), captured as a CUDA graph and
+replayed: microseconds per layer for
 
   * the decode row (attention_decode.cu + the merge) with the splits covering the arena (one 64-entry chunk
     each, the baseline) and with at most S splits per KV head, each walking several chunks;
-  * the prefill's 32 rows (attention_mma.cu + the merge) in several launch shapes, the same way;
+  * the prefill's 32 rows (attention_mma.cu + the merge) in several launch shapes, the same way, with the
+    chunk gathered before its products (b entries) or copied under the previous chunk's products (p);
   * the merge alone for each, and the K/V read floor (the layer's K/V bytes at the copy bandwidth measured
     in the same run).
 
@@ -23,6 +26,7 @@ import sys
 import numpy as np
 
 from .attention_probe import HD, HQ, KVH, LAYERS, ROWS
+from ..model.weights import float32_to_bf16_bits
 from .common import machine_info, print_table, write_json
 from .gemv_probe import _time_graph
 
@@ -34,10 +38,14 @@ PREFILL_VARIANTS = [("b2 r16", dict(blocks_per_sm=2, rows_per_block=16)),
                     ("b2 r16 <= 66", dict(blocks_per_sm=2, rows_per_block=16, max_splits=66)),
                     ("b1 r16 <= 66", dict(blocks_per_sm=1, rows_per_block=16, max_splits=66)),
                     ("b1 r32 <= 66", dict(blocks_per_sm=1, rows_per_block=32, max_splits=66)),
-                    ("b1 r32", dict(blocks_per_sm=1, rows_per_block=32))]
+                    ("b1 r32", dict(blocks_per_sm=1, rows_per_block=32)),
+                    ("p1 r16 <= 66", dict(pipelined=True, blocks_per_sm=1, rows_per_block=16, max_splits=66)),
+                    ("p2 r16 <= 66", dict(pipelined=True, blocks_per_sm=2, rows_per_block=16, max_splits=66)),
+                    ("p1 r32 <= 66", dict(pipelined=True, blocks_per_sm=1, rows_per_block=32, max_splits=66)),
+                    ("p2 r16 <= 33", dict(pipelined=True, blocks_per_sm=2, rows_per_block=16, max_splits=33))]
 
 
-def probe(cached_list: list, replays: int) -> dict:
+def probe(cached_list: list, replays: int, kv_dtype: str = "float32") -> dict:
     import pycuda.driver as drv
     from pycuda import gpuarray
 
@@ -48,14 +56,18 @@ def probe(cached_list: list, replays: int) -> dict:
 
     device = primary_device(0)
     with device.bound():
-        kn = CudaKernels(device)
+        kn = CudaKernels(device, kv_dtype=kv_dtype)
         stream = drv.Stream()
         bandwidth = copy_bandwidth()
         rng = np.random.default_rng(0)
         capacity = max(cached_list) + ROWS + 8
         n_splits = -(-capacity // ATTN_CHUNK)
-        k = [gpuarray.to_gpu(rng.standard_normal((KVH, capacity, HD)).astype(np.float32)) for _ in range(LAYERS)]
-        v = [gpuarray.to_gpu(rng.standard_normal((KVH, capacity, HD)).astype(np.float32)) for _ in range(LAYERS)]
+        def arena():
+            x = rng.standard_normal((KVH, capacity, HD)).astype(np.float32)
+            return gpuarray.to_gpu(x if kv_dtype == "float32" else float32_to_bf16_bits(x))
+        element = 4 if kv_dtype == "float32" else 2
+        k = [arena() for _ in range(LAYERS)]
+        v = [arena() for _ in range(LAYERS)]
         qkv = gpuarray.to_gpu((rng.standard_normal((ROWS, (HQ + 2 * KVH) * HD)) * 2).astype(np.float32))
         attend = gpuarray.to_gpu(rng.permutation(capacity).astype(np.int32))     # scattered slots, as after eviction
         part_o = gpuarray.zeros((ROWS, HQ, n_splits, HD), np.float32)
@@ -74,7 +86,7 @@ def probe(cached_list: list, replays: int) -> dict:
 
         rows = []
         for cached in cached_list:
-            floor_us = cached * KVH * HD * 4 * 2 / bandwidth * 1e6
+            floor_us = cached * KVH * HD * element * 2 / bandwidth * 1e6
             ctl = gpuarray.to_gpu(np.array([0, cached, 0, -1], np.int32))
             base = None
             for max_splits in DECODE_SPLITS:
@@ -103,7 +115,8 @@ def probe(cached_list: list, replays: int) -> dict:
                 base = result if base is None else base
                 rows.append(_row(cached, f"prefill {ROWS} rows", label, us, merge_us, floor_us, result, base))
             ctl.gpudata.free()
-    return {"machine": machine_info(), "capacity": capacity, "copy_bandwidth_gbs": bandwidth / 1e9, "rows": rows}
+    return {"machine": machine_info(), "capacity": capacity, "kv_dtype": kv_dtype, "copy_bandwidth_gbs": bandwidth / 1e9,
+            "rows": rows}
 
 
 def _row(cached, what, splits, us, merge_us, floor_us, result, base) -> dict:
@@ -116,10 +129,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cached", type=int, nargs="+", default=list(DEFAULT_CACHED))
     p.add_argument("--replays", type=int, default=10)
+    p.add_argument("--kv-dtype", default="float32", choices=("float32", "bfloat16"), help="the arenas' element type")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
-    result = probe(args.cached, args.replays)
-    print_table(f"attention per layer over a long cache, {HQ}/{KVH} heads x {HD}, fp32 arena of "
+    result = probe(args.cached, args.replays, args.kv_dtype)
+    print_table(f"attention per layer over a long cache, {HQ}/{KVH} heads x {HD}, {args.kv_dtype} arena of "
                 f"{result['capacity']} slots, copy bandwidth {result['copy_bandwidth_gbs']:.0f} GB/s "
                 f"({result['machine'].get('gpu', 'GPU')})",
                 ["cached", "attention", "splits", "us/layer", "merge us", "K/V floor us", "x floor", "max rel diff"],
