@@ -8,7 +8,11 @@
 // prefill's attention 2.28 -> 0.70 ms). Where the rest goes is not measured per part; the
 // probe's launch shapes point at both the gather (every block loads its chunk's fp32 K/V rows,
 // 64 KB, through the slot list, splits them and transposes V before the first product; bf16 KV
-// in the arena would halve that) and each tile's chain of q loads and products.
+// in the arena would halve that) and each tile's chain of q loads and products. Not the gather's wait:
+// copying the next chunk raw (cp.async) under the current chunk's products measured no faster on the H200
+// (32 rows over 32000 slots, at most 66 splits: 141 us per layer as _b2 here, 154-190 pipelined; a bf16
+// arena 100 vs 102; notes/cuda_notes.md, 2026-12-03 second session), and the time follows the product
+// count instead (bf16 arena: 2 products a step instead of 3, 141 -> 100 us).
 //
 // Precision: K, V, the scaled q and the softmax weights P are fp32; each goes into the mma as a
 // bf16 pair hi + lo (mma_bf16.cuh's split, ~16 mantissa bits), and a product x.y is taken as
@@ -43,7 +47,6 @@
 //            statistics of each row from its quad's registers; then O[16 x hd] = P V with P taken
 //            straight from S's accumulator registers (an m16n8 accumulator pair is an m16k16 A fragment).
 #include "mma_bf16.cuh"
-#include "mma_tiles.cuh"
 #include "kv_store.cuh"
 
 #define AM_THREADS 256
@@ -131,42 +134,14 @@ __device__ __forceinline__ void split_piece(const KvPiece& x, uint4& hi, uint4& 
 #endif
 }
 
-// Piece e of a chunk (e in [0, ATTN_CHUNK * HD / 8)) into shared memory as bf16 hi/lo (hi only for a bf16
-// arena). K: piece e is 8 consecutive dimensions of slot e / (HD / 8), dimension-fastest (coalesced rows);
-// V: slot-fastest (slot e % ATTN_CHUNK), so the transposed 16-bit stores of a warp land in one row.
-template <int HD>
-__device__ __forceinline__ void store_k_piece(const KvPiece& x, int e, uint16_t* kh, uint16_t* kl) {
-    using L = MmaLayout<HD>;
-    constexpr int C8 = HD / 8;
-    const int kj = e / C8, kc = e - kj * C8;
-    uint4 hi, lo;
-    split_piece(x, hi, lo);
-    *reinterpret_cast<uint4*>(kh + kj * L::KS + 8 * kc) = hi;
-    if (AM_KV_PARTS == 2) *reinterpret_cast<uint4*>(kl + kj * L::KS + 8 * kc) = lo;
-}
-
-template <int HD>
-__device__ __forceinline__ void store_v_piece(const KvPiece& x, int e, uint16_t* vh, uint16_t* vl) {
-    using L = MmaLayout<HD>;
-    const int vj = e % ATTN_CHUNK, vc = e / ATTN_CHUNK;
-    uint4 hi, lo;
-    split_piece(x, hi, lo);
-    const uint32_t hw[4] = {hi.x, hi.y, hi.z, hi.w}, lw[4] = {lo.x, lo.y, lo.z, lo.w};
-#pragma unroll
-    for (int d = 0; d < 8; ++d) {
-        const int row = (8 * vc + d) * L::VS + vj;
-        vh[row] = (uint16_t)(hw[d >> 1] >> (16 * (d & 1)));
-        if (AM_KV_PARTS == 2) vl[row] = (uint16_t)(lw[d >> 1] >> (16 * (d & 1)));
-    }
-}
-
 // Gather the chunk's K and V rows (list entries j0 .. j0 + n_here) into shared memory as bf16 hi/lo
 // (hi only for a bf16 arena); slots past n_here are zeros (their scores are masked, and 0 * garbage
-// could be NaN). AM_GATHER pieces of each are loaded before any is converted.
+// could be NaN).
 template <int HD>
 __device__ __forceinline__ void gather_chunk(const kv_t* k_head, const kv_t* v_head, const int* attend_list,
                                              int j0, int n_here, uint16_t* kh, uint16_t* kl, uint16_t* vh,
                                              uint16_t* vl) {
+    using L = MmaLayout<HD>;
     constexpr int C8 = HD / 8;                           // 8-value pieces per K/V row
     constexpr int TOTAL = ATTN_CHUNK * C8;
     for (int base = threadIdx.x; base < TOTAL; base += AM_THREADS * AM_GATHER) {
@@ -174,6 +149,8 @@ __device__ __forceinline__ void gather_chunk(const kv_t* k_head, const kv_t* v_h
 #pragma unroll
         for (int u = 0; u < AM_GATHER; ++u) {
             const int e = base + u * AM_THREADS;         // range [0, TOTAL) when in bounds
+            // K: 8 consecutive dimensions of one slot per thread, dimension-fastest (coalesced rows);
+            // V: slot-fastest, so the transposed 16-bit stores of a warp land in one shared-memory row.
             const int kj = e / C8, kc = e - kj * C8;
             const int vj = e % ATTN_CHUNK, vc = e / ATTN_CHUNK;
             kp[u] = vp[u] = zero_piece();
@@ -184,67 +161,21 @@ __device__ __forceinline__ void gather_chunk(const kv_t* k_head, const kv_t* v_h
         for (int u = 0; u < AM_GATHER; ++u) {
             const int e = base + u * AM_THREADS;
             if (e >= TOTAL) continue;
-            store_k_piece<HD>(kp[u], e, kh, kl);
-            store_v_piece<HD>(vp[u], e, vh, vl);
+            uint4 hi, lo;
+            const int kj = e / C8, kc = e - kj * C8;
+            split_piece(kp[u], hi, lo);
+            *reinterpret_cast<uint4*>(kh + kj * L::KS + 8 * kc) = hi;
+            if (AM_KV_PARTS == 2) *reinterpret_cast<uint4*>(kl + kj * L::KS + 8 * kc) = lo;
+            const int vj = e % ATTN_CHUNK, vc = e / ATTN_CHUNK;
+            split_piece(vp[u], hi, lo);
+            const uint32_t hw[4] = {hi.x, hi.y, hi.z, hi.w}, lw[4] = {lo.x, lo.y, lo.z, lo.w};
+#pragma unroll
+            for (int d = 0; d < 8; ++d) {
+                const int row = (8 * vc + d) * L::VS + vj;
+                vh[row] = (uint16_t)(hw[d >> 1] >> (16 * (d & 1)));
+                if (AM_KV_PARTS == 2) vl[row] = (uint16_t)(lw[d >> 1] >> (16 * (d & 1)));
+            }
         }
-    }
-}
-
-// The pipelined entries (_p): the next chunk's K and V rows are copied as they are in the arena (cp.async,
-// 16 bytes a copy, straight to shared memory) into a raw buffer while the block multiplies the current
-// chunk, and split into hi/lo from there (shared to shared) when their turn comes. Without it a block's
-// products wait for each chunk's gather from HBM; with two blocks per SM (_b2) another block's products
-// cover some of that wait, at half the registers. Raw rows are padded by 16 bytes so that 8 consecutive
-// slots' pieces (a quarter warp's reads of the V conversion) fall in distinct banks.
-template <int HD> struct RawLayout {
-    static constexpr int PAD = 16 / (int)sizeof(kv_t);          // kv_t elements in 16 bytes
-    static constexpr int ROW = HD + PAD;                        // kv_t elements per raw row
-    static constexpr int ARRAY = ATTN_CHUNK * ROW;              // one raw array (K or V)
-    static constexpr int COPIES = HD * (int)sizeof(kv_t) / 16;  // 16-byte copies per row
-};
-
-// Copies of chunk (entries j0 .. j0 + n_here) into raw_k / raw_v; entries past n_here are zero-filled.
-template <int HD>
-__device__ __forceinline__ void issue_raw_chunk(const kv_t* k_head, const kv_t* v_head, const int* attend_list,
-                                                int j0, int n_here, kv_t* raw_k, kv_t* raw_v) {
-    using R = RawLayout<HD>;
-    constexpr int PER_ARRAY = ATTN_CHUNK * R::COPIES;
-    for (int c = threadIdx.x; c < 2 * PER_ARRAY; c += AM_THREADS) {
-        const int arr = c / PER_ARRAY;                          // 0: K, 1: V
-        const int rem = c - arr * PER_ARRAY;
-        const int j = rem / R::COPIES, piece = rem - j * R::COPIES;
-        const bool ok = j < n_here;
-        const kv_t* head = arr == 0 ? k_head : v_head;
-        const kv_t* src = head + (ok ? (size_t)attend_list[j0 + j] * HD : 0) + piece * (16 / (int)sizeof(kv_t));
-        kv_t* dst = (arr == 0 ? raw_k : raw_v) + j * R::ROW + piece * (16 / (int)sizeof(kv_t));
-        cp_async16(dst, src, ok ? 16 : 0);
-    }
-    cp_async_commit();
-}
-
-__device__ __forceinline__ KvPiece shared_piece(const kv_t* p) {
-    KvPiece r;
-#ifdef KV_BF16
-    r.w = *reinterpret_cast<const uint4*>(p);
-#else
-    r.a = *reinterpret_cast<const float4*>(p);
-    r.b = *(reinterpret_cast<const float4*>(p) + 1);
-#endif
-    return r;
-}
-
-// The raw chunk -> the hi/lo layouts the products read (the same values gather_chunk would store).
-template <int HD>
-__device__ __forceinline__ void convert_raw_chunk(const kv_t* raw_k, const kv_t* raw_v, uint16_t* kh, uint16_t* kl,
-                                                  uint16_t* vh, uint16_t* vl) {
-    using R = RawLayout<HD>;
-    constexpr int C8 = HD / 8;
-    constexpr int TOTAL = ATTN_CHUNK * C8;
-    for (int e = threadIdx.x; e < TOTAL; e += AM_THREADS) {
-        const int kj = e / C8, kc = e - kj * C8;
-        const int vj = e % ATTN_CHUNK, vc = e / ATTN_CHUNK;
-        store_k_piece<HD>(shared_piece(raw_k + kj * R::ROW + 8 * kc), e, kh, kl);
-        store_v_piece<HD>(shared_piece(raw_v + vj * R::ROW + 8 * vc), e, vh, vl);
     }
 }
 
@@ -342,7 +273,7 @@ __device__ __forceinline__ void tile_chunk(TileState<HD>& st, const float* const
     }
 }
 
-template <int HD, bool PIPE>
+template <int HD>
 __device__ __forceinline__ void attention_partial_mma(
         const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache, const int* attend_list,
         const int* ctl, float* part_o, float* part_ml, int n_q_heads, int n_kv_heads, int capacity, int n_splits,
@@ -353,9 +284,6 @@ __device__ __forceinline__ void attention_partial_mma(
     uint16_t* kl = kh + L::K_HALVES;                            // lo halves: fp32 arena only
     uint16_t* vh = kh + AM_KV_PARTS * L::K_HALVES;
     uint16_t* vl = vh + L::V_HALVES;
-    // _p entries: the raw buffer after the hi/lo layouts (16-byte aligned: both sizes are multiples of 8 halves)
-    kv_t* raw_k = reinterpret_cast<kv_t*>(vh + AM_KV_PARTS * L::V_HALVES);
-    kv_t* raw_v = raw_k + RawLayout<HD>::ARRAY;
     const int r_begin = blockIdx.x * rows_per_block;            // rows [r_begin, r_end) of the call
     const int split = blockIdx.y;                               // range [0, n_splits)
     const int kvh = blockIdx.z;                                 // range [0, KVH)
@@ -377,7 +305,6 @@ __device__ __forceinline__ void attention_partial_mma(
     const uint32_t* vl32 = reinterpret_cast<const uint32_t*>(vl);
     const int rounds = (n_q + 16 * AM_WARPS - 1) / (16 * AM_WARPS);   // tiles per warp, block-uniform
     int gathered = -1;                                          // the chunk now in shared memory
-    int in_flight = -1;                                         // PIPE: the chunk being copied into raw
     for (int round = 0; round < rounds; ++round) {
         const int tile = warp + round * AM_WARPS;
         const bool has_tile = tile * 16 < n_q;                  // warp-uniform
@@ -401,24 +328,9 @@ __device__ __forceinline__ void attention_partial_mma(
         for (int c0 = j0; c0 < j_end; c0 += ATTN_CHUNK) {
             const int n_here = min(ATTN_CHUNK, j_end - c0);
             if (c0 != gathered) {
-                if (PIPE) {
-                    // raw is free here: its last conversion was followed by a barrier
-                    if (in_flight != c0) issue_raw_chunk<HD>(k_head, v_head, attend_list, c0, n_here, raw_k, raw_v);
-                    cp_async_wait<0>();
-                    __syncthreads();                            // raw complete; every warp done with hi/lo
-                    convert_raw_chunk<HD>(raw_k, raw_v, kh, kl, vh, vl);
-                    __syncthreads();                            // hi/lo complete; raw free
-                    in_flight = -1;
-                    if (c0 + ATTN_CHUNK < j_end) {              // the next chunk's copy runs under these products
-                        in_flight = c0 + ATTN_CHUNK;
-                        issue_raw_chunk<HD>(k_head, v_head, attend_list, in_flight,
-                                            min(ATTN_CHUNK, j_end - in_flight), raw_k, raw_v);
-                    }
-                } else {
-                    if (gathered >= 0) __syncthreads();         // every warp is done with the previous chunk
-                    gather_chunk<HD>(k_head, v_head, attend_list, c0, n_here, kh, kl, vh, vl);
-                    __syncthreads();
-                }
+                if (gathered >= 0) __syncthreads();             // every warp is done with the previous chunk
+                gather_chunk<HD>(k_head, v_head, attend_list, c0, n_here, kh, kl, vh, vl);
+                __syncthreads();
                 gathered = c0;
             }
             if (!has_tile) continue;
@@ -438,25 +350,20 @@ __device__ __forceinline__ void attention_partial_mma(
             store_partial_row<HD>(st.o, r, st.m[r], st.l[r], part_o, part_ml, base, t);
         }
     }
-    if (PIPE) cp_async_wait<0>();                               // nothing left in flight at exit
 }
 
 // Entries by head_dim and blocks per SM: _b1 keeps every accumulator in registers (169 of them at
 // hd 128: one block of 8 warps per SM); _b2 caps registers at 128 for two blocks per SM (a little of
-// the state spilled), so one block's gather overlaps another's products. _p1 / _p2: the pipelined
-// gather (RawLayout) at one / two blocks per SM; their shared memory adds the raw buffer, 2 ATTN_CHUNK
-// (hd + 16 / sizeof(kv_t)) arena elements (an fp32 arena's _p2 does not fit two blocks on an SM).
-#define ATTENTION_MMA_ENTRY(HD, KIND, MINB, PIPE)                                                            \
-    extern "C" __global__ void __launch_bounds__(AM_THREADS, MINB) attention_partial_mma_hd##HD##_##KIND##MINB( \
+// the state spilled), so one block's gather overlaps another's products.
+#define ATTENTION_MMA_ENTRY(HD, MINB)                                                                        \
+    extern "C" __global__ void __launch_bounds__(AM_THREADS, MINB) attention_partial_mma_hd##HD##_b##MINB(   \
             const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache,                      \
             const int* attend_list, const int* ctl, float* part_o, float* part_ml, int n_q_heads,            \
             int n_kv_heads, int capacity, int n_splits, float scale, int n_rows, int rows_per_block) {      \
-        attention_partial_mma<HD, PIPE>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl, part_o, part_ml, \
-                                        n_q_heads, n_kv_heads, capacity, n_splits, scale, n_rows, rows_per_block); \
+        attention_partial_mma<HD>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl, part_o, part_ml,       \
+                                  n_q_heads, n_kv_heads, capacity, n_splits, scale, n_rows, rows_per_block); \
     }
-ATTENTION_MMA_ENTRY(32, b, 1, false)
-ATTENTION_MMA_ENTRY(64, b, 1, false)
-ATTENTION_MMA_ENTRY(128, b, 1, false)
-ATTENTION_MMA_ENTRY(128, b, 2, false)
-ATTENTION_MMA_ENTRY(128, p, 1, true)
-ATTENTION_MMA_ENTRY(128, p, 2, true)
+ATTENTION_MMA_ENTRY(32, 1)
+ATTENTION_MMA_ENTRY(64, 1)
+ATTENTION_MMA_ENTRY(128, 1)
+ATTENTION_MMA_ENTRY(128, 2)

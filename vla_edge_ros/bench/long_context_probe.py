@@ -9,8 +9,7 @@ replayed: microseconds per layer for
 
   * the decode row (attention_decode.cu + the merge) with the splits covering the arena (one 64-entry chunk
     each, the baseline) and with at most S splits per KV head, each walking several chunks;
-  * the prefill's 32 rows (attention_mma.cu + the merge) in several launch shapes, the same way, with the
-    chunk gathered before its products (b entries) or copied under the previous chunk's products (p);
+  * the prefill's 32 rows (attention_mma.cu + the merge) in several launch shapes, the same way;
   * the merge alone for each, and the K/V read floor (the layer's K/V bytes at the copy bandwidth measured
     in the same run).
 
@@ -38,11 +37,7 @@ PREFILL_VARIANTS = [("b2 r16", dict(blocks_per_sm=2, rows_per_block=16)),
                     ("b2 r16 <= 66", dict(blocks_per_sm=2, rows_per_block=16, max_splits=66)),
                     ("b1 r16 <= 66", dict(blocks_per_sm=1, rows_per_block=16, max_splits=66)),
                     ("b1 r32 <= 66", dict(blocks_per_sm=1, rows_per_block=32, max_splits=66)),
-                    ("b1 r32", dict(blocks_per_sm=1, rows_per_block=32)),
-                    ("p1 r16 <= 66", dict(pipelined=True, blocks_per_sm=1, rows_per_block=16, max_splits=66)),
-                    ("p2 r16 <= 66", dict(pipelined=True, blocks_per_sm=2, rows_per_block=16, max_splits=66)),
-                    ("p1 r32 <= 66", dict(pipelined=True, blocks_per_sm=1, rows_per_block=32, max_splits=66)),
-                    ("p2 r16 <= 33", dict(pipelined=True, blocks_per_sm=2, rows_per_block=16, max_splits=33))]
+                    ("b1 r32", dict(blocks_per_sm=1, rows_per_block=32))]
 
 
 def probe(cached_list: list, replays: int, kv_dtype: str = "float32") -> dict:

@@ -44,15 +44,14 @@ class AttentionLaunchers:
     def attention(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
                   n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float, stream,
                   tensor_cores: bool = False, blocks_per_sm: int = 1, rows_per_block: int | None = None,
-                  max_splits: int | None = None, pipelined: bool = False):
+                  max_splits: int | None = None):
         """out[i, h*hd:(h+1)*hd] = softmax(q k^T * scale) v over attend_list[:len_i]: the partial sums of each
         ATTN_CHUNK-slot split, then the merge. Partial sums by attention_tiled.cu (fp32, K/V chunk in shared
         memory, shared by up to 8 rows), or with tensor_cores by attention_mma.cu (bf16 hi/lo products, ~1e-5
         relative; head_dim in ATTN_MMA_HEAD_DIMS; blocks_per_sm 1 or 2 (hd 128) picks its entry;
         rows_per_block defaults to the fewest blocks of at most ATTN_MMA_TARGET_QV query vectors). max_splits
         (tensor cores only): launch at most this many splits per KV head, each walking several chunks
-        (attention_decode's max_splits). pipelined (tensor cores, head_dim 128): the _p entries, which copy a
-        split's next chunk into a raw buffer (cp.async) while multiplying the current one; same results."""
+        (attention_decode's max_splits)."""
         _check(n_splits * ATTN_CHUNK >= capacity, f"attention: {n_splits} splits do not cover {capacity} slots")
         if max_splits is not None:
             _check(tensor_cores, "attention: max_splits needs tensor_cores (attention_tiled.cu takes one chunk per split)")
@@ -64,7 +63,7 @@ class AttentionLaunchers:
         args = (ptr(qkv), np.int32(qkv.shape[1]), np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl),
                 ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads))
         if tensor_cores:
-            name = f"attention_partial_mma_hd{head_dim}_{'p' if pipelined else 'b'}{blocks_per_sm}"
+            name = f"attention_partial_mma_hd{head_dim}_b{blocks_per_sm}"
             _check(head_dim in ATTN_MMA_HEAD_DIMS, f"attention (tensor cores): head_dim {head_dim} not in "
                                                    f"{ATTN_MMA_HEAD_DIMS}")
             _check(name in self.attention_mma_entries(), f"attention (tensor cores): no entry {name}")
@@ -76,9 +75,6 @@ class AttentionLaunchers:
             # bf16 K/V chunk as hi and lo halves (fp32 arena) or hi only (bf16 arena: lo is zero)
             parts = 2 if self.kv_dtype == "float32" else 1
             shared = 2 * parts * (ATTN_CHUNK * (head_dim + 8) + head_dim * (ATTN_CHUNK + 8))
-            if pipelined:                              # + the raw K and V buffer, rows padded by 16 bytes
-                element = 4 if self.kv_dtype == "float32" else 2
-                shared += 2 * ATTN_CHUNK * (head_dim * element + 16)
             self._function(name)                       # loads the family, and with it the shared-memory limit
             _check(shared <= self._shared_limits[name],
                    f"attention (tensor cores): {shared} bytes of shared memory > {self._shared_limits[name]}")
@@ -86,8 +82,6 @@ class AttentionLaunchers:
                          np.int32(capacity), np.int32(n_splits), np.float32(scale), np.int32(n_rows), np.int32(rows),
                          shared=shared)
         else:
-            _check(not pipelined, "attention: pipelined needs tensor_cores (attention_mma.cu's _p entries)")
-
             def smem(rows):
                 return 4 * (ATTN_CHUNK * (2 * head_dim + 4) + rows * group * (head_dim + ATTN_CHUNK))
             rows = min(n_rows, ATTN_MAX_ROWS_PER_BLOCK)

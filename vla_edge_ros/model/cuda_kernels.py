@@ -60,9 +60,8 @@ FAMILIES = {
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_merge": "PPPPiiii", "attention_merge_prefetch": "PPPPiiii"},
     "attention_tiled": {"attention_partial_tiled": "PiPPPPPPiiiiifii"},   # merged by attention.cu's kernel
-    "attention_mma": {f"attention_partial_mma_hd{hd}_{kind}{b}": "PiPPPPPPiiiifii"   # merged as attention_tiled
-                      for hd, kind, b in ((32, "b", 1), (64, "b", 1), (128, "b", 1), (128, "b", 2), (128, "p", 1),
-                                          (128, "p", 2))},
+    "attention_mma": {f"attention_partial_mma_hd{hd}_b{b}": "PiPPPPPPiiiifii"        # merged as attention_tiled
+                      for hd, b in ((32, 1), (64, 1), (128, 1), (128, 2))},
     "attention_decode": {f"attention_decode_partial_v{vpl}{h}": "PiPPPPPPiiiiif"   # merged by attention.cu's kernel
                          for vpl in (1, 2) for h in ("", "_h2")},
     "argmax": {"argmax_bins": "PiiPPi"},

@@ -48,6 +48,8 @@ def add_arguments(p) -> None:
     csr.add_argument("--baseline-suffix", type=int, nargs="+", help="csr: suffix lengths at which the baseline is timed")
     csr.add_argument("--chunk", type=int, help="csr: rows per forward of our recompute, 0: one forward (default: "
                      "512 on numpy, 0 on pycuda)")
+    csr.add_argument("--kv-dtype", choices=["float32", "bfloat16"],
+                     help="csr on pycuda: the KV arena's element type (default: kv.dtype of the config)")
     csr.add_argument("--frames", help="csr / asr: pre-decoded footage .npy (bench/gpu_inputs.save_footage)")
     csr.add_argument("--hz", type=float, help="asr: cycle rate (default 30)")
     csr.add_argument("--max-cycles", type=int, help="asr: give up on the ASR run after this many cycles")
