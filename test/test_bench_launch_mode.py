@@ -32,3 +32,49 @@ def test_a_mode_names_its_kv_arena_type_or_takes_the_default():
 
 def test_the_default_bench_times_every_mode():
     assert LAUNCH_MODES == ("plain", "pdl", "persistent")
+
+
+class _PlanRecorder:
+    """What kernel_lab.apply_launch_mode asks of a backend, without a GPU: the plan it switches to, returned as in
+    effect except for what `cannot` names (a device without PDL, fp32 weights without the persistent kernel)."""
+
+    def __init__(self, kv_dtype="float32", cannot=()):
+        self.kv_dtype, self.cannot, self.plans = kv_dtype, cannot, []
+
+    def use_kernel_plan(self, plan):
+        import dataclasses
+        self.plans.append(plan)
+        return dataclasses.replace(plan, **{name: False for name in self.cannot})
+
+
+@pytest.mark.parametrize("mode, in_effect, cannot", [
+    ("plain", "plain", ()), ("pdl", "pdl", ()), ("pdl", "plain", ("programmatic_launch",)),
+    ("persistent", "persistent", ()), ("persistent:1:24", "persistent:1:24", ()),
+    ("persistent:2", "plain", ("persistent_decode",)), ("plain+tiled+h1", "plain+tiled+h1", ()),
+    ("pdl+mma2+loop2+kv16", "pdl+mma2+loop2+kv16", ()), ("plain+mma+kv32", "plain+mma", ()),
+    ("plain+mma2+h2", "plain+h2", ("tensor_core_attention",)),
+])
+def test_a_launch_mode_names_what_took_effect(mode, in_effect, cannot):
+    from vla_edge_ros.bench.pycuda_cycle import apply_launch_mode
+    assert apply_launch_mode(_PlanRecorder("bfloat16", cannot), mode) == in_effect
+
+
+def test_a_launch_mode_plan_changes_only_what_it_names():
+    import dataclasses
+    from vla_edge_ros.bench import kernel_lab
+    from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST
+    assert kernel_lab.mode_plan("plain") == MEASURED_BEST          # the serving plan: ordinary launches
+    assert kernel_lab.mode_plan("pdl") == dataclasses.replace(MEASURED_BEST, programmatic_launch=True)
+    assert kernel_lab.mode_plan("persistent:1:0.5+h1") == dataclasses.replace(
+        MEASURED_BEST, persistent_decode=True, persistent_blocks_per_sm=1, persistent_l2_prefetch_bytes=1 << 19,
+        decode_attention_head_split=1)
+    assert kernel_lab.mode_plan("plain+tiled+noloop") == dataclasses.replace(
+        MEASURED_BEST, tensor_core_attention=False, decode_gemv_blocks_per_sm=0)
+    unstaged = dataclasses.replace(MEASURED_BEST, staged_prefill_projections=False)
+    assert kernel_lab.mode_plan("pdl+mma", unstaged) == dataclasses.replace(
+        unstaged, programmatic_launch=True, attention_blocks_per_sm=1)    # the base's other choices stay
+    # From persistent back to plain: the decode steps launch again.
+    recorder = _PlanRecorder()
+    for mode in ("persistent", "plain"):
+        kernel_lab.apply_launch_mode(recorder, mode)
+    assert [p.persistent_decode for p in recorder.plans] == [True, False]

@@ -18,12 +18,9 @@ def test_shipped_yaml_holds_the_design_defaults():
     assert cfg.admission.ema_alpha == 0.2
     assert cfg.kv.eviction_policy == "semantic"
     assert cfg.kv.dtype == "float32"             # the KV arena in fp32 unless a config asks for bf16
-    # The pycuda kernel switches, as CudaBackend takes them: the measured-faster staged prefill and tensor-core
-    # attention on, the measured-slower persistent decode off, the bulk prefill from 64 rows (where it draws even).
-    assert cfg.model.kernel_options() == {"programmatic_launch": False, "staged_prefill_projections": True,
-                                          "persistent_decode": False, "tensor_core_attention": True,
-                                          "decode_attention_head_split": 2, "decode_gemv_blocks_per_sm": 4,
-                                          "bulk_prefill_min_rows": 64, "bulk_prefill_max_rows": 1024}
+    # What a robot chooses of the pycuda backend, as CudaBackend takes it: the bulk prefill from 64 rows (where it
+    # draws even). Its kernels are no setting: the measured-best KernelPlan.
+    assert cfg.model.kernel_options() == {"bulk_prefill_min_rows": 64, "bulk_prefill_max_rows": 1024}
 
 
 def test_yaml_and_dataclass_defaults_agree_so_there_is_one_truth():
@@ -46,8 +43,6 @@ def test_every_key_has_a_description():
     ({"admission.ema_alpha": 0.0}, "admission.ema_alpha"),
     ({"action.dim_names": ["a", "b"]}, "action.dim_names"),
     ({"model.backend": "tpu"}, "model.backend"),
-    ({"model.decode_attention_head_split": 3}, "model.decode_attention_head_split"),
-    ({"model.decode_gemv_blocks_per_sm": -1}, "model.decode_gemv_blocks_per_sm"),
     ({"camera.reliability": "sometimes"}, "camera.reliability"),
     ({"asr.evict_fraction": 1.0}, "asr.evict_fraction"),
     ({"asr.backend": "gpu"}, "asr.backend"),
@@ -130,12 +125,41 @@ def test_cpu_demo_preset_changes_only_what_it_says():
     assert preset.kv.capacity_tokens // preset.vision.tokens_per_frame >= 16   # still a real history of frames
 
 
-def test_the_cuda_backend_defaults_are_the_configured_kernel_switches():
+def test_the_cuda_backend_defaults_are_the_configured_options_and_the_measured_best_plan():
     # Benches and tests that build a CudaBackend without a config get what a robot's config gives it: one truth.
     import inspect
     from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST
     params = inspect.signature(CudaBackend.__init__).parameters
     assert {k: params[k].default for k in C.ModelConfig().kernel_options()} == C.ModelConfig().kernel_options()
+    assert params["plan"].default is MEASURED_BEST
+
+
+@pytest.mark.parametrize("key", sorted(C.REMOVED_KEYS))
+def test_a_removed_kernel_key_is_refused_naming_where_the_choice_lives_now(tmp_path, key):
+    # Removed: the kernel choices only the bench varies. A YAML, a --set override or a ROS parameter file that still
+    # sets one is told where the choice went, not merely that the key is unknown.
+    sec, _, name = key.partition(".")
+    path = tmp_path / "old.yaml"
+    path.write_text(f"{sec}:\n  {name}: true\n")
+    for load in (lambda: C.load(path), lambda: C.VlaConfig().replace({key: True})):
+        with pytest.raises(C.ConfigError) as err:
+            load()
+        assert key in str(err.value)
+        assert "cuda_kernel_plan.py" in str(err.value) and f"KernelPlan.{name}" in str(err.value)
+        assert "bench/kernel_lab.py" in str(err.value)
+    ros = tmp_path / "ros.yaml"
+    ros.write_text(f"/**:\n  ros__parameters:\n    {sec}:\n      {name}: true\n")
+    with pytest.raises(C.ConfigError, match="was removed"):
+        C.load(ros)
+
+
+def test_every_removed_key_names_a_field_of_the_kernel_plan():
+    import dataclasses
+    from vla_edge_ros.model.cuda_kernel_plan import KernelPlan
+    fields = {f.name for f in dataclasses.fields(KernelPlan)}
+    assert {key.partition(".")[2] for key in C.REMOVED_KEYS} <= fields
+    assert not set(C.REMOVED_KEYS) & set(C.VlaConfig().flat())
 
 
 def test_set_on_the_command_line_passes_a_whole_number_for_a_float_key_as_a_float():

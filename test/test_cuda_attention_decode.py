@@ -96,10 +96,11 @@ def test_device_cycles_agree_with_numpy_in_both_launch_modes(tiny_weights, progr
     """The captured cycle (graphs), with the decode kernels launched programmatically or ordinarily, chooses
     the same tokens as the numpy backend stepping token by token (every token in fp32), cycle after cycle."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.cuda_kernel_plan import KernelPlan
     from vla_edge_ros.model.numpy_backend import NumpyBackend
     spec, weights = tiny_weights
     cap, lo, n_tokens = 300, spec.vocab_size - 256, 9
-    cuda = CudaBackend(spec, weights, cap, dtype, programmatic_launch=programmatic)
+    cuda = CudaBackend(spec, weights, cap, dtype, plan=KernelPlan(programmatic_launch=programmatic))
     host = NumpyBackend(spec, weights, cap, dtype)
     assert (cuda.kernels.programmatic is not None) == programmatic, "launch mode not in effect"
     rng = np.random.default_rng(8)

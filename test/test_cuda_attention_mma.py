@@ -1,4 +1,4 @@
-"""attention_mma.cu (prefill attention partials on the tensor cores, model.tensor_core_attention) against the
+"""attention_mma.cu (prefill attention partials on the tensor cores, KernelPlan.tensor_core_attention) against the
 numpy reference, beside attention_tiled.cu, and a backend cycle with it.
 
 GPU only (marker `gpu`). The kernel takes K, V, the scaled q and the softmax weights into the mma as bf16 hi/lo
@@ -55,11 +55,12 @@ def test_a_backend_with_tensor_core_attention_gives_the_same_cycle(tiny_weights)
     """A bf16 cycle (graphs) with its prefill attention on the tensor cores picks the same tokens as with
     attention_tiled.cu, and its prefill logits agree to the split's rounding."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.cuda_kernel_plan import KernelPlan
     spec, weights = tiny_weights
     results = []
     for tensor_cores in (False, True):
-        b = CudaBackend(spec, weights, 300, "bfloat16", tensor_core_attention=tensor_cores)
-        assert b.tensor_core_attention == tensor_cores
+        b = CudaBackend(spec, weights, 300, "bfloat16", plan=KernelPlan(tensor_core_attention=tensor_cores))
+        assert b.kernel_plan.tensor_core_attention == tensor_cores
         results.append(one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=4))
         b.close()
     np.testing.assert_array_equal(results[0][0], results[1][0])
@@ -69,9 +70,10 @@ def test_a_backend_with_tensor_core_attention_gives_the_same_cycle(tiny_weights)
 def test_fp32_weights_keep_the_fp32_attention(tiny_weights):
     """tensor_core_attention is a bf16 switch: an fp32 backend asked for it keeps attention_tiled.cu."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.cuda_kernel_plan import KernelPlan
     spec, weights = tiny_weights
-    b = CudaBackend(spec, weights, 64, "float32", tensor_core_attention=True)
+    b = CudaBackend(spec, weights, 64, "float32", plan=KernelPlan(tensor_core_attention=True))
     try:
-        assert b.tensor_core_attention is False
+        assert b.kernel_plan.tensor_core_attention is False
     finally:
         b.close()

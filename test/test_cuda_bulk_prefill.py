@@ -9,6 +9,8 @@ is fp32 accumulation over K (~1e-7 .. 1e-6 relative to the output's scale); its 
 attention output are written as hi + lo again (~2^-16 ~ 1.5e-5 of each value), and the attention's
 products drop lo.lo terms as attention_mma.cu does (~1e-5 relative, its measured bound).
 """
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -213,12 +215,12 @@ def test_bulk_forward_matches_numpy_and_the_cycle_kernels(model):
     cycle = _backend(model, cap, bulk_prefill_min_rows=0)
     numpy = NumpyBackend(spec, weights, cap, "bfloat16")
     assert bulk.bulk_min_rows == 1 and cycle.bulk_min_rows == 0
-    named = {f"bulk {bulk.bulk_gemm}": bulk, f"bulk {passes.bulk_gemm} in passes": passes, "cycle kernels": cycle}
-    if bulk.bulk_gemm != "mma":              # the Hopper default: gemm_bulk.cu's mma.sync too, one pass and three
+    gemm = bulk.kernel_plan.bulk_gemm
+    named = {f"bulk {gemm}": bulk, f"bulk {passes.kernel_plan.bulk_gemm} in passes": passes, "cycle kernels": cycle}
+    if gemm != "mma":              # the Hopper default: gemm_bulk.cu's mma.sync too, one pass and three
         for max_rows in (512, 128):
             b = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=max_rows)
-            b.kernels.load_family(cbl.BULK_GEMMS["mma"].family)
-            b.bulk_gemm = "mma"
+            assert b.use_kernel_plan(dataclasses.replace(b.kernel_plan, bulk_gemm="mma")).bulk_gemm == "mma"
             named[f"bulk mma, passes of {max_rows}"] = b
     rng = np.random.default_rng(6)
     slots = rng.permutation(cap)
@@ -253,8 +255,7 @@ def test_bulk_graph_replays_serve_other_offsets_and_contexts(model, kernel):
     cuda = _backend(model, cap, bulk_prefill_min_rows=64)
     if kernel is not None:
         _gemm_kernel(cuda.kernels, kernel)
-        cuda.kernels.load_family(cbl.BULK_GEMMS[kernel].family)
-        cuda.bulk_gemm = kernel
+        cuda.use_kernel_plan(dataclasses.replace(cuda.kernel_plan, bulk_gemm=kernel))
     numpy = NumpyBackend(spec, weights, cap, "bfloat16")
     cuda.prepare_forward([96])
     assert ("bulk", 96) in cuda._graphs

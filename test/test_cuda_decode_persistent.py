@@ -1,4 +1,4 @@
-"""decode_persistent.cu (model.persistent_decode): every layer of a bf16 decode step in one cooperative launch.
+"""decode_persistent.cu (KernelPlan.persistent_decode, built by bench/kernel_lab.py): every layer of a bf16 decode step in one cooperative launch.
 
 Its stages run the device code of gemv.cu, attention_decode.cu and attention.cu's merge, so a decode step through
 it must give the launched pipeline's results bit for bit: the same tokens, the same residual stream and the same KV
@@ -26,7 +26,9 @@ def qwen15_two_layers(tmp_path_factory):
 def _decode_ways(spec, weights, variants, n_ctx: int, steps: int = 8):
     """One prefill, then `steps` decode steps from that same device state once per variant (None: the launched
     pipeline; (blocks per SM, L2 prefetch bytes): persistent). Per variant: tokens, final residual row, KV."""
+    from vla_edge_ros.bench import kernel_lab
     from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST
     cap, lo = n_ctx + 48, spec.vocab_size - 256
     rng = np.random.default_rng(11)
     b = CudaBackend(spec, weights, cap, "bfloat16")
@@ -37,11 +39,12 @@ def _decode_ways(spec, weights, variants, n_ctx: int, steps: int = 8):
         b.begin_cycle(b.embed(rng.integers(0, spec.vocab_size, size=32)), rows, rows, np.arange(n_ctx), dec, dec,
                       steps + 1)
         b.launch_prefill(32, lo, 256)
-        start = b.decode_state()
+        start = kernel_lab.decode_state(b)
         out = []
         for variant in variants:
-            b.restore_decode_state(start)
-            assert b.set_persistent_decode(variant is not None, *(variant or (None, None))) == (variant is not None)
+            kernel_lab.restore_decode_state(b, start)
+            plan = MEASURED_BEST if variant is None else kernel_lab.persistent_plan(*variant)
+            assert b.use_kernel_plan(plan).persistent_decode == (variant is not None)
             for _ in range(steps):
                 b.launch_decode_step(lo, 256)
             tokens = b.finish_cycle(steps + 1)
@@ -76,11 +79,12 @@ def test_persistent_decode_matches_the_launched_pipeline_on_the_1_5b_shape(qwen1
 
 
 def test_persistent_decode_is_refused_for_fp32_weights(tiny_weights):
+    from vla_edge_ros.bench.kernel_lab import persistent_plan
     from vla_edge_ros.model.cuda_backend import CudaBackend
     spec, weights = tiny_weights
-    b = CudaBackend(spec, weights, 64, "float32", persistent_decode=True)
+    b = CudaBackend(spec, weights, 64, "float32", plan=persistent_plan())
     try:
-        assert b.persistent_decode is False
+        assert b.kernel_plan.persistent_decode is False
     finally:
         b.close()
 

@@ -4,6 +4,8 @@ GPU only (marker `gpu`). Fresh random inputs per case, outputs poisoned with NaN
 counts and K not a multiple of the 512-element batch, every mode with and without the RMSNorm
 prologue, the head's slice of rows (w_row0, rows) and a row other than the first (x_row0).
 """
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -162,20 +164,25 @@ def test_decode_variants_give_the_same_cycle(tiny_weights):
     split-K atomics may order their sums differently between runs.)"""
     from gpu_cases import one_cycle
     from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.cuda_kernel_plan import KernelPlan
     spec, weights = tiny_weights
-    b = CudaBackend(spec, weights, 300, "bfloat16", decode_attention_head_split=1, decode_gemv_blocks_per_sm=0)
+    plan = KernelPlan(decode_attention_head_split=1, decode_gemv_blocks_per_sm=0)
+    b = CudaBackend(spec, weights, 300, "bfloat16", plan=plan)
     try:
         base = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
-        assert b.set_kernel_variants(decode_attention_head_split=2)["decode_attention_head_split"] == 2
+        plan = dataclasses.replace(plan, decode_attention_head_split=2)
+        assert b.use_kernel_plan(plan).decode_attention_head_split == 2
         split_heads = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
         np.testing.assert_array_equal(base[0], split_heads[0])
         assert_close(split_heads[1], base[1], rtol=1e-5, atol=1e-5 * peak(base[1]), what="prefill logits, h2")
-        in_effect = b.set_kernel_variants(decode_gemv_blocks_per_sm=4)
-        assert in_effect["decode_gemv_blocks_per_sm"] == 4
+        in_effect = b.use_kernel_plan(dataclasses.replace(plan, decode_gemv_blocks_per_sm=4))
+        assert in_effect.decode_gemv_blocks_per_sm == 4
         looped = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
         np.testing.assert_array_equal(base[0], looped[0])
         assert_close(looped[1], base[1], rtol=1e-5, atol=1e-5 * peak(base[1]), what="prefill logits, h2 + loop4")
         with pytest.raises(ValueError, match="decode_gemv_blocks_per_sm must be in"):
-            b.set_kernel_variants(decode_gemv_blocks_per_sm=9)
+            b.use_kernel_plan(dataclasses.replace(plan, decode_gemv_blocks_per_sm=9))
+        with pytest.raises(ValueError, match="needs a cuda_kernel_plan.KernelPlan"):
+            b.use_kernel_plan({"decode_gemv_blocks_per_sm": 4})
     finally:
         b.close()

@@ -1,5 +1,5 @@
 """projection_staged.cu (prefill projections with activations staged once per block; off by default,
-model.staged_prefill_projections) against projection_bf16.cu and the numpy reference.
+KernelPlan.staged_prefill_projections) against projection_bf16.cu and the numpy reference.
 
 GPU only (marker `gpu`). The staged kernel uses the same hi/lo split and the same K order inside an
 mma as projection_bf16.cu, so on STORE and SWIGLU (no atomics) it must agree with it bit for bit; ADD
@@ -82,10 +82,12 @@ def test_a_backend_with_staged_prefill_gives_the_same_cycle(tiny_weights):
     """The same cycle with its prefill through projection_staged.cu (graphs) picks the same tokens, and its
     prefill logits agree to rounding (the residual adds split K and add atomically, in another order)."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.cuda_kernel_plan import KernelPlan
     spec, weights = tiny_weights
     results = []
     for staged in (False, True):
-        b = CudaBackend(spec, weights, 300, "bfloat16", staged_prefill_projections=staged)
+        b = CudaBackend(spec, weights, 300, "bfloat16", plan=KernelPlan(staged_prefill_projections=staged))
+        assert b.kernel_plan.staged_prefill_projections == staged
         results.append(one_cycle(b, spec.vocab_size, n_ctx=40, n_prefill=24, seed=3))
         b.close()
     np.testing.assert_array_equal(results[0][0], results[1][0])

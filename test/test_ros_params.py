@@ -34,6 +34,7 @@ def _start_and_expect_refusal(tmp_path, domain: int, node: str, params_yaml: str
 @pytest.mark.parametrize("node,params,needle", [
     ("camera_ingest", {"camera.reliability": "sometimes"}, "camera.reliability must be one of"),
     ("camera_ingest", {"camera.relability": "reliable"}, "unknown parameters ['camera.relability']"),
+    ("camera_ingest", {"model.persistent_decode": False}, "'model.persistent_decode' was removed"),
     ("reasoning", {"cycle.safety_margin_ms": 40.0}, "must be smaller than cycle.deadline_ms"),
     ("reasoning", {"cycle.deadline_ms": 33}, "'cycle.deadline_ms': expected double"),
     ("reasoning", {"kv.dtype": "float16"}, "kv.dtype must be one of ('float32', 'bfloat16')"),

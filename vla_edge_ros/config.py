@@ -30,10 +30,23 @@ INT4_SCALE_BYTES = 2          # one fp16 scale per group
 # kv.dtype -> bytes one K or V value takes in the arena (the numpy backend reports its memory with it).
 KV_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 KV_DTYPES = tuple(KV_ELEMENT_BYTES)
-# Warps per 8-slot group of a decode attention block: the entries attention_decode.cu has (_v1, _v1_h2).
-DECODE_ATTENTION_HEAD_SPLITS = (1, 2)
-# Most blocks per SM a decode projection's looped grid may ask for (model.decode_gemv_blocks_per_sm).
-DECODE_GEMV_MAX_BLOCKS_PER_SM = 8
+# Keys the robot's configuration had and no longer has: kernel choices that only the bench varies. The serving backend
+# runs the measured-best KernelPlan; a file or parameter still setting one gets this reason instead of "unknown key",
+# so that whoever turned the knob learns where the choice went.
+_CYCLE_BENCH = "python -m vla_edge_ros.bench.pycuda_cycle --launch-modes "
+_REMOVED_KERNEL_KEYS = {    # KernelPlan field -> the bench command that times its alternative
+    "programmatic_launch": _CYCLE_BENCH + "pdl",
+    "persistent_decode": _CYCLE_BENCH + "persistent",
+    "staged_prefill_projections": "python -m vla_edge_ros.bench.decode_profile --unstaged-prefill",
+    "tensor_core_attention": _CYCLE_BENCH + "plain+tiled",
+    "decode_attention_head_split": _CYCLE_BENCH + "plain+h1",
+    "decode_gemv_blocks_per_sm": _CYCLE_BENCH + "plain+noloop",
+}
+REMOVED_KEYS = {f"model.{field}": (f"no longer a robot setting: the pycuda backend runs the measured-best kernel plan "
+                                   f"(vla_edge_ros/model/cuda_kernel_plan.py, KernelPlan.{field}); the bench times "
+                                   f"the alternatives (plans from vla_edge_ros/bench/kernel_lab.py: {how}). Remove "
+                                   f"the key")
+                for field, how in _REMOVED_KERNEL_KEYS.items()}
 RELIABILITIES = ("best_effort", "reliable")
 # A TF frame name as tf2 and every ROS tool read header.frame_id: names of letters, digits and '_',
 # optionally namespaced with '/', no leading '/' (tf2 refuses it), no spaces or protocol marks.
@@ -247,31 +260,6 @@ class ModelConfig:
     backend: str = _doc("auto | numpy | pycuda (auto: pycuda when a CUDA device exists)", default="auto")
     dtype: str = _doc("weight precision of the backend: float32 | bfloat16", default="float32")
     cpu_threads: int = _doc("BLAS threads of the numpy backend per process (small matrices: 1 is fastest)", default=1)
-    programmatic_launch: bool = _doc("pycuda on sm_90+: launch the decode kernels with programmatic dependent launch "
-                                     "(each starts streaming its weights while the one before finishes). Off: with "
-                                     "gemv.cu it measured 0.1 ms per decode step slower on the H200", default=False)
-    staged_prefill_projections: bool = _doc("pycuda, bf16: prefill projections through projection_staged.cu (activations "
-                                            "split once per block of 8 tiles). Measured on the H200: 2.75 -> 1.86 ms of "
-                                            "projections per 32-row prefill", default=True)
-    persistent_decode: bool = _doc("pycuda, bf16: every layer of a decode step in one persistent kernel "
-                                   "(decode_persistent.cu, cooperative launch, grid barriers between stages) instead "
-                                   "of six launches per layer. Bit-identical to them, but measured slower on the H200 "
-                                   "(1.61 vs 1.57 ms per decode step in the bench): off", default=False)
-    tensor_core_attention: bool = _doc("pycuda, bf16: prefill attention on the tensor cores (attention_mma.cu: K, V, q "
-                                       "and the softmax weights as bf16 hi/lo pairs, ~1e-5 relative) instead of fp32 "
-                                       "products out of shared memory (attention_tiled.cu). Measured on the H200: "
-                                       "2.28 -> 0.71 ms of attention per 32-row prefill at 4064 cached", default=True)
-    decode_attention_head_split: int = _doc("pycuda: warps per 8-slot group of a decode attention block "
-                                            "(attention_decode.cu), each taking that share of the query heads: 1 (8 "
-                                            "warps per block) or 2 (16, at most 128 registers each). Bit-identical "
-                                            "results; measured on the H200: 0.348 -> 0.319 ms of attention per decode "
-                                            "step at 4064 cached", default=2)
-    decode_gemv_blocks_per_sm: int = _doc("pycuda, bf16: a decode projection with more 8-row items than this many "
-                                          "blocks per SM (in practice gate/up: 2240 items) runs them on a grid of "
-                                          "that size, each block looping over its items with the activations "
-                                          "staged once (gemv_bf16_items); 0: one block per item. Bit-identical "
-                                          "results; measured on the H200: 4 takes the decode projections from 1.100 "
-                                          "to 1.029 ms per step (2: 1.165)", default=4)
     bulk_prefill_min_rows: int = _doc("pycuda, bf16: a forward over at least this many rows (a reconciler's "
                                       "multi-frame step, a RoPE re-base, a full recompute) runs the bulk prefill: "
                                       "tensor-core GEMMs (gemm_bulk.cu) and flash attention over staged K/V "
@@ -296,14 +284,9 @@ class ModelConfig:
                                 "the snapshot states", default=128)
 
     def kernel_options(self) -> dict:
-        """The pycuda backend's kernel switches, as CudaBackend's keyword arguments."""
-        return {"programmatic_launch": self.programmatic_launch,
-                "staged_prefill_projections": self.staged_prefill_projections,
-                "persistent_decode": self.persistent_decode,
-                "tensor_core_attention": self.tensor_core_attention,
-                "decode_attention_head_split": self.decode_attention_head_split,
-                "decode_gemv_blocks_per_sm": self.decode_gemv_blocks_per_sm,
-                "bulk_prefill_min_rows": self.bulk_prefill_min_rows,
+        """The pycuda backend's settings a robot chooses, as CudaBackend's keyword arguments (its kernels are the
+        measured-best KernelPlan: REMOVED_KEYS)."""
+        return {"bulk_prefill_min_rows": self.bulk_prefill_min_rows,
                 "bulk_prefill_max_rows": self.bulk_prefill_max_rows}
 
     def __post_init__(self):
@@ -312,12 +295,6 @@ class ModelConfig:
         if not self.path:
             raise ConfigError("model.path must name a model directory")
         _positive(self, "cpu_threads", "model")
-        if self.decode_attention_head_split not in DECODE_ATTENTION_HEAD_SPLITS:
-            raise ConfigError(f"model.decode_attention_head_split must be one of {DECODE_ATTENTION_HEAD_SPLITS}, got "
-                              f"{self.decode_attention_head_split!r}")
-        if not 0 <= self.decode_gemv_blocks_per_sm <= DECODE_GEMV_MAX_BLOCKS_PER_SM:
-            raise ConfigError(f"model.decode_gemv_blocks_per_sm must be in [0, {DECODE_GEMV_MAX_BLOCKS_PER_SM}], got "
-                              f"{self.decode_gemv_blocks_per_sm!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
         _non_negative(self, "bulk_prefill_min_rows", "model")
@@ -559,10 +536,17 @@ class VlaConfig:
         nested = _nest(self.flat())
         for key, value in overrides.items():
             sec, _, name = key.partition(".")
+            check_not_removed(key)
             if sec not in nested or name not in nested[sec]:
                 raise ConfigError(f"unknown configuration key {key!r}")
             nested[sec][name] = value
         return from_dict(nested)
+
+
+def check_not_removed(key: str) -> None:
+    """ConfigError saying where the choice went when `key` is one of REMOVED_KEYS."""
+    if key in REMOVED_KEYS:
+        raise ConfigError(f"configuration key {key!r} was removed: {REMOVED_KEYS[key]}")
 
 
 def describe() -> dict:
@@ -649,6 +633,7 @@ def _build_section(sec_name: str, cls, values: dict):
     kwargs = {}
     for key, value in values.items():
         if key not in known:
+            check_not_removed(f"{sec_name}.{key}")
             raise ConfigError(f"unknown configuration key '{sec_name}.{key}'; known in {sec_name}: {sorted(known)}")
         kwargs[key] = _coerce(f"{sec_name}.{key}", hints[key], value)
     try:

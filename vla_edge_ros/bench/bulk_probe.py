@@ -23,12 +23,14 @@ benchmarks of record are `vla-edge bench csr` and `bench asr`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
 import numpy as np
 
 from .common import machine_info, print_table, write_json
+from ..model.cuda_kernel_plan import MEASURED_BEST
 
 FORWARD_ROWS = (32, 64, 128, 256, 512, 1024)
 GEMM_ROWS = (256, 1024, 4096)
@@ -145,8 +147,9 @@ def probe(context: int, quick: bool) -> dict:
                 (f"bulk {gemms[-1]} p1", 1, 1, gemms[-1])]
 
     def use(bulk, parts, kernel):
-        backend.bulk_min_rows, backend.bulk_parts, backend.bulk_gemm = bulk, parts, kernel
-        backend._drop_graphs()                                # the bulk graphs baked the previous variant in
+        backend.bulk_min_rows = bulk
+        # A plan switch also drops the captured graphs: the bulk ones baked the previous variant in.
+        backend.use_kernel_plan(dataclasses.replace(MEASURED_BEST, bulk_activation_parts=parts, bulk_gemm=kernel))
     for n in FORWARD_ROWS[2:4] if quick else FORWARD_ROWS:
         row = {"rows": n}
         for label, bulk, parts, kernel in variants:

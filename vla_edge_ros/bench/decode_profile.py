@@ -14,21 +14,25 @@ record is `vla-edge bench --backend pycuda` (bench/pycuda_cycle.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 
 import numpy as np
 
+from . import kernel_lab
+from ..model.cuda_kernel_plan import MEASURED_BEST
 from .pycuda_cycle import (BINS, DECODE_STEPS, PREFILL_ROWS, _breakdown, _fill_context, apply_launch_mode, launch_mode,
                            mode_kv_dtype, robot_config)
 
 log = logging.getLogger(__name__)
 
 
-def profile_mode(backend, spec, mode: str, n_cached: int, replays: int, ncu_window: str | None) -> dict:
+def profile_mode(backend, spec, mode: str, n_cached: int, replays: int, ncu_window: str | None,
+                 base=MEASURED_BEST) -> dict:
     import pycuda.driver as drv
 
-    in_effect = apply_launch_mode(backend, mode)
+    in_effect = apply_launch_mode(backend, mode, base)
     lo = spec.vocab_size - BINS
     ctx = np.arange(n_cached)
     w_slots = np.arange(n_cached, n_cached + PREFILL_ROWS)
@@ -74,7 +78,7 @@ def profile_mode(backend, spec, mode: str, n_cached: int, replays: int, ncu_wind
     return out
 
 
-def compare_modes(backend, spec, modes: list, n_cached: int) -> list:
+def compare_modes(backend, spec, modes: list, n_cached: int, base=MEASURED_BEST) -> list:
     """The decode steps of one cycle in every mode, each from the same device state after one prefill (two
     prefills differ in the last bits: split-K atomic adds). Per mode: (mode in effect, tokens, final residual row);
     the modes compute the same functions in the same order, so all should agree bit for bit."""
@@ -85,11 +89,11 @@ def compare_modes(backend, spec, modes: list, n_cached: int) -> list:
     x = backend.embed(np.random.default_rng(2).integers(0, spec.vocab_size, size=PREFILL_ROWS))
     backend.begin_cycle(x, w_slots, w_slots, ctx, d_slots, d_slots, DECODE_STEPS + 1)
     backend.launch_prefill(PREFILL_ROWS, lo, BINS)
-    start = backend.decode_state()
+    start = kernel_lab.decode_state(backend)
     out = []
     for mode in modes:
-        backend.restore_decode_state(start)
-        in_effect = apply_launch_mode(backend, mode)
+        kernel_lab.restore_decode_state(backend, start)
+        in_effect = apply_launch_mode(backend, mode, base)
         for _ in range(DECODE_STEPS):
             backend.launch_decode_step(lo, BINS)
         tokens = backend.finish_cycle(DECODE_STEPS + 1)
@@ -111,7 +115,7 @@ def main(argv=None) -> int:
     p.add_argument("--ncu-window", choices=("decode", "prefill"), help="bracket one replay of this graph for ncu")
     p.add_argument("--unstaged-prefill", action="store_true",
                    help="prefill projections through projection_bf16.cu instead of projection_staged.cu "
-                        "(model.staged_prefill_projections: false)")
+                        "(KernelPlan.staged_prefill_projections off)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from ..model.cuda_backend import CudaBackend
@@ -123,18 +127,18 @@ def main(argv=None) -> int:
         robot = robot_config()
         # One backend: the KV arena type of the first mode (its +kv32 / +kv16, else the robot preset's).
         kv_dtype = mode_kv_dtype(args.launch_modes[0], robot.kv.dtype)
-        options = {**robot.model.kernel_options(), "staged_prefill_projections": not args.unstaged_prefill}
+        base = dataclasses.replace(MEASURED_BEST, staged_prefill_projections=not args.unstaged_prefill)
         backend = CudaBackend(spec, args.model, args.cached + PREFILL_ROWS + DECODE_STEPS, "bfloat16",
-                              kv_dtype=kv_dtype, **options)
+                              kv_dtype=kv_dtype, plan=base, **robot.model.kernel_options())
         _fill_context(backend, spec, args.cached, np.random.default_rng(1))
         for mode in args.launch_modes:
-            r = profile_mode(backend, spec, mode, args.cached, args.replays, args.ncu_window)
+            r = profile_mode(backend, spec, mode, args.cached, args.replays, args.ncu_window, base)
             parts = "; ".join(f"{ph}: " + ", ".join(f"{k} {v:.3f}" for k, v in groups.items())
                               for ph, groups in r["breakdown_ms"].items())
             print(f"{r['launch']:>16}  decode step {r['decode_ms']:.3f} ms  prefill {r['prefill_ms']:.3f} ms  "
                   f"nodes {r['graph_nodes']}  [{parts}]", flush=True)
         if len(args.launch_modes) > 1 and not args.ncu_window:
-            runs = compare_modes(backend, spec, args.launch_modes, args.cached)
+            runs = compare_modes(backend, spec, args.launch_modes, args.cached, base)
             first, tokens, resid = runs[0]
             print(f"decode from one prefill state: {first} tokens {tokens}")
             for mode, t, r in runs[1:]:

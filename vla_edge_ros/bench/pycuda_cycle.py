@@ -12,7 +12,8 @@ action bins (9 tokens chosen). Measured in one run, on one GPU:
     and decode separately with CUDA events; once per decode launch mode (plain:
     ordinary launches, the backend's default; pdl: programmatic dependent
     launch; persistent: every layer of a step in one persistent kernel,
-    model.persistent_decode, optionally persistent:<blocks per SM>:<L2 MiB>);
+    KernelPlan.persistent_decode, optionally persistent:<blocks per SM>:<L2 MiB>;
+    the plans are built by bench/kernel_lab.py);
   * HF transformers eager bf16 (same weights, same prefill embeddings, its own
     DynamicCache cropped back to `cached` after every cycle), timed the same way;
   * HF transformers bf16 the fast way: SDPA attention, a StaticCache of
@@ -37,7 +38,10 @@ import time
 
 import numpy as np
 
+from . import kernel_lab
 from .common import machine_info, percentiles, print_table, write_json
+from .kernel_lab import KERNEL_VARIANTS, LAUNCH_MODES
+from ..model.cuda_kernel_plan import MEASURED_BEST
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,6 @@ SHAPES = {"qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate
                        num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
                        tie_word_embeddings=True, max_position_embeddings=32768)}
 DEFAULT_CACHED = (256, 2048, 4064)
-LAUNCH_MODES = ("plain", "pdl", "persistent")
 PREFILL_ROWS = 32
 DECODE_STEPS = 8
 BINS = 256
@@ -77,18 +80,8 @@ def add_arguments(p) -> None:
                         "the one the summary reports (default: the three launch modes with the configured kernels)")
 
 
-# Kernel variants a launch mode may add with '+' (launch_mode): the prefill attention (tiled: attention_tiled.cu;
-# mma / mma2: attention_mma.cu at 1 / 2 blocks per SM), the decode attention (h1 / h2: attention_decode.cu
-# with 1 / 2 warps per 8-slot group) and the decode projections' grid (noloop: a block per 8-row item; loop2 /
-# loop4: 2 / 4 blocks per SM looping over the items). Unnamed, each is the backend's configured default.
-KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
-                   "mma": {"tensor_core_attention": True, "attention_blocks_per_sm": 1},
-                   "mma2": {"tensor_core_attention": True, "attention_blocks_per_sm": 2},
-                   "h1": {"decode_attention_head_split": 1},
-                   "h2": {"decode_attention_head_split": 2},
-                   "noloop": {"decode_gemv_blocks_per_sm": 0},
-                   "loop2": {"decode_gemv_blocks_per_sm": 2},
-                   "loop4": {"decode_gemv_blocks_per_sm": 4}}
+# Kernel variants a launch mode may add with '+' (launch_mode): kernel_lab.KERNEL_VARIANTS. Unnamed, each is the
+# measured-best plan's choice (model/cuda_kernel_plan.py).
 # The KV arena's element type ('+kv32' / '+kv16'): fixed when a backend is built, so each type named gets a
 # backend of its own (same weights, its own context fill); unnamed, the robot preset's (robot_config).
 KV_VARIANTS = {"kv32": "float32", "kv16": "bfloat16"}
@@ -116,28 +109,12 @@ def launch_mode(text: str) -> str:
     return text
 
 
-def apply_launch_mode(backend, mode: str) -> str:
-    """Switch `backend` to decode launch mode `mode` (launch_mode's syntax) and its kernel variants (the backend's
-    construction-time choices where the mode names none); returns the mode in effect (plain where the device
-    cannot do the one asked for, and the variants in effect)."""
-    from ..model import cuda_backend as cb
-
-    launch, *variants = mode.split("+")
-    kind, *opts = launch.split(":")
-    chosen = dict(backend.kernel_variant_defaults)
-    for v in variants:
-        chosen.update(KERNEL_VARIANTS.get(v, {}))
-    in_effect = backend.set_kernel_variants(**chosen)
-    suffix = "".join(f"+{v}" for v in variants if v in KERNEL_VARIANTS
-                     and all(in_effect[k] == want for k, want in KERNEL_VARIANTS[v].items()))
-    suffix += "".join(f"+{v}" for v in variants if KV_VARIANTS.get(v) == backend.kv_dtype)
-    pdl = backend.set_programmatic_launch(kind == "pdl")
-    if kind == "persistent":
-        blocks = int(opts[0]) if opts else cb.PERSISTENT_BLOCKS_PER_SM
-        l2 = int(float(opts[1]) * (1 << 20)) if len(opts) > 1 else cb.PERSISTENT_L2_PREFETCH_BYTES
-        return (launch if backend.set_persistent_decode(True, blocks, l2) else "plain") + suffix
-    backend.set_persistent_decode(False)
-    return ("pdl" if pdl else "plain") + suffix
+def apply_launch_mode(backend, mode: str, base=MEASURED_BEST) -> str:
+    """Switch `backend` to decode launch mode `mode` (launch_mode's syntax) and its kernel variants over `base` (the
+    plan the backend was built with); returns the mode in effect (plain where the device cannot do the one asked
+    for, the kernel variants in effect, and the KV arena type when it is the backend's)."""
+    in_effect = kernel_lab.apply_launch_mode(backend, mode, base)
+    return in_effect + "".join(f"+{v}" for v in mode.split("+")[1:] if KV_VARIANTS.get(v) == backend.kv_dtype)
 
 
 def robot_config():
@@ -199,7 +176,7 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, mode
     for kv_dtype in kv_types:
         t0 = time.perf_counter()
         backends[kv_dtype] = CudaBackend(spec, weights, capacity, "bfloat16", kv_dtype=kv_dtype,
-                                         **robot.model.kernel_options())
+                                         **robot.model.kernel_options())       # and the measured-best kernel plan
         log.info("backend with a %s KV arena ready in %.1f s", kv_dtype, time.perf_counter() - t0)
     del weights
     backend = backends[kv_types[0]]
@@ -296,7 +273,7 @@ def _time_ours(backend, spec, n_cached: int, cycles: int, rng) -> dict:
     assert tokens.min() >= lo, tokens
     # The breakdown replays the launched pipeline's kernel groups: a persistent step has no groups to time.
     breakdown = {"prefill": _breakdown(backend, PREFILL_ROWS, 0, n_cached)}
-    if not backend.persistent_decode:
+    if not backend.kernel_plan.persistent_decode:
         # The decode row's table index is PREFILL_ROWS: the attend list holds the n_cached context entries, then
         # the cycle's rows (until 2026-12-02 this passed n_cached + PREFILL_ROWS, which timed the decode
         # attention over up to twice the context, cut at the arena's size).
@@ -315,7 +292,7 @@ def _breakdown(backend, n: int, row_offset: int, n_cached: int, replays: int = 2
     s = backend.stream
     out = {}
     start, end = drv.Event(), drv.Event()
-    for name in backend.layer_groups(n):
+    for name in kernel_lab.layer_groups(backend, n):
         backend._put(backend.ctl, np.array([row_offset, n_cached, 0, 0], np.int32))
         graph = capture(f"profile-{name}-{n}", s, lambda: backend._enqueue_layers(n, groups=(name,)))
         graph.launch(s)

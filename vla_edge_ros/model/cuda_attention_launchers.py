@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import DECODE_ATTENTION_HEAD_SPLITS
 from .cuda_launch_common import ATTN_MAX_GROUP, ceil_div, ptr
 from .cuda_launch_common import check as _check, check_array as _check_array
 
@@ -19,7 +18,7 @@ ATTN_TILED_THREADS = 256
 # attention.cu's merge keeps one weight per split in shared memory.
 ATTN_MERGE_MAX_SPLITS = 4096
 ATTN_DECODE_THREADS = 256       # attention_decode.cu: 8 warps x 8 list entries = one ATTN_CHUNK
-ATTN_DECODE_HEAD_SPLITS = DECODE_ATTENTION_HEAD_SPLITS   # ... times this many warps per 8-entry group
+ATTN_DECODE_HEAD_SPLITS = (1, 2)   # ... times this many warps per 8-entry group: its entries _v1, _v1_h2
 # attention_mma.cu: the head_dims with an entry point; the query vectors (row x head) one block serves by
 # default (one 16-row mma tile per warp), and at most (the warps loop over the tiles).
 ATTN_MMA_HEAD_DIMS = (32, 64, 128)

@@ -24,11 +24,10 @@ Two pipelines (DECODE_MAX_ROWS): bf16 one-row calls run 6 kernels per layer
 epilogues; attention_decode.cu + the merge of attention.cu), longer calls and fp32
 one kernel per step (projection_staged.cu / projection_bf16.cu / projection_f32.cu,
 rope.cu, attention_mma.cu on the tensor cores for bf16 / attention_tiled.cu for fp32;
-fp32 decode rows also take attention_decode.cu). On sm_90+
-the decode kernels can be launched programmatically (cuda_pdl.py,
-model.programmatic_launch): each may start while the one before finishes,
-streaming its weights before it waits; off by default (measured slower:
-notes/cuda_notes.md, issue 10, run 7).
+fp32 decode rows also take attention_decode.cu). Where a step has more than one
+kernel, a KernelPlan (cuda_kernel_plan.py) names the one launched; a backend is
+built with the measured-best plan, and the lab (bench/kernel_lab.py) switches
+it to others between cycles (use_kernel_plan) to time or compare them.
 
 Device layouts:
     k_cache, v_cache   [layers, kv_heads, capacity, head_dim] float32, or uint16 bf16 bits (kv_dtype)
@@ -39,6 +38,7 @@ Device layouts:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -46,7 +46,6 @@ import numpy as np
 
 from . import cuda_attention_launchers as ca
 from . import cuda_kernels as ck
-from .cuda_projection_launchers import GEMV_MAX_BLOCKS_PER_SM
 from .backend import ForwardResult
 from .errors import NonFiniteLogitsError
 from .forward_inputs import check_forward_inputs, slot_array, token_id_array
@@ -57,38 +56,19 @@ from .weight_stream import tensor_source
 from .cuda_bulk_launchers import BULK_GEMMS, FLASH_HEAD_DIMS
 from .cuda_device_memory import MAX_CYCLE_TOKENS, DeviceMemory
 from .cuda_kv_transfer import KvTransfer, on_device
-from .cuda_layer_enqueue import LAYER_GROUPS, LayerEnqueue
+from .cuda_kernel_plan import MEASURED_BEST, KernelPlan
+from .cuda_layer_enqueue import LayerEnqueue
 from .weights import canonical_dtype
 
 log = logging.getLogger(__name__)
 
 GIB = 1024 ** 3
 DEFAULT_MAX_ROWS = 128          # rows per kernel pass: a frame (32) + the longest suffix (48) fit in one
-# model.persistent_decode (decode_persistent.cu; off: measured slower than the launches, 1.61 vs 1.57 ms
-# per step in the H200 bench): blocks per SM of the persistent grid (2 was the faster: 16 warps per SM, the
-# attention state partly spilled, against 8 warps with it all in registers), and how many bytes of the
-# o and gate/up weights each block prefetches into L2 after its attention items (0: none; 24 MiB
-# measured no faster).
-PERSISTENT_BLOCKS_PER_SM = 2
-PERSISTENT_L2_PREFETCH_BYTES = 0
-# model.tensor_core_attention (attention_mma.cu): blocks per SM of its head_dim-128 entry (1: every
-# accumulator in registers; 2: capped at 128 registers, a little spilled). Measured on the H200 (32 rows
-# at 4064 cached): 0.71 ms of prefill attention at 2, 0.82 at 1.
-ATTENTION_MMA_BLOCKS_PER_SM = 2
 # The bulk prefill (model.bulk_prefill_min_rows > 0; gemm_wgmma.cu or gemm_bulk.cu, prefill_bulk.cu): the rows from
-# which a forward takes it and the rows per pass, by default; the activations' parts in its GEMMs (2: bf16 hi + lo,
-# the precision of the cycle's prefill; 1: bf16 as HF, measured 1.33x faster at 1024 rows on the H200 but not the
-# precision the swaps' KV must match); K/V tiles in flight per attention block (1: two blocks per SM; 2 measured 3-7%
-# slower). (The attention's partial sums: cuda_device_memory.BULK_PARTIAL_ROWS.)
+# which a forward takes it and the rows per pass, by default (its kernel choices: KernelPlan; the attention's partial
+# sums: cuda_device_memory.BULK_PARTIAL_ROWS).
 DEFAULT_BULK_MIN_ROWS = 64      # even with the cycle's kernels there on the H200 (5.5 vs 5.3 ms), ahead from 128
 DEFAULT_BULK_MAX_ROWS = 1024
-BULK_ACTIVATION_PARTS = 2
-# Its GEMM kernel (cuda_bulk_launchers.BULK_GEMMS): gemm_wgmma.cu's 128 x 128 tiles on a device with sm_90a,
-# measured on the H200 (bench/bulk_probe.py, notes/cuda_notes.md 2026-12-02 fourth): the fastest forward at every
-# row count from 32 to 1024 (1.25x gemm_bulk.cu's mma.sync at 1024 rows, 1.27x at 128) and the fastest recompute;
-# elsewhere "mma".
-BULK_GEMM = "wgmma128"
-BULK_ATTENTION_STAGES = 1
 
 
 class DeviceMemoryError(MemoryError):
@@ -104,15 +84,9 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
 
     Constructor: weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
     weight_stream source; device: a cuda_device.CudaDevice (default: device 0's primary context);
-    programmatic_launch: launch the decode kernels with programmatic dependent launch (cuda_pdl.py)
-    where the device supports it (sm_90+), else ordinarily; staged_prefill_projections: bf16 prefill
-    projections through projection_staged.cu (the measured faster default); persistent_decode: bf16
-    decode steps as one persistent kernel (decode_persistent.cu, cooperative launch) instead of six
-    launches per layer; tensor_core_attention: bf16 prefill attention partials on the tensor cores
-    (attention_mma.cu) where head_dim has an entry there (the measured faster default);
-    decode_attention_head_split: warps per 8-slot group of attention_decode.cu's blocks (1 or 2; 2 measured
-    faster); decode_gemv_blocks_per_sm: > 0 loops a decode projection's items over that many blocks per SM
-    where it has more (gemv_bf16_items; 4 measured faster; 0: a block per item); kv_dtype: the KV arena's
+    plan: the kernel of each step that has a choice (cuda_kernel_plan.KernelPlan; default the measured-best,
+    which serving never changes; the plan in effect, after the fallbacks this device and model need, is
+    `kernel_plan`, and use_kernel_plan switches it between cycles); kv_dtype: the KV arena's
     element, float32 or bfloat16 (K and V rounded to nearest even as they are stored: half the arena,
     attention bytes and swap bytes); bulk_prefill_min_rows: a forward() over at least this many rows runs
     the bulk prefill (gemm_bulk.cu, prefill_bulk.cu: tensor-core GEMMs and flash attention, passes of
@@ -120,13 +94,11 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
 
     def __init__(self, spec: ModelSpec, weights, capacity: int, dtype: str = "bfloat16",
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
-                 programmatic_launch: bool = False, staged_prefill_projections: bool = True,
-                 persistent_decode: bool = False, tensor_core_attention: bool = True,
-                 decode_attention_head_split: int = 2, decode_gemv_blocks_per_sm: int = 4, device=None,
-                 kv_dtype: str = "float32", bulk_prefill_min_rows: int = DEFAULT_BULK_MIN_ROWS,
-                 bulk_prefill_max_rows: int = DEFAULT_BULK_MAX_ROWS):
+                 plan: KernelPlan = MEASURED_BEST, device=None, kv_dtype: str = "float32",
+                 bulk_prefill_min_rows: int = DEFAULT_BULK_MIN_ROWS, bulk_prefill_max_rows: int = DEFAULT_BULK_MAX_ROWS):
+        _check_plan_type(plan)
         self.spec = spec
-        self._init_launch_options(programmatic_launch, staged_prefill_projections)
+        self.kernel_plan: KernelPlan | None = None        # use_kernel_plan() sets it once the kernels are built
         self.capacity = int(capacity)
         self._slot_marks = np.zeros(self.capacity, dtype=bool)    # scratch for the slot-set checks of forward()
         self.dtype = canonical_dtype(dtype)
@@ -139,9 +111,6 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         _check_model(spec, self.capacity, self.max_rows)
         self.bulk_min_rows, self.bulk_max_rows = _bulk_rows(spec, self.dtype, int(bulk_prefill_min_rows),
                                                             int(bulk_prefill_max_rows))
-        self.bulk_parts = BULK_ACTIVATION_PARTS
-        self.bulk_gemm = BULK_GEMM
-        self.bulk_attention_stages = BULK_ATTENTION_STAGES
         source = tensor_source(weights, spec)
         self.device = device if device is not None else primary_device(0)
         self._drv = self.device.drv
@@ -153,8 +122,8 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         self.closed = False
 
         wdt = np.uint16 if self.dtype == "bfloat16" else np.float32
-        plan = self._plan(wdt)
-        self.planned_bytes = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in plan.values())
+        buffers = self._plan(wdt)
+        self.planned_bytes = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for shape, dt in buffers.values())
         with self.device.bound():
             self._check_plan_fits(vram_ceiling_bytes)
             try:
@@ -165,30 +134,11 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         log.info("CudaBackend %s on %s: %.2f GiB on device (weights %.2f GiB, KV %.3f GiB in %s), %d slots, %d rows "
                  "per pass", self.dtype, self.device.describe(), self._bytes / GIB, self.weight_bytes / GIB,
                  self.kv_bytes / GIB, self.kv_dtype, self.capacity, self.max_rows)
-        # What this backend was built with: bench/pycuda_cycle.apply_launch_mode returns to it between variants.
-        self.kernel_variant_defaults = {"tensor_core_attention": bool(tensor_core_attention),
-                                        "attention_blocks_per_sm": ATTENTION_MMA_BLOCKS_PER_SM,
-                                        "decode_attention_head_split": int(decode_attention_head_split),
-                                        "decode_gemv_blocks_per_sm": int(decode_gemv_blocks_per_sm)}
         try:
-            self.set_kernel_variants(**self.kernel_variant_defaults)
-            if persistent_decode:
-                self.set_persistent_decode(True)
+            self.use_kernel_plan(plan)
         except BaseException:
             self.close()
             raise
-
-    def _init_launch_options(self, programmatic_launch: bool, staged_prefill_projections: bool) -> None:
-        """The kernel choices before the build; set_kernel_variants / set_persistent_decode apply the rest after it."""
-        self.persistent_decode = False                     # set_persistent_decode() turns it on after the build
-        self.persistent_blocks_per_sm = PERSISTENT_BLOCKS_PER_SM
-        self.persistent_l2_prefetch_bytes = PERSISTENT_L2_PREFETCH_BYTES
-        self.programmatic_launch = bool(programmatic_launch)
-        self.staged_prefill_projections = bool(staged_prefill_projections)
-        self.tensor_core_attention = False                 # set_kernel_variants() after the build
-        self.attention_blocks_per_sm = ATTENTION_MMA_BLOCKS_PER_SM
-        self.decode_attention_head_split = 1
-        self.decode_gemv_blocks_per_sm = 0
 
     def _check_plan_fits(self, vram_ceiling_bytes: int | None) -> None:
         """DeviceMemoryError unless the planned bytes fit the ceiling and the device's free memory (context current)."""
@@ -208,14 +158,8 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if self.kernels.sync_each_launch:
             self.use_graphs = False           # a synchronize inside a stream capture would invalidate it
         self.stream = self._drv.Stream()
-        self.set_programmatic_launch(self.programmatic_launch)
-        if self.staged_prefill_projections and wdt == np.uint16:
-            self.kernels.load_family("projection_staged")   # on demand, but its first launch may be in a capture
         if self.bulk_min_rows:
-            if ck.family_arch(BULK_GEMMS[self.bulk_gemm].family, self.kernels.arch) is None:
-                self.bulk_gemm = "mma"                       # wgmma needs sm_90a
-            self.kernels.load_family(BULK_GEMMS[self.bulk_gemm].family)
-            self.kernels.load_family("prefill_bulk")
+            self.kernels.load_family("prefill_bulk")         # the GEMM family: use_kernel_plan, as the plan names it
         self._bytes = 0
         self._upload_weights(source, wdt)
         self.weight_bytes = self._bytes - sum(l.w_qkv_rope.nbytes for l in self.layers if l.w_qkv_rope is not None)
@@ -413,35 +357,27 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         return CudaPatchProjection(self, weight, bias, grid_rows, grid_cols, patch)
 
     @on_device
-    def set_programmatic_launch(self, enabled: bool) -> bool:
-        """Launch the decode kernels programmatically (True) or ordinarily, between cycles; captured graphs
-        are rebuilt on next use. Returns what is in effect (False where the device cannot)."""
+    def use_kernel_plan(self, plan: KernelPlan) -> KernelPlan:
+        """Between cycles: launch the kernels `plan` names from now on. The captured graphs are dropped (the next
+        cycle captures them anew) and every kernel the plan needs is loaded here, outside any capture. A choice
+        this device or model cannot run falls back, logged: fp32 weights take neither the tensor-core attention
+        nor the persistent decode, a head_dim other than 128 has attention_mma.cu's 1-block entry only, a device
+        without sm_90 launches ordinarily and one without sm_90a takes the "mma" bulk GEMM. Returns the plan in
+        effect (also `kernel_plan`)."""
+        _check_plan_type(plan)
         self._drop_graphs()
-        if enabled:
-            enabled = self.kernels.enable_programmatic_launch()
+        staged = plan.staged_prefill_projections and self.dtype == "bfloat16"   # it multiplies bf16 weights only
+        if staged:
+            self.kernels.load_family("projection_staged")   # on demand, but its first launch may be in a capture
+        in_effect = {"staged_prefill_projections": staged, **self._attention_in_effect(plan),
+                     "persistent_decode": self._persistent_in_effect(plan), "bulk_gemm": self._bulk_gemm_in_effect(plan)}
+        # Last, once every family of the plan is loaded: the programmatic launcher copies their shared-memory limits.
+        if plan.programmatic_launch:
+            in_effect["programmatic_launch"] = self.kernels.enable_programmatic_launch()
         else:
             self.kernels.disable_programmatic_launch()
-        self.programmatic_launch = enabled
-        return enabled
-
-    # Device state a decode step reads or writes: what decode_state()/restore_decode_state() copy.
-    DECODE_STATE = ("k_cache", "v_cache", "resid", "ctl", "tokens_out")
-
-    @on_device
-    def decode_state(self) -> dict:
-        """Device copies of the state the decode steps of a begun cycle start from (after launch_prefill), so
-        that two decode launch modes can be compared from the very same state (the prefill's split-K atomics
-        make two prefills differ in the last bits)."""
-        self.stream.synchronize()
-        return {name: getattr(self, name).copy() for name in self.DECODE_STATE}
-
-    @on_device
-    def restore_decode_state(self, state: dict) -> None:
-        """Copy a decode_state() back into the live buffers (the cycle's tables stay as begin_cycle wrote them)."""
-        self.stream.synchronize()
-        for name in self.DECODE_STATE:
-            dst, src = getattr(self, name), state[name]
-            self._drv.memcpy_dtod(int(dst.gpudata), int(src.gpudata), src.nbytes)
+        self.kernel_plan = dataclasses.replace(plan, **in_effect)
+        return self.kernel_plan
 
     def _drop_graphs(self) -> None:
         """Forget the captured graphs (a kernel choice changed): the next cycle captures them anew."""
@@ -449,76 +385,6 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         for graph in self._graphs.values():
             graph.close()
         self._graphs.clear()
-
-    @on_device
-    def set_kernel_variants(self, tensor_core_attention: bool | None = None,
-                            attention_blocks_per_sm: int | None = None,
-                            decode_attention_head_split: int | None = None,
-                            decode_gemv_blocks_per_sm: int | None = None) -> dict:
-        """Between cycles: choose the prefill attention kernel (tensor_core_attention: attention_mma.cu, bf16 and a
-        head_dim it has an entry for; else attention_tiled.cu), its blocks per SM (1 or 2), the warps per 8-slot
-        group of the decode attention (1 or 2), and the blocks per SM the decode projections loop their items
-        over (0: a block per item). Captured graphs are rebuilt on next use; the kernels are loaded here, outside
-        any capture. Returns the variants in effect."""
-        if decode_attention_head_split is not None and decode_attention_head_split not in ca.ATTN_DECODE_HEAD_SPLITS:
-            raise ValueError(f"decode_attention_head_split must be one of {ca.ATTN_DECODE_HEAD_SPLITS}, got "
-                             f"{decode_attention_head_split}")
-        if decode_gemv_blocks_per_sm is not None and not 0 <= decode_gemv_blocks_per_sm <= GEMV_MAX_BLOCKS_PER_SM:
-            raise ValueError(f"decode_gemv_blocks_per_sm must be in [0, {GEMV_MAX_BLOCKS_PER_SM}], got "
-                             f"{decode_gemv_blocks_per_sm}")
-        self._drop_graphs()
-        if decode_attention_head_split is not None:
-            self.decode_attention_head_split = int(decode_attention_head_split)
-        if decode_gemv_blocks_per_sm is not None:
-            self.decode_gemv_blocks_per_sm = int(decode_gemv_blocks_per_sm)
-        if attention_blocks_per_sm is not None:
-            if int(attention_blocks_per_sm) not in (1, 2):
-                raise ValueError(f"attention_blocks_per_sm must be 1 or 2, got {attention_blocks_per_sm}")
-            self.attention_blocks_per_sm = int(attention_blocks_per_sm)
-        if tensor_core_attention is not None:
-            enabled = bool(tensor_core_attention)
-            if enabled and (self.dtype != "bfloat16" or self.spec.head_dim not in ca.ATTN_MMA_HEAD_DIMS):
-                log.info("tensor-core attention serves bf16 models with head_dim in %s; %s with head_dim %d keeps "
-                            "attention_tiled.cu", ca.ATTN_MMA_HEAD_DIMS, self.dtype, self.spec.head_dim)
-                enabled = False
-            if enabled:
-                self.kernels.load_family("attention_mma")
-            self.tensor_core_attention = enabled
-        if self.spec.head_dim != 128:
-            self.attention_blocks_per_sm = 1            # the two-blocks entry exists for head_dim 128 only
-        return {"tensor_core_attention": self.tensor_core_attention,
-                "attention_blocks_per_sm": self.attention_blocks_per_sm,
-                "decode_attention_head_split": self.decode_attention_head_split,
-                "decode_gemv_blocks_per_sm": self.decode_gemv_blocks_per_sm}
-
-    @on_device
-    def set_persistent_decode(self, enabled: bool, blocks_per_sm: int | None = None,
-                              l2_prefetch_bytes: int | None = None) -> bool:
-        """Run bf16 decode steps as one persistent kernel (True) or six launches per layer, between cycles;
-        captured graphs are rebuilt on next use. Returns what is in effect: False for fp32 weights (the
-        persistent kernel streams bf16 only). The kernel is loaded here, outside any graph capture."""
-        self._drop_graphs()
-        if blocks_per_sm is not None:
-            self.persistent_blocks_per_sm = int(blocks_per_sm)
-        if l2_prefetch_bytes is not None:
-            self.persistent_l2_prefetch_bytes = int(l2_prefetch_bytes)
-        if enabled and self.dtype != "bfloat16":
-            log.warning("persistent decode streams bf16 weights only; %s decodes with one launch per step", self.dtype)
-            enabled = False
-        if enabled:
-            sp = self.spec
-            grid = self.kernels.prepare_decode_layers(sp.hidden_size, sp.intermediate_size, sp.num_heads,
-                                                      sp.num_kv_heads, sp.head_dim, self.persistent_blocks_per_sm)
-            log.info("persistent decode: one cooperative launch of %d blocks per step, L2 prefetch %d bytes", grid,
-                     self.persistent_l2_prefetch_bytes)
-        self.persistent_decode = bool(enabled)
-        return self.persistent_decode
-
-    def layer_groups(self, n: int) -> tuple:
-        """Kernel groups (LAYER_GROUPS) that a pass over n rows launches."""
-        if self._fused(n):
-            return ("projections", "attention")
-        return LAYER_GROUPS
 
     def memory_bytes(self) -> int:
         """Device bytes held: weights + KV arena + scratch (all allocated in the constructor)."""
@@ -545,6 +411,42 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         return freed
 
     # ------------------------------------------------------------------ Internal helpers
+
+    def _attention_in_effect(self, plan: KernelPlan) -> dict:
+        """The prefill attention fields of `plan` this model can run, attention_mma.cu loaded where it is chosen."""
+        tensor_cores = plan.tensor_core_attention
+        if tensor_cores and (self.dtype != "bfloat16" or self.spec.head_dim not in ca.ATTN_MMA_HEAD_DIMS):
+            log.info("tensor-core attention serves bf16 models with head_dim in %s; %s with head_dim %d keeps "
+                     "attention_tiled.cu", ca.ATTN_MMA_HEAD_DIMS, self.dtype, self.spec.head_dim)
+            tensor_cores = False
+        if tensor_cores:
+            self.kernels.load_family("attention_mma")
+        blocks = plan.attention_blocks_per_sm if self.spec.head_dim == 128 else 1   # the 2-block entry: hd 128 only
+        return {"tensor_core_attention": tensor_cores, "attention_blocks_per_sm": blocks}
+
+    def _persistent_in_effect(self, plan: KernelPlan) -> bool:
+        """Whether decode steps run as one persistent kernel, decode_persistent.cu prepared where they do."""
+        if not plan.persistent_decode:
+            return False
+        if self.dtype != "bfloat16":
+            log.warning("persistent decode streams bf16 weights only; %s decodes with one launch per step", self.dtype)
+            return False
+        sp = self.spec
+        grid = self.kernels.prepare_decode_layers(sp.hidden_size, sp.intermediate_size, sp.num_heads,
+                                                  sp.num_kv_heads, sp.head_dim, plan.persistent_blocks_per_sm)
+        log.info("persistent decode: one cooperative launch of %d blocks per step, L2 prefetch %d bytes", grid,
+                 plan.persistent_l2_prefetch_bytes)
+        return True
+
+    def _bulk_gemm_in_effect(self, plan: KernelPlan) -> str:
+        """The bulk GEMM this device can run (wgmma needs sm_90a; else gemm_bulk.cu's mma.sync), loaded when the
+        bulk prefill is on."""
+        gemm = plan.bulk_gemm
+        if ck.family_arch(BULK_GEMMS[gemm].family, self.kernels.arch) is None:
+            gemm = "mma"
+        if self.bulk_min_rows:
+            self.kernels.load_family(BULK_GEMMS[gemm].family)
+        return gemm
 
     def _bins(self, action_bin_lo: int, n_bins: int | None) -> tuple[int, int]:
         n_bins = self.spec.vocab_size - action_bin_lo if n_bins is None else n_bins
@@ -591,6 +493,12 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
 
     def _slot_array(self, slots, name: str) -> np.ndarray:
         return slot_array(slots, name, self.capacity)
+
+
+def _check_plan_type(plan) -> None:
+    """A plan is a KernelPlan, whose own checks ran when it was made (a dict of switches would be read as nothing)."""
+    if not isinstance(plan, KernelPlan):
+        raise ValueError(f"CudaBackend needs a cuda_kernel_plan.KernelPlan, got {type(plan).__name__} {plan!r}")
 
 
 def _check_model(spec: ModelSpec, capacity: int, max_rows: int) -> None:

@@ -76,9 +76,9 @@ FAMILIES = {
                      "attention_flash_merge": "PPPqiiiii"},
 }
 # Families compiled on the first launch of one of their kernels rather than by CudaKernels(): the
-# decoder never launches these (vision: the GPU vision path; projection_staged: only with model.staged_prefill_projections; decode_persistent: only with
-# model.persistent_decode; attention_mma: only with model.tensor_core_attention; gemm_bulk, gemm_wgmma and
-# prefill_bulk: only with model.bulk_prefill_min_rows; gemv_int4: INT4 weights, which no backend path uses yet),
+# decoder never launches these (vision: the GPU vision path; projection_staged, attention_mma, decode_persistent: only
+# where the backend's KernelPlan (cuda_kernel_plan.py) names them; gemm_bulk, gemm_wgmma and prefill_bulk: only with
+# model.bulk_prefill_min_rows; gemv_int4: INT4 weights, which no backend path uses yet),
 # so it should not pay their compile time.
 ON_DEMAND_FAMILIES = frozenset({"vision", "projection_staged", "decode_persistent",
                                 "attention_mma", "gemm_bulk", "gemm_wgmma", "prefill_bulk", "gemv_int4"})

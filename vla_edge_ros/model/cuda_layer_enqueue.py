@@ -20,6 +20,7 @@ from .cuda_device_memory import BULK_PARTIAL_ROWS, LayerWeights
 # (projection_fused.cu, since removed),
 # and the register attention beats the shared-memory kernels; on 32 rows that attention loses 3x.
 DECODE_MAX_ROWS = 1
+# The kernel groups _enqueue_layers can launch apart (bench/kernel_lab.py times them one by one).
 LAYER_GROUPS = ("projections", "attention", "norms+rope")
 
 
@@ -46,7 +47,7 @@ class LayerEnqueue:
         sp, s = self.spec, self.stream
 
         def gemv(*args, **kw):
-            self.kernels.gemv(*args, blocks_per_sm=self.decode_gemv_blocks_per_sm, **kw)
+            self.kernels.gemv(*args, blocks_per_sm=self.kernel_plan.decode_gemv_blocks_per_sm, **kw)
         if "projections" in groups:
             gemv(layer.w_qkv_rope, self.resid, self.qkv, ck.MODE_QKV_ROPE, s, norm_w=layer.input_norm,
                  eps=sp.rms_norm_eps, bias=layer.b_qkv, rope=self._rope_target(li))
@@ -87,13 +88,13 @@ class LayerEnqueue:
         lengths from ctl): per layer RMSNorm -> bf16 hi/lo, q|k|v GEMM onto the bias, RoPE + K/V store, K/V of the
         attend list staged, flash attention -> hi/lo, o GEMM into the residual, RMSNorm -> hi/lo, gate/up GEMM
         with SwiGLU -> hi/lo, down GEMM into the residual."""
-        sp, kn, s = self.spec, self.kernels, self.stream
+        sp, kn, s, plan = self.spec, self.kernels, self.stream, self.kernel_plan
         x_stride = self.bulk_x.size // 2                  # element offset of the lo parts
         act_stride = self.bulk_act.size // 2
         splits = self._bulk_splits(n)
 
         def gemm(W, x, part_stride, mode, **kw):
-            kn.gemm_bulk(W, x, part_stride, n, mode, s, parts=self.bulk_parts, kernel=self.bulk_gemm, **kw)
+            kn.gemm_bulk(W, x, part_stride, n, mode, s, parts=plan.bulk_activation_parts, kernel=plan.bulk_gemm, **kw)
         for li, layer in enumerate(self.layers):
             k_ptr, v_ptr = self._kv_ptrs(li)
             kn.rmsnorm_split(self.resid, layer.input_norm, self.bulk_x, x_stride, n, sp.rms_norm_eps, s,
@@ -105,7 +106,7 @@ class LayerEnqueue:
                         sp.head_dim, s)
             kn.attention_flash(self.qkv, self.bulk_stage, self.ctl, self.bulk_part_o, self.bulk_part_ml, self.bulk_x,
                                x_stride, n, sp.num_heads, sp.num_kv_heads, sp.head_dim, splits, self._scale, s,
-                               stages=self.bulk_attention_stages)
+                               stages=plan.bulk_attention_stages)
             gemm(layer.w_o, self.bulk_x, x_stride, ck.MODE_ADD, out=self.resid)
             kn.rmsnorm_split(self.resid, layer.post_norm, self.bulk_x, x_stride, n, sp.rms_norm_eps, s)
             gemm(layer.w_gate_up, self.bulk_x, x_stride, ck.MODE_SWIGLU, out_hl=self.bulk_act,
@@ -121,33 +122,33 @@ class LayerEnqueue:
         return max(1, min(ck.ceil_div(2 * self.kernels.num_sms, blocks), BULK_PARTIAL_ROWS * self.bulk_max_rows // n))
 
     def _project(self, W, x, out, n: int, mode: int, **kw) -> None:
-        """A projection of the split pipeline: projection_staged.cu where model.staged_prefill_projections asks
-        for it (bf16, up to 32 rows; the measured faster default), else projection_bf16.cu / projection_f32.cu."""
-        if self.staged_prefill_projections and W.dtype == np.uint16 and n <= STAGED_MAX_TOKENS:
+        """A projection of the split pipeline: projection_staged.cu where the kernel plan asks for it (bf16, up to
+        32 rows; the measured-best plan does), else projection_bf16.cu / projection_f32.cu."""
+        if self.kernel_plan.staged_prefill_projections and W.dtype == np.uint16 and n <= STAGED_MAX_TOKENS:
             self.kernels.projection_staged(W, x, out, n, mode, self.stream, **kw)
         else:
             self.kernels.projection(W, x, out, n, mode, self.stream, **kw)
 
     def _enqueue_attention(self, li: int, n: int) -> None:
         """attention_decode.cu (partial sums from registers) for decode rows, attention_tiled.cu (K/V chunk
-        in shared memory, shared by up to 8 rows) or attention_mma.cu (the same on the tensor cores, with
-        model.tensor_core_attention) for longer calls; attention.cu's merge after any of them. The decode and
+        in shared memory, shared by up to 8 rows) or attention_mma.cu (the same on the tensor cores, where the
+        kernel plan asks for it) for longer calls; attention.cu's merge after any of them. The decode and
         tensor-core kernels launch at most cuda_kernels.long_context_splits splits, each walking as many chunks
         as the context needs (attention_tiled.cu: one chunk per split)."""
-        sp = self.spec
+        sp, plan = self.spec, self.kernel_plan
         k_ptr, v_ptr = self._kv_ptrs(li)
         splits = long_context_splits(self.kernels.num_sms, sp.num_kv_heads)
         if n <= DECODE_MAX_ROWS:
             self.kernels.attention_decode(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o,
                                           self.part_ml, self.attn, n, sp.num_heads, sp.num_kv_heads, sp.head_dim,
                                           self.capacity, self.n_splits, self._scale, self.stream,
-                                          head_split=self.decode_attention_head_split, max_splits=splits)
+                                          head_split=plan.decode_attention_head_split, max_splits=splits)
             return
         self.kernels.attention(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o, self.part_ml, self.attn,
                                n, sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, self.n_splits,
-                               self._scale, self.stream, tensor_cores=self.tensor_core_attention,
-                               blocks_per_sm=self.attention_blocks_per_sm,
-                               max_splits=splits if self.tensor_core_attention else None)
+                               self._scale, self.stream, tensor_cores=plan.tensor_core_attention,
+                               blocks_per_sm=plan.attention_blocks_per_sm,
+                               max_splits=splits if plan.tensor_core_attention else None)
 
     def _rope_target(self, li: int) -> RopeTarget:
         sp = self.spec
@@ -176,7 +177,7 @@ class LayerEnqueue:
 
     def _enqueue_decode(self, bin_lo: int, n_bins: int) -> None:
         self.kernels.embed_gather(self.embed_table, self._token_ids, self.resid, 1, self.stream)
-        if self.persistent_decode:
+        if self.kernel_plan.persistent_decode:
             self._enqueue_persistent_layers()
         else:
             self._enqueue_layers(1)
@@ -184,12 +185,12 @@ class LayerEnqueue:
 
     def _enqueue_persistent_layers(self) -> None:
         """Every layer of the decode step in one cooperative launch of decode_persistent.cu."""
-        sp = self.spec
+        sp, plan = self.spec, self.kernel_plan
         self.kernels.decode_layers(
             self.decode_layer_table, self.resid, self.qkv, self.attn, self.act, self.part_o, self.part_ml,
             self.attend_list, self.pos_table, self.slot_table, self.ctl, self.inv_freq, self.decode_counters,
             qkv_rows=self.layers[0].w_qkv_rope.shape[0], inter=sp.intermediate_size,
             gate_up_rows=self.layers[0].w_gate_up.shape[0], n_q_heads=sp.num_heads, n_kv_heads=sp.num_kv_heads,
             head_dim=sp.head_dim, capacity=self.capacity, n_splits=self.n_splits, eps=sp.rms_norm_eps,
-            scale=self._scale, stream=self.stream, blocks_per_sm=self.persistent_blocks_per_sm,
-            l2_prefetch_bytes=self.persistent_l2_prefetch_bytes)
+            scale=self._scale, stream=self.stream, blocks_per_sm=plan.persistent_blocks_per_sm,
+            l2_prefetch_bytes=plan.persistent_l2_prefetch_bytes)

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import DECODE_GEMV_MAX_BLOCKS_PER_SM
 from . import kernel_constants as kc
 from .cuda_launch_common import ceil_div, ptr
 from .cuda_launch_common import check as _check, check_array as _check_array
@@ -20,7 +19,7 @@ PROJ_TARGET_WARPS = 2048
 # Each K split should still stream at least this many 32-wide steps (one unrolled iteration).
 PROJ_MIN_STEPS_PER_SPLIT = 4   # = the unrolled steps of projection_bf16.cu
 GEMV_THREADS = 256              # gemv.cu: 8 warps, one weight row each
-GEMV_MAX_BLOCKS_PER_SM = DECODE_GEMV_MAX_BLOCKS_PER_SM   # gemv_bf16_items' looped grid, at most
+GEMV_MAX_BLOCKS_PER_SM = 8      # gemv_bf16_items' looped grid, at most (KernelPlan.decode_gemv_blocks_per_sm)
 STAGED_MAX_TOKENS = 32          # projection_staged.cu: activation rows staged per block
 
 
@@ -135,7 +134,7 @@ class ProjectionLaunchers:
 
     def projection_staged(self, W, x, out, n_tokens: int, mode: int, stream, bias=None, out_cols: int | None = None,
                           ksplit: int | None = None):
-        """projection_staged.cu (model.staged_prefill_projections, the default): what projection() computes
+        """projection_staged.cu (KernelPlan.staged_prefill_projections, the default): what projection() computes
         for bf16 W and n_tokens <= 32, with each 128-wide chunk of the activations split into hi/lo once per
         block of 8 tiles in shared memory instead of once per tile."""
         _check_array("projection weight", W, np.uint16, 2)

@@ -45,7 +45,8 @@ def create_backend(kind: str, model_dir: str | Path, capacity: int, dtype="float
                    kernel_options: dict | None = None, kv_dtype: str = "float32", weights: str = "float") -> Backend:
     """Load `model_dir` and build backend `kind` (auto | numpy | pycuda) with `capacity` KV slots.
     pycuda streams the weights to the device (never the whole model on the host); device: a CudaDevice;
-    kernel_options: pycuda's kernel switches (ModelConfig.kernel_options(); CudaBackend's keyword arguments);
+    kernel_options: pycuda's bulk prefill rows (ModelConfig.kernel_options(); CudaBackend's keyword arguments; the
+    kernels are the measured-best KernelPlan, model/cuda_kernel_plan.py);
     kv_dtype: the KV arena's element type, 'float32' or 'bfloat16' (kv.dtype); weights: 'float' or 'int4'
     (model.weights), what the snapshot must hold."""
     spec = ModelSpec.from_dir(model_dir)
@@ -101,8 +102,8 @@ def _cuda_backend(spec, weights, capacity, dtype, device, choice: BackendChoice,
     backend = CudaBackend(spec, weights, capacity, canonical_dtype(dtype), device=device, kv_dtype=kv_dtype,
                           **(kernel_options or {}))
     logger.info("%s, dtype %s, %d KV slots of %s, decode %s", choice.describe(), canonical_dtype(dtype), capacity,
-                kv_dtype, "in one persistent kernel" if backend.persistent_decode else
-                f"in {'programmatic' if backend.programmatic_launch else 'ordinary'} launches")
+                kv_dtype, "in one persistent kernel" if backend.kernel_plan.persistent_decode else
+                f"in {'programmatic' if backend.kernel_plan.programmatic_launch else 'ordinary'} launches")
     return backend
 
 

@@ -19,7 +19,8 @@ process starts (the executor every callback runs on): a change to one of those
 is always refused, since no transition would apply it.
 
 Refused at start as well: parameter overrides (from `--params-file` or `-p`)
-naming a key no section of `VlaConfig` has, e.g. a typo `cycle.deadline_s`.
+naming a key no section of `VlaConfig` has, e.g. a typo `cycle.deadline_s`, or
+a key it no longer has (`config.REMOVED_KEYS`: the error says where it went).
 Keys of sections the node does not use are ignored, because the shared
 `/**` block of config/vla_edge.yaml gives every node every section.
 """
@@ -113,6 +114,8 @@ class NodeParameters:
         known = set(self._base.flat())
         own = set(self._node._parameters)    # use_sim_time etc., declared by rclpy itself
         unknown = sorted(name for name in overrides if name not in known and name not in own)
+        for name in unknown:
+            C.check_not_removed(name)        # a removed key: say where its choice lives now
         if unknown:
             raise C.ConfigError(f"node {self._node.get_name()!r}: unknown parameters {unknown}; "
                                 f"every parameter is a configuration key such as 'cycle.deadline_ms'")

@@ -1,0 +1,69 @@
+"""model/cuda_kernel_plan.py: the serving backend's kernel choices, checked without a GPU, and kept apart from the
+lab (bench/kernel_lab.py builds the other plans; the serving code never imports bench/)."""
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST, KernelPlan
+
+PACKAGE = Path(__file__).resolve().parents[1] / "vla_edge_ros"
+
+
+def test_the_measured_best_plan_is_the_default():
+    # Measured on the H200: staged prefill projections, tensor-core attention at 2 blocks per SM, 2 warps per decode
+    # attention slot group, the gate/up items looped over 4 blocks per SM, the wgmma bulk GEMM on hi/lo activations;
+    # programmatic launch and the persistent decode kernel measured slower and stay off.
+    assert MEASURED_BEST == KernelPlan()
+    assert (MEASURED_BEST.staged_prefill_projections, MEASURED_BEST.tensor_core_attention) == (True, True)
+    assert (MEASURED_BEST.attention_blocks_per_sm, MEASURED_BEST.decode_attention_head_split) == (2, 2)
+    assert MEASURED_BEST.decode_gemv_blocks_per_sm == 4
+    assert (MEASURED_BEST.programmatic_launch, MEASURED_BEST.persistent_decode) == (False, False)
+    assert (MEASURED_BEST.bulk_gemm, MEASURED_BEST.bulk_activation_parts, MEASURED_BEST.bulk_attention_stages) == \
+        ("wgmma128", 2, 1)
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"decode_attention_head_split": 3}, "decode_attention_head_split must be one of"),
+    ({"decode_gemv_blocks_per_sm": 9}, "decode_gemv_blocks_per_sm must be in [0, 8]"),
+    ({"decode_gemv_blocks_per_sm": -1}, "decode_gemv_blocks_per_sm must be in"),
+    ({"attention_blocks_per_sm": 3}, "attention_blocks_per_sm must be 1 or 2"),
+    ({"persistent_blocks_per_sm": 0}, "persistent_blocks_per_sm must be 1 or 2"),
+    ({"persistent_l2_prefetch_bytes": -1}, "persistent_l2_prefetch_bytes must be >= 0"),
+    ({"bulk_gemm": "cublas"}, "bulk_gemm must be one of"),
+    ({"bulk_activation_parts": 3}, "bulk_activation_parts must be 1 or 2"),
+    ({"bulk_attention_stages": 0}, "bulk_attention_stages must be 1 or 2"),
+])
+def test_an_impossible_plan_is_refused_naming_the_choice(change, fragment):
+    with pytest.raises(ValueError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        dataclasses.replace(MEASURED_BEST, **change)
+
+
+def test_a_plan_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        MEASURED_BEST.persistent_decode = True
+
+
+def _imports(path: Path) -> set:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            names.add("." * node.level + (node.module or ""))
+    return names
+
+
+def test_nothing_outside_the_benches_and_tools_imports_the_lab():
+    # The robot's code (model, core, nodes) runs the measured-best plan; variant plans, decode-state dumps and the
+    # kernel groups live in bench/. (tools/ holds the `vla-edge bench` command, which starts the benches.)
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] in ("bench", "tools"):
+            continue
+        if any("bench" in name.split(".") for name in _imports(path)):
+            offenders.append(str(rel))
+    assert not offenders, offenders

@@ -1,0 +1,101 @@
+"""The kernel lab: what only the benches and the GPU tests do with a CudaBackend.
+
+The serving backend runs the measured-best KernelPlan (model/cuda_kernel_plan.py) and never looks here. To time or
+compare another choice, the lab builds a variant plan and switches a backend to it between cycles
+(CudaBackend.use_kernel_plan):
+
+  * launch modes: plain (ordinary launches, the serving default), pdl (programmatic dependent launch) and
+    persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (every layer of a decode step in one cooperative kernel);
+  * kernel variants a mode may add with '+': the prefill attention (tiled, mma, mma2), the decode attention's warps
+    per slot group (h1, h2) and the decode projections' grid (noloop, loop2, loop4);
+  * a copy of the device state a decode step starts from, so that decode modes are compared from one prefill (two
+    prefills differ in the last bits: their split-K projections add with atomics);
+  * the kernel groups of a pass, which bench/pycuda_cycle.py times apart.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..model.cuda_kernel_plan import MEASURED_BEST, KernelPlan
+from ..model.cuda_layer_enqueue import LAYER_GROUPS
+
+LAUNCH_MODES = ("plain", "pdl", "persistent")
+# Kernel variants by name, as KernelPlan fields: the prefill attention (tiled: attention_tiled.cu; mma / mma2:
+# attention_mma.cu at 1 / 2 blocks per SM), the decode attention (h1 / h2: attention_decode.cu with 1 / 2 warps per
+# 8-slot group) and the decode projections' grid (noloop: a block per 8-row item; loop2 / loop4: 2 / 4 blocks per SM
+# looping over the items). A variant left unnamed keeps the base plan's choice.
+KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
+                   "mma": {"tensor_core_attention": True, "attention_blocks_per_sm": 1},
+                   "mma2": {"tensor_core_attention": True, "attention_blocks_per_sm": 2},
+                   "h1": {"decode_attention_head_split": 1},
+                   "h2": {"decode_attention_head_split": 2},
+                   "noloop": {"decode_gemv_blocks_per_sm": 0},
+                   "loop2": {"decode_gemv_blocks_per_sm": 2},
+                   "loop4": {"decode_gemv_blocks_per_sm": 4}}
+# Device state a decode step reads or writes: what decode_state() / restore_decode_state() copy. The cycle's tables
+# (positions, slots, attend list) stay as begin_cycle wrote them.
+DECODE_STATE = ("k_cache", "v_cache", "resid", "ctl", "tokens_out")
+
+
+def persistent_plan(blocks_per_sm: int | None = None, l2_prefetch_bytes: int | None = None,
+                    base: KernelPlan = MEASURED_BEST) -> KernelPlan:
+    """`base` with the decode steps in one persistent kernel (its grid and L2 prefetch: base's unless given)."""
+    grid = {} if blocks_per_sm is None else {"persistent_blocks_per_sm": int(blocks_per_sm)}
+    if l2_prefetch_bytes is not None:
+        grid["persistent_l2_prefetch_bytes"] = int(l2_prefetch_bytes)
+    return dataclasses.replace(base, persistent_decode=True, programmatic_launch=False, **grid)
+
+
+def mode_plan(mode: str, base: KernelPlan = MEASURED_BEST) -> KernelPlan:
+    """The plan of a launch mode with its kernel variants (bench/pycuda_cycle.launch_mode's syntax; names outside
+    KERNEL_VARIANTS, such as a KV arena type, are left to the caller) over `base`."""
+    launch, *variants = mode.split("+")
+    kind, *opts = launch.split(":")
+    if kind not in LAUNCH_MODES:
+        raise ValueError(f"launch mode {kind!r}: one of {LAUNCH_MODES}")
+    chosen = {}
+    for v in variants:
+        chosen.update(KERNEL_VARIANTS.get(v, {}))
+    plan = dataclasses.replace(base, persistent_decode=False, programmatic_launch=kind == "pdl", **chosen)
+    if kind == "persistent":
+        blocks = int(opts[0]) if opts else None
+        l2 = int(float(opts[1]) * (1 << 20)) if len(opts) > 1 else None
+        plan = persistent_plan(blocks, l2, plan)
+    return plan
+
+
+def apply_launch_mode(backend, mode: str, base: KernelPlan = MEASURED_BEST) -> str:
+    """Switch `backend` to mode_plan(mode, base); returns the mode in effect: the launch (plain where the device
+    cannot do the one asked for) and the kernel variants that took effect."""
+    launch, *variants = mode.split("+")
+    kind = launch.split(":")[0]
+    in_effect = backend.use_kernel_plan(mode_plan(mode, base))
+    suffix = "".join(f"+{v}" for v in variants if v in KERNEL_VARIANTS
+                     and all(getattr(in_effect, k) == want for k, want in KERNEL_VARIANTS[v].items()))
+    if kind == "persistent":
+        return (launch if in_effect.persistent_decode else "plain") + suffix
+    return ("pdl" if in_effect.programmatic_launch else "plain") + suffix
+
+
+def decode_state(backend) -> dict:
+    """Device copies of the state the decode steps of a begun cycle start from (call after launch_prefill)."""
+    with backend.device.bound():
+        backend.stream.synchronize()
+        return {name: getattr(backend, name).copy() for name in DECODE_STATE}
+
+
+def restore_decode_state(backend, state: dict) -> None:
+    """Copy a decode_state() back into the backend's live buffers."""
+    with backend.device.bound():
+        backend.stream.synchronize()
+        for name in DECODE_STATE:
+            dst, src = getattr(backend, name), state[name]
+            backend.device.drv.memcpy_dtod(int(dst.gpudata), int(src.gpudata), src.nbytes)
+
+
+def layer_groups(backend, n: int) -> tuple:
+    """The kernel groups (cuda_layer_enqueue.LAYER_GROUPS) a pass over n rows launches: the bf16 decode pipeline
+    folds the norms and RoPE into its projections."""
+    if backend._fused(n):
+        return ("projections", "attention")
+    return LAYER_GROUPS

@@ -1,0 +1,79 @@
+"""Which kernel a CudaBackend launches for each step that has more than one: one frozen plan.
+
+The defaults are the measured-best choices on the H200 (bench/pycuda_cycle.py, notes/cuda_notes.md); the serving
+backend runs MEASURED_BEST and nothing else. Other plans are built by the lab (bench/kernel_lab.py) to time or
+compare a variant, and handed to CudaBackend.use_plan between cycles. A plan is what was asked for: where the
+device or the model cannot run a choice (fp32 weights, a head_dim without a tensor-core entry, no sm_90a),
+use_plan falls back and returns the plan in effect.
+
+This module imports no pycuda: a plan can be built and checked on a machine without a GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cuda_attention_launchers import ATTN_DECODE_HEAD_SPLITS
+from .cuda_bulk_launchers import BULK_GEMMS
+from .cuda_projection_launchers import GEMV_MAX_BLOCKS_PER_SM
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    # ---- prefill (rows > 1, and every fp32 call)
+    # projection_staged.cu (activations split once per block of 8 tiles) for bf16 prefill projections of up to
+    # 32 rows; off: projection_bf16.cu. 2.75 -> 1.86 ms of projections per 32-row prefill.
+    staged_prefill_projections: bool = True
+    # attention_mma.cu (K, V, q and the softmax weights as bf16 hi/lo pairs, ~1e-5 relative) for bf16 prefill
+    # attention; off: attention_tiled.cu's fp32 products. 2.28 -> 0.71 ms per 32-row prefill at 4064 cached.
+    tensor_core_attention: bool = True
+    # attention_mma.cu's head_dim-128 entry: 2 blocks per SM (capped at 128 registers, a little spilled) took
+    # 0.71 ms where 1 (every accumulator in registers) took 0.82. Other head_dims have the 1-block entry only.
+    attention_blocks_per_sm: int = 2
+
+    # ---- bf16 decode (one row)
+    # Warps per 8-slot group of an attention_decode.cu block (each takes that share of the query heads):
+    # bit-identical, 2 took 0.319 ms per step at 4064 cached where 1 took 0.348.
+    decode_attention_head_split: int = 2
+    # A decode projection with more 8-row items than this many blocks per SM (gate/up: 2240 items) loops them
+    # over a grid of that size, staging the activations once (gemv_bf16_items); 0: a block per item.
+    # Bit-identical; decode projections 1.100 -> 1.029 ms per step at 4 (2: 1.165).
+    decode_gemv_blocks_per_sm: int = 4
+    # Programmatic dependent launch of the decode kernels (sm_90+, cuda_pdl.py): each starts streaming its
+    # weights while the one before finishes. Measured 0.1 ms per decode step slower with gemv.cu: off.
+    programmatic_launch: bool = False
+    # Every layer of a decode step in one cooperative launch of decode_persistent.cu (grid barriers between
+    # stages) instead of six launches per layer. Bit-identical, but 1.61 vs 1.57 ms per step: off.
+    persistent_decode: bool = False
+    # Its grid: 2 blocks per SM (16 warps, the attention state partly spilled) beat 1 (8 warps, all in
+    # registers); bytes of the o and gate/up weights each block prefetches into L2 (24 MiB measured no faster).
+    persistent_blocks_per_sm: int = 2
+    persistent_l2_prefetch_bytes: int = 0
+
+    # ---- bulk prefill (model.bulk_prefill_min_rows: long forwards on tensor-core GEMMs + flash attention)
+    # gemm_wgmma.cu's 128 x 128 tiles (sm_90a; elsewhere "mma", gemm_bulk.cu): fastest forward from 32 to 1024
+    # rows, 1.25x mma.sync at 1024 rows (bench/bulk_probe.py, notes/cuda_notes.md 2026-12-02 fourth).
+    bulk_gemm: str = "wgmma128"
+    # Parts of the activations in its GEMMs: 2 (bf16 hi + lo) keeps the cycle prefill's precision, which the
+    # swaps' KV must match; 1 (bf16 as HF) was 1.33x faster at 1024 rows but is not that precision.
+    bulk_activation_parts: int = 2
+    # K/V tiles in flight per flash-attention block: 1 leaves room for two blocks per SM; 2 was 3-7% slower.
+    bulk_attention_stages: int = 1
+
+    def __post_init__(self):
+        if self.decode_attention_head_split not in ATTN_DECODE_HEAD_SPLITS:
+            raise ValueError(f"decode_attention_head_split must be one of {ATTN_DECODE_HEAD_SPLITS}, got "
+                             f"{self.decode_attention_head_split!r}")
+        if not 0 <= self.decode_gemv_blocks_per_sm <= GEMV_MAX_BLOCKS_PER_SM:
+            raise ValueError(f"decode_gemv_blocks_per_sm must be in [0, {GEMV_MAX_BLOCKS_PER_SM}], got "
+                             f"{self.decode_gemv_blocks_per_sm!r}")
+        for name in ("attention_blocks_per_sm", "persistent_blocks_per_sm", "bulk_activation_parts",
+                     "bulk_attention_stages"):
+            if getattr(self, name) not in (1, 2):
+                raise ValueError(f"{name} must be 1 or 2, got {getattr(self, name)!r}")
+        if self.persistent_l2_prefetch_bytes < 0:
+            raise ValueError(f"persistent_l2_prefetch_bytes must be >= 0, got {self.persistent_l2_prefetch_bytes}")
+        if self.bulk_gemm not in BULK_GEMMS:
+            raise ValueError(f"bulk_gemm must be one of {sorted(BULK_GEMMS)}, got {self.bulk_gemm!r}")
+
+
+MEASURED_BEST = KernelPlan()
