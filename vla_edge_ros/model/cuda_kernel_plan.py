@@ -2,9 +2,9 @@
 
 The defaults are the measured-best choices on the H200 (bench/pycuda_cycle.py, notes/cuda_notes.md); the serving
 backend runs MEASURED_BEST and nothing else. Other plans are built by the lab (bench/kernel_lab.py) to time or
-compare a variant, and handed to CudaBackend.use_plan between cycles. A plan is what was asked for: where the
+compare a variant, and handed to CudaBackend.use_kernel_plan between cycles. A plan is what was asked for: where the
 device or the model cannot run a choice (fp32 weights, a head_dim without a tensor-core entry, no sm_90a),
-use_plan falls back and returns the plan in effect.
+use_kernel_plan falls back and returns the plan in effect.
 
 This module imports no pycuda: a plan can be built and checked on a machine without a GPU.
 """
