@@ -312,9 +312,8 @@ class FrameState:
         be applied at all, SwapDeferred when a fresher offer or more slack would do; else the recompute plan."""
         if snap.version <= self.state_version:
             raise SnapshotError(f"snapshot v{snap.version} is not newer than the state in force (v{self.state_version})")
-        spec, tpf = self.backend.spec, self.cfg.vision.tokens_per_frame
-        snap.check_against(prefix_ids=self.prefix_ids, tokens_per_frame=tpf, num_layers=spec.num_layers,
-                           kv_dim=spec.kv_dim, hidden_size=spec.hidden_size)
+        tpf = self.cfg.vision.tokens_per_frame
+        self.precheck_snapshot(snap)                    # at once when the loader has run it already
         if snap.kv is not None:
             try:
                 kv_payload(snap.kv).check_usable()      # KV left on a device: still the snapshot's
@@ -341,6 +340,14 @@ class FrameState:
                         "bounds the recompute at the boundary)", snap.version, len(plan.unseen_forgotten),
                         self.cfg.asr.max_late_chunks)
         return plan
+
+    def precheck_snapshot(self, snap: StateSnapshot) -> None:
+        """The checks of a swap that depend on the snapshot and this engine's fixed dimensions only
+        (StateSnapshot.check_against: SnapshotError). Thread-safe: the swap loader runs it before the
+        boundary, which then repeats none of the work unless it failed (SwapClient's precheck)."""
+        spec = self.backend.spec
+        snap.check_against(prefix_ids=self.prefix_ids, tokens_per_frame=self.cfg.vision.tokens_per_frame,
+                           num_layers=spec.num_layers, kv_dim=spec.kv_dim, hidden_size=spec.hidden_size)
 
     def _place_snapshot(self, snap: StateSnapshot) -> tuple[float, float, float]:
         """The snapshot's frames into the slots and its KV into the arena (a checked snapshot fits: one pass,

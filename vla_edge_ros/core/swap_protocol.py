@@ -417,10 +417,13 @@ APPLIED, DEFERRED, REJECTED = "applied", "deferred", "rejected"
 class SwapClient:
     """The reasoning node's side; see the module docstring for who calls what."""
 
-    def __init__(self, poll_period_s: float, request_timeout_s: float, open_device_kv=None):
+    def __init__(self, poll_period_s: float, request_timeout_s: float, open_device_kv=None, precheck=None):
         """open_device_kv(descriptor) -> KV holder: maps an offer's CUDA IPC KV in this process (the
-        reasoning node passes one when its backend is on a GPU; None: such offers cannot be taken)."""
+        reasoning node passes one when its backend is on a GPU; None: such offers cannot be taken).
+        precheck(snapshot): the applying engine's checks that need no boundary (FrameState.precheck_snapshot),
+        run by the loader so that the boundary finds them done; None: all are run at the boundary."""
         self.open_device_kv = open_device_kv
+        self.precheck = precheck
         self.poll_period_s = poll_period_s
         self.request_timeout_s = request_timeout_s
         self._lock = threading.Lock()
@@ -514,6 +517,7 @@ class SwapClient:
                                             "node's backend is not on a GPU: set model.backend pycuda, or asr.backend "
                                             "numpy")
                 snap.kv = self.open_device_kv(offer.kv)          # maps it now, off the cycle thread
+            self._precheck(snap)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:   # e.g. replaced by a newer version meanwhile
             log.warning("swap v%d not loaded: %s", offer.version, exc)
             with self._lock:
@@ -525,6 +529,16 @@ class SwapClient:
         with self._lock:
             self._ready = snap
             self._loading_version = 0
+
+    def _precheck(self, snap: StateSnapshot) -> None:
+        """Check the snapshot now, on the loader thread. One that fails is still handed to the boundary, which
+        checks it again and rejects it there with the same SnapshotError, in the order of all its checks."""
+        if self.precheck is None:
+            return
+        try:
+            self.precheck(snap)
+        except SnapshotError as exc:
+            log.debug("swap v%d: fails its checks (rejected at the boundary): %s", snap.version, exc)
 
     # -- cycle thread --------------------------------------------------------
 
