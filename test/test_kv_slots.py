@@ -257,3 +257,60 @@ def test_a_swap_placing_frames_with_units_computed_by_its_loader_gets_the_same_s
     assert not prepared.retained()[0].slots.flags.writeable
     with pytest.raises(ValueError, match="unit vectors for 5 frames"):
         manager("semantic", frames=8).place_frames(frames, reserve=0, units=snap.units[:4])
+
+
+def test_the_array_stack_hands_out_the_slots_the_list_did():
+    """Random admissions, transients, removals, swaps (evict_all + place_frames): the same slots per frame and
+    the same free stack as the slot manager of before (kept as the swap benchmark's baseline)."""
+    from vla_edge_ros.bench.swap_host_baseline import BaselineKVSlotManager
+    rng = np.random.default_rng(3)
+    new = KVSlotManager(64 * TPF + 5, TPF, make_policy("semantic", 100))
+    old = BaselineKVSlotManager(64 * TPF + 5, TPF, make_policy("semantic", 100))
+    assert np.array_equal(new.reserve_prefix(5), old.reserve_prefix(5))
+    next_id = 0
+    for step in range(400):
+        op = rng.integers(0, 4)
+        if op == 0:
+            pooled = rng.standard_normal(HID).astype(np.float32)
+            a = new.add_frame(next_id, pooled, next_id * TPF, reserve=9)
+            b = old.add_frame(next_id, pooled, next_id * TPF, reserve=9)
+            assert np.array_equal(a.slots, b.slots) and [f.frame_id for f in a.evicted] == [f.frame_id for f in b.evicted]
+            next_id += 1
+        elif op == 1:
+            n = int(rng.integers(0, 9))
+            assert np.array_equal(new.alloc_transient(n), old.alloc_transient(n))
+            new.release_transient()
+            old.release_transient()
+        elif op == 2 and new.retained():
+            fid = new.retained()[int(rng.integers(0, len(new.retained())))].frame_id
+            new.evict_frames([fid])
+            old.evict_frames([fid])
+        else:
+            kept = [(f.frame_id, f.pooled, f.position_start) for f in new.retained()[::2]]
+            assert [f.frame_id for f in new.evict_all()] == [f.frame_id for f in old.evict_all()]
+            for x, y in zip(new.place_frames(kept, reserve=9), old.place_frames(kept, reserve=9)):
+                assert np.array_equal(x, y) and not x.flags.writeable
+        assert [(f.frame_id, f.slots.tolist(), f.added_seq) for f in new.retained()] == \
+            [(f.frame_id, f.slots.tolist(), f.added_seq) for f in old.retained()]
+        assert new.free_stack().tolist() == old.free_stack().tolist() and new.free_slots == old.free_slots
+        check_bookkeeping(new)
+
+
+def test_placed_frames_equal_constructed_ones():
+    """RetainedFrame.placed (the swap's fast path) gives the frame the constructor gives."""
+    from vla_edge_ros.core.kv_slots import RetainedFrame, unit_vector
+    pooled, slots = basis(2) * 3, np.arange(TPF, dtype=np.int32)
+    a = RetainedFrame(frame_id=7, slots=slots, pooled=pooled, position_start=40, added_seq=3)
+    b = RetainedFrame.placed(7, slots, pooled, 40, 3, unit_vector(pooled))
+    assert (a.frame_id, a.position_start, a.added_seq) == (b.frame_id, b.position_start, b.added_seq)
+    assert a.slots is b.slots and a.pooled is b.pooled and np.array_equal(a.unit, b.unit)
+    with pytest.raises(AttributeError):                 # still frozen
+        b.frame_id = 8
+
+
+def test_freeing_a_slot_twice_is_caught():
+    m = manager("fifo", frames=2)
+    slots = m.alloc_transient(m.free_slots)
+    m.release_transient()
+    with pytest.raises(RuntimeError, match="freed twice"):
+        m._push(slots[:1])

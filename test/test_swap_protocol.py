@@ -274,6 +274,9 @@ def test_client_never_asks_while_it_may_still_read_an_offer_and_ignores_abandone
             summary["swap_kv_copy_ms_max"], summary["swap_recompute_ms_p99"]) == (4.0, 0.1, 0.2, 1.0, 2.2)
     assert summary["swap_rest_ms_max"] == pytest.approx(0.5)             # what the four parts leave of the whole
     assert summary["swap_place_off_cpu_ms_p50"] == 0.05                   # a share of place_ms, not a fifth part
+    # The apply without its KV copy and recompute (the device work on a GPU): the host part, never above the whole.
+    assert summary["swap_bookkeeping_ms_max"] == pytest.approx(4.0 - 1.0 - 2.2)
+    assert summary["swap_bookkeeping_ms_p50"] <= summary["swap_apply_ms_p50"]
 
 
 def _primary_and_first_snapshot(model_dir, frames, max_late_chunks: int):
@@ -385,3 +388,33 @@ def test_a_skipped_boundary_is_answered_and_counted_as_a_miss(tiny_model_dir, fr
     total = engine.metrics.summary()
     assert total["cycles"] == 3 and total["fallback_reasons"]["deadline_missed"] >= 1
     assert total["model_cycles"] == 2                       # no latency sample for a cycle that never ran
+
+
+def test_the_loader_checks_a_snapshot_and_the_boundary_rejects_a_bad_one_as_without_it(cfg, frames, tmp_path):
+    """SwapClient's precheck runs the snapshot's own checks on the loader: a sound snapshot reaches the boundary
+    with them passed (and is applied), a bad one is rejected there with the error it gets with no precheck."""
+    primary = primary_engine(cfg)
+    for f in frames[:3]:
+        assert primary.run_cycle(f, f.stamp_s).new_frame
+    good = primary.state.export_state(version=1)
+    bad = primary.state.export_state(version=2)
+    bad.next_position = bad.frames[-1].position_start          # inside its newest frame
+    details = []
+    for precheck in (None, primary.state.precheck_snapshot):
+        client = SwapClient(poll_period_s=0.0, request_timeout_s=2.0, precheck=precheck)
+        path = bad.save(tmp_path / f"bad_{precheck is None}.npz")
+        client.request_sent()
+        client.load_offer(client.on_response(SwapAnswer(SwapOffer(2, str(path), len(bad.frames), 3, round=2))))
+        outcome = client.apply_ready(primary.state, cycle_id=3)
+        assert outcome.status == swap_protocol.REJECTED and primary.state.state_version == 0
+        details.append(outcome.detail)
+    assert details[0] == details[1] and "next_position" in details[0]
+    client = SwapClient(poll_period_s=0.0, request_timeout_s=2.0, precheck=primary.state.precheck_snapshot)
+    path = good.save(tmp_path / "good.npz")
+    client.request_sent()
+    client.load_offer(client.on_response(SwapAnswer(SwapOffer(1, str(path), len(good.frames), 3, round=1))))
+    snap = client._ready
+    assert snap._checked is not None                            # passed on the loader thread
+    outcome = client.apply_ready(primary.state, cycle_id=4)
+    assert outcome.status == swap_protocol.APPLIED and primary.state.state_version == 1
+    assert 0.0 <= client.summary()["swap_bookkeeping_ms_max"] <= client.summary()["swap_apply_ms_max"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,10 +28,10 @@ import numpy as np
 from ..model.backend import kv_payload
 from ..model.errors import DeviceKVUnavailable
 from ..config import VlaConfig
-from .admission import window_quantile
 from .frames import Frame
 from .kv_slots import KVCapacityError, KVSlotManager, make_policy
 from .prompt import encode_text, prefix_text
+from .sample_window import SampleWindow
 from .state_snapshot import SnapshotError, SnapshotFrame, StateChunk, StateSnapshot
 from .vision_encoder import VisionEncoder
 
@@ -130,11 +130,11 @@ class FrameState:
         # samples (note_recompute); None until measured. A lone frame's forward costs more per token than a
         # cycle's longer prefill (on the CPU model ~2x), so the swap budget needs this, not the cycle's rate.
         self.recompute_ms_per_frame: float | None = None
-        self._recompute_samples: deque = deque(maxlen=cfg.admission.tail_window)   # per-frame ms, for the tail
+        self._recompute_samples = SampleWindow(cfg.admission.tail_window)   # per-frame ms, for the median and tail
         self._recompute_tail: float | None = None
         # What a swap costs besides its recompute (checks, placing the frames, the KV copy), measured per swap:
         # the swap budget keeps room for its slow end before it prices late frames (swap_fixed_ms_tail).
-        self._swap_fixed_samples: deque = deque(maxlen=cfg.admission.tail_window)
+        self._swap_fixed_samples = SampleWindow(cfg.admission.tail_window)
         self.swap_fixed_ms_tail = 0.0
         # How export_state packs the KV rows: None reads them to the host (numpy array); a callable
         # (backend, slots) -> KV holder keeps them on the device (model/cuda_state_transfer.DeviceKvExporter).
@@ -312,9 +312,8 @@ class FrameState:
         be applied at all, SwapDeferred when a fresher offer or more slack would do; else the recompute plan."""
         if snap.version <= self.state_version:
             raise SnapshotError(f"snapshot v{snap.version} is not newer than the state in force (v{self.state_version})")
-        spec, tpf = self.backend.spec, self.cfg.vision.tokens_per_frame
-        snap.check_against(prefix_ids=self.prefix_ids, tokens_per_frame=tpf, num_layers=spec.num_layers,
-                           kv_dim=spec.kv_dim, hidden_size=spec.hidden_size)
+        tpf = self.cfg.vision.tokens_per_frame
+        self.precheck_snapshot(snap)                    # at once when the loader has run it already
         if snap.kv is not None:
             try:
                 kv_payload(snap.kv).check_usable()      # KV left on a device: still the snapshot's
@@ -341,6 +340,14 @@ class FrameState:
                         "bounds the recompute at the boundary)", snap.version, len(plan.unseen_forgotten),
                         self.cfg.asr.max_late_chunks)
         return plan
+
+    def precheck_snapshot(self, snap: StateSnapshot) -> None:
+        """The checks of a swap that depend on the snapshot and this engine's fixed dimensions only
+        (StateSnapshot.check_against: SnapshotError). Thread-safe: the swap loader runs it before the
+        boundary, which then repeats none of the work unless it failed (SwapClient's precheck)."""
+        spec = self.backend.spec
+        snap.check_against(prefix_ids=self.prefix_ids, tokens_per_frame=self.cfg.vision.tokens_per_frame,
+                           num_layers=spec.num_layers, kv_dim=spec.kv_dim, hidden_size=spec.hidden_size)
 
     def _place_snapshot(self, snap: StateSnapshot) -> tuple[float, float, float]:
         """The snapshot's frames into the slots and its KV into the arena (a checked snapshot fits: one pass,
@@ -422,9 +429,10 @@ class FrameState:
         every later swap out of the slack, so no sample ever came to bring it back; a median ignores it."""
         if frames <= 0 or not math.isfinite(ms):
             return
+        # A sorted window, not np.median / np.quantile: both run at the swap's boundary (core/sample_window.py).
         self._recompute_samples.append(ms / frames)
-        self.recompute_ms_per_frame = float(np.median(np.fromiter(self._recompute_samples, float)))
-        self._recompute_tail = window_quantile(self._recompute_samples, self.cfg.admission.tail_quantile)
+        self.recompute_ms_per_frame = self._recompute_samples.median()
+        self._recompute_tail = self._recompute_samples.tail(self.cfg.admission.tail_quantile)
 
     def _note_swap_fixed(self, ms: float) -> None:
         """Fold one swap's cost besides its recompute into swap_fixed_ms_tail: the admission.tail_quantile of
@@ -433,8 +441,8 @@ class FrameState:
         if not math.isfinite(ms):
             return
         self._swap_fixed_samples.append(ms)
-        tail = window_quantile(self._swap_fixed_samples, self.cfg.admission.tail_quantile)
-        self.swap_fixed_ms_tail = max(self._swap_fixed_samples) if tail is None else tail
+        tail = self._swap_fixed_samples.tail(self.cfg.admission.tail_quantile)
+        self.swap_fixed_ms_tail = self._swap_fixed_samples.max() if tail is None else tail
 
     @property
     def recompute_ms_per_frame_tail(self) -> float | None:
