@@ -4,7 +4,7 @@ from pathlib import Path
 
 from vla_edge_ros import config as C
 from vla_edge_ros.bench import swap_host
-from vla_edge_ros.bench.swap_host_baseline import BaselineFrameState
+from slot_bookkeeping_before import BaselineFrameState
 from vla_edge_ros.core.engine_state import FrameState
 
 

@@ -262,7 +262,7 @@ def test_a_swap_placing_frames_with_units_computed_by_its_loader_gets_the_same_s
 def test_the_array_stack_hands_out_the_slots_the_list_did():
     """Random admissions, transients, removals, swaps (evict_all + place_frames): the same slots per frame and
     the same free stack as the slot manager of before (kept as the swap benchmark's baseline)."""
-    from vla_edge_ros.bench.swap_host_baseline import BaselineKVSlotManager
+    from slot_bookkeeping_before import BaselineKVSlotManager
     rng = np.random.default_rng(3)
     new = KVSlotManager(64 * TPF + 5, TPF, make_policy("semantic", 100))
     old = BaselineKVSlotManager(64 * TPF + 5, TPF, make_policy("semantic", 100))

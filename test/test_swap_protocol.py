@@ -418,3 +418,22 @@ def test_the_loader_checks_a_snapshot_and_the_boundary_rejects_a_bad_one_as_with
     outcome = client.apply_ready(primary.state, cycle_id=4)
     assert outcome.status == swap_protocol.APPLIED and primary.state.state_version == 1
     assert 0.0 <= client.summary()["swap_bookkeeping_ms_max"] <= client.summary()["swap_apply_ms_max"]
+
+
+def test_a_snapshot_with_a_nan_pooled_embedding_is_rejected_before_the_state_changes(cfg, frames, tmp_path):
+    """The pooled embeddings (the semantic policy's keys) are checked with the rest of the snapshot: a NaN among
+    them rejects the swap at the boundary and the state in force stays whole (it was placed first, and failed
+    there after the frames in force had been evicted)."""
+    primary = primary_engine(cfg)
+    for f in frames[:3]:
+        assert primary.run_cycle(f, f.stamp_s).new_frame
+    held = [r.frame_id for r in primary.state.kv.retained()]
+    bad = primary.state.export_state(version=1)
+    bad.frames[1].pooled[5] = np.nan
+    client = SwapClient(poll_period_s=0.0, request_timeout_s=2.0, precheck=primary.state.precheck_snapshot)
+    path = bad.save(tmp_path / "nan_pooled.npz")
+    client.request_sent()
+    client.load_offer(client.on_response(SwapAnswer(SwapOffer(1, str(path), len(bad.frames), 3, round=1))))
+    outcome = client.apply_ready(primary.state, cycle_id=3)
+    assert outcome.status == swap_protocol.REJECTED and "pooled embeddings" in outcome.detail
+    assert primary.state.state_version == 0 and [r.frame_id for r in primary.state.kv.retained()] == held

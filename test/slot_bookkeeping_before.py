@@ -1,7 +1,8 @@
-"""The swap's host bookkeeping as it was before bench/swap_host.py's changes (commit 7bcc3f0), kept only as
-that benchmark's baseline: the slot manager with its free list of Python ints and a RetainedFrame built per
-frame through the dataclass constructor, every snapshot check at the boundary, and the swap statistics folded
-with np.median / np.quantile. Copied, not maintained: nothing outside the benchmark uses it.
+"""The swap's host bookkeeping as it was at commit 7bcc3f0, kept as the oracle of the tests that the faster one
+hands out the very same slots and frames (test_kv_slots.py, test_bench_swap_host.py): the slot manager with its
+free list of Python ints and a RetainedFrame built per frame through the dataclass constructor, every snapshot
+check at the boundary, and the swap statistics folded with np.median / np.quantile. Copied, not maintained: only
+tests use it (bench/swap_host.py's figures of before and after are in notes/cuda_notes.md).
 """
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from collections import deque
 
 import numpy as np
 
-from ..core.admission import window_quantile
-from ..core.engine_state import DEFER_NO_SLACK, FrameState, SwapDeferred, _RecomputePlan
-from ..core.kv_slots import EvictionPolicy, FrameAdmission, KVCapacityError, RetainedFrame, unit_vectors
-from ..core.state_snapshot import SnapshotError, StateSnapshot
-from ..model.backend import kv_payload
-from ..model.errors import DeviceKVUnavailable
+from vla_edge_ros.core.admission import window_quantile
+from vla_edge_ros.core.engine_state import DEFER_NO_SLACK, FrameState, SwapDeferred, _RecomputePlan
+from vla_edge_ros.core.kv_slots import EvictionPolicy, FrameAdmission, KVCapacityError, RetainedFrame, unit_vectors
+from vla_edge_ros.core.state_snapshot import SnapshotError, StateSnapshot
+from vla_edge_ros.model.backend import kv_payload
+from vla_edge_ros.model.errors import DeviceKVUnavailable
 
 log = logging.getLogger(__name__)
 
