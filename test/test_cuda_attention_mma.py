@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 
 # (q heads, KV heads, head_dim, cached context, rows of the call)
 CASES = [(12, 2, 128, 300, 32), (12, 2, 128, 130, 9), (4, 1, 32, 0, 6), (4, 2, 32, 61, 13), (8, 1, 64, 100, 12),
-         (12, 2, 128, 0, 1)]
+         (12, 2, 128, 0, 1), (12, 2, 128, 400, 1)]       # the last two: a decode row (decode_attention_tensor_cores)
 
 
 def _run(kn, gpu, hq, kvh, hd, ctx, n, **variant):
@@ -65,6 +65,28 @@ def test_a_backend_with_tensor_core_attention_gives_the_same_cycle(tiny_weights)
         b.close()
     np.testing.assert_array_equal(results[0][0], results[1][0])
     assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-4 * peak(results[0][1]), what="prefill logits")
+
+
+def test_the_decode_row_on_the_tensor_cores_picks_the_same_tokens(tiny_weights):
+    """KernelPlan.decode_attention_tensor_cores (off by default until measured) sends the decode row's attention
+    through attention_mma.cu: the cycle's action tokens (decode steps captured as graphs) are those of
+    attention_decode.cu. It follows the prefill attention: without the tensor cores there, not here either."""
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.cuda_kernel_plan import KernelPlan
+    spec, weights = tiny_weights
+    results = []
+    for on in (False, True):
+        b = CudaBackend(spec, weights, 300, "bfloat16", plan=KernelPlan(decode_attention_tensor_cores=on))
+        assert b.kernel_plan.decode_attention_tensor_cores == on
+        results.append(one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=5))
+        b.close()
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    b = CudaBackend(spec, weights, 64, "bfloat16",
+                    plan=KernelPlan(tensor_core_attention=False, decode_attention_tensor_cores=True))
+    try:
+        assert b.kernel_plan.decode_attention_tensor_cores is False
+    finally:
+        b.close()
 
 
 def test_fp32_weights_keep_the_fp32_attention(tiny_weights):

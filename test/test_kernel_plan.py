@@ -20,6 +20,8 @@ def test_the_measured_best_plan_is_the_default():
     assert (MEASURED_BEST.attention_blocks_per_sm, MEASURED_BEST.decode_attention_head_split) == (2, 2)
     assert MEASURED_BEST.decode_gemv_blocks_per_sm == 4
     assert (MEASURED_BEST.programmatic_launch, MEASURED_BEST.persistent_decode) == (False, False)
+    # Not measured yet (2026-12-03): off until the probe and the lab say otherwise.
+    assert MEASURED_BEST.decode_attention_tensor_cores is False
     assert (MEASURED_BEST.bulk_gemm, MEASURED_BEST.bulk_activation_parts, MEASURED_BEST.bulk_attention_stages) == \
         ("wgmma128", 2, 1)
 
@@ -67,3 +69,9 @@ def test_nothing_outside_the_benches_and_tools_imports_the_lab():
         if any("bench" in name.split(".") for name in _imports(path)):
             offenders.append(str(rel))
     assert not offenders, offenders
+
+
+def test_the_lab_names_the_decode_row_on_the_tensor_cores():
+    from vla_edge_ros.bench.kernel_lab import mode_plan
+    assert mode_plan("plain+mmadec").decode_attention_tensor_cores is True
+    assert mode_plan("plain").decode_attention_tensor_cores is False

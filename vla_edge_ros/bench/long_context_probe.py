@@ -8,7 +8,8 @@ The cycle's attention at each cached length, 28 layers each on its own K/V arena
 replayed: microseconds per layer for
 
   * the decode row (attention_decode.cu + the merge) with the splits covering the arena (one 64-entry chunk
-    each, the baseline) and with at most S splits per KV head, each walking several chunks;
+    each, the baseline) and with at most S splits per KV head, each walking several chunks; and the same row
+    through attention_mma.cu (KernelPlan.decode_attention_tensor_cores: one 16-row tile of the group's heads);
   * the prefill's 32 rows (attention_mma.cu + the merge) in several launch shapes, the same way;
   * the merge alone for each, and the K/V read floor (the layer's K/V bytes at the copy bandwidth measured
     in the same run).
@@ -96,6 +97,16 @@ def probe(cached_list: list, replays: int, kv_dtype: str = "float32") -> dict:
                 base = result[:1] if base is None else base
                 rows.append(_row(cached, "decode 1 row", "arena" if max_splits is None else f"<= {max_splits}",
                                  us, merge_us, floor_us, result[:1], base))
+            for blocks in (2, 1):                            # the decode row on the tensor cores
+                def decode_mma(li, b=blocks):
+                    kn.attention(qkv, int(k[li].gpudata), int(v[li].gpudata), attend, ctl, part_o, part_ml, out, 1,
+                                 HQ, KVH, HD, capacity, n_splits, HD ** -0.5, stream, tensor_cores=True,
+                                 blocks_per_sm=b, max_splits=66)
+                us, result = timed(decode_mma)
+                merge_us, _ = timed(lambda li: kn._merge(part_o, part_ml, ctl, out, 1, HQ, HD, min(n_splits, 66),
+                                                         stream))
+                rows.append(_row(cached, "decode 1 row, mma", f"b{blocks} <= 66", us, merge_us, floor_us,
+                                 result[:1], base))
 
             base = None
             for label, shape in PREFILL_VARIANTS:

@@ -413,7 +413,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
     # ------------------------------------------------------------------ Internal helpers
 
     def _attention_in_effect(self, plan: KernelPlan) -> dict:
-        """The prefill attention fields of `plan` this model can run, attention_mma.cu loaded where it is chosen."""
+        """The attention fields of `plan` this model can run, attention_mma.cu loaded where it is chosen."""
         tensor_cores = plan.tensor_core_attention
         if tensor_cores and (self.dtype != "bfloat16" or self.spec.head_dim not in ca.ATTN_MMA_HEAD_DIMS):
             log.info("tensor-core attention serves bf16 models with head_dim in %s; %s with head_dim %d keeps "
@@ -422,7 +422,9 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if tensor_cores:
             self.kernels.load_family("attention_mma")
         blocks = plan.attention_blocks_per_sm if self.spec.head_dim == 128 else 1   # the 2-block entry: hd 128 only
-        return {"tensor_core_attention": tensor_cores, "attention_blocks_per_sm": blocks}
+        # The decode row follows: on the tensor cores only where the prefill attention is.
+        return {"tensor_core_attention": tensor_cores, "attention_blocks_per_sm": blocks,
+                "decode_attention_tensor_cores": plan.decode_attention_tensor_cores and tensor_cores}
 
     def _persistent_in_effect(self, plan: KernelPlan) -> bool:
         """Whether decode steps run as one persistent kernel, decode_persistent.cu prepared where they do."""

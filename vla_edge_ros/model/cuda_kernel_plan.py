@@ -31,6 +31,14 @@ class KernelPlan:
     attention_blocks_per_sm: int = 2
 
     # ---- bf16 decode (one row)
+    # The decode row's attention through attention_mma.cu as well (one 16-row tile holds the group's query heads;
+    # at most long_context_splits splits, each walking its chunks) instead of attention_decode.cu, where the prefill
+    # attention runs on the tensor cores. Why it may win: attention_decode.cu takes 52 us per layer at 32000 slots,
+    # 3.3x the K/V read floor, waiting on each 8-slot pass's dependent steps (bench/long_context_probe.py,
+    # 2026-12-03 second session), while attention_mma.cu's time follows its products, 1/32 of a 32-row prefill's
+    # here. NOT MEASURED YET: off until long_context_probe's "decode 1 row, mma" rows and the lab's "+mmadec" say.
+    # ~1e-5 relative instead of fp32 sums (attention_mma.cu's hi/lo products).
+    decode_attention_tensor_cores: bool = False
     # Warps per 8-slot group of an attention_decode.cu block (each takes that share of the query heads):
     # bit-identical, 2 took 0.319 ms per step at 4064 cached where 1 took 0.348.
     decode_attention_head_split: int = 2

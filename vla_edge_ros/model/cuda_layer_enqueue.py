@@ -132,13 +132,14 @@ class LayerEnqueue:
     def _enqueue_attention(self, li: int, n: int) -> None:
         """attention_decode.cu (partial sums from registers) for decode rows, attention_tiled.cu (K/V chunk
         in shared memory, shared by up to 8 rows) or attention_mma.cu (the same on the tensor cores, where the
-        kernel plan asks for it) for longer calls; attention.cu's merge after any of them. The decode and
+        kernel plan asks for it) for longer calls, and for decode rows too with the plan's
+        decode_attention_tensor_cores; attention.cu's merge after any of them. The decode and
         tensor-core kernels launch at most cuda_kernels.long_context_splits splits, each walking as many chunks
         as the context needs (attention_tiled.cu: one chunk per split)."""
         sp, plan = self.spec, self.kernel_plan
         k_ptr, v_ptr = self._kv_ptrs(li)
         splits = long_context_splits(self.kernels.num_sms, sp.num_kv_heads)
-        if n <= DECODE_MAX_ROWS:
+        if n <= DECODE_MAX_ROWS and not plan.decode_attention_tensor_cores:
             self.kernels.attention_decode(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o,
                                           self.part_ml, self.attn, n, sp.num_heads, sp.num_kv_heads, sp.head_dim,
                                           self.capacity, self.n_splits, self._scale, self.stream,
