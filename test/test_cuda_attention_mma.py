@@ -51,20 +51,29 @@ def test_tensor_core_attention_refuses_what_it_has_no_entry_for(kn, gpu):
         _run(kn, gpu, 12, 2, 128, 10, 4, max_splits=2)
 
 
-def test_a_backend_with_tensor_core_attention_gives_the_same_cycle(tiny_weights):
-    """A bf16 cycle (graphs) with its prefill attention on the tensor cores picks the same tokens as with
-    attention_tiled.cu, and its prefill logits agree to the split's rounding."""
+def _cycles_under(tiny_weights, field: str, seed: int) -> list:
+    """One bf16 cycle (graphs) of the tiny model under KernelPlan(field=False), then (field=True): [(tokens, prefill
+    logits)] in that order, each plan checked to be in effect."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
     from vla_edge_ros.model.cuda_kernel_plan import KernelPlan
     spec, weights = tiny_weights
     results = []
-    for tensor_cores in (False, True):
-        b = CudaBackend(spec, weights, 300, "bfloat16", plan=KernelPlan(tensor_core_attention=tensor_cores))
-        assert b.kernel_plan.tensor_core_attention == tensor_cores
-        results.append(one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=4))
-        b.close()
-    np.testing.assert_array_equal(results[0][0], results[1][0])
-    assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-4 * peak(results[0][1]), what="prefill logits")
+    for on in (False, True):
+        b = CudaBackend(spec, weights, 300, "bfloat16", plan=KernelPlan(**{field: on}))
+        try:
+            assert getattr(b.kernel_plan, field) == on
+            results.append(one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=seed))
+        finally:
+            b.close()
+    return results
+
+
+def test_a_backend_with_tensor_core_attention_gives_the_same_cycle(tiny_weights):
+    """A bf16 cycle (graphs) with its prefill attention on the tensor cores picks the same tokens as with
+    attention_tiled.cu, and its prefill logits agree to the split's rounding."""
+    (tokens_off, logits_off), (tokens_on, logits_on) = _cycles_under(tiny_weights, "tensor_core_attention", seed=4)
+    np.testing.assert_array_equal(tokens_off, tokens_on)
+    assert_close(logits_on, logits_off, rtol=1e-4, atol=1e-4 * peak(logits_off), what="prefill logits")
 
 
 def test_the_decode_row_on_the_tensor_cores_picks_the_same_tokens(tiny_weights):
@@ -73,14 +82,9 @@ def test_the_decode_row_on_the_tensor_cores_picks_the_same_tokens(tiny_weights):
     attention_decode.cu. It follows the prefill attention: without the tensor cores there, not here either."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
     from vla_edge_ros.model.cuda_kernel_plan import KernelPlan
+    (tokens_off, _), (tokens_on, _) = _cycles_under(tiny_weights, "decode_attention_tensor_cores", seed=5)
+    np.testing.assert_array_equal(tokens_off, tokens_on)
     spec, weights = tiny_weights
-    results = []
-    for on in (False, True):
-        b = CudaBackend(spec, weights, 300, "bfloat16", plan=KernelPlan(decode_attention_tensor_cores=on))
-        assert b.kernel_plan.decode_attention_tensor_cores == on
-        results.append(one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=5))
-        b.close()
-    np.testing.assert_array_equal(results[0][0], results[1][0])
     b = CudaBackend(spec, weights, 64, "bfloat16",
                     plan=KernelPlan(tensor_core_attention=False, decode_attention_tensor_cores=True))
     try:
