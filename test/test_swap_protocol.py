@@ -1,6 +1,7 @@
 """core/swap_protocol.py without ROS: two real engines (tiny model, real footage) play the
 reasoning and reconciler processes; offers travel as files and JSON, the applied version
 travels back as the tag of the next state chunk."""
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from vla_edge_ros.core.footage import read_clip, resize_rgb
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.reconciliation import Phase, StateReconciler
 from vla_edge_ros.core import swap_protocol
-from vla_edge_ros.core.state_snapshot import StateSnapshot
+from vla_edge_ros.core.state_snapshot import SnapshotError, StateSnapshot
 from vla_edge_ros.core.swap_protocol import (ReconcilerWorker, SnapshotStore, SwapAnswer, SwapClient, SwapOffer,
                                              SwapProtocolError, start_loader)
 
@@ -435,5 +436,12 @@ def test_a_snapshot_with_a_nan_pooled_embedding_is_rejected_before_the_state_cha
     client.request_sent()
     client.load_offer(client.on_response(SwapAnswer(SwapOffer(1, str(path), len(bad.frames), 3, round=1))))
     outcome = client.apply_ready(primary.state, cycle_id=3)
-    assert outcome.status == swap_protocol.REJECTED and "pooled embeddings" in outcome.detail
+    assert outcome.status == swap_protocol.REJECTED and "pooled embeddings contain NaN" in outcome.detail
+    assert primary.state.state_version == 0 and [r.frame_id for r in primary.state.kv.retained()] == held
+    # A snapshot handed over in process (bench asr's reconciler; a file cannot hold one): a vector a size short is
+    # a SnapshotError too, not numpy's error from stacking them.
+    short = primary.state.export_state(version=2)
+    short.frames[0] = dataclasses.replace(short.frames[0], pooled=short.frames[0].pooled[:-1])
+    with pytest.raises(SnapshotError, match="must be vectors of"):
+        primary.state.import_state(short)
     assert primary.state.state_version == 0 and [r.frame_id for r in primary.state.kv.retained()] == held

@@ -157,11 +157,12 @@ class StateSnapshot:
         if n and not kv_payload(self.kv).all_finite():
             raise SnapshotError(f"snapshot v{self.version}: kv contains NaN or Inf")
         # Checked here, not first when the frames are placed: by then the state in force is already gone.
-        pooled = np.stack([np.asarray(f.pooled) for f in self.frames]) if n else None
-        if n and (pooled.shape != (n, hidden_size) or not np.isfinite(pooled).all()):
-            raise SnapshotError(f"snapshot v{self.version}: pooled embeddings must be finite vectors of "
-                                f"{hidden_size}, got {pooled.dtype} {pooled.shape}"
-                                f"{'' if pooled.shape != (n, hidden_size) else ' with NaN or Inf'}")
+        shapes = {np.shape(f.pooled) for f in self.frames}
+        if n and shapes != {(hidden_size,)}:
+            raise SnapshotError(f"snapshot v{self.version}: pooled embeddings must be vectors of {hidden_size}, "
+                                f"got shapes {sorted(shapes)[:4]}")
+        if n and not np.isfinite(np.stack([np.asarray(f.pooled) for f in self.frames])).all():
+            raise SnapshotError(f"snapshot v{self.version}: pooled embeddings contain NaN or Inf")
         if self.rows is not None and self.rows.shape != (n, tokens_per_frame, hidden_size):
             raise SnapshotError(f"snapshot v{self.version}: rows must be {(n, tokens_per_frame, hidden_size)}, "
                                 f"got {self.rows.shape}")
