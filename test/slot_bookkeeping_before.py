@@ -12,7 +12,7 @@ from collections import deque
 
 import numpy as np
 
-from vla_edge_ros.core.admission import window_quantile
+from vla_edge_ros.core.sample_window import TAIL_MIN_SAMPLES
 from vla_edge_ros.core.engine_state import DEFER_NO_SLACK, FrameState, SwapDeferred, _RecomputePlan
 from vla_edge_ros.core.kv_slots import EvictionPolicy, FrameAdmission, KVCapacityError, RetainedFrame, unit_vectors
 from vla_edge_ros.core.state_snapshot import SnapshotError, StateSnapshot
@@ -20,6 +20,13 @@ from vla_edge_ros.model.backend import kv_payload
 from vla_edge_ros.model.errors import DeviceKVUnavailable
 
 log = logging.getLogger(__name__)
+
+
+def window_quantile(samples, q: float) -> float | None:
+    """The statistics' quantile as it was: np.quantile over the window; None before TAIL_MIN_SAMPLES samples."""
+    if len(samples) < TAIL_MIN_SAMPLES:
+        return None
+    return float(np.quantile(np.fromiter(samples, float), q))
 
 
 class BaselineFrameState(FrameState):

@@ -160,7 +160,7 @@ def test_admission_uses_the_slow_end_of_recent_cycles_not_the_mean():
     for _ in range(CFG.admission.tail_window):
         f = float(rng.uniform(0.9, 1.25))                          # within the spike factor: all learned
         assert ctl.observe(20.0 * f, 44, 0.0, 7, other_ms=2.0 * f)
-    ratios = np.array(ctl._ratios)
+    ratios = np.fromiter(ctl._ratios, float)
     assert ctl.tail_factor == pytest.approx(np.quantile(ratios, CFG.admission.tail_quantile))
     assert 1.15 < ctl.tail_factor <= 1.25
     mean = ctl.mean_ms(44, 7)

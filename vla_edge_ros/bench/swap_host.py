@@ -160,7 +160,7 @@ def _drive(sides: dict, swaps: int, seed: int, profile: str | None) -> tuple[dic
                 prof.disable()
             if outcome is None or outcome.status != "applied":
                 raise RuntimeError(f"{name}: swap v{k} not applied: {outcome}")
-            _note(times[name], outcome)
+            _note(times[name], side.client)
             prints.append(_fingerprint(side.state))
         same = same and all(p == prints[0] for p in prints[1:])
         new = _chunks(rng, 1, next_id, tpf, hidden)           # a cycle between swaps: one frame, policy evicts
@@ -175,15 +175,11 @@ def _drive(sides: dict, swaps: int, seed: int, profile: str | None) -> tuple[dic
     return times, texts, same
 
 
-def _note(into: dict, outcome) -> None:
-    r = outcome.report
-    into["apply_ms"].append(outcome.apply_ms)
-    into["check_ms"].append(r.check_ms)
-    into["place_ms"].append(r.place_ms)
-    into["kv_copy_ms"].append(r.kv_copy_ms)
-    into["recompute_ms"].append(r.recompute_ms)
-    into["rest_ms"].append(max(0.0, outcome.apply_ms - r.check_ms - r.place_ms - r.kv_copy_ms - r.recompute_ms))
-    into["bookkeeping_ms"].append(max(0.0, outcome.apply_ms - r.kv_copy_ms - r.recompute_ms))
+def _note(into: dict, client) -> None:
+    """The parts of the swap the client just applied, as SwapClient.mark_applied recorded them (the rest and the
+    bookkeeping derived there, once)."""
+    for part in PARTS:
+        into[part].append(client.timings[part][-1])
 
 
 def run(args) -> int:

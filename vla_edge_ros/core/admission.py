@@ -45,23 +45,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..config import AdmissionConfig, CycleConfig
-
-TAIL_MIN_SAMPLES = 10     # fewer learned cycles than this: no tail yet (the mean alone, as the first seconds)
-
-
-def window_quantile(samples, q: float) -> float | None:
-    """The q-quantile of a window of recent samples; None before TAIL_MIN_SAMPLES of them. Callers compute it
-    as a sample comes in, never per cycle: a decision is on every cycle's critical path."""
-    if len(samples) < TAIL_MIN_SAMPLES:
-        return None
-    return float(np.quantile(np.fromiter(samples, float), q))
-
+from .sample_window import SampleWindow
 
 @dataclass(frozen=True)
 class AdmissionDecision:
@@ -87,7 +74,9 @@ class AdmissionController:
         self.ema_other_ms = 0.0
         self.has_sample = False
         self.tail_quantile = admission_cfg.tail_quantile
-        self._ratios = deque(maxlen=admission_cfg.tail_window)     # actual / predicted of recent learned cycles
+        # actual / predicted of recent learned cycles, kept sorted too: the tail is taken as each cycle ends,
+        # before its action is published (core/sample_window.py)
+        self._ratios = SampleWindow(admission_cfg.tail_window)
         self._tail = 1.0
 
     def mean_ms(self, prefill_tokens: int, decode_tokens: int) -> float:
@@ -102,7 +91,7 @@ class AdmissionController:
         return self._tail
 
     def _update_tail(self) -> None:
-        tail = window_quantile(self._ratios, self.tail_quantile) if self.tail_quantile else None
+        tail = self._ratios.tail(self.tail_quantile) if self.tail_quantile else None
         self._tail = 1.0 if tail is None else max(1.0, tail)
 
     def decide(self, elapsed_ms: float, prefill_tokens: int, decode_tokens: int) -> AdmissionDecision:

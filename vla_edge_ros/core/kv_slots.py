@@ -270,8 +270,8 @@ class KVSlotManager:
         slots = self._pop(len(frames) * tpf)
         slots.flags.writeable = False
         out = list(slots.reshape(len(frames), tpf))         # [tpf] read-only views, one per frame
-        for (fid, pooled_row, start), frame_slots, unit, seq in zip(frames, out, units, ids):
-            self._frames.append(RetainedFrame.placed(seq, frame_slots, np.asarray(pooled_row, dtype=np.float32),
+        for (_, pooled_row, start), frame_id, frame_slots, unit in zip(frames, ids, out, units):
+            self._frames.append(RetainedFrame.placed(frame_id, frame_slots, np.asarray(pooled_row, dtype=np.float32),
                                                      int(start), self._added, unit))
             self._added += 1
         return out

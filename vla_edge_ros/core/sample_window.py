@@ -1,12 +1,14 @@
 """A window of recent samples whose median and quantiles cost microseconds, not a numpy call.
 
-The swap at a cycle boundary folds two measurements into running statistics
-(FrameState.note_recompute, FrameState._note_swap_fixed): a median and an
-admission.tail_quantile over the last admission.tail_window samples. With
-np.median / np.quantile over the window each fold took 0.1-0.4 ms (numpy's
-per-call overhead, not the 90 values), most of the swap's "rest" in the swap
-benchmark (bench/swap_host.py). Here the window is also kept sorted, so a
-sample costs a bisect and the statistics an index and an interpolation.
+Every cycle folds its actual / predicted ratio into admission's tail
+(AdmissionController.observe), and the swap at a cycle boundary folds two
+measurements into running statistics (FrameState.note_recompute,
+FrameState._note_swap_fixed): a median and an admission.tail_quantile over the
+last admission.tail_window samples. With np.median / np.quantile over the
+window each fold took 0.1-0.4 ms (numpy's per-call overhead, not the 90
+values), most of the swap's "rest" in the swap benchmark (bench/swap_host.py).
+Here the window is also kept sorted, so a sample costs a bisect and the
+statistics an index and an interpolation.
 
 The results equal numpy's to the bit: `sorted_quantile` repeats
 np.quantile's default ("linear", Hyndman & Fan 7) arithmetic step for step,
@@ -19,7 +21,7 @@ import math
 from bisect import bisect_left, insort
 from collections import deque
 
-from .admission import TAIL_MIN_SAMPLES
+TAIL_MIN_SAMPLES = 10     # fewer samples than this: no tail yet (admission: the mean alone, as the first seconds)
 
 
 def sorted_quantile(values, q: float) -> float:
@@ -69,7 +71,7 @@ class SampleWindow:
         return self._sorted[-1]
 
     def tail(self, q: float) -> float | None:
-        """admission.window_quantile of the window: its q-quantile, None before TAIL_MIN_SAMPLES samples."""
+        """The window's q-quantile (np.quantile's), None before TAIL_MIN_SAMPLES samples."""
         if len(self._sorted) < TAIL_MIN_SAMPLES:
             return None
         return sorted_quantile(self._sorted, q)
