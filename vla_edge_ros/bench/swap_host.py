@@ -27,8 +27,8 @@ pre-check an offer); both must end in the same slots and frames after every
 swap, or the run says so and fails. The bookkeeping of commit 7bcc3f0 (a
 free list of Python ints, a record built per frame, numpy medians at the
 boundary) is the tests' oracle (test/slot_bookkeeping_before.py); this
-benchmark against it, on the 2-vCPU development machine: bookkeeping p50
-2.28 -> 1.15 ms (notes/cuda_notes.md, 2026-12-03 second session).
+benchmark ran it side by side at 13e9c99, on the 2-vCPU development machine:
+bookkeeping p50 2.28 -> 1.15 ms (notes/cuda_notes.md, 2026-12-03 second session).
 """
 from __future__ import annotations
 
