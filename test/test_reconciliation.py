@@ -22,6 +22,8 @@ from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.in_process_asr import InProcessAsr
 from vla_edge_ros.core.reconciliation import Phase, StateReconciler
 from vla_edge_ros.core.state_snapshot import SnapshotError, StateChunk, StateSnapshot
+from vla_edge_ros.model.backend import HostKV
+from vla_edge_ros.model.errors import DeviceKVUnavailable
 
 COS_EXACT = 0.9999
 
@@ -198,6 +200,47 @@ def test_late_frames_are_recomputed_one_frame_per_forward(tiny_model_dir, model,
     with recording(rig.primary.state.backend, "forward", row_count) as rows:
         rig.primary.state.import_state(snap)
     assert rig.primary.state.last_swap.late == late and rows == [32, 32]
+
+
+class TornWhenFinished(HostKV):
+    """A snapshot's rows whose copy is found torn only when it is finished, as IpcKV's is when the reconciler
+    rewrote its buffer under a copy already queued (the words are read on the device's stream)."""
+
+    dtype = np.dtype(np.float32)                 # what the snapshot's checks ask of a device payload
+
+    def __init__(self, rows):
+        super().__init__(rows)
+        self.order = []
+
+    def start_write(self, backend, slots):
+        self.write_into(backend, slots)
+        self.order.append("copy queued")
+        return self
+
+    def finish(self):
+        self.order.append("copy finished")
+        raise DeviceKVUnavailable("reconciler buffer rewritten during the copy (test): torn KV")
+
+
+def test_a_copy_found_torn_after_the_late_recompute_was_queued_forgets_every_frame(tiny_model_dir, model, clip):
+    """The swap queues its late frames' recompute behind the KV copy and checks the copy afterwards: a torn one
+    then leaves an empty, exact state (the recomputed frames attended to the mixed KV too), never a mixed one."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo"})
+    while rig.rec.phase is not Phase.READY:
+        rig.cycle()
+    snap = rig.rec.take_offer()
+    late = [rig.primary_only_cycle().frame_id for _ in range(2)]
+    torn = TornWhenFinished(snap.kv)
+    snap.kv = torn
+    state = rig.primary.state
+    with recording(state.backend, "forward", lambda *a, **k: torn.order.append("recompute")):
+        with pytest.raises(SnapshotError, match="torn KV"):
+            state.import_state(snap)
+    assert torn.order == ["copy queued", "recompute", "recompute", "copy finished"], torn.order
+    assert len(late) == 2 and rig.held() == [] and not state.frames
+    assert state.next_position == state.prefix_tokens and state.state_exact
+    rig.cycle(reconcile=False)                                      # the node goes on from the empty state
+    assert rig.held() == [rig.i - 1]
 
 
 def test_late_frames_batched_per_forward_are_prepared_in_warm_up_and_stay_exact(tiny_model_dir, model, clip, hf):

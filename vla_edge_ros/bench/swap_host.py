@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import load as load_config
+from ..model.backend import HostKV
 from .common import machine_info, module_main, percentiles, print_table, write_json
 
 log = logging.getLogger(__name__)
@@ -52,27 +53,20 @@ PARTS = ("apply_ms", "check_ms", "place_ms", "kv_copy_ms", "recompute_ms", "rest
 PROFILE_FILTER = r"core/|bench/|\{|<"
 
 
-class FlaggedKV:
+class FlaggedKV(HostKV):
     """A snapshot's KV as a device payload presents it (model/backend.KvPayload): finiteness taken once at
-    export, no scan at the boundary; the copy is the host arena write (the GPU's kv_scatter stands here)."""
+    export, no scan at the boundary; the copy is HostKV's arena write (the GPU's kv_scatter stands here)."""
 
     on_device = True
     dtype = np.dtype(np.float32)
 
     def __init__(self, rows: np.ndarray, key: int):
-        self.rows = rows                            # [2, layers, rows, kv_dim] float32
-        self.shape = rows.shape
+        super().__init__(rows)                      # [2, layers, rows, kv_dim] float32
         self.finite = bool(np.isfinite(rows).all())
         self.key = key
 
     def all_finite(self) -> bool:
         return self.finite
-
-    def check_usable(self) -> None:
-        """Host rows stay the snapshot's: always usable."""
-
-    def write_into(self, backend, slots: np.ndarray) -> None:
-        backend.write_kv(np.asarray(slots), self.rows)
 
     def ipc_descriptor(self) -> dict:
         return {"bench_key": self.key}

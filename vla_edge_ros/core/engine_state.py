@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model.backend import kv_payload
+from ..model.backend import FINISHED, kv_payload
 from ..model.errors import DeviceKVUnavailable
 from ..config import VlaConfig
 from .frames import Frame
@@ -283,15 +283,21 @@ class FrameState:
         raises SwapDeferred (no_slack) rather than delay the next cycle.
 
         Three steps: check (nothing changes yet), place the snapshot's frames and
-        KV, recompute the late frames over them.
+        queue its KV copy, recompute the late frames over them (queued behind
+        the copy: on a GPU the copy runs while the host launches the recompute);
+        then wait for the copy alone and check it was not torn.
         """
         self._require_boundary("import_state")
         t_check = time.perf_counter()
         plan = self._check_snapshot(snap, max_recompute)
         check_ms = (time.perf_counter() - t_check) * 1e3
-        place_ms, place_off_cpu_ms, kv_copy_ms = self._place_snapshot(snap)
+        place_ms, place_off_cpu_ms, queue_ms, copy = self._place_snapshot(snap)
+        try:
+            # Queued behind the KV copy on the device's stream: the copy runs while the host launches this.
+            evicted, recompute_ms = self._recompute_over_snapshot(plan)
+        finally:
+            kv_copy_ms = queue_ms + self._finish_copy(snap, copy)
         self._note_swap_fixed(check_ms + place_ms + kv_copy_ms)
-        evicted, recompute_ms = self._recompute_over_snapshot(plan)
         if self.frames and (self.last_frame_id is None or max(self.frames) > self.last_frame_id):
             self.last_frame_id = max(self.frames)
         self.state_version = snap.version
@@ -349,44 +355,56 @@ class FrameState:
         snap.check_against(prefix_ids=self.prefix_ids, tokens_per_frame=self.cfg.vision.tokens_per_frame,
                            num_layers=spec.num_layers, kv_dim=spec.kv_dim, hidden_size=spec.hidden_size)
 
-    def _place_snapshot(self, snap: StateSnapshot) -> tuple[float, float, float]:
-        """The snapshot's frames into the slots and its KV into the arena (a checked snapshot fits: one pass,
-        no policy involved); returns the ms the slot bookkeeping took, the ms of it this thread did not run
-        (host-only work: what is not CPU time is waiting for a core or the interpreter lock), and the ms of
-        the KV copy. A device KV found rewritten under the copy leaves an empty, exact state and raises
-        SnapshotError."""
+    def _place_snapshot(self, snap: StateSnapshot) -> tuple:
+        """The snapshot's frames into the slots and the copy of its KV into the arena queued (a checked snapshot
+        fits: one pass, no policy involved); returns the ms the slot bookkeeping took, the ms of it this thread
+        did not run (host-only work: what is not CPU time is waiting for a core or the interpreter lock), the ms
+        queuing the copy took, and the queued copy (KvWrite: _finish_copy waits for it)."""
         t_place, cpu_place = time.perf_counter(), time.thread_time()
         self.kv.evict_all()
         # Frames the swap drops are forgotten on purpose: no later offer holds them, so their rows are not kept.
         held, self.frames = self.frames, {}
         slots = self.kv.place_frames([(f.frame_id, f.pooled, f.position_start) for f in snap.frames],
                                      reserve=self.suffix_reserve, units=snap.units)
-        for i, f in enumerate(snap.frames):
+        t_queue = time.perf_counter()
+        copy = FINISHED
+        if slots:
+            try:                                        # on a GPU device to device (one kv_scatter), queued
+                copy = kv_payload(snap.kv).start_write(self.backend, np.concatenate(slots))
+            except DeviceKVUnavailable as exc:
+                self._forget_torn(snap, exc)
+        queue_ms = (time.perf_counter() - t_queue) * 1e3
+        for i, f in enumerate(snap.frames):             # host work while the device copies
             if snap.rows is not None:
                 rows = snap.rows[i]
             else:
                 rows = held[f.frame_id].tokens if f.frame_id in held else self._released_tokens(f.frame_id)
             self.frames[f.frame_id] = FrameRecord(f.frame_id, f.stamp_s, rows)
-        place_ms = (time.perf_counter() - t_place) * 1e3
-        place_off_cpu_ms = max(0.0, place_ms - (time.thread_time() - cpu_place) * 1e3)
-        kv_copy_ms = 0.0
-        if slots:
-            t_copy = time.perf_counter()
-            try:                                        # on a GPU device to device (one kv_scatter)
-                kv_payload(snap.kv).write_into(self.backend, np.concatenate(slots))
-            except DeviceKVUnavailable as exc:
-                # The reconciler rewrote the buffer under the copy: this KV is mixed. Forget the frames
-                # (an exact, empty state) rather than attend to it; the next offer brings them back.
-                log.error("swap v%d: %s; all frames forgotten, the state stays exact", snap.version, exc)
-                self.kv.evict_all()
-                self.frames.clear()
-                self.next_position = self.prefix_tokens
-                self.approximate_evictions = 0
-                raise SnapshotError(f"snapshot v{snap.version}: {exc}") from exc
-            kv_copy_ms = (time.perf_counter() - t_copy) * 1e3
+        place_ms = (time.perf_counter() - t_place) * 1e3 - queue_ms
+        place_off_cpu_ms = max(0.0, place_ms + queue_ms - (time.thread_time() - cpu_place) * 1e3)
         self.next_position = snap.next_position
         self.approximate_evictions = 0
-        return place_ms, place_off_cpu_ms, kv_copy_ms
+        return place_ms, place_off_cpu_ms, queue_ms, copy
+
+    def _finish_copy(self, snap: StateSnapshot, copy) -> float:
+        """Wait for the snapshot's queued KV copy (not for the recompute queued after it); returns the ms waited.
+        A device KV found rewritten under the copy leaves an empty, exact state and raises SnapshotError."""
+        t_wait = time.perf_counter()
+        try:
+            copy.finish()
+        except DeviceKVUnavailable as exc:
+            self._forget_torn(snap, exc)
+        return (time.perf_counter() - t_wait) * 1e3
+
+    def _forget_torn(self, snap: StateSnapshot, exc: DeviceKVUnavailable) -> None:
+        """The reconciler rewrote the buffer under the copy: this KV is mixed. Forget every frame, the late ones
+        recomputed over it too (an exact, empty state), rather than attend to it; the next offer brings them back."""
+        log.error("swap v%d: %s; all frames forgotten, the state stays exact", snap.version, exc)
+        self.kv.evict_all()
+        self.frames.clear()
+        self.next_position = self.prefix_tokens
+        self.approximate_evictions = 0
+        raise SnapshotError(f"snapshot v{snap.version}: {exc}") from exc
 
     def _release(self, record: FrameRecord | None) -> None:
         """A frame the policy evicted: its vision rows are kept for a swap whose offer comes without them."""

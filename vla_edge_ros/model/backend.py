@@ -118,6 +118,27 @@ class KvPayload(Protocol):
     def write_into(self, backend, slots: np.ndarray) -> None:
         """The rows into `slots` of `backend`'s arena (device to device where both are on a GPU)."""
 
+    def start_write(self, backend, slots: np.ndarray) -> "KvWrite":
+        """write_into in two halves: queue the copy now, `finish()` the returned KvWrite later (the swap queues
+        its late frames' recompute in between, so the copy runs on the device while the host does that)."""
+
+
+class KvWrite(Protocol):
+    """A queued KV copy (KvPayload.start_write)."""
+
+    def finish(self) -> None:
+        """Wait for the copy; model.errors.DeviceKVUnavailable when what it copied was not the snapshot's."""
+
+
+class FinishedWrite:
+    """KvWrite of a copy that was complete when start_write returned (host rows, a same-process device copy)."""
+
+    def finish(self) -> None:
+        """Nothing left to wait for."""
+
+
+FINISHED = FinishedWrite()
+
 
 class HostKV:
     """KvPayload of rows in host memory."""
@@ -136,6 +157,10 @@ class HostKV:
 
     def write_into(self, backend, slots: np.ndarray) -> None:
         backend.write_kv(np.asarray(slots), self.rows)
+
+    def start_write(self, backend, slots: np.ndarray) -> FinishedWrite:
+        self.write_into(backend, slots)
+        return FINISHED
 
 
 def kv_payload(kv) -> KvPayload | None:

@@ -19,11 +19,13 @@ the first few offers nothing is opened again) in the backend's context, on the s
 At the cycle boundary `IpcKV.write_into` queues, on the backend's stream, a
 read of the buffer's generation word (it must read 2g: written completely,
 not reused), one kv_scatter from the mapped rows into the arena slots and a
-second read of the word, then synchronizes once: a wrong word before or a
-change after means the copy may be mixed (reused, or rewritten during the
-copy), and it is reported as torn (DeviceKVUnavailable) so the engine can
-forget the frames rather than attend to mixed KV. (Three synchronous steps,
-read-copy-sync-read, each a wait for the GPU that the other process shares.)
+second read of the word, then records an event (`IpcKV.start_write`). The
+swap queues its late frames' recompute behind the copy and only then waits
+for that event (`IpcWrite.finish`), so the copy runs on the device while the
+host prepares and launches the recompute. A wrong word before or a change
+after means the copy may be mixed (reused, or rewritten during the copy),
+and it is reported as torn (DeviceKVUnavailable) so the engine can forget
+the frames, the recomputed ones with them, rather than attend to mixed KV.
 
 A mapping stays valid while the reconciler process keeps the allocation; an
 offer is only taken from a reconciler that just answered, and the copy runs
@@ -53,6 +55,7 @@ class IpcKvMapper:
         self._lock = threading.Lock()
         self.opened = 0
         self._words = None               # two page-locked int32: the generation word before and after a copy
+        self._event = None               # recorded after a copy's second word read (IpcKV.start_write)
 
     def address(self, handle_hex: str) -> int:
         """Device address of the mapped allocation in this context (opened on first use)."""
@@ -70,6 +73,14 @@ class IpcKvMapper:
                 self.opened += 1
                 log.info("opened a reconciler KV buffer through CUDA IPC (%d mapped)", len(self._open))
             return int(mapped)
+
+    def copy_event(self):
+        """The event a copy records after its second word read (made once, in this context; one swap at a time)."""
+        with self._lock:
+            if self._event is None:
+                with self.device.bound():
+                    self._event = self.device.drv.Event(self.device.drv.event_flags.DISABLE_TIMING)
+            return self._event
 
     def header_words(self) -> tuple:
         """Two page-locked host words the copy's generation reads land in (made once, in this context)."""
@@ -140,6 +151,11 @@ class IpcKV:
 
     def write_into(self, backend, slots: np.ndarray) -> None:
         """One kv_scatter from the mapped rows into `slots` of the CudaBackend `backend`, checked before and after."""
+        self.start_write(backend, slots).finish()
+
+    def start_write(self, backend, slots: np.ndarray) -> "IpcWrite":
+        """Queue on the backend's stream: the generation word's read, one kv_scatter, the word's second read,
+        and an event after them; IpcWrite.finish() waits for that event only (not for work queued after it)."""
         slots = np.asarray(slots)
         if slots.size != self.shape[2]:
             raise ValueError(f"IpcKV.write_into: {slots.size} slots for {self.shape[2]} KV rows")
@@ -155,22 +171,17 @@ class IpcKV:
         base = self.mapper.address(self.descriptor["handle"])
         word_at = base + int(self.descriptor["header_offset"])
         before, after = self.mapper.header_words()
+        done = self.mapper.copy_event()
         try:
             with dev.bound():
                 drv.memcpy_dtoh_async(before, word_at, backend.stream)
             backend.scatter_kv_rows(base, slots)
             with dev.bound():
                 drv.memcpy_dtoh_async(after, word_at, backend.stream)
-            backend.synchronize()
+                done.record(backend.stream)
         except drv.Error as exc:          # e.g. the reconciler's process went away under the mapping
             raise DeviceKVUnavailable(f"copying the reconciler's KV failed: {exc}") from exc
-        self.last_copy_ms = (time.perf_counter() - t) * 1e3
-        if int(before[0]) != 2 * self.generation:
-            raise DeviceKVUnavailable(f"reconciler buffer {self.descriptor.get('buffer')} moved on before the copy "
-                                      f"(generation word {int(before[0])}, offer {self.generation}): torn KV")
-        if int(after[0]) != 2 * self.generation:
-            raise DeviceKVUnavailable(f"reconciler buffer rewritten during the copy (generation word {int(after[0])}): "
-                                      f"torn KV")
+        return IpcWrite(self, done, t)
 
     def _header(self) -> int:
         base = self.mapper.address(self.descriptor["handle"])
@@ -182,3 +193,29 @@ class IpcKV:
         except dev.drv.Error as exc:
             raise DeviceKVUnavailable(f"reading the reconciler's buffer failed: {exc}") from exc
         return int(word[0])
+
+
+class IpcWrite:
+    """IpcKV.start_write's queued copy: finish() waits for its event and checks the two generation words."""
+
+    def __init__(self, kv: IpcKV, done, t_start: float):
+        self.kv = kv
+        self.done = done                 # pycuda Event recorded after the copy and the word's second read
+        self.t_start = t_start
+
+    def finish(self) -> None:
+        kv = self.kv
+        dev = kv.mapper.device
+        try:
+            with dev.bound():
+                self.done.synchronize()
+        except dev.drv.Error as exc:
+            raise DeviceKVUnavailable(f"copying the reconciler's KV failed: {exc}") from exc
+        kv.last_copy_ms = (time.perf_counter() - self.t_start) * 1e3
+        before, after = kv.mapper.header_words()
+        if int(before[0]) != 2 * kv.generation:
+            raise DeviceKVUnavailable(f"reconciler buffer {kv.descriptor.get('buffer')} moved on before the copy "
+                                      f"(generation word {int(before[0])}, offer {kv.generation}): torn KV")
+        if int(after[0]) != 2 * kv.generation:
+            raise DeviceKVUnavailable(f"reconciler buffer rewritten during the copy (generation word {int(after[0])}): "
+                                      f"torn KV")

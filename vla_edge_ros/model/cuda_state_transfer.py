@@ -45,6 +45,7 @@ import time
 import numpy as np
 
 from ..config import ASRConfig
+from .backend import FINISHED, FinishedWrite
 from .cuda_backend import CudaBackend
 from .cuda_device import CudaDevice
 from .errors import DeviceKVUnavailable
@@ -195,6 +196,11 @@ class DeviceKV:
         backend.scatter_kv_rows(src, slots)
         backend.synchronize()
         self.last_copy_ms = (time.perf_counter() - t) * 1e3
+
+    def start_write(self, backend, slots: np.ndarray) -> FinishedWrite:
+        """write_into, complete on return (a same-process copy has no torn-buffer check left to defer)."""
+        self.write_into(backend, slots)
+        return FINISHED
 
     def to_host(self) -> np.ndarray:
         """[2, layers, rows, kv_dim] float32 on the host (a bf16 arena's values widened exactly)."""
