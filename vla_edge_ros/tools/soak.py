@@ -36,6 +36,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--width", type=int, default=demo.DEFAULT_WIDTH, help="camera image width; 0 = clip size")
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                         help="override one configuration key for all nodes (repeatable)")
+    parser.add_argument("--reconciler", choices=demo.RECONCILER_MODES, default="active",
+                        help="active (default); inactive: configured, not activated (the baseline a reconciler's "
+                             "cost on the cycle is measured against); off: not started")
 
 
 def run(args) -> int:
@@ -57,7 +60,7 @@ def run(args) -> int:
     sampler = MemorySampler()
     ran = run_reported("soak", lambda: run_demo(cfg, model_dir, args.minutes * 60.0, args.width, args.params,
                                                 {**overrides, "model.path": str(model_dir)},
-                                                tick=sampler.maybe_sample))
+                                                reconciler=args.reconciler, tick=sampler.maybe_sample))
     if isinstance(ran, int):
         return ran
     report, cycles = ran
