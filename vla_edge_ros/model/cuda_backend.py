@@ -372,8 +372,9 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         cycle captures them anew) and every kernel the plan needs is loaded here, outside any capture. A choice
         this device or model cannot run falls back, logged: fp32 weights take neither the tensor-core attention
         nor the persistent decode, a head_dim other than 128 has attention_mma.cu's 1-block entry only, a device
-        without sm_90 launches ordinarily and one without sm_90a takes the "mma" bulk GEMM. Returns the plan in
-        effect (also `kernel_plan`)."""
+        without sm_90 launches ordinarily and one without sm_90a takes the "mma" bulk GEMM; INT4 projections take
+        neither the staged projections nor the persistent decode (bf16 kernels; cuda_kernel_plan.py). Returns the
+        plan in effect (also `kernel_plan`)."""
         _check_plan_type(plan)
         self._drop_graphs()
         staged = plan.staged_prefill_projections and self.dtype == "bfloat16" and not self.int4
