@@ -86,7 +86,9 @@ def check_weight_format(model_dir: str | Path, weights: str) -> None:
 def create_backend_from_weights(kind: str, spec: ModelSpec, weights: ModelWeights, capacity: int,
                                 dtype="float32", device=None, kv_dtype: str = "float32",
                                 kernel_options: dict | None = None) -> Backend:
-    """As create_backend, for weights already in memory. dtype is passed on as 'float32' or 'bfloat16'."""
+    """As create_backend, for weights already in memory (pycuda also takes a snapshot directory or a
+    weight_stream source: an INT4 snapshot's directory uploads its INT4 projections). dtype is passed on as
+    'float32' or 'bfloat16'."""
     choice = choose_backend(kind)
     if choice.kind == "pycuda":
         return _cuda_backend(spec, weights, capacity, dtype, device, choice, kernel_options, kv_dtype=kv_dtype)
