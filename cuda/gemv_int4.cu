@@ -1,74 +1,187 @@
-// gemv_int4.cu: the one-row projection of a decode step from INT4 weights (model/int4.py's format),
-// dequantized in registers: acc[r] = sum_k (q[r, k] * s[r, k / G]) * x[k], then the STORE / ADD
-// epilogue of common.cuh (out[r] = acc + bias[r], or out[r] += acc).
+// gemv_int4.cu: the one-row projections of a decode step from INT4 weights (model/int4.py's format),
+// dequantized in registers, with every mode of gemv.cu: the same items, activation staging, RMSNorm
+// prologue and epilogues (gemv_rows.cuh), only the weight stream differs.
+//
+// Computes   acc[r] = sum_k (q[r, k] * s[r, k / G]) * v[k]      r in [0, rows)
+//            v = x (norm_w == NULL), or v = x * norm_w and acc scaled by rsqrt(mean_k x[k]^2 + eps);
+//            epilogue by mode as gemv.cu (STORE + bias, ADD, SWIGLU on gate/up interleaved rows, QKV_ROPE on
+//            the rows of kernel_reference.qkv_rope_row_order with qkv_rope.cuh's epilogue). The row
+//            permutations commute with per-row quantization: the host permutes packed rows and scale rows
+//            together (weight_layouts.py; padding rows are q = 0 with scale 0).
 //
 // Why: a decode step streams every weight once, so its time is the weight bytes over the copy
-// bandwidth. INT4 groups of 128 with an fp16 scale are 4.125 bits per weight against bf16's 16:
-// ~3.9x fewer bytes (issue 23: the 7B shape streams ~3.4 GB per token instead of ~13 GB).
+// bandwidth. INT4 groups of 128 with an fp16 scale are 4.125 bits per weight against bf16's 16.
 //
 // Layouts:   Wq [rows, K / 2] uint8: byte j of a row holds column 2j in its low nibble and 2j + 1 in
-//            its high one, each as q + 8 (0..15). Read as little-endian 32-bit words, word w of a row
-//            holds columns 8w .. 8w + 7 in nibbles 0..7 (nibble i = column 8w + i).
-//            scales [rows, K / G] fp16 bits; x [K] float32 (16-byte aligned); out, bias [rows] float32.
-// Launch:    grid ceil(rows / 8), block GEMV4_THREADS (8 warps), dynamic shared memory 4 K bytes.
-//            Warp w of block b owns row 8b + w. The block stages x in shared memory; lane l streams
-//            the 16-byte chunks l, l + 32, ... of its row (32 columns each, coalesced across the warp),
-//            each chunk inside one scale group, so its 32 products are summed first and scaled once.
-// Preconditions: K % 32 == 0; G % 32 == 0 and K % G == 0; Wq rows 16-byte aligned (K / 2 % 16 == 0).
-// Status:    compiled for sm_90 by scripts/compile_kernels.py; not yet run on a GPU (its test,
-//            test/test_cuda_gemv_int4.py, waits for device time), and no backend path launches it yet.
-// Numerics:  each product q * x in fp32 (q is exact), the 8 of a word added in column order, the four
-//            words of a chunk added, scaled by s (fp16 widened exactly), chunks accumulated per lane in
-//            order, then a warp sum: another order than numpy's, so within fp32 rounding of
-//            kernel_reference / int4.dequantize(...) @ x, not bit for bit.
+//            its high one, each as q + 8 (0..15). Read as little-endian 32-bit words, word m of a row
+//            holds columns 8m .. 8m + 7 in nibbles 0..7 (nibble e = column 8m + e).
+//            scales [rows, K / G] fp16 bits; x [K] float32 (16-byte aligned; the caller offsets the row);
+//            norm_w [K]; out [out_cols or rows] float32; rope tables as qkv_rope.cuh.
+// Launch:    as gemv.cu: grid ceil(rows / 8) (gemv_int4) or a smaller grid looping over the items
+//            (gemv_int4_items), block GEMV_THREADS (8 warps), dynamic shared memory 4 K bytes. Warp w of
+//            an item streams row gemv_row(mode, item, w). Lane l streams the 16-byte chunks (32 columns)
+//            l, l + 32, ... of its row, GEMV4_LANE_LOADS per batch with their scales, the next batch's loads
+//            issued before this batch's arithmetic. The activations are staged swizzled
+//            (gemv_rows.cuh staged_index) so the lanes' 128-byte-apart reads do not collide in banks.
+// PDL:       the first batch of weight loads is issued before griddep_wait (the weights depend on nothing).
+// Preconditions: K % 32 == 0; G % 32 == 0 and K % G == 0 (a chunk lies in one scale group, so its 32
+//            products are summed first and scaled once); rows % 16 == 0 for the pair modes.
+// Numerics:  q * v in fp32 (q exact), a chunk's products summed in two fp32 partials (even and odd
+//            columns), scaled by s (fp16 widened exactly) into the lane's sum, then a warp sum: another
+//            order than numpy's, so within fp32 rounding of (int4.dequantize(...) @ v), not bit for bit.
+// Status:    compiled for sm_90 by scripts/compile_kernels.py; the STORE / ADD-only kernel this replaces ran
+//            on the H200 (notes/cuda_notes.md); this version with every mode is not yet run on a GPU.
 #include <cuda_fp16.h>
-#include "common.cuh"
+#include "gemv_rows.cuh"
 
-#define GEMV4_THREADS 256
-#define GEMV4_WARPS (GEMV4_THREADS / 32)
+// 16-byte chunks per lane per batch: 4 puts a 1536-wide row's (48 chunks) loads in flight at once.
+#define GEMV4_LANE_LOADS 4
+// (MAGIC | n) read as a float is 2^23 + n for n < 2^23: a nibble becomes a float with one LOP3, and
+// subtracting 2^23 + 8 (or 2^23 + 128 for a nibble left in bits 4-7, which reads as 16 n) leaves q exactly.
+#define INT4_MAGIC_BITS 0x4B000000u
+#define INT4_MAGIC_LOW 8388616.0f      // 2^23 + 8
+#define INT4_MAGIC_HIGH 8388736.0f     // 2^23 + 128
 
-// The 8 columns of one 32-bit word of nibbles against 8 staged activations.
-__device__ __forceinline__ float dot8_int4(uint32_t w, const float* v) {
-    const float4 a = *reinterpret_cast<const float4*>(v);
-    const float4 b = *reinterpret_cast<const float4*>(v + 4);
-    float s = (float)((int)(w & 0xFu) - 8) * a.x;
-    s = fmaf((float)((int)((w >> 4) & 0xFu) - 8), a.y, s);
-    s = fmaf((float)((int)((w >> 8) & 0xFu) - 8), a.z, s);
-    s = fmaf((float)((int)((w >> 12) & 0xFu) - 8), a.w, s);
-    s = fmaf((float)((int)((w >> 16) & 0xFu) - 8), b.x, s);
-    s = fmaf((float)((int)((w >> 20) & 0xFu) - 8), b.y, s);
-    s = fmaf((float)((int)((w >> 24) & 0xFu) - 8), b.z, s);
-    s = fmaf((float)((int)(w >> 28) - 8), b.w, s);
-    return s;
+// One 32-bit word (8 columns) against its 8 staged activations a (columns 0-3), b (4-7): even columns into
+// lo, odd columns (read as 16 q) into hi16.
+__device__ __forceinline__ void word_int4(uint32_t w, const float4& a, const float4& b, float& lo, float& hi16) {
+    const uint32_t w8 = w >> 8, w16 = w >> 16, w24 = w >> 24;
+    lo = fmaf(__uint_as_float((w & 0xFu) | INT4_MAGIC_BITS) - INT4_MAGIC_LOW, a.x, lo);
+    hi16 = fmaf(__uint_as_float((w & 0xF0u) | INT4_MAGIC_BITS) - INT4_MAGIC_HIGH, a.y, hi16);
+    lo = fmaf(__uint_as_float((w8 & 0xFu) | INT4_MAGIC_BITS) - INT4_MAGIC_LOW, a.z, lo);
+    hi16 = fmaf(__uint_as_float((w8 & 0xF0u) | INT4_MAGIC_BITS) - INT4_MAGIC_HIGH, a.w, hi16);
+    lo = fmaf(__uint_as_float((w16 & 0xFu) | INT4_MAGIC_BITS) - INT4_MAGIC_LOW, b.x, lo);
+    hi16 = fmaf(__uint_as_float((w16 & 0xF0u) | INT4_MAGIC_BITS) - INT4_MAGIC_HIGH, b.y, hi16);
+    lo = fmaf(__uint_as_float((w24 & 0xFu) | INT4_MAGIC_BITS) - INT4_MAGIC_LOW, b.z, lo);
+    hi16 = fmaf(__uint_as_float((w24 & 0xF0u) | INT4_MAGIC_BITS) - INT4_MAGIC_HIGH, b.w, hi16);
 }
 
-extern "C" __global__ void __launch_bounds__(GEMV4_THREADS) gemv_int4(
-        const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, const float* __restrict__ x,
-        const float* bias, float* out, int rows, int K, int group, int mode) {
-    extern __shared__ float4 v_s4[];                            // [K / 4] staged activations
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-    for (int i = threadIdx.x; i < (K >> 2); i += GEMV4_THREADS) v_s4[i] = x4[i];   // i range [0, K/4)
-    __syncthreads();
+// sum_e q[e] * v[32 c + e] over the 32 columns of chunk c (w: its 16 bytes), the activations read from their
+// swizzled places: float4 j of chunk c sits at 8c + (j ^ (c & 7)).
+__device__ __forceinline__ float dot32_int4(const uint4& w, const float4* v_s4, int c) {
+    const float4* vc = v_s4 + 8 * c;
+    const int x = c & 7;
+    float lo = 0.f, hi16 = 0.f;
+    word_int4(w.x, vc[0 ^ x], vc[1 ^ x], lo, hi16);
+    word_int4(w.y, vc[2 ^ x], vc[3 ^ x], lo, hi16);
+    word_int4(w.z, vc[4 ^ x], vc[5 ^ x], lo, hi16);
+    word_int4(w.w, vc[6 ^ x], vc[7 ^ x], lo, hi16);
+    return fmaf(hi16, 0.0625f, lo);                             // hi16 / 16 is exact
+}
+
+// One INT4 weight row of a projection: its packed bytes and its scales.
+struct Int4Row {
+    const uint8_t* q;
+    const uint16_t* s;
+    bool ok;                                                    // false past the matrix: loads give zeros
+};
+
+__device__ __forceinline__ Int4Row int4_row(const uint8_t* Wq, const uint16_t* scales, int row, int rows, int K,
+                                            int group) {
+    const bool ok = row < rows;
+    const size_t r = ok ? (size_t)row : 0;
+    return Int4Row{Wq + r * (K >> 1), scales + r * (K / group), ok};
+}
+
+// Batch c0 of a row: chunks c0 + lane + 32 u and the fp16 bits of their scales (zeros past the row).
+template <int U>
+__device__ __forceinline__ void int4_batch_loads(const Int4Row& row, int c0, int chunks, int group, uint4 (&w)[U],
+                                                 uint16_t (&s)[U]) {
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * GEMV4_WARPS + (threadIdx.x >> 5);   // range [0, rows)
-    if (row >= rows) return;
-    const float* v = reinterpret_cast<const float*>(v_s4);
-    const uint4* w_row = reinterpret_cast<const uint4*>(Wq + (size_t)row * (K >> 1));
-    const uint16_t* s_row = scales + (size_t)row * (K / group);
-    const int chunks = K >> 5;                                  // 32 columns (16 bytes) per chunk
-    float acc = 0.f;
-#pragma unroll 4
-    for (int c = lane; c < chunks; c += 32) {                   // c range [0, K/32)
-        const uint4 w = __ldg(w_row + c);
-        const float* vc = v + 32 * c;
-        const float part = dot8_int4(w.x, vc) + dot8_int4(w.y, vc + 8) + dot8_int4(w.z, vc + 16)
-                         + dot8_int4(w.w, vc + 24);
-        const float s = __half2float(__ushort_as_half(s_row[(32 * c) / group]));
-        acc = fmaf(s, part, acc);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int c = c0 + lane + 32 * u;                       // range [0, K / 32)
+        const bool in = row.ok && c < chunks;
+        w[u] = in ? load_weights16(reinterpret_cast<const uint16_t*>(row.q + 16 * c)) : make_uint4(0u, 0u, 0u, 0u);
+        s[u] = in ? __ldg(row.s + (32 * c) / group) : (uint16_t)0;
     }
-    acc = warp_sum(acc);
-    if (lane == 0) {
-        if (mode == PMODE_ADD) out[row] += acc;
-        else out[row] = acc + (bias != nullptr ? bias[row] : 0.f);
+}
+
+// One warp's INT4 row against the staged activations: the lane's partial sum (before the warp reduction).
+// w, s hold batch 0 on entry (int4_batch_loads); each batch's arithmetic runs while the next one's loads fly.
+template <int U>
+__device__ __forceinline__ float gemv_int4_row(uint4 (&w)[U], uint16_t (&s)[U], const Int4Row& row, int K, int group,
+                                               const float4* v_s4) {
+    const int lane = threadIdx.x & 31, chunks = K >> 5;
+    float acc = 0.f;
+    for (int c0 = 0; c0 < chunks; c0 += 32 * U) {
+        uint4 w_next[U];
+        uint16_t s_next[U];
+        int4_batch_loads(row, c0 + 32 * U, chunks, group, w_next, s_next);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = c0 + lane + 32 * u;
+            if (c < chunks) acc = fmaf(__half2float(__ushort_as_half(s[u])), dot32_int4(w[u], v_s4, c), acc);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            w[u] = w_next[u];
+            s[u] = s_next[u];
+        }
+    }
+    return acc;
+}
+
+// Item `item` of a projection once the activations are staged: every warp's row sum scaled into row_sum, then
+// gemv_rows.cuh's epilogue. w, s hold this warp's first batch on entry.
+template <int U>
+__device__ __forceinline__ void gemv_int4_item(uint4 (&w)[U], uint16_t (&s)[U], const Int4Row& row, int K, int group,
+                                               const float4* v_s4, float scale, int mode, int item, float* row_sum,
+                                               const float* bias, float* out, int out_cols, int rows,
+                                               const RopeTarget& rt) {
+    const float acc = warp_sum(gemv_int4_row(w, s, row, K, group, v_s4)) * scale;
+    if ((threadIdx.x & 31) == 0) row_sum[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    gemv_epilogue(mode, item, row_sum, bias, out, out_cols, rows, rt);
+}
+
+// The parameters both entries share (the host passes the same arguments to either).
+#define GEMV_INT4_ENTRY(NAME)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME(                                          \
+            const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group,                    \
+            const float* __restrict__ x, const float* __restrict__ norm_w, float eps, const float* bias,       \
+            float* out, int out_cols, int rows, int K, int mode,                                                \
+            const int* pos_table, const int* slot_table, const int* ctl, const float* inv_freq,                \
+            kv_t* k_cache, kv_t* v_cache, int n_q_heads, int n_kv_heads, int head_dim, int capacity)
+
+GEMV_INT4_ENTRY(gemv_int4) {
+    extern __shared__ float4 v_s4[];                            // [K / 4] staged activations, swizzled
+    __shared__ float row_sum[GEMV_WARPS];
+    __shared__ float scratch[32];
+    const Int4Row row = int4_row(Wq, scales, gemv_row(mode, blockIdx.x, threadIdx.x >> 5), rows, K, group);
+    uint4 w[GEMV4_LANE_LOADS];
+    uint16_t s[GEMV4_LANE_LOADS];
+    int4_batch_loads(row, 0, K >> 5, group, w, s);
+    griddep_wait();                                             // x (and the tables) come from earlier kernels
+    griddep_launch_dependents();
+    const float scale = gemv_stage_activations<true>(x, norm_w, eps, K, v_s4, scratch);
+    const RopeTarget rt{pos_table, slot_table, ctl, inv_freq, k_cache, v_cache, n_q_heads, n_kv_heads, head_dim,
+                        capacity};
+    gemv_int4_item(w, s, row, K, group, v_s4, scale, mode, blockIdx.x, row_sum, bias, out, out_cols, rows, rt);
+}
+
+// gemv_int4's items looped over a grid of a few blocks per SM (KernelPlan.decode_gemv_blocks_per_sm): the
+// activations staged (and RMS-normalised) once per block. Each item's first batch is loaded as the item
+// starts (gemv_item's hand-over of the next row's loads is a bf16 refinement not repeated here).
+GEMV_INT4_ENTRY(gemv_int4_items) {
+    extern __shared__ float4 v_s4[];                            // [K / 4] staged activations, swizzled
+    __shared__ float row_sum[GEMV_WARPS];
+    __shared__ float scratch[32];
+    const int n_items = gemv_items(rows), warp = threadIdx.x >> 5;
+    uint4 w[GEMV4_LANE_LOADS];
+    uint16_t s[GEMV4_LANE_LOADS];
+    const int first = blockIdx.x < n_items ? gemv_row(mode, blockIdx.x, warp) : rows;
+    int4_batch_loads(int4_row(Wq, scales, first, rows, K, group), 0, K >> 5, group, w, s);
+    griddep_wait();                                             // x (and the tables) come from earlier kernels
+    griddep_launch_dependents();
+    if ((int)blockIdx.x >= n_items) return;                     // block-uniform
+    const float scale = gemv_stage_activations<true>(x, norm_w, eps, K, v_s4, scratch);
+    const RopeTarget rt{pos_table, slot_table, ctl, inv_freq, k_cache, v_cache, n_q_heads, n_kv_heads, head_dim,
+                        capacity};
+    for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
+        const Int4Row row = int4_row(Wq, scales, gemv_row(mode, item, warp), rows, K, group);
+        if (item != (int)blockIdx.x) int4_batch_loads(row, 0, K >> 5, group, w, s);
+        gemv_int4_item(w, s, row, K, group, v_s4, scale, mode, item, row_sum, bias, out, out_cols, rows, rt);
+        __syncthreads();                                        // row_sum is reused by the next item
     }
 }

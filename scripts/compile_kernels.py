@@ -17,13 +17,16 @@ from pathlib import Path
 
 # This checkout's package and kernels, even where the venv's editable install points at another checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vla_edge_ros.model.cuda_kernels import FAMILIES, KV_ARENA_TYPES, family_options, family_source  # noqa: E402
+from vla_edge_ros.model.cuda_kernels import (FAMILIES, KV_ARENA_TYPES, family_arch, family_options,  # noqa: E402
+                                             family_source)
 
 
 def compile_family(family: str, arch: str, out: Path, kv_dtype: str) -> subprocess.CompletedProcess:
+    """nvcc on one family's pasted source for `arch`, or its "a" target where the family needs one (wgmma)."""
     source = out / f"{family}.cu"
     source.write_text(family_source(family))
-    return subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-O3", *family_options(family, kv_dtype),
+    target = family_arch(family, arch) or arch        # a family this arch cannot run: let nvcc say why
+    return subprocess.run(["nvcc", f"-arch={target}", "-cubin", "-O3", *family_options(family, kv_dtype),
                            "-o", str(out / f"{family}.cubin"), str(source)], capture_output=True, text=True)
 
 

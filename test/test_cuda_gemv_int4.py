@@ -1,53 +1,171 @@
-"""gemv_int4.cu: a decode step's one-row projection from INT4 weights, dequantized in registers.
+"""gemv_int4.cu (the one-row decode projections from INT4 weights) against kernel_reference on w_hat.
 
-GPU only (marker `gpu`). Weights are quantized by model/int4.py (the format a snapshot stores), uploaded
-as they are, and the kernel's product must match the numpy reference w_hat = int4.dequantize(...) (float64
-product) to fp32 rounding, for the 1.5B shape's projections (K 1536 and 8960, groups of 128) and a group
-of 32; the ADD mode adds into what is there; shapes the kernel cannot take are refused by name.
+GPU only (marker `gpu`). Weights are quantized by model/int4.py (the format a snapshot stores) and uploaded as
+they are; the reference is kernel_reference's gemv oracle (folded_projection_ref, rope_store_ref) on
+w_hat = int4.dequantize(...) in float64. Every mode with and without the RMSNorm prologue, the 1.5B shape's
+projections (K 1536 and 8960, groups of 128), groups of 32 and 64 (tiny models), ragged row counts, the
+row-permuted layouts (gate/up interleaved, QKV_ROPE's order: packed rows and scale rows permuted together),
+the looped-items entry bit for bit against one block per item, and the refusals by name.
+
+Tolerance: fp32 FMAs over K <= 8960 exact q * fp32 x products, summed in another order than float64 and
+scaled per 32-column chunk: ~1e-6 of the output's scale, as gemv.cu's bf16 products; 1e-5 of it (plus 1e-5
+relative) leaves room and still fails any wrong row, column, nibble or scale.
 """
 import numpy as np
 import pytest
 
-from kernel_compare import assert_close
-
+from kernel_compare import assert_close, peak
 from vla_edge_ros.model import int4
+from vla_edge_ros.model import kernel_reference as ref
+from vla_edge_ros.model import weight_layouts as layouts
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("rows, K, group", [(1536, 1536, 128), (1536, 8960, 128), (256, 8960, 128), (72, 96, 32)])
-def test_int4_gemv_matches_the_dequantized_reference(kn, gpu, rows, K, group):
+def _close(got, expected, what):
+    assert_close(got, expected, rtol=1e-5, atol=1e-5 * max(peak(expected), 1e-3), what=what, norm_rtol=1e-5)
+
+
+def _nan(ga, shape):
+    return ga.to_gpu(np.full(shape, np.nan, np.float32))
+
+
+def _quantized(rng, rows, k, group):
+    """(packed, scales, w_hat float32) of a random [rows, k] matrix in groups of `group`."""
+    packed, scales = int4.quantize((rng.standard_normal((rows, k)) / np.sqrt(k)).astype(np.float32), group)
+    return packed, scales, int4.dequantize(packed, scales)
+
+
+def _device(ga, packed, scales, group):
+    from vla_edge_ros.model.cuda_int4_launchers import Int4Matrix
+    return Int4Matrix(ga.to_gpu(np.ascontiguousarray(packed)), ga.to_gpu(np.ascontiguousarray(scales).view(np.uint16)),
+                      group)
+
+
+SHAPES = [(1536, 1536, 128), (256, 8960, 128), (1536, 8960, 128), (72, 96, 32), (130, 640, 64), (352, 128, 32)]
+
+
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("rows,k,group", SHAPES)
+def test_gemv_int4_modes_match_reference(kn, gpu, rows, k, group, norm):
     ga, stream = gpu
-    rng = np.random.default_rng(rows + K + group)
-    w = (rng.standard_normal((rows, K)) * 0.02).astype(np.float32)
-    packed, scales = int4.quantize(w, group)
-    x = rng.standard_normal(K).astype(np.float32)
+    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
+    rng = np.random.default_rng(rows + k + group + norm)
+    packed, scales, w_hat = _quantized(rng, rows, k, group)
+    W = _device(ga, packed, scales, group)
+    x = (rng.standard_normal((3, k)) * 2).astype(np.float32)            # row 1 is the one projected
+    norm_w = rng.standard_normal(k).astype(np.float32) if norm else None
+    nw = ga.to_gpu(norm_w) if norm else None
     bias = rng.standard_normal(rows).astype(np.float32)
-    want = int4.dequantize(packed, scales).astype(np.float64) @ x.astype(np.float64)        # [rows]
-    d_w, d_s = ga.to_gpu(packed), ga.to_gpu(scales.view(np.uint16))
-    d_x, d_b = ga.to_gpu(x), ga.to_gpu(bias)
-    out = ga.to_gpu(np.full(rows, np.nan, np.float32))
-    from vla_edge_ros.model import cuda_kernels as ck
-    kn.gemv_int4(d_w, d_s, d_x, out, ck.MODE_STORE, stream, bias=d_b, group=group)
+    eps, case, x_dev = 1e-6, f"gemv_int4 {rows}x{k} G{group} norm={norm}", ga.to_gpu(x)
+
+    out = _nan(ga, (1, rows))
+    kn.gemv(W, x_dev, out, MODE_STORE, stream, norm_w=nw, eps=eps, bias=ga.to_gpu(bias), x_row0=1)
     stream.synchronize()
-    scale = float(np.abs(want).max())
-    # fp32 sums of K products (|q| <= 8, |x| ~ 1) in another order than float64: ~sqrt(K) * 2^-24 of the scale.
-    assert_close(out.get(), want + bias, rtol=0.0, atol=2e-5 * max(scale, 1.0), what="gemv_int4 STORE")
-    base = rng.standard_normal(rows).astype(np.float32)
+    _close(out.get(), ref.folded_projection_ref(w_hat, x[1:2], MODE_STORE, norm_w=norm_w, eps=eps, bias=bias),
+           f"{case} STORE")
+
+    base = rng.standard_normal((1, rows)).astype(np.float32)
     acc = ga.to_gpu(base)
-    kn.gemv_int4(d_w, d_s, d_x, acc, ck.MODE_ADD, stream, group=group)
+    kn.gemv(W, x_dev, acc, MODE_ADD, stream, norm_w=nw, eps=eps, x_row0=1)
     stream.synchronize()
-    assert_close(acc.get(), want + base, rtol=0.0, atol=2e-5 * max(scale, 1.0), what="gemv_int4 ADD")
+    _close(acc.get(), ref.folded_projection_ref(w_hat, x[1:2], MODE_ADD, out=base, norm_w=norm_w, eps=eps),
+           f"{case} ADD")
+
+    lo, n = 17, rows // 2                                                # a slice of rows [w_row0, w_row0 + n)
+    out = _nan(ga, (1, n))
+    kn.gemv(W, x_dev, out, MODE_STORE, stream, norm_w=nw, eps=eps, w_row0=lo, rows=n, x_row0=1)
+    stream.synchronize()
+    _close(out.get(), ref.folded_projection_ref(w_hat[lo:lo + n], x[1:2], MODE_STORE, norm_w=norm_w, eps=eps),
+           f"{case} STORE rows [{lo}, {lo + n})")
+
+    if rows % 16 == 0:
+        inter = rows // 2 - 3                                            # ragged: the last tile has padding rows
+        gate = (packed[:inter], scales[:inter])
+        up = (packed[rows // 2: rows // 2 + inter], scales[rows // 2: rows // 2 + inter])
+        gu_packed, gu_scales = layouts.interleave_gate_up_int4(gate, up)
+        act = _nan(ga, (1, inter))
+        kn.gemv(_device(ga, gu_packed, gu_scales, group), x_dev, act, MODE_SWIGLU, stream, norm_w=nw, eps=eps,
+                out_cols=inter, x_row0=1)
+        stream.synchronize()
+        w_gu = layouts.interleave_gate_up(w_hat[:inter], w_hat[rows // 2: rows // 2 + inter])
+        _close(act.get(), ref.folded_projection_ref(w_gu, x[1:2], MODE_SWIGLU, norm_w=norm_w, eps=eps,
+                                                    out_cols=inter), f"{case} SWIGLU")
 
 
-def test_int4_gemv_refuses_what_it_cannot_take(kn, gpu):
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("hq,kvh,hd,group", [(12, 2, 128, 128), (4, 1, 32, 32), (4, 2, 32, 64)])
+def test_gemv_int4_qkv_rope_writes_q_and_kv_slots(kn, gpu, hq, kvh, hd, group, norm):
+    """QKV_ROPE from the INT4 q|k|v in qkv_rope_row_order (packed and scale rows permuted together) against
+    RMSNorm -> natural projection on w_hat + bias -> rope_store_ref."""
     ga, stream = gpu
-    from vla_edge_ros.model import cuda_kernels as ck
-    packed = ga.to_gpu(np.zeros((8, 40), np.uint8))               # K = 80: not a multiple of 32
-    scales = ga.to_gpu(np.zeros((8, 1), np.uint16))
-    x, out = ga.to_gpu(np.zeros(80, np.float32)), ga.to_gpu(np.zeros(8, np.float32))
-    with pytest.raises(ck.KernelError, match="multiples of 32"):
-        kn.gemv_int4(packed, scales, x, out, ck.MODE_STORE, stream, group=80)
-    with pytest.raises(ck.KernelError, match="neither STORE nor ADD"):
-        kn.gemv_int4(ga.to_gpu(np.zeros((8, 64), np.uint8)), ga.to_gpu(np.zeros((8, 1), np.uint16)),
-                     ga.to_gpu(np.zeros(128, np.float32)), out, ck.MODE_SWIGLU, stream, group=128)
+    from vla_edge_ros.model.cuda_kernels import MODE_QKV_ROPE, MODE_STORE
+    from vla_edge_ros.model.cuda_projection_launchers import RopeTarget
+    rng = np.random.default_rng(hq * hd + group + norm)
+    hidden, cap, row_offset = (1536 if hd == 128 else 128), 64, 3
+    qkv_rows = (hq + 2 * kvh) * hd
+    packed, scales, w_hat = _quantized(rng, qkv_rows, hidden, group)
+    dev_packed, dev_scales = layouts.int4_rows(packed, scales, layouts.qkv_rope_row_order(hq, kvh, hd))
+    bias = rng.standard_normal(qkv_rows).astype(np.float32)
+    x = (rng.standard_normal((1, hidden)) * 2).astype(np.float32)
+    norm_w = rng.standard_normal(hidden).astype(np.float32) if norm else None
+    pos = rng.integers(0, 30000, size=row_offset + 1).astype(np.int32)
+    slots = rng.permutation(cap)[:row_offset + 1].astype(np.int32)
+    inv = layouts.rope_inv_freq(1e6, hd)
+    ctl = np.array([row_offset, 0, 0, -1], np.int32)
+    k0 = np.full((kvh, cap, hd), 7.0, np.float32)
+    k_d, v_d = ga.to_gpu(k0), ga.to_gpu(k0.copy())
+    out = _nan(ga, (1, qkv_rows))
+    rope = RopeTarget(ga.to_gpu(pos), ga.to_gpu(slots), ga.to_gpu(ctl), ga.to_gpu(inv), int(k_d.gpudata),
+                      int(v_d.gpudata), hq, kvh, hd, cap)
+    kn.gemv(_device(ga, dev_packed, dev_scales, group), ga.to_gpu(x), out, MODE_QKV_ROPE, stream,
+            norm_w=ga.to_gpu(norm_w) if norm else None, eps=1e-6, bias=ga.to_gpu(bias), rope=rope)
+    stream.synchronize()
+    pre = ref.folded_projection_ref(w_hat, x, MODE_STORE, norm_w=norm_w, eps=1e-6, bias=bias)
+    e_qkv, e_k, e_v = ref.rope_store_ref(pre, pos, slots, ctl, inv, k0, k0.copy(), hq, kvh, hd)
+    got, case = out.get(), f"gemv_int4 QKV_ROPE {hq}/{kvh}x{hd} G{group} norm={norm}"
+    _close(got[:, :hq * hd], e_qkv[:, :hq * hd], f"{case} q")
+    assert np.isnan(got[:, hq * hd:]).all(), "QKV_ROPE writes only the q columns of its output"
+    _close(k_d.get(), e_k, f"{case} k cache")
+    _close(v_d.get(), e_v, f"{case} v cache")
+
+
+@pytest.mark.parametrize("blocks_per_sm", [1, 4])
+def test_gemv_int4_items_loop_gives_the_same_sums(kn, gpu, blocks_per_sm):
+    """gemv_int4_items (a grid of blocks_per_sm per SM looping over the 8-row items) writes what gemv_int4
+    writes, bit for bit, on more items than the grid has blocks and a last item with missing rows."""
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
+    rows, k, group = 16 * (kn.num_sms * 5 // 2) + 8, 1536, 128
+    rng = np.random.default_rng(rows + blocks_per_sm)
+    packed, scales, _ = _quantized(rng, rows, k, group)
+    W = _device(ga, packed, scales, group)
+    x = ga.to_gpu((rng.standard_normal((1, k)) * 2).astype(np.float32))
+    norm_w = ga.to_gpu(rng.standard_normal(k).astype(np.float32))
+    bias = ga.to_gpu(rng.standard_normal(rows).astype(np.float32))
+    base = rng.standard_normal((1, rows)).astype(np.float32)
+    cases = [("STORE", MODE_STORE, dict(norm_w=norm_w, eps=1e-6, bias=bias), rows - 5, None),
+             ("ADD", MODE_ADD, {}, rows, base),
+             ("SWIGLU", MODE_SWIGLU, dict(norm_w=norm_w, eps=1e-6, out_cols=(rows - 8) // 2 - 3), rows - 8, None)]
+    for what, mode, kw, n_rows, init in cases:
+        got = []
+        for bps in (0, blocks_per_sm):
+            out = ga.to_gpu(init.copy()) if init is not None else _nan(ga, (1, rows))
+            kn.gemv(W, x, out, mode, stream, rows=n_rows, blocks_per_sm=bps, **kw)
+            stream.synchronize()
+            got.append(out.get())
+        assert np.isfinite(got[0][:, :kw.get("out_cols", n_rows)]).all(), f"{what}: outputs left unwritten"
+        np.testing.assert_array_equal(got[1], got[0], err_msg=f"{what}: looped items differ from a block per item")
+
+
+def test_gemv_int4_refuses_what_it_cannot_take(kn, gpu):
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_int4_launchers import Int4Matrix
+    from vla_edge_ros.model.cuda_kernels import MODE_STORE, KernelError
+    x, out = ga.zeros((1, 80), np.float32), ga.zeros((1, 8), np.float32)
+    bad = Int4Matrix(ga.to_gpu(np.zeros((8, 40), np.uint8)), ga.to_gpu(np.zeros((8, 1), np.uint16)), 80)
+    with pytest.raises(KernelError, match="group 80 must be a multiple of 32"):
+        kn.gemv(bad, x, out, MODE_STORE, stream)
+    huge = Int4Matrix(ga.to_gpu(np.zeros((8, 40000), np.uint8)), ga.to_gpu(np.zeros((8, 625), np.uint16)), 128)
+    with pytest.raises(KernelError, match="bytes of shared memory"):
+        kn.gemv(huge, ga.zeros((1, 80000), np.float32), out, MODE_STORE, stream)

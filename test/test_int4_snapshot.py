@@ -91,7 +91,21 @@ def test_model_weights_must_match_what_the_snapshot_holds(tiny_model_dir, tiny_i
         create_backend("numpy", tiny_int4, capacity=16)
     with pytest.raises(ModelFormatError, match="holds float weights but model.weights is int4"):
         create_backend("numpy", tiny_model_dir, capacity=16, weights="int4")
-    with pytest.raises(ValueError, match="CUDA INT4 kernels"):
+    # pycuda checks the snapshot's format before it touches a device, both ways round
+    with pytest.raises(ModelFormatError, match="holds float weights but model.weights is int4"):
+        create_backend("pycuda", tiny_model_dir, capacity=16, weights="int4")
+    with pytest.raises(ModelFormatError, match="holds int4 weights but model.weights is float"):
+        create_backend("pycuda", tiny_int4, capacity=16)
+
+
+def test_pycuda_takes_int4_snapshots(tiny_int4):
+    """The refusal of pycuda + int4 is gone: without a device the build stops at the device, not at the format
+    (with one, test_cuda_int4_backend.py builds and runs it)."""
+    from vla_edge_ros.model.factory import cuda_device_available
+    if cuda_device_available():
+        pytest.skip("a CUDA device is here: the GPU tests build this backend")
+    from vla_edge_ros.model.cuda_device import NoCudaDevice
+    with pytest.raises(NoCudaDevice):
         create_backend("pycuda", tiny_int4, capacity=16, weights="int4")
 
 

@@ -3,7 +3,8 @@
 Same contract as the numpy backend (model/backend.py): explicit absolute
 positions, a KV arena of `capacity` slots allocated once, write_slots /
 context_slots with holes allowed, causal within a call, K stored after RoPE.
-Weights are uploaded once (bf16 bits or float32), activations are float32,
+Weights are uploaded once (bf16 bits or float32; an INT4 snapshot's projections as
+packed nibbles + fp16 scales, model/int4.py, the rest in the backend's dtype), activations are float32,
 the KV arena float32 or (kv_dtype bfloat16) bf16 bits, widened to float32 as
 the attention loads them (cuda/kv_store.cuh). Every device buffer is
 allocated in the constructor, after
@@ -19,10 +20,10 @@ Two ways in:
     lengths and slot lists from device memory, so one decode graph serves
     every step and one prefill graph every cycle of the same prefill length.
 
-Two pipelines (DECODE_MAX_ROWS): bf16 one-row calls run 6 kernels per layer
-(gemv.cu: RMSNorm prologue, RoPE + K/V store, SwiGLU and residual-add
+Two pipelines (DECODE_MAX_ROWS): bf16 and INT4 one-row calls run 6 kernels per layer
+(gemv.cu / gemv_int4.cu: RMSNorm prologue, RoPE + K/V store, SwiGLU and residual-add
 epilogues; attention_decode.cu + the merge of attention.cu), longer calls and fp32
-one kernel per step (projection_staged.cu / projection_bf16.cu / projection_f32.cu,
+one kernel per step (INT4 projections: projection_int4.cu) (projection_staged.cu / projection_bf16.cu / projection_f32.cu,
 rope.cu, attention_mma.cu on the tensor cores for bf16 / attention_tiled.cu for fp32;
 fp32 decode rows also take attention_decode.cu). Where a step has more than one
 kernel, a KernelPlan (cuda_kernel_plan.py) names the one launched; a backend is
@@ -90,7 +91,9 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
     element, float32 or bfloat16 (K and V rounded to nearest even as they are stored: half the arena,
     attention bytes and swap bytes); bulk_prefill_min_rows: a forward() over at least this many rows runs
     the bulk prefill (gemm_bulk.cu, prefill_bulk.cu: tensor-core GEMMs and flash attention, passes of
-    bulk_prefill_max_rows rows; bf16 models), 0: never."""
+    bulk_prefill_max_rows rows; bf16 models), 0: never. An INT4 snapshot (weights: its directory) computes
+    every forward from its INT4 projections (w_hat = q * scale, as the numpy backend); its long forwards take
+    the cycle's kernels in passes of max_rows (_bulk_rows says why)."""
 
     def __init__(self, spec: ModelSpec, weights, capacity: int, dtype: str = "bfloat16",
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
@@ -109,9 +112,12 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         self.max_rows = int(max_rows)
         self.use_graphs = use_graphs
         _check_model(spec, self.capacity, self.max_rows)
-        self.bulk_min_rows, self.bulk_max_rows = _bulk_rows(spec, self.dtype, int(bulk_prefill_min_rows),
-                                                            int(bulk_prefill_max_rows))
         source = tensor_source(weights, spec)
+        self.int4 = bool(source.int4)
+        self.int4_group = int(source.int4_group_size) if self.int4 else 0
+        _check_int4_group(self.int4_group)
+        self.bulk_min_rows, self.bulk_max_rows = _bulk_rows(spec, self.dtype, int(bulk_prefill_min_rows),
+                                                            int(bulk_prefill_max_rows), self.int4)
         self.device = device if device is not None else primary_device(0)
         self._drv = self.device.drv
         from pycuda import gpuarray
@@ -131,8 +137,9 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
             except BaseException:
                 self._free_buffers()      # a failed build (bad tensor, compile error) leaves nothing allocated
                 raise
-        log.info("CudaBackend %s on %s: %.2f GiB on device (weights %.2f GiB, KV %.3f GiB in %s), %d slots, %d rows "
-                 "per pass", self.dtype, self.device.describe(), self._bytes / GIB, self.weight_bytes / GIB,
+        log.info("CudaBackend %s%s on %s: %.2f GiB on device (weights %.2f GiB, KV %.3f GiB in %s), %d slots, %d rows "
+                 "per pass", self.dtype, f" + INT4 projections (groups of {self.int4_group})" if self.int4 else "",
+                 self.device.describe(), self._bytes / GIB, self.weight_bytes / GIB,
                  self.kv_bytes / GIB, self.kv_dtype, self.capacity, self.max_rows)
         try:
             self.use_kernel_plan(plan)
@@ -160,6 +167,9 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         self.stream = self._drv.Stream()
         if self.bulk_min_rows:
             self.kernels.load_family("prefill_bulk")         # the GEMM family: use_kernel_plan, as the plan names it
+        if self.int4:
+            self.kernels.load_family("gemv_int4")            # on demand elsewhere: before any graph capture here
+            self.kernels.load_family("projection_int4")
         self._bytes = 0
         self._upload_weights(source, wdt)
         self.weight_bytes = self._bytes - sum(l.w_qkv_rope.nbytes for l in self.layers if l.w_qkv_rope is not None)
@@ -362,11 +372,15 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         cycle captures them anew) and every kernel the plan needs is loaded here, outside any capture. A choice
         this device or model cannot run falls back, logged: fp32 weights take neither the tensor-core attention
         nor the persistent decode, a head_dim other than 128 has attention_mma.cu's 1-block entry only, a device
-        without sm_90 launches ordinarily and one without sm_90a takes the "mma" bulk GEMM. Returns the plan in
-        effect (also `kernel_plan`)."""
+        without sm_90 launches ordinarily and one without sm_90a takes the "mma" bulk GEMM; INT4 projections take
+        neither the staged projections nor the persistent decode (bf16 kernels; cuda_kernel_plan.py). Returns the
+        plan in effect (also `kernel_plan`)."""
         _check_plan_type(plan)
         self._drop_graphs()
-        staged = plan.staged_prefill_projections and self.dtype == "bfloat16"   # it multiplies bf16 weights only
+        staged = plan.staged_prefill_projections and self.dtype == "bfloat16" and not self.int4
+        if plan.staged_prefill_projections and not staged:
+            log.info("staged prefill projections multiply bf16 weights only: %s projections take %s", self._weights_kind(),
+                     "projection_int4.cu" if self.int4 else "projection_f32.cu")
         if staged:
             self.kernels.load_family("projection_staged")   # on demand, but its first launch may be in a capture
         in_effect = {"staged_prefill_projections": staged, **self._attention_in_effect(plan),
@@ -430,8 +444,9 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         """Whether decode steps run as one persistent kernel, decode_persistent.cu prepared where they do."""
         if not plan.persistent_decode:
             return False
-        if self.dtype != "bfloat16":
-            log.warning("persistent decode streams bf16 weights only; %s decodes with one launch per step", self.dtype)
+        if not self._persistent_capable():
+            log.warning("persistent decode streams bf16 weights only; %s decodes with one launch per kernel",
+                        self._weights_kind())
             return False
         sp = self.spec
         grid = self.kernels.prepare_decode_layers(sp.hidden_size, sp.intermediate_size, sp.num_heads,
@@ -449,6 +464,10 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if self.bulk_min_rows:
             self.kernels.load_family(BULK_GEMMS[gemm].family)
         return gemm
+
+    def _weights_kind(self) -> str:
+        """What the projections are, for the log: 'INT4', 'bfloat16' or 'float32'."""
+        return "INT4" if self.int4 else self.dtype
 
     def _bins(self, action_bin_lo: int, n_bins: int | None) -> tuple[int, int]:
         n_bins = self.spec.vocab_size - action_bin_lo if n_bins is None else n_bins
@@ -521,7 +540,14 @@ def _check_model(spec: ModelSpec, capacity: int, max_rows: int) -> None:
         raise ValueError(f"rope_theta must be a positive number, got {spec.rope_theta}")
 
 
-def _bulk_rows(spec: ModelSpec, dtype: str, min_rows: int, max_rows: int) -> tuple[int, int]:
+def _check_int4_group(group: int) -> None:
+    """The INT4 kernels read 16-byte chunks of 32 columns, each inside one scale group: G % 32 == 0."""
+    if group and group % 32:
+        raise ValueError(f"the CUDA INT4 kernels need a group size that is a multiple of 32, the snapshot has "
+                         f"{group}; quantize with --group-size 32, 64 or 128, or run it on the numpy backend")
+
+
+def _bulk_rows(spec: ModelSpec, dtype: str, min_rows: int, max_rows: int, int4: bool = False) -> tuple[int, int]:
     """(bulk_min_rows, bulk_max_rows) in effect: (0, 0) when the bulk prefill is off or cannot serve this model
     (said in the log), ValueError for impossible values."""
     if min_rows < 0 or max_rows < 1:
@@ -529,7 +555,14 @@ def _bulk_rows(spec: ModelSpec, dtype: str, min_rows: int, max_rows: int) -> tup
     if min_rows == 0:
         return 0, 0
     why = None
-    if dtype != "bfloat16":
+    if int4:
+        # The bulk GEMMs stage bf16 weight tiles in shared memory (cp.async, ldmatrix; wgmma reads them from
+        # there): INT4 would need its own dequantizing tile loader. The simplest correct path instead is
+        # projection_int4.cu, the cycle's own INT4 kernel, over passes of max_rows rows: the reconciler's KV is
+        # then computed by the very kernels (and w_hat = q * scale) the primary's prefill uses, and a long forward
+        # is compute-bound either way (INT4 saves bytes, not products).
+        why = "INT4 projections (its GEMMs stage bf16 weight tiles; projection_int4.cu runs long forwards in passes)"
+    elif dtype != "bfloat16":
         why = f"{dtype} weights (its GEMMs multiply bf16 weights)"
     elif spec.head_dim not in FLASH_HEAD_DIMS:
         why = f"head_dim {spec.head_dim} (its attention has entries for {FLASH_HEAD_DIMS})"

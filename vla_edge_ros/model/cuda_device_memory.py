@@ -1,6 +1,10 @@
 """Where a CudaBackend's bytes live: the plan of every device buffer (checked against the VRAM ceiling before
 anything is allocated), the weight upload in the layouts the kernels read, and the state buffers. A base class
-of cuda_backend.CudaBackend, whose constructor calls _plan, _upload_weights and _allocate_state once."""
+of cuda_backend.CudaBackend, whose constructor calls _plan, _upload_weights and _allocate_state once.
+
+An INT4 snapshot (self.int4) uploads its seven projections per layer as stored, packed nibbles and fp16 scales
+(cuda_int4_launchers.Int4Matrix), in the same row layouts (the rows of packed and scales permuted together);
+the embedding, head, norms and biases as for a float snapshot, in the backend's dtype."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +13,9 @@ import numpy as np
 
 from . import cuda_kernels as ck
 from .cuda_attention_launchers import ATTN_CHUNK
-from .weight_layouts import interleave_gate_up, permute_rows, qkv_rope_row_order, rope_inv_freq
+from .cuda_int4_launchers import Int4Matrix
+from .weight_layouts import (int4_rows, interleave_gate_up, interleave_gate_up_int4, permute_rows, qkv_rope_row_order,
+                             rope_inv_freq)
 from .weights import BIAS_FIELDS, GLOBAL_TENSOR_NAMES, LAYER_TENSOR_NAMES, round_to_bf16
 
 MAX_CYCLE_TOKENS = 256          # action tokens one cycle may emit
@@ -24,8 +30,8 @@ class LayerWeights:
     """One decoder layer's tensors on the device (GPUArrays; shapes as below)."""
     input_norm: object      # [hidden] f32
     post_norm: object       # [hidden] f32
-    w_qkv: object           # [q+2kv, hidden] bf16 bits / f32
-    w_qkv_rope: object      # [qkv_rope rows, hidden] bf16 bits in qkv_rope_row_order, decode only (None for f32)
+    w_qkv: object           # [q+2kv, hidden] bf16 bits / f32 / Int4Matrix (every projection of an INT4 snapshot)
+    w_qkv_rope: object      # [qkv_rope rows, hidden] in qkv_rope_row_order, decode only (None for f32 weights)
     b_qkv: object           # [q+2kv] f32 or None
     w_o: object             # [hidden, q_dim]
     w_gate_up: object       # [2 ceil8(inter), hidden] interleaved
@@ -46,14 +52,14 @@ class DeviceMemory:
             plan["lm_head"] = ((sp.vocab_size, sp.hidden_size), wdt)
         for i in range(sp.num_layers):
             plan[f"layer{i}.norms"] = ((2 * sp.hidden_size,), np.float32)
-            plan[f"layer{i}.qkv"] = ((qkv_rows, sp.hidden_size), wdt)
-            if wdt == np.uint16:
-                plan[f"layer{i}.qkv_rope"] = ((len(self._rope_order()), sp.hidden_size), wdt)
+            plan.update(self._matrix_plan(f"layer{i}.qkv", qkv_rows, sp.hidden_size, wdt))
+            if self._decode_pipeline():
+                plan.update(self._matrix_plan(f"layer{i}.qkv_rope", len(self._rope_order()), sp.hidden_size, wdt))
             if sp.qkv_bias:
                 plan[f"layer{i}.qkv_bias"] = ((qkv_rows,), np.float32)
-            plan[f"layer{i}.o"] = ((sp.hidden_size, sp.q_dim), wdt)
-            plan[f"layer{i}.gate_up"] = ((2 * i8, sp.hidden_size), wdt)
-            plan[f"layer{i}.down"] = ((sp.hidden_size, sp.intermediate_size), wdt)
+            plan.update(self._matrix_plan(f"layer{i}.o", sp.hidden_size, sp.q_dim, wdt))
+            plan.update(self._matrix_plan(f"layer{i}.gate_up", 2 * i8, sp.hidden_size, wdt))
+            plan.update(self._matrix_plan(f"layer{i}.down", sp.hidden_size, sp.intermediate_size, wdt))
         kv = (sp.num_layers, sp.num_kv_heads, self.capacity, sp.head_dim)
         self.n_splits = -(-self.capacity // ATTN_CHUNK)
         rows = self._stream_rows()
@@ -69,12 +75,27 @@ class DeviceMemory:
             "tables": ((3 * self.capacity + m + ck.CTL_INTS + MAX_CYCLE_TOKENS,), np.int32),
             "kv_staging": ((2, sp.num_layers, m, sp.kv_dim), self.kv_element), "kv_slots": ((self.capacity,), np.int32),
         })
-        if wdt == np.uint16:
+        if self._persistent_capable():
             plan["decode_layer_table"] = ((sp.num_layers, ck.DECODE_LAYER_POINTERS), np.uint64)
             plan["decode_counters"] = ((2,), np.uint32)
         if self.bulk_min_rows:
             plan.update(self._bulk_plan())
         return plan
+
+    def _matrix_plan(self, name: str, rows: int, cols: int, wdt) -> dict:
+        """The buffers of one projection [rows, cols]: in the weight dtype, or INT4's packed nibbles and scales."""
+        if not self.int4:
+            return {name: ((rows, cols), wdt)}
+        return {f"{name}.packed": ((rows, cols // 2), np.uint8),
+                f"{name}.scales": ((rows, cols // self.int4_group), np.uint16)}
+
+    def _decode_pipeline(self) -> bool:
+        """One-row calls take the fused decode pipeline (gemv.cu / gemv_int4.cu): bf16 or INT4 projections."""
+        return self.dtype == "bfloat16" or self.int4
+
+    def _persistent_capable(self) -> bool:
+        """decode_persistent.cu can run this model (it streams bf16 projections only)."""
+        return self.dtype == "bfloat16" and not self.int4
 
     def _stream_rows(self) -> int:
         """Rows of the residual stream, norm and q|k|v buffers: a cycle's pass, or a bulk pass."""
@@ -136,27 +157,47 @@ class DeviceMemory:
         self.final_norm = self._to_device(self._read_small(source, GLOBAL_TENSOR_NAMES["final_norm"]))   # [hidden]
         self.inv_freq = self._to_device(rope_inv_freq(sp.rope_theta, sp.head_dim))                      # [hd/2], never rounded
         before = self._bytes
-        self.layers = []
-        for i in range(sp.num_layers):
-            name = {f: t.format(i=i) for f, t in LAYER_TENSOR_NAMES.items()}
-            b_qkv = None
-            if sp.qkv_bias:
-                b_qkv = self._to_device(np.concatenate([self._read_small(source, name[f]) for f in BIAS_FIELDS]))
-            w_qkv = np.concatenate([self._read(source, name[f], wdt) for f in ("q_proj", "k_proj", "v_proj")])   # [q+2kv, hidden]
-            gate_up = interleave_gate_up(self._read(source, name["gate_proj"], wdt), self._read(source, name["up_proj"], wdt))
-            self.layers.append(LayerWeights(
-                input_norm=self._to_device(self._read_small(source, name["input_norm"])),
-                post_norm=self._to_device(self._read_small(source, name["post_norm"])),
-                w_qkv=self._to_device(w_qkv),
-                w_qkv_rope=self._to_device(permute_rows(w_qkv, self._rope_order())) if wdt == np.uint16 else None,
-                b_qkv=b_qkv,
-                w_o=self._to_device(self._read(source, name["o_proj"], wdt)),
-                w_gate_up=self._to_device(gate_up),
-                w_down=self._to_device(self._read(source, name["down_proj"], wdt))))
-            del w_qkv, gate_up
+        self.layers = [self._upload_layer(source, i, wdt) for i in range(sp.num_layers)]
         # A pass streams one of the two q|k|v layouts: count one.
         duplicate = sum(layer.w_qkv_rope.nbytes for layer in self.layers if layer.w_qkv_rope is not None)
         self.layer_weight_bytes = self._bytes - before - duplicate
+
+    def _upload_layer(self, source, i: int, wdt) -> LayerWeights:
+        """Decoder layer i's tensors to the device (its projections as _float_projections / _int4_projections)."""
+        sp = self.spec
+        name = {f: t.format(i=i) for f, t in LAYER_TENSOR_NAMES.items()}
+        b_qkv = None
+        if sp.qkv_bias:
+            b_qkv = self._to_device(np.concatenate([self._read_small(source, name[f]) for f in BIAS_FIELDS]))
+        projections = self._int4_projections if self.int4 else self._float_projections
+        return LayerWeights(input_norm=self._to_device(self._read_small(source, name["input_norm"])),
+                            post_norm=self._to_device(self._read_small(source, name["post_norm"])),
+                            b_qkv=b_qkv, **projections(source, name, wdt))
+
+    def _float_projections(self, source, name: dict, wdt) -> dict:
+        """The LayerWeights projection fields from float tensors, in the backend's weight dtype."""
+        w_qkv = np.concatenate([self._read(source, name[f], wdt) for f in ("q_proj", "k_proj", "v_proj")])   # [q+2kv, hidden]
+        gate_up = interleave_gate_up(self._read(source, name["gate_proj"], wdt), self._read(source, name["up_proj"], wdt))
+        return {"w_qkv": self._to_device(w_qkv),
+                "w_qkv_rope": self._to_device(permute_rows(w_qkv, self._rope_order())) if self._decode_pipeline() else None,
+                "w_o": self._to_device(self._read(source, name["o_proj"], wdt)),
+                "w_gate_up": self._to_device(gate_up),
+                "w_down": self._to_device(self._read(source, name["down_proj"], wdt))}
+
+    def _int4_projections(self, source, name: dict, wdt) -> dict:
+        """The LayerWeights projection fields of an INT4 snapshot: Int4Matrix each, in the same row layouts."""
+        q, k, v = (source.read_int4(name[f]) for f in ("q_proj", "k_proj", "v_proj"))
+        qkv = (np.concatenate([q[0], k[0], v[0]]), np.concatenate([q[1], k[1], v[1]]))        # [q+2kv, hidden / 2 | / G]
+        gate_up = interleave_gate_up_int4(source.read_int4(name["gate_proj"]), source.read_int4(name["up_proj"]))
+        return {"w_qkv": self._int4_to_device(*qkv),
+                "w_qkv_rope": self._int4_to_device(*int4_rows(*qkv, self._rope_order())),
+                "w_o": self._int4_to_device(*source.read_int4(name["o_proj"])),
+                "w_gate_up": self._int4_to_device(*gate_up),
+                "w_down": self._int4_to_device(*source.read_int4(name["down_proj"]))}
+
+    def _int4_to_device(self, packed: np.ndarray, scales: np.ndarray) -> Int4Matrix:
+        """An INT4 matrix's packed uint8 rows and uint16 (fp16 bits) scale rows on the device."""
+        return Int4Matrix(self._to_device(packed), self._to_device(scales), self.int4_group)
 
     def _free_buffers(self) -> int:
         """Free every device allocation now (not at garbage collection); returns the bytes freed."""
@@ -194,7 +235,7 @@ class DeviceMemory:
         self.ctl = self._alloc((ck.CTL_INTS,), np.int32)
         self.tokens_out = self._alloc((MAX_CYCLE_TOKENS,), np.int32)
         self.kv_staging = self._alloc((2, sp.num_layers, m, sp.kv_dim), self.kv_element)
-        if self.dtype == "bfloat16":
+        if self._persistent_capable():
             self.decode_layer_table = self._to_device(self._layer_pointers())
             self.decode_counters = self._alloc((2,), np.uint32)                      # zero: the barrier's start
         self.kv_slots_buf = self._alloc((cap,), np.int32)                             # slot lists of KV moves

@@ -6,6 +6,15 @@ compare a variant, and handed to CudaBackend.use_kernel_plan between cycles. A p
 device or the model cannot run a choice (fp32 weights, a head_dim without a tensor-core entry, no sm_90a),
 use_kernel_plan falls back and returns the plan in effect.
 
+INT4 weights (an INT4 snapshot, model.weights: int4) have their own projection kernels, gemv_int4.cu (decode:
+every mode of gemv.cu, the looped items of decode_gemv_blocks_per_sm, programmatic launch) and
+projection_int4.cu (prefill, and long forwards). The choices below that name a bf16-only kernel are forced off
+for them by use_kernel_plan, said in the log: staged_prefill_projections (projection_staged.cu multiplies bf16
+weights), persistent_decode (decode_persistent.cu streams bf16 rows through its stage bodies) and the bulk
+prefill with bulk_gemm (its GEMMs stage bf16 weight tiles; an INT4 model's long forwards take
+projection_int4.cu in passes of max_rows, cuda_backend._bulk_rows). The attention choices apply unchanged, and
+MEASURED_BEST runs INT4 as it is.
+
 This module imports no pycuda: a plan can be built and checked on a machine without a GPU.
 """
 from __future__ import annotations

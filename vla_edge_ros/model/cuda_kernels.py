@@ -4,8 +4,8 @@ One `CudaKernels` object per process/device holds the compiled modules; each
 launcher checks dtypes, shapes and divisibility, computes its grid with
 `ceil_div` and launches asynchronously on the given stream. Arrays are
 `pycuda.gpuarray.GPUArray`s (bf16 weights are stored as uint16 bit patterns).
-The projection, attention and bulk-prefill launchers live in their own modules
-(cuda_projection_launchers.py, cuda_attention_launchers.py,
+The projection, INT4 projection, attention and bulk-prefill launchers live in their own
+modules (cuda_projection_launchers.py, cuda_int4_launchers.py, cuda_attention_launchers.py,
 cuda_bulk_launchers.py) as base classes of CudaKernels;
 the per-call numbers of the cycle (row offset, context length, emitted tokens)
 live in the device control block described in `cuda/common.cuh`. Its indices
@@ -36,7 +36,8 @@ from ..resources import kernel_dir
 from . import kernel_constants as kc
 from .cuda_attention_launchers import ATTN_CHUNK, ATTN_DECODE_THREADS, ATTN_MERGE_MAX_SPLITS, AttentionLaunchers
 from .cuda_bulk_launchers import BulkPrefillLaunchers
-from .cuda_projection_launchers import GEMV_THREADS, ProjectionLaunchers
+from .cuda_int4_launchers import Int4Launchers
+from .cuda_projection_launchers import GEMV_THREADS
 from .cuda_launch_common import KernelError, ceil_div, ptr
 from .cuda_launch_common import check as _check, check_array as _check_array
 
@@ -55,7 +56,8 @@ FAMILIES = {
     "projection_bf16": {f"projection_bf16_nt{nt}": "PPPPiiiiiiii" for nt in (1, 2, 4)},
     "projection_f32": {"projection_f32": "PPPPiiiiiii"},
     "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii", "gemv_bf16_items": "PPPfPPiiiiPPPPPPiiii"},
-    "gemv_int4": {"gemv_int4": "PPPPPiiii"},
+    "gemv_int4": {"gemv_int4": "PPiPPfPPiiiiPPPPPPiiii", "gemv_int4_items": "PPiPPfPPiiiiPPPPPPiiii"},
+    "projection_int4": {f"projection_int4_nt{nt}": "PPiPPPiiiiiiii" for nt in (1, 2, 4)},
     "projection_staged": {"projection_staged": "PPPPiiiiiiii"},
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_merge": "PPPPiiii", "attention_merge_prefetch": "PPPPiiii"},
@@ -78,17 +80,17 @@ FAMILIES = {
 # Families compiled on the first launch of one of their kernels rather than by CudaKernels(): the
 # decoder never launches these (vision: the GPU vision path; projection_staged, attention_mma, decode_persistent: only
 # where the backend's KernelPlan (cuda_kernel_plan.py) names them; gemm_bulk, gemm_wgmma and prefill_bulk: only with
-# model.bulk_prefill_min_rows; gemv_int4: INT4 weights, which no backend path uses yet),
+# model.bulk_prefill_min_rows; gemv_int4 and projection_int4: INT4 weights only, loaded by such a backend),
 # so it should not pay their compile time.
-ON_DEMAND_FAMILIES = frozenset({"vision", "projection_staged", "decode_persistent",
-                                "attention_mma", "gemm_bulk", "gemm_wgmma", "prefill_bulk", "gemv_int4"})
+ON_DEMAND_FAMILIES = frozenset({"vision", "projection_staged", "decode_persistent", "attention_mma", "gemm_bulk",
+                                "gemm_wgmma", "prefill_bulk", "gemv_int4", "projection_int4"})
 # Families built for an architecture's own instruction set (the "a" target, e.g. sm_90a for wgmma), which no
 # other architecture runs: family_arch() says where they can be built.
 ARCH_SPECIFIC_FAMILIES = {"gemm_wgmma": ("sm_90",)}
 # Families that read or write the KV arena (they include kv_store.cuh; test_kernel_sources.py checks the
 # list): compiled with -DKV_BF16 for a bf16 arena (kv.dtype), so a module serves one arena type.
 KV_FAMILIES = frozenset({"rope", "attention_tiled", "attention_mma", "attention_decode", "kv_slots", "gemv",
-                         "decode_persistent", "prefill_bulk"})
+                         "gemv_int4", "decode_persistent", "prefill_bulk"})
 # kv.dtype -> (numpy type of the arena's elements on the device, the compile options of KV_FAMILIES).
 KV_ARENA_TYPES = {"float32": (np.float32, ()), "bfloat16": (np.uint16, ("-DKV_BF16",))}
 
@@ -99,6 +101,7 @@ class KernelLaunchError(RuntimeError):
 
 # Kernels whose dynamic shared memory may exceed the default 48 KB (opted in at load).
 DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", *FAMILIES["attention_decode"], *FAMILIES["gemv"],
+                          *FAMILIES["gemv_int4"],
                           *FAMILIES["attention_mma"], *FAMILIES["gemm_bulk"], *FAMILIES["gemm_wgmma"],
                           *(name for name in FAMILIES["prefill_bulk"] if name.startswith("attention_flash_hd")))
 DECODE_LAYER_POINTERS = 9       # decode_persistent.cu: pointers per DecodeLayer entry of the layer table
@@ -197,7 +200,7 @@ def family_cubin(family: str, arch: str, options: tuple = ()) -> bytes:
 # Launchers
 
 
-class CudaKernels(ProjectionLaunchers, AttentionLaunchers, BulkPrefillLaunchers):
+class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
     """Compiled kernels of every family in one device's context, plus checked launchers.
 
     Launches go to the context current on the calling thread, which must be `device`'s
@@ -481,28 +484,6 @@ class CudaKernels(ProjectionLaunchers, AttentionLaunchers, BulkPrefillLaunchers)
         if n:
             self._launch("kv_count_nonfinite", (min(ceil_div(n, 256), 4 * self.num_sms),), 256, stream, ptr(values),
                          np.int64(n), ptr(counter))
-
-    def gemv_int4(self, Wq, scales, x, out, mode: int, stream, bias=None, group: int = 128):
-        """gemv_int4.cu, one activation row from INT4 weights (model/int4.py's format): out = x @ w_hat^T
-        (+ bias) with MODE_STORE, out += x @ w_hat^T with MODE_ADD; Wq uint8 [rows, K / 2], scales fp16 bits
-        as uint16 [rows, K / group], x float32 [K] (or [1, K]), out float32 [rows]."""
-        _check_array("gemv_int4 weight", Wq, np.uint8, 2)
-        _check_array("gemv_int4 scales", scales, np.uint16, 2)
-        _check_array("gemv_int4 x", x, np.float32)
-        _check_array("gemv_int4 out", out, np.float32)
-        _check(mode in (kc.MODE_STORE, kc.MODE_ADD), f"gemv_int4: mode {mode} is neither STORE nor ADD")
-        rows, K = Wq.shape[0], 2 * Wq.shape[1]
-        _check(K % 32 == 0 and group % 32 == 0 and K % group == 0,
-               f"gemv_int4: K {K} and group {group} must be multiples of 32, and K of group")
-        _check(scales.shape == (rows, K // group), f"gemv_int4 scales: shape {scales.shape}, expected "
-                                                   f"{(rows, K // group)}")
-        _check(x.size >= K and out.size >= rows, f"gemv_int4: x of {x.size} values (K {K}), out of {out.size} "
-                                                 f"(rows {rows})")
-        _check(bias is None or bias.size >= rows, "gemv_int4 bias: fewer values than rows")
-        _check(4 * K <= 48 * 1024, f"gemv_int4: K {K} needs {4 * K} bytes of shared memory > 48 KB")
-        self._launch("gemv_int4", (ceil_div(rows, GEMV_THREADS // 32),), GEMV_THREADS, stream, ptr(Wq), ptr(scales),
-                     ptr(x), ptr(bias), ptr(out), np.int32(rows), np.int32(K), np.int32(group), np.int32(mode),
-                     shared=4 * K)
 
     # -- vision ------------------------------------------------------------
 

@@ -28,7 +28,8 @@ class LayerEnqueue:
     """Kernel sequences of a CudaBackend's passes (see the module docstring)."""
 
     def _fused(self, n: int) -> bool:
-        return self.dtype == "bfloat16" and n <= DECODE_MAX_ROWS
+        """Whether a pass of n rows takes the decode pipeline: one row of bf16 or INT4 projections."""
+        return self._decode_pipeline() and n <= DECODE_MAX_ROWS
 
     def _enqueue_layers(self, n: int, layer_outs: list | None = None, groups=LAYER_GROUPS) -> None:
         """All decoder layers over rows [0, n) of resid; row offsets and lengths come from ctl.
@@ -42,8 +43,9 @@ class LayerEnqueue:
                 layer_outs.append(self._get(self.resid, n))
 
     def _enqueue_layer_fused(self, li: int, layer: LayerWeights, n: int, groups) -> None:
-        """bf16 decode (one row, gemv.cu): RMSNorm folded into the q|k|v and gate/up projections, RoPE and
-        the K/V store in the q|k|v epilogue, SwiGLU in the gate/up one, residual adds in the o/down ones."""
+        """bf16 or INT4 decode (one row, gemv.cu / gemv_int4.cu, by the weights' type): RMSNorm folded into the
+        q|k|v and gate/up projections, RoPE and the K/V store in the q|k|v epilogue, SwiGLU in the gate/up one,
+        residual adds in the o/down ones."""
         sp, s = self.spec, self.stream
 
         def gemv(*args, **kw):
@@ -123,7 +125,7 @@ class LayerEnqueue:
 
     def _project(self, W, x, out, n: int, mode: int, **kw) -> None:
         """A projection of the split pipeline: projection_staged.cu where the kernel plan asks for it (bf16, up to
-        32 rows; the measured-best plan does), else projection_bf16.cu / projection_f32.cu."""
+        32 rows; the measured-best plan does), else projection_bf16.cu / projection_f32.cu / projection_int4.cu."""
         if self.kernel_plan.staged_prefill_projections and W.dtype == np.uint16 and n <= STAGED_MAX_TOKENS:
             self.kernels.projection_staged(W, x, out, n, mode, self.stream, **kw)
         else:
@@ -159,7 +161,7 @@ class LayerEnqueue:
 
     def _enqueue_head_argmax(self, row: int, bin_lo: int, n_bins: int, rows_consumed: int) -> None:
         sp, kn, s = self.spec, self.kernels, self.stream
-        if self._fused(1):                      # final RMSNorm folded into the head projection
+        if self.dtype == "bfloat16":            # final RMSNorm folded into the head projection (bf16 head)
             kn.gemv(self.head, self.resid, self.logits, ck.MODE_STORE, s, norm_w=self.final_norm, eps=sp.rms_norm_eps,
                     w_row0=bin_lo, rows=n_bins, x_row0=row)
         else:

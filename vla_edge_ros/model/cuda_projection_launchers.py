@@ -54,7 +54,7 @@ class RopeTarget:
                 np.int32(self.capacity))
 
 
-def _output_columns(what: str, mode: int, rows: int, out_cols: int | None, out) -> int:
+def output_columns(what: str, mode: int, rows: int, out_cols: int | None, out) -> int:
     """out_cols of a STORE / ADD / SWIGLU projection over `rows` weight rows (SWIGLU: interleaved gate/up
     rows, half as many outputs), checked against the output buffer."""
     if mode == kc.MODE_SWIGLU:
@@ -68,7 +68,7 @@ def _output_columns(what: str, mode: int, rows: int, out_cols: int | None, out) 
     return out_cols
 
 
-def _one_row_epilogue(what: str, mode: int, rows: int, K: int, out_cols: int | None, out, norm_w, bias,
+def one_row_epilogue(what: str, mode: int, rows: int, K: int, out_cols: int | None, out, norm_w, bias,
                       rope: "RopeTarget | None") -> tuple[int, tuple]:
     """Checks of the folded one-row projection (gemv.cu): the RMSNorm weight, the QKV_ROPE target, the output columns and the bias. -> (out_cols, rope launch arguments)."""
     if norm_w is not None:
@@ -85,7 +85,7 @@ def _one_row_epilogue(what: str, mode: int, rows: int, K: int, out_cols: int | N
         out_cols = 0
         rope_args = rope.launch_args()
     else:
-        out_cols = _output_columns(what, mode, rows, out_cols, out)
+        out_cols = output_columns(what, mode, rows, out_cols, out)
     _check(bias is None or bias.dtype == np.float32, f"{what} bias: float32 expected")
     _check(bias is None or mode in (kc.MODE_STORE, kc.MODE_QKV_ROPE), f"{what} bias: only STORE and QKV_ROPE add one")
     _check(bias is None or mode == kc.MODE_QKV_ROPE or bias.shape[0] >= out_cols, f"{what} bias: shorter than out_cols")
@@ -105,7 +105,7 @@ class ProjectionLaunchers:
         total_rows, K = W.shape
         rows = total_rows - w_row0 if rows is None else rows
         _check(0 < rows and w_row0 + rows <= total_rows, f"projection weight: rows {w_row0}+{rows} > {total_rows}")
-        out_cols = _output_columns("projection", mode, rows, out_cols, out)
+        out_cols = output_columns("projection", mode, rows, out_cols, out)
         _check(x.shape[1] >= K, f"projection x: {x.shape[1]} columns < K {K}")
         _check(x.shape[1] % 8 == 0, f"projection x: row stride {x.shape[1]} not a multiple of 8")
         _check(x_row0 + n_tokens <= x.shape[0] and n_tokens <= out.shape[0], f"projection: {n_tokens} tokens exceed x/out rows")
@@ -146,7 +146,7 @@ class ProjectionLaunchers:
         _check(1 <= n_tokens <= STAGED_MAX_TOKENS, f"projection_staged: {n_tokens} tokens outside [1, {STAGED_MAX_TOKENS}]")
         _check(x.shape[1] >= K and x.shape[1] % 4 == 0, f"projection x: row stride {x.shape[1]} must be >= K and % 4 == 0")
         _check(n_tokens <= x.shape[0] and n_tokens <= out.shape[0], f"projection: {n_tokens} tokens exceed x/out rows")
-        out_cols = _output_columns("projection", mode, rows, out_cols, out)
+        out_cols = output_columns("projection", mode, rows, out_cols, out)
         _check(bias is None or (bias.dtype == np.float32 and bias.shape[0] >= out_cols and mode == kc.MODE_STORE),
                "projection bias: float32 [out_cols] expected, STORE only")
         n_groups, n_steps = ceil_div(ceil_div(rows, 16), 8), K // 32
@@ -177,7 +177,7 @@ class ProjectionLaunchers:
         _check(x_row0 < x.shape[0], f"gemv x: row {x_row0} >= {x.shape[0]} rows")
         limit = self._shared_limits["gemv_bf16"]
         _check(4 * K <= limit, f"gemv: K {K} needs {4 * K} bytes of shared memory > {limit}")
-        out_cols, rope_args = _one_row_epilogue("gemv", mode, rows, K, out_cols, out, norm_w, bias, rope)
+        out_cols, rope_args = one_row_epilogue("gemv", mode, rows, K, out_cols, out, norm_w, bias, rope)
         _check(blocks_per_sm >= 0, f"gemv: blocks_per_sm {blocks_per_sm} < 0")
         items, cap = ceil_div(rows, GEMV_THREADS // 32), blocks_per_sm * self.num_sms
         name, grid = ("gemv_bf16_items", cap) if 0 < cap < items else ("gemv_bf16", items)

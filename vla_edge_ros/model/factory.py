@@ -7,7 +7,8 @@ numpy path) never touches a GPU.
 
 The numpy backend needs the whole model as float32 arrays (`load_weights`);
 the CUDA backend streams the snapshot to the device tensor by tensor in its
-stored dtype (weight_stream.py), so the host never holds the model.
+stored dtype (weight_stream.py; an INT4 snapshot's projections as packed
+nibbles and fp16 scales), so the host never holds the model.
 """
 from __future__ import annotations
 
@@ -52,9 +53,8 @@ def create_backend(kind: str, model_dir: str | Path, capacity: int, dtype="float
     spec = ModelSpec.from_dir(model_dir)
     choice = choose_backend(kind)
     if choice.kind == "pycuda":
-        if weights != "float":
-            raise ValueError("model.weights int4 runs on the numpy backend only: the CUDA INT4 kernels "
-                             "(issue 23) are not built yet")
+        # The snapshot says what it holds; the CUDA backend reads it so (weight_stream.tensor_source): INT4
+        # projections as packed nibbles + fp16 scales, computed with w_hat = q * scale as on numpy.
         check_weight_format(model_dir, weights)
         return _cuda_backend(spec, Path(model_dir), capacity, dtype, device, choice, kernel_options, kv_dtype)
     return create_backend_from_weights("numpy", spec, load_model_weights(model_dir, spec, weights), capacity, dtype,
@@ -86,7 +86,9 @@ def check_weight_format(model_dir: str | Path, weights: str) -> None:
 def create_backend_from_weights(kind: str, spec: ModelSpec, weights: ModelWeights, capacity: int,
                                 dtype="float32", device=None, kv_dtype: str = "float32",
                                 kernel_options: dict | None = None) -> Backend:
-    """As create_backend, for weights already in memory. dtype is passed on as 'float32' or 'bfloat16'."""
+    """As create_backend, for weights already in memory (pycuda also takes a snapshot directory or a
+    weight_stream source: an INT4 snapshot's directory uploads its INT4 projections). dtype is passed on as
+    'float32' or 'bfloat16'."""
     choice = choose_backend(kind)
     if choice.kind == "pycuda":
         return _cuda_backend(spec, weights, capacity, dtype, device, choice, kernel_options, kv_dtype=kv_dtype)

@@ -165,6 +165,40 @@ def int4_entries(model_dir: str | Path, spec: ModelSpec | None = None) -> dict[s
     return entries
 
 
+class Int4Projections:
+    """The INT4 projections of a vla-edge snapshot read one at a time, as stored (the CUDA backend uploads them
+    so: weight_stream.Int4SnapshotTensors). compressed-tensors checkpoints are refused: their scales may be
+    bf16 or fp32, which the device kernels (fp16 scales) would have to round."""
+
+    def __init__(self, model_dir: str | Path, spec: ModelSpec):
+        self.model_dir = Path(model_dir)
+        layout = layout_of(read_config(self.model_dir))
+        if layout is None or layout.kind != "vla-edge":
+            what = "no INT4 weights" if layout is None else "a compressed-tensors checkpoint"
+            raise ModelFormatError(f"{self.model_dir}: config.json states {what}; the CUDA backend reads vla-edge "
+                                   f"INT4 snapshots (`vla-edge quantize` writes one; the numpy backend reads both)")
+        self.group_size = layout.group_size
+        self.names = frozenset(projection_names(spec))
+        self._shapes = expected_shapes(spec)
+        self._reader = _TensorReader(self.model_dir)
+        self._layout = layout
+
+    def read(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(packed uint8 [out, in / 2], scales float16 [out, in / G]) of projection `name` (HF weight name),
+        shapes, group and scale values checked."""
+        if name not in self.names:
+            raise KeyError(f"{name} is not one of the INT4 projections")
+        pair = _read_int4_pair(self._reader, self._layout, name)
+        if pair is None:
+            raise ModelFormatError(f"{self.model_dir}: missing tensor {name.removesuffix('.weight') + PACKED_SUFFIX!r}")
+        packed, scales = pair
+        _, _, group = int4.check_pair(packed, scales, f"{self.model_dir}: {name}", expected_shape=self._shapes[name])
+        if group != self.group_size:
+            raise ModelFormatError(f"{self.model_dir}: {name} has groups of {group} weights, config.json states "
+                                   f"{self.group_size}")
+        return packed, scales
+
+
 def quantize_snapshot(src: str | Path, out: str | Path, group_size: int, max_shard_bytes: int) -> Path:
     """Write `src` (a float snapshot) to `out` as a vla-edge INT4 snapshot, one tensor at a time."""
     src, out = Path(src), Path(out)

@@ -1,7 +1,9 @@
 """Reference transformer in numpy: the CPU backend and the oracle the CUDA kernels are checked against.
 
 INT4 weights (model.weights: int4) arrive dequantized (int4_snapshot.py: w_hat = q * fp16 scale, float32)
-and are computed with like any float weights; only memory_bytes counts them as a device stores them.
+and are computed with like any float weights, never rounded to bf16 (dtype bfloat16 rounds the other
+tensors: the CUDA INT4 kernels multiply q and the scale exactly); only memory_bytes counts them as a device
+stores them.
 
 Implements the Backend protocol of backend.py (read its docstring for the
 contract): a KV arena of `capacity` slots allocated once, explicit absolute

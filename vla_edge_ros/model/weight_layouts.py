@@ -7,15 +7,16 @@ from __future__ import annotations
 import numpy as np
 
 
-def interleave_gate_up(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+def interleave_gate_up(gate: np.ndarray, up: np.ndarray, fill=0) -> np.ndarray:
     """gate, up [I, H] -> [2*ceil8(I), H]: tile t holds gate rows 8t..8t+7 then up rows 8t..8t+7
-    (zero rows pad I to a multiple of 8), the layout of MODE_SWIGLU."""
+    (rows of `fill` pad I to a multiple of 8), the layout of MODE_SWIGLU. Rows of any dtype: INT4 packed rows
+    and their scale rows are interleaved alike (int4_rows)."""
     inter, hidden = gate.shape
     if up.shape != gate.shape:
         raise ValueError(f"interleave_gate_up: gate {gate.shape} and up {up.shape} differ")
     i8 = -(-inter // 8) * 8
-    g = np.zeros((i8, hidden), gate.dtype)
-    u = np.zeros((i8, hidden), up.dtype)
+    g = np.full((i8, hidden), fill, gate.dtype)
+    u = np.full((i8, hidden), fill, up.dtype)
     g[:inter], u[:inter] = gate, up
     tiles = np.stack([g.reshape(i8 // 8, 8, hidden), u.reshape(i8 // 8, 8, hidden)], axis=1)   # [T, 2, 8, H]
     return np.ascontiguousarray(tiles.reshape(2 * i8, hidden))
@@ -44,9 +45,9 @@ def qkv_rope_row_order(n_q_heads: int, n_kv_heads: int, head_dim: int) -> np.nda
     return order
 
 
-def permute_rows(w: np.ndarray, order: np.ndarray) -> np.ndarray:
-    """w [R, K] -> [len(order), K]: row i = w[order[i]], zeros where order[i] == -1."""
-    out = np.zeros((len(order), w.shape[1]), w.dtype)
+def permute_rows(w: np.ndarray, order: np.ndarray, fill=0) -> np.ndarray:
+    """w [R, K] -> [len(order), K]: row i = w[order[i]], `fill` where order[i] == -1."""
+    out = np.full((len(order), w.shape[1]), fill, w.dtype)
     keep = order >= 0
     out[keep] = w[order[keep]]
     return out
@@ -56,3 +57,21 @@ def rope_inv_freq(theta: float, head_dim: int) -> np.ndarray:
     """[head_dim/2] float32: 1 / theta^(2j/hd), rounded as HF computes it (float32 exponent)."""
     exponents = (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim))
     return (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+
+
+# A packed INT4 byte holding two q = 0 nibbles (q + 8 each): the padding rows of a permuted INT4 weight, so that
+# with their zero scales they are exact zeros whatever the activations (a 0x00 byte is q = -8).
+INT4_ZERO_BYTE = 0x88
+
+
+def int4_rows(packed: np.ndarray, scales: np.ndarray, order: np.ndarray | None = None):
+    """(packed, scales) of an INT4 matrix with its rows in `order` (permute_rows), padding rows q = 0, scale 0.
+    Quantization is per row, so permuting packed rows and scale rows together permutes w_hat's rows."""
+    if order is None:
+        return packed, scales
+    return permute_rows(packed, order, INT4_ZERO_BYTE), permute_rows(scales, order)
+
+
+def interleave_gate_up_int4(gate: tuple, up: tuple) -> tuple:
+    """interleave_gate_up of two INT4 matrices given as (packed, scales): packed and scale rows alike."""
+    return (interleave_gate_up(gate[0], up[0], INT4_ZERO_BYTE), interleave_gate_up(gate[1], up[1]))

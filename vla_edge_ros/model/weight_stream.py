@@ -14,11 +14,14 @@ tensors from a `TensorSource` as it uploads them:
         rows  (r0, r1): only those rows of a 2-D tensor (the embedding table is
               uploaded in blocks, so at most one block is ever on the host)
 
-Two sources: `SnapshotTensors` reads a snapshot directory's safetensors files
+Three sources: `SnapshotTensors` reads a snapshot directory's safetensors files
 with plain file reads at the header's offsets (no mmap, so nothing of the file
 stays resident), checking every block for NaN/Inf and naming the file and
-tensor; `MemoryTensors` serves a ModelWeights already in memory (tests, the
-benchmark). Names and shapes are checked up front by weights.check_snapshot.
+tensor; `Int4SnapshotTensors` does the same for a vla-edge INT4 snapshot
+(int4_snapshot.py) and serves its projections as stored, packed nibbles and
+fp16 scales (`int4 = True`, `read_int4(name)`); `MemoryTensors` serves a
+ModelWeights already in memory (tests, the benchmark). Names and shapes are
+checked up front by weights.check_snapshot (int4_snapshot.int4_entries).
 """
 from __future__ import annotations
 
@@ -37,10 +40,13 @@ BF16_EXPONENT = 0x7F80          # all exponent bits set: Inf or NaN
 class SnapshotTensors:
     """The tensors of a HF snapshot directory, read on demand (see the module docstring)."""
 
-    def __init__(self, model_dir: str | Path, spec: ModelSpec | None = None):
+    int4 = False                    # float projections (Int4SnapshotTensors: INT4 ones)
+
+    def __init__(self, model_dir: str | Path, spec: ModelSpec | None = None, entries: dict | None = None):
         self.model_dir = Path(model_dir)
         self.spec = spec or ModelSpec.from_dir(self.model_dir)
-        self._entries = check_snapshot(self.model_dir, self.spec)     # name -> (file, tag, shape)
+        # name -> (file, tag, shape), from the headers
+        self._entries = entries if entries is not None else check_snapshot(self.model_dir, self.spec)
         self._files: dict[Path, SafetensorsFile] = {}
         self.tied = self.spec.tie_word_embeddings
 
@@ -80,8 +86,36 @@ class SnapshotTensors:
             raise ModelFormatError(f"{self.model_dir}: no tensor {name!r} in the snapshot") from None
 
 
+class Int4SnapshotTensors(SnapshotTensors):
+    """A vla-edge INT4 snapshot read on demand: its float tensors (embedding, head, norms, biases) as
+    SnapshotTensors serves them, its projections (int4_snapshot.QUANTIZED_FIELDS of every layer) as stored by
+    read_int4: the device computes with w_hat = q * scale exactly as the numpy backend does."""
+
+    int4 = True
+
+    def __init__(self, model_dir: str | Path, spec: ModelSpec | None = None):
+        from .int4_snapshot import Int4Projections, int4_entries
+        spec = spec or ModelSpec.from_dir(model_dir)
+        self._projections = Int4Projections(model_dir, spec)        # refuses other INT4 layouts by name
+        super().__init__(model_dir, spec, entries=int4_entries(model_dir, spec))
+        self.int4_group_size = self._projections.group_size
+
+    def read(self, name: str, fmt: str, rows: tuple | None = None) -> np.ndarray:
+        if name in self._projections.names:
+            raise ModelFormatError(f"{self.model_dir}: {name} is stored in INT4; read it with read_int4")
+        return super().read(name, fmt, rows)
+
+    def read_int4(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(packed uint8 [out, in / 2], scales as uint16 fp16 bits [out, in / G]) of projection `name`."""
+        packed, scales = self._projections.read(name)
+        return np.ascontiguousarray(packed), np.ascontiguousarray(scales).view(np.uint16)
+
+
 class MemoryTensors:
-    """A ModelWeights already in memory (float32 arrays), served like SnapshotTensors."""
+    """A ModelWeights already in memory (float32 arrays), served like SnapshotTensors. An INT4 model's
+    dequantized arrays are float weights here: only an INT4 snapshot directory uploads INT4."""
+
+    int4 = False
 
     def __init__(self, weights: ModelWeights, spec: ModelSpec):
         self.spec = spec
@@ -109,12 +143,13 @@ class MemoryTensors:
 def tensor_source(weights, spec: ModelSpec):
     """A TensorSource for `weights`: a snapshot directory (str / Path), a ModelWeights, or a source already."""
     if isinstance(weights, (str, Path)):
-        return SnapshotTensors(weights, spec)
+        from .int4_snapshot import weight_format
+        return Int4SnapshotTensors(weights, spec) if weight_format(weights) == "int4" else SnapshotTensors(weights, spec)
     if isinstance(weights, ModelWeights):
         if len(weights.layers) != spec.num_layers:
             raise ValueError(f"weights have {len(weights.layers)} layers, spec says {spec.num_layers}")
         return MemoryTensors(weights, spec)
-    if isinstance(weights, (SnapshotTensors, MemoryTensors)):
+    if isinstance(weights, (SnapshotTensors, MemoryTensors)):   # Int4SnapshotTensors too
         return weights
     raise TypeError(f"weights must be a model directory, a ModelWeights or a tensor source, got {type(weights).__name__}")
 

@@ -120,8 +120,16 @@ class ModelWeights:
                             int4_group_size=self.int4_group_size)
 
     def rounded_to_bf16(self) -> "ModelWeights":
-        """A copy whose float32 values are exactly representable in bfloat16 (round to nearest even)."""
-        return self.map(round_to_bf16)
+        """A copy whose float32 values are exactly representable in bfloat16 (round to nearest even), except the
+        INT4 tensors (int4_names): their w_hat = q * fp16 scale is what a bf16 model on a device computes with
+        (the CUDA INT4 kernels multiply q and the scale exactly), so rounding it again would model no device."""
+        rounded = self.map(round_to_bf16)
+        if not self.int4_names:
+            return rounded
+        rounded.layers = [replace(layer, **{f: getattr(orig, f) for f, name in LAYER_TENSOR_NAMES.items()
+                                            if name.format(i=i) in self.int4_names})
+                          for i, (layer, orig) in enumerate(zip(rounded.layers, self.layers))]
+        return rounded
 
 
 # ----------------------------------------------------------------------------

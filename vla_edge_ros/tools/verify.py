@@ -219,8 +219,11 @@ def _verify_against(model_dir, backend_kind, dtype, reference_dir, hf_device, ne
     capacity = max(len(ids) for ids in prompts) + new_tokens + 1
     kind = resolve_kind(backend_kind)
     options = {"bulk_prefill_min_rows": bulk_prefill_min_rows} if bulk_prefill_min_rows else None
-    backend = create_backend_from_weights(kind, spec, load_model_weights(model_dir, spec, weights_format), capacity,
-                                          dtype, kv_dtype=kv_dtype, kernel_options=options)
+    # pycuda uploads an INT4 snapshot from its directory, as stored (its kernels compute w_hat = q * scale); the
+    # dequantized float32 copy would be uploaded as float weights, bf16-rounded, and check other kernels.
+    weights = (model_dir if kind == "pycuda" and weights_format == "int4"
+               else load_model_weights(model_dir, spec, weights_format))
+    backend = create_backend_from_weights(kind, spec, weights, capacity, dtype, kv_dtype=kv_dtype, kernel_options=options)
     oracle = hf_oracle.load_hf_model(reference_dir or model_dir, round_to_bf16=(dtype == "bfloat16"), device=hf_device,
                                      round_kv_to_bf16=(kv_dtype == "bfloat16"))
 

@@ -1,0 +1,137 @@
+"""INT4 weight matrices on the device and the launchers of their kernels (gemv_int4.cu: the one-row decode
+projections; projection_int4.cu: the tensor-core projections of many rows): a base class of
+cuda_kernels.CudaKernels, which supplies `_function`, `_launch`, `_shared_limits` and `num_sms`.
+
+Int4Launchers extends ProjectionLaunchers: its gemv / projection take an Int4Matrix where the bf16 ones take
+a weight array, so the layer code launches INT4 and float weights alike. No PyCUDA import: the arrays are
+anything with dtype, shape and gpudata.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from . import kernel_constants as kc
+from .cuda_launch_common import ceil_div, ptr
+from .cuda_launch_common import check as _check, check_array as _check_array
+from .cuda_projection_launchers import GEMV_THREADS, ProjectionLaunchers, one_row_epilogue, output_columns
+
+INT4_CHUNK_COLUMNS = 32          # columns of one 16-byte load of packed nibbles: G and K are multiples of it
+PROJ4_WARPS = 4                  # projection_int4.cu: warps per block, one 16-row tile each
+PROJ4_BLOCK_COLUMNS = 128        # projection_int4.cu: columns per 16-byte load of a row (its K-split unit)
+PROJ4_TARGET_WARPS = 2048        # ADD: split K until about this many warps stream (as projection_bf16's launcher)
+PROJ4_MIN_BLOCKS_PER_SPLIT = 2   # ... each split still streaming at least this many 128-column blocks
+
+
+@dataclass(frozen=True)
+class Int4Matrix:
+    """One INT4 projection on the device (model/int4.py's format): packed uint8 [rows, K / 2] (column 2j in the
+    low nibble of byte j, 2j + 1 in the high one, each q + 8) and scales uint16 [rows, K / group] (fp16 bits).
+    w_hat[r, k] = (nibble - 8) * scale[r, k // group]."""
+    packed: object
+    scales: object
+    group: int
+    dtype: ClassVar[np.dtype] = np.dtype(np.uint8)   # not bf16 bits: the bf16-only kernels (projection_staged) skip it
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(rows, K) of the matrix it stands for."""
+        return int(self.packed.shape[0]), 2 * int(self.packed.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes: packed nibbles plus scales (int4.device_bytes of its weights)."""
+        return int(self.packed.nbytes) + int(self.scales.nbytes)
+
+
+def check_int4(what: str, W) -> tuple[int, int, int]:
+    """(rows, K, groups) of an Int4Matrix, or KernelError naming what its kernels cannot take."""
+    _check(isinstance(W, Int4Matrix), f"{what}: an Int4Matrix expected, got {type(W).__name__}")
+    _check_array(f"{what} packed", W.packed, np.uint8, 2)
+    _check_array(f"{what} scales", W.scales, np.uint16, 2)
+    rows, K = W.shape
+    group = int(W.group)
+    _check(group > 0 and group % INT4_CHUNK_COLUMNS == 0 and K % group == 0,
+           f"{what}: group {group} must be a multiple of {INT4_CHUNK_COLUMNS} dividing K {K}")
+    _check(tuple(W.scales.shape) == (rows, K // group),
+           f"{what} scales: shape {tuple(W.scales.shape)}, expected {(rows, K // group)}")
+    return rows, K, K // group
+
+
+class Int4Launchers(ProjectionLaunchers):
+    """Checked launchers of the INT4 projection kernels (see the module docstring)."""
+
+    def gemv(self, W, x, out, mode: int, stream, **kw):
+        """ProjectionLaunchers.gemv, or gemv_int4 for an Int4Matrix."""
+        if isinstance(W, Int4Matrix):
+            return self.gemv_int4(W, x, out, mode, stream, **kw)
+        return super().gemv(W, x, out, mode, stream, **kw)
+
+    def projection(self, W, x, out, n_tokens: int, mode: int, stream, **kw):
+        """ProjectionLaunchers.projection, or projection_int4 for an Int4Matrix."""
+        if isinstance(W, Int4Matrix):
+            return self.projection_int4(W, x, out, n_tokens, mode, stream, **kw)
+        return super().projection(W, x, out, n_tokens, mode, stream, **kw)
+
+    def gemv_int4(self, W: Int4Matrix, x, out, mode: int, stream, norm_w=None, eps: float = 0.0, bias=None,
+                  out_cols: int | None = None, w_row0: int = 0, rows: int | None = None, x_row0: int = 0,
+                  rope=None, blocks_per_sm: int = 0):
+        """gemv_int4.cu: what gemv() computes (every mode, the RMSNorm prologue, rows [w_row0, w_row0 + rows))
+        from INT4 weights."""
+        total_rows, K, groups = check_int4("gemv_int4 weight", W)
+        _check_array("gemv_int4 x", x, np.float32, 2)
+        _check_array("gemv_int4 out", out, np.float32, 2)
+        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU, kc.MODE_QKV_ROPE), f"gemv_int4: unknown mode {mode}")
+        rows = total_rows - w_row0 if rows is None else rows
+        _check(0 < rows and 0 <= w_row0 and w_row0 + rows <= total_rows,
+               f"gemv_int4 weight: rows {w_row0}+{rows} > {total_rows}")
+        _check(x.shape[1] >= K and x.shape[1] % 4 == 0, f"gemv_int4: x's row stride {x.shape[1]} must be >= K {K} "
+                                                         f"and a multiple of 4")
+        _check(0 <= x_row0 < x.shape[0], f"gemv_int4 x: row {x_row0} outside {x.shape[0]} rows")
+        self._function("gemv_int4")                          # on demand: loads the family and its shared limit
+        limit = self._shared_limits["gemv_int4"]
+        _check(4 * K <= limit, f"gemv_int4: K {K} needs {4 * K} bytes of shared memory > {limit}")
+        out_cols, rope_args = one_row_epilogue("gemv_int4", mode, rows, K, out_cols, out, norm_w, bias, rope)
+        _check(blocks_per_sm >= 0, f"gemv_int4: blocks_per_sm {blocks_per_sm} < 0")
+        items, cap = ceil_div(rows, GEMV_THREADS // 32), blocks_per_sm * self.num_sms
+        name, grid = ("gemv_int4_items", cap) if 0 < cap < items else ("gemv_int4", items)
+        self._launch(name, (grid,), GEMV_THREADS, stream, ptr(W.packed, w_row0 * (K // 2)),
+                     ptr(W.scales, w_row0 * groups), np.int32(W.group), ptr(x, x_row0 * x.shape[1]), ptr(norm_w),
+                     np.float32(eps), ptr(bias), ptr(out), np.int32(out_cols), np.int32(rows), np.int32(K),
+                     np.int32(mode), *rope_args, shared=4 * K)
+
+    def projection_int4(self, W: Int4Matrix, x, out, n_tokens: int, mode: int, stream, bias=None,
+                        out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
+                        ksplit: int | None = None, x_row0: int = 0):
+        """projection_int4.cu: what projection() computes (STORE / ADD / SWIGLU over n_tokens rows of x) from INT4
+        weights on the tensor cores. ksplit (ADD only) splits K, in 128-column blocks, over warps that add
+        atomically; by default enough for ~PROJ4_TARGET_WARPS warps."""
+        total_rows, K, groups = check_int4("projection_int4 weight", W)
+        _check_array("projection_int4 x", x, np.float32, 2)
+        _check_array("projection_int4 out", out, np.float32, 2)
+        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU), f"projection_int4: unknown mode {mode}")
+        rows = total_rows - w_row0 if rows is None else rows
+        _check(0 < rows and 0 <= w_row0 and w_row0 + rows <= total_rows,
+               f"projection_int4 weight: rows {w_row0}+{rows} > {total_rows}")
+        out_cols = output_columns("projection_int4", mode, rows, out_cols, out)
+        _check(x.shape[1] >= K and x.shape[1] % 4 == 0,
+               f"projection_int4 x: row stride {x.shape[1]} must be >= K {K} and a multiple of 4")
+        _check(n_tokens >= 1 and x_row0 + n_tokens <= x.shape[0] and n_tokens <= out.shape[0],
+               f"projection_int4: {n_tokens} tokens exceed x/out rows")
+        _check(bias is None or (bias.dtype == np.float32 and bias.shape[0] >= out_cols),
+               "projection_int4 bias: float32 [out_cols] expected")
+        n_tiles, n_blocks = ceil_div(rows, 16), ceil_div(K, PROJ4_BLOCK_COLUMNS)
+        if ksplit is None:
+            ksplit = 1
+            if mode == kc.MODE_ADD:
+                ksplit = max(1, min(n_blocks // PROJ4_MIN_BLOCKS_PER_SPLIT, ceil_div(PROJ4_TARGET_WARPS, n_tiles)))
+        _check(ksplit == 1 or mode == kc.MODE_ADD, f"projection_int4: ksplit {ksplit} needs MODE_ADD (atomic adds)")
+        _check(1 <= ksplit <= n_blocks, f"projection_int4: ksplit {ksplit} outside [1, {n_blocks}]")
+        nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
+        grid = (ceil_div(n_tiles * ksplit, PROJ4_WARPS), ceil_div(n_tokens, 8 * nt))
+        self._launch(f"projection_int4_nt{nt}", grid, PROJ4_WARPS * 32, stream, ptr(W.packed, w_row0 * (K // 2)),
+                     ptr(W.scales, w_row0 * groups), np.int32(W.group), ptr(x, x_row0 * x.shape[1]), ptr(bias),
+                     ptr(out), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(x.shape[1]),
+                     np.int32(out.shape[1]), np.int32(out_cols), np.int32(mode), np.int32(ksplit))
