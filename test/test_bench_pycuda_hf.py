@@ -83,8 +83,9 @@ def test_a_failed_compile_is_recorded_and_printed_as_na(monkeypatch, capsys):
     row = {"cached": 256, "variant": "mma:chunk", "ours": {**timings, "breakdown_ms": {}},
            "hf_eager_bf16": timings, "hf_compiled_static": column, "ratio_p50": 1.0, "ratio_p99": 1.0,
            "ratio_p50_compiled": None, "ratio_p99_compiled": None, "decode_vs_floor": 2.0}
-    cycle_report.print_report({"cycle": "c", "shape": "tiny", "machine": {}, "cycles": [row], "copy_bandwidth_gbs": 1.0,
-               "decode_stream_bytes": 1, "floor_decode_ms": 1.0, "weight_bytes": 1, "floor_full_weights_ms": 1.0,
-               "device_memory_bytes": 1, "kv_capacity": 296})
+    cycle_report.print_report({"cycle": "c", "shape": "tiny", "machine": {}, "cycles": [row],
+                               "copy_bandwidth_gbs": 1.0, "decode_stream_bytes": 1, "floor_decode_ms": 1.0,
+                               "weight_bytes": 1, "floor_full_weights_ms": 1.0, "device_memory_bytes": 1,
+                               "kv_capacity": 296, "kv_dtype": "float32"})
     out = capsys.readouterr().out
     assert "n/a" in out and "compiled baseline failed: RuntimeError: inductor: no C++ compiler" in out
