@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from vla_edge_ros.bench import cycle_report  # noqa: E402
 from vla_edge_ros.bench import pycuda_cycle as pc  # noqa: E402
 
 N_CACHED = 64
@@ -22,7 +23,7 @@ def models():
     torch.manual_seed(0)
     eager, cfg = pc._hf_model("tiny", device="cpu", dtype="float32")
     sdpa = pc._hf_twin(eager, "tiny", "sdpa")
-    return eager, sdpa, pc.SHAPES["tiny"]["vocab_size"] - pc.BINS
+    return eager, sdpa, pc.hf_config("tiny")["vocab_size"] - pc.BINS
 
 
 def test_twin_shares_the_weights_not_the_attention(models):
@@ -76,14 +77,15 @@ def test_a_failed_compile_is_recorded_and_printed_as_na(monkeypatch, capsys):
     monkeypatch.setattr(pc, "_time_hf_compiled", fail)
     column = pc._time_hf_compiled_or_error(None, None, N_CACHED, 2, None)
     assert column == {"error": "RuntimeError: inductor: no C++ compiler\nmore detail"}
-    assert pc._ratio(column, {"cycle_ms": {"p50": 1.0}}, "p50") is None
+    assert cycle_report.ratio(column, {"cycle_ms": {"p50": 1.0}}, "p50") is None
 
     timings = {"cycle_ms": {"p50": 2.0, "p99": 3.0}, "prefill_ms": 1.0, "decode_ms_per_token": 0.1, "cycles": 2}
     row = {"cached": 256, "variant": "mma:chunk", "ours": {**timings, "breakdown_ms": {}},
            "hf_eager_bf16": timings, "hf_compiled_static": column, "ratio_p50": 1.0, "ratio_p99": 1.0,
            "ratio_p50_compiled": None, "ratio_p99_compiled": None, "decode_vs_floor": 2.0}
-    pc._print({"cycle": "c", "shape": "tiny", "machine": {}, "cycles": [row], "copy_bandwidth_gbs": 1.0,
-               "decode_stream_bytes": 1, "floor_decode_ms": 1.0, "weight_bytes": 1, "floor_full_weights_ms": 1.0,
-               "device_memory_bytes": 1, "kv_capacity": 296})
+    cycle_report.print_report({"cycle": "c", "shape": "tiny", "machine": {}, "cycles": [row],
+                               "copy_bandwidth_gbs": 1.0, "decode_stream_bytes": 1, "floor_decode_ms": 1.0,
+                               "weight_bytes": 1, "floor_full_weights_ms": 1.0, "device_memory_bytes": 1,
+                               "kv_capacity": 296, "kv_dtype": "float32"})
     out = capsys.readouterr().out
     assert "n/a" in out and "compiled baseline failed: RuntimeError: inductor: no C++ compiler" in out

@@ -43,6 +43,16 @@ def test_device_choice_and_a_clear_error_for_an_index_that_does_not_exist(tiny_m
         state.backend.close()
 
 
+def test_the_reconciler_backend_is_held_to_the_configured_vram_ceiling(tiny_model_dir):
+    # The reconciler has no engine to check memory.vram_ceiling_gib: its CUDA backend must (engine_factory.
+    # backend_options); before, it kept the backend's own 8 GiB whatever the configuration said.
+    from vla_edge_ros.core.engine_factory import reconciler_state
+    from vla_edge_ros.model.cuda_backend import DeviceMemoryError
+    cfg = _cfg(tiny_model_dir, -1).replace({"memory.vram_ceiling_gib": 1e-4})       # ~100 KiB: below any plan
+    with pytest.raises(DeviceMemoryError, match="over the VRAM ceiling of 0.00 GiB"):
+        reconciler_state(cfg)
+
+
 def test_kv_crosses_from_a_reconciler_context_of_its_own_bit_for_bit(tiny_model_dir):
     from vla_edge_ros.model.cuda_device import CudaDevice, reconciler_device_index
     from vla_edge_ros.model.cuda_state_transfer import DeviceKvExporter

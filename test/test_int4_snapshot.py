@@ -162,3 +162,18 @@ def test_llama_2_7b_shape_is_written_straight_to_int4(tmp_path, capsys):
     assert scales.shape == (4096, 4096 // 128)
     w = fill_tensor(0, name, *init).astype(np.float64)
     assert (np.abs(w - int4.dequantize(packed, scales)) <= np.repeat(scales.astype(np.float64), 128, axis=1) / 2).all()
+
+
+def test_row_blocks_quantized_on_threads_are_the_whole_matrix_quantized(monkeypatch, tmp_path):
+    # write_int4_tensors quantizes a projection's row blocks QUANTIZE_THREADS at a time: the bytes must be those
+    # of one int4.quantize over the whole matrix (a block out of order or a scale of another block would not be).
+    from vla_edge_ros.model import int4_snapshot
+    monkeypatch.setattr(int4_snapshot, "ROW_BLOCK_WEIGHTS", 5 * 64)     # 5 rows a block: 13 blocks, the last of 1
+    monkeypatch.setattr(int4_snapshot, "QUANTIZE_THREADS", 3)           # in waves of 3
+    w = (np.random.default_rng(4).standard_normal((61, 64)) * np.arange(1, 62)[:, None]).astype(np.float32)
+    int4_snapshot.write_int4_tensors(tmp_path, [("m.weight", (61, 64), "F32")], {"m.weight"}, lambda name: w, 32,
+                                     1 << 40)
+    f = SafetensorsFile(tmp_path / "model.safetensors")
+    want_packed, want_scales = int4.quantize(w, 32)
+    np.testing.assert_array_equal(f.read_stored("m" + PACKED_SUFFIX)[0], want_packed)
+    np.testing.assert_array_equal(f.read_stored("m" + SCALE_SUFFIX)[0], want_scales)

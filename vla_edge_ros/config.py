@@ -233,7 +233,11 @@ class PromptConfig:
 
 @dataclass(frozen=True)
 class MemoryConfig:
-    vram_ceiling_gib: float = _doc("modelled device-memory ceiling; the engine refuses to configure above it", default=8.0)
+    vram_ceiling_gib: float = _doc("modelled device-memory ceiling of one model process (the reasoning node's engine, "
+                                   "the reconciler's state; each holds its own copy of the weights and KV arena): the "
+                                   "CUDA backend refuses a plan above it before allocating, the engine refuses to "
+                                   "configure above it. A GPU reconciler's export buffers (asr.export_buffers) are not "
+                                   "counted", default=8.0)
     sample_period_ms: float = _doc("how often the memory sampler reads usage", default=100.0)
     malloc_mmap_threshold_mib: float = _doc("each node process fixes glibc's mmap threshold at this size once built "
                                             "(core/malloc_threshold.py): buffers this large or larger go back to the "

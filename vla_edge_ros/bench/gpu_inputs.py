@@ -2,7 +2,7 @@
 
     model      a randomly initialised model of a named shape (bench/pycuda_cycle.SHAPES, e.g.
                qwen2.5-1.5b), drawn by HF transformers on the GPU and copied to the host once
-               (pycuda_cycle._hf_model / _weights_from_hf); the HF copy is freed before any arena is made
+               (pycuda_cycle._hf_model, cycle_weights.hf_float_weights); the HF copy is freed before any arena is made
     tokenizer  the one of the configured model directory (written as the tiny model when missing):
                prompt ids are small, valid in any of the shapes' vocabularies
     footage    bikes.mp4 decoded by core/footage.py, or the same frames pre-decoded to a uint8 .npy
@@ -36,14 +36,15 @@ def _draw(shape: str, seed: int, twin_attention: str | None):
     import torch
 
     from ..model.spec import ModelSpec
-    from .pycuda_cycle import SHAPES, _hf_model, _hf_twin, _weights_from_hf
+    from .cycle_weights import hf_float_weights
+    from .pycuda_cycle import SHAPES, _hf_model, _hf_twin
 
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r}; choose one of {sorted(SHAPES)}")
     torch.manual_seed(seed)
     hf, hf_cfg = _hf_model(shape)
     spec = ModelSpec.from_hf_config(hf_cfg)
-    weights = _weights_from_hf(hf, spec)
+    weights = hf_float_weights(hf, spec)
     # A copy under another attention implementation (pycuda_cycle._hf_twin says why not a config switch); the
     # eager original goes, so at most two HF copies exist for a moment.
     twin = _hf_twin(hf, shape, twin_attention) if twin_attention else None

@@ -2,6 +2,7 @@
 
     python -m vla_edge_ros.bench.pycuda_cycle --json out/pycuda_cycle.json
     vla-edge bench --backend pycuda --shape qwen2.5-1.5b
+    vla-edge bench --backend pycuda --shape llama-2-7b --weights float int4
 
 A cycle = a 32-row prefill (frame tokens) over `cached` tokens already in the
 KV cache, then 8 single-token decode steps, every argmax restricted to the 256
@@ -27,30 +28,37 @@ action bins (9 tokens chosen). Measured in one run, on one GPU:
     compile failure is recorded as that column's error, not raised;
   * the weight-streaming floor: bytes a decode step must read (layer weights +
     the 256 head rows; and all weights incl. the full head, HF's case) over the
-    device-to-device copy bandwidth measured here (bytes read + written / time).
+    device-to-device copy bandwidth measured here (bytes read + written / time);
+  * `--weights float int4`: ours once per weight format, every column on the
+    same function (the random model quantized to INT4; bench/cycle_weights.py),
+    each format with its own decode floor.
+
+Shapes: make_model's synthetic ones (tiny, qwen2.5-1.5b, llama-2-7b), drawn at
+random by HF on the GPU.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-from . import kernel_lab
-from .common import machine_info, percentiles, print_table, write_json
+from . import cycle_report, cycle_weights, kernel_lab
+from .common import machine_info, percentiles, write_json
 from .kernel_lab import KERNEL_VARIANTS, LAUNCH_MODES
 from ..model.cuda_kernel_plan import MEASURED_BEST
 
 log = logging.getLogger(__name__)
 
-SHAPES = {"qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                               num_attention_heads=12, num_key_value_heads=2, rope_theta=1000000.0,
-                               rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=32768),
-          "tiny": dict(vocab_size=1024, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-6,
-                       tie_word_embeddings=True, max_position_embeddings=32768)}
+# Bench shape -> make_model's synthetic shape of the same numbers (model/make_model.SYNTHETIC_SHAPES: written once).
+SHAPES = {"tiny": "tiny", "llama-tiny": "llama-tiny", "qwen2.5-1.5b": "qwen2.5-1.5b-random",
+          "llama-2-7b": "llama-2-7b-random"}
+HF_CONFIG_CLASSES = {"qwen2": "Qwen2Config", "llama": "LlamaConfig"}
 DEFAULT_CACHED = (256, 2048, 4064)
 PREFILL_ROWS = 32
 DECODE_STEPS = 8
@@ -69,6 +77,9 @@ def add_arguments(p) -> None:
     p.add_argument("--cached", type=int, nargs="+", help=f"cached lengths (default {DEFAULT_CACHED})")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--weights", nargs="+", default=["float"], type=cycle_weights.weight_format,
+                   help="weight formats of ours, timed side by side: float (bf16) and/or int4 (the random model "
+                        "quantized; with int4 every column, HF's too, runs the dequantized weights). Default: float")
     p.add_argument("--launch-modes", nargs="+", default=None, type=launch_mode,
                    help="decode launch modes to time side by side: plain (the backend's default), pdl "
                         "(programmatic dependent launch), persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (one "
@@ -117,11 +128,22 @@ def apply_launch_mode(backend, mode: str, base=MEASURED_BEST) -> str:
     return in_effect + "".join(f"+{v}" for v in mode.split("+")[1:] if KV_VARIANTS.get(v) == backend.kv_dtype)
 
 
-def robot_config():
-    """config/gpu_demo.yaml over the defaults: the setup a robot with a GPU runs, which the bench times."""
+# The preset a robot runs each shape with (config/*.yaml over the defaults), whose KV arena type, kernel options and
+# INT4 group size the bench takes; shapes not named: config/gpu_demo.yaml.
+ROBOT_PRESETS = {"llama-2-7b": "gpu_7b_int4.yaml"}
+DEFAULT_ROBOT_PRESET = "gpu_demo.yaml"
+
+
+def robot_config(shape: str = "qwen2.5-1.5b"):
+    """The preset of `shape` over the defaults (ROBOT_PRESETS): the setup a robot with a GPU runs, which the bench
+    times."""
     from ..config import load
     from ..resources import config_dir
-    return load(config_dir() / "gpu_demo.yaml")
+    return load(config_dir() / robot_preset(shape))
+
+
+def robot_preset(shape: str) -> str:
+    return ROBOT_PRESETS.get(shape, DEFAULT_ROBOT_PRESET)
 
 
 def mode_kv_dtype(mode: str, default: str) -> str:
@@ -149,44 +171,39 @@ def _run(args) -> int:
         getattr(args, "hf_compiled_cycles", None) or 10)
     seed = int(getattr(args, "seed", 0) or 0)
     modes = list(getattr(args, "launch_modes", None) or LAUNCH_MODES)
-    result = bench(shape, cached, cycles, hf_cycles, seed, modes, hf_compiled_cycles)
-    _print(result)
+    formats = cycle_weights.check_formats(getattr(args, "weights", None) or ["float"])
+    result = bench(shape, cached, cycles, hf_cycles, seed, modes, hf_compiled_cycles, formats)
+    cycle_report.print_report(result)
     write_json(getattr(args, "json", None), result)
     return 0
 
 
 def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, modes: list,
-          hf_compiled_cycles: int = 10) -> dict:
+          hf_compiled_cycles: int = 10, formats=("float",)) -> dict:
     """modes: decode launch modes (launch_mode's syntax); hf_compiled_cycles = 0 skips the compiled HF baseline
-    (its columns are then None)."""
+    (its columns are then None); formats: ours' weight formats (cycle_weights), the first is the summary's."""
     import torch
 
-    from ..model.cuda_backend import CudaBackend
     from ..model.spec import ModelSpec
 
+    formats = cycle_weights.check_formats(formats)
     torch.manual_seed(seed)
     hf, cfg = _hf_model(shape)
     spec = ModelSpec.from_hf_config(cfg)
-    weights = _weights_from_hf(hf, spec)
     capacity = max(cached) + PREFILL_ROWS + DECODE_STEPS
-    # One backend per KV arena type the modes name, each as a robot runs it; the first mode's is the summary's.
-    robot = robot_config()
+    # One backend per weight format and KV arena type the modes name, each as a robot runs it.
+    robot = robot_config(shape)
     kv_types = list(dict.fromkeys(mode_kv_dtype(m, robot.kv.dtype) for m in modes))
-    backends = {}
-    for kv_dtype in kv_types:
-        t0 = time.perf_counter()
-        backends[kv_dtype] = CudaBackend(spec, weights, capacity, "bfloat16", kv_dtype=kv_dtype,
-                                         **robot.model.kernel_options())       # and the measured-best kernel plan
-        log.info("backend with a %s KV arena ready in %.1f s", kv_dtype, time.perf_counter() - t0)
-    del weights
-    backend = backends[kv_types[0]]
+    with tempfile.TemporaryDirectory(prefix="vla_edge_int4_bench_") as tmp:
+        backends = cycle_weights.our_backends(hf, cfg, spec, formats, kv_types, capacity, robot, Path(tmp))
+    gc.collect()                                    # the host weights, before HF's twin and caches need room
+    torch.cuda.empty_cache()
     # The compiled baseline needs SDPA attention; the eager column keeps its eager attention, so it gets a second
-    # model holding a copy of the same weights (made once: 3 GB more at 1.5B).
+    # model holding a copy of the same weights (made once: 3 GB more at 1.5B, 13.5 GB at 7B).
     hf_sdpa = _hf_twin(hf, shape, "sdpa") if hf_compiled_cycles > 0 else None
     bandwidth = copy_bandwidth()
-    floor_bytes = backend.decode_stream_bytes(BINS)
-    full_bytes = backend.weight_bytes
-    floor_ms = floor_bytes / bandwidth * 1e3
+    floors = {fmt: cycle_weights.decode_floor_bytes(fmt, backends[fmt, kv_types[0]], spec,
+                                                    robot.model.int4_group_size, BINS) for fmt in formats}
     rng = np.random.default_rng(seed)
     rows = []
     for n_cached in cached:
@@ -195,38 +212,19 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, mode
         theirs = _time_hf(hf, spec, n_cached, hf_cycles, rng)
         compiled = (_time_hf_compiled_or_error(hf_sdpa, spec, n_cached, hf_compiled_cycles, rng)
                     if hf_sdpa is not None else None)
-        for mode in modes:
-            mode_backend = backends[mode_kv_dtype(mode, robot.kv.dtype)]
-            in_effect = apply_launch_mode(mode_backend, mode)
-            ours = _time_ours(mode_backend, spec, n_cached, cycles, rng)
-            rows.append({"cached": n_cached, "variant": in_effect, "ours": ours, "hf_eager_bf16": theirs,
-                         "hf_compiled_static": compiled,
-                         "ratio_p50": theirs["cycle_ms"]["p50"] / ours["cycle_ms"]["p50"],
-                         "ratio_p99": theirs["cycle_ms"]["p99"] / ours["cycle_ms"]["p99"],
-                         "ratio_p50_compiled": _ratio(compiled, ours, "p50"),
-                         "ratio_p99_compiled": _ratio(compiled, ours, "p99"),
-                         "decode_vs_floor": ours["decode_ms_per_token"] / floor_ms})
-    last = rows[len(modes) * (len(cached) - 1)]                  # the first mode at the longest context
-    return {
-        "benchmark": "pycuda_cycle", "shape": shape, "machine": _machine(),
-        "cycle": f"{PREFILL_ROWS}-row prefill + {DECODE_STEPS} decode steps, argmax over {BINS} action bins",
-        "launch_modes": [r["variant"] for r in rows[:len(modes)]], "summary_launch_mode": last["variant"],
-        "kv_capacity": capacity, "device_memory_bytes": backend.memory_bytes(), "kv_dtype": backend.kv_dtype,
-        "device_memory_bytes_by_kv_dtype": {kv: b.memory_bytes() for kv, b in backends.items()},
-        "weight_bytes": full_bytes, "decode_stream_bytes": floor_bytes,
-        "copy_bandwidth_gbs": bandwidth / 1e9,
-        "floor_decode_ms": floor_ms, "floor_full_weights_ms": full_bytes / bandwidth * 1e3,
-        "cycles": rows,
-        "latency_ms": {"p50": last["ours"]["cycle_ms"]["p50"], "p99": last["ours"]["cycle_ms"]["p99"]},
-        "baseline_latency_ms": {"p50": last["hf_eager_bf16"]["cycle_ms"]["p50"],
-                                "p99": last["hf_eager_bf16"]["cycle_ms"]["p99"]},
-        "ratio": last["ratio_p50"],
-        "baseline_compiled_latency_ms": ({"p50": last["hf_compiled_static"]["cycle_ms"]["p50"],
-                                          "p99": last["hf_compiled_static"]["cycle_ms"]["p99"]}
-                                         if _timed(last["hf_compiled_static"]) else None),
-        "ratio_compiled": last["ratio_p50_compiled"],
-        "decode_ms_per_token": last["ours"]["decode_ms_per_token"],
-    }
+        torch.cuda.empty_cache()                    # HF's caches of this length: the next length allocates its own
+        for fmt in formats:
+            for mode in modes:
+                mode_backend = backends[fmt, mode_kv_dtype(mode, robot.kv.dtype)]
+                in_effect = apply_launch_mode(mode_backend, mode)
+                ours = _time_ours(mode_backend, spec, n_cached, cycles, rng)
+                rows.append(cycle_report.row(n_cached, fmt, in_effect, ours, theirs, compiled,
+                                             floors[fmt] / bandwidth * 1e3))
+    head = {"benchmark": "pycuda_cycle", "shape": shape, "machine": _machine(),
+            "cycle": f"{PREFILL_ROWS}-row prefill + {DECODE_STEPS} decode steps, argmax over {BINS} action bins",
+            "kv_capacity": capacity, "robot_preset": f"config/{robot_preset(shape)}"}
+    return cycle_report.result(head, formats, modes, kv_types, backends, rows, floors, bandwidth,
+                               cycle_weights.hf_weight_bytes(hf), BINS)
 
 
 # ----------------------------------------------------------------------------
@@ -272,14 +270,24 @@ def _time_ours(backend, spec, n_cached: int, cycles: int, rng) -> dict:
             decode_ms.append(ev[2].time_since(ev[1]) / DECODE_STEPS)
     assert tokens.min() >= lo, tokens
     # The breakdown replays the launched pipeline's kernel groups: a persistent step has no groups to time.
-    breakdown = {"prefill": _breakdown(backend, PREFILL_ROWS, 0, n_cached)}
+    breakdown = {"prefill": _breakdown_or_error(backend, PREFILL_ROWS, 0, n_cached)}
     if not backend.kernel_plan.persistent_decode:
         # The decode row's table index is PREFILL_ROWS: the attend list holds the n_cached context entries, then
         # the cycle's rows (until 2026-12-02 this passed n_cached + PREFILL_ROWS, which timed the decode
         # attention over up to twice the context, cut at the arena's size).
-        breakdown["decode"] = _breakdown(backend, 1, PREFILL_ROWS, n_cached)
+        breakdown["decode"] = _breakdown_or_error(backend, 1, PREFILL_ROWS, n_cached)
     return {"cycle_ms": percentiles(cycle_ms), "prefill_ms": float(np.median(prefill_ms)),
             "decode_ms_per_token": float(np.median(decode_ms)), "cycles": len(cycle_ms), "breakdown_ms": breakdown}
+
+
+def _breakdown_or_error(backend, n: int, row_offset: int, n_cached: int) -> dict:
+    """_breakdown, or {"error": ...} where it cannot replay the backend's kernel groups (it enqueues them through
+    the backend's internals, which an INT4 backend built elsewhere may lay out otherwise): the cycle timings stand."""
+    try:
+        return _breakdown(backend, n, row_offset, n_cached)
+    except Exception as e:  # noqa: BLE001 - any failure of a diagnostic replay; the error is recorded and printed
+        log.exception("kernel-group breakdown of %d rows failed; recording the error", n)
+        return {"error": f"{type(e).__name__}: {e}"[:500]}
 
 
 def _breakdown(backend, n: int, row_offset: int, n_cached: int, replays: int = 20) -> dict:
@@ -316,8 +324,19 @@ COMPILE_OPTIONS = {"mode": "reduce-overhead", "fullgraph": False, "dynamic": Fal
 COMPILE_WARMUP_CYCLES = 3       # 1st: trace + compile both graphs; 2nd: CUDA-graph recording; 3rd: first replay
 
 
+def hf_config(shape: str) -> dict:
+    """The HF config of a bench shape as keyword arguments of its config class, with model_type (qwen2 | llama)."""
+    from ..model.make_model import SYNTHETIC_SHAPES, synthetic_config
+
+    cfg = synthetic_config(SYNTHETIC_SHAPES[SHAPES[shape]], "bfloat16", generator="bench", seed=0,
+                           num_action_bins=BINS)
+    for key in ("vla_edge", "dtype", "architectures"):      # a snapshot's notes, not the architecture
+        cfg.pop(key)
+    return cfg
+
+
 def _hf_model(shape: str, device: str = "cuda", dtype: str = "bfloat16"):
-    """A random HF Qwen2 model of `shape` (eager attention) and its config as a dict."""
+    """A random HF model of `shape` (Qwen2 or Llama, eager attention) and its config as a dict."""
     import torch
 
     model = _hf_skeleton(shape, device, dtype, "eager")
@@ -326,8 +345,8 @@ def _hf_model(shape: str, device: str = "cuda", dtype: str = "bfloat16"):
             if name.endswith("bias") or "norm" in name:
                 p.copy_(1.0 * (name.endswith("norm.weight") or "layernorm" in name) + 0.02 * torch.randn_like(p))
     d = model.config.to_dict()
-    d["model_type"] = "qwen2"
-    d.setdefault("rope_theta", SHAPES[shape]["rope_theta"])
+    d["model_type"] = model.config.model_type
+    d.setdefault("rope_theta", hf_config(shape)["rope_theta"])
     return model, d
 
 
@@ -342,24 +361,14 @@ def _hf_twin(model, shape: str, attn_implementation: str):
 
 def _hf_skeleton(shape: str, device: str, dtype: str, attn_implementation: str):
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    import transformers
 
-    cfg = Qwen2Config(**SHAPES[shape])
+    kwargs = hf_config(shape)
+    cfg = getattr(transformers, HF_CONFIG_CLASSES[kwargs.pop("model_type")])(**kwargs)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype),
-                                                 attn_implementation=attn_implementation)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype),
+                                                              attn_implementation=attn_implementation)
     return model.eval()
-
-
-def _weights_from_hf(model, spec):
-    from ..model.weights import GLOBAL_TENSOR_NAMES, LAYER_TENSOR_NAMES, LayerWeights, ModelWeights
-
-    state = {k: v.float().cpu().numpy() for k, v in model.state_dict().items()}
-    layers = [LayerWeights(**{f: state[t.format(i=i)] for f, t in LAYER_TENSOR_NAMES.items()})
-              for i in range(spec.num_layers)]
-    embed = state[GLOBAL_TENSOR_NAMES["embed"]]
-    return ModelWeights(embed=embed, layers=layers, final_norm=state[GLOBAL_TENSOR_NAMES["final_norm"]],
-                        lm_head=embed, tied=True, source_dtype="BF16")
 
 
 def _time_hf(model, spec, n_cached: int, cycles: int, rng) -> dict:
@@ -524,16 +533,6 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(column) -> bool:
-    """Whether a baseline column holds timings (not skipped, not an error)."""
-    return column is not None and "error" not in column
-
-
-def _ratio(theirs, ours: dict, pct: str):
-    """Their cycle time over ours at a percentile (> 1: we are faster); None without timings."""
-    return theirs["cycle_ms"][pct] / ours["cycle_ms"][pct] if _timed(theirs) else None
-
-
 # ----------------------------------------------------------------------------
 # Floor and output
 
@@ -572,50 +571,6 @@ def _shape_name(shape: str) -> str:
     if shape not in SHAPES:
         raise SystemExit(f"pycuda bench: unknown shape {shape!r}; choose one of {sorted(SHAPES)}")
     return shape
-
-
-def _print(r: dict) -> None:
-    title = f"pycuda cycle ({r['cycle']}), {r['shape']}, ms; on {r['machine'].get('gpu_pycuda')}"
-    headers = ["cached", "launch", "ours p50", "ours p99", "prefill", "dec/tok", "dec/floor",
-               "x eager p50", "x eager p99", "x compiled p50", "x compiled p99"]
-    rows = [[c["cached"], c["variant"], c["ours"]["cycle_ms"]["p50"], c["ours"]["cycle_ms"]["p99"], c["ours"]["prefill_ms"],
-             c["ours"]["decode_ms_per_token"], c["decode_vs_floor"], c["ratio_p50"], c["ratio_p99"],
-             _or_na(c.get("ratio_p50_compiled")), _or_na(c.get("ratio_p99_compiled"))]
-            for c in r["cycles"]]
-    print_table(title + "; x = HF time / ours (> 1: ours is faster)", headers, rows)
-    _print_baselines(r)
-    print(f"copy bandwidth {r['copy_bandwidth_gbs']:.0f} GB/s (read+write); decode floor "
-          f"{r['decode_stream_bytes'] / 1e9:.3f} GB -> {r['floor_decode_ms']:.3f} ms/token; all weights "
-          f"{r['weight_bytes'] / 1e9:.3f} GB -> {r['floor_full_weights_ms']:.3f} ms; device memory "
-          f"{r['device_memory_bytes'] / 2**30:.2f} GiB for {r['kv_capacity']} KV slots")
-    for c in r["cycles"]:
-        for phase, parts in c["ours"]["breakdown_ms"].items():
-            print(f"  cached {c['cached']:>5} {c['variant']:>16} {phase:>8}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in parts.items()))
-
-
-def _print_baselines(r: dict) -> None:
-    """The HF columns, once per cached length (they do not depend on our launch mode)."""
-    by_cached = {c["cached"]: c for c in r["cycles"]}
-    headers = ["cached", "eager p50", "eager p99", "eager prefill", "eager dec/tok",
-               "compiled p50", "compiled p99", "compiled prefill", "compiled dec/tok", "compile s"]
-    rows, errors = [], []
-    for n_cached, c in by_cached.items():
-        eager, compiled = c["hf_eager_bf16"], c.get("hf_compiled_static")
-        timed = _timed(compiled)
-        rows.append([n_cached, eager["cycle_ms"]["p50"], eager["cycle_ms"]["p99"], eager["prefill_ms"],
-                     eager["decode_ms_per_token"]]
-                    + ([compiled["cycle_ms"]["p50"], compiled["cycle_ms"]["p99"], compiled["prefill_ms"],
-                        compiled["decode_ms_per_token"], compiled["compile_s"]] if timed else ["n/a"] * 5))
-        if compiled is not None and not timed:
-            errors.append(f"  cached {n_cached}: compiled baseline failed: {compiled['error'].splitlines()[0]}")
-    print_table("HF transformers bf16, ms: eager (DynamicCache) and compiled (SDPA, StaticCache, torch.compile "
-                "reduce-overhead)", headers, rows)
-    for line in errors:
-        print(line)
-
-
-def _or_na(value):
-    return "n/a" if value is None else value
 
 
 def main(argv=None) -> int:

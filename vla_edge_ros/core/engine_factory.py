@@ -43,7 +43,7 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
     if device is None and resolve_kind(cfg.asr.backend) == "pycuda":
         device = reconciler_device(cfg.asr.device)
     backend = create_backend(cfg.asr.backend, cfg.model.path, cfg.kv.capacity_tokens, dtype=cfg.model.dtype,
-                             device=device, kernel_options=cfg.model.kernel_options(), kv_dtype=cfg.kv.dtype,
+                             device=device, kernel_options=backend_options(cfg), kv_dtype=cfg.kv.dtype,
                              weights=cfg.model.weights)
     try:
         state = FrameState(cfg, backend, load_tokenizer(cfg.model.path), reconciler_encoder(cfg, backend.spec))
@@ -55,6 +55,15 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
     except BaseException:
         backend.close()
         raise
+
+
+def backend_options(cfg: VlaConfig) -> dict:
+    """The CUDA backend's keyword arguments from `cfg` (the numpy backend takes none): the kernel options, and
+    memory.vram_ceiling_gib as the ceiling it checks its plan against before allocating anything. Before, the nodes'
+    backends kept their own 8 GiB default while the engine checked the configured figure, so a preset that raised
+    the key (a larger model) was refused by the backend anyway; the reconciler, which has no engine, now has the
+    configured ceiling too."""
+    return {**cfg.model.kernel_options(), "vram_ceiling_bytes": cfg.memory.vram_ceiling_bytes}
 
 
 def reconciler_encoder(cfg: VlaConfig, spec) -> VisionEncoder:
@@ -98,8 +107,7 @@ def _engine(cfg: VlaConfig, kind: str, device, steps_s: dict) -> Engine:
     limit_cpu_threads(cfg.model.cpu_threads)
     tokenizer = load_tokenizer(cfg.model.path)
     backend = create_backend(kind, cfg.model.path, cfg.kv.capacity_tokens, dtype=cfg.model.dtype, device=device,
-                             kernel_options=cfg.model.kernel_options(), kv_dtype=cfg.kv.dtype,
-                             weights=cfg.model.weights)
+                             kernel_options=backend_options(cfg), kv_dtype=cfg.kv.dtype, weights=cfg.model.weights)
     t1 = time.perf_counter()
     steps_s["backend"] = t1 - t0
     try:

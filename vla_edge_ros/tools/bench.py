@@ -3,6 +3,9 @@
     vla-edge bench --backend numpy                              engine cycle vs HF transformers (CPU, tiny model)
     vla-edge bench --backend pycuda --shape qwen2.5-1.5b        CUDA cycle vs HF bf16, eager and static cache +
                                                                 torch.compile (GPU machine)
+    vla-edge bench --backend pycuda --shape llama-2-7b --weights float int4
+                                                                the same per weight format, all on the INT4
+                                                                model's function (bench/cycle_weights.py)
     vla-edge bench csr                                          time-to-first-token: CSR vs recompute-everything,
                                                                 ours and HF transformers' (SDPA) in the same run
     vla-edge bench asr --png out/asr.png                        latency over eviction cycles: ASR / sync / approximate
@@ -13,6 +16,8 @@
 from __future__ import annotations
 
 import importlib
+
+from ..bench.cycle_weights import weight_format
 
 SUITES = {
     ("cycle", "numpy"): "vla_edge_ros.bench.numpy_cycle",
@@ -31,14 +36,17 @@ def add_arguments(p) -> None:
                    help="what to measure (default: one control cycle)")
     p.add_argument("--backend", default="numpy", choices=["numpy", "pycuda"])
     p.add_argument("--model", help="model directory (default: model.path from the config)")
-    p.add_argument("--shape", help=f"pycuda: model shape to generate (tiny | qwen2.5-1.5b; default {GPU_SUITE_SHAPE}, "
-                   "the robot's model in config/gpu_demo.yaml)")
+    p.add_argument("--shape", help=f"pycuda: model shape to generate (tiny | qwen2.5-1.5b | llama-2-7b; default "
+                   f"{GPU_SUITE_SHAPE}, the robot's model in config/gpu_demo.yaml)")
     p.add_argument("--config", help="configuration YAML (default: config/vla_edge.yaml)")
     p.add_argument("--cycles", type=int, default=20, help="timed cycles per cached length")
     p.add_argument("--cached", type=int, nargs="+", help="cached lengths to sweep")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--launch-modes", nargs="+", choices=["pdl", "plain"],
                    help="cycle on pycuda: decode launch modes to time side by side (default: plain then pdl)")
+    p.add_argument("--weights", nargs="+", type=weight_format, default=["float"],
+                   help="cycle on pycuda: weight formats of ours, side by side: float and/or int4 (with int4 HF and "
+                        "ours float run the INT4 model's dequantized weights; default: float)")
     p.add_argument("--no-hf-compiled", action="store_true",
                    help="cycle on pycuda: skip the HF static cache + torch.compile baseline (minutes of compilation)")
     csr = p.add_argument_group("csr / asr suites")
@@ -71,6 +79,9 @@ def run(args) -> int:
     key = (args.suite, args.backend)
     if key not in SUITES:
         print(f"vla-edge bench: no {args.suite!r} benchmark for backend {args.backend!r}; have {sorted(SUITES)}")
+        return 2
+    if args.weights != ["float"] and key != ("cycle", "pycuda"):
+        print(f"vla-edge bench: --weights {' '.join(args.weights)} is the pycuda cycle's (bench --backend pycuda)")
         return 2
     if args.shape is None:
         # The robot's shape for every suite: a GPU figure is compared with the graph's on that model.
