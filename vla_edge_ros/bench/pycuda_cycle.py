@@ -84,8 +84,8 @@ def add_arguments(p) -> None:
                    help="decode launch modes to time side by side: plain (the backend's default), pdl "
                         "(programmatic dependent launch), persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (one "
                         "persistent kernel per step), each optionally with a prefill attention variant "
-                        "+tiled|+mma|+mma2, a decode attention variant +h1|+h2 (warps per slot group), a "
-                        "decode projection grid +noloop|+loop2|+loop4 (blocks per SM looping over items) and a KV "
+                        "+tiled|+mma|+mma2, a decode attention variant +h1|+h2 (warps per slot group) or +mmadec "
+                        "(on the tensor cores), a decode projection grid +noloop|+loop2|+loop4 (blocks per SM looping over items) and a KV "
                         "arena type +kv32|+kv16 (a backend of its own: float32 or bf16 K/V), e.g. "
                         "plain+tiled for the kernel before attention_mma.cu; the first is "
                         "the one the summary reports (default: the three launch modes with the configured kernels)")
