@@ -22,8 +22,8 @@
 #define CTL_TOKEN      3   // last emitted token id: the next decode step's input
 #define CTL_INTS       4
 
-// Projection epilogue modes: the `mode` argument of projection_f32, projection_bf16, projection_staged
-// and gemv (each .cu header says what its modes compute).
+// Projection epilogue modes: the `mode` argument of projection_f32, projection_bf16, projection_staged,
+// the INT4 projections and the GEMVs (each .cu header says what its modes compute).
 #define PMODE_STORE    0   // out = acc (+ bias)
 #define PMODE_ADD      1   // out += acc (residual stream, or a bias-initialised accumulator)
 #define PMODE_SWIGLU   2   // out = silu(gate) * up, gate/up rows interleaved in blocks of 8

@@ -1,6 +1,6 @@
 // mma_bf16.cuh: the tensor-core building blocks of the bf16 kernels (projection_bf16.cu,
-// projection_staged.cu, attention_mma.cu, prefill_bulk.cu, gemm_bulk.cu), written once so all of them
-// multiply and round exactly alike.
+// projection_staged.cu, attention_mma.cu, prefill_bulk.cu, gemm_bulk.cu) and of the INT4 projections
+// (through mma_int4.cuh), written once so all of them multiply and round exactly alike.
 //
 // mma_bf16_16816:    one mma.sync m16n8k16, bf16 inputs, fp32 accumulators c[0..3] (in place).
 // load_weights16:    one streaming 16-byte load of 8 bf16 weights, kept out of L1.

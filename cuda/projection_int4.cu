@@ -28,58 +28,22 @@
 //            (logical k 2t, 2t + 1 and 2t + 8, 2t + 9), pairs 2, 3 the second.
 // Preconditions: K % 32 == 0; G % 32 == 0 and K % G == 0; x_stride % 4 == 0 (16-byte aligned float4s);
 //            Wq rows 16-byte aligned (K % 32 == 0 gives K / 2 % 16 == 0).
+// Helpers:   the loads, the quad transpose, the pairings, the 4-mma step, the K parts and the group flushes are
+//            mma_int4.cuh's, shared with projection_int4_staged.cu (the same sums with the activations split
+//            once per block in shared memory; KernelPlan.staged_int4_prefill_projections).
 // Status:    compiled for sm_90 by scripts/compile_kernels.py; not yet run on a GPU.
 #include "common.cuh"
-#include "mma_bf16.cuh"
+#include "mma_int4.cuh"
 
 #define PROJ4_WARPS 4
-#define PROJ4_BLOCK_STEPS 4          // 32-column steps per 16-byte load of a row (128 columns)
-
-// Nibbles at bits 0-3 and 16-19 of w as a bf16 pair (low half: bits 0-3) of their q = nibble - 8, exact:
-// 0x4300 | n is the bf16 of 128 + n, and 128 + n - 136 = q is a bf16 too.
-__device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t w) {
-    const uint32_t biased = (w & 0x000F000Fu) | 0x43004300u;
-    __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&biased);
-    v = __hsub2(v, __float2bfloat162_rn(136.f));
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-
-// m[u] of quad lane t = word 4 t + u of a 128-column block on entry; word 4 u + t on return (a 4 x 4 transpose
-// over the quad in two exchanges: the off-diagonal 2 x 2 blocks across lanes t ^ 2, then the off-diagonal
-// entries of each 2 x 2 block across lanes t ^ 1). Every lane of the warp takes part.
-__device__ __forceinline__ void quad_transpose(uint32_t (&m)[4], int t) {
-    const bool up = t & 2, odd = t & 1;
-    uint32_t a = up ? m[0] : m[2], b = up ? m[1] : m[3];
-    a = __shfl_xor_sync(0xffffffffu, a, 2);
-    b = __shfl_xor_sync(0xffffffffu, b, 2);
-    if (up) { m[0] = a; m[1] = b; } else { m[2] = a; m[3] = b; }
-    a = odd ? m[0] : m[1];
-    b = odd ? m[2] : m[3];
-    a = __shfl_xor_sync(0xffffffffu, a, 1);
-    b = __shfl_xor_sync(0xffffffffu, b, 1);
-    if (odd) { m[0] = a; m[2] = b; } else { m[1] = a; m[3] = b; }
-}
-
-// Lane t's 16 bytes of block `blk` of a packed row (zeros where the block's step t lies past K or the row is
-// outside the matrix), as four words.
-__device__ __forceinline__ void load_block(const uint8_t* q_row, bool ok, int blk, int t, int n_steps,
-                                           uint32_t (&m)[4]) {
-    const bool in = ok && blk * PROJ4_BLOCK_STEPS + t < n_steps;
-    const uint4 v = in ? load_weights16(reinterpret_cast<const uint16_t*>(q_row + 64 * blk + 16 * t))
-                       : make_uint4(0u, 0u, 0u, 0u);
-    m[0] = v.x; m[1] = v.y; m[2] = v.z; m[3] = v.w;
-}
 
 // One 32-column step: rows a, b words wa, wb (8 columns each) against the lane's token columns, into part.
 template <int NT>
 __device__ __forceinline__ void int4_step(float (&part)[NT][4], uint32_t wa, uint32_t wb, const float* x,
                                           int x_stride, int tok_base, int g, int n_tokens, int k) {
     uint32_t pa[4], pb[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        pa[i] = nibbles_to_bf16x2(wa >> (4 * i));
-        pb[i] = nibbles_to_bf16x2(wb >> (4 * i));
-    }
+    int4_pairs(wa, pa);
+    int4_pairs(wb, pb);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const int n = tok_base + nt * 8 + g;                    // token of this lane's B column
@@ -90,26 +54,9 @@ __device__ __forceinline__ void int4_step(float (&part)[NT][4], uint32_t wa, uin
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[e] = 0.f;
         }
-        const float paired[8] = {v[0], v[4], v[1], v[5], v[2], v[6], v[3], v[7]};   // pair i = (v_i, v_{i+4})
         uint32_t hi[4], lo[4];
-        split_activations(paired, hi, lo);
-        mma_bf16_16816(part[nt], pa[0], pb[0], pa[1], pb[1], hi[0], hi[1]);
-        mma_bf16_16816(part[nt], pa[0], pb[0], pa[1], pb[1], lo[0], lo[1]);
-        mma_bf16_16816(part[nt], pa[2], pb[2], pa[3], pb[3], hi[2], hi[3]);
-        mma_bf16_16816(part[nt], pa[2], pb[2], pa[3], pb[3], lo[2], lo[3]);
-    }
-}
-
-// acc += s * part (rows a: entries 0, 1; rows b: 2, 3), part = 0.
-template <int NT>
-__device__ __forceinline__ void flush_group(float (&acc)[NT][4], float (&part)[NT][4], float sa, float sb) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        acc[nt][0] = fmaf(sa, part[nt][0], acc[nt][0]);
-        acc[nt][1] = fmaf(sa, part[nt][1], acc[nt][1]);
-        acc[nt][2] = fmaf(sb, part[nt][2], acc[nt][2]);
-        acc[nt][3] = fmaf(sb, part[nt][3], acc[nt][3]);
-        part[nt][0] = part[nt][1] = part[nt][2] = part[nt][3] = 0.f;
+        split_activations_int4(v, hi, lo);
+        int4_mma_step(part[nt], pa, pb, hi, lo);
     }
 }
 
@@ -132,10 +79,8 @@ __device__ void projection_int4_body(const uint8_t* __restrict__ Wq, const uint1
     const uint8_t* qb_row = Wq + (size_t)(ok_b ? row_b : 0) * (K >> 1);
     const uint16_t* sa_row = scales + (size_t)(ok_a ? row_a : 0) * groups;
     const uint16_t* sb_row = scales + (size_t)(ok_b ? row_b : 0) * groups;
-    const int n_blocks = (n_steps + PROJ4_BLOCK_STEPS - 1) / PROJ4_BLOCK_STEPS;
-    const int b_begin = (int)(((long long)part_id * n_blocks) / ksplit);
-    const int b_end = (int)(((long long)(part_id + 1) * n_blocks) / ksplit);
-    const int s_end = min(b_end * PROJ4_BLOCK_STEPS, n_steps);   // this part's steps: [4 b_begin, s_end)
+    int b_begin, b_end, s_end;                                   // this part's blocks, and steps [4 b_begin, s_end)
+    int4_part_blocks(part_id, ksplit, n_steps, b_begin, b_end, s_end);
 
     float acc[NT][4], part[NT][4];
 #pragma unroll
@@ -144,26 +89,26 @@ __device__ void projection_int4_body(const uint8_t* __restrict__ Wq, const uint1
         for (int e = 0; e < 4; ++e) acc[nt][e] = part[nt][e] = 0.f;
 
     uint32_t ma[4], mb[4];
-    load_block(qa_row, ok_a, b_begin, t, n_steps, ma);
-    load_block(qb_row, ok_b, b_begin, t, n_steps, mb);
+    load_int4_block(qa_row, ok_a, b_begin, t, n_steps, ma);
+    load_int4_block(qb_row, ok_b, b_begin, t, n_steps, mb);
     float sa = 0.f, sb = 0.f;
     for (int blk = b_begin; blk < b_end; ++blk) {
         uint32_t na[4], nb[4];
-        load_block(qa_row, ok_a && blk + 1 < b_end, blk + 1, t, n_steps, na);
-        load_block(qb_row, ok_b && blk + 1 < b_end, blk + 1, t, n_steps, nb);
+        load_int4_block(qa_row, ok_a && blk + 1 < b_end, blk + 1, t, n_steps, na);
+        load_int4_block(qb_row, ok_b && blk + 1 < b_end, blk + 1, t, n_steps, nb);
         quad_transpose(ma, t);
         quad_transpose(mb, t);
 #pragma unroll
-        for (int s = 0; s < PROJ4_BLOCK_STEPS; ++s) {
-            const int step = blk * PROJ4_BLOCK_STEPS + s;        // range [0, K / 32)
+        for (int s = 0; s < INT4_BLOCK_STEPS; ++s) {
+            const int step = blk * INT4_BLOCK_STEPS + s;        // range [0, K / 32)
             if (step >= s_end) continue;                         // warp-uniform (the block's tail past K)
             const int grp = step / steps_per_group;
-            if (step % steps_per_group == 0 || step == b_begin * PROJ4_BLOCK_STEPS) {   // a group's first step here
-                sa = ok_a ? __half2float(__ushort_as_half(__ldg(sa_row + grp))) : 0.f;
-                sb = ok_b ? __half2float(__ushort_as_half(__ldg(sb_row + grp))) : 0.f;
+            if (step % steps_per_group == 0 || step == b_begin * INT4_BLOCK_STEPS) {   // a group's first step here
+                sa = int4_scale(sa_row, ok_a, grp);
+                sb = int4_scale(sb_row, ok_b, grp);
             }
             int4_step<NT>(part, ma[s], mb[s], x, x_stride, tok_base, g, n_tokens, step * 32 + t * 8);
-            if ((step + 1) % steps_per_group == 0 || step + 1 == s_end) flush_group<NT>(acc, part, sa, sb);
+            if (int4_flush_here(step, steps_per_group, s_end)) flush_group<NT>(acc, part, sa, sb);
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {

@@ -9,7 +9,8 @@ from vla_edge_ros.bench.pycuda_cycle import LAUNCH_MODES, launch_mode
 @pytest.mark.parametrize("text", ["plain", "pdl", "persistent", "persistent:1", "persistent:2:24", "persistent:1:0.5",
                                   "plain+mma", "plain+tiled", "pdl+mma2", "persistent:2+mma2", "plain+h2",
                                   "plain+mma2+h1", "pdl+h2+tiled", "plain+loop4", "plain+h2+loop2+mma2",
-                                  "plain+kv16", "plain+kv32", "pdl+h1+kv16+loop4"])
+                                  "plain+kv16", "plain+kv32", "pdl+h1+kv16+loop4", "plain+int4staged",
+                                  "pdl+int4staged+mma2+kv16"])
 def test_launch_modes_that_parse(text):
     assert launch_mode(text) == text
 
@@ -17,7 +18,8 @@ def test_launch_modes_that_parse(text):
 @pytest.mark.parametrize("text", ["fast", "pdl:1", "persistent:3", "persistent:1:x", "persistent:1:-4",
                                   "persistent:1:2:3", "plain:", "plain+", "plain+fast", "plain+mma+tiled",
                                   "plain+mma+mma2", "plain+mma+mma", "plain+wide", "plain+h1+h2", "plain+h2+h2", "plain+loop2+loop4", "plain+loop3",
-                                  "plain+kv16+kv32", "plain+kv16+kv16", "plain+kv8", "plain+pf16"])
+                                  "plain+kv16+kv32", "plain+kv16+kv16", "plain+kv8", "plain+pf16",
+                                  "plain+int4staged+int4staged"])
 def test_launch_modes_that_are_refused_with_the_syntax(text):
     with pytest.raises(argparse.ArgumentTypeError, match="plain, pdl or persistent"):
         launch_mode(text)
@@ -53,6 +55,8 @@ class _PlanRecorder:
     ("persistent:2", "plain", ("persistent_decode",)), ("plain+tiled+h1", "plain+tiled+h1", ()),
     ("pdl+mma2+loop2+kv16", "pdl+mma2+loop2+kv16", ()), ("plain+mma+kv32", "plain+mma", ()),
     ("plain+mma2+h2", "plain+h2", ("tensor_core_attention",)),
+    ("plain+int4staged", "plain+int4staged", ()),                            # an INT4 backend
+    ("plain+int4staged+h1", "plain+h1", ("staged_int4_prefill_projections",)),  # float weights: forced off
 ])
 def test_a_launch_mode_names_what_took_effect(mode, in_effect, cannot):
     from vla_edge_ros.bench.pycuda_cycle import apply_launch_mode

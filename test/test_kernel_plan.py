@@ -22,6 +22,7 @@ def test_the_measured_best_plan_is_the_default():
     assert (MEASURED_BEST.programmatic_launch, MEASURED_BEST.persistent_decode) == (False, False)
     # Not measured yet (2026-12-03): off until the probe and the lab say otherwise.
     assert MEASURED_BEST.decode_attention_tensor_cores is False
+    assert MEASURED_BEST.staged_int4_prefill_projections is False
     assert (MEASURED_BEST.bulk_gemm, MEASURED_BEST.bulk_activation_parts, MEASURED_BEST.bulk_attention_stages) == \
         ("wgmma128", 2, 1)
 
@@ -36,6 +37,8 @@ def test_the_measured_best_plan_is_the_default():
     ({"bulk_gemm": "cublas"}, "bulk_gemm must be one of"),
     ({"bulk_activation_parts": 3}, "bulk_activation_parts must be 1 or 2"),
     ({"bulk_attention_stages": 0}, "bulk_attention_stages must be 1 or 2"),
+    ({"staged_int4_prefill_projections": 1}, "staged_int4_prefill_projections must be True or False"),
+    ({"staged_int4_prefill_projections": "yes"}, "staged_int4_prefill_projections must be True or False"),
 ])
 def test_an_impossible_plan_is_refused_naming_the_choice(change, fragment):
     with pytest.raises(ValueError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
@@ -75,3 +78,10 @@ def test_the_lab_names_the_decode_row_on_the_tensor_cores():
     from vla_edge_ros.bench.kernel_lab import mode_plan
     assert mode_plan("plain+mmadec").decode_attention_tensor_cores is True
     assert mode_plan("plain").decode_attention_tensor_cores is False
+
+
+def test_the_lab_names_the_staged_int4_prefill_projections():
+    from vla_edge_ros.bench.kernel_lab import KERNEL_VARIANTS, mode_plan
+    assert KERNEL_VARIANTS["int4staged"] == {"staged_int4_prefill_projections": True}
+    assert mode_plan("plain+int4staged") == dataclasses.replace(MEASURED_BEST, staged_int4_prefill_projections=True)
+    assert mode_plan("plain").staged_int4_prefill_projections is False

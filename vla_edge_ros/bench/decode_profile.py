@@ -105,11 +105,11 @@ def compare_modes(backend, spec, modes: list, n_cached: int, base=MEASURED_BEST)
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="model snapshot directory (bf16)")
+    p.add_argument("--model", required=True, help="model snapshot directory (bf16, or INT4: make-model ... --weights int4)")
     p.add_argument("--launch-modes", nargs="+", default=["plain", "pdl", "persistent"], type=launch_mode,
                    help="plain | pdl | persistent[:<blocks per SM>[:<L2 prefetch MiB>]], each optionally with a "
-                        "prefill attention variant +tiled|+mma|+mma2, decode attention variant +h1|+h2 and decode projection "
-                        "grid +noloop|+loop2|+loop4 (bench/pycuda_cycle.py)")
+                        "prefill attention variant +tiled|+mma|+mma2, decode attention variant +h1|+h2, decode projection "
+                        "grid +noloop|+loop2|+loop4 and, on an INT4 snapshot, +int4staged (bench/pycuda_cycle.py)")
     p.add_argument("--cached", type=int, default=4064)
     p.add_argument("--replays", type=int, default=50)
     p.add_argument("--ncu-window", choices=("decode", "prefill"), help="bracket one replay of this graph for ncu")

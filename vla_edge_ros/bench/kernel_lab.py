@@ -7,8 +7,8 @@ compare another choice, the lab builds a variant plan and switches a backend to 
   * launch modes: plain (ordinary launches, the serving default), pdl (programmatic dependent launch) and
     persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (every layer of a decode step in one cooperative kernel);
   * kernel variants a mode may add with '+': the prefill attention (tiled, mma, mma2), the decode attention (its
-    warps per slot group h1, h2; mmadec: on the tensor cores) and the decode projections' grid (noloop, loop2,
-    loop4);
+    warps per slot group h1, h2; mmadec: on the tensor cores), the decode projections' grid (noloop, loop2,
+    loop4) and an INT4 model's prefill projections (int4staged: projection_int4_staged.cu);
   * a copy of the device state a decode step starts from, so that decode modes are compared from one prefill (two
     prefills differ in the last bits: their split-K projections add with atomics);
   * the kernel groups of a pass, which bench/pycuda_cycle.py times apart.
@@ -23,8 +23,10 @@ from ..model.cuda_layer_enqueue import LAYER_GROUPS
 LAUNCH_MODES = ("plain", "pdl", "persistent")
 # Kernel variants by name, as KernelPlan fields: the prefill attention (tiled: attention_tiled.cu; mma / mma2:
 # attention_mma.cu at 1 / 2 blocks per SM), the decode attention (h1 / h2: attention_decode.cu with 1 / 2 warps per
-# 8-slot group; mmadec: attention_mma.cu for the decode row too) and the decode projections' grid (noloop: a block per 8-row item; loop2 / loop4: 2 / 4 blocks per SM
-# looping over the items). A variant left unnamed keeps the base plan's choice.
+# 8-slot group; mmadec: attention_mma.cu for the decode row too), the decode projections' grid (noloop: a block per 8-row item; loop2 / loop4: 2 / 4 blocks per SM
+# looping over the items) and an INT4 model's prefill projections (int4staged: projection_int4_staged.cu, the
+# activations staged once per block; a float backend runs it as plain, and the mode in effect then drops the name).
+# A variant left unnamed keeps the base plan's choice.
 KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "mma": {"tensor_core_attention": True, "attention_blocks_per_sm": 1},
                    "mma2": {"tensor_core_attention": True, "attention_blocks_per_sm": 2},
@@ -33,7 +35,8 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "h2": {"decode_attention_head_split": 2},
                    "noloop": {"decode_gemv_blocks_per_sm": 0},
                    "loop2": {"decode_gemv_blocks_per_sm": 2},
-                   "loop4": {"decode_gemv_blocks_per_sm": 4}}
+                   "loop4": {"decode_gemv_blocks_per_sm": 4},
+                   "int4staged": {"staged_int4_prefill_projections": True}}
 # Device state a decode step reads or writes: what decode_state() / restore_decode_state() copy. The cycle's tables
 # (positions, slots, attend list) stay as begin_cycle wrote them.
 DECODE_STATE = ("k_cache", "v_cache", "resid", "ctl", "tokens_out")

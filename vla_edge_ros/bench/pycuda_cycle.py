@@ -85,7 +85,9 @@ def add_arguments(p) -> None:
                         "(programmatic dependent launch), persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (one "
                         "persistent kernel per step), each optionally with a prefill attention variant "
                         "+tiled|+mma|+mma2, a decode attention variant +h1|+h2 (warps per slot group) or +mmadec "
-                        "(on the tensor cores), a decode projection grid +noloop|+loop2|+loop4 (blocks per SM looping over items) and a KV "
+                        "(on the tensor cores), a decode projection grid +noloop|+loop2|+loop4 (blocks per SM "
+                        "looping over items), +int4staged (INT4 weights: prefill projections through "
+                        "projection_int4_staged.cu) and a KV "
                         "arena type +kv32|+kv16 (a backend of its own: float32 or bf16 K/V), e.g. "
                         "plain+tiled for the kernel before attention_mma.cu; the first is "
                         "the one the summary reports (default: the three launch modes with the configured kernels)")
@@ -101,8 +103,8 @@ KV_VARIANTS = {"kv32": "float32", "kv16": "bfloat16"}
 def launch_mode(text: str) -> str:
     """argparse type of a decode launch mode with optional kernel variants:
     plain | pdl | persistent[:blocks[:MiB]], then at most one of +tiled +mma +mma2, one of +h1 +h2, one of
-    +noloop +loop2 +loop4 (KERNEL_VARIANTS: variants that set the same switch exclude each other) and one of
-    +kv32 +kv16 (KV_VARIANTS)."""
+    +noloop +loop2 +loop4, +mmadec, +int4staged (KERNEL_VARIANTS: variants that set the same switch exclude each
+    other) and one of +kv32 +kv16 (KV_VARIANTS)."""
     mode, *variants = text.split("+")
     kind, *opts = mode.split(":")
     try:
@@ -115,8 +117,8 @@ def launch_mode(text: str) -> str:
     switches = [k for v in variants if v in KERNEL_VARIANTS for k in KERNEL_VARIANTS[v]]
     if not ok or len(switches) != len(set(switches)):
         raise argparse.ArgumentTypeError(f"launch mode {text!r}: plain, pdl or persistent[:1|2[:MiB]], then at most one "
-                                         f"of +tiled +mma +mma2, one of +h1 +h2, one of +noloop +loop2 +loop4 and one "
-                                         f"of +kv32 +kv16")
+                                         f"of +tiled +mma +mma2, one of +h1 +h2, one of +noloop +loop2 +loop4, "
+                                         f"+mmadec, +int4staged and one of +kv32 +kv16")
     return text
 
 

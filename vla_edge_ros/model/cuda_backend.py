@@ -373,8 +373,8 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         this device or model cannot run falls back, logged: fp32 weights take neither the tensor-core attention
         nor the persistent decode, a head_dim other than 128 has attention_mma.cu's 1-block entry only, a device
         without sm_90 launches ordinarily and one without sm_90a takes the "mma" bulk GEMM; INT4 projections take
-        neither the staged projections nor the persistent decode (bf16 kernels; cuda_kernel_plan.py). Returns the
-        plan in effect (also `kernel_plan`)."""
+        neither the staged projections nor the persistent decode (bf16 kernels; cuda_kernel_plan.py), and float
+        ones not the staged INT4 projections. Returns the plan in effect (also `kernel_plan`)."""
         _check_plan_type(plan)
         self._drop_graphs()
         staged = plan.staged_prefill_projections and self.dtype == "bfloat16" and not self.int4
@@ -383,7 +383,15 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
                      "projection_int4.cu" if self.int4 else "projection_f32.cu")
         if staged:
             self.kernels.load_family("projection_staged")   # on demand, but its first launch may be in a capture
-        in_effect = {"staged_prefill_projections": staged, **self._attention_in_effect(plan),
+        staged_int4 = plan.staged_int4_prefill_projections and self.int4
+        if plan.staged_int4_prefill_projections and not staged_int4:
+            log.info("staged INT4 prefill projections multiply INT4 weights only: %s projections keep %s",
+                     self._weights_kind(), "projection_staged.cu / projection_bf16.cu" if self.dtype == "bfloat16"
+                     else "projection_f32.cu")
+        if staged_int4:
+            self.kernels.load_family("projection_int4_staged")   # as projection_staged, before any capture
+        in_effect = {"staged_prefill_projections": staged, "staged_int4_prefill_projections": staged_int4,
+                     **self._attention_in_effect(plan),
                      "persistent_decode": self._persistent_in_effect(plan), "bulk_gemm": self._bulk_gemm_in_effect(plan)}
         # Last, once every family of the plan is loaded: the programmatic launcher copies their shared-memory limits.
         if plan.programmatic_launch:

@@ -1,5 +1,6 @@
 """INT4 weight matrices on the device and the launchers of their kernels (gemv_int4.cu: the one-row decode
-projections; projection_int4.cu: the tensor-core projections of many rows): a base class of
+projections; projection_int4.cu: the tensor-core projections of many rows; projection_int4_staged.cu: the same for
+up to 32 rows with the activations staged once per block, KernelPlan.staged_int4_prefill_projections): a base class of
 cuda_kernels.CudaKernels, which supplies `_function`, `_launch`, `_shared_limits` and `num_sms`.
 
 Int4Launchers extends ProjectionLaunchers: its gemv / projection take an Int4Matrix where the bf16 ones take
@@ -23,6 +24,8 @@ PROJ4_WARPS = 4                  # projection_int4.cu: warps per block, one 16-r
 PROJ4_BLOCK_COLUMNS = 128        # projection_int4.cu: columns per 16-byte load of a row (its K-split unit)
 PROJ4_TARGET_WARPS = 2048        # ADD: split K until about this many warps stream (as projection_bf16's launcher)
 PROJ4_MIN_BLOCKS_PER_SPLIT = 2   # ... each split still streaming at least this many 128-column blocks
+STG4_WARPS = 8                   # projection_int4_staged.cu: warps per block, one 16-row tile each, one K part
+STAGED_INT4_MAX_TOKENS = 32      # projection_int4_staged.cu: activation rows staged per block
 
 
 @dataclass(frozen=True)
@@ -108,30 +111,65 @@ class Int4Launchers(ProjectionLaunchers):
         """projection_int4.cu: what projection() computes (STORE / ADD / SWIGLU over n_tokens rows of x) from INT4
         weights on the tensor cores. ksplit (ADD only) splits K, in 128-column blocks, over warps that add
         atomically; by default enough for ~PROJ4_TARGET_WARPS warps."""
-        total_rows, K, groups = check_int4("projection_int4 weight", W)
-        _check_array("projection_int4 x", x, np.float32, 2)
-        _check_array("projection_int4 out", out, np.float32, 2)
-        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU), f"projection_int4: unknown mode {mode}")
+        rows, K, groups, out_cols, ksplit = self._projection_int4_checks(
+            "projection_int4", W, x, out, n_tokens, mode, bias, out_cols, w_row0, rows, ksplit, x_row0)
+        nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
+        grid = (ceil_div(ceil_div(rows, 16) * ksplit, PROJ4_WARPS), ceil_div(n_tokens, 8 * nt))
+        self._launch(f"projection_int4_nt{nt}", grid, PROJ4_WARPS * 32, stream,
+                     *_projection_int4_args(W, x, bias, out, rows, K, groups, n_tokens, out_cols, mode, ksplit,
+                                            w_row0, x_row0))
+
+    def projection_int4_staged(self, W: Int4Matrix, x, out, n_tokens: int, mode: int, stream, bias=None,
+                               out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
+                               ksplit: int | None = None, x_row0: int = 0):
+        """projection_int4_staged.cu (KernelPlan.staged_int4_prefill_projections, off by default, NOT MEASURED
+        YET): what projection_int4() computes, the same bits (ADD with ksplit > 1: the same parts, added in
+        another order), for n_tokens <= STAGED_INT4_MAX_TOKENS, each 128-column chunk of the activations split
+        into hi/lo once per block of 8 tiles in shared memory. The default ksplit is projection_int4's: the
+        same ~PROJ4_TARGET_WARPS warps (8 per block here), the same parts."""
+        rows, K, groups, out_cols, ksplit = self._projection_int4_checks(
+            "projection_int4_staged", W, x, out, n_tokens, mode, bias, out_cols, w_row0, rows, ksplit, x_row0)
+        _check(n_tokens <= STAGED_INT4_MAX_TOKENS,
+               f"projection_int4_staged: {n_tokens} tokens > {STAGED_INT4_MAX_TOKENS} (the rows a block stages)")
+        grid = (ceil_div(ceil_div(rows, 16), STG4_WARPS) * ksplit,)
+        self._launch("projection_int4_staged", grid, STG4_WARPS * 32, stream,
+                     *_projection_int4_args(W, x, bias, out, rows, K, groups, n_tokens, out_cols, mode, ksplit,
+                                            w_row0, x_row0))
+
+    @staticmethod
+    def _projection_int4_checks(what: str, W: Int4Matrix, x, out, n_tokens: int, mode: int, bias,
+                                out_cols: int | None, w_row0: int, rows: int | None, ksplit: int | None,
+                                x_row0: int) -> tuple[int, int, int, int, int]:
+        """(rows, K, groups, out_cols, ksplit) of a tensor-core INT4 projection, checked (KernelError naming `what`);
+        ksplit None: 1, or for ADD enough parts for ~PROJ4_TARGET_WARPS warps, each of at least
+        PROJ4_MIN_BLOCKS_PER_SPLIT 128-column blocks."""
+        total_rows, K, groups = check_int4(f"{what} weight", W)
+        _check_array(f"{what} x", x, np.float32, 2)
+        _check_array(f"{what} out", out, np.float32, 2)
+        _check(mode in (kc.MODE_STORE, kc.MODE_ADD, kc.MODE_SWIGLU), f"{what}: unknown mode {mode}")
         rows = total_rows - w_row0 if rows is None else rows
         _check(0 < rows and 0 <= w_row0 and w_row0 + rows <= total_rows,
-               f"projection_int4 weight: rows {w_row0}+{rows} > {total_rows}")
-        out_cols = output_columns("projection_int4", mode, rows, out_cols, out)
+               f"{what} weight: rows {w_row0}+{rows} > {total_rows}")
+        out_cols = output_columns(what, mode, rows, out_cols, out)
         _check(x.shape[1] >= K and x.shape[1] % 4 == 0,
-               f"projection_int4 x: row stride {x.shape[1]} must be >= K {K} and a multiple of 4")
+               f"{what} x: row stride {x.shape[1]} must be >= K {K} and a multiple of 4")
         _check(n_tokens >= 1 and x_row0 + n_tokens <= x.shape[0] and n_tokens <= out.shape[0],
-               f"projection_int4: {n_tokens} tokens exceed x/out rows")
+               f"{what}: {n_tokens} tokens exceed x/out rows")
         _check(bias is None or (bias.dtype == np.float32 and bias.shape[0] >= out_cols),
-               "projection_int4 bias: float32 [out_cols] expected")
+               f"{what} bias: float32 [out_cols] expected")
         n_tiles, n_blocks = ceil_div(rows, 16), ceil_div(K, PROJ4_BLOCK_COLUMNS)
         if ksplit is None:
             ksplit = 1
             if mode == kc.MODE_ADD:
                 ksplit = max(1, min(n_blocks // PROJ4_MIN_BLOCKS_PER_SPLIT, ceil_div(PROJ4_TARGET_WARPS, n_tiles)))
-        _check(ksplit == 1 or mode == kc.MODE_ADD, f"projection_int4: ksplit {ksplit} needs MODE_ADD (atomic adds)")
-        _check(1 <= ksplit <= n_blocks, f"projection_int4: ksplit {ksplit} outside [1, {n_blocks}]")
-        nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
-        grid = (ceil_div(n_tiles * ksplit, PROJ4_WARPS), ceil_div(n_tokens, 8 * nt))
-        self._launch(f"projection_int4_nt{nt}", grid, PROJ4_WARPS * 32, stream, ptr(W.packed, w_row0 * (K // 2)),
-                     ptr(W.scales, w_row0 * groups), np.int32(W.group), ptr(x, x_row0 * x.shape[1]), ptr(bias),
-                     ptr(out), np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(x.shape[1]),
-                     np.int32(out.shape[1]), np.int32(out_cols), np.int32(mode), np.int32(ksplit))
+        _check(ksplit == 1 or mode == kc.MODE_ADD, f"{what}: ksplit {ksplit} needs MODE_ADD (atomic adds)")
+        _check(1 <= ksplit <= n_blocks, f"{what}: ksplit {ksplit} outside [1, {n_blocks}]")
+        return rows, K, groups, out_cols, ksplit
+
+
+def _projection_int4_args(W: Int4Matrix, x, bias, out, rows: int, K: int, groups: int, n_tokens: int, out_cols: int,
+                          mode: int, ksplit: int, w_row0: int, x_row0: int) -> tuple:
+    """The arguments both tensor-core INT4 kernels take, in their order (rows from w_row0, x from row x_row0)."""
+    return (ptr(W.packed, w_row0 * (K // 2)), ptr(W.scales, w_row0 * groups), np.int32(W.group),
+            ptr(x, x_row0 * x.shape[1]), ptr(bias), ptr(out), np.int32(rows), np.int32(K), np.int32(n_tokens),
+            np.int32(x.shape[1]), np.int32(out.shape[1]), np.int32(out_cols), np.int32(mode), np.int32(ksplit))

@@ -13,7 +13,8 @@ for them by use_kernel_plan, said in the log: staged_prefill_projections (projec
 weights), persistent_decode (decode_persistent.cu streams bf16 rows through its stage bodies) and the bulk
 prefill with bulk_gemm (its GEMMs stage bf16 weight tiles; an INT4 model's long forwards take
 projection_int4.cu in passes of max_rows, cuda_backend._bulk_rows). The attention choices apply unchanged, and
-MEASURED_BEST runs INT4 as it is.
+MEASURED_BEST runs INT4 as it is. staged_int4_prefill_projections is the INT4 counterpart of the staged projections
+(projection_int4_staged.cu), off for float weights.
 
 This module imports no pycuda: a plan can be built and checked on a machine without a GPU.
 """
@@ -32,6 +33,15 @@ class KernelPlan:
     # projection_staged.cu (activations split once per block of 8 tiles) for bf16 prefill projections of up to
     # 32 rows; off: projection_bf16.cu. 2.75 -> 1.86 ms of projections per 32-row prefill.
     staged_prefill_projections: bool = True
+    # projection_int4_staged.cu for an INT4 model's prefill projections of up to 32 rows (the activations split into
+    # bf16 hi/lo once per block of 8 tiles in shared memory, each block's next weights streaming meanwhile); off:
+    # projection_int4.cu, where every warp loads and splits all 32 activation rows itself. The same bits (ADD split
+    # over K: the same parts, atomically added in another order). INT4 backends only: use_kernel_plan turns it off
+    # for float weights. NOT MEASURED YET: off until the lab's "plain+int4staged" says. Why it may win: each warp
+    # of projection_int4.cu reads 16 bytes of activations per byte of INT4 weights (four times bf16's ratio), and
+    # for bf16 the same staging took the 32-row prefill projections from 2.75 to 1.86 ms; issue 23's 6 ms INT4
+    # cycle needs that prefill fast.
+    staged_int4_prefill_projections: bool = False
     # attention_mma.cu (K, V, q and the softmax weights as bf16 hi/lo pairs, ~1e-5 relative) for bf16 prefill
     # attention; off: attention_tiled.cu's fp32 products. 2.28 -> 0.71 ms per 32-row prefill at 4064 cached.
     tensor_core_attention: bool = True
@@ -41,12 +51,11 @@ class KernelPlan:
 
     # ---- bf16 decode (one row)
     # The decode row's attention through attention_mma.cu as well (one 16-row tile holds the group's query heads;
-    # at most long_context_splits splits, each walking its chunks) instead of attention_decode.cu, where the prefill
-    # attention runs on the tensor cores. Why it may win: attention_decode.cu takes 52 us per layer at 32000 slots,
-    # 3.3x the K/V read floor, waiting on each 8-slot pass's dependent steps (bench/long_context_probe.py,
-    # 2026-12-03 second session), while attention_mma.cu's time follows its products, 1/32 of a 32-row prefill's
-    # here. NOT MEASURED YET: off until long_context_probe's "decode 1 row, mma" rows and the lab's "+mmadec" say.
-    # ~1e-5 relative instead of fp32 sums (attention_mma.cu's hi/lo products).
+    # at most long_context_splits splits, each walking its chunks) instead of attention_decode.cu. Measured slower
+    # (2026-12-03, third session, bench/long_context_probe.py): 70.6 us per layer at 32000 slots (2 blocks per SM:
+    # 92.1) against attention_decode.cu's 51.3, 13.5 against 11.7 at 4064; the cycle at 4064 cached 15.88 against
+    # 15.18 ms p50. A 16-row tile holding 6 query rows wastes most of each product, and the hi/lo split of K and V
+    # costs as much per slot as for 32 rows. Off; kept for the lab (+mmadec).
     decode_attention_tensor_cores: bool = False
     # Warps per 8-slot group of an attention_decode.cu block (each takes that share of the query heads):
     # bit-identical, 2 took 0.319 ms per step at 4064 cached where 1 took 0.348.
@@ -77,6 +86,9 @@ class KernelPlan:
     bulk_attention_stages: int = 1
 
     def __post_init__(self):
+        if not isinstance(self.staged_int4_prefill_projections, bool):
+            raise ValueError(f"staged_int4_prefill_projections must be True or False, got "
+                             f"{self.staged_int4_prefill_projections!r}")
         if self.decode_attention_head_split not in ATTN_DECODE_HEAD_SPLITS:
             raise ValueError(f"decode_attention_head_split must be one of {ATTN_DECODE_HEAD_SPLITS}, got "
                              f"{self.decode_attention_head_split!r}")

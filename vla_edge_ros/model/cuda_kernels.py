@@ -58,6 +58,7 @@ FAMILIES = {
     "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii", "gemv_bf16_items": "PPPfPPiiiiPPPPPPiiii"},
     "gemv_int4": {"gemv_int4": "PPiPPfPPiiiiPPPPPPiiii", "gemv_int4_items": "PPiPPfPPiiiiPPPPPPiiii"},
     "projection_int4": {f"projection_int4_nt{nt}": "PPiPPPiiiiiiii" for nt in (1, 2, 4)},
+    "projection_int4_staged": {"projection_int4_staged": "PPiPPPiiiiiiii"},
     "projection_staged": {"projection_staged": "PPPPiiiiiiii"},
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_merge": "PPPPiiii", "attention_merge_prefetch": "PPPPiiii"},
@@ -80,10 +81,11 @@ FAMILIES = {
 # Families compiled on the first launch of one of their kernels rather than by CudaKernels(): the
 # decoder never launches these (vision: the GPU vision path; projection_staged, attention_mma, decode_persistent: only
 # where the backend's KernelPlan (cuda_kernel_plan.py) names them; gemm_bulk, gemm_wgmma and prefill_bulk: only with
-# model.bulk_prefill_min_rows; gemv_int4 and projection_int4: INT4 weights only, loaded by such a backend),
-# so it should not pay their compile time.
+# model.bulk_prefill_min_rows; gemv_int4 and projection_int4: INT4 weights only, loaded by such a backend;
+# projection_int4_staged: an INT4 backend whose plan names it), so it should not pay their compile time.
 ON_DEMAND_FAMILIES = frozenset({"vision", "projection_staged", "decode_persistent", "attention_mma", "gemm_bulk",
-                                "gemm_wgmma", "prefill_bulk", "gemv_int4", "projection_int4"})
+                                "gemm_wgmma", "prefill_bulk", "gemv_int4", "projection_int4",
+                                "projection_int4_staged"})
 # Families built for an architecture's own instruction set (the "a" target, e.g. sm_90a for wgmma), which no
 # other architecture runs: family_arch() says where they can be built.
 ARCH_SPECIFIC_FAMILIES = {"gemm_wgmma": ("sm_90",)}

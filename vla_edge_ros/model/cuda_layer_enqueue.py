@@ -9,6 +9,7 @@ import numpy as np
 from . import cuda_kernels as ck
 from .cuda_attention_launchers import long_context_splits
 from .cuda_projection_launchers import STAGED_MAX_TOKENS, RopeTarget
+from .cuda_int4_launchers import STAGED_INT4_MAX_TOKENS, Int4Matrix
 from .cuda_bulk_launchers import FLASH_ROWS
 from .cuda_device_memory import BULK_PARTIAL_ROWS, LayerWeights
 
@@ -125,9 +126,13 @@ class LayerEnqueue:
 
     def _project(self, W, x, out, n: int, mode: int, **kw) -> None:
         """A projection of the split pipeline: projection_staged.cu where the kernel plan asks for it (bf16, up to
-        32 rows; the measured-best plan does), else projection_bf16.cu / projection_f32.cu / projection_int4.cu."""
+        32 rows; the measured-best plan does), projection_int4_staged.cu where it asks for that (INT4, up to 32
+        rows; not measured, off by default), else projection_bf16.cu / projection_f32.cu / projection_int4.cu."""
         if self.kernel_plan.staged_prefill_projections and W.dtype == np.uint16 and n <= STAGED_MAX_TOKENS:
             self.kernels.projection_staged(W, x, out, n, mode, self.stream, **kw)
+        elif (self.kernel_plan.staged_int4_prefill_projections and isinstance(W, Int4Matrix)
+              and n <= STAGED_INT4_MAX_TOKENS):
+            self.kernels.projection_int4_staged(W, x, out, n, mode, self.stream, **kw)
         else:
             self.kernels.projection(W, x, out, n, mode, self.stream, **kw)
 

@@ -1,0 +1,154 @@
+// projection_int4_staged.cu: y = x @ w_hat^T for INT4 weights (w_hat = q * s) and up to 32 fp32 activation rows
+// (the cycle's prefill), on the tensor cores, with the activations split into bf16 hi + lo ONCE per block in
+// shared memory: projection_staged.cu's design on projection_int4.cu's arithmetic.
+//
+// NOT MEASURED YET: off by default (KernelPlan.staged_int4_prefill_projections). Written because
+// projection_int4.cu follows projection_bf16.cu's unstaged design, and for bf16 staging took the 32-row prefill
+// projections from 2.75 to 1.86 ms on the H200 (issue 23's 6 ms cycle needs the INT4 prefill that fast or faster).
+//
+// Computes   acc[n, r] = sum_groups s[r, grp] * (sum_{k in grp} q[r, k] * x[n, k]) for r < rows, n < n_tokens
+//            <= 32, what projection_int4.cu computes; epilogue by mode (mma_bf16.cuh store_mma_tile): STORE
+//            (+ bias), ADD (atomicAdd when ksplit > 1), SWIGLU (gate/up rows interleaved in blocks of 8).
+// Numerics:  bit for bit projection_int4.cu's for STORE, SWIGLU and ADD with ksplit 1, and for each K part of
+//            ADD with ksplit > 1 (the same parts; their atomicAdds into out may land in another order): the same
+//            hi/lo split of x (~2^-16 relative left behind), the same pairing, the same 4 mma per step in the same
+//            order, the same fp32 group partials scaled by the fp16 scale at the same steps, all mma_int4.cuh's.
+// Why:       projection_int4.cu gives each warp one 16-row tile, and every warp loads its K range of the 32
+//            activation rows from L2 and splits them into hi/lo itself: 16 bytes of activations per byte of INT4
+//            weights (16 rows x 64 bytes against 32 tokens x 512 bytes per 128 columns; four times bf16's
+//            ratio), and the split repeated by every tile. Here the 8 warps of a block own 8 neighbouring tiles
+//            (128 rows) and the same K range; the block converts each 128-column chunk of the activations once
+//            into shared memory and the 8 warps read their B fragments from there.
+// Layouts:   Wq [rows, K / 2] uint8 (column 2j low nibble, 2j + 1 high, each q + 8); scales [rows, K / G] fp16
+//            bits; x [n_tokens, x_stride] float32 (first K columns); out [n_tokens, out_stride] float32.
+// Launch:    grid (ceil(n_tiles / 8) * ksplit), block 256 (8 warps); blockIdx.x = tile_group * ksplit + part;
+//            warp w owns tile 8 tile_group + w; part p covers the 128-column blocks int4_part_blocks gives
+//            (projection_int4.cu's split, so a part sums the same steps in both kernels). All 4 token tiles
+//            of 8 share every weight fragment; tiles past n_tokens are skipped (warp-uniform).
+// Loads:     as projection_int4.cu: per 128-column block lane (g, t) streams 16 bytes of rows g and g + 8
+//            (load_int4_block), quad_transpose gives it word 4 s + t of step s. Block blk + 1's loads and block
+//            blk's scales are issued before the block stages blk's activations, so they are in flight across the
+//            staging and its barrier.
+// Shared:    hi_s[b][n * STG4_ROW + w], lo_s likewise, b = chunk parity (double buffer: one barrier per chunk;
+//            a buffer is restaged only after every warp passed the next barrier, i.e. finished reading it),
+//            n = token < 32, w = word of the chunk: words 4 c8 .. 4 c8 + 3 hold the 8 columns 8 c8 .. 8 c8 + 7
+//            as pairs (v_i, v_{i+4}) (split_activations_int4, the pairing of int4_pairs). 2 x 2 x 32 x 80
+//            words = 40 KB, static. Rows padded to STG4_ROW = 80 words: an LDS.128 serves 8 lanes per phase,
+//            lanes (g, t), g in {0, 1}, read word (8 nt + g) * 80 + 16 s + 4 t, banks 16 g + 4 t .. + 3
+//            (mod 32): distinct; the staging stores of 8 consecutive items (one token, c8 = 0..7 or 8..15) hit
+//            banks 4 c8 .. + 3: distinct.
+// Preconditions: K % 32 == 0; G % 32 == 0 and K % G == 0; x_stride % 4 == 0 (16-byte aligned float4s); Wq rows
+//            16-byte aligned (K % 32 == 0 gives K / 2 % 16 == 0); 1 <= n_tokens <= 32; ksplit > 1 with ADD only;
+//            ksplit <= ceil(K / 128) (the launcher checks all of these).
+// Status:    compiled for sm_90 by scripts/compile_kernels.py (ptxas: 127 registers, no spills, 40960 bytes of
+//            shared memory: 2 blocks per SM by registers); not yet run on a GPU.
+#include "common.cuh"
+#include "mma_int4.cuh"
+
+#define STG4_WARPS 8
+#define STG4_THREADS (STG4_WARPS * 32)
+#define STG4_TOKENS 32
+#define STG4_ROW 80                      // words per staged token row: 64 (a 128-column chunk) + 16 of padding
+
+// Stage chunk `blk` (columns 128 blk .. + 127) of tokens [0, n_tok8) into hi / lo: item = (token n, 8-column
+// group c8), 16 items per token, consecutive threads on consecutive 32-byte pieces of a row (coalesced). Tokens
+// past n_tokens and steps past s_end stage zeros (never read past x's rows or K).
+__device__ __forceinline__ void stage_int4_chunk(uint32_t* hi, uint32_t* lo, const float* __restrict__ x, int x_stride,
+                                                 int n_tokens, int n_tok8, int blk, int s_end) {
+    for (int item = threadIdx.x; item < n_tok8 * 16; item += STG4_THREADS) {
+        const int n = item >> 4, c8 = item & 15;                 // token [0, n_tok8); column group [0, 16)
+        const int step = blk * INT4_BLOCK_STEPS + (c8 >> 2);     // its 32-column step
+        float v[8];
+        if (n < n_tokens && step < s_end) {
+            load_activations8(x + (size_t)n * x_stride + blk * 128 + c8 * 8, v);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[e] = 0.f;
+        }
+        uint32_t h[4], l[4];
+        split_activations_int4(v, h, l);
+        *reinterpret_cast<uint4*>(hi + n * STG4_ROW + 4 * c8) = make_uint4(h[0], h[1], h[2], h[3]);
+        *reinterpret_cast<uint4*>(lo + n * STG4_ROW + 4 * c8) = make_uint4(l[0], l[1], l[2], l[3]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(STG4_THREADS) projection_int4_staged(
+        const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group, const float* __restrict__ x,
+        const float* __restrict__ bias, float* out, int rows, int K, int n_tokens, int x_stride, int out_stride,
+        int out_cols, int mode, int ksplit) {
+    __shared__ __align__(16) uint32_t hi_s[2][STG4_TOKENS * STG4_ROW];
+    __shared__ __align__(16) uint32_t lo_s[2][STG4_TOKENS * STG4_ROW];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2;                                     // range [0, 8): row in tile / token in tile
+    const int t = lane & 3;                                      // range [0, 4): quad lane (k slot / token pair)
+    const int tile_group = blockIdx.x / ksplit;                  // range [0, ceil(n_tiles / 8))
+    const int part = blockIdx.x - tile_group * ksplit;           // range [0, ksplit)
+    const int tile = tile_group * STG4_WARPS + warp;             // may be past the last tile: stages, computes nothing
+    const bool active = tile * 16 < rows;                        // warp-uniform
+    const int row_a = tile * 16 + g, row_b = row_a + 8;
+    const bool ok_a = row_a < rows, ok_b = row_b < rows;
+    const int groups = K / group, steps_per_group = group >> 5, n_steps = K >> 5;
+    const uint8_t* qa_row = Wq + (size_t)(ok_a ? row_a : 0) * (K >> 1);
+    const uint8_t* qb_row = Wq + (size_t)(ok_b ? row_b : 0) * (K >> 1);
+    const uint16_t* sa_row = scales + (size_t)(ok_a ? row_a : 0) * groups;
+    const uint16_t* sb_row = scales + (size_t)(ok_b ? row_b : 0) * groups;
+    const int n_tok8 = (n_tokens + 7) & ~7;                      // staged tokens: whole token tiles
+    int b_begin, b_end, s_end;                                   // block-uniform: this part's blocks and steps
+    int4_part_blocks(part, ksplit, n_steps, b_begin, b_end, s_end);
+
+    float acc[4][4], partial[4][4];                              // [token tile][mma accumulator]
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = partial[nt][e] = 0.f;
+
+    uint32_t ma[4], mb[4];
+    load_int4_block(qa_row, ok_a, b_begin, t, n_steps, ma);
+    load_int4_block(qb_row, ok_b, b_begin, t, n_steps, mb);
+    for (int blk = b_begin; blk < b_end; ++blk) {                // block-uniform
+        const int buf = (blk - b_begin) & 1;
+        uint32_t na[4], nb[4];                                   // the next block's weights: in flight from here
+        load_int4_block(qa_row, ok_a && blk + 1 < b_end, blk + 1, t, n_steps, na);
+        load_int4_block(qb_row, ok_b && blk + 1 < b_end, blk + 1, t, n_steps, nb);
+        float sa[INT4_BLOCK_STEPS], sb[INT4_BLOCK_STEPS];        // the scale of each step that ends a group here
+#pragma unroll
+        for (int s = 0; s < INT4_BLOCK_STEPS; ++s) {
+            const int step = blk * INT4_BLOCK_STEPS + s;
+            const bool flush = step < s_end && int4_flush_here(step, steps_per_group, s_end);
+            sa[s] = int4_scale(sa_row, ok_a && flush, step / steps_per_group);
+            sb[s] = int4_scale(sb_row, ok_b && flush, step / steps_per_group);
+        }
+        stage_int4_chunk(hi_s[buf], lo_s[buf], x, x_stride, n_tokens, n_tok8, blk, s_end);
+        __syncthreads();                                         // chunk blk staged (and buffer buf^1 read by all)
+        if (active) {
+            quad_transpose(ma, t);
+            quad_transpose(mb, t);
+#pragma unroll
+            for (int s = 0; s < INT4_BLOCK_STEPS; ++s) {
+                const int step = blk * INT4_BLOCK_STEPS + s;    // range [0, K / 32)
+                if (step >= s_end) break;                        // block-uniform: the last block's tail past K
+                uint32_t pa[4], pb[4];
+                int4_pairs(ma[s], pa);
+                int4_pairs(mb[s], pb);
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) {
+                    if (nt * 8 >= n_tokens) break;               // warp-uniform: token tiles holding no token
+                    const int word = (nt * 8 + g) * STG4_ROW + s * 16 + 4 * t;   // token 8 nt + g, cols 32 s + 8 t ..
+                    const uint4 h = *reinterpret_cast<const uint4*>(hi_s[buf] + word);
+                    const uint4 l = *reinterpret_cast<const uint4*>(lo_s[buf] + word);
+                    const uint32_t hi[4] = {h.x, h.y, h.z, h.w}, lo[4] = {l.x, l.y, l.z, l.w};
+                    int4_mma_step(partial[nt], pa, pb, hi, lo);
+                }
+                if (int4_flush_here(step, steps_per_group, s_end)) flush_group<4>(acc, partial, sa[s], sb[s]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            ma[u] = na[u];
+            mb[u] = nb[u];
+        }
+    }
+
+    if (active)
+        store_mma_tile<4>(acc, out, out_stride, bias, rows, out_cols, n_tokens, 0, tile, g, t, mode, ksplit > 1);
+}
