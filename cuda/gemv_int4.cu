@@ -18,10 +18,10 @@
 //            scales [rows, K / G] fp16 bits; x [K] float32 (16-byte aligned; the caller offsets the row);
 //            norm_w [K]; out [out_cols or rows] float32; rope tables as qkv_rope.cuh.
 // Launch:    as gemv.cu: grid ceil(rows / 8) (gemv_int4) or a smaller grid looping over the items
-//            (gemv_int4_items), block GEMV_THREADS (8 warps), dynamic shared memory 4 K bytes. Warp w of
-//            an item streams row gemv_row(mode, item, w). Lane l streams the 16-byte chunks (32 columns)
-//            l, l + 32, ... of its row, GEMV4_LANE_LOADS per batch with their scales, the next batch's loads
-//            issued before this batch's arithmetic. The activations are staged swizzled
+//            (gemv_int4_items; gemv_int4_items2: two items in flight per warp), block GEMV_THREADS (8 warps),
+//            dynamic shared memory 4 K bytes. Warp w of an item streams row gemv_row(mode, item, w). Lane l
+//            streams the 16-byte chunks (32 columns) l, l + 32, ... of its row, GEMV4_LANE_LOADS per batch with
+//            their scales, the next batch's loads issued before this batch's arithmetic. The activations are staged swizzled
 //            (gemv_rows.cuh staged_index) so the lanes' 128-byte-apart reads do not collide in banks.
 // PDL:       the first batch of weight loads is issued before griddep_wait (the weights depend on nothing).
 // Preconditions: K % 32 == 0; G % 32 == 0 and K % G == 0 (a chunk lies in one scale group, so its 32
@@ -31,6 +31,7 @@
 //            order than numpy's, so within fp32 rounding of (int4.dequantize(...) @ v), not bit for bit.
 // Status:    compiled for sm_90 by scripts/compile_kernels.py; the STORE / ADD-only kernel this replaces ran
 //            on the H200 (notes/cuda_notes.md); this version with every mode is not yet run on a GPU.
+//            gemv_int4_items2 (KernelPlan.int4_gemv_rows_per_warp 2) is not yet run on a GPU either.
 #include <cuda_fp16.h>
 #include "gemv_rows.cuh"
 
@@ -135,17 +136,23 @@ __device__ __forceinline__ void gemv_int4_item(uint4 (&w)[U], uint16_t (&s)[U], 
     gemv_epilogue(mode, item, row_sum, bias, out, out_cols, rows, rt);
 }
 
-// The parameters both entries share (the host passes the same arguments to either).
-#define GEMV_INT4_ENTRY(NAME)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME(                                          \
-            const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group,                    \
-            const float* __restrict__ x, const float* __restrict__ norm_w, float eps, const float* bias,       \
-            float* out, int out_cols, int rows, int K, int mode,                                                \
-            const int* pos_table, const int* slot_table, const int* ctl, const float* inv_freq,                \
-            kv_t* k_cache, kv_t* v_cache, int n_q_heads, int n_kv_heads, int head_dim, int capacity)
+// The parameters every entry takes (the host passes the same arguments to each), and their names.
+#define GEMV_INT4_PARAMS                                                                                       \
+    const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group, const float* __restrict__ x, \
+    const float* __restrict__ norm_w, float eps, const float* bias, float* out, int out_cols, int rows, int K,   \
+    int mode, const int* pos_table, const int* slot_table, const int* ctl, const float* inv_freq,               \
+    kv_t* k_cache, kv_t* v_cache, int n_q_heads, int n_kv_heads, int head_dim, int capacity
+#define GEMV_INT4_ARGS                                                                                         \
+    Wq, scales, group, x, norm_w, eps, bias, out, out_cols, rows, K, mode, pos_table, slot_table, ctl, inv_freq, \
+    k_cache, v_cache, n_q_heads, n_kv_heads, head_dim, capacity
+#define GEMV_INT4_ENTRY(NAME) extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME(GEMV_INT4_PARAMS)
+
+// The dynamic shared memory of every entry: [K / 4] staged activations, swizzled. Declared once here: the same
+// extern array declared inside the kernel and inside the looped entries' device function draws nvcc's
+// "name linkage conflicts" warning.
+extern __shared__ float4 v_s4[];
 
 GEMV_INT4_ENTRY(gemv_int4) {
-    extern __shared__ float4 v_s4[];                            // [K / 4] staged activations, swizzled
     __shared__ float row_sum[GEMV_WARPS];
     __shared__ float scratch[32];
     const Int4Row row = int4_row(Wq, scales, gemv_row(mode, blockIdx.x, threadIdx.x >> 5), rows, K, group);
@@ -160,28 +167,54 @@ GEMV_INT4_ENTRY(gemv_int4) {
     gemv_int4_item(w, s, row, K, group, v_s4, scale, mode, blockIdx.x, row_sum, bias, out, out_cols, rows, rt);
 }
 
-// gemv_int4's items looped over a grid of a few blocks per SM (KernelPlan.decode_gemv_blocks_per_sm): the
-// activations staged (and RMS-normalised) once per block. Each item's first batch is loaded as the item
-// starts (gemv_item's hand-over of the next row's loads is a bf16 refinement not repeated here).
-GEMV_INT4_ENTRY(gemv_int4_items) {
-    extern __shared__ float4 v_s4[];                            // [K / 4] staged activations, swizzled
-    __shared__ float row_sum[GEMV_WARPS];
+// gemv_int4's items looped over a smaller grid (KernelPlan.decode_gemv_blocks_per_sm, or for INT4
+// int4_gemv_items_per_block): the activations staged (and RMS-normalised) once per block for all of its items,
+// items blockIdx.x, blockIdx.x + gridDim.x, ... for any grid. ROWS items at a time: each warp has the first batch
+// of ROWS rows in flight together (ROWS 2, KernelPlan.int4_gemv_rows_per_warp: a 1536-wide INT4 row is only 1.5
+// 16-byte loads per lane, so one row leaves a warp with little in flight). Each row's sum is gemv_int4_row's
+// whatever ROWS and the grid are, and every output has one writer, so every entry writes the same bits. Each
+// step's first batches are loaded as it starts (gemv_item's hand-over to the next row is a bf16 refinement not
+// repeated here).
+template <int ROWS>
+__device__ __forceinline__ void gemv_int4_loop(GEMV_INT4_PARAMS) {
+    __shared__ float row_sum[ROWS][GEMV_WARPS];
     __shared__ float scratch[32];
-    const int n_items = gemv_items(rows), warp = threadIdx.x >> 5;
-    uint4 w[GEMV4_LANE_LOADS];
-    uint16_t s[GEMV4_LANE_LOADS];
-    const int first = blockIdx.x < n_items ? gemv_row(mode, blockIdx.x, warp) : rows;
-    int4_batch_loads(int4_row(Wq, scales, first, rows, K, group), 0, K >> 5, group, w, s);
+    const int n_items = gemv_items(rows), warp = threadIdx.x >> 5, b = blockIdx.x, g = gridDim.x;
+    uint4 w[ROWS][GEMV4_LANE_LOADS];
+    uint16_t s[ROWS][GEMV4_LANE_LOADS];
+    // Slot r of the step from item i runs item i + r g: rows past the matrix (loads give zeros) where that is past
+    // the items. `in`: known to be an item (slot 0 inside the loop), so ROWS 1 tests nothing gemv_int4_items did not.
+    auto row_of = [&](int item, bool in) {
+        return int4_row(Wq, scales, in || item < n_items ? gemv_row(mode, item, warp) : rows, rows, K, group);
+    };
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) int4_batch_loads(row_of(b + r * g, false), 0, K >> 5, group, w[r], s[r]);
     griddep_wait();                                             // x (and the tables) come from earlier kernels
     griddep_launch_dependents();
-    if ((int)blockIdx.x >= n_items) return;                     // block-uniform
+    if (b >= n_items) return;                                   // block-uniform
     const float scale = gemv_stage_activations<true>(x, norm_w, eps, K, v_s4, scratch);
     const RopeTarget rt{pos_table, slot_table, ctl, inv_freq, k_cache, v_cache, n_q_heads, n_kv_heads, head_dim,
                         capacity};
-    for (int item = blockIdx.x; item < n_items; item += gridDim.x) {
-        const Int4Row row = int4_row(Wq, scales, gemv_row(mode, item, warp), rows, K, group);
-        if (item != (int)blockIdx.x) int4_batch_loads(row, 0, K >> 5, group, w, s);
-        gemv_int4_item(w, s, row, K, group, v_s4, scale, mode, item, row_sum, bias, out, out_cols, rows, rt);
-        __syncthreads();                                        // row_sum is reused by the next item
+    for (int item = b; item < n_items; item += ROWS * g) {
+        if (item != b) {
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) int4_batch_loads(row_of(item + r * g, r == 0), 0, K >> 5, group, w[r], s[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r > 0 && item + r * g >= n_items) break;        // block-uniform: the last step may hold fewer
+            const float acc = warp_sum(gemv_int4_row(w[r], s[r], row_of(item + r * g, r == 0), K, group, v_s4)) * scale;
+            if ((threadIdx.x & 31) == 0) row_sum[r][warp] = acc;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            if (r == 0 || item + r * g < n_items)
+                gemv_epilogue(mode, item + r * g, row_sum[r], bias, out, out_cols, rows, rt);
+        }
+        __syncthreads();                                        // row_sum is reused by the next step
     }
 }
+
+GEMV_INT4_ENTRY(gemv_int4_items) { gemv_int4_loop<1>(GEMV_INT4_ARGS); }
+GEMV_INT4_ENTRY(gemv_int4_items2) { gemv_int4_loop<2>(GEMV_INT4_ARGS); }

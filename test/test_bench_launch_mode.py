@@ -10,7 +10,8 @@ from vla_edge_ros.bench.pycuda_cycle import LAUNCH_MODES, launch_mode
                                   "plain+mma", "plain+tiled", "pdl+mma2", "persistent:2+mma2", "plain+h2",
                                   "plain+mma2+h1", "pdl+h2+tiled", "plain+loop4", "plain+h2+loop2+mma2",
                                   "plain+kv16", "plain+kv32", "pdl+h1+kv16+loop4", "plain+int4staged",
-                                  "pdl+int4staged+mma2+kv16"])
+                                  "pdl+int4staged+mma2+kv16", "plain+i4ipb2", "plain+i4ipb4", "plain+i4ipb8",
+                                  "plain+i4ipb4+i4x2", "pdl+i4x2+i4ipb8+loop2+kv16", "plain+int4staged+i4ipb2"])
 def test_launch_modes_that_parse(text):
     assert launch_mode(text) == text
 
@@ -19,7 +20,8 @@ def test_launch_modes_that_parse(text):
                                   "persistent:1:2:3", "plain:", "plain+", "plain+fast", "plain+mma+tiled",
                                   "plain+mma+mma2", "plain+mma+mma", "plain+wide", "plain+h1+h2", "plain+h2+h2", "plain+loop2+loop4", "plain+loop3",
                                   "plain+kv16+kv32", "plain+kv16+kv16", "plain+kv8", "plain+pf16",
-                                  "plain+int4staged+int4staged"])
+                                  "plain+int4staged+int4staged", "plain+i4x2", "plain+i4ipb2+i4ipb4",
+                                  "plain+i4ipb3", "plain+i4ipb4+i4x2+i4x2", "plain+i4ipb16"])
 def test_launch_modes_that_are_refused_with_the_syntax(text):
     with pytest.raises(argparse.ArgumentTypeError, match="plain, pdl or persistent"):
         launch_mode(text)
@@ -57,6 +59,7 @@ class _PlanRecorder:
     ("plain+mma2+h2", "plain+h2", ("tensor_core_attention",)),
     ("plain+int4staged", "plain+int4staged", ()),                            # an INT4 backend
     ("plain+int4staged+h1", "plain+h1", ("staged_int4_prefill_projections",)),  # float weights: forced off
+    ("plain+i4ipb4+i4x2", "plain+i4ipb4+i4x2", ()),                            # an INT4 backend
 ])
 def test_a_launch_mode_names_what_took_effect(mode, in_effect, cannot):
     from vla_edge_ros.bench.pycuda_cycle import apply_launch_mode
@@ -82,3 +85,24 @@ def test_a_launch_mode_plan_changes_only_what_it_names():
     for mode in ("persistent", "plain"):
         kernel_lab.apply_launch_mode(recorder, mode)
     assert [p.persistent_decode for p in recorder.plans] == [True, False]
+
+
+def test_a_float_backend_drops_the_int4_decode_grid_from_the_mode_in_effect():
+    import dataclasses
+    from vla_edge_ros.bench.pycuda_cycle import apply_launch_mode
+
+    class _Float(_PlanRecorder):                 # use_kernel_plan as a float backend: the INT4 grid forced off
+        def use_kernel_plan(self, plan):
+            self.plans.append(plan)
+            return dataclasses.replace(plan, int4_gemv_items_per_block=0, int4_gemv_rows_per_warp=1)
+    assert apply_launch_mode(_Float("bfloat16"), "plain+i4ipb8+i4x2+h1") == "plain+h1"
+
+
+def test_the_cycle_help_lists_every_kernel_variant(capsys):
+    from vla_edge_ros.bench import pycuda_cycle
+    from vla_edge_ros.bench.kernel_lab import KERNEL_VARIANTS
+    with pytest.raises(SystemExit):
+        pycuda_cycle.main(["--help"])
+    text = capsys.readouterr().out
+    missing = [v for v in KERNEL_VARIANTS if f"+{v}" not in text]
+    assert not missing, f"pycuda_cycle --help names no {missing}"

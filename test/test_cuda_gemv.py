@@ -180,6 +180,10 @@ def test_decode_variants_give_the_same_cycle(tiny_weights):
         looped = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
         np.testing.assert_array_equal(base[0], looped[0])
         assert_close(looped[1], base[1], rtol=1e-5, atol=1e-5 * peak(base[1]), what="prefill logits, h2 + loop4")
+        # The INT4 decode grid is for INT4 weights: a bf16 backend runs gemv.cu's and says so in the plan in effect.
+        in_effect = b.use_kernel_plan(dataclasses.replace(plan, int4_gemv_items_per_block=4, int4_gemv_rows_per_warp=2))
+        assert (in_effect.int4_gemv_items_per_block, in_effect.int4_gemv_rows_per_warp) == (0, 1)
+        np.testing.assert_array_equal(base[0], one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)[0])
         with pytest.raises(ValueError, match="decode_gemv_blocks_per_sm must be in"):
             b.use_kernel_plan(dataclasses.replace(plan, decode_gemv_blocks_per_sm=9))
         with pytest.raises(ValueError, match="needs a cuda_kernel_plan.KernelPlan"):

@@ -5,7 +5,8 @@ they are; the reference is kernel_reference's gemv oracle (folded_projection_ref
 w_hat = int4.dequantize(...) in float64. Every mode with and without the RMSNorm prologue, the 1.5B shape's
 projections (K 1536 and 8960, groups of 128), groups of 32 and 64 (tiny models), ragged row counts, the
 row-permuted layouts (gate/up interleaved, QKV_ROPE's order: packed rows and scale rows permuted together),
-the looped-items entry bit for bit against one block per item, and the refusals by name.
+the looped-items entry bit for bit against one block per item (the decode gemv grid of KernelPlan.
+int4_gemv_items_per_block / int4_gemv_rows_per_warp too, every mode), and the refusals by name.
 
 Tolerance: fp32 FMAs over K <= 8960 exact q * fp32 x products, summed in another order than float64 and
 scaled per 32-column chunk: ~1e-6 of the output's scale, as gemv.cu's bf16 products; 1e-5 of it (plus 1e-5
@@ -156,6 +157,93 @@ def test_gemv_int4_items_loop_gives_the_same_sums(kn, gpu, blocks_per_sm):
             got.append(out.get())
         assert np.isfinite(got[0][:, :kw.get("out_cols", n_rows)]).all(), f"{what}: outputs left unwritten"
         np.testing.assert_array_equal(got[1], got[0], err_msg=f"{what}: looped items differ from a block per item")
+
+
+# (items_per_block, rows_per_warp): KernelPlan.int4_gemv_items_per_block / int4_gemv_rows_per_warp. Odd counts leave
+# blocks with fewer items and, with two rows per warp, a last step holding one; 64 leaves a grid of a few blocks.
+ITEM_GRIDS = [(2, 1), (3, 1), (8, 1), (2, 2), (3, 2), (8, 2), (64, 2)]
+
+
+def _int4_grid_outputs(kn, stream, launch, out_init, grids):
+    """What `launch(out, items_per_block, rows_per_warp)` leaves in a fresh copy of out_init (a list of device
+    arrays and host arrays to copy there) for a block per item and for each of `grids`."""
+    results = []
+    for ipb, rpw in [(0, 1), *grids]:
+        outs = [init() for init in out_init]
+        launch(outs, ipb, rpw)
+        stream.synchronize()
+        results.append(((ipb, rpw), [o.get() for o in outs]))
+    return results
+
+
+def _assert_same_bits(results, what):
+    (_, base), *others = results
+    for (ipb, rpw), got in others:
+        for i, (g, b) in enumerate(zip(got, base)):
+            np.testing.assert_array_equal(g, b, err_msg=f"{what} output {i}: {ipb} items per block, {rpw} rows "
+                                                        f"per warp differ from a block per item")
+
+
+@pytest.mark.parametrize("k", [1536, 8960])
+def test_gemv_int4_items_per_block_gives_the_same_bits(kn, gpu, k):
+    """int4_gemv_items_per_block N (every projection looped over ceil(items / N) blocks) and
+    int4_gemv_rows_per_warp 2 (gemv_int4_items2) write what a block per item writes, bit for bit, in STORE (norm,
+    bias), ADD, SWIGLU (norm, ragged out_cols): each row's sum is gemv_int4_row's whatever the grid, one writer
+    per output. K 8960 (down) streams several batches per row, so gemv_int4_items2's second row waits in flight."""
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
+    rows, group = 16 * 37 + 8, 128                                     # 75 items: odd, a last one half empty
+    rng = np.random.default_rng(k)
+    packed, scales, _ = _quantized(rng, rows, k, group)
+    W = _device(ga, packed, scales, group)
+    x = ga.to_gpu((rng.standard_normal((2, k)) * 2).astype(np.float32))
+    norm_w = ga.to_gpu(rng.standard_normal(k).astype(np.float32))
+    bias = ga.to_gpu(rng.standard_normal(rows).astype(np.float32))
+    base = rng.standard_normal((1, rows)).astype(np.float32)
+    cases = [("STORE", MODE_STORE, dict(norm_w=norm_w, eps=1e-6, bias=bias, rows=rows - 5), None),
+             ("ADD", MODE_ADD, dict(rows=rows), base),
+             ("SWIGLU", MODE_SWIGLU, dict(norm_w=norm_w, eps=1e-6, out_cols=(rows - 8) // 2 - 3, rows=rows - 8), None)]
+    for what, mode, kw, init in cases:
+        def launch(outs, ipb, rpw):
+            kn.gemv(W, x, outs[0], mode, stream, x_row0=1, items_per_block=ipb, rows_per_warp=rpw, **kw)
+        out_init = [lambda: ga.to_gpu(init.copy()) if init is not None else _nan(ga, (1, rows))]
+        results = _int4_grid_outputs(kn, stream, launch, out_init, ITEM_GRIDS)
+        n_out = kw.get("out_cols", kw["rows"])
+        assert np.isfinite(results[0][1][0][:, :n_out]).all(), f"{what}: outputs left unwritten"
+        _assert_same_bits(results, f"{what} K {k}")
+
+
+@pytest.mark.parametrize("norm", [False, True])
+def test_gemv_int4_items_per_block_qkv_rope_gives_the_same_bits(kn, gpu, norm):
+    """QKV_ROPE (q written, K/V stored into the cache slot) on the 1.5B q|k|v shape (256 items) through every
+    grid of ITEM_GRIDS: the same bits as a block per item in q and in both caches."""
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import MODE_QKV_ROPE
+    from vla_edge_ros.model.cuda_projection_launchers import RopeTarget
+    hq, kvh, hd, group, hidden, cap = 12, 2, 128, 128, 1536, 64
+    rng = np.random.default_rng(23 + norm)
+    qkv_rows = (hq + 2 * kvh) * hd
+    packed, scales, _ = _quantized(rng, qkv_rows, hidden, group)
+    dev_packed, dev_scales = layouts.int4_rows(packed, scales, layouts.qkv_rope_row_order(hq, kvh, hd))
+    W = _device(ga, dev_packed, dev_scales, group)
+    x = ga.to_gpu((rng.standard_normal((1, hidden)) * 2).astype(np.float32))
+    norm_w = ga.to_gpu(rng.standard_normal(hidden).astype(np.float32)) if norm else None
+    bias = ga.to_gpu(rng.standard_normal(qkv_rows).astype(np.float32))
+    tables = [ga.to_gpu(t) for t in (rng.integers(0, 30000, size=4).astype(np.int32),
+                                     rng.permutation(cap)[:4].astype(np.int32),
+                                     np.array([3, 0, 0, -1], np.int32), layouts.rope_inv_freq(1e6, hd))]
+    k0 = np.full((kvh, cap, hd), 7.0, np.float32)
+
+    def launch(outs, ipb, rpw):
+        out, k_d, v_d = outs
+        rope = RopeTarget(*tables, int(k_d.gpudata), int(v_d.gpudata), hq, kvh, hd, cap)
+        kn.gemv(W, x, out, MODE_QKV_ROPE, stream, norm_w=norm_w, eps=1e-6, bias=bias, rope=rope,
+                items_per_block=ipb, rows_per_warp=rpw)
+    out_init = [lambda: _nan(ga, (1, qkv_rows)), lambda: ga.to_gpu(k0.copy()), lambda: ga.to_gpu(k0.copy())]
+    results = _int4_grid_outputs(kn, stream, launch, out_init, ITEM_GRIDS)
+    q, k_cache, _ = results[0][1]
+    assert np.isfinite(q[:, :hq * hd]).all() and (k_cache != 7.0).any(), "q or the K slot left unwritten"
+    _assert_same_bits(results, f"QKV_ROPE norm={norm}")
 
 
 def test_gemv_int4_refuses_what_it_cannot_take(kn, gpu):

@@ -142,7 +142,8 @@ def test_int4_long_forwards_match_numpy(int4_model):
 def test_int4_kernel_plan_variants(int4_model):
     """MEASURED_BEST runs INT4 with staged projections and the persistent decode forced off (no INT4 kernel);
     asking for the persistent decode changes nothing; the decode variants INT4 has (the looped items, two
-    warps per attention group, programmatic launch) pick the tokens of the plain plan."""
+    warps per attention group, programmatic launch, int4_gemv_items_per_block with one or two rows per warp) pick
+    the tokens of the plain plan."""
     from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST, KernelPlan
     spec = int4_model[0]
     cuda, _ = _backends(int4_model, "bfloat16")
@@ -151,10 +152,15 @@ def test_int4_kernel_plan_variants(int4_model):
     base = one_cycle(cuda, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
     variants = [dataclasses.replace(MEASURED_BEST, persistent_decode=True), MEASURED_BEST,
                 dataclasses.replace(plain, decode_gemv_blocks_per_sm=1),
-                dataclasses.replace(MEASURED_BEST, programmatic_launch=True)]
+                dataclasses.replace(MEASURED_BEST, programmatic_launch=True),
+                # The INT4 decode grid (off by default, not measured): every projection looped, two rows per warp.
+                dataclasses.replace(MEASURED_BEST, int4_gemv_items_per_block=4),
+                dataclasses.replace(MEASURED_BEST, int4_gemv_items_per_block=3, int4_gemv_rows_per_warp=2)]
     for plan in variants:
         in_effect = cuda.use_kernel_plan(plan)
         assert not in_effect.persistent_decode and not in_effect.staged_prefill_projections
+        assert (in_effect.int4_gemv_items_per_block, in_effect.int4_gemv_rows_per_warp) == \
+            (plan.int4_gemv_items_per_block, plan.int4_gemv_rows_per_warp), "an INT4 backend keeps its grid"
         tokens, logits = one_cycle(cuda, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
         np.testing.assert_array_equal(tokens, base[0], err_msg=str(plan))
         assert rel_norm(logits, base[1]) < 1e-5, plan        # split-K atomics may order sums differently

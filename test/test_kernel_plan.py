@@ -23,6 +23,7 @@ def test_the_measured_best_plan_is_the_default():
     # Not measured yet (2026-12-03): off until the probe and the lab say otherwise.
     assert MEASURED_BEST.decode_attention_tensor_cores is False
     assert MEASURED_BEST.staged_int4_prefill_projections is False
+    assert (MEASURED_BEST.int4_gemv_items_per_block, MEASURED_BEST.int4_gemv_rows_per_warp) == (0, 1)
     assert (MEASURED_BEST.bulk_gemm, MEASURED_BEST.bulk_activation_parts, MEASURED_BEST.bulk_attention_stages) == \
         ("wgmma128", 2, 1)
 
@@ -39,6 +40,14 @@ def test_the_measured_best_plan_is_the_default():
     ({"bulk_attention_stages": 0}, "bulk_attention_stages must be 1 or 2"),
     ({"staged_int4_prefill_projections": 1}, "staged_int4_prefill_projections must be True or False"),
     ({"staged_int4_prefill_projections": "yes"}, "staged_int4_prefill_projections must be True or False"),
+    ({"int4_gemv_items_per_block": 65}, "int4_gemv_items_per_block must be in [0, 64]"),
+    ({"int4_gemv_items_per_block": -1}, "int4_gemv_items_per_block must be in [0, 64]"),
+    ({"int4_gemv_items_per_block": True}, "int4_gemv_items_per_block must be in [0, 64]"),
+    ({"int4_gemv_items_per_block": 2.0}, "int4_gemv_items_per_block must be in [0, 64]"),
+    ({"int4_gemv_items_per_block": 4, "int4_gemv_rows_per_warp": 3}, "int4_gemv_rows_per_warp must be one of"),
+    ({"int4_gemv_items_per_block": 4, "int4_gemv_rows_per_warp": True}, "int4_gemv_rows_per_warp must be one of"),
+    ({"int4_gemv_rows_per_warp": 2}, "int4_gemv_rows_per_warp 2 needs int4_gemv_items_per_block >= 2"),
+    ({"int4_gemv_items_per_block": 1, "int4_gemv_rows_per_warp": 2}, "needs int4_gemv_items_per_block >= 2"),
 ])
 def test_an_impossible_plan_is_refused_naming_the_choice(change, fragment):
     with pytest.raises(ValueError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
@@ -85,3 +94,21 @@ def test_the_lab_names_the_staged_int4_prefill_projections():
     assert KERNEL_VARIANTS["int4staged"] == {"staged_int4_prefill_projections": True}
     assert mode_plan("plain+int4staged") == dataclasses.replace(MEASURED_BEST, staged_int4_prefill_projections=True)
     assert mode_plan("plain").staged_int4_prefill_projections is False
+
+
+@pytest.mark.parametrize("items, rows", [(1, 1), (2, 2), (8, 1), (64, 2)])
+def test_the_int4_decode_grid_choices_that_validate(items, rows):
+    plan = dataclasses.replace(MEASURED_BEST, int4_gemv_items_per_block=items, int4_gemv_rows_per_warp=rows)
+    assert (plan.int4_gemv_items_per_block, plan.int4_gemv_rows_per_warp) == (items, rows)
+
+
+def test_the_lab_names_the_int4_decode_grid():
+    from vla_edge_ros.bench.kernel_lab import KERNEL_VARIANTS, mode_plan
+    for n in (2, 4, 8):
+        assert KERNEL_VARIANTS[f"i4ipb{n}"] == {"int4_gemv_items_per_block": n}
+        assert mode_plan(f"plain+i4ipb{n}") == dataclasses.replace(MEASURED_BEST, int4_gemv_items_per_block=n)
+    assert mode_plan("plain+i4ipb4+i4x2") == dataclasses.replace(MEASURED_BEST, int4_gemv_items_per_block=4,
+                                                                 int4_gemv_rows_per_warp=2)
+    with pytest.raises(ValueError, match="needs int4_gemv_items_per_block >= 2"):
+        mode_plan("plain+i4x2")
+    assert (mode_plan("plain").int4_gemv_items_per_block, mode_plan("plain").int4_gemv_rows_per_warp) == (0, 1)

@@ -109,7 +109,8 @@ def main(argv=None) -> int:
     p.add_argument("--launch-modes", nargs="+", default=["plain", "pdl", "persistent"], type=launch_mode,
                    help="plain | pdl | persistent[:<blocks per SM>[:<L2 prefetch MiB>]], each optionally with a "
                         "prefill attention variant +tiled|+mma|+mma2, decode attention variant +h1|+h2, decode projection "
-                        "grid +noloop|+loop2|+loop4 and, on an INT4 snapshot, +int4staged (bench/pycuda_cycle.py)")
+                        "grid +noloop|+loop2|+loop4 and, on an INT4 snapshot, +int4staged, +i4ipb2|+i4ipb4|+i4ipb8 and +i4x2 "
+                        "(bench/pycuda_cycle.py)")
     p.add_argument("--cached", type=int, default=4064)
     p.add_argument("--replays", type=int, default=50)
     p.add_argument("--ncu-window", choices=("decode", "prefill"), help="bracket one replay of this graph for ncu")

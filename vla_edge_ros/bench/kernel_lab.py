@@ -8,7 +8,9 @@ compare another choice, the lab builds a variant plan and switches a backend to 
     persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (every layer of a decode step in one cooperative kernel);
   * kernel variants a mode may add with '+': the prefill attention (tiled, mma, mma2), the decode attention (its
     warps per slot group h1, h2; mmadec: on the tensor cores), the decode projections' grid (noloop, loop2,
-    loop4) and an INT4 model's prefill projections (int4staged: projection_int4_staged.cu);
+    loop4), an INT4 model's decode projections (i4ipb2, i4ipb4, i4ipb8: every one looped, ~2 / 4 / 8 items per
+    block; i4x2: two items in flight per warp of those) and its prefill projections (int4staged:
+    projection_int4_staged.cu);
   * a copy of the device state a decode step starts from, so that decode modes are compared from one prefill (two
     prefills differ in the last bits: their split-K projections add with atomics);
   * the kernel groups of a pass, which bench/pycuda_cycle.py times apart.
@@ -24,8 +26,10 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # Kernel variants by name, as KernelPlan fields: the prefill attention (tiled: attention_tiled.cu; mma / mma2:
 # attention_mma.cu at 1 / 2 blocks per SM), the decode attention (h1 / h2: attention_decode.cu with 1 / 2 warps per
 # 8-slot group; mmadec: attention_mma.cu for the decode row too), the decode projections' grid (noloop: a block per 8-row item; loop2 / loop4: 2 / 4 blocks per SM
-# looping over the items) and an INT4 model's prefill projections (int4staged: projection_int4_staged.cu, the
-# activations staged once per block; a float backend runs it as plain, and the mode in effect then drops the name).
+# looping over the items), an INT4 model's decode projections (i4ipbN: every one on ceil(items / N) blocks, ~N items
+# each; i4x2: each warp of those streams two items' rows at once, with an i4ipbN of N >= 2) and its prefill projections
+# (int4staged: projection_int4_staged.cu, the activations staged once per block). A float backend runs the INT4
+# variants as plain, and the mode in effect then drops their names.
 # A variant left unnamed keeps the base plan's choice.
 KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "mma": {"tensor_core_attention": True, "attention_blocks_per_sm": 1},
@@ -36,7 +40,9 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "noloop": {"decode_gemv_blocks_per_sm": 0},
                    "loop2": {"decode_gemv_blocks_per_sm": 2},
                    "loop4": {"decode_gemv_blocks_per_sm": 4},
-                   "int4staged": {"staged_int4_prefill_projections": True}}
+                   "int4staged": {"staged_int4_prefill_projections": True},
+                   **{f"i4ipb{n}": {"int4_gemv_items_per_block": n} for n in (2, 4, 8)},
+                   "i4x2": {"int4_gemv_rows_per_warp": 2}}
 # Device state a decode step reads or writes: what decode_state() / restore_decode_state() copy. The cycle's tables
 # (positions, slots, attend list) stay as begin_cycle wrote them.
 DECODE_STATE = ("k_cache", "v_cache", "resid", "ctl", "tokens_out")

@@ -87,7 +87,9 @@ def add_arguments(p) -> None:
                         "+tiled|+mma|+mma2, a decode attention variant +h1|+h2 (warps per slot group) or +mmadec "
                         "(on the tensor cores), a decode projection grid +noloop|+loop2|+loop4 (blocks per SM "
                         "looping over items), +int4staged (INT4 weights: prefill projections through "
-                        "projection_int4_staged.cu) and a KV "
+                        "projection_int4_staged.cu), +i4ipb2|+i4ipb4|+i4ipb8 (INT4 weights: every decode "
+                        "projection looped, ~2/4/8 items per block) with optionally +i4x2 (two items in flight "
+                        "per warp) and a KV "
                         "arena type +kv32|+kv16 (a backend of its own: float32 or bf16 K/V), e.g. "
                         "plain+tiled for the kernel before attention_mma.cu; the first is "
                         "the one the summary reports (default: the three launch modes with the configured kernels)")
@@ -103,8 +105,8 @@ KV_VARIANTS = {"kv32": "float32", "kv16": "bfloat16"}
 def launch_mode(text: str) -> str:
     """argparse type of a decode launch mode with optional kernel variants:
     plain | pdl | persistent[:blocks[:MiB]], then at most one of +tiled +mma +mma2, one of +h1 +h2, one of
-    +noloop +loop2 +loop4, +mmadec, +int4staged (KERNEL_VARIANTS: variants that set the same switch exclude each
-    other) and one of +kv32 +kv16 (KV_VARIANTS)."""
+    +noloop +loop2 +loop4, +mmadec, +int4staged, one of +i4ipb2 +i4ipb4 +i4ipb8, +i4x2 (with an +i4ipbN)
+    (KERNEL_VARIANTS: variants that set the same switch exclude each other) and one of +kv32 +kv16 (KV_VARIANTS)."""
     mode, *variants = text.split("+")
     kind, *opts = mode.split(":")
     try:
@@ -115,10 +117,16 @@ def launch_mode(text: str) -> str:
     ok = ok and all(v in KERNEL_VARIANTS or v in KV_VARIANTS for v in variants)
     ok = ok and sum(v in KV_VARIANTS for v in variants) <= 1
     switches = [k for v in variants if v in KERNEL_VARIANTS for k in KERNEL_VARIANTS[v]]
-    if not ok or len(switches) != len(set(switches)):
+    ok = ok and len(switches) == len(set(switches))
+    try:                                        # a plan KernelPlan refuses (+i4x2 without an +i4ipbN)
+        ok = ok and kernel_lab.mode_plan(text) is not None
+    except ValueError:
+        ok = False
+    if not ok:
         raise argparse.ArgumentTypeError(f"launch mode {text!r}: plain, pdl or persistent[:1|2[:MiB]], then at most one "
                                          f"of +tiled +mma +mma2, one of +h1 +h2, one of +noloop +loop2 +loop4, "
-                                         f"+mmadec, +int4staged and one of +kv32 +kv16")
+                                         f"+mmadec, +int4staged, one of +i4ipb2 +i4ipb4 +i4ipb8, +i4x2 (with an "
+                                         f"+i4ipbN) and one of +kv32 +kv16")
     return text
 
 

@@ -374,7 +374,8 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         nor the persistent decode, a head_dim other than 128 has attention_mma.cu's 1-block entry only, a device
         without sm_90 launches ordinarily and one without sm_90a takes the "mma" bulk GEMM; INT4 projections take
         neither the staged projections nor the persistent decode (bf16 kernels; cuda_kernel_plan.py), and float
-        ones not the staged INT4 projections. Returns the plan in effect (also `kernel_plan`)."""
+        ones not the staged INT4 projections nor the INT4 decode grid (int4_gemv_*). Returns the plan in effect (also
+        `kernel_plan`)."""
         _check_plan_type(plan)
         self._drop_graphs()
         staged = plan.staged_prefill_projections and self.dtype == "bfloat16" and not self.int4
@@ -390,7 +391,12 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
                      else "projection_f32.cu")
         if staged_int4:
             self.kernels.load_family("projection_int4_staged")   # as projection_staged, before any capture
+        int4_grid = {"int4_gemv_items_per_block": 0, "int4_gemv_rows_per_warp": 1}
+        if not self.int4 and any(getattr(plan, k) != v for k, v in int4_grid.items()):
+            log.info("the INT4 decode grid (int4_gemv_items_per_block, int4_gemv_rows_per_warp) applies to INT4 "
+                     "weights only: %s decode projections keep gemv.cu's grid", self._weights_kind())
         in_effect = {"staged_prefill_projections": staged, "staged_int4_prefill_projections": staged_int4,
+                     **({} if self.int4 else int4_grid),
                      **self._attention_in_effect(plan),
                      "persistent_decode": self._persistent_in_effect(plan), "bulk_gemm": self._bulk_gemm_in_effect(plan)}
         # Last, once every family of the plan is loaded: the programmatic launcher copies their shared-memory limits.

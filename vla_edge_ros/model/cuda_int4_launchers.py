@@ -26,6 +26,8 @@ PROJ4_TARGET_WARPS = 2048        # ADD: split K until about this many warps stre
 PROJ4_MIN_BLOCKS_PER_SPLIT = 2   # ... each split still streaming at least this many 128-column blocks
 STG4_WARPS = 8                   # projection_int4_staged.cu: warps per block, one 16-row tile each, one K part
 STAGED_INT4_MAX_TOKENS = 32      # projection_int4_staged.cu: activation rows staged per block
+GEMV4_MAX_ITEMS_PER_BLOCK = 64   # gemv_int4_items: 8-row items per block asked for, at most (int4_gemv_items_per_block)
+GEMV4_ROWS_PER_WARP = (1, 2)     # gemv_int4_items / gemv_int4_items2: items a warp streams at once (int4_gemv_rows_per_warp)
 
 
 @dataclass(frozen=True)
@@ -80,9 +82,13 @@ class Int4Launchers(ProjectionLaunchers):
 
     def gemv_int4(self, W: Int4Matrix, x, out, mode: int, stream, norm_w=None, eps: float = 0.0, bias=None,
                   out_cols: int | None = None, w_row0: int = 0, rows: int | None = None, x_row0: int = 0,
-                  rope=None, blocks_per_sm: int = 0):
+                  rope=None, blocks_per_sm: int = 0, items_per_block: int = 0, rows_per_warp: int = 1):
         """gemv_int4.cu: what gemv() computes (every mode, the RMSNorm prologue, rows [w_row0, w_row0 + rows))
-        from INT4 weights."""
+        from INT4 weights, the same bits whatever the grid. Grid: a block per 8-row item (gemv_int4), or looped
+        (gemv_int4_items) over blocks_per_sm per SM where there are more items than that; items_per_block > 0
+        instead loops every projection over ceil(items / items_per_block) blocks (KernelPlan
+        .int4_gemv_items_per_block, NOT MEASURED YET). rows_per_warp 2: the looped entry with two items in flight
+        per warp (gemv_int4_items2; KernelPlan.int4_gemv_rows_per_warp, NOT MEASURED YET)."""
         total_rows, K, groups = check_int4("gemv_int4 weight", W)
         _check_array("gemv_int4 x", x, np.float32, 2)
         _check_array("gemv_int4 out", out, np.float32, 2)
@@ -93,13 +99,21 @@ class Int4Launchers(ProjectionLaunchers):
         _check(x.shape[1] >= K and x.shape[1] % 4 == 0, f"gemv_int4: x's row stride {x.shape[1]} must be >= K {K} "
                                                          f"and a multiple of 4")
         _check(0 <= x_row0 < x.shape[0], f"gemv_int4 x: row {x_row0} outside {x.shape[0]} rows")
-        self._function("gemv_int4")                          # on demand: loads the family and its shared limit
-        limit = self._shared_limits["gemv_int4"]
+        _check(blocks_per_sm >= 0, f"gemv_int4: blocks_per_sm {blocks_per_sm} < 0")
+        _check(0 <= items_per_block <= GEMV4_MAX_ITEMS_PER_BLOCK,
+               f"gemv_int4: items_per_block {items_per_block} outside [0, {GEMV4_MAX_ITEMS_PER_BLOCK}]")
+        _check(rows_per_warp in GEMV4_ROWS_PER_WARP, f"gemv_int4: rows_per_warp {rows_per_warp} not in "
+                                                     f"{GEMV4_ROWS_PER_WARP}")
+        items, cap = ceil_div(rows, GEMV_THREADS // 32), blocks_per_sm * self.num_sms
+        if items_per_block > 0:
+            cap = ceil_div(items, items_per_block)
+        name, grid = ("gemv_int4_items", cap) if 0 < cap < items else ("gemv_int4", items)
+        if name == "gemv_int4_items" and rows_per_warp == 2:
+            name = "gemv_int4_items2"
+        self._function(name)                                 # on demand: loads the family and its shared limits
+        limit = self._shared_limits[name]
         _check(4 * K <= limit, f"gemv_int4: K {K} needs {4 * K} bytes of shared memory > {limit}")
         out_cols, rope_args = one_row_epilogue("gemv_int4", mode, rows, K, out_cols, out, norm_w, bias, rope)
-        _check(blocks_per_sm >= 0, f"gemv_int4: blocks_per_sm {blocks_per_sm} < 0")
-        items, cap = ceil_div(rows, GEMV_THREADS // 32), blocks_per_sm * self.num_sms
-        name, grid = ("gemv_int4_items", cap) if 0 < cap < items else ("gemv_int4", items)
         self._launch(name, (grid,), GEMV_THREADS, stream, ptr(W.packed, w_row0 * (K // 2)),
                      ptr(W.scales, w_row0 * groups), np.int32(W.group), ptr(x, x_row0 * x.shape[1]), ptr(norm_w),
                      np.float32(eps), ptr(bias), ptr(out), np.int32(out_cols), np.int32(rows), np.int32(K),

@@ -14,7 +14,8 @@ weights), persistent_decode (decode_persistent.cu streams bf16 rows through its 
 prefill with bulk_gemm (its GEMMs stage bf16 weight tiles; an INT4 model's long forwards take
 projection_int4.cu in passes of max_rows, cuda_backend._bulk_rows). The attention choices apply unchanged, and
 MEASURED_BEST runs INT4 as it is. staged_int4_prefill_projections is the INT4 counterpart of the staged projections
-(projection_int4_staged.cu), off for float weights.
+(projection_int4_staged.cu), off for float weights; so are int4_gemv_items_per_block and int4_gemv_rows_per_warp
+(gemv_int4.cu's looped grid for every INT4 decode projection).
 
 This module imports no pycuda: a plan can be built and checked on a machine without a GPU.
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cuda_attention_launchers import ATTN_DECODE_HEAD_SPLITS
+from .cuda_int4_launchers import GEMV4_MAX_ITEMS_PER_BLOCK, GEMV4_ROWS_PER_WARP
 from .cuda_bulk_launchers import BULK_GEMMS
 from .cuda_projection_launchers import GEMV_MAX_BLOCKS_PER_SM
 
@@ -64,6 +66,18 @@ class KernelPlan:
     # over a grid of that size, staging the activations once (gemv_bf16_items); 0: a block per item.
     # Bit-identical; decode projections 1.100 -> 1.029 ms per step at 4 (2: 1.165).
     decode_gemv_blocks_per_sm: int = 4
+    # INT4 decode projections only (use_kernel_plan: 0 for float weights): N > 0 loops EVERY one of them over
+    # ceil(items / N) blocks (gemv_int4_items; each block stages, and RMS-normalises, its activations once for its
+    # ~N items) in place of the rule above (1: a block per item, gate/up too); 0: the rule above. Bit-identical. NOT MEASURED YET: off until the lab's
+    # "plain+i4ipb2/4/8" says. Why it may win: INT4 decode projections took 1.029 ms per step, bf16's 1.025, for a
+    # quarter of the bytes (INT4 floor 0.161 ms), so fixed costs bind, not bytes; a block per item stages a whole
+    # activation row for 8 rows of 768 bytes (q|k|v, o, gate/up) and, for down, 35 KB of activations for 35 KB of
+    # weights. Why it may lose: down and o have 192 items, so N = 2 leaves 96 blocks for 132 SMs.
+    int4_gemv_items_per_block: int = 0
+    # INT4 decode projections only, with int4_gemv_items_per_block >= 2: 2 has each warp of the looped entry stream
+    # two items' rows at once (gemv_int4_items2), 1: one. Bit-identical. NOT MEASURED YET (lab: "+i4x2"). Why: a
+    # 1536-wide INT4 row is 1.5 16-byte loads per lane, so a warp on one row has about one load in flight.
+    int4_gemv_rows_per_warp: int = 1
     # Programmatic dependent launch of the decode kernels (sm_90+, cuda_pdl.py): each starts streaming its
     # weights while the one before finishes. Measured 0.1 ms per decode step slower with gemv.cu: off.
     programmatic_launch: bool = False
@@ -95,6 +109,17 @@ class KernelPlan:
         if not 0 <= self.decode_gemv_blocks_per_sm <= GEMV_MAX_BLOCKS_PER_SM:
             raise ValueError(f"decode_gemv_blocks_per_sm must be in [0, {GEMV_MAX_BLOCKS_PER_SM}], got "
                              f"{self.decode_gemv_blocks_per_sm!r}")
+        if not (type(self.int4_gemv_items_per_block) is int          # not a bool: an item count
+                and 0 <= self.int4_gemv_items_per_block <= GEMV4_MAX_ITEMS_PER_BLOCK):
+            raise ValueError(f"int4_gemv_items_per_block must be in [0, {GEMV4_MAX_ITEMS_PER_BLOCK}], got "
+                             f"{self.int4_gemv_items_per_block!r}")
+        if type(self.int4_gemv_rows_per_warp) is not int or self.int4_gemv_rows_per_warp not in GEMV4_ROWS_PER_WARP:
+            raise ValueError(f"int4_gemv_rows_per_warp must be one of {GEMV4_ROWS_PER_WARP}, got "
+                             f"{self.int4_gemv_rows_per_warp!r}")
+        if self.int4_gemv_rows_per_warp > 1 and self.int4_gemv_items_per_block < 2:
+            raise ValueError(f"int4_gemv_rows_per_warp {self.int4_gemv_rows_per_warp} needs "
+                             f"int4_gemv_items_per_block >= 2 (a block of one item has no second row to stream), "
+                             f"got {self.int4_gemv_items_per_block!r}")
         for name in ("attention_blocks_per_sm", "persistent_blocks_per_sm", "bulk_activation_parts",
                      "bulk_attention_stages"):
             if getattr(self, name) not in (1, 2):

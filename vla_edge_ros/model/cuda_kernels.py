@@ -56,7 +56,7 @@ FAMILIES = {
     "projection_bf16": {f"projection_bf16_nt{nt}": "PPPPiiiiiiii" for nt in (1, 2, 4)},
     "projection_f32": {"projection_f32": "PPPPiiiiiii"},
     "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii", "gemv_bf16_items": "PPPfPPiiiiPPPPPPiiii"},
-    "gemv_int4": {"gemv_int4": "PPiPPfPPiiiiPPPPPPiiii", "gemv_int4_items": "PPiPPfPPiiiiPPPPPPiiii"},
+    "gemv_int4": {name: "PPiPPfPPiiiiPPPPPPiiii" for name in ("gemv_int4", "gemv_int4_items", "gemv_int4_items2")},
     "projection_int4": {f"projection_int4_nt{nt}": "PPiPPPiiiiiiii" for nt in (1, 2, 4)},
     "projection_int4_staged": {"projection_int4_staged": "PPiPPPiiiiiiii"},
     "projection_staged": {"projection_staged": "PPPPiiiiiiii"},

@@ -47,10 +47,13 @@ class LayerEnqueue:
         """bf16 or INT4 decode (one row, gemv.cu / gemv_int4.cu, by the weights' type): RMSNorm folded into the
         q|k|v and gate/up projections, RoPE and the K/V store in the q|k|v epilogue, SwiGLU in the gate/up one,
         residual adds in the o/down ones."""
-        sp, s = self.spec, self.stream
+        sp, s, plan = self.spec, self.stream, self.kernel_plan
+        # The INT4 grid choices (off by default, not measured) go to INT4 weights only: gemv.cu takes neither.
+        int4_grid = dict(items_per_block=plan.int4_gemv_items_per_block, rows_per_warp=plan.int4_gemv_rows_per_warp)
 
-        def gemv(*args, **kw):
-            self.kernels.gemv(*args, blocks_per_sm=self.kernel_plan.decode_gemv_blocks_per_sm, **kw)
+        def gemv(W, *args, **kw):
+            self.kernels.gemv(W, *args, blocks_per_sm=plan.decode_gemv_blocks_per_sm,
+                              **(int4_grid if isinstance(W, Int4Matrix) else {}), **kw)
         if "projections" in groups:
             gemv(layer.w_qkv_rope, self.resid, self.qkv, ck.MODE_QKV_ROPE, s, norm_w=layer.input_norm,
                  eps=sp.rms_norm_eps, bias=layer.b_qkv, rope=self._rope_target(li))
