@@ -31,7 +31,8 @@
 // Helpers:   the loads, the quad transpose, the pairings, the 4-mma step, the K parts and the group flushes are
 //            mma_int4.cuh's, shared with projection_int4_staged.cu (the same sums with the activations split
 //            once per block in shared memory; KernelPlan.staged_int4_prefill_projections).
-// Status:    compiled for sm_90 by scripts/compile_kernels.py; not yet run on a GPU.
+// Status:    passed its tests on the H200 (2026-12-03, third session); at 1.5B the 32-row prefill's projections
+//            take 2.66 ms against the staged bf16 kernel's 1.88 (notes/cuda_notes.md).
 #include "common.cuh"
 #include "mma_int4.cuh"
 
