@@ -172,6 +172,9 @@ def test_swap_applied_at_a_cycle_boundary(model, harness, tmp_path):
                           log_dir=tmp_path)
     camera = H.CameraPublisher(harness, H.footage_rgb(120))
     try:
+        # What the nodes publish before discovery matches the collectors is lost to them, and the cycles around
+        # the first swaps must be seen (a slow discovery on CI missed the first ~75 cycles).
+        H.wait_matched(tokens, fallbacks, diagnostics)
         camera.start()
         status = H.wait_until(lambda: (s := H.latest_status(diagnostics, "reasoning")) and
                               int(s.get("swap.state_version", 0)) >= 1 and s, 30.0, "a swap applied by reasoning")
@@ -180,6 +183,9 @@ def test_swap_applied_at_a_cycle_boundary(model, harness, tmp_path):
                               int(s.get("swap.swaps", 0)) >= 4 and s, 30.0, "four swaps applied")
         swaps = int(status["swap.swaps"])          # the latest swap: its cycles are surely in the collectors
         time.sleep(1.0)                   # cycles keep running after the swap; one more 1 Hz diagnostics round
+        # The reconciler's own 1 Hz status (its publisher may be discovered after the reasoning node's).
+        reconciler = H.wait_until(lambda: H.latest_status(diagnostics, "reconciler"), 5.0,
+                                  "the reconciler's diagnostics")
         camera.stop()
         assert procs.dead() == {}, H.node_log(tmp_path, "reasoning")
     finally:
@@ -200,7 +206,6 @@ def test_swap_applied_at_a_cycle_boundary(model, harness, tmp_path):
     assert len(about_swaps) == 1 and "reconciled states applied so far (latest v" in about_swaps[0], \
         f"{swaps} swaps gave {len(about_swaps)} INFO lines:\n" + "\n".join(about_swaps[:10])
     assert len(info) <= 12, "\n".join(info)
-    reconciler = H.latest_status(diagnostics, "reconciler")
     assert int(reconciler["k_ready"]) >= int(status["swap.state_version"]), reconciler
     # How exact the state is, in /diagnostics: served cycles on an exact state, the rounds and why any were
     # aborted (categories), stale offers deferred, trigger -> swap, and the swap at the boundary in parts.
