@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from engine_oracle import cosine
+from gpu_cases import cycles_match_host_greedy
 from kernel_compare import rel_norm
 
 pytestmark = pytest.mark.gpu
@@ -86,25 +87,7 @@ def test_device_cycle_tokens_match_host_greedy(model, dtype):
     spec = model[0]
     cuda, ref = _backends(model, dtype)
     eager, _ = _backends(model, dtype, use_graphs=False)
-    rng = np.random.default_rng(6)
-    lo = spec.vocab_size - BINS
-    ctx_ids = rng.integers(0, spec.vocab_size, size=50)
-    ctx_slots = rng.permutation(300)[:50]
-    for b in (cuda, ref, eager):
-        b.forward(b.embed(ctx_ids), np.arange(50), ctx_slots, np.array([], np.int64), logits="none")
-    for cycle in range(3):                                    # graphs captured once, replayed after
-        p_ids = rng.integers(0, spec.vocab_size, size=12)
-        free = np.setdiff1d(np.arange(300), ctx_slots)
-        w_slots, d_slots = free[:12], free[12:20]
-        pos = 50 + np.arange(12) + cycle * 100
-        d_pos = pos[-1] + 1 + np.arange(8)
-        n_tokens = 9
-        expected = _host_greedy(ref, ref.embed(p_ids), pos, w_slots, ctx_slots, d_slots, d_pos, lo, n_tokens)
-        got = cuda.run_cycle_tokens(cuda.embed(p_ids), pos, w_slots, ctx_slots, d_slots, d_pos, lo, n_tokens)
-        got_eager = eager.run_cycle_tokens(eager.embed(p_ids), pos, w_slots, ctx_slots, d_slots, d_pos, lo, n_tokens)
-        np.testing.assert_array_equal(got, got_eager)
-        agree = np.mean(got == expected)
-        assert agree == 1.0 if dtype == "float32" else agree >= 7 / 9, (got, expected)
+    cycles_match_host_greedy(cuda, ref, eager, spec.vocab_size, 12, exact=dtype == "float32", n_bins=BINS)
     # one prefill graph + one decode graph, and the layers graph of the 50-row context forward
     assert sorted(key[0] for key in cuda._graphs) == ["decode", "layers", "prefill"]
 
@@ -130,17 +113,6 @@ def test_forward_without_logits_replays_one_graph_per_row_count(model, dtype):
         got, exp = (b.forward(b.embed(q), q_pos, q_slot, slots[:32 * rnd + 32], logits="last").logits for b in (cuda, ref))
         assert rel_norm(got, exp) < TOL[dtype], rnd
     assert sorted(key for key in cuda._graphs if key[0] == "layers") == [("layers", 1), ("layers", 32)]
-
-
-def _host_greedy(b, x, pos, w_slots, ctx_slots, d_slots, d_pos, lo, n_tokens):
-    logits = b.forward(x, pos, w_slots, ctx_slots).logits[0]
-    tokens = [lo + int(np.argmax(logits[lo:]))]
-    ctx = np.concatenate([ctx_slots, w_slots])
-    for j in range(n_tokens - 1):
-        logits = b.forward(b.embed(np.array([tokens[-1]])), d_pos[j:j + 1], d_slots[j:j + 1], ctx).logits[0]
-        ctx = np.concatenate([ctx, d_slots[j:j + 1]])
-        tokens.append(lo + int(np.argmax(logits[lo:])))
-    return np.array(tokens)
 
 
 def test_greedy_32_tokens_identical_in_fp32(model):

@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from gpu_cases import items_loop_case
 from kernel_compare import assert_close, peak
 from vla_edge_ros.model import kernel_reference as ref
 from vla_edge_ros.model import weight_layouts as layouts
@@ -133,27 +134,11 @@ def test_gemv_items_loop_gives_the_same_sums(kn, gpu, blocks_per_sm):
     """gemv_bf16_items (a grid of blocks_per_sm per SM looping over the 8-row items, the activations staged
     once per block) writes what gemv_bf16 writes, bit for bit: STORE with a bias and the RMSNorm prologue, ADD,
     SWIGLU with ragged outputs, on more items than the grid has blocks and a last item with missing rows."""
-    ga, stream = gpu
-    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
+    ga, _ = gpu
     rows, k = 16 * (kn.num_sms * 3 // 2) + 8, 264            # ~3 items per SM: some blocks take 2, 3 or 4 items
     rng = np.random.default_rng(rows + blocks_per_sm)
     w = ga.to_gpu(ref.to_bf16_bits((rng.standard_normal((rows, k)) / np.sqrt(k)).astype(np.float32)))
-    x = ga.to_gpu((rng.standard_normal((1, k)) * 2).astype(np.float32))
-    norm_w = ga.to_gpu(rng.standard_normal(k).astype(np.float32))
-    bias = ga.to_gpu(rng.standard_normal(rows).astype(np.float32))
-    base = rng.standard_normal((1, rows)).astype(np.float32)
-    cases = [("STORE", MODE_STORE, dict(norm_w=norm_w, eps=1e-6, bias=bias), rows - 5, None),
-             ("ADD", MODE_ADD, {}, rows, base),
-             ("SWIGLU", MODE_SWIGLU, dict(norm_w=norm_w, eps=1e-6, out_cols=(rows - 8) // 2 - 3), rows - 8, None)]
-    for what, mode, kw, n_rows, init in cases:
-        got = []
-        for bps in (0, blocks_per_sm):
-            out = ga.to_gpu(init.copy()) if init is not None else _nan(ga, (1, rows))
-            kn.gemv(w, x, out, mode, stream, rows=n_rows, blocks_per_sm=bps, **kw)
-            stream.synchronize()
-            got.append(out.get())
-        assert np.isfinite(got[0][:, :kw.get("out_cols", n_rows)]).all(), f"{what}: outputs left unwritten"
-        np.testing.assert_array_equal(got[1], got[0], err_msg=f"{what}: looped items differ from a block per item")
+    items_loop_case(kn, gpu, w, rows, k, rng, blocks_per_sm)
 
 
 def test_decode_variants_give_the_same_cycle(tiny_weights):

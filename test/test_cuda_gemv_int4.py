@@ -15,6 +15,7 @@ relative) leaves room and still fails any wrong row, column, nibble or scale.
 import numpy as np
 import pytest
 
+from gpu_cases import items_loop_case
 from kernel_compare import assert_close, peak
 from vla_edge_ros.model import int4
 from vla_edge_ros.model import kernel_reference as ref
@@ -135,28 +136,11 @@ def test_gemv_int4_qkv_rope_writes_q_and_kv_slots(kn, gpu, hq, kvh, hd, group, n
 def test_gemv_int4_items_loop_gives_the_same_sums(kn, gpu, blocks_per_sm):
     """gemv_int4_items (a grid of blocks_per_sm per SM looping over the 8-row items) writes what gemv_int4
     writes, bit for bit, on more items than the grid has blocks and a last item with missing rows."""
-    ga, stream = gpu
-    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
+    ga, _ = gpu
     rows, k, group = 16 * (kn.num_sms * 5 // 2) + 8, 1536, 128
     rng = np.random.default_rng(rows + blocks_per_sm)
     packed, scales, _ = _quantized(rng, rows, k, group)
-    W = _device(ga, packed, scales, group)
-    x = ga.to_gpu((rng.standard_normal((1, k)) * 2).astype(np.float32))
-    norm_w = ga.to_gpu(rng.standard_normal(k).astype(np.float32))
-    bias = ga.to_gpu(rng.standard_normal(rows).astype(np.float32))
-    base = rng.standard_normal((1, rows)).astype(np.float32)
-    cases = [("STORE", MODE_STORE, dict(norm_w=norm_w, eps=1e-6, bias=bias), rows - 5, None),
-             ("ADD", MODE_ADD, {}, rows, base),
-             ("SWIGLU", MODE_SWIGLU, dict(norm_w=norm_w, eps=1e-6, out_cols=(rows - 8) // 2 - 3), rows - 8, None)]
-    for what, mode, kw, n_rows, init in cases:
-        got = []
-        for bps in (0, blocks_per_sm):
-            out = ga.to_gpu(init.copy()) if init is not None else _nan(ga, (1, rows))
-            kn.gemv(W, x, out, mode, stream, rows=n_rows, blocks_per_sm=bps, **kw)
-            stream.synchronize()
-            got.append(out.get())
-        assert np.isfinite(got[0][:, :kw.get("out_cols", n_rows)]).all(), f"{what}: outputs left unwritten"
-        np.testing.assert_array_equal(got[1], got[0], err_msg=f"{what}: looped items differ from a block per item")
+    items_loop_case(kn, gpu, _device(ga, packed, scales, group), rows, k, rng, blocks_per_sm)
 
 
 # (items_per_block, rows_per_warp): KernelPlan.int4_gemv_items_per_block / int4_gemv_rows_per_warp. Odd counts leave
