@@ -15,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 
 from . import kernel_constants as kc
-from .cuda_launch_common import ceil_div, ptr
+from .cuda_launch_common import ceil_div, ptr, split_k
 from .cuda_launch_common import check as _check, check_array as _check_array
 from .cuda_projection_launchers import GEMV_THREADS, ProjectionLaunchers, one_row_epilogue, output_columns
 
@@ -172,12 +172,7 @@ class Int4Launchers(ProjectionLaunchers):
         _check(bias is None or (bias.dtype == np.float32 and bias.shape[0] >= out_cols),
                f"{what} bias: float32 [out_cols] expected")
         n_tiles, n_blocks = ceil_div(rows, 16), ceil_div(K, PROJ4_BLOCK_COLUMNS)
-        if ksplit is None:
-            ksplit = 1
-            if mode == kc.MODE_ADD:
-                ksplit = max(1, min(n_blocks // PROJ4_MIN_BLOCKS_PER_SPLIT, ceil_div(PROJ4_TARGET_WARPS, n_tiles)))
-        _check(ksplit == 1 or mode == kc.MODE_ADD, f"{what}: ksplit {ksplit} needs MODE_ADD (atomic adds)")
-        _check(1 <= ksplit <= n_blocks, f"{what}: ksplit {ksplit} outside [1, {n_blocks}]")
+        ksplit = split_k(what, mode, ksplit, n_blocks, PROJ4_MIN_BLOCKS_PER_SPLIT, n_tiles, PROJ4_TARGET_WARPS)
         return rows, K, groups, out_cols, ksplit
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import kernel_constants as kc
+
 ATTN_MAX_GROUP = 8              # query heads per KV head the attention kernels hold (common.cuh's ATTN_MAX_GROUP)
 
 
@@ -25,6 +27,20 @@ def check_array(name: str, a, dtype, ndim: int | None = None):
     check(a.dtype == np.dtype(dtype), f"{name}: dtype {a.dtype}, expected {np.dtype(dtype)}")
     if ndim is not None:
         check(len(a.shape) == ndim, f"{name}: shape {a.shape}, expected {ndim} dimensions")
+
+
+def split_k(what: str, mode: int, ksplit: int | None, n_units: int, min_units_per_split: int, n_parallel: int,
+            target: int) -> int:
+    """The K parts of a tensor-core projection (projection_bf16.cu, projection_staged.cu, the INT4 ones), checked.
+    None: 1, or for MODE_ADD (parts add atomically) enough parts that n_parallel tiles or blocks reach about
+    `target` of them, each part at least min_units_per_split of the n_units K units (steps or blocks)."""
+    if ksplit is None:
+        ksplit = 1
+        if mode == kc.MODE_ADD:
+            ksplit = max(1, min(n_units // min_units_per_split, ceil_div(target, n_parallel)))
+    check(ksplit == 1 or mode == kc.MODE_ADD, f"{what}: ksplit {ksplit} needs MODE_ADD (atomic adds)")
+    check(1 <= ksplit <= n_units, f"{what}: ksplit {ksplit} outside [1, {n_units}]")
+    return ksplit
 
 
 def ptr(a, elem_offset: int = 0) -> int:

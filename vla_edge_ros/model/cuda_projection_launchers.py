@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernel_constants as kc
-from .cuda_launch_common import ceil_div, ptr
+from .cuda_launch_common import ceil_div, ptr, split_k
 from .cuda_launch_common import check as _check, check_array as _check_array
 
 PROJ_WARPS = 4
@@ -120,12 +120,7 @@ class ProjectionLaunchers:
         _check(K % 32 == 0, f"projection bf16: K {K} not a multiple of 32")
         n_tiles = ceil_div(rows, 16)
         n_steps = K // 32
-        if ksplit is None:
-            ksplit = 1
-            if mode == kc.MODE_ADD:
-                ksplit = max(1, min(n_steps // PROJ_MIN_STEPS_PER_SPLIT, ceil_div(PROJ_TARGET_WARPS, n_tiles)))
-        _check(ksplit == 1 or mode == kc.MODE_ADD, f"projection: ksplit {ksplit} needs MODE_ADD (atomic accumulation)")
-        _check(1 <= ksplit <= n_steps, f"projection: ksplit {ksplit} outside [1, {n_steps}]")
+        ksplit = split_k("projection", mode, ksplit, n_steps, PROJ_MIN_STEPS_PER_SPLIT, n_tiles, PROJ_TARGET_WARPS)
         nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
         grid = (ceil_div(n_tiles * ksplit, PROJ_WARPS), ceil_div(n_tokens, 8 * nt))
         self._launch(f"projection_bf16_nt{nt}", grid, PROJ_WARPS * 32, stream, ptr(W, w_row0 * K), x_ptr, ptr(bias),
@@ -150,10 +145,8 @@ class ProjectionLaunchers:
         _check(bias is None or (bias.dtype == np.float32 and bias.shape[0] >= out_cols and mode == kc.MODE_STORE),
                "projection bias: float32 [out_cols] expected, STORE only")
         n_groups, n_steps = ceil_div(ceil_div(rows, 16), 8), K // 32
-        if ksplit is None:                      # about two blocks per SM, each at least one staged chunk
-            ksplit = 1 if mode != kc.MODE_ADD else max(1, min(n_steps // 4, ceil_div(2 * self.num_sms, n_groups)))
-        _check(ksplit == 1 or mode == kc.MODE_ADD, f"projection: ksplit {ksplit} needs MODE_ADD (atomic accumulation)")
-        _check(1 <= ksplit <= n_steps, f"projection: ksplit {ksplit} outside [1, {n_steps}]")
+        # About two blocks per SM, each at least one staged chunk (4 steps).
+        ksplit = split_k("projection", mode, ksplit, n_steps, 4, n_groups, 2 * self.num_sms)
         self._launch("projection_staged", (n_groups * ksplit,), 256, stream, ptr(W), ptr(x), ptr(bias), ptr(out),
                      np.int32(rows), np.int32(K), np.int32(n_tokens), np.int32(x.shape[1]), np.int32(out.shape[1]),
                      np.int32(out_cols), np.int32(mode), np.int32(ksplit))
