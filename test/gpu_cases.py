@@ -11,6 +11,8 @@ one_cycle:      a backend's context forward, then one cycle (prefill + 8 decode 
                 prefill logits).
 cycles_match_host_greedy: three device cycles (graphs captured once, replayed after) against the numpy
                 backend's host greedy loop and the same cycles launched eagerly (bf16 or INT4 weights alike).
+qkv_rope_case:  one decode GEMV in QKV_ROPE mode (bf16 or INT4 weights) against RMSNorm -> the natural q|k|v
+                projection + bias -> rope_store_ref: q in the output, k and v in their arena slots.
 items_loop_case: a decode GEMV's looped-items launch against a block per item, bit for bit, in STORE (norm,
                 bias), ADD and SWIGLU (norm, ragged out_cols), for any weight format the launcher takes.
 """
@@ -140,3 +142,38 @@ def items_loop_case(kn, gpu, W, rows, k, rng, blocks_per_sm):
             got.append(out.get())
         assert np.isfinite(got[0][:, :kw.get("out_cols", n_rows)]).all(), f"{what}: outputs left unwritten"
         np.testing.assert_array_equal(got[1], got[0], err_msg=f"{what}: looped items differ from a block per item")
+
+
+def qkv_rope_case(kn, gpu, W, w_ref, hq, kvh, hd, rng, norm, case, close):
+    """CudaKernels.gemv in QKV_ROPE mode with `W` (the device weights, rows in qkv_rope_row_order) on a fresh
+    bias, activation row, positions and slots drawn from `rng`, against kernel_reference on `w_ref` (the same
+    weights as float32, natural row order [q|k|v rows, hidden]): q in the output (its other columns untouched),
+    k and v stored after RoPE in their arena slots. close(got, expected, what): the calling file's bound."""
+    from vla_edge_ros.model import weight_layouts as layouts
+    from vla_edge_ros.model.cuda_kernels import MODE_QKV_ROPE, MODE_STORE
+    from vla_edge_ros.model.cuda_projection_launchers import RopeTarget
+    ga, stream = gpu
+    qkv_rows, hidden = w_ref.shape
+    cap, row_offset = 64, 3
+    bias = rng.standard_normal(qkv_rows).astype(np.float32)
+    x = (rng.standard_normal((1, hidden)) * 2).astype(np.float32)
+    norm_w = rng.standard_normal(hidden).astype(np.float32) if norm else None
+    pos = rng.integers(0, 30000, size=row_offset + 1).astype(np.int32)
+    slots = rng.permutation(cap)[:row_offset + 1].astype(np.int32)
+    inv = layouts.rope_inv_freq(1e6, hd)
+    ctl = np.array([row_offset, 0, 0, -1], np.int32)
+    k0 = np.full((kvh, cap, hd), 7.0, np.float32)
+    k_d, v_d = ga.to_gpu(k0), ga.to_gpu(k0.copy())
+    out = ga.to_gpu(np.full((1, qkv_rows), np.nan, np.float32))
+    rope = RopeTarget(ga.to_gpu(pos), ga.to_gpu(slots), ga.to_gpu(ctl), ga.to_gpu(inv), int(k_d.gpudata),
+                      int(v_d.gpudata), hq, kvh, hd, cap)
+    kn.gemv(W, ga.to_gpu(x), out, MODE_QKV_ROPE, stream, norm_w=ga.to_gpu(norm_w) if norm else None, eps=1e-6,
+            bias=ga.to_gpu(bias), rope=rope)
+    stream.synchronize()
+    pre = ref.folded_projection_ref(w_ref, x, MODE_STORE, norm_w=norm_w, eps=1e-6, bias=bias)   # [1, q+2kv]
+    e_qkv, e_k, e_v = ref.rope_store_ref(pre, pos, slots, ctl, inv, k0, k0.copy(), hq, kvh, hd)
+    got = out.get()
+    close(got[:, :hq * hd], e_qkv[:, :hq * hd], f"{case} q")
+    assert np.isnan(got[:, hq * hd:]).all(), "QKV_ROPE writes only the q columns of its output"
+    close(k_d.get(), e_k, f"{case} k cache")
+    close(v_d.get(), e_v, f"{case} v cache")

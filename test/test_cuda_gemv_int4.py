@@ -15,7 +15,7 @@ relative) leaves room and still fails any wrong row, column, nibble or scale.
 import numpy as np
 import pytest
 
-from gpu_cases import items_loop_case
+from gpu_cases import items_loop_case, qkv_rope_case
 from kernel_compare import assert_close, peak
 from vla_edge_ros.model import int4
 from vla_edge_ros.model import kernel_reference as ref
@@ -100,36 +100,13 @@ def test_gemv_int4_modes_match_reference(kn, gpu, rows, k, group, norm):
 def test_gemv_int4_qkv_rope_writes_q_and_kv_slots(kn, gpu, hq, kvh, hd, group, norm):
     """QKV_ROPE from the INT4 q|k|v in qkv_rope_row_order (packed and scale rows permuted together) against
     RMSNorm -> natural projection on w_hat + bias -> rope_store_ref."""
-    ga, stream = gpu
-    from vla_edge_ros.model.cuda_kernels import MODE_QKV_ROPE, MODE_STORE
-    from vla_edge_ros.model.cuda_projection_launchers import RopeTarget
+    ga, _ = gpu
     rng = np.random.default_rng(hq * hd + group + norm)
-    hidden, cap, row_offset = (1536 if hd == 128 else 128), 64, 3
-    qkv_rows = (hq + 2 * kvh) * hd
+    hidden, qkv_rows = (1536 if hd == 128 else 128), (hq + 2 * kvh) * hd
     packed, scales, w_hat = _quantized(rng, qkv_rows, hidden, group)
     dev_packed, dev_scales = layouts.int4_rows(packed, scales, layouts.qkv_rope_row_order(hq, kvh, hd))
-    bias = rng.standard_normal(qkv_rows).astype(np.float32)
-    x = (rng.standard_normal((1, hidden)) * 2).astype(np.float32)
-    norm_w = rng.standard_normal(hidden).astype(np.float32) if norm else None
-    pos = rng.integers(0, 30000, size=row_offset + 1).astype(np.int32)
-    slots = rng.permutation(cap)[:row_offset + 1].astype(np.int32)
-    inv = layouts.rope_inv_freq(1e6, hd)
-    ctl = np.array([row_offset, 0, 0, -1], np.int32)
-    k0 = np.full((kvh, cap, hd), 7.0, np.float32)
-    k_d, v_d = ga.to_gpu(k0), ga.to_gpu(k0.copy())
-    out = _nan(ga, (1, qkv_rows))
-    rope = RopeTarget(ga.to_gpu(pos), ga.to_gpu(slots), ga.to_gpu(ctl), ga.to_gpu(inv), int(k_d.gpudata),
-                      int(v_d.gpudata), hq, kvh, hd, cap)
-    kn.gemv(_device(ga, dev_packed, dev_scales, group), ga.to_gpu(x), out, MODE_QKV_ROPE, stream,
-            norm_w=ga.to_gpu(norm_w) if norm else None, eps=1e-6, bias=ga.to_gpu(bias), rope=rope)
-    stream.synchronize()
-    pre = ref.folded_projection_ref(w_hat, x, MODE_STORE, norm_w=norm_w, eps=1e-6, bias=bias)
-    e_qkv, e_k, e_v = ref.rope_store_ref(pre, pos, slots, ctl, inv, k0, k0.copy(), hq, kvh, hd)
-    got, case = out.get(), f"gemv_int4 QKV_ROPE {hq}/{kvh}x{hd} G{group} norm={norm}"
-    _close(got[:, :hq * hd], e_qkv[:, :hq * hd], f"{case} q")
-    assert np.isnan(got[:, hq * hd:]).all(), "QKV_ROPE writes only the q columns of its output"
-    _close(k_d.get(), e_k, f"{case} k cache")
-    _close(v_d.get(), e_v, f"{case} v cache")
+    qkv_rope_case(kn, gpu, _device(ga, dev_packed, dev_scales, group), w_hat, hq, kvh, hd, rng, norm,
+                  f"gemv_int4 QKV_ROPE {hq}/{kvh}x{hd} G{group} norm={norm}", _close)
 
 
 @pytest.mark.parametrize("blocks_per_sm", [1, 4])
