@@ -48,6 +48,7 @@ def test_every_key_has_a_description():
     ({"asr.backend": "gpu"}, "asr.backend"),
     ({"asr.device": -2}, "asr.device"),
     ({"asr.semantic_trigger": "often"}, "asr.semantic_trigger"),
+    ({"asr.round_fit_margin": 0.0}, "asr.round_fit_margin"),
     ({"asr.mode": "semantic", "asr.semantic_trigger": "fill", "asr.rebuild_fill": 0.9}, "must be below asr.threshold"),
     ({"asr.device": 1, "asr.backend": "numpy"}, "asr.backend is numpy"),
     ({"vision.grid_cols": 0}, "vision.grid_cols"),

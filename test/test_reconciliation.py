@@ -46,7 +46,9 @@ def hf(tiny_model_dir):
 
 
 class Rig:
-    """Primary + reconciler engines (capacity 384: 9 frames beside the prefix and one suffix)."""
+    """Primary + reconciler engines (capacity 384: 9 frames beside the prefix and one suffix). The reconciler's clock
+    is the camera's (`now`, one period per new frame), so its measured rates (core/round_budget.py) are as
+    deterministic as the rest: work drained inside one cycle takes no time."""
 
     def __init__(self, model_dir, model, clip, work="interleaved", reconciler=True, **overrides):
         from vla_edge_ros.model.factory import create_backend_from_weights
@@ -61,7 +63,8 @@ class Rig:
             return FrameState(self.cfg, create_backend_from_weights("numpy", spec, weights, 384), tokenizer)
 
         self.primary = engine()
-        self.rec = StateReconciler(self.cfg, state()) if reconciler else None
+        self.now = 0.0
+        self.rec = StateReconciler(self.cfg, state(), clock=lambda: self.now) if reconciler else None
         self.driver = InProcessAsr(self.primary, self.rec, work=work)
         self.clip = clip
         self.i = 0
@@ -73,6 +76,7 @@ class Rig:
         """One driver cycle (swap at its boundary); then all reconciler work, unless reconcile=False."""
         if new:
             self.i += 1
+            self.now += 1.0 / self.cfg.cycle.camera_hz
         c = self.driver.cycle(self.frame(self.i - 1), float(self.i - 1))
         assert c.result.is_action, c.result.detail
         if reconcile and self.rec is not None and self.driver.work == "interleaved":
@@ -83,6 +87,7 @@ class Rig:
         """A primary cycle with no swap at its boundary (the offer stays where it is); its chunk is mirrored."""
         if new:
             self.i += 1
+            self.now += 1.0 / self.cfg.cycle.camera_hz
         r = self.primary.run_cycle(self.frame(self.i - 1), float(self.i - 1))
         assert r.is_action, r.detail
         if r.new_frame:
@@ -544,3 +549,36 @@ def test_an_offer_without_vision_rows_takes_them_from_the_frames_the_primary_adm
     assert keep == held and dropped == []
     rig.primary_only_cycle(new=False)
     assert cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary)) >= COS_EXACT
+
+
+def test_a_round_that_cannot_catch_up_is_aborted_once_and_the_next_is_sized_to_finish(tiny_model_dir, model, clip):
+    """The reconciler rebuilds 2 frames per camera period while 1 arrives: semantic mode's round of rebuild_fill 0.75
+    (6 of 9 frames) outgrows the arena before it catches up, so it is aborted (no_longer_fits). Its warm-up measured 6
+    frames in 2 periods from the trigger (the first step ran in the trigger's own period), so the next round keeps at
+    most floor(margin x 9 x (1 - 1/3)) = 4 frames (core/round_budget.py), catches up and is applied."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "semantic", "asr.semantic_trigger": "fill",
+                                              "kv.eviction_policy": "semantic", "asr.rebuild_fill": 0.75,
+                                              "asr.round_fit_margin": 0.8})
+    rec, tpf = rig.rec, rig.cfg.vision.tokens_per_frame
+    cap = rig.primary.state.frame_capacity
+    st, first_round, at_second = rec.stats, None, None
+    for _ in range(60):
+        rig.primary_only_cycle()
+        rec.receive()
+        if first_round is None and rec.live_round:
+            first_round = list(rec._round.frame_ids)
+        if at_second is None and st.rounds_started == 2:
+            at_second = rec.summary()
+        rec.step(2 * tpf)                     # one slack window: two frames
+        if rec.offer_due:
+            break
+    assert len(first_round) == int(0.75 * cap) == 6
+    assert st.aborts["no_longer_fits"] == 1 and st.rounds_sized_to_fit == 1
+    assert at_second["arrival_frames_per_s"] == pytest.approx(rig.cfg.cycle.camera_hz)
+    assert at_second["rebuild_frames_per_s"] == pytest.approx(3 * rig.cfg.cycle.camera_hz)
+    assert at_second["round_frame_limit"] == 4 and rec._round.warm == 4 and len(rec._round.frame_ids) <= cap
+    snap = rec.make_offer()
+    rig.primary.state.import_state(snap)
+    rec.notify_applied(snap.version, rig.primary.state.last_swap.late)
+    rec.receive()
+    assert st.rounds_applied == 1 and rig.primary.state.state_exact and rec.primary_frame_ids == rig.held()

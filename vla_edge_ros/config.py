@@ -347,6 +347,13 @@ class ASRConfig:
     rebuild_fill: float = _doc("semantic mode: the rebuilt state keeps at most this fraction of the frame capacity "
                                "(the eviction policy drops the primary's most redundant frames beyond it), so chunks "
                                "arriving while the reconciler works fit without new approximate evictions", default=0.75)
+    round_fit_margin: float = _doc("a round keeps at most this fraction of the frames that it can rebuild and catch up "
+                                   "within the reconciler's frame capacity at the measured arrival and rebuild rates "
+                                   "(core/round_budget.py: n <= margin x capacity x (1 - arrivals/rebuilds)), fewer "
+                                   "than asr.mode's rule when that rule's round would outgrow the arena and be "
+                                   "aborted (semantic mode on the H200 with rebuild_fill 0.75: 128 of 153 rounds). "
+                                   "The rest is room for the frames arriving between the offer and the swap",
+                                   default=0.8)
     warmup_tokens_per_step: int = _doc("the largest reconciler step (warm-up and catch-up): tokens of one forward, "
                                        "whole frames, at least one. The cap, not the plan: on the slack schedule "
                                        "core/slack_scheduler.py picks the largest step whose measured (or "
@@ -430,6 +437,8 @@ class ASRConfig:
         _positive(self, "semantic_evictions_before_rebuild", "asr")
         if not 0.0 < self.rebuild_fill <= 1.0:
             raise ConfigError(f"asr.rebuild_fill must be in (0, 1], got {self.rebuild_fill}")
+        if not 0.0 < self.round_fit_margin <= 1.0:
+            raise ConfigError(f"asr.round_fit_margin must be in (0, 1], got {self.round_fit_margin}")
         _positive(self, "warmup_tokens_per_step", "asr")
         _non_negative(self, "max_late_chunks", "asr")
         _positive(self, "late_frames_per_forward", "asr")

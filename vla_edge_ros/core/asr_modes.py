@@ -33,9 +33,12 @@ class CsrMode:
     def trigger(self, frames_held: int, frame_capacity: int, approximate_evictions: int) -> str | None:
         return TRIGGER_CSR if frames_held >= math.ceil(self.threshold * frame_capacity) else None
 
-    def keep(self, retained: list, frame_capacity: int, policy) -> list[int]:
-        drop = int(len(retained) * self.evict_fraction)
-        return [r.frame_id for r in retained[drop:]]
+    def keep(self, retained: list, frame_capacity: int, policy, limit: int | None = None) -> list[int]:
+        """The newest (1 - evict_fraction), and at most `limit` of them (core/round_budget.py: what can finish)."""
+        kept = retained[int(len(retained) * self.evict_fraction):]
+        if limit is not None and len(kept) > limit:
+            kept = kept[len(kept) - limit:]
+        return [r.frame_id for r in kept]
 
 
 class SemanticMode:
@@ -52,9 +55,11 @@ class SemanticMode:
             return TRIGGER_SEMANTIC_FILL if frames_held >= math.ceil(self.threshold * frame_capacity) else None
         return TRIGGER_SEMANTIC if approximate_evictions >= self.evictions_before_rebuild else None
 
-    def keep(self, retained: list, frame_capacity: int, policy) -> list[int]:
+    def keep(self, retained: list, frame_capacity: int, policy, limit: int | None = None) -> list[int]:
+        """Trimmed by the policy to rebuild_fill of the capacity, and to `limit` (core/round_budget.py)."""
         frames = list(retained)
-        limit = max(1, int(self.rebuild_fill * frame_capacity))
+        fill = max(1, int(self.rebuild_fill * frame_capacity))
+        limit = fill if limit is None else min(fill, limit)
         while len(frames) > limit:
             idx = policy.victim(frames, need_free=True)
             if idx is None:

@@ -36,6 +36,10 @@ Triggers (asr.mode, core/asr_modes.py):
               since its state was last exact: rebuild the frames it still holds, trimmed by its
               eviction policy to asr.rebuild_fill of the frame capacity
 
+A round keeps no more frames than it can rebuild and catch up within the reconciler's arena at the
+measured arrival and rebuild rates (core/round_budget.py, asr.round_fit_margin): a round that
+outgrows the arena is aborted and its work lost, and the next one would be as large.
+
 Aborted rounds are counted by reason (ABORT_REASONS), never by free text.
 
 What the primary holds is tracked without asking it: a "shadow" KVSlotManager
@@ -73,6 +77,7 @@ from .asr_modes import make_asr_mode
 from .engine_state import FrameState
 from .kv_slots import KVCapacityError, KVSlotManager, make_policy
 from .metrics import percentile
+from .round_budget import RoundBudget
 from .state_snapshot import StateChunk, StateSnapshot
 
 log = logging.getLogger(__name__)
@@ -114,6 +119,7 @@ class Round:
     done: int = 0                 # frame_ids[:done] are computed in the reconciler's arena
     offered: int = 0              # frame_ids[:offered] are in the newest offer
     ready_s: float | None = None  # when the first offer was made
+    measured: bool = False        # its rebuild rate went to the round budget (once: at the end of warm-up or abort)
 
     def holds(self, version: int) -> bool:
         return self.first_version <= version <= self.version
@@ -126,6 +132,8 @@ class ReconcilerStats:
     rounds_applied: int = 0       # rounds one of whose offers the primary applied
     rounds_aborted: int = 0
     reoffers: int = 0             # fresher versions offered while the primary had not applied the round yet
+    rounds_sized_to_fit: int = 0  # rounds that kept fewer frames than their mode's rule, to finish (round_budget)
+    round_frame_limit: int = 0    # the newest round's bound from the measured rates (0: none yet)
     offers_rejected: int = 0
     tokens_computed: int = 0
     chunks_mirrored: int = 0
@@ -153,6 +161,7 @@ class StateReconciler:
         self.tpf = cfg.vision.tokens_per_frame
         self.policy = make_policy(cfg.kv.eviction_policy, cfg.kv.window_frames)
         self.mode = make_asr_mode(cfg)             # when to reconcile and what to keep (asr.mode)
+        self.budget = RoundBudget(cfg.asr.round_fit_margin)    # and at most what can finish (measured rates)
         self.phase = Phase.IDLE
         self.version = 0                  # newest version planned
         self.k_ready = 0                  # newest version offered
@@ -331,6 +340,7 @@ class StateReconciler:
         st = self.stats
         applied = list(st.trigger_to_applied_ms)
         ready = list(st.trigger_to_ready_ms)
+        arrival, rebuild = self.budget.arrival_frames_per_s, self.budget.rebuild_frames_per_s
         return {"phase": self.phase.value, "version": self.version, "k_ready": self.k_ready,
                 "k_applied": self.k_applied, "round_frames": len(r.frame_ids) if r else 0,
                 "round_done": r.done if r else 0, "round_offered": r.offered if r else 0,
@@ -339,7 +349,9 @@ class StateReconciler:
                 "rounds_aborted_by": dict(st.aborts),
                 "trigger_to_ready_ms_p50": percentile(ready, 50) if ready else "",
                 "trigger_to_applied_ms_p50": percentile(applied, 50) if applied else "",
-                "trigger_to_applied_ms_max": max(applied) if applied else ""}
+                "trigger_to_applied_ms_max": max(applied) if applied else "",
+                "arrival_frames_per_s": arrival if arrival is not None else "",
+                "rebuild_frames_per_s": rebuild if rebuild is not None else ""}
 
     # ------------------------------------------------------------- internals
 
@@ -350,9 +362,11 @@ class StateReconciler:
 
     def _drain(self) -> None:
         self.drained_items = len(self._inbox)     # the gap ledger times the drains that had work
+        now = self.clock() if self._inbox else 0.0
         while self._inbox:
             kind, *rest = self._inbox.popleft()
             if kind == "chunk":
+                self.budget.frame_arrived(now)
                 self._on_chunk(rest[0])
             elif kind == "gap":
                 self._gap_open = True
@@ -393,6 +407,11 @@ class StateReconciler:
         if why is None:
             return
         keep = self.mode.keep(retained, self.state.frame_capacity, self.policy)
+        limit = self.budget.frame_limit(self.state.frame_capacity)
+        self.stats.round_frame_limit = limit or 0
+        if limit is not None and len(keep) > limit:       # the mode's round could not finish at the measured rates
+            keep = self.mode.keep(retained, self.state.frame_capacity, self.policy, limit)
+            self.stats.rounds_sized_to_fit += 1
         self.version += 1
         kept = set(keep)
         self._round = Round(version=self.version, first_version=self.version, trigger=why, frame_ids=list(keep),
@@ -425,6 +444,8 @@ class StateReconciler:
         r.done += len(batch)
         tokens = len(batch) * self.tpf
         self.stats.tokens_computed += tokens
+        if r.done >= r.warm:
+            self._measure_round(r)
         if self.phase is not Phase.STOPPED:
             self.phase = Phase.WARMING if r.done < r.warm else Phase.CATCHING_UP
         return tokens
@@ -494,8 +515,15 @@ class StateReconciler:
         if self._round is not None and self._round.holds(version):
             self._abort(ABORT_REJECTED, f"primary rejected v{version}: {reason}")
 
+    def _measure_round(self, r: Round) -> None:
+        """The round's rebuild rate while it had a backlog (trigger to end of warm-up) -> the round budget."""
+        if not r.measured:
+            r.measured = True
+            self.budget.round_measured(r.done, self.clock() - r.started_s)
+
     def _abort(self, reason: str, detail: str) -> None:
         log.warning("ASR round v%d aborted (%s): %s", self._round.version, reason, detail)
+        self._measure_round(self._round)
         self._count_abort(reason)
         if self._round.ready_s is not None:       # an offer of it may be on its way to the primary still
             self._aborted[self._round.first_version] = reason

@@ -189,6 +189,10 @@ def exactness(reasoning: dict, reconciler: dict) -> dict:
             "rounds_aborted_by": {r: _int(reconciler.get(f"rounds_aborted_by.{r}")) for r in ABORT_REASONS},
             "offers_deferred_stale": _int(reasoning.get("swap.swap_deferred_stale")),
             "reoffers": _int(reconciler.get("reoffers")),
+            "rounds_sized_to_fit": _int(reconciler.get("rounds_sized_to_fit")),
+            "round_frame_limit": _int(reconciler.get("round_frame_limit")),
+            "arrival_frames_per_s": _float(reconciler.get("arrival_frames_per_s")),
+            "rebuild_frames_per_s": _float(reconciler.get("rebuild_frames_per_s")),
             "trigger_to_swap_ms_p50": _float(reconciler.get("trigger_to_applied_ms_p50")),
             "trigger_to_swap_ms_max": _float(reconciler.get("trigger_to_applied_ms_max"))}
 
@@ -298,7 +302,19 @@ def _exactness_line(e: dict) -> str:
             f"rounds {e['rounds_started']} started / {e['rounds_applied']} applied / {e['rounds_aborted']} aborted "
             f"({aborted}); {e['swaps_applied']} swaps, {e['reoffers']} fresher re-offers, "
             f"{e['offers_deferred_stale']} stale offers deferred; trigger -> swap p50 "
-            f"{_ms(e['trigger_to_swap_ms_p50'])} ms, max {_ms(e['trigger_to_swap_ms_max'])} ms")
+            f"{_ms(e['trigger_to_swap_ms_p50'])} ms, max {_ms(e['trigger_to_swap_ms_max'])} ms; {_sizing(e)}")
+
+
+def _sizing(e: dict) -> str:
+    """How the newest round was sized (core/round_budget.py): the bound from the measured rates, and how often it cut."""
+    if not e.get("round_frame_limit"):
+        return "rounds not bounded by measured rates yet"
+    return (f"rounds sized to fit {e['rounds_sized_to_fit']} (newest bound {e['round_frame_limit']} frames: "
+            f"arrivals {_rate(e.get('arrival_frames_per_s'))}/s, rebuilds {_rate(e.get('rebuild_frames_per_s'))}/s)")
+
+
+def _rate(v) -> str:
+    return "n/a" if v is None else f"{v:.1f}"
 
 
 def write_json(report: dict, path) -> None:

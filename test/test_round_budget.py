@@ -1,0 +1,54 @@
+"""The round budget's arithmetic (core/round_budget.py) on the figures it was written for."""
+import pytest
+
+from vla_edge_ros.core.round_budget import ARRIVAL_WINDOW, RoundBudget
+
+
+def arrivals(budget, hz: float, n: int, start: float = 0.0) -> None:
+    for i in range(n):
+        budget.frame_arrived(start + i / hz)
+
+
+def test_no_bound_until_both_rates_are_measured():
+    b = RoundBudget(0.8)
+    assert b.frame_limit(125) is None
+    arrivals(b, 30.0, 10)
+    assert b.frame_limit(125) is None           # arrivals known, no round measured yet
+    b.round_measured(0, 1.0)                      # nothing computed: no measurement
+    assert b.frame_limit(125) is None
+
+
+def test_the_h200_semantic_soak_round_of_94_frames_is_cut_to_73():
+    """2026-12-03 on the H200: 3.74 frames per gap at 30 gaps/s rebuilt, 30 frames/s admitted, 125 frames: a round
+    of 94 outgrew the arena; the bound keeps floor(0.8 x 125 x (1 - 30/112.2)) = 73."""
+    b = RoundBudget(0.8)
+    arrivals(b, 30.0, 200)
+    b.round_measured(94, 94 / (3.74 * 30.0))
+    assert b.arrival_frames_per_s == pytest.approx(30.0)
+    assert b.frame_limit(125) == 73
+    kept = 73
+    caught_up = kept * b.rebuild_frames_per_s / (b.rebuild_frames_per_s - b.arrival_frames_per_s)
+    assert caught_up <= 0.8 * 125 + 1e-9         # what the bound promises: it fits with the margin's room left
+
+
+def test_a_reconciler_no_faster_than_the_camera_gets_one_frame_rounds():
+    b = RoundBudget(0.8)
+    arrivals(b, 30.0, 5)
+    b.round_measured(20, 1.0)
+    assert b.frame_limit(125) == 1
+
+
+def test_the_arrival_rate_follows_the_newest_window_and_the_newest_round_replaces_the_last():
+    b = RoundBudget(0.8)
+    arrivals(b, 10.0, ARRIVAL_WINDOW)
+    arrivals(b, 30.0, ARRIVAL_WINDOW, start=100.0)
+    assert b.arrival_frames_per_s == pytest.approx(30.0)
+    b.round_measured(10, 1.0)
+    b.round_measured(60, 1.0)
+    assert b.rebuild_frames_per_s == 60.0 and b.frame_limit(100) == 40
+
+
+@pytest.mark.parametrize("margin", [0.0, 1.5])
+def test_a_margin_outside_zero_to_one_is_refused(margin):
+    with pytest.raises(ValueError, match="margin"):
+        RoundBudget(margin)
