@@ -21,6 +21,7 @@ def add_arguments(parser) -> None:
                         "build (default config/vla_edge.yaml)")
     parser.add_argument("--kv-dtype", nargs="+", help="KV arena types to build for (default: kv.dtype of --params)")
     parser.add_argument("--families", nargs="+", help="only these kernel families (default: all)")
+    parser.add_argument("--jobs", type=int, help="nvcc processes at a time (default: one per core)")
 
 
 def run(args) -> int:
@@ -29,7 +30,7 @@ def run(args) -> int:
               "CUDA GPU and nvcc are found)", file=sys.stderr)
         return 2
     from ..config import load
-    from ..model.cuda_kernels import FAMILIES, KV_ARENA_TYPES, family_arch, family_cubin, family_options
+    from ..model.cuda_kernels import FAMILIES, KV_ARENA_TYPES, all_builds, fill_disk_cache, family_arch
     families = list(args.families or FAMILIES)
     unknown = [f for f in families if f not in FAMILIES]
     kv_dtypes = list(args.kv_dtype or [load(args.params).kv.dtype])
@@ -40,23 +41,20 @@ def run(args) -> int:
               f"{list(KV_ARENA_TYPES)}", file=sys.stderr)
         return 2
     arch = args.arch or _device_arch()
-    builds = sorted({(f, family_options(f, d)) for f in families for d in kv_dtypes})
-    t_all, skipped = time.perf_counter(), 0
-    for family, options in builds:
-        t = time.perf_counter()
-        target = family_arch(family, arch)
-        if target is None:                  # an architecture-specific family (wgmma) this device cannot run
-            print(f"{family:20s} {' '.join(options) or '-':12s} skipped: not built for {arch}")
-            skipped += 1
-            continue
-        try:
-            family_cubin(family, target, options)
-        except Exception as exc:  # noqa: BLE001 - pycuda.driver.CompileError and nvcc's own failures alike
+    for family in families:
+        if family_arch(family, arch) is None:     # an architecture-specific family (wgmma) this device cannot run
+            print(f"{family:20s} skipped: not built for {arch}")
+    t_all = time.perf_counter()
+    results = fill_disk_cache(all_builds(arch, kv_dtypes, families), workers=args.jobs)
+    failed = [(build, exc) for build, _s, exc in results if exc is not None]
+    for (family, _target, options), seconds, exc in results:
+        print(f"{family:20s} {' '.join(options) or '-':12s} {seconds:6.2f} s{'  FAILED' if exc else ''}")
+    if failed:
+        for (family, _target, options), exc in failed:
             print(f"compile-kernels: {family} {' '.join(options)} failed: {exc}", file=sys.stderr)
-            return 1
-        print(f"{family:20s} {' '.join(options) or '-':12s} {time.perf_counter() - t:6.2f} s")
-    print(f"{len(builds) - skipped} builds for {arch} in {time.perf_counter() - t_all:.1f} s"
-          f"{f' ({skipped} skipped)' if skipped else ''}: PyCUDA's cache holds them now")
+        return 1
+    print(f"{len(results)} builds for {arch} in {time.perf_counter() - t_all:.1f} s (side by side; the times above "
+          f"are each build's own): PyCUDA's cache holds them now")
     return 0
 
 
