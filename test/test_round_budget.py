@@ -1,7 +1,7 @@
 """The round budget's arithmetic (core/round_budget.py) on the figures it was written for."""
 import pytest
 
-from vla_edge_ros.core.round_budget import ARRIVAL_WINDOW, RoundBudget
+from vla_edge_ros.core.round_budget import APPLY_WINDOW, ARRIVAL_WINDOW, RoundBudget
 
 
 def arrivals(budget, hz: float, n: int, start: float = 0.0) -> None:
@@ -52,3 +52,18 @@ def test_the_arrival_rate_follows_the_newest_window_and_the_newest_round_replace
 def test_a_margin_outside_zero_to_one_is_refused(margin):
     with pytest.raises(ValueError, match="margin"):
         RoundBudget(margin)
+
+
+def test_the_offer_to_swap_time_takes_its_arrivals_off_the_room():
+    """(margin x C - a x L) x (1 - a/b): 30 frames/s for up to 1 s between offer and swap leave 100 - 30 = 70 frames
+    of room; at b = 60 half of it can be kept. The slowest of the newest APPLY_WINDOW rounds counts."""
+    b = RoundBudget(0.8)
+    arrivals(b, 30.0, 100)
+    b.round_measured(60, 1.0)
+    assert b.frame_limit(125) == 50
+    b.round_applied(1.0)
+    for _ in range(APPLY_WINDOW - 1):
+        b.round_applied(0.2)
+    assert b.offer_to_swap_s == 1.0 and b.frame_limit(125) == 35
+    b.round_applied(0.2)                     # the slow one leaves the window
+    assert b.offer_to_swap_s == pytest.approx(0.2) and b.frame_limit(125) == 47

@@ -351,7 +351,8 @@ class StateReconciler:
                 "trigger_to_applied_ms_p50": percentile(applied, 50) if applied else "",
                 "trigger_to_applied_ms_max": max(applied) if applied else "",
                 "arrival_frames_per_s": arrival if arrival is not None else "",
-                "rebuild_frames_per_s": rebuild if rebuild is not None else ""}
+                "rebuild_frames_per_s": rebuild if rebuild is not None else "",
+                "offer_to_swap_s_max": self.budget.offer_to_swap_s}
 
     # ------------------------------------------------------------- internals
 
@@ -475,7 +476,10 @@ class StateReconciler:
         r = self._round
         if r is not None and r.holds(version):
             self.stats.rounds_applied += 1
-            _append_capped(self.stats.trigger_to_applied_ms, (self.clock() - r.started_s) * 1e3)
+            now = self.clock()
+            _append_capped(self.stats.trigger_to_applied_ms, (now - r.started_s) * 1e3)
+            if r.ready_s is not None:
+                self.budget.round_applied(now - r.ready_s)
             with self._offer_lock:        # the round's fresher offers are moot: the primary is exact already
                 self._offer = None
                 self._live = None

@@ -6,16 +6,17 @@ round must be computed too, so the round catches up after T = n / (b - a) second
 
     n + a T = n b / (b - a)    frames,
 
-which must fit the reconciler's frame capacity C, or the round is aborted (no_longer_fits) and its
-work thrown away. Hence the largest round that finishes:
+and then keeps growing by a L until the primary applies its offer, L seconds after it was made
+(handed out, loaded, a boundary with room). All of it must fit the reconciler's frame capacity C, or
+the round is aborted (no_longer_fits) and its work thrown away. Hence the largest round that finishes:
 
-    n <= margin x C x (1 - a / b)
+    n <= (margin x C - a x L) x (1 - a / b)
 
-margin (asr.round_fit_margin) leaves room for the frames that arrive between the round's offer and
-the primary's swap, and for the rates moving. Measured on the H200 (2026-12-03, semantic mode,
-rebuild_fill 0.75): b ~ 112 frames/s (3.74 frames per gap, 30 gaps/s), a = 30 frames/s, C = 125:
-94 kept frames needed 34 cycles and outgrew 125, and 128 of 153 rounds were aborted; the bound
-gives 73 at margin 0.8.
+margin (asr.round_fit_margin) leaves room for the rates moving; L is the slowest of the newest
+APPLY_WINDOW rounds' offer-to-swap times. On the H200 (2026-12-03, semantic mode, rebuild_fill
+0.75, C = 125, a = 30 frames/s) 128 of 153 rounds were aborted with no bound; with the bound
+without L, 16 of 117 (warm-up measured b ~ 258 frames/s, rounds cut to 88 frames: caught up at
+~100, leaving 25 frames, 0.8 s, for an apply whose trigger-to-swap time reached 1.4 s).
 
 Until a round has been measured there is no bound (the mode's own rule decides alone), and a
 rebuild rate at or below the arrival rate bounds the round to one frame: no size can catch up then,
@@ -27,6 +28,7 @@ import math
 from collections import deque
 
 ARRIVAL_WINDOW = 64      # the newest arrival times the arrival rate is measured over (~2 s at 30 Hz)
+APPLY_WINDOW = 8         # the newest applied rounds whose offer-to-swap time bounds L (their slowest)
 
 
 class RoundBudget:
@@ -38,6 +40,7 @@ class RoundBudget:
         self.margin = margin
         self._arrivals: deque = deque(maxlen=ARRIVAL_WINDOW)
         self.rebuild_frames_per_s: float | None = None
+        self._apply_s: deque = deque(maxlen=APPLY_WINDOW)
 
     def frame_arrived(self, now_s: float) -> None:
         """The primary admitted a frame (seen by this side at now_s)."""
@@ -48,6 +51,15 @@ class RoundBudget:
         when it ended before warm-up did): the newest measurement replaces the older one, as the slack moves."""
         if frames > 0 and seconds > 0.0:
             self.rebuild_frames_per_s = frames / seconds
+
+    def round_applied(self, offer_to_swap_s: float) -> None:
+        """The primary applied a round's offer this long after the round first offered."""
+        self._apply_s.append(max(0.0, offer_to_swap_s))
+
+    @property
+    def offer_to_swap_s(self) -> float:
+        """L: the slowest recent offer-to-swap time (0 before any round was applied)."""
+        return max(self._apply_s, default=0.0)
 
     @property
     def arrival_frames_per_s(self) -> float | None:
@@ -65,4 +77,5 @@ class RoundBudget:
         if b <= a:
             return 1
         # (the epsilon: a rate measured as 29.999... frames/s must not cost a whole frame of the bound)
-        return max(1, math.floor(self.margin * frame_capacity * (1.0 - a / b) + 1e-9))
+        room = self.margin * frame_capacity - a * self.offer_to_swap_s
+        return max(1, math.floor(room * (1.0 - a / b) + 1e-9))
