@@ -1,5 +1,5 @@
 """projection_int4_staged.cu (an INT4 model's prefill projections with the activations staged once per block;
-off by default, KernelPlan.staged_int4_prefill_projections, not measured yet) against projection_int4.cu and
+KernelPlan.staged_int4_prefill_projections, the default for INT4 weights since it measured faster) against projection_int4.cu and
 kernel_reference.projection_ref on w_hat = int4.dequantize(...).
 
 GPU only (marker `gpu`). The staged kernel shares projection_int4.cu's helpers (mma_int4.cuh: the same loads,
@@ -183,7 +183,7 @@ def int4_model(request, tmp_path_factory):
 def test_an_int4_backend_with_the_flag_gives_the_same_cycle(int4_model, dtype):
     """The same cycle (graphs) with its prefill projections through projection_int4_staged.cu picks the same
     tokens, its prefill logits equal to rounding (the residual adds split K: the same parts, atomically added in
-    another order); the lab's "plain+int4staged" switches it on and says so, "plain" off again."""
+    another order); the lab's "plain+int4unstaged" switches it off and says so, "plain" (the default) on again."""
     from vla_edge_ros.bench import kernel_lab
     from vla_edge_ros.model.cuda_backend import CudaBackend
     from vla_edge_ros.model.cuda_kernel_plan import KernelPlan
@@ -194,7 +194,7 @@ def test_an_int4_backend_with_the_flag_gives_the_same_cycle(int4_model, dtype):
         assert b.int4 and b.kernel_plan.staged_int4_prefill_projections is staged
         results.append(one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6))
         if staged:
-            for mode, on in (("plain", False), ("plain+int4staged", True)):
+            for mode, on in (("plain+int4unstaged", False), ("plain", True)):
                 assert kernel_lab.apply_launch_mode(b, mode) == mode
                 assert b.kernel_plan.staged_int4_prefill_projections is on
             again = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)

@@ -28,7 +28,8 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # 8-slot group; mmadec: attention_mma.cu for the decode row too), the decode projections' grid (noloop: a block per 8-row item; loop2 / loop4: 2 / 4 blocks per SM
 # looping over the items), an INT4 model's decode projections (i4ipbN: every one on ceil(items / N) blocks, ~N items
 # each; i4x2: each warp of those streams two items' rows at once, with an i4ipbN of N >= 2) and its prefill projections
-# (int4staged: projection_int4_staged.cu, the activations staged once per block). A float backend runs the INT4
+# (int4staged: projection_int4_staged.cu, the activations staged once per block, the default;
+# int4unstaged: projection_int4.cu). A float backend runs the INT4
 # variants as plain, and the mode in effect then drops their names.
 # A variant left unnamed keeps the base plan's choice.
 KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
@@ -41,6 +42,7 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "loop2": {"decode_gemv_blocks_per_sm": 2},
                    "loop4": {"decode_gemv_blocks_per_sm": 4},
                    "int4staged": {"staged_int4_prefill_projections": True},
+                   "int4unstaged": {"staged_int4_prefill_projections": False},
                    **{f"i4ipb{n}": {"int4_gemv_items_per_block": n} for n in (2, 4, 8)},
                    "i4x2": {"int4_gemv_rows_per_warp": 2}}
 # Device state a decode step reads or writes: what decode_state() / restore_decode_state() copy. The cycle's tables

@@ -1,6 +1,6 @@
 """INT4 weight matrices on the device and the launchers of their kernels (gemv_int4.cu: the one-row decode
 projections; projection_int4.cu: the tensor-core projections of many rows; projection_int4_staged.cu: the same for
-up to 32 rows with the activations staged once per block, KernelPlan.staged_int4_prefill_projections): a base class of
+up to 32 rows with the activations staged once per block, KernelPlan.staged_int4_prefill_projections, the default): a base class of
 cuda_kernels.CudaKernels, which supplies `_function`, `_launch`, `_shared_limits` and `num_sms`.
 
 Int4Launchers extends ProjectionLaunchers: its gemv / projection take an Int4Matrix where the bf16 ones take
@@ -87,8 +87,8 @@ class Int4Launchers(ProjectionLaunchers):
         from INT4 weights, the same bits whatever the grid. Grid: a block per 8-row item (gemv_int4), or looped
         (gemv_int4_items) over blocks_per_sm per SM where there are more items than that; items_per_block > 0
         instead loops every projection over ceil(items / items_per_block) blocks (KernelPlan
-        .int4_gemv_items_per_block, NOT MEASURED YET). rows_per_warp 2: the looped entry with two items in flight
-        per warp (gemv_int4_items2; KernelPlan.int4_gemv_rows_per_warp, NOT MEASURED YET)."""
+        .int4_gemv_items_per_block, measured slower: off). rows_per_warp 2: the looped entry with two items in flight
+        per warp (gemv_int4_items2; KernelPlan.int4_gemv_rows_per_warp, measured no help: off)."""
         total_rows, K, groups = check_int4("gemv_int4 weight", W)
         _check_array("gemv_int4 x", x, np.float32, 2)
         _check_array("gemv_int4 out", out, np.float32, 2)
@@ -136,8 +136,8 @@ class Int4Launchers(ProjectionLaunchers):
     def projection_int4_staged(self, W: Int4Matrix, x, out, n_tokens: int, mode: int, stream, bias=None,
                                out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
                                ksplit: int | None = None, x_row0: int = 0):
-        """projection_int4_staged.cu (KernelPlan.staged_int4_prefill_projections, off by default, NOT MEASURED
-        YET): what projection_int4() computes, the same bits (ADD with ksplit > 1: the same parts, added in
+        """projection_int4_staged.cu (KernelPlan.staged_int4_prefill_projections, the default for INT4
+        weights: measured faster): what projection_int4() computes, the same bits (ADD with ksplit > 1: the same parts, added in
         another order), for n_tokens <= STAGED_INT4_MAX_TOKENS, each 128-column chunk of the activations split
         into hi/lo once per block of 8 tiles in shared memory. The default ksplit is projection_int4's: the
         same ~PROJ4_TARGET_WARPS warps (8 per block here), the same parts."""

@@ -13,9 +13,9 @@ for them by use_kernel_plan, said in the log: staged_prefill_projections (projec
 weights), persistent_decode (decode_persistent.cu streams bf16 rows through its stage bodies) and the bulk
 prefill with bulk_gemm (its GEMMs stage bf16 weight tiles; an INT4 model's long forwards take
 projection_int4.cu in passes of max_rows, cuda_backend._bulk_rows). The attention choices apply unchanged, and
-MEASURED_BEST runs INT4 as it is. staged_int4_prefill_projections is the INT4 counterpart of the staged projections
-(projection_int4_staged.cu), off for float weights; so are int4_gemv_items_per_block and int4_gemv_rows_per_warp
-(gemv_int4.cu's looped grid for every INT4 decode projection).
+MEASURED_BEST runs INT4 with staged_int4_prefill_projections, the INT4 counterpart of the staged projections
+(projection_int4_staged.cu), forced off for float weights; so are int4_gemv_items_per_block and
+int4_gemv_rows_per_warp (gemv_int4.cu's looped grid for every INT4 decode projection, measured slower: off).
 
 This module imports no pycuda: a plan can be built and checked on a machine without a GPU.
 """
@@ -38,12 +38,11 @@ class KernelPlan:
     # projection_int4_staged.cu for an INT4 model's prefill projections of up to 32 rows (the activations split into
     # bf16 hi/lo once per block of 8 tiles in shared memory, each block's next weights streaming meanwhile); off:
     # projection_int4.cu, where every warp loads and splits all 32 activation rows itself. The same bits (ADD split
-    # over K: the same parts, atomically added in another order). INT4 backends only: use_kernel_plan turns it off
-    # for float weights. NOT MEASURED YET: off until the lab's "plain+int4staged" says. Why it may win: each warp
-    # of projection_int4.cu reads 16 bytes of activations per byte of INT4 weights (four times bf16's ratio), and
-    # for bf16 the same staging took the 32-row prefill projections from 2.75 to 1.86 ms; issue 23's 6 ms INT4
-    # cycle needs that prefill fast.
-    staged_int4_prefill_projections: bool = False
+    # over K: the same parts, atomically added in another order; test_cuda_projection_int4_staged.py). INT4 backends
+    # only: use_kernel_plan turns it off for float weights. Measured on the H200 (2026-12-03, fourth session, lab
+    # "plain+int4staged", 1.5B shape at 4064 cached): prefill projections 2.640 -> 2.376 ms, cycle p50/p99
+    # 15.70/15.93 -> 15.47/15.78 ms (bf16's staged projections: 1.87 ms). Lab "+int4unstaged" turns it off.
+    staged_int4_prefill_projections: bool = True
     # attention_mma.cu (K, V, q and the softmax weights as bf16 hi/lo pairs, ~1e-5 relative) for bf16 prefill
     # attention; off: attention_tiled.cu's fp32 products. 2.28 -> 0.71 ms per 32-row prefill at 4064 cached.
     tensor_core_attention: bool = True
@@ -68,15 +67,16 @@ class KernelPlan:
     decode_gemv_blocks_per_sm: int = 4
     # INT4 decode projections only (use_kernel_plan: 0 for float weights): N > 0 loops EVERY one of them over
     # ceil(items / N) blocks (gemv_int4_items; each block stages, and RMS-normalises, its activations once for its
-    # ~N items) in place of the rule above (1: a block per item, gate/up too); 0: the rule above. Bit-identical. NOT MEASURED YET: off until the lab's
-    # "plain+i4ipb2/4/8" says. Why it may win: INT4 decode projections took 1.029 ms per step, bf16's 1.025, for a
-    # quarter of the bytes (INT4 floor 0.161 ms), so fixed costs bind, not bytes; a block per item stages a whole
-    # activation row for 8 rows of 768 bytes (q|k|v, o, gate/up) and, for down, 35 KB of activations for 35 KB of
-    # weights. Why it may lose: down and o have 192 items, so N = 2 leaves 96 blocks for 132 SMs.
+    # ~N items) in place of the rule above (1: a block per item, gate/up too); 0: the rule above. Bit-identical.
+    # Measured slower on the H200 (2026-12-03, fourth session, lab "plain+i4ipb4", 1.5B shape at 4064 cached): decode
+    # projections 1.046 -> 1.833 ms per step, cycle p50 15.70 -> 22.07 ms. The idea was that INT4 decode projections
+    # (1.046 ms, bf16's 1.023, for a quarter of the bytes: INT4 floor 0.16 ms) are bound by fixed costs that fewer
+    # blocks staging the activations would cut; with ~4 items per block the grid leaves most SMs idle and each
+    # block's items run one after the other. Off; kept for the lab.
     int4_gemv_items_per_block: int = 0
     # INT4 decode projections only, with int4_gemv_items_per_block >= 2: 2 has each warp of the looped entry stream
-    # two items' rows at once (gemv_int4_items2), 1: one. Bit-identical. NOT MEASURED YET (lab: "+i4x2"). Why: a
-    # 1536-wide INT4 row is 1.5 16-byte loads per lane, so a warp on one row has about one load in flight.
+    # two items' rows at once (gemv_int4_items2), 1: one. Bit-identical. Measured no help (lab "plain+i4ipb4+i4x2":
+    # decode projections 1.866 ms against i4ipb4's 1.833). Off; kept for the lab.
     int4_gemv_rows_per_warp: int = 1
     # Programmatic dependent launch of the decode kernels (sm_90+, cuda_pdl.py): each starts streaming its
     # weights while the one before finishes. Measured 0.1 ms per decode step slower with gemv.cu: off.
