@@ -245,8 +245,11 @@ def _outcome_rows(report: dict) -> list:
     ]
     skipped = report.get("boundaries_skipped", 0)
     by_part = ", ".join(f"{part} {n}" for part, n in report.get("boundaries_skipped_in", {}).items() if n)
-    rows += [(f"  {reason}", str(count) + (f" (of which {skipped} boundaries no cycle ran for, node total; still "
-                                            f"running when they passed: {by_part or 'not reported'})"
+    # The node counts skipped boundaries since it started, so the count can include some from before this window
+    # (start-up, warm-up): said as such, not as a part of this window's misses.
+    rows += [(f"  {reason}", str(count) + (f" (the node skipped {skipped} boundaries since it started, in this "
+                                            f"window or before it; still running when they passed: "
+                                            f"{by_part or 'not reported'})"
                                             if reason == DEADLINE_MISSED and skipped else ""))
              for reason, count in report["fallback_reasons"].items()]
     return rows + [
