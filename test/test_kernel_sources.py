@@ -243,3 +243,20 @@ def test_persistent_decode_shares_its_stage_bodies_and_layer_table_layout():
     assert _defines("attention_decode.cuh")["DEC_THREADS"] == ca.ATTN_DECODE_THREADS
     assert _defines("attention_merge.cuh")["MERGE_MAX_SPLITS"] == ca.ATTN_MERGE_MAX_SPLITS
     assert "decode_persistent" in ck.ON_DEMAND_FAMILIES
+
+
+def test_the_cold_start_builds_every_runnable_family_once_and_skips_only_on_demand_ones():
+    """What a fresh process compiles side by side (cuda_kernels.all_builds less COLD_START_SKIPS): each family once
+    per KV arena type that changes its options, wgmma only where sm_90a exists; a skipped family must be one that
+    loads on demand, or the eager loads would compile it one by one anyway."""
+    from vla_edge_ros.model import cuda_kernels as ck
+    assert ck.COLD_START_SKIPS <= ck.ON_DEMAND_FAMILIES
+    builds = ck.all_builds("sm_90", ("float32", "bfloat16"))
+    assert len(builds) == len(set(builds))
+    families = {b[0] for b in builds}
+    assert families == set(ck.FAMILIES)
+    assert any(b[:2] == ("gemm_wgmma", "sm_90a") for b in builds)
+    per_family = {f: sum(b[0] == f for b in builds) for f in families}
+    assert all(per_family[f] == 2 for f in ck.KV_FAMILIES) and all(
+        per_family[f] == 1 for f in families - set(ck.KV_FAMILIES))
+    assert "gemm_wgmma" not in {b[0] for b in ck.all_builds("sm_80", ("float32",))}
