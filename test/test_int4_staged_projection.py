@@ -142,7 +142,8 @@ class _Kernels:
     (KernelPlan(staged_int4_prefill_projections=True), "int4", 32, "projection_int4_staged"),
     (KernelPlan(staged_int4_prefill_projections=True), "int4", 1, "projection_int4_staged"),
     (KernelPlan(staged_int4_prefill_projections=True), "int4", 33, "projection"),        # a long forward's pass
-    (KernelPlan(), "int4", 32, "projection"),                                          # off by default
+    (KernelPlan(), "int4", 32, "projection_int4_staged"),                              # the default
+    (KernelPlan(staged_int4_prefill_projections=False), "int4", 32, "projection"),     # lab +int4unstaged
     (KernelPlan(staged_int4_prefill_projections=True), "bf16", 32, "projection_staged"),
     (KernelPlan(staged_prefill_projections=False, staged_int4_prefill_projections=True), "bf16", 32, "projection"),
 ])
