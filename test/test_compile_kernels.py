@@ -31,6 +31,11 @@ def test_without_pycuda_it_says_so():
     assert out.returncode == 2 and "PyCUDA is not installed" in out.stderr, out.stderr
 
 
+def test_a_job_count_below_one_is_refused_before_anything_compiles():
+    out = _cli("--arch", "sm_90", "--jobs", "0")
+    assert out.returncode == 2 and "--jobs must be at least 1" in out.stderr, out.stderr
+
+
 @pytest.mark.skipif(not _has_pycuda(), reason="needs PyCUDA")
 def test_an_unknown_family_is_refused_by_name():
     out = _cli("--arch", "sm_90", "--families", "argmax", "warp_drive")

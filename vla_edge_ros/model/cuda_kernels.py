@@ -280,7 +280,8 @@ class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
             # build from disk in milliseconds.
             warmed = fill_disk_cache(b for b in all_builds(self.arch, (kv_dtype,))
                                      if b[0] not in COLD_START_SKIPS and (device.handle, *b) not in _modules)
-            (slowest, _arch, _opts), slowest_s, _err = max(warmed, key=lambda w: w[1])
+            (slowest, _arch, _opts), slowest_s, _err = max(warmed, key=lambda w: w[1],
+                                                           default=(("-", "", ()), 0.0, None))
             log.info("PyCUDA's disk cache: %d builds checked or compiled side by side in %.1f s (slowest: %s, %.1f s)",
                      len(warmed), time.perf_counter() - t0, slowest, slowest_s)
         for family in eager:

@@ -25,6 +25,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    if args.jobs is not None and args.jobs < 1:
+        print(f"compile-kernels: --jobs must be at least 1, got {args.jobs}", file=sys.stderr)
+        return 2
     if importlib.util.find_spec("pycuda") is None:        # the compiler and its cache are PyCUDA's
         print("compile-kernels: PyCUDA is not installed (the gpu extra: scripts/bootstrap.sh installs it where a "
               "CUDA GPU and nvcc are found)", file=sys.stderr)
