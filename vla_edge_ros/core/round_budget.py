@@ -16,7 +16,8 @@ margin (asr.round_fit_margin) leaves room for the rates moving; L is the slowest
 APPLY_WINDOW rounds' offer-to-swap times. On the H200 (2026-12-03, semantic mode, rebuild_fill
 0.75, C = 125, a = 30 frames/s) 128 of 153 rounds were aborted with no bound; with the bound
 without L, 16 of 117 (warm-up measured b ~ 258 frames/s, rounds cut to 88 frames: caught up at
-~100, leaving 25 frames, 0.8 s, for an apply whose trigger-to-swap time reached 1.4 s).
+~100, leaving 25 frames, 0.8 s, for an apply whose trigger-to-swap time reached 1.4 s); with L, 88
+of 92 (the newest bound 80 frames, L 238 ms).
 
 Until a round has been measured there is no bound (the mode's own rule decides alone), and a
 rebuild rate at or below the arrival rate bounds the round to one frame: no size can catch up then,
