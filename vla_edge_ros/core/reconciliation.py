@@ -352,7 +352,7 @@ class StateReconciler:
                 "trigger_to_applied_ms_max": max(applied) if applied else "",
                 "arrival_frames_per_s": arrival if arrival is not None else "",
                 "rebuild_frames_per_s": rebuild if rebuild is not None else "",
-                "offer_to_swap_s_max": self.budget.offer_to_swap_s}
+                "offer_to_swap_ms_max": self.budget.offer_to_swap_s * 1e3}
 
     # ------------------------------------------------------------- internals
 

@@ -48,7 +48,7 @@ class LayerEnqueue:
         q|k|v and gate/up projections, RoPE and the K/V store in the q|k|v epilogue, SwiGLU in the gate/up one,
         residual adds in the o/down ones."""
         sp, s, plan = self.spec, self.stream, self.kernel_plan
-        # The INT4 grid choices (off by default, not measured) go to INT4 weights only: gemv.cu takes neither.
+        # The INT4 grid choices (off by default, measured slower) go to INT4 weights only: gemv.cu takes neither.
         int4_grid = dict(items_per_block=plan.int4_gemv_items_per_block, rows_per_warp=plan.int4_gemv_rows_per_warp)
 
         def gemv(W, *args, **kw):
@@ -130,7 +130,7 @@ class LayerEnqueue:
     def _project(self, W, x, out, n: int, mode: int, **kw) -> None:
         """A projection of the split pipeline: projection_staged.cu where the kernel plan asks for it (bf16, up to
         32 rows; the measured-best plan does), projection_int4_staged.cu where it asks for that (INT4, up to 32
-        rows; not measured, off by default), else projection_bf16.cu / projection_f32.cu / projection_int4.cu."""
+        rows; the measured-best plan does), else projection_bf16.cu / projection_f32.cu / projection_int4.cu."""
         if self.kernel_plan.staged_prefill_projections and W.dtype == np.uint16 and n <= STAGED_MAX_TOKENS:
             self.kernels.projection_staged(W, x, out, n, mode, self.stream, **kw)
         elif (self.kernel_plan.staged_int4_prefill_projections and isinstance(W, Int4Matrix)

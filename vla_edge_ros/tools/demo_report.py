@@ -193,7 +193,7 @@ def exactness(reasoning: dict, reconciler: dict) -> dict:
             "round_frame_limit": _int(reconciler.get("round_frame_limit")),
             "arrival_frames_per_s": _float(reconciler.get("arrival_frames_per_s")),
             "rebuild_frames_per_s": _float(reconciler.get("rebuild_frames_per_s")),
-            "offer_to_swap_s_max": _float(reconciler.get("offer_to_swap_s_max")),
+            "offer_to_swap_ms_max": _float(reconciler.get("offer_to_swap_ms_max")),
             "trigger_to_swap_ms_p50": _float(reconciler.get("trigger_to_applied_ms_p50")),
             "trigger_to_swap_ms_max": _float(reconciler.get("trigger_to_applied_ms_max"))}
 
@@ -315,11 +315,7 @@ def _sizing(e: dict) -> str:
         return "rounds not bounded by measured rates yet"
     return (f"rounds sized to fit {e['rounds_sized_to_fit']} (newest bound {e['round_frame_limit']} frames: "
             f"arrivals {_rate(e.get('arrival_frames_per_s'))}/s, rebuilds {_rate(e.get('rebuild_frames_per_s'))}/s, "
-            f"offer to swap up to {_ms(_scaled(e.get('offer_to_swap_s_max'), 1e3))} ms)")
-
-
-def _scaled(v, factor: float):
-    return None if v is None else v * factor
+            f"offer to swap up to {_ms(e.get('offer_to_swap_ms_max'))} ms)")
 
 
 def _rate(v) -> str:
