@@ -85,5 +85,8 @@ class BaselineKVSlotManager(KVSlotManager):
     def _push_in_order(self, slots: np.ndarray) -> None:
         self._free.extend(int(x) for x in slots)
 
+    def _set_free_stack(self, stack: np.ndarray) -> None:
+        self._free = [int(x) for x in stack]
+
     def free_stack(self) -> np.ndarray:
         return np.asarray(self._free, dtype=np.int32)

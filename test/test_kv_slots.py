@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from vla_edge_ros.core.kv_slots import (KVCapacityError, KVSlotManager, POLICIES, adjacent_cosine_similarities,
-                                        make_policy)
+from vla_edge_ros.core.kv_slots import (AdjacentCosines, KVCapacityError, KVSlotManager, POLICIES,
+                                        adjacent_cosine_similarities, make_policy)
 
 TPF = 4          # tokens per frame (small, so slot numbers stay readable)
 HID = 8
@@ -35,6 +35,8 @@ def check_bookkeeping(m: KVSlotManager) -> None:
     assert m.free_slots + m.used_slots == m.capacity
     assert m.fill_fraction == pytest.approx(m.used_slots / m.capacity)
     assert all(0 <= s < m.capacity for s in held_flat.tolist())
+    if m.policy.uses_adjacent:      # the cosines kept as frames came and went: the very bits computed afresh
+        assert m._adjacent.values == AdjacentCosines.of(m.retained()).values
 
 
 # ----------------------------------------------------------------------------- policies
@@ -168,9 +170,9 @@ def test_random_operations_keep_the_bookkeeping_exact():
     for policy in POLICIES:
         m = manager(policy, frames=6, window=4, prefix=3)
         next_id = 0
-        added = 0
+        added = placed = 0
         for _ in range(300):
-            op = rng.integers(0, 4)
+            op = rng.integers(0, 5)
             if op <= 1:
                 reserve = int(rng.integers(0, 2 * TPF))
                 room_with_all_evicted = m.capacity - m.prefix_slots.size - m.transient_slots
@@ -184,12 +186,23 @@ def test_random_operations_keep_the_bookkeeping_exact():
                 next_id += 1
             elif op == 2 and m.free_slots:
                 m.alloc_transient(int(rng.integers(1, m.free_slots + 1)))
-            else:
+            elif op == 3:
                 m.release_transient()
+            else:                                   # a swap keeping every other frame: only at a boundary
+                kept = [(f.frame_id, f.pooled, f.position_start) for f in m.retained()[::2]]
+                placement = m.plan_placement(kept)
+                if m.transient_slots:
+                    with pytest.raises(ValueError, match="transient slots are held"):
+                        m.install(placement, reserve=0)
+                else:
+                    m.install(placement, reserve=0)
+                    placed += len(kept)
+                    assert [(f.frame_id, f.position_start) for f in m.retained()] == [(i, s) for i, _, s in kept]
             check_bookkeeping(m)
             assert len(m.retained()) <= (4 if policy == "sliding_window" else 6)
             assert [f.added_seq for f in m.retained()] == sorted(f.added_seq for f in m.retained())
-        assert added > 100 and m.evictions == added - len(m.retained())
+        # A swap removes every frame (removals) and places the kept ones again (placed).
+        assert added > 100 and placed > 0 and m.evictions + m.removals == added + placed - len(m.retained())
 
 
 # ----------------------------------------------------------------------------- errors
@@ -233,7 +246,7 @@ def test_frames_placed_by_a_swap_get_the_same_unit_vectors_as_frames_admitted_on
     for i, p in enumerate(pooled):
         one_by_one.add_frame(i, p, i * TPF, reserve=0)
     placed = manager("semantic", frames=8)
-    placed.place_frames([(i, p, i * TPF) for i, p in enumerate(pooled)], reserve=0)
+    placed.install(placed.plan_placement([(i, p, i * TPF) for i, p in enumerate(pooled)]), reserve=0)
     for a, b in zip(one_by_one.retained(), placed.retained()):
         assert np.array_equal(a.unit, b.unit), a.frame_id
     assert not placed.retained()[2].unit.any()
@@ -249,19 +262,19 @@ def test_a_swap_placing_frames_with_units_computed_by_its_loader_gets_the_same_s
     snap = StateSnapshot(version=1, frames=[SnapshotFrame(i, 0.0, s, p) for i, p, s in frames])
     snap.prepare_units()
     plain, prepared = manager("semantic", frames=8), manager("semantic", frames=8)
-    slots_plain = plain.place_frames(frames, reserve=0)
-    slots_prepared = prepared.place_frames(frames, reserve=0, units=snap.units)
-    assert [s.tolist() for s in slots_plain] == [s.tolist() for s in slots_prepared]
+    plain.install(plain.plan_placement(frames), reserve=0)
+    prepared.install(prepared.plan_placement(frames, units=snap.units), reserve=0)
     for a, b in zip(plain.retained(), prepared.retained()):
         assert np.array_equal(a.unit, b.unit) and a.slots.tolist() == b.slots.tolist()
     assert not prepared.retained()[0].slots.flags.writeable
     with pytest.raises(ValueError, match="unit vectors for 5 frames"):
-        manager("semantic", frames=8).place_frames(frames, reserve=0, units=snap.units[:4])
+        manager("semantic", frames=8).plan_placement(frames, units=snap.units[:4])
 
 
 def test_the_array_stack_hands_out_the_slots_the_list_did():
-    """Random admissions, transients, removals, swaps (evict_all + place_frames): the same slots per frame and
-    the same free stack as the slot manager of before (kept as the swap benchmark's baseline)."""
+    """Random admissions, transients, removals, swaps (plan_placement + install) and resets (evict_all): the
+    same slots per frame and the same free stack as the slot manager of before (kept as the swap benchmark's
+    baseline)."""
     from slot_bookkeeping_before import BaselineKVSlotManager
     rng = np.random.default_rng(3)
     new = KVSlotManager(64 * TPF + 5, TPF, make_policy("semantic", 100))
@@ -269,7 +282,7 @@ def test_the_array_stack_hands_out_the_slots_the_list_did():
     assert np.array_equal(new.reserve_prefix(5), old.reserve_prefix(5))
     next_id = 0
     for step in range(400):
-        op = rng.integers(0, 4)
+        op = rng.integers(0, 5)
         if op == 0:
             pooled = rng.standard_normal(HID).astype(np.float32)
             a = new.add_frame(next_id, pooled, next_id * TPF, reserve=9)
@@ -285,11 +298,13 @@ def test_the_array_stack_hands_out_the_slots_the_list_did():
             fid = new.retained()[int(rng.integers(0, len(new.retained())))].frame_id
             new.evict_frames([fid])
             old.evict_frames([fid])
-        else:
+        elif op == 3:
             kept = [(f.frame_id, f.pooled, f.position_start) for f in new.retained()[::2]]
+            a, b = new.plan_placement(kept), old.plan_placement(kept)
+            assert np.array_equal(a.slots, b.slots) and not a.slots.flags.writeable
+            assert [f.frame_id for f in new.install(a, reserve=9)] == [f.frame_id for f in old.install(b, reserve=9)]
+        else:
             assert [f.frame_id for f in new.evict_all()] == [f.frame_id for f in old.evict_all()]
-            for x, y in zip(new.place_frames(kept, reserve=9), old.place_frames(kept, reserve=9)):
-                assert np.array_equal(x, y) and not x.flags.writeable
         assert [(f.frame_id, f.slots.tolist(), f.added_seq) for f in new.retained()] == \
             [(f.frame_id, f.slots.tolist(), f.added_seq) for f in old.retained()]
         assert new.free_stack().tolist() == old.free_stack().tolist() and new.free_slots == old.free_slots
@@ -314,3 +329,97 @@ def test_freeing_a_slot_twice_is_caught():
     m.release_transient()
     with pytest.raises(RuntimeError, match="freed twice"):
         m._push(slots[:1])
+
+
+def test_a_planned_swap_takes_the_lowest_slots_after_the_prefix_whatever_the_arena_held():
+    """plan_placement lays the frames out from the capacity and the prefix alone (the loader plans it while the
+    cycle admits and evicts); install puts it in force: the frames in the lowest slots after the prefix, the
+    next admissions lowest first, every slot in one place."""
+    m = manager("fifo", frames=6, prefix=3)
+    for i in range(9):                                  # the arena's order scrambled by evictions
+        m.add_frame(i, basis(i % HID), i * TPF, reserve=0)
+    kept = [(f.frame_id, f.pooled, f.position_start) for f in m.retained()[1::2]]
+    placement = m.plan_placement(kept)
+    m.add_frame(9, basis(1), 9 * TPF, reserve=0)        # the cycle goes on between the plan and the boundary
+    removed = m.install(placement, reserve=TPF)
+    assert [f.frame_id for f in removed] == [4, 5, 6, 7, 8, 9]
+    outside_prefix = sorted(set(range(m.capacity)) - set(m.prefix_slots.tolist()))
+    assert np.concatenate([f.slots for f in m.retained()]).tolist() == outside_prefix[:len(kept) * TPF]
+    assert m.add_frame(10, basis(2), 10 * TPF, reserve=0).slots.tolist() == \
+        outside_prefix[len(kept) * TPF:(len(kept) + 1) * TPF]
+    assert m.removals == 6
+    check_bookkeeping(m)
+
+
+def test_a_placement_is_refused_where_it_does_not_fit_and_nothing_changes():
+    """install refuses, with the manager untouched, a placement planned for another arena, one that leaves less
+    than the cycle's reserve free, and any while a cycle's transient slots are held."""
+    m = manager("fifo", frames=4, prefix=2)
+    for i in range(3):
+        m.add_frame(i, basis(i % HID), i * TPF, reserve=0)
+    before = ([f.frame_id for f in m.retained()], m.free_stack().tolist())
+    three = [(f.frame_id, f.pooled, f.position_start) for f in m.retained()]
+    with pytest.raises(ValueError, match="prefix of 0 slots"):
+        m.install(manager("fifo", frames=4).plan_placement(three), reserve=0)
+    with pytest.raises(ValueError, match="arena of"):
+        m.install(manager("fifo", frames=5, prefix=2).plan_placement(three), reserve=0)
+    with pytest.raises(KVCapacityError, match="reserved for a cycle"):
+        m.install(m.plan_placement(three), reserve=TPF + 1)
+    m.alloc_transient(1)
+    with pytest.raises(ValueError, match="transient slots are held"):
+        m.install(m.plan_placement(three[:1]), reserve=0)
+    m.release_transient()
+    assert ([f.frame_id for f in m.retained()], m.free_stack().tolist()) == before
+    with pytest.raises(KVCapacityError, match="exist outside the prefix"):
+        m.plan_placement(three + [(9, basis(1), 9 * TPF), (10, basis(0), 10 * TPF)])
+    with pytest.raises(ValueError, match="duplicate frame ids"):
+        m.plan_placement(three + three[:1])
+
+
+def test_a_semantic_manager_that_keeps_its_cosines_evicts_what_recomputing_them_would():
+    """Random admissions (the policy evicting), removals on request, swaps and resets with real-sized embeddings:
+    the kept cosines stay bit-identical to a fresh computation (check_bookkeeping)."""
+    rng = np.random.default_rng(11)
+    hidden = 1536
+    m = KVSlotManager(40 * TPF + 3, TPF, make_policy("semantic", 100))
+    m.reserve_prefix(3)
+    base = rng.standard_normal(hidden).astype(np.float32)
+    next_id = 0
+    for step in range(600):
+        op = rng.integers(0, 50)
+        if op <= 44:
+            pooled = (base + rng.uniform(0.2, 2.0) * rng.standard_normal(hidden)).astype(np.float32)
+            if step % 50 == 0:
+                pooled[:] = 0.0                         # a zero vector: cosine 0 with everything
+            m.add_frame(next_id, pooled, next_id * TPF, reserve=5)
+            next_id += 1
+        elif op <= 47 and m.retained():
+            m.evict_frames([m.retained()[int(rng.integers(0, len(m.retained())))].frame_id])
+        elif op == 48:
+            m.install(m.plan_placement([(f.frame_id, f.pooled, f.position_start) for f in m.retained()[1::2]]),
+                      reserve=5)
+        elif step % 97 == 0:
+            m.evict_all()
+        check_bookkeeping(m)
+    assert m.evictions > 50
+
+
+def test_evictions_with_kept_cosines_match_the_policy_computing_them():
+    """The same admissions through a manager (kept cosines) and through a plain list asked of the policy with
+    no cosines given: the same frames evicted, in the same order."""
+    rng = np.random.default_rng(12)
+    hidden = 1536
+    m = KVSlotManager(30 * TPF, TPF, make_policy("semantic", 100))
+    policy = make_policy("semantic", 100)
+    plain: list = []
+    for i in range(400):
+        pooled = rng.standard_normal(hidden).astype(np.float32) + (rng.standard_normal(hidden) if i % 3 else 0)
+        pooled = pooled.astype(np.float32)
+        want = []
+        while len(plain) * TPF + TPF > m.capacity:
+            idx = policy.victim(plain, need_free=True)
+            want.append(plain.pop(idx).frame_id)
+        adm = m.add_frame(i, pooled, i * TPF, reserve=0)
+        plain.append(m.retained()[-1])
+        assert [f.frame_id for f in adm.evicted] == want
+    assert m.evictions > 300

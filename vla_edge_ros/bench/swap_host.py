@@ -86,7 +86,7 @@ class _Side:
         self.store = SnapshotStore(store_dir)
         # precheck: the loader checks the snapshot before the boundary, as the reasoning node's does now.
         self.client = SwapClient(poll_period_s=0.0, request_timeout_s=10.0, open_device_kv=self._open,
-                                 precheck=self.state.precheck_snapshot if precheck else None)
+                                 precheck=self.state.prepare_swap if precheck else None)
 
     def _export(self, backend, slots) -> FlaggedKV:
         key = len(self.exported) + 1

@@ -68,6 +68,9 @@ class StateSnapshot:
     # cycle thread by prepare_units (the swap loader) so that placing ~125 frames at the boundary does not; None:
     # the swap computes them there.
     units: np.ndarray | None = None
+    # Its frames laid into the applying engine's slots (kv_slots.Placement), planned by the swap's loader
+    # (FrameState.prepare_swap) so that the boundary only puts the layout in force; None: planned there.
+    placement: object | None = field(default=None, repr=False, compare=False)
     # What check_against last passed: the engine dimensions it was given and which arrays it looked at. The
     # swap's loader checks a loaded snapshot off the cycle thread (SwapClient's precheck); the boundary then
     # finds the same key and skips the work. A snapshot is not changed after its loader hands it over.

@@ -423,8 +423,9 @@ class SwapClient:
     def __init__(self, poll_period_s: float, request_timeout_s: float, open_device_kv=None, precheck=None):
         """open_device_kv(descriptor) -> KV holder: maps an offer's CUDA IPC KV in this process (the
         reasoning node passes one when its backend is on a GPU; None: such offers cannot be taken).
-        precheck(snapshot): the applying engine's checks that need no boundary (FrameState.precheck_snapshot),
-        run by the loader so that the boundary finds them done; None: all are run at the boundary."""
+        precheck(snapshot): the applying engine's work that needs no boundary (FrameState.prepare_swap: the
+        snapshot's checks and its slot layout; precheck_snapshot: the checks only), run by the loader so that
+        the boundary finds it done; None: all of it is done at the boundary."""
         self.open_device_kv = open_device_kv
         self.precheck = precheck
         self.poll_period_s = poll_period_s

@@ -392,7 +392,7 @@ class Reasoning(EngineNode):
         # A request unanswered for as long as the reconciler counts as lost is abandoned.
         self.swap = swap.SwapClient(cfg.asr.swap_poll_ms / 1000.0, cfg.health.reconciler_silence_s,
                                     open_device_kv=self._ipc_mapper.open if self._ipc_mapper is not None else None,
-                                    precheck=self.engine.state.precheck_snapshot)
+                                    precheck=self.engine.state.prepare_swap)
         latched = QoSProfile(depth=1, durability=DurabilityPolicy.TRANSIENT_LOCAL)
         self._subs = [self.create_subscription(FrameMsg, graph.FRAME_TOPIC, self._on_frame, QoSProfile(depth=1)),
                       self.create_subscription(String, graph.INSTRUCTION_TOPIC, self._on_instruction, latched)]
