@@ -69,7 +69,7 @@ class BaselineKVSlotManager(KVSlotManager):
         """The list's length is the top: only KVSlotManager.__init__ sets it (the list is filled after it)."""
 
     def evict_all(self) -> list:
-        out, self._frames = self._frames, []
+        out = self._take_all_frames()
         for frame in out:
             self._push(frame.slots)
         self.removals += len(out)

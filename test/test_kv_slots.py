@@ -35,6 +35,10 @@ def check_bookkeeping(m: KVSlotManager) -> None:
     assert m.free_slots + m.used_slots == m.capacity
     assert m.fill_fraction == pytest.approx(m.used_slots / m.capacity)
     assert all(0 <= s < m.capacity for s in held_flat.tolist())
+    # The context kept as frames came and went: the prefix, then every frame's slots, oldest first.
+    assert m.context_slots().tolist() == held_flat.tolist()
+    if m.retained():
+        assert m.context_slots(without_newest=1).tolist() == held_flat[:-m.tokens_per_frame].tolist()
     if m.policy.uses_adjacent:      # the cosines kept as frames came and went: the very bits computed afresh
         assert m._adjacent.values == AdjacentCosines.of(m.retained()).values
 

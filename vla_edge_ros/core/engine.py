@@ -253,7 +253,7 @@ class Engine:
             st.next_position += tpf
             st.last_frame_id = frame.frame_id
             result.new_frame = True
-        context = st.context_excluding(write_slots)
+        context = st.context_without_newest(len(write_slots))        # the new frame, if any, is the newest
         suffix_slots = st.kv.alloc_transient(s + decode_steps)
         rows.append(self.suffix_rows)                                           # [S, hidden]
         positions.append(np.arange(st.next_position, st.next_position + s))

@@ -197,7 +197,7 @@ class FrameState:
         positions = np.concatenate([np.arange(r.position_start, r.position_start + tpf) for r in kept]).astype(np.int64)
         done = False
         try:
-            self.backend.forward(rows, positions, slots, self.context_excluding([slots]), logits="none")
+            self.backend.forward(rows, positions, slots, self.context_without_newest(len(kept)), logits="none")
             done = True
         finally:
             if not done:    # garbage KV: forget these frames rather than attend to them later
@@ -653,9 +653,7 @@ class FrameState:
         self.computed_tokens["prefix"] += int(ids.size)
         self.next_position = int(ids.size)
 
-    def context_excluding(self, written: list) -> np.ndarray:
-        """Cached slots (prefix + retained frames) minus the ones this call is writing."""
-        ctx = self.kv.context_slots()
-        if written:
-            ctx = ctx[~np.isin(ctx, np.concatenate(written))]
-        return ctx.astype(np.int32)
+    def context_without_newest(self, frames: int) -> np.ndarray:
+        """Cached slots (prefix + retained frames, in order) without the newest `frames` frames: the ones the
+        forward asking is writing (they were just admitted, so they are the newest)."""
+        return self.kv.context_slots(without_newest=frames)

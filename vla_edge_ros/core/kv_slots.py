@@ -241,6 +241,12 @@ class KVSlotManager:
         self._top = self.capacity
         self._prefix = np.zeros(0, dtype=np.int32)
         self._frames: list[RetainedFrame] = []          # oldest first
+        self._ids: set[int] = set()                     # their frame ids (the duplicate check of every admission)
+        # The context in logical order (prefix, then each frame's slots, oldest first) kept as frames come and go:
+        # every frame has tokens_per_frame slots, so frame i starts at prefix + i * tokens_per_frame, and a cycle
+        # reads it with one copy instead of concatenating ~125 arrays and masking out the frame it writes.
+        self._context = np.zeros(self.capacity, dtype=np.int32)
+        self._context_len = 0
         # The cosines of neighbouring frames, kept for a policy that chooses by them (semantic), else None.
         self._adjacent = AdjacentCosines() if policy.uses_adjacent else None
         self._transient: list[int] = []
@@ -262,6 +268,7 @@ class KVSlotManager:
             raise KVCapacityError(f"reserve_prefix({n}): only {self._top} free slots; evict frames first")
         slots = self._pop(n)
         self._prefix = np.concatenate([self._prefix, slots])
+        self._rebuild_context()
         return slots
 
     def add_frame(self, frame_id: int, pooled: np.ndarray, position_start: int, reserve: int) -> FrameAdmission:
@@ -275,7 +282,7 @@ class KVSlotManager:
             raise ValueError(f"add_frame({frame_id}): pooled shape {pooled.shape} differs from retained frames' {self._frames[0].pooled.shape}")
         if reserve < 0:
             raise ValueError(f"add_frame({frame_id}): reserve must be >= 0, got {reserve}")
-        if any(f.frame_id == frame_id for f in self._frames):
+        if frame_id in self._ids:
             raise ValueError(f"add_frame: frame {frame_id} is already retained")
         need = self.tokens_per_frame + reserve
         limit = self._evictable_limit()
@@ -304,6 +311,9 @@ class KVSlotManager:
         if self._adjacent is not None:
             self._adjacent.appended(self._frames, frame.unit)
         self._frames.append(frame)
+        self._ids.add(frame.frame_id)
+        self._context[self._context_len:self._context_len + slots.size] = slots
+        self._context_len += slots.size
         self._added += 1
         return FrameAdmission(slots=slots, evicted=evicted)
 
@@ -364,9 +374,13 @@ class KVSlotManager:
                                   f"slots, {reserve} are reserved for a cycle")
         if self._adjacent is not None and placement.adjacent is None:
             raise ValueError("install: the placement was planned without the cosines this manager's policy uses")
-        out, self._frames = self._frames, list(placement.frames)
+        out = self._take_all_frames()
+        self._frames = list(placement.frames)
+        self._ids = {f.frame_id for f in placement.frames}
         if self._adjacent is not None:
             self._adjacent = AdjacentCosines(list(placement.adjacent))
+        self._context[self._context_len:self._context_len + placement.slots.size] = placement.slots
+        self._context_len += placement.slots.size
         self._set_free_stack(placement.free_stack)
         self.removals += len(out)
         if placement.frames:
@@ -375,9 +389,7 @@ class KVSlotManager:
 
     def evict_all(self) -> list:
         """Remove every retained frame (a swap or reset), oldest first, in one pass; counted in `removals`."""
-        out, self._frames = self._frames, []
-        if self._adjacent is not None:
-            self._adjacent = AdjacentCosines()
+        out = self._take_all_frames()
         if out:
             # One write for all: what a _push per frame, oldest first, would leave on the stack.
             self._push_in_order(np.concatenate([frame.slots[::-1] for frame in out]))
@@ -403,9 +415,12 @@ class KVSlotManager:
             self.removals += 1
         return out
 
-    def context_slots(self) -> np.ndarray:
-        """[prefix + frames * tokens_per_frame] int32: prefix slots, then frames oldest first."""
-        return np.concatenate([self._prefix] + [f.slots for f in self._frames]).astype(np.int32, copy=False)
+    def context_slots(self, without_newest: int = 0) -> np.ndarray:
+        """[prefix + frames * tokens_per_frame] int32 (a copy): prefix slots, then frames oldest first; the
+        newest `without_newest` frames left out (a forward that is writing them)."""
+        if not 0 <= without_newest <= len(self._frames):
+            raise ValueError(f"context_slots: cannot leave out {without_newest} of {len(self._frames)} frames")
+        return self._context[:self._context_len - without_newest * self.tokens_per_frame].copy()
 
     def alloc_transient(self, n: int) -> np.ndarray:
         """n slots for this cycle's suffix / decoded tokens; released by release_transient()."""
@@ -457,6 +472,10 @@ class KVSlotManager:
         if self._adjacent is not None:
             self._adjacent.removed(self._frames, idx)
         frame = self._frames.pop(idx)
+        self._ids.discard(frame.frame_id)
+        start, end = self._prefix.size + idx * self.tokens_per_frame, self._context_len
+        self._context[start:end - self.tokens_per_frame] = self._context[start + self.tokens_per_frame:end].copy()
+        self._context_len -= self.tokens_per_frame
         self._push(frame.slots)
         log.debug("frame %d out (policy %s), %d free slots", frame.frame_id, self.policy.name, self._top)
         return frame
@@ -478,6 +497,22 @@ class KVSlotManager:
             raise RuntimeError(f"freeing {slots.size} slots with {self._top} of {self.capacity} free: a slot freed twice")
         self._stack[self._top:self._top + slots.size] = slots
         self._top += slots.size
+
+    def _take_all_frames(self) -> list:
+        """Every retained frame out of the frame list, the ids, the context and the cosines (not the free stack:
+        the caller frees or replaces their slots); returns them, oldest first."""
+        out, self._frames = self._frames, []
+        self._ids = set()
+        if self._adjacent is not None:
+            self._adjacent = AdjacentCosines()
+        self._context_len = self._prefix.size
+        return out
+
+    def _rebuild_context(self) -> None:
+        """The context array from the prefix and the frames (after the prefix changed)."""
+        ctx = np.concatenate([self._prefix] + [f.slots for f in self._frames]).astype(np.int32)
+        self._context[:ctx.size] = ctx
+        self._context_len = ctx.size
 
     def _set_free_stack(self, stack: np.ndarray) -> None:
         """The free stack becomes `stack` [n] int32 (the next one handed out last), whatever it held."""
