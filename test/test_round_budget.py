@@ -1,7 +1,7 @@
 """The round budget's arithmetic (core/round_budget.py) on the figures it was written for."""
 import pytest
 
-from vla_edge_ros.core.round_budget import APPLY_WINDOW, ARRIVAL_WINDOW, RoundBudget
+from vla_edge_ros.core.round_budget import APPLY_WINDOW, ARRIVAL_WINDOW, REBUILD_WINDOW, RoundBudget
 
 
 def arrivals(budget, hz: float, n: int, start: float = 0.0) -> None:
@@ -38,14 +38,27 @@ def test_a_reconciler_no_faster_than_the_camera_gets_one_frame_rounds():
     assert b.frame_limit(125) == 1
 
 
-def test_the_arrival_rate_follows_the_newest_window_and_the_newest_round_replaces_the_last():
+def test_the_arrival_rate_follows_the_newest_window_and_the_rebuild_rate_the_newest_rounds():
     b = RoundBudget(0.8)
     arrivals(b, 10.0, ARRIVAL_WINDOW)
     arrivals(b, 30.0, ARRIVAL_WINDOW, start=100.0)
     assert b.arrival_frames_per_s == pytest.approx(30.0)
     b.round_measured(10, 1.0)
-    b.round_measured(60, 1.0)
-    assert b.rebuild_frames_per_s == 60.0 and b.frame_limit(100) == 40
+    for _ in range(REBUILD_WINDOW):
+        b.round_measured(60, 1.0)
+    assert b.rebuild_frames_per_s == 60.0 and b.frame_limit(100) == 40      # the 10-frame round left the window
+
+
+def test_one_tiny_round_does_not_set_the_rebuild_rate_alone():
+    """Rounds that waited for their gaps (60 frames in 10 s), then one bounded to a frame that its first step
+    finished (5 frames in 4 ms): pooled, the rate stays near what the slack gives, and the bound with it."""
+    b = RoundBudget(0.8)
+    arrivals(b, 15.0, 100)
+    for _ in range(3):
+        b.round_measured(60, 10.0)
+    b.round_measured(5, 0.004)
+    assert b.rebuild_frames_per_s == pytest.approx(185 / 30.004)
+    assert b.frame_limit(128) == 1                    # still slower than the arrivals: no round can catch up
 
 
 @pytest.mark.parametrize("margin", [0.0, 1.5])

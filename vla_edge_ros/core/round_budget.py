@@ -30,6 +30,7 @@ from collections import deque
 
 ARRIVAL_WINDOW = 64      # the newest arrival times the arrival rate is measured over (~2 s at 30 Hz)
 APPLY_WINDOW = 8         # the newest applied rounds whose offer-to-swap time bounds L (their slowest)
+REBUILD_WINDOW = 4       # the newest measured rounds whose frames and seconds, pooled, give the rebuild rate b
 
 
 class RoundBudget:
@@ -41,6 +42,7 @@ class RoundBudget:
         self.margin = margin
         self._arrivals: deque = deque(maxlen=ARRIVAL_WINDOW)
         self.rebuild_frames_per_s: float | None = None
+        self._rebuilds: deque = deque(maxlen=REBUILD_WINDOW)      # (frames, seconds) of the newest rounds
         self._apply_s: deque = deque(maxlen=APPLY_WINDOW)
 
     def frame_arrived(self, now_s: float) -> None:
@@ -49,9 +51,13 @@ class RoundBudget:
 
     def round_measured(self, frames: int, seconds: float) -> None:
         """A round computed `frames` in `seconds` from its trigger while it had a backlog (its warm-up, or all of it
-        when it ended before warm-up did): the newest measurement replaces the older one, as the slack moves."""
+        when it ended before warm-up did). The rate is pooled over the newest REBUILD_WINDOW rounds (their frames
+        over their seconds), so that it follows the slack as it moves but one tiny round does not set it alone: on
+        the H200 with the 7B shape at 15 Hz a round bounded to one frame finished in its first step (5 frames in
+        4 ms: "1198 frames/s"), which sized the next round at ~100 frames, far past what ~6 frames/s could catch up."""
         if frames > 0 and seconds > 0.0:
-            self.rebuild_frames_per_s = frames / seconds
+            self._rebuilds.append((frames, seconds))
+            self.rebuild_frames_per_s = sum(f for f, _ in self._rebuilds) / sum(t for _, t in self._rebuilds)
 
     def round_applied(self, offer_to_swap_s: float) -> None:
         """The primary applied a round's offer this long after the round first offered."""
