@@ -61,6 +61,8 @@ class InProcessAsr:
             raise ValueError(f"work must be one of {WORK_MODES}, got {work!r}")
         self.primary = primary
         self.reconciler = reconciler
+        if reconciler is not None:      # offers reach the boundary checked and laid out, as in the graph
+            reconciler.prepare_offer = primary.state.prepare_swap
         self.work = work
         self.reconciler_error: BaseException | None = None
         self.deferred: Counter = Counter()        # offers not applied because too stale, by SwapDeferred.reason

@@ -78,7 +78,7 @@ from .engine_state import FrameState
 from .kv_slots import KVCapacityError, KVSlotManager, make_policy
 from .metrics import percentile
 from .round_budget import RoundBudget
-from .state_snapshot import StateChunk, StateSnapshot
+from .state_snapshot import SnapshotError, StateChunk, StateSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,9 @@ class StateReconciler:
         self.drained_items = 0            # items the latest receive() handled
         self._offer_lock = threading.Lock()
         self._offer: StateSnapshot | None = None    # the newest offer, until taken
+        # In one process: the applying engine's work that needs no boundary (FrameState.prepare_swap), run on an
+        # offer as it is made, as the graph's swap loader runs it; None: the boundary does all of it.
+        self.prepare_offer = None
         self._live: tuple | None = None             # (version, frame ids) of the current round's newest offer
         self.epoch = 0                    # primary restarts seen (restart_mirror); offers belong to one epoch
         self._clear_mirror()
@@ -297,6 +300,11 @@ class StateReconciler:
             self.stats.rounds_offered += 1
         else:
             self.stats.reoffers += 1
+        if self.prepare_offer is not None:
+            try:
+                self.prepare_offer(snap)
+            except SnapshotError:           # the boundary rejects it with the same error, in the order of its checks
+                pass
         with self._offer_lock:
             if self.phase is Phase.STOPPED:      # stopped from another thread while this round ran
                 return snap
