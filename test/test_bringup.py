@@ -16,17 +16,22 @@ from vla_edge_ros.nodes import graph
 pytestmark = pytest.mark.ros
 
 
-def test_bringup_activates_the_reconciler_and_stops_on_ctrl_c(tiny_model_dir):
+@pytest.mark.parametrize("side_by_side", [False, True])
+def test_bringup_activates_the_reconciler_and_stops_on_ctrl_c(tiny_model_dir, side_by_side):
+    """One node after the other (the default), and with lifecycle.parallel_configure: both lifecycle nodes
+    configured at once, then activated in order."""
     model = tiny_model_dir
     domain = H.ros_domain(__name__)
     harness = H.RosHarness(domain)
-    argv = [sys.executable, "-m", "vla_edge_ros.cli", "bringup", "--model", str(model), "--set", "cycle.deadline_ms=50.0"]
+    argv = [sys.executable, "-m", "vla_edge_ros.cli", "bringup", "--model", str(model), "--set", "cycle.deadline_ms=50.0",
+            "--set", f"lifecycle.parallel_configure={'true' if side_by_side else 'false'}"]
     proc = subprocess.Popen(argv, env=H.graph_env(domain), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        line = ""
+        line, start_lines = "", []
         deadline = time.monotonic() + H.GRAPH_START_TIMEOUT_S
         while "Ctrl-C stops" not in line:
             line = proc.stdout.readline()
+            start_lines.append(line)
             assert line or proc.poll() is None, "bringup exited before the graph was up"
             assert time.monotonic() < deadline, "bringup did not report the graph up"
         state = H.call_service(harness, GetState, f"/{graph.node('reconciler').name}/get_state", GetState.Request())
@@ -46,6 +51,8 @@ def test_bringup_activates_the_reconciler_and_stops_on_ctrl_c(tiny_model_dir):
         harness.close()
     assert proc.returncode == 0, out
     assert "stopped, exit codes {'camera_ingest': 0, 'reasoning': 0, 'reconciler': 0}" in out, out
+    started = "".join(start_lines)
+    assert started.count("configured side by side") == (2 if side_by_side else 0), started
 
 
 def test_a_transition_busy_longer_than_an_answer_wait_is_requested_once(monkeypatch):

@@ -58,3 +58,35 @@ def test_it_fills_the_cache_the_backend_then_loads_from(tmp_path):
                             timeout=300)
     assert loaded.returncode == 0, loaded.stderr
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == cached
+
+
+def test_the_compile_lock_holds_a_second_process_until_the_first_is_done(tmp_path):
+    """Two nodes configured side by side (lifecycle.parallel_configure) compile one at a time: the lock is a file
+    lock across processes. A child process takes it and holds it; this one waits for it (without PyCUDA: the lock
+    is plain Python)."""
+    import time
+    from vla_edge_ros.model import cuda_kernels
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import sys, time\n"
+                              "from vla_edge_ros.model.cuda_kernels import _compile_lock\n"
+                              "with _compile_lock(True):\n"
+                              "    print('held', flush=True)\n"
+                              "    time.sleep(1.5)\n"],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        import tempfile
+        old = tempfile.tempdir
+        tempfile.tempdir = str(tmp_path)
+        try:
+            t = time.monotonic()
+            with cuda_kernels._compile_lock(True):
+                waited = time.monotonic() - t
+            with cuda_kernels._compile_lock(False):        # nothing to compile: no lock taken
+                pass
+        finally:
+            tempfile.tempdir = old
+    finally:
+        child.wait(timeout=10)
+    assert 0.5 < waited < 5.0 and (tmp_path / cuda_kernels.COMPILE_LOCK_NAME).exists()

@@ -463,6 +463,12 @@ class LifecycleConfig:
     transition_timeout_s: float = _doc("how long they wait for any other lifecycle transition", default=20.0)
     warmup_cycles: int = _doc("reasoning: cycles run on a synthetic frame during configure (the second half seeds "
                               "the admission estimate), then forgotten", default=8)
+    parallel_configure: bool = _doc("bringup and the demo configure every lifecycle node at once, then activate them "
+                                    "in order (false: configure and activate one node after the other). Meant for a "
+                                    "cold GPU start, where the reconciler's configure waited for the reasoning "
+                                    "node's (9-10 s of 25-32 s to active on the H200); the nodes then compile "
+                                    "their kernels one at a time under a file lock and load them side by side. "
+                                    "Off: not yet measured on a GPU", default=False)
 
     def __post_init__(self):
         _positive(self, "configure_timeout_s", "lifecycle")

@@ -25,6 +25,7 @@ ament index).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -44,6 +45,7 @@ from .cuda_launch_common import check as _check, check_array as _check_array
 log = logging.getLogger(__name__)
 
 SYNC_ENV = "VLA_EDGE_CUDA_SYNC"
+COMPILE_LOCK_NAME = "vla_edge_kernel_compile.lock"     # in the temporary directory (_compile_lock)
 
 # CTL_* and MODE_* come from cuda/common.cuh on first use (kernel_constants.py); the limits
 # below mirror #defines of the .cu files, and test_kernel_sources.py checks that they agree.
@@ -203,6 +205,30 @@ def family_cubin(family: str, arch: str, options: tuple = ()) -> bytes:
                           options=COMPILE_OPTIONS + list(options))
 
 
+@contextlib.contextmanager
+def _compile_lock(needed: bool):
+    """While held, no other process of this machine fills or reads PyCUDA's disk cache through CudaKernels:
+    PyCUDA writes a cubin in place (not to a temporary name renamed), so two nodes configured side by side
+    (lifecycle.parallel_configure) could read each other's half-written files. The second one waits for the first
+    one's compile and then finds every build on disk. Not taken when this process has every family already."""
+    if not needed:
+        yield
+        return
+    import fcntl
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), COMPILE_LOCK_NAME), "a") as fh:
+        t = time.perf_counter()
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        waited = time.perf_counter() - t
+        if waited > 0.5:
+            log.info("waited %.1f s for another process's kernel compile", waited)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def fill_disk_cache(builds, workers: int | None = None) -> list:
     """Compile (family, arch, options) builds concurrently into PyCUDA's disk cache, as family_cubin does one;
     returns [(build, seconds, exception or None)] in the order given. Each build is one nvcc subprocess, so
@@ -274,18 +300,19 @@ class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
         eager = [family for family in FAMILIES if family not in ON_DEMAND_FAMILIES]
         t0 = time.perf_counter()
         fresh = sum((device.handle, f, self.arch, family_options(f, kv_dtype)) not in _modules for f in eager)
-        if fresh:
-            # Every family this device can run (the on-demand ones too: warm-up launches most of them), compiled
-            # side by side into the disk cache first; the loads below then read cubins. A warm cache answers each
-            # build from disk in milliseconds.
-            warmed = fill_disk_cache(b for b in all_builds(self.arch, (kv_dtype,))
-                                     if b[0] not in COLD_START_SKIPS and (device.handle, *b) not in _modules)
-            (slowest, _arch, _opts), slowest_s, _err = max(warmed, key=lambda w: w[1],
-                                                           default=(("-", "", ()), 0.0, None))
-            log.info("PyCUDA's disk cache: %d builds checked or compiled side by side in %.1f s (slowest: %s, %.1f s)",
-                     len(warmed), time.perf_counter() - t0, slowest, slowest_s)
-        for family in eager:
-            self._load_family(family)
+        with _compile_lock(fresh > 0):
+            if fresh:
+                # Every family this device can run (the on-demand ones too: warm-up launches most of them),
+                # compiled side by side into the disk cache first; the loads below then read cubins. A warm cache
+                # answers each build from disk in milliseconds.
+                warmed = fill_disk_cache(b for b in all_builds(self.arch, (kv_dtype,))
+                                         if b[0] not in COLD_START_SKIPS and (device.handle, *b) not in _modules)
+                (slowest, _arch, _opts), slowest_s, _err = max(warmed, key=lambda w: w[1],
+                                                               default=(("-", "", ()), 0.0, None))
+                log.info("PyCUDA's disk cache: %d builds checked or compiled side by side in %.1f s (slowest: %s, "
+                         "%.1f s)", len(warmed), time.perf_counter() - t0, slowest, slowest_s)
+            for family in eager:
+                self._load_family(family)
         log.info("%d kernel families ready for %s in %.1f s (%d loaded into this context: compiled, or from "
                  "PyCUDA's disk cache)", len(eager), self.arch, time.perf_counter() - t0, fresh)
         self.programmatic = None          # a cuda_pdl.ProgrammaticLauncher once enabled

@@ -180,29 +180,64 @@ class GraphProcesses:
         context = rclpy.Context()
         rclpy.init(context=context, domain_id=_domain_id(self.env), signal_handler_options=SignalHandlerOptions.NO)
         watched = [spec.name for spec in (self.nodes if specs is None else specs)]
+        lifecycle = [spec for spec in (self.nodes if specs is None else specs) if spec.lifecycle]
+
+        def transition(node, spec, transition_id) -> None:
+            wait = waits[transition_id] if timeout_s is None else min(timeout_s, waits[transition_id])
+            try:
+                change_state(node, lifecycle_service(spec, "change_state"), transition_id, wait,
+                             watch=lambda: self._check_alive(watched))
+            except BringupError as exc:
+                self._check_alive(watched)          # a node that died is the first cause
+                cause = self.last_error(spec.name)  # else what the refusing node logged
+                raise BringupError(f"{exc}" + (f": {cause}" if cause else "")) from None
+
         try:
             node = rclpy.create_node(f"vla_edge_bringup_{os.getpid()}_{threading.get_ident() % 100000}",
                                      context=context)
-            for spec in self.nodes if specs is None else specs:
-                if spec.lifecycle:
-                    t0 = time.monotonic()
-                    steps = (Transition.TRANSITION_CONFIGURE,) + (
-                        () if spec.name in leave_inactive else (Transition.TRANSITION_ACTIVATE,))
-                    for transition in steps:
-                        wait = waits[transition] if timeout_s is None else min(timeout_s, waits[transition])
-                        try:
-                            change_state(node, lifecycle_service(spec, "change_state"), transition, wait,
-                                         watch=lambda: self._check_alive(watched))
-                        except BringupError as exc:
-                            self._check_alive(watched)          # a node that died is the first cause
-                            cause = self.last_error(spec.name)  # else what the refusing node logged
-                            raise BringupError(f"{exc}" + (f": {cause}" if cause else "")) from None
-                    self.activation_s[spec.name] = time.monotonic() - t0
-                    log.info("%s is %s (%.1f s)", spec.name, "inactive" if spec.name in leave_inactive else "active",
-                             self.activation_s[spec.name])
+            t_all = time.monotonic()
+            configured = set()
+            if limits.parallel_configure and len(lifecycle) > 1:
+                self._configure_side_by_side(context, lifecycle, lambda n, spec: transition(
+                    n, spec, Transition.TRANSITION_CONFIGURE))
+                configured = {spec.name for spec in lifecycle}
+            for spec in lifecycle:
+                t0 = t_all if spec.name in configured else time.monotonic()
+                steps = (() if spec.name in configured else (Transition.TRANSITION_CONFIGURE,)) + (
+                    () if spec.name in leave_inactive else (Transition.TRANSITION_ACTIVATE,))
+                for transition_id in steps:
+                    transition(node, spec, transition_id)
+                self.activation_s[spec.name] = time.monotonic() - t0
+                log.info("%s is %s (%.1f s%s)", spec.name, "inactive" if spec.name in leave_inactive else "active",
+                         self.activation_s[spec.name], ", configured side by side" if configured else "")
             node.destroy_node()
         finally:
             rclpy.try_shutdown(context=context)
+
+    @staticmethod
+    def _configure_side_by_side(context, specs, configure) -> None:
+        """configure(node, spec) for every spec at once, each on a thread with a client node of its own (one
+        node is not spun by two executors); the first failure, in table order, is raised once all have ended."""
+        import rclpy
+        errors: dict = {}
+
+        def one(spec) -> None:
+            node = rclpy.create_node(f"vla_edge_bringup_{os.getpid()}_{spec.name}", context=context)
+            try:
+                configure(node, spec)
+            except BaseException as exc:   # noqa: BLE001 - re-raised below, after the other configures ended
+                errors[spec.name] = exc
+            finally:
+                node.destroy_node()
+
+        threads = [threading.Thread(target=one, args=(spec,), name=f"configure-{spec.name}") for spec in specs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for spec in specs:
+            if spec.name in errors:
+                raise errors[spec.name]
 
     def config(self):
         """The graph's configuration: the parameter file with the overrides (ConfigError if invalid)."""
