@@ -350,8 +350,8 @@ class FrameState:
     def prepare_swap(self, snap: StateSnapshot) -> None:
         """What a swap to `snap` can do before its boundary, on the swap loader's thread: the snapshot's own
         checks (precheck_snapshot) and the layout of its frames in the slots (KVSlotManager.plan_placement,
-        kept in snap.placement), so that the boundary only puts the layout in force. Thread-safe: reads the
-        prefix and fixed dimensions only. SnapshotError when the checks fail (nothing is planned then)."""
+        kept in snap.placement), so that the boundary only puts the layout in force. Thread-safe, as both of
+        those are. SnapshotError when the checks fail (nothing is planned then)."""
         self.precheck_snapshot(snap)
         snap.placement = self._plan_placement(snap)
 
@@ -369,9 +369,10 @@ class FrameState:
 
     def _place_snapshot(self, snap: StateSnapshot) -> tuple:
         """The snapshot's frames into the slots (the layout prepare_swap planned, or planned now) and the copy of
-        its KV into the arena queued (a checked snapshot fits: no policy involved); returns the ms the slot bookkeeping took, the ms of it this thread
-        did not run (host-only work: what is not CPU time is waiting for a core or the interpreter lock), the ms
-        queuing the copy took, and the queued copy (KvWrite: _finish_copy waits for it)."""
+        its KV into the arena queued (a checked snapshot fits: no policy involved); returns the ms the slot
+        bookkeeping took, the ms of it this thread did not run (host-only work: what is not CPU time is waiting
+        for a core or the interpreter lock), the ms queuing the copy took, and the queued copy (KvWrite:
+        _finish_copy waits for it)."""
         t_place, cpu_place = time.perf_counter(), time.thread_time()
         placement = snap.placement
         if placement is None:                           # no loader planned it (a swap applied in process)

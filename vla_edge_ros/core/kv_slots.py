@@ -14,9 +14,10 @@ handed out, so an evicted frame's slots (likely still warm in cache) are
 reused first. A swap replaces the whole state at once: its layout is planned
 off the cycle thread (plan_placement: the frames in the lowest slots after
 the prefix, the rest free, lowest first) and put in force at the boundary
-(install), whatever the arena held. Slots of evicted frames leave holes in the physical order; the
-logical order the transformer sees is `context_slots()` (prefix, then frames
-oldest first), and each slot keeps the RoPE position it was written with.
+(install), whatever the arena held. Slots of evicted frames leave holes in
+the physical order; the logical order the transformer sees is
+`context_slots()` (prefix, then frames oldest first), and each slot keeps the
+RoPE position it was written with.
 
 Policies (picked by name with `make_policy`):
     fifo            evict the oldest frame when space is needed
@@ -78,6 +79,7 @@ class Placement:
     """A whole state laid into the arena (KVSlotManager.plan_placement), for install at a boundary."""
     prefix: np.ndarray          # [P] int32 the prefix slots it was planned around
     frames: tuple               # (RetainedFrame,) oldest first, slots set
+    ids: frozenset              # their frame ids
     slots: np.ndarray           # [n * tokens_per_frame] int32 read-only: the frames' slots in order (the KV copy's targets)
     free_stack: np.ndarray      # [free] int32 the free stack after install, the next slot handed out last
     adjacent: tuple | None = None   # the frames' AdjacentCosines values, for a policy that uses them
@@ -322,7 +324,8 @@ class KVSlotManager:
         (oldest first) take the lowest slots outside the prefix, tokens_per_frame each, and every other slot
         is free, handed out lowest first. The layout depends only on the capacity and the prefix, never on the
         frames held now, so the swap's loader plans it off the cycle thread while the cycle admits and evicts,
-        and the boundary only puts it in force (install). Thread-safe: reads the prefix and counts only.
+        and the boundary only puts it in force (install). Thread-safe: reads the prefix, the policy's kind and
+        the admission count (which numbers the placed frames on from it) only.
         frames: [(frame_id, pooled [hidden], position_start)]; units: their pooled embeddings as unit_vectors
         gives them, when already computed (StateSnapshot.prepare_units)."""
         tpf, prefix = self.tokens_per_frame, self._prefix
@@ -350,13 +353,13 @@ class KVSlotManager:
                        in enumerate(zip(frames, ids, slots.reshape(len(frames), tpf), units if frames else ())))
         adjacent = tuple(AdjacentCosines.of(placed).values) if self.policy.uses_adjacent else None
         # Reversed onto the stack (the top last), so the slots after the frames come out lowest first.
-        return Placement(prefix=prefix, frames=placed, slots=slots, free_stack=free[len(frames) * tpf:][::-1].copy(),
-                         adjacent=adjacent)
+        return Placement(prefix=prefix, frames=placed, ids=frozenset(ids), slots=slots,
+                         free_stack=free[len(frames) * tpf:][::-1].copy(), adjacent=adjacent)
 
     def install(self, placement: "Placement", reserve: int) -> list:
         """Put a planned placement in force (a swap at a cycle boundary): every retained frame is removed
-        (counted in `removals`) and the placement's frames and free slots replace them, in time independent of
-        the frame count (one copy of the free stack). Refused, with nothing changed, when the placement was
+        (counted in `removals`) and the placement's frames and free slots replace them: array and list copies,
+        no Python pass over the frames. Refused, with nothing changed, when the placement was
         planned around another prefix (ValueError), when transient slots are held (ValueError: only a boundary
         swaps), or when fewer than `reserve` slots would be left free for a cycle (KVCapacityError). Returns the
         frames removed, oldest first."""
@@ -376,7 +379,7 @@ class KVSlotManager:
             raise ValueError("install: the placement was planned without the cosines this manager's policy uses")
         out = self._take_all_frames()
         self._frames = list(placement.frames)
-        self._ids = {f.frame_id for f in placement.frames}
+        self._ids = set(placement.ids)
         if self._adjacent is not None:
             self._adjacent = AdjacentCosines(list(placement.adjacent))
         self._context[self._context_len:self._context_len + placement.slots.size] = placement.slots

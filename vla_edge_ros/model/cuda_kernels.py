@@ -217,7 +217,14 @@ def _compile_lock(needed: bool):
     import fcntl
     import tempfile
 
-    with open(os.path.join(tempfile.gettempdir(), COMPILE_LOCK_NAME), "a") as fh:
+    path = os.path.join(tempfile.gettempdir(), COMPILE_LOCK_NAME)
+    try:
+        fh = open(path, "a")
+    except OSError as exc:           # e.g. made by another user: compile unlocked, as before the lock existed
+        log.warning("kernel compile lock %s not usable (%s): compiling without it", path, exc)
+        yield
+        return
+    with fh:
         t = time.perf_counter()
         fcntl.flock(fh, fcntl.LOCK_EX)
         waited = time.perf_counter() - t
