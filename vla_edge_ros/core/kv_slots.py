@@ -314,8 +314,7 @@ class KVSlotManager:
             self._adjacent.appended(self._frames, frame.unit)
         self._frames.append(frame)
         self._ids.add(frame.frame_id)
-        self._context[self._context_len:self._context_len + slots.size] = slots
-        self._context_len += slots.size
+        self._append_context(slots)
         self._added += 1
         return FrameAdmission(slots=slots, evicted=evicted)
 
@@ -382,8 +381,7 @@ class KVSlotManager:
         self._ids = set(placement.ids)
         if self._adjacent is not None:
             self._adjacent = AdjacentCosines(list(placement.adjacent))
-        self._context[self._context_len:self._context_len + placement.slots.size] = placement.slots
-        self._context_len += placement.slots.size
+        self._append_context(placement.slots)
         self._set_free_stack(placement.free_stack)
         self.removals += len(out)
         if placement.frames:
@@ -510,6 +508,11 @@ class KVSlotManager:
             self._adjacent = AdjacentCosines()
         self._context_len = self._prefix.size
         return out
+
+    def _append_context(self, slots: np.ndarray) -> None:
+        """Slots of frames that became the newest, after the context."""
+        self._context[self._context_len:self._context_len + slots.size] = slots
+        self._context_len += slots.size
 
     def _rebuild_context(self) -> None:
         """The context array from the prefix and the frames (after the prefix changed)."""

@@ -41,7 +41,6 @@ class RoundBudget:
             raise ValueError(f"round budget margin must be in (0, 1], got {margin}")
         self.margin = margin
         self._arrivals: deque = deque(maxlen=ARRIVAL_WINDOW)
-        self.rebuild_frames_per_s: float | None = None
         self._rebuilds: deque = deque(maxlen=REBUILD_WINDOW)      # (frames, seconds) of the newest rounds
         self._apply_s: deque = deque(maxlen=APPLY_WINDOW)
 
@@ -53,11 +52,18 @@ class RoundBudget:
         """A round computed `frames` in `seconds` from its trigger while it had a backlog (its warm-up, or all of it
         when it ended before warm-up did). The rate is pooled over the newest REBUILD_WINDOW rounds (their frames
         over their seconds), so that it follows the slack as it moves but one tiny round does not set it alone: on
-        the H200 with the 7B shape at 15 Hz a round bounded to one frame finished in its first step (5 frames in
-        4 ms: "1198 frames/s"), which sized the next round at ~100 frames, far past what ~6 frames/s could catch up."""
+        the H200 with the 7B shape at 15 Hz the newest rate read "1198 frames/s" (most likely a round bounded to
+        one frame that its first step of up to 5 frames finished at once), with the slack rebuilding a few frames
+        a second: such a rate sizes the next round far past what can catch up."""
         if frames > 0 and seconds > 0.0:
             self._rebuilds.append((frames, seconds))
-            self.rebuild_frames_per_s = sum(f for f, _ in self._rebuilds) / sum(t for _, t in self._rebuilds)
+
+    @property
+    def rebuild_frames_per_s(self) -> float | None:
+        """b: the newest REBUILD_WINDOW measured rounds' frames over their seconds (None before the first)."""
+        if not self._rebuilds:
+            return None
+        return sum(f for f, _ in self._rebuilds) / sum(t for _, t in self._rebuilds)
 
     def round_applied(self, offer_to_swap_s: float) -> None:
         """The primary applied a round's offer this long after the round first offered."""

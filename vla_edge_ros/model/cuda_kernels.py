@@ -206,14 +206,11 @@ def family_cubin(family: str, arch: str, options: tuple = ()) -> bytes:
 
 
 @contextlib.contextmanager
-def _compile_lock(needed: bool):
-    """While held, no other process of this machine fills or reads PyCUDA's disk cache through CudaKernels:
-    PyCUDA writes a cubin in place (not to a temporary name renamed), so two nodes configured side by side
-    (lifecycle.parallel_configure) could read each other's half-written files. The second one waits for the first
-    one's compile and then finds every build on disk. Not taken when this process has every family already."""
-    if not needed:
-        yield
-        return
+def _compile_lock():
+    """While held, no other process of this machine fills PyCUDA's disk cache through fill_disk_cache (a node's
+    CudaKernels, `vla-edge compile-kernels`): PyCUDA writes a cubin in place (not to a temporary name renamed), so
+    two nodes configured side by side (lifecycle.parallel_configure) could read each other's half-written files.
+    The second one waits for the first one's compile and then finds every build on disk."""
     import fcntl
     import tempfile
 
@@ -243,7 +240,7 @@ def fill_disk_cache(builds, workers: int | None = None) -> list:
     compiled one after the other inside the reasoning node's configure, took ~26 s of its 36.7 s to active on the
     H200 (2026-12-03); their single compiles take 0.5-6.8 s on the development machine (decode_persistent the
     longest, 29 s in all), so with the cores free the whole set costs about its slowest family. A build that fails
-    here is left for the caller's own compile to report with its context."""
+    here is left for the caller's own compile to report with its context. One process at a time (_compile_lock)."""
     from concurrent.futures import ThreadPoolExecutor
 
     builds = list(builds)
@@ -260,7 +257,7 @@ def fill_disk_cache(builds, workers: int | None = None) -> list:
     if not builds:
         return []
     workers = max(1, min(len(builds), workers or os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nvcc") as pool:
+    with _compile_lock(), ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nvcc") as pool:
         return list(pool.map(one, builds))
 
 
@@ -307,19 +304,18 @@ class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
         eager = [family for family in FAMILIES if family not in ON_DEMAND_FAMILIES]
         t0 = time.perf_counter()
         fresh = sum((device.handle, f, self.arch, family_options(f, kv_dtype)) not in _modules for f in eager)
-        with _compile_lock(fresh > 0):
-            if fresh:
-                # Every family this device can run (the on-demand ones too: warm-up launches most of them),
-                # compiled side by side into the disk cache first; the loads below then read cubins. A warm cache
-                # answers each build from disk in milliseconds.
-                warmed = fill_disk_cache(b for b in all_builds(self.arch, (kv_dtype,))
-                                         if b[0] not in COLD_START_SKIPS and (device.handle, *b) not in _modules)
-                (slowest, _arch, _opts), slowest_s, _err = max(warmed, key=lambda w: w[1],
-                                                               default=(("-", "", ()), 0.0, None))
-                log.info("PyCUDA's disk cache: %d builds checked or compiled side by side in %.1f s (slowest: %s, "
-                         "%.1f s)", len(warmed), time.perf_counter() - t0, slowest, slowest_s)
-            for family in eager:
-                self._load_family(family)
+        if fresh:
+            # Every family this device can run (the on-demand ones too: warm-up launches most of them), compiled
+            # side by side into the disk cache first; the loads below then read cubins. A warm cache answers each
+            # build from disk in milliseconds.
+            warmed = fill_disk_cache(b for b in all_builds(self.arch, (kv_dtype,))
+                                     if b[0] not in COLD_START_SKIPS and (device.handle, *b) not in _modules)
+            (slowest, _arch, _opts), slowest_s, _err = max(warmed, key=lambda w: w[1],
+                                                           default=(("-", "", ()), 0.0, None))
+            log.info("PyCUDA's disk cache: %d builds checked or compiled side by side in %.1f s (slowest: %s, %.1f s)",
+                     len(warmed), time.perf_counter() - t0, slowest, slowest_s)
+        for family in eager:
+            self._load_family(family)
         log.info("%d kernel families ready for %s in %.1f s (%d loaded into this context: compiled, or from "
                  "PyCUDA's disk cache)", len(eager), self.arch, time.perf_counter() - t0, fresh)
         self.programmatic = None          # a cuda_pdl.ProgrammaticLauncher once enabled
