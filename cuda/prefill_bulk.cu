@@ -11,7 +11,10 @@
 // Precision: as attention_mma.cu. q (pre-scaled), K, V and the softmax weights P are fp32 values fed to
 // the mma as bf16 hi + lo; a product x.y is hi_x.hi_y + lo_x.hi_y + hi_x.lo_y (lo.lo dropped, ~2^-16 of
 // the product). A bf16 arena (-DKV_BF16) holds K and V in bf16: their lo parts are zero, neither staged
-// nor multiplied. Scores are kept in log2 units (q scaled by scale * log2 e) so every weight is one exp2.
+// nor multiplied. The _p1 entries (KernelPlan.bulk_activation_parts 1) multiply the hi parts alone, q,
+// K, P and V each rounded to bf16 once (~2^-9 relative, what a bf16 SDPA computes), for a third of the
+// products of an fp32 arena's and half of a bf16 arena's. Scores are kept in log2 units (q scaled by
+// scale * log2 e) so every weight is one exp2.
 //
 // Layouts (one layer): qkv [n_rows, qkv_stride] float32, q head h at columns [h hd, (h+1) hd), after RoPE;
 //            the arena k/v [KVH, capacity, hd] kv_t; attend_list int32 (cached context, then the call's
@@ -120,7 +123,7 @@ __device__ __forceinline__ void mma_tile_pair(float (&c0)[4], float (&c1)[4], co
 // the late rows see the longest lists, so the longest blocks start first.
 // Launch: grid (ceil(n_rows / 16), KVH, S), block 32 * group, dynamic shared memory
 // 2 * (2 group Q_TILE + STAGES 2 FA_KV_PARTS KV_TILE) bytes (cuda_kernels.attention_flash).
-template <int HD, int STAGES>
+template <int HD, int STAGES, int PARTS>
 __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride, const uint16_t* k_hi,
                                                 const uint16_t* k_lo, const uint16_t* v_hi, const uint16_t* v_lo,
                                                 int stage_cap, const int* ctl, float* part_o, float* part_ml,
@@ -213,17 +216,19 @@ __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride
         for (int ks = 0; ks < HD / 16; ++ks) {
             uint32_t ah[4], al[4];
             ldmatrix_x4(ah, a_fragment_row(q_hi + ks * 16, L::ROW, lane));
-            ldmatrix_x4(al, a_fragment_row(q_lo + ks * 16, L::ROW, lane));
+            if (PARTS == 2) ldmatrix_x4(al, a_fragment_row(q_lo + ks * 16, L::ROW, lane));
 #pragma unroll
             for (int np = 0; np < FA_BKV / 16; ++np) {
                 uint32_t b[4];
                 ldmatrix_x4(b, b_fragment_row(kh + np * 16 * L::ROW + ks * 16, L::ROW, lane));
                 mma_tile_pair(s[2 * np], s[2 * np + 1], ah, b);
-                mma_tile_pair(s[2 * np], s[2 * np + 1], al, b);
+                if (PARTS == 2) {
+                    mma_tile_pair(s[2 * np], s[2 * np + 1], al, b);
 #if FA_KV_PARTS == 2
-                ldmatrix_x4(b, b_fragment_row(kh + L::KV_TILE + np * 16 * L::ROW + ks * 16, L::ROW, lane));
-                mma_tile_pair(s[2 * np], s[2 * np + 1], ah, b);
+                    ldmatrix_x4(b, b_fragment_row(kh + L::KV_TILE + np * 16 * L::ROW + ks * 16, L::ROW, lane));
+                    mma_tile_pair(s[2 * np], s[2 * np + 1], ah, b);
 #endif
+                }
             }
         }
 
@@ -277,11 +282,13 @@ __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride
                 uint32_t b[4];
                 ldmatrix_x4_trans(b, bt_fragment_row(vh + kk * 16 * L::ROW + dp * 16, L::ROW, lane));
                 mma_tile_pair(o[2 * dp], o[2 * dp + 1], ph, b);
-                mma_tile_pair(o[2 * dp], o[2 * dp + 1], pl, b);
+                if (PARTS == 2) {
+                    mma_tile_pair(o[2 * dp], o[2 * dp + 1], pl, b);
 #if FA_KV_PARTS == 2
-                ldmatrix_x4_trans(b, bt_fragment_row(vh + L::KV_TILE + kk * 16 * L::ROW + dp * 16, L::ROW, lane));
-                mma_tile_pair(o[2 * dp], o[2 * dp + 1], ph, b);
+                    ldmatrix_x4_trans(b, bt_fragment_row(vh + L::KV_TILE + kk * 16 * L::ROW + dp * 16, L::ROW, lane));
+                    mma_tile_pair(o[2 * dp], o[2 * dp + 1], ph, b);
 #endif
+                }
             }
         }
     }
@@ -297,22 +304,25 @@ __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride
     }
 }
 
-// Entries by head_dim and K/V stages (1: a block waits for each tile, two blocks per SM overlap; 2: the next
-// tile's copy overlaps this one's products).
-#define ATTENTION_FLASH_ENTRY(HD, STAGES)                                                                      \
-    extern "C" __global__ void __launch_bounds__(256) attention_flash_hd##HD##_s##STAGES(                      \
+// Entries by head_dim, K/V stages (1: a block waits for each tile, two blocks per SM overlap; 2: the next
+// tile's copy overlaps this one's products) and parts (_p1: bf16 products only, above).
+#define ATTENTION_FLASH_ENTRY(HD, STAGES, PARTS, SUFFIX)                                                       \
+    extern "C" __global__ void __launch_bounds__(256) attention_flash_hd##HD##_s##STAGES##SUFFIX(              \
             const float* qkv, int qkv_stride, const uint16_t* k_hi, const uint16_t* k_lo, const uint16_t* v_hi,  \
             const uint16_t* v_lo, int stage_cap, const int* ctl, float* part_o, float* part_ml, int n_rows,     \
             int n_q_heads, int n_kv_heads, int n_splits, float scale_log2) {                                   \
-        attention_flash<HD, STAGES>(qkv, qkv_stride, k_hi, k_lo, v_hi, v_lo, stage_cap, ctl, part_o, part_ml,  \
-                                    n_rows, n_q_heads, n_kv_heads, n_splits, scale_log2);                      \
+        attention_flash<HD, STAGES, PARTS>(qkv, qkv_stride, k_hi, k_lo, v_hi, v_lo, stage_cap, ctl, part_o,   \
+                                           part_ml, n_rows, n_q_heads, n_kv_heads, n_splits, scale_log2);      \
     }
-ATTENTION_FLASH_ENTRY(32, 1)
-ATTENTION_FLASH_ENTRY(32, 2)
-ATTENTION_FLASH_ENTRY(64, 1)
-ATTENTION_FLASH_ENTRY(64, 2)
-ATTENTION_FLASH_ENTRY(128, 1)
-ATTENTION_FLASH_ENTRY(128, 2)
+ATTENTION_FLASH_ENTRY(32, 1, 2, )
+ATTENTION_FLASH_ENTRY(32, 2, 2, )
+ATTENTION_FLASH_ENTRY(64, 1, 2, )
+ATTENTION_FLASH_ENTRY(64, 2, 2, )
+ATTENTION_FLASH_ENTRY(128, 1, 2, )
+ATTENTION_FLASH_ENTRY(128, 2, 2, )
+ATTENTION_FLASH_ENTRY(32, 1, 1, _p1)
+ATTENTION_FLASH_ENTRY(64, 1, 1, _p1)
+ATTENTION_FLASH_ENTRY(128, 1, 1, _p1)
 
 // ---------------------------------------------------------------- merge
 

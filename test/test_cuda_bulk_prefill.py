@@ -39,7 +39,7 @@ def _joined(flat: np.ndarray, part_stride: int, rows: int, cols: int) -> np.ndar
     return (hi + lo).reshape(rows, cols)
 
 
-GEMM_KERNELS = ["mma", "wgmma128"]
+GEMM_KERNELS = ["mma", "wgmma128", "tma"]
 
 
 def _gemm_kernel(kn, kernel):
@@ -131,7 +131,7 @@ def test_rmsnorm_split_rows_and_bias_init(kn, gpu):
     np.testing.assert_array_equal(init.get(), exp_init)
 
 
-def _flash_case(kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, seed, cap=700):
+def _flash_case(kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, seed, cap=700, parts=2):
     """K/V behind a permuted slot list, n query rows after ctx + row_offset visible entries: kv_stage, then
     attention_flash; returns (ours, the reference)."""
     ga, stream = gpu
@@ -155,7 +155,7 @@ def _flash_case(kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, s
     ctl_d, attend_d = ga.to_gpu(ctl), ga.to_gpu(attend)
     kernels.kv_stage(int(k_d.gpudata), int(v_d.gpudata), attend_d, ctl_d, stage, n, kvh, cap, hd, stream)
     kernels.attention_flash(ga.to_gpu(qkv), stage, ctl_d, part_o, part_ml, out, out_stride, n, hq, kvh, hd, splits,
-                            hd ** -0.5, stream, stages=stages)
+                            hd ** -0.5, stream, stages=stages, parts=parts)
     stream.synchronize()
     expected = ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, hd ** -0.5)
     return _joined(out.get(), out_stride, n, q_dim), expected
@@ -182,6 +182,19 @@ def kn16(cuda_device):
 def test_attention_flash_on_a_bf16_arena(kn16, gpu):
     got, expected = _flash_case(kn16, gpu, 12, 2, 128, 200, 5, 70, 2, 2, seed=9)
     _close(got, expected, 3e-5, "attention_flash, bf16 arena")
+
+
+@pytest.mark.parametrize("arena", ["float32", "bfloat16"])
+def test_attention_flash_bf16_products(kn, kn16, gpu, arena):
+    """The _p1 entries (KernelPlan.bulk_activation_parts 1) multiply q, K, P and V rounded to bf16 once, as a bf16
+    SDPA does: within that rounding of the fp32 reference (~2^-9 per factor; 1e-2 of the output's norm), and
+    measurably less exact than the hi/lo entries on the same inputs (so the one-part path really ran)."""
+    kernels = kn if arena == "float32" else kn16
+    case = (kernels, gpu, 12, 2, 128, 300, 0, 130, 2, 1)
+    got, expected = _flash_case(*case, seed=4, parts=1)
+    _close(got, expected, 1e-2, f"attention_flash p1, {arena} arena")
+    exact, _ = _flash_case(*case, seed=4, parts=2)
+    assert rel_norm(exact, expected) < 3e-5 < rel_norm(got, expected)
 
 
 # ---------------------------------------------------------------- whole forwards through CudaBackend
@@ -217,11 +230,12 @@ def test_bulk_forward_matches_numpy_and_the_cycle_kernels(model):
     assert bulk.bulk_min_rows == 1 and cycle.bulk_min_rows == 0
     gemm = bulk.kernel_plan.bulk_gemm
     named = {f"bulk {gemm}": bulk, f"bulk {passes.kernel_plan.bulk_gemm} in passes": passes, "cycle kernels": cycle}
-    if gemm != "mma":              # the Hopper default: gemm_bulk.cu's mma.sync too, one pass and three
-        for max_rows in (512, 128):
-            b = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=max_rows)
-            assert b.use_kernel_plan(dataclasses.replace(b.kernel_plan, bulk_gemm="mma")).bulk_gemm == "mma"
-            named[f"bulk mma, passes of {max_rows}"] = b
+    if gemm != "mma":              # the Hopper default: the other GEMMs too (mma.sync, TMA), one pass and three
+        for other in (g for g in GEMM_KERNELS if g != gemm):
+            for max_rows in (512, 128):
+                b = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=max_rows)
+                assert b.use_kernel_plan(dataclasses.replace(b.kernel_plan, bulk_gemm=other)).bulk_gemm == other
+                named[f"bulk {other}, passes of {max_rows}"] = b
     rng = np.random.default_rng(6)
     slots = rng.permutation(cap)
     x = numpy.embed(rng.integers(0, spec.vocab_size, size=340))
@@ -244,11 +258,43 @@ def test_bulk_forward_matches_numpy_and_the_cycle_kernels(model):
             assert rel_norm(b.read_kv(slots[:340]), kv_ref) < 1e-4, name
 
 
-@pytest.mark.parametrize("kernel", [None, "mma"])
+def test_bulk_forward_in_bf16_products_stays_near_numpy(model):
+    """bulk_activation_parts 1 (GEMM activations and attention factors in bf16, as HF's bf16 model computes) with
+    each GEMM this device runs, in passes: hidden states, logits and the K/V it stores within bf16 rounding of the
+    numpy backend (fp32 activations), and the K/V not identical to the two-part path's."""
+    from vla_edge_ros.model import cuda_kernels as ck
+    from vla_edge_ros.model.numpy_backend import NumpyBackend
+    spec, weights = model
+    cap = 400
+    numpy = NumpyBackend(spec, weights, cap, "bfloat16")
+    rng = np.random.default_rng(12)
+    x = numpy.embed(rng.integers(0, spec.vocab_size, size=300))
+    slots = rng.permutation(cap)[:300]
+    exp = numpy.forward(x, np.arange(300), slots, np.array([], np.int64), logits="all", return_hidden=True)
+    kv_ref = np.stack([numpy._k[:, slots], numpy._v[:, slots]]).reshape(2, spec.num_layers, 300, -1)
+    two_part = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=128)
+    two_part.forward(x, np.arange(300), slots, np.array([], np.int64), logits="none")
+    for gemm in GEMM_KERNELS:
+        b = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=128)
+        if ck.family_arch(cbl.BULK_GEMMS[gemm].family, b.kernels.arch) is None:
+            continue
+        plan = b.use_kernel_plan(dataclasses.replace(b.kernel_plan, bulk_gemm=gemm, bulk_activation_parts=1))
+        assert (plan.bulk_gemm, plan.bulk_activation_parts) == (gemm, 1)
+        got = b.forward(x, np.arange(300), slots, np.array([], np.int64), logits="all", return_hidden=True)
+        for layer, (h, e) in enumerate(zip(got.hidden_states, exp.hidden_states)):
+            assert rel_norm(h, e) < 3e-2, f"{gemm} p1: hidden state {layer}"
+        assert rel_norm(got.logits, exp.logits) < 3e-2, gemm
+        kv = b.read_kv(slots)
+        assert rel_norm(kv, kv_ref) < 3e-2, gemm
+        assert rel_norm(kv, two_part.read_kv(slots)) > 1e-5, f"{gemm} p1 computed the two-part K/V"
+
+
+@pytest.mark.parametrize("kernel", [None, "mma", "tma"])
 def test_bulk_graph_replays_serve_other_offsets_and_contexts(model, kernel):
     """The graph of a bulk pass reads its offsets, lengths and slots from device tables: the second forward
     of the same row count (a different context, other slots) replays it and must still be right. With the
-    default GEMM (wgmma on the H200) and with gemm_bulk.cu's mma.sync."""
+    default GEMM (wgmma on the H200), gemm_bulk.cu's mma.sync and gemm_tma.cu (its tensor maps are parameters
+    by value, copied into the captured graph)."""
     from vla_edge_ros.model.numpy_backend import NumpyBackend
     spec, weights = model
     cap = 400

@@ -76,7 +76,17 @@ def test_bulk_gemm_plans_match_their_kernels():
         for parts in (1, 2):
             assert entries[(plan.bn, parts)] == plan.stages, (plan, parts)
             assert f"{plan.prefix}_p{parts}" in ck.FAMILIES["gemm_wgmma"]
-    assert ck.family_arch("gemm_wgmma", "sm_90") == "sm_90a"
+    tma_source = (CUDA / "gemm_tma.cu").read_text()
+    tma = kc.parse_defines(tma_source)
+    tma_entries = {int(parts): int(stages) for parts, stages in
+                   re.findall(r"^GEMM_TMA_ENTRY\((\d+), (\d+)\)", tma_source, re.MULTILINE)}
+    plan = cbl.BULK_GEMMS["tma"]
+    assert (plan.bm, plan.bn, plan.bk, plan.row, plan.threads) == \
+        (tma["GT_BM"], tma["GT_BN"], tma["GT_BK"], tma["GT_BK"], tma["GT_THREADS"])
+    assert tma_entries == {1: plan.stages_for(1), 2: plan.stages_for(2)}
+    assert plan.extra_shared == 1024 and plan.barrier_bytes == 16      # alignment; a full and an empty mbarrier
+    assert plan.tensor_maps and set(ck.FAMILIES["gemm_tma"]) == {f"gemm_tma_p{parts}" for parts in tma_entries}
+    assert ck.family_arch("gemm_wgmma", "sm_90") == ck.family_arch("gemm_tma", "sm_90") == "sm_90a"
     assert ck.family_arch("gemm_wgmma", "sm_80") is None and ck.family_arch("gemm_bulk", "sm_80") == "sm_80"
 
 

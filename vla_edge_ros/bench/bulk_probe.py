@@ -144,7 +144,7 @@ def probe(context: int, quick: bool) -> dict:
 
     # (label, bulk on, activation parts, GEMM kernel)
     variants = [("cycle kernels", 0, 2, "mma"), *((f"bulk {k}", 1, 2, k) for k in gemms),
-                (f"bulk {gemms[-1]} p1", 1, 1, gemms[-1])]
+                *((f"bulk {k} p1", 1, 1, k) for k in gemms if k != "mma" or len(gemms) == 1)]
 
     def use(bulk, parts, kernel):
         backend.bulk_min_rows = bulk

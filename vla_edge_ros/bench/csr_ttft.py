@@ -102,6 +102,11 @@ def add_arguments(p) -> None:
     p.add_argument("--shape", help="pycuda: random model shape (default qwen2.5-1.5b)")
     p.add_argument("--kv-dtype", choices=("float32", "bfloat16"), help="pycuda: the KV arena's element type (default: "
                    "kv.dtype of the config; HF's cache is bf16)")
+    p.add_argument("--bulk-gemm", help="pycuda: the bulk prefill's GEMM (cuda_bulk_launchers.BULK_GEMMS; default: the "
+                   "serving plan's)")
+    p.add_argument("--bulk-parts", type=int, choices=(1, 2), help="pycuda: bf16 parts of the bulk prefill's "
+                   "activations and attention factors, 2: hi + lo (the serving precision, default), 1: bf16 alone "
+                   "(HF's bf16 precision)")
     add_input_arguments(p)
 
 
@@ -181,6 +186,8 @@ def _run(args) -> int:
     if min(plan.sizes) <= prefix.size:
         raise ValueError(f"bench csr: every state length must exceed the {prefix.size}-token prefix, got {plan.sizes}")
     capacity = max(plan.sizes) + max(plan.suffixes)
+    if not plan.gpu and (getattr(args, "bulk_gemm", None) or getattr(args, "bulk_parts", None)):
+        raise ValueError("bench csr: --bulk-gemm and --bulk-parts choose CUDA kernels; they need --backend pycuda")
     if plan.gpu:
         from ..model.cuda_backend import CudaBackend
         shape = getattr(args, "shape", None) or "qwen2.5-1.5b"
@@ -190,7 +197,11 @@ def _run(args) -> int:
         kv_dtype = getattr(args, "kv_dtype", None) or cfg.kv.dtype
         backend = CudaBackend(spec, weights, capacity, "bfloat16", kv_dtype=kv_dtype)
         del weights
-        model_name, dtype = f"random {shape} (HF init, seed 0)", f"bf16 weights, fp32 activations, {kv_dtype} KV arena"
+        kernel_plan = _bulk_plan(backend, args)
+        precision = ("fp32 activations (bf16 hi + lo in the bulk prefill's products)"
+                     if kernel_plan.bulk_activation_parts == 2 else "bf16 activations in the bulk prefill (as HF's)")
+        model_name = f"random {shape} (HF init, seed 0)"
+        dtype = f"bf16 weights, {precision}, {kv_dtype} KV arena, bulk GEMM {kernel_plan.bulk_gemm}"
     else:
         from ..model.factory import load_model
         spec, weights, _ = load_model(model_dir)
@@ -234,6 +245,19 @@ def _run(args) -> int:
                   SAME_LOGITS_COSINE)
         ok = False
     return 0 if ok else 1
+
+
+def _bulk_plan(backend, args):
+    """The CUDA backend's kernel plan with --bulk-gemm / --bulk-parts applied (the plan in effect is returned: a GEMM
+    the device cannot run falls back, as use_kernel_plan says in the log)."""
+    import dataclasses
+
+    changes = {key: value for key, value in (("bulk_gemm", getattr(args, "bulk_gemm", None)),
+                                             ("bulk_activation_parts", getattr(args, "bulk_parts", None)))
+               if value is not None}
+    if not changes:
+        return backend.kernel_plan
+    return backend.use_kernel_plan(dataclasses.replace(backend.kernel_plan, **changes))
 
 
 def create_numpy_backend(spec, weights, capacity: int):

@@ -1,15 +1,18 @@
-"""The launchers of the bulk prefill's kernels (gemm_bulk.cu, gemm_wgmma.cu, prefill_bulk.cu) and the tile
-constants they size grids and shared memory with: a base class of cuda_kernels.CudaKernels, which supplies the
-compiled functions (`_function`, `_launch`, `_shared_limits`), `num_sms` and `kv_dtype`."""
+"""The launchers of the bulk prefill's kernels (gemm_bulk.cu, gemm_wgmma.cu, gemm_tma.cu, prefill_bulk.cu) and the
+tile constants they size grids and shared memory with: a base class of cuda_kernels.CudaKernels, which supplies the
+compiled functions (`_function`, `_launch`, `_shared_limits`, `_param_launcher`), `num_sms` and `kv_dtype`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import ctypes
 
 import numpy as np
 
 from . import kernel_constants as kc
 from .cuda_launch_common import ATTN_MAX_GROUP, ceil_div, ptr
 from .cuda_launch_common import check as _check, check_array as _check_array
+from .cuda_tensor_map import bf16_tiled
 
 # gemm_bulk.cu: rows x columns per block, K columns per stage, stages, padded shared-memory row (bf16), threads,
 # resident blocks per SM.
@@ -22,8 +25,11 @@ GEMM_BULK_THREADS = 256
 GEMM_BULK_BLOCKS_PER_SM = 2
 # The bulk GEMM kernels by name (CudaBackend.bulk_gemm): family, entry prefix, rows x columns per block, K columns per
 # stage, stages, bf16 per shared-memory tile row, extra shared bytes, resident blocks per SM, what K must be a
-# multiple of (gemm_bulk.cu needs whole stages; gemm_wgmma.cu zero-fills a tail, 16-byte chunks). "mma": gemm_bulk.cu
-# (mma.sync, any sm_80+); "wgmma128": gemm_wgmma.cu (sm_90a only), 128 weight rows per block.
+# multiple of (gemm_bulk.cu needs whole stages; the Hopper kernels zero-fill a tail, 16-byte chunks), threads per
+# block, stages with one activation part where that differs, shared bytes per stage beyond the tiles (mbarriers), and
+# whether the operands go as tensor maps by value (launched through cuda_param_launch.py). "mma": gemm_bulk.cu
+# (mma.sync, any sm_80+); "wgmma128": gemm_wgmma.cu (sm_90a only), 128 weight rows per block, cp.async copies;
+# "tma": gemm_tma.cu (sm_90a only), the same products fed by TMA copies from a producer warp.
 @dataclass(frozen=True)
 class BulkGemm:
     family: str
@@ -36,16 +42,30 @@ class BulkGemm:
     extra_shared: int         # bytes beyond the stages (gemm_wgmma.cu aligns its tiles to 1 KB)
     blocks_per_sm: int
     k_multiple: int
+    threads: int = 256
+    stages_one_part: int = 0      # 0: `stages` for either part count
+    barrier_bytes: int = 0        # per stage
+    tensor_maps: bool = False
+
+    def stages_for(self, parts: int) -> int:
+        return self.stages_one_part if parts == 1 and self.stages_one_part else self.stages
 
     def shared_bytes(self, parts: int) -> int:
-        return self.stages * (parts * self.bm + self.bn) * self.row * 2 + self.extra_shared
+        stages = self.stages_for(parts)
+        return stages * ((parts * self.bm + self.bn) * self.row * 2 + self.barrier_bytes) + self.extra_shared
 
 
 BULK_GEMMS = {
     "mma": BulkGemm("gemm_bulk", "gemm_bulk", GEMM_BULK_BM, GEMM_BULK_BN, GEMM_BULK_BK, GEMM_BULK_STAGES,
                     GEMM_BULK_ROW, 0, GEMM_BULK_BLOCKS_PER_SM, GEMM_BULK_BK),
     "wgmma128": BulkGemm("gemm_wgmma", "gemm_wgmma_n128", 128, 128, 64, 4, 64, 1024, 1, 8),
+    # two consumer warpgroups and a producer warp; 4 stages of two parts, 6 of one; a full and an empty mbarrier
+    # per stage
+    "tma": BulkGemm("gemm_tma", "gemm_tma", 128, 128, 64, 4, 64, 1024, 1, 8, threads=288, stages_one_part=6,
+                    barrier_bytes=16, tensor_maps=True),
 }
+# Parameter types of a by-value launch (cuda_param_launch.py), by the numpy scalar the launcher built.
+_CTYPES = {np.int64: ctypes.c_longlong, np.int32: ctypes.c_int, np.uintp: ctypes.c_void_p, int: ctypes.c_void_p}
 # prefill_bulk.cu: query rows per attention block, list entries per K/V tile, its head_dim entries.
 FLASH_ROWS = 16
 FLASH_BKV = 32
@@ -59,8 +79,8 @@ class BulkPrefillLaunchers:
     def gemm_bulk(self, W, x, part_stride: int, M: int, mode: int, stream, out=None, out_hl=None,
                   out_part_stride: int = 0, bias=None, out_cols: int | None = None, k_split: int | None = None,
                   parts: int = 2, kernel: str = "mma") -> int:
-        """acc = x[:M] @ W^T on the tensor cores by the BULK_GEMMS kernel `kernel` (gemm_bulk.cu's mma.sync or
-        gemm_wgmma.cu's wgmma), x the activations as bf16 bits in a flat uint16 buffer (hi rows [M, K] at element
+        """acc = x[:M] @ W^T on the tensor cores by the BULK_GEMMS kernel `kernel` (gemm_bulk.cu's mma.sync,
+        gemm_wgmma.cu's or gemm_tma.cu's wgmma), x the activations as bf16 bits in a flat uint16 buffer (hi rows [M, K] at element
         0, lo rows at part_stride; parts 1 reads hi only). STORE / ADD: out float32 2-D [>= M, >= out_cols];
         SWIGLU: out_hl flat uint16, hi rows [M, out_cols] at 0, lo at out_part_stride. k_split > 1 (ADD only)
         splits K over blocks that add atomically; by default just enough to give a wave of resident blocks.
@@ -91,11 +111,28 @@ class BulkPrefillLaunchers:
         self._function(name)
         _check(shared <= self._shared_limits[name], f"gemm_bulk: {shared} bytes of shared memory > "
                                                     f"{self._shared_limits[name]}")
-        self._launch(name, (ceil_div(M, plan.bm), ceil_div(N, plan.bn), k_split), GEMM_BULK_THREADS, stream,
-                     ptr(x), np.int64(part_stride), np.int32(K), ptr(W), ptr(bias), ptr(out_f), ptr(out_hl),
-                     np.int64(out_part_stride), np.int32(ldo), np.int32(M), np.int32(N), np.int32(K),
-                     np.int32(out_cols), np.int32(mode), np.int32(k_split), shared=shared)
+        grid = (ceil_div(M, plan.bm), ceil_div(N, plan.bn), k_split)
+        tail = (ptr(bias), ptr(out_f), ptr(out_hl), np.int64(out_part_stride), np.int32(ldo), np.int32(M),
+                np.int32(N), np.int32(K), np.int32(out_cols), np.int32(mode), np.int32(k_split))
+        if plan.tensor_maps:                # the operands as tensor maps: x (K, M, parts), W (K, N)
+            self._launch_with_maps(name, plan, grid, stream, x, part_stride, parts, M, W, tail, shared)
+        else:
+            self._launch(name, grid, plan.threads, stream, ptr(x), np.int64(part_stride), np.int32(K), ptr(W), *tail,
+                         shared=shared)
         return k_split
+
+    def _launch_with_maps(self, name: str, plan: BulkGemm, grid, stream, x, part_stride: int, parts: int, M: int, W,
+                          tail: tuple, shared: int) -> None:
+        """gemm_tma.cu: the activations and the weights as tensor maps (bf16, boxes of bk x bm / bk x bn), passed by
+        value with the scalar tail through cuLaunchKernel's parameter array."""
+        N, K = W.shape
+        item = 2                            # bytes per bf16
+        part_bytes = part_stride * item if parts == 2 else ceil_div(M * K * item, 16) * 16   # one part: unused
+        map_x = bf16_tiled(ptr(x), (K, M, parts), (K * item, part_bytes), (plan.bk, plan.bm, 1))
+        map_w = bf16_tiled(ptr(W), (K, N), (K * item,), (plan.bk, plan.bn))
+        params = [ctypes.create_string_buffer(map_x, len(map_x)), ctypes.create_string_buffer(map_w, len(map_w))]
+        params += [_CTYPES[type(v)](int(v)) for v in tail]
+        self._param_launch(plan.family, name, grid, plan.threads, stream, params, shared)
 
     def rmsnorm_split(self, x, w, out_hl, part_stride: int, n_rows: int, eps: float, stream, init_dst=None,
                       init_src=None):
@@ -136,11 +173,13 @@ class BulkPrefillLaunchers:
 
     def attention_flash(self, qkv, stage, ctl, part_o, part_ml, out_hl, out_part_stride: int, n_rows: int,
                         n_q_heads: int, n_kv_heads: int, head_dim: int, n_splits: int, scale: float, stream,
-                        stages: int = 1):
+                        stages: int = 1, parts: int = 2):
         """prefill_bulk.cu: causal attention of n_rows rows (q in qkv, after RoPE) over the staged K/V (kv_stage),
         the list split over n_splits blocks per (16 rows, KV head), then the merge into out_hl (flat uint16: hi
         rows [n_rows, Hq * hd] at 0, lo at out_part_stride), the o projection's activations. part_o / part_ml:
-        float32, at least n_splits * n_rows * Hq * hd / * 2 values. stages: K/V tiles in flight per block."""
+        float32, at least n_splits * n_rows * Hq * hd / * 2 values. stages: K/V tiles in flight per block. parts 2:
+        q, K, P and V as bf16 hi + lo pairs in the products (attention_mma.cu's precision); 1: their bf16 hi parts
+        alone (a bf16 SDPA's precision; one stage)."""
         _check_array("attention_flash qkv", qkv, np.float32, 2)
         _check_array("attention_flash stage", stage, np.uint16, 4)
         _check_array("attention_flash out", out_hl, np.uint16)
@@ -152,6 +191,8 @@ class BulkPrefillLaunchers:
         _check(group <= ATTN_MAX_GROUP, f"attention_flash: group {group} > {ATTN_MAX_GROUP}")
         _check(head_dim in FLASH_HEAD_DIMS, f"attention_flash: head_dim {head_dim} not in {FLASH_HEAD_DIMS}")
         _check(stages in (1, 2), f"attention_flash: stages {stages} not 1 or 2")
+        _check(parts == 2 or (parts == 1 and stages == 1), f"attention_flash: parts {parts} with {stages} stages "
+                                                           f"(parts 1 has one-stage entries only)")
         _check(qkv.shape[1] % 4 == 0 and qkv.shape[0] >= n_rows, f"attention_flash qkv: shape {qkv.shape}")
         _check(stage.shape[1] == n_kv_heads and stage.shape[3] == head_dim, f"attention_flash stage: {stage.shape}")
         q_dim = n_q_heads * head_dim
@@ -162,7 +203,7 @@ class BulkPrefillLaunchers:
         kv_parts = 2 if self.kv_dtype == "float32" else 1
         row = head_dim + 8
         shared = 2 * (2 * group * FLASH_ROWS * row + stages * 2 * kv_parts * FLASH_BKV * row)
-        name = f"attention_flash_hd{head_dim}_s{stages}"
+        name = f"attention_flash_hd{head_dim}_s{stages}" + ("_p1" if parts == 1 else "")
         self._function(name)
         _check(shared <= self._shared_limits[name], f"attention_flash: {shared} bytes of shared memory > "
                                                     f"{self._shared_limits[name]}")

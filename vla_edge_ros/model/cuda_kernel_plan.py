@@ -93,8 +93,9 @@ class KernelPlan:
     # gemm_wgmma.cu's 128 x 128 tiles (sm_90a; elsewhere "mma", gemm_bulk.cu): fastest forward from 32 to 1024
     # rows, 1.25x mma.sync at 1024 rows (bench/bulk_probe.py, notes/cuda_notes.md 2026-12-02 fourth).
     bulk_gemm: str = "wgmma128"
-    # Parts of the activations in its GEMMs: 2 (bf16 hi + lo) keeps the cycle prefill's precision, which the
-    # swaps' KV must match; 1 (bf16 as HF) was 1.33x faster at 1024 rows but is not that precision.
+    # Parts of the activations in its GEMMs and of q, K, P, V in its attention's products: 2 (bf16 hi + lo) keeps
+    # the cycle prefill's precision, which the swaps' KV must match; 1 (bf16 alone, as HF's bf16 SDPA computes) was
+    # 1.33x faster at 1024 rows (GEMMs only) but is not that precision. The attention of parts 1 runs one K/V stage.
     bulk_activation_parts: int = 2
     # K/V tiles in flight per flash-attention block: 1 leaves room for two blocks per SM; 2 was 3-7% slower.
     bulk_attention_stages: int = 1

@@ -76,8 +76,11 @@ FAMILIES = {
                           for vpl in (1, 2) for blocks in (1, 2)},
     "gemm_bulk": {f"gemm_bulk_p{parts}": "PqiPPPPqiiiiiii" for parts in (2, 1)},
     "gemm_wgmma": {f"gemm_wgmma_n128_p{parts}": "PqiPPPPqiiiiiii" for parts in (2, 1)},
+    # two tensor maps by value: launched through cuda_param_launch.py (the string only prepares PyCUDA's copy)
+    "gemm_tma": {f"gemm_tma_p{parts}": "128s128sPPPqiiiiiii" for parts in (2, 1)},
     "prefill_bulk": {"rmsnorm_split_rows": "PPPqifPPi", "kv_stage": "PPPPiiiiPPPP",
-                     **{f"attention_flash_hd{hd}_s{st}": "PiPPPPiPPPiiiif" for hd in (32, 64, 128) for st in (1, 2)},
+                     **{f"attention_flash_hd{hd}_s{st}{p}": "PiPPPPiPPPiiiif" for hd in (32, 64, 128)
+                        for st, p in ((1, ""), (2, ""), (1, "_p1"))},
                      "attention_flash_merge": "PPPqiiiii"},
 }
 # Families compiled on the first launch of one of their kernels rather than by CudaKernels(): the
@@ -86,7 +89,7 @@ FAMILIES = {
 # model.bulk_prefill_min_rows; gemv_int4 and projection_int4: INT4 weights only, loaded by such a backend;
 # projection_int4_staged: an INT4 backend whose plan names it), so it should not pay their compile time.
 ON_DEMAND_FAMILIES = frozenset({"vision", "projection_staged", "decode_persistent", "attention_mma", "gemm_bulk",
-                                "gemm_wgmma", "prefill_bulk", "gemv_int4", "projection_int4",
+                                "gemm_wgmma", "gemm_tma", "prefill_bulk", "gemv_int4", "projection_int4",
                                 "projection_int4_staged"})
 # Families a fresh process leaves out of its side-by-side compile (CudaKernels: fill_disk_cache): kernels no plan in
 # serving use launches (KernelPlan.persistent_decode is off, measured slower), compiled at their first use like any
@@ -95,7 +98,7 @@ ON_DEMAND_FAMILIES = frozenset({"vision", "projection_staged", "decode_persisten
 COLD_START_SKIPS = frozenset({"decode_persistent"})
 # Families built for an architecture's own instruction set (the "a" target, e.g. sm_90a for wgmma), which no
 # other architecture runs: family_arch() says where they can be built.
-ARCH_SPECIFIC_FAMILIES = {"gemm_wgmma": ("sm_90",)}
+ARCH_SPECIFIC_FAMILIES = {"gemm_wgmma": ("sm_90",), "gemm_tma": ("sm_90",)}
 # Families that read or write the KV arena (they include kv_store.cuh; test_kernel_sources.py checks the
 # list): compiled with -DKV_BF16 for a bf16 arena (kv.dtype), so a module serves one arena type.
 KV_FAMILIES = frozenset({"rope", "attention_tiled", "attention_mma", "attention_decode", "kv_slots", "gemv",
@@ -112,6 +115,7 @@ class KernelLaunchError(RuntimeError):
 DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", *FAMILIES["attention_decode"], *FAMILIES["gemv"],
                           *FAMILIES["gemv_int4"],
                           *FAMILIES["attention_mma"], *FAMILIES["gemm_bulk"], *FAMILIES["gemm_wgmma"],
+                          *FAMILIES["gemm_tma"],
                           *(name for name in FAMILIES["prefill_bulk"] if name.startswith("attention_flash_hd")))
 DECODE_LAYER_POINTERS = 9       # decode_persistent.cu: pointers per DecodeLayer entry of the layer table
 
@@ -320,6 +324,7 @@ class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
                  "PyCUDA's disk cache)", len(eager), self.arch, time.perf_counter() - t0, fresh)
         self.programmatic = None          # a cuda_pdl.ProgrammaticLauncher once enabled
         self._cooperative: dict = {}      # kernel name -> cuda_cooperative.CooperativeKernel
+        self._param_launchers: dict = {}  # family -> cuda_param_launch.ParamLauncher (by-value struct parameters)
 
     def enable_programmatic_launch(self) -> bool:
         """Launch the kernels of cuda_pdl.PDL_KERNELS with programmatic dependent launch from now on.
@@ -401,6 +406,33 @@ class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
         except self.drv.Error as exc:
             raise KernelLaunchError(f"kernel {name} grid={grid} block={block}: {exc}") from exc
         except RuntimeError as exc:          # cuda_pdl.ProgrammaticLaunchError
+            raise KernelLaunchError(f"kernel {name} grid={grid} block={block}: {exc}") from exc
+
+    def _param_launch(self, family: str, name: str, grid, block: int, stream, params: list, shared: int = 0):
+        """Launch `name` through cuLaunchKernel with a parameter array (cuda_param_launch.py: gemm_tma.cu's by-value
+        tensor maps), its family's cubin loaded a second time for it, with the dynamic shared memory _load_family
+        opted PyCUDA's copy into."""
+        from .cuda_param_launch import ParamLauncher
+
+        grid = tuple(int(g) for g in grid)
+        if any(g <= 0 for g in grid):
+            raise KernelError(f"{name}: empty grid {grid}")
+        self._function(name)                         # compiled and loaded as any on-demand family
+        launcher = self._param_launchers.get(family)
+        if launcher is None:
+            arch = family_arch(family, self.arch)
+            launcher = ParamLauncher(self.device, family, arch,
+                                     family_cubin(family, arch, family_options(family, self.kv_dtype)),
+                                     FAMILIES[family])
+            for kernel in FAMILIES[family]:
+                if kernel in self._shared_limits:
+                    launcher.set_max_dynamic_shared(kernel, self._shared_limits[kernel])
+            self._param_launchers[family] = launcher
+        try:
+            launcher.launch(name, grid, block, stream, params, shared=shared)
+            if self.sync_each_launch:
+                stream.synchronize()
+        except (KernelError, self.drv.Error) as exc:
             raise KernelLaunchError(f"kernel {name} grid={grid} block={block}: {exc}") from exc
 
     # -- embedding ---------------------------------------------------------
