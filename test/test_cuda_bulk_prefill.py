@@ -289,12 +289,12 @@ def test_bulk_forward_in_bf16_products_stays_near_numpy(model):
         assert rel_norm(kv, two_part.read_kv(slots)) > 1e-5, f"{gemm} p1 computed the two-part K/V"
 
 
-@pytest.mark.parametrize("kernel", [None, "mma", "tma"])
+@pytest.mark.parametrize("kernel", [None, "mma", "wgmma128"])
 def test_bulk_graph_replays_serve_other_offsets_and_contexts(model, kernel):
     """The graph of a bulk pass reads its offsets, lengths and slots from device tables: the second forward
     of the same row count (a different context, other slots) replays it and must still be right. With the
-    default GEMM (wgmma on the H200), gemm_bulk.cu's mma.sync and gemm_tma.cu (its tensor maps are parameters
-    by value, copied into the captured graph)."""
+    default GEMM (gemm_tma.cu on the H200: its tensor maps are parameters by value, copied into the captured
+    graph), gemm_bulk.cu's mma.sync and gemm_wgmma.cu's cp.async copies."""
     from vla_edge_ros.model.numpy_backend import NumpyBackend
     spec, weights = model
     cap = 400

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "vla_edge_ros"
 
 def test_the_measured_best_plan_is_the_default():
     # Measured on the H200: staged prefill projections, tensor-core attention at 2 blocks per SM, 2 warps per decode
-    # attention slot group, the gate/up items looped over 4 blocks per SM, the wgmma bulk GEMM on hi/lo activations;
+    # attention slot group, the gate/up items looped over 4 blocks per SM, the TMA-fed wgmma bulk GEMM on hi/lo activations;
     # programmatic launch and the persistent decode kernel measured slower and stay off.
     assert MEASURED_BEST == KernelPlan()
     assert (MEASURED_BEST.staged_prefill_projections, MEASURED_BEST.tensor_core_attention) == (True, True)
@@ -26,7 +26,7 @@ def test_the_measured_best_plan_is_the_default():
     assert MEASURED_BEST.staged_int4_prefill_projections is True
     assert (MEASURED_BEST.int4_gemv_items_per_block, MEASURED_BEST.int4_gemv_rows_per_warp) == (0, 1)
     assert (MEASURED_BEST.bulk_gemm, MEASURED_BEST.bulk_activation_parts, MEASURED_BEST.bulk_attention_stages) == \
-        ("wgmma128", 2, 1)
+        ("tma", 2, 1)
 
 
 @pytest.mark.parametrize("change, fragment", [

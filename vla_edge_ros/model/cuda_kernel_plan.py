@@ -90,9 +90,11 @@ class KernelPlan:
     persistent_l2_prefetch_bytes: int = 0
 
     # ---- bulk prefill (model.bulk_prefill_min_rows: long forwards on tensor-core GEMMs + flash attention)
-    # gemm_wgmma.cu's 128 x 128 tiles (sm_90a; elsewhere "mma", gemm_bulk.cu): fastest forward from 32 to 1024
-    # rows, 1.25x mma.sync at 1024 rows (bench/bulk_probe.py, notes/cuda_notes.md 2026-12-02 fourth).
-    bulk_gemm: str = "wgmma128"
+    # gemm_tma.cu (sm_90a; elsewhere "mma", gemm_bulk.cu): the 128 x 128 wgmma tiles of gemm_wgmma.cu fed by TMA
+    # copies from a producer warp. Measured on the H200 (bench/bulk_probe.py, notes/cuda_notes.md 2026-12-03 sixth):
+    # gate/up at 1024 rows 310 against wgmma128's 196 TFLOP/s; a forward of 256 rows after 2048 cached 6.76 against
+    # 8.41 ms, the full recompute of 4096 tokens 70.2 against 91.2 ms. "wgmma128" (cp.async) stays for the lab.
+    bulk_gemm: str = "tma"
     # Parts of the activations in its GEMMs and of q, K, P, V in its attention's products: 2 (bf16 hi + lo) keeps
     # the cycle prefill's precision, which the swaps' KV must match; 1 (bf16 alone, as HF's bf16 SDPA computes) was
     # 1.33x faster at 1024 rows (GEMMs only) but is not that precision. The attention of parts 1 runs one K/V stage.
