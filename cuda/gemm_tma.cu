@@ -20,8 +20,8 @@
 //            out_f [M, ldo] float32; out_h [M, ldo] bf16 bits with the lo parts o_part_stride elements on.
 // Launch:    grid (ceil(M / 128), ceil(N / 128), k_split), block 288: warps 0-7 are two consumer warpgroups
 //            (warpgroup w: rows 64 w .. 64 w + 63 of the 128 x 128 tile), warp 8 the producer; dynamic shared
-//            memory STAGES * (PARTS * 128 + 128) * 64 * 2 + 1024 + 16 * STAGES bytes (tiles aligned to 1 KB,
-//            then a full and an empty mbarrier per stage).
+//            memory STAGES * ((PARTS * 128 + 128) * 64 * 2 + 16) + 1024 bytes (tiles aligned to 1 KB, then a
+//            full and an empty mbarrier per stage).
 // Handover:  full[s] completes when the stage's expected bytes have landed (the producer's one arrive with
 //            the byte count, then the copies' transaction bytes); empty[s] when each of the 8 consumer warps
 //            has seen the products that read stage s complete (one arrive per warp, after wgmma.wait_group
@@ -146,14 +146,18 @@ __device__ __forceinline__ void gemm_tma(const TensorMap* tm_x, const TensorMap*
                            out_h, o_part_stride, ldo);
 }
 
-// Entries by activation parts: 4 stages of two parts or 6 of one (192 KB of tiles either way, one block per SM).
-#define GEMM_TMA_ENTRY(PARTS, STAGES)                                                                         \
-    extern "C" __global__ void __launch_bounds__(GT_THREADS, 1) gemm_tma_p##PARTS(                           \
+// Entries by activation parts. gemm_tma_p*: 4 stages of two parts or 6 of one (192 KB of tiles either way), one
+// block per SM. gemm_tma2_p*: 2 stages of two parts or 3 of one (96 KB), two blocks per SM, so one block's epilogue
+// (an ADD reads and writes its 128 x 128 fp32 tile) overlaps the other's products; not yet measured.
+#define GEMM_TMA_ENTRY(NAME, PARTS, STAGES, BLOCKS)                                                          \
+    extern "C" __global__ void __launch_bounds__(GT_THREADS, BLOCKS) NAME##_p##PARTS(                         \
             const __grid_constant__ TensorMap tm_x, const __grid_constant__ TensorMap tm_w, const float* bias, \
             float* out_f, uint16_t* out_h, long long o_part_stride, int ldo, int M, int N, int K, int out_cols, \
             int mode, int k_split) {                                                                          \
         gemm_tma<PARTS, STAGES>(&tm_x, &tm_w, bias, out_f, out_h, o_part_stride, ldo, M, N, K, out_cols, mode, \
                                 k_split);                                                                     \
     }
-GEMM_TMA_ENTRY(2, 4)
-GEMM_TMA_ENTRY(1, 6)
+GEMM_TMA_ENTRY(gemm_tma, 2, 4, 1)
+GEMM_TMA_ENTRY(gemm_tma, 1, 6, 1)
+GEMM_TMA_ENTRY(gemm_tma2, 2, 2, 2)
+GEMM_TMA_ENTRY(gemm_tma2, 1, 3, 2)

@@ -39,7 +39,7 @@ def _joined(flat: np.ndarray, part_stride: int, rows: int, cols: int) -> np.ndar
     return (hi + lo).reshape(rows, cols)
 
 
-GEMM_KERNELS = ["mma", "wgmma128", "tma"]
+GEMM_KERNELS = ["mma", "wgmma128", "tma", "tma2"]
 
 
 def _gemm_kernel(kn, kernel):

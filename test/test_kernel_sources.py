@@ -78,14 +78,20 @@ def test_bulk_gemm_plans_match_their_kernels():
             assert f"{plan.prefix}_p{parts}" in ck.FAMILIES["gemm_wgmma"]
     tma_source = (CUDA / "gemm_tma.cu").read_text()
     tma = kc.parse_defines(tma_source)
-    tma_entries = {int(parts): int(stages) for parts, stages in
-                   re.findall(r"^GEMM_TMA_ENTRY\((\d+), (\d+)\)", tma_source, re.MULTILINE)}
-    plan = cbl.BULK_GEMMS["tma"]
-    assert (plan.bm, plan.bn, plan.bk, plan.row, plan.threads) == \
-        (tma["GT_BM"], tma["GT_BN"], tma["GT_BK"], tma["GT_BK"], tma["GT_THREADS"])
-    assert tma_entries == {1: plan.stages_for(1), 2: plan.stages_for(2)}
-    assert plan.extra_shared == 1024 and plan.barrier_bytes == 16      # alignment; a full and an empty mbarrier
-    assert plan.tensor_maps and set(ck.FAMILIES["gemm_tma"]) == {f"gemm_tma_p{parts}" for parts in tma_entries}
+    tma_entries = {(name, int(parts)): (int(stages), int(blocks)) for name, parts, stages, blocks in
+                   re.findall(r"^GEMM_TMA_ENTRY\((\w+), (\d+), (\d+), (\d+)\)", tma_source, re.MULTILINE)}
+    plans = [plan for plan in cbl.BULK_GEMMS.values() if plan.family == "gemm_tma"]
+    assert {plan.prefix for plan in plans} == {name for name, _ in tma_entries}
+    for plan in plans:
+        assert (plan.bm, plan.bn, plan.bk, plan.row, plan.threads) == \
+            (tma["GT_BM"], tma["GT_BN"], tma["GT_BK"], tma["GT_BK"], tma["GT_THREADS"])
+        for parts in (1, 2):
+            assert tma_entries[(plan.prefix, parts)] == (plan.stages_for(parts), plan.blocks_per_sm), (plan, parts)
+            # the launch bound's blocks must fit the SM's shared memory (228 KB on the H200) with these stages
+            assert plan.blocks_per_sm * (plan.shared_bytes(parts) + 1024) <= 228 * 1024, (plan, parts)
+        assert plan.extra_shared == 1024 and plan.barrier_bytes == 16      # alignment; a full and an empty mbarrier
+        assert plan.tensor_maps
+    assert set(ck.FAMILIES["gemm_tma"]) == {f"{name}_p{parts}" for name, parts in tma_entries}
     assert ck.family_arch("gemm_wgmma", "sm_90") == ck.family_arch("gemm_tma", "sm_90") == "sm_90a"
     assert ck.family_arch("gemm_wgmma", "sm_80") is None and ck.family_arch("gemm_bulk", "sm_80") == "sm_80"
 

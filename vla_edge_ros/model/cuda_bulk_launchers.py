@@ -29,7 +29,8 @@ GEMM_BULK_BLOCKS_PER_SM = 2
 # block, stages with one activation part where that differs, shared bytes per stage beyond the tiles (mbarriers), and
 # whether the operands go as tensor maps by value (launched through cuda_param_launch.py). "mma": gemm_bulk.cu
 # (mma.sync, any sm_80+); "wgmma128": gemm_wgmma.cu (sm_90a only), 128 weight rows per block, cp.async copies;
-# "tma": gemm_tma.cu (sm_90a only), the same products fed by TMA copies from a producer warp.
+# "tma" / "tma2": gemm_tma.cu (sm_90a only), the same products fed by TMA copies from a producer warp, one or two
+# blocks per SM.
 @dataclass(frozen=True)
 class BulkGemm:
     family: str
@@ -63,6 +64,10 @@ BULK_GEMMS = {
     # per stage
     "tma": BulkGemm("gemm_tma", "gemm_tma", 128, 128, 64, 4, 64, 1024, 1, 8, threads=288, stages_one_part=6,
                     barrier_bytes=16, tensor_maps=True),
+    # the same kernel with half the stages, two blocks per SM (one block's epilogue overlaps the other's products);
+    # for the lab, not yet measured
+    "tma2": BulkGemm("gemm_tma", "gemm_tma2", 128, 128, 64, 2, 64, 1024, 2, 8, threads=288, stages_one_part=3,
+                     barrier_bytes=16, tensor_maps=True),
 }
 # Parameter types of a by-value launch (cuda_param_launch.py), by the numpy scalar the launcher built.
 _CTYPES = {np.int64: ctypes.c_longlong, np.int32: ctypes.c_int, np.uintp: ctypes.c_void_p, int: ctypes.c_void_p}

@@ -77,7 +77,7 @@ FAMILIES = {
     "gemm_bulk": {f"gemm_bulk_p{parts}": "PqiPPPPqiiiiiii" for parts in (2, 1)},
     "gemm_wgmma": {f"gemm_wgmma_n128_p{parts}": "PqiPPPPqiiiiiii" for parts in (2, 1)},
     # two tensor maps by value: launched through cuda_param_launch.py (the string only prepares PyCUDA's copy)
-    "gemm_tma": {f"gemm_tma_p{parts}": "128s128sPPPqiiiiiii" for parts in (2, 1)},
+    "gemm_tma": {f"{name}_p{parts}": "128s128sPPPqiiiiiii" for name in ("gemm_tma", "gemm_tma2") for parts in (2, 1)},
     "prefill_bulk": {"rmsnorm_split_rows": "PPPqifPPi", "kv_stage": "PPPPiiiiPPPP",
                      **{f"attention_flash_hd{hd}_s{st}{p}": "PiPPPPiPPPiiiif" for hd in (32, 64, 128)
                         for st, p in ((1, ""), (2, ""), (1, "_p1"))},
