@@ -69,6 +69,15 @@ def test_bench_csr_rejects_a_negative_chunk(tiny_model_dir):
         csr_ttft.main(["--model", str(tiny_model_dir), "--sizes", "64", "--chunk", "-1"])
 
 
+def test_bench_csr_refuses_cuda_kernel_choices_without_the_cuda_backend(tiny_model_dir, capsys):
+    """--bulk-gemm / --bulk-parts choose the CUDA bulk prefill: on numpy they are refused by name, not ignored, and
+    the CLI refuses them on suites that have no bulk prefill to choose."""
+    with pytest.raises(ValueError, match="--bulk-gemm and --bulk-parts"):
+        csr_ttft.main(["--model", str(tiny_model_dir), "--sizes", "64", "--bulk-parts", "1"])
+    assert cli.main(["bench", "cycle", "--backend", "numpy", "--bulk-gemm", "tma"]) == 2
+    assert "--bulk-gemm and --bulk-parts choose the CUDA bulk prefill" in capsys.readouterr().out
+
+
 @pytest.fixture(scope="module")
 def asr_run(tiny_model_dir, tmp_path_factory):
     """One small run of the three modes (CPU defaults: 15 Hz, warm start, reconciler thread): (JSON, PNG, stdout)."""

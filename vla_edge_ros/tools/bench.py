@@ -58,6 +58,11 @@ def add_arguments(p) -> None:
                      "512 on numpy, 0 on pycuda)")
     csr.add_argument("--kv-dtype", choices=["float32", "bfloat16"],
                      help="csr on pycuda: the KV arena's element type (default: kv.dtype of the config)")
+    csr.add_argument("--bulk-gemm", help="csr on pycuda: the bulk prefill's GEMM (cuda_bulk_launchers.BULK_GEMMS: tma, "
+                     "tma2, wgmma128, mma; default: the serving plan's)")
+    csr.add_argument("--bulk-parts", type=int, choices=[1, 2],
+                     help="csr on pycuda: bf16 parts of the bulk prefill's activations and attention factors, 2: hi + "
+                          "lo (the serving precision, default), 1: bf16 alone (HF's bf16 precision)")
     csr.add_argument("--frames", help="csr / asr: pre-decoded footage .npy (bench/gpu_inputs.save_footage)")
     csr.add_argument("--hz", type=float, help="asr: cycle rate (default 30)")
     csr.add_argument("--max-cycles", type=int, help="asr: give up on the ASR run after this many cycles")
@@ -82,6 +87,9 @@ def run(args) -> int:
         return 2
     if args.weights != ["float"] and key != ("cycle", "pycuda"):
         print(f"vla-edge bench: --weights {' '.join(args.weights)} is the pycuda cycle's (bench --backend pycuda)")
+        return 2
+    if (args.bulk_gemm or args.bulk_parts) and key != ("csr", "pycuda"):
+        print("vla-edge bench: --bulk-gemm and --bulk-parts choose the CUDA bulk prefill of bench csr --backend pycuda")
         return 2
     if args.shape is None:
         # The robot's shape for every suite: a GPU figure is compared with the graph's on that model.
