@@ -131,7 +131,8 @@ def test_rmsnorm_split_rows_and_bias_init(kn, gpu):
     np.testing.assert_array_equal(init.get(), exp_init)
 
 
-def _flash_case(kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, seed, cap=700, parts=2):
+def _flash_case(kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, seed, cap=700, parts=2,
+                heads_per_warp=1):
     """K/V behind a permuted slot list, n query rows after ctx + row_offset visible entries: kv_stage, then
     attention_flash; returns (ours, the reference)."""
     ga, stream = gpu
@@ -155,7 +156,7 @@ def _flash_case(kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, s
     ctl_d, attend_d = ga.to_gpu(ctl), ga.to_gpu(attend)
     kernels.kv_stage(int(k_d.gpudata), int(v_d.gpudata), attend_d, ctl_d, stage, n, kvh, cap, hd, stream)
     kernels.attention_flash(ga.to_gpu(qkv), stage, ctl_d, part_o, part_ml, out, out_stride, n, hq, kvh, hd, splits,
-                            hd ** -0.5, stream, stages=stages, parts=parts)
+                            hd ** -0.5, stream, stages=stages, parts=parts, heads_per_warp=heads_per_warp)
     stream.synchronize()
     expected = ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, hd ** -0.5)
     return _joined(out.get(), out_stride, n, q_dim), expected
@@ -171,6 +172,29 @@ def _flash_case(kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, s
 def test_attention_flash_matches_reference(kn, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages):
     got, expected = _flash_case(kn, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, seed=hd + n)
     _close(got, expected, 3e-5, f"attention_flash hd={hd} splits={splits} stages={stages}")
+
+
+@pytest.mark.parametrize("hq,kvh,hd,ctx,row_offset,n,splits", [
+    (4, 2, 32, 0, 0, 40, 1),          # group 2: one warp of two heads
+    (4, 1, 32, 50, 3, 37, 3),         # group 4: two warps
+    (12, 2, 128, 300, 0, 130, 2),     # the 1.5B shape: three warps of two heads
+    (8, 2, 64, 97, 20, 64, 5),        # empty splits
+])
+def test_attention_flash_two_heads_per_warp(kn, gpu, hq, kvh, hd, ctx, row_offset, n, splits):
+    """heads_per_warp 2 (KernelPlan.bulk_attention_heads_per_warp): each warp's K/V fragments serve two heads; the
+    same sums as one head per warp, so the same bound against the reference, and within bf16 rounding with one part."""
+    got, expected = _flash_case(kn, gpu, hq, kvh, hd, ctx, row_offset, n, splits, 1, seed=hd + n, heads_per_warp=2)
+    _close(got, expected, 3e-5, f"attention_flash w2 hd={hd} splits={splits}")
+    got1, _ = _flash_case(kn, gpu, hq, kvh, hd, ctx, row_offset, n, splits, 1, seed=hd + n, heads_per_warp=2, parts=1)
+    _close(got1, expected, 1e-2, f"attention_flash w2 p1 hd={hd} splits={splits}")
+
+
+def test_attention_flash_refuses_two_heads_per_warp_where_it_cannot(kn, gpu):
+    from vla_edge_ros.model.cuda_kernels import KernelError
+    with pytest.raises(KernelError, match="heads per warp"):
+        _flash_case(kn, gpu, 3, 1, 32, 0, 0, 16, 1, 1, seed=1, heads_per_warp=2)      # group 3: odd
+    with pytest.raises(KernelError, match="heads per warp"):
+        _flash_case(kn, gpu, 4, 2, 32, 0, 0, 16, 1, 2, seed=1, heads_per_warp=2)      # two stages
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +254,11 @@ def test_bulk_forward_matches_numpy_and_the_cycle_kernels(model):
     assert bulk.bulk_min_rows == 1 and cycle.bulk_min_rows == 0
     gemm = bulk.kernel_plan.bulk_gemm
     named = {f"bulk {gemm}": bulk, f"bulk {passes.kernel_plan.bulk_gemm} in passes": passes, "cycle kernels": cycle}
+    for max_rows in (512, 128):    # two query heads per flash-attention warp (the model's group allowing)
+        b = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=max_rows)
+        plan = b.use_kernel_plan(dataclasses.replace(b.kernel_plan, bulk_attention_heads_per_warp=2))
+        assert plan.bulk_attention_heads_per_warp == (2 if (spec.num_heads // spec.num_kv_heads) % 2 == 0 else 1)
+        named[f"bulk, 2 heads per attention warp, passes of {max_rows}"] = b
     if gemm != "mma":              # the Hopper default: the other GEMMs too (mma.sync, TMA), one pass and three
         for other in (g for g in GEMM_KERNELS if g != gemm):
             for max_rows in (512, 128):

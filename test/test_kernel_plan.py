@@ -27,6 +27,7 @@ def test_the_measured_best_plan_is_the_default():
     assert (MEASURED_BEST.int4_gemv_items_per_block, MEASURED_BEST.int4_gemv_rows_per_warp) == (0, 1)
     assert (MEASURED_BEST.bulk_gemm, MEASURED_BEST.bulk_activation_parts, MEASURED_BEST.bulk_attention_stages) == \
         ("tma", 2, 1)
+    assert MEASURED_BEST.bulk_attention_heads_per_warp == 1          # two heads per warp: not yet measured
 
 
 @pytest.mark.parametrize("change, fragment", [
@@ -39,6 +40,8 @@ def test_the_measured_best_plan_is_the_default():
     ({"bulk_gemm": "cublas"}, "bulk_gemm must be one of"),
     ({"bulk_activation_parts": 3}, "bulk_activation_parts must be 1 or 2"),
     ({"bulk_attention_stages": 0}, "bulk_attention_stages must be 1 or 2"),
+    ({"bulk_attention_heads_per_warp": 3}, "bulk_attention_heads_per_warp must be 1 or 2"),
+    ({"bulk_attention_heads_per_warp": 2, "bulk_attention_stages": 2}, "runs one K/V stage"),
     ({"staged_int4_prefill_projections": 1}, "staged_int4_prefill_projections must be True or False"),
     ({"staged_int4_prefill_projections": "yes"}, "staged_int4_prefill_projections must be True or False"),
     ({"int4_gemv_items_per_block": 65}, "int4_gemv_items_per_block must be in [0, 64]"),

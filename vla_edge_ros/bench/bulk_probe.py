@@ -15,6 +15,8 @@ fp32 KV arena), so every ratio compares like with like:
            ms and us per token
   recompute a full recompute of N tokens from an empty arena (passes of bulk_max_rows rows), with each GEMM
            kernel: the CSR paper's unordered baseline (bench csr has it against HF's SDPA recompute)
+The forward and recompute tables also time the serving GEMM with two query heads per flash-attention warp ("w2":
+KernelPlan.bulk_attention_heads_per_warp), with both part counts.
 `--launch-once M` launches each GEMM kernel once per projection at M rows, outside any graph, and exits: the
 run to put under Nsight Compute (`ncu`) to see what limits a kernel.
 A diagnosis tool for choosing the defaults (model.bulk_prefill_min_rows, BULK_* in cuda_backend.py); the
@@ -142,18 +144,21 @@ def probe(context: int, quick: bool) -> dict:
                         np.arange(context, context + n), ctx_slots, logits="none")
         backend.synchronize()
 
-    # (label, bulk on, activation parts, GEMM kernel)
-    variants = [("cycle kernels", 0, 2, "mma"), *((f"bulk {k}", 1, 2, k) for k in gemms),
-                *((f"bulk {k} p1", 1, 1, k) for k in gemms if k != "mma" or len(gemms) == 1)]
+    # (label, bulk on, activation parts, GEMM kernel, query heads per flash-attention warp)
+    best = MEASURED_BEST.bulk_gemm if MEASURED_BEST.bulk_gemm in gemms else gemms[-1]
+    variants = [("cycle kernels", 0, 2, "mma", 1), *((f"bulk {k}", 1, 2, k, 1) for k in gemms),
+                *((f"bulk {k} p1", 1, 1, k, 1) for k in gemms if k != "mma" or len(gemms) == 1),
+                (f"bulk {best} w2", 1, 2, best, 2), (f"bulk {best} w2 p1", 1, 1, best, 2)]
 
-    def use(bulk, parts, kernel):
+    def use(bulk, parts, kernel, heads_per_warp):
         backend.bulk_min_rows = bulk
         # A plan switch also drops the captured graphs: the bulk ones baked the previous variant in.
-        backend.use_kernel_plan(dataclasses.replace(MEASURED_BEST, bulk_activation_parts=parts, bulk_gemm=kernel))
+        backend.use_kernel_plan(dataclasses.replace(MEASURED_BEST, bulk_activation_parts=parts, bulk_gemm=kernel,
+                                                    bulk_attention_heads_per_warp=heads_per_warp))
     for n in FORWARD_ROWS[2:4] if quick else FORWARD_ROWS:
         row = {"rows": n}
-        for label, bulk, parts, kernel in variants:
-            use(bulk, parts, kernel)
+        for label, bulk, parts, kernel, heads_per_warp in variants:
+            use(bulk, parts, kernel, heads_per_warp)
             row[label] = _median_ms(lambda: forward(n), repeats=5)
         out["forward"].append(row)
     labels = [v[0] for v in variants]
@@ -165,8 +170,8 @@ def probe(context: int, quick: bool) -> dict:
 
     for total in RECOMPUTE[:1] if quick else RECOMPUTE:
         row = {"tokens": total}
-        for label, bulk, parts, kernel in variants[1:]:
-            use(bulk, parts, kernel)
+        for label, bulk, parts, kernel, heads_per_warp in variants[1:]:
+            use(bulk, parts, kernel, heads_per_warp)
 
             def recompute(total=total):
                 backend.forward(rows_all[:total], np.arange(total), np.arange(total), np.zeros(0, np.int64),

@@ -395,7 +395,13 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if not self.int4 and any(getattr(plan, k) != v for k, v in int4_grid.items()):
             log.info("the INT4 decode grid (int4_gemv_items_per_block, int4_gemv_rows_per_warp) applies to INT4 "
                      "weights only: %s decode projections keep gemv.cu's grid", self._weights_kind())
+        heads_per_warp = plan.bulk_attention_heads_per_warp
+        if heads_per_warp == 2 and (self.spec.num_heads // self.spec.num_kv_heads) % 2:
+            log.info("two query heads per flash-attention warp need an even head group; this model's is %d: one "
+                     "head per warp", self.spec.num_heads // self.spec.num_kv_heads)
+            heads_per_warp = 1
         in_effect = {"staged_prefill_projections": staged, "staged_int4_prefill_projections": staged_int4,
+                     "bulk_attention_heads_per_warp": heads_per_warp,
                      **({} if self.int4 else int4_grid),
                      **self._attention_in_effect(plan),
                      "persistent_decode": self._persistent_in_effect(plan), "bulk_gemm": self._bulk_gemm_in_effect(plan)}

@@ -101,6 +101,11 @@ class KernelPlan:
     bulk_activation_parts: int = 2
     # K/V tiles in flight per flash-attention block: 1 leaves room for two blocks per SM; 2 was 3-7% slower.
     bulk_attention_stages: int = 1
+    # Query heads per warp of the flash attention: 2 has each K/V fragment a warp loads from shared memory serve two
+    # heads' products (half the ldmatrix traffic per block, twice the accumulators: 255 registers, two blocks of
+    # group / 2 warps per SM). One K/V stage only; a model with an odd head group keeps 1 (use_kernel_plan). Not yet
+    # measured (written 2026-12-03, sixth session): off; bench/bulk_probe.py times it ("w2" rows).
+    bulk_attention_heads_per_warp: int = 1
 
     def __post_init__(self):
         if not isinstance(self.staged_int4_prefill_projections, bool):
@@ -124,11 +129,14 @@ class KernelPlan:
                              f"int4_gemv_items_per_block >= 2 (a block of one item has no second row to stream), "
                              f"got {self.int4_gemv_items_per_block!r}")
         for name in ("attention_blocks_per_sm", "persistent_blocks_per_sm", "bulk_activation_parts",
-                     "bulk_attention_stages"):
+                     "bulk_attention_stages", "bulk_attention_heads_per_warp"):
             if getattr(self, name) not in (1, 2):
                 raise ValueError(f"{name} must be 1 or 2, got {getattr(self, name)!r}")
         if self.persistent_l2_prefetch_bytes < 0:
             raise ValueError(f"persistent_l2_prefetch_bytes must be >= 0, got {self.persistent_l2_prefetch_bytes}")
+        if self.bulk_attention_heads_per_warp == 2 and self.bulk_attention_stages != 1:
+            raise ValueError(f"bulk_attention_heads_per_warp 2 runs one K/V stage, got bulk_attention_stages "
+                             f"{self.bulk_attention_stages}")
         if self.bulk_gemm not in BULK_GEMMS:
             raise ValueError(f"bulk_gemm must be one of {sorted(BULK_GEMMS)}, got {self.bulk_gemm!r}")
 

@@ -80,7 +80,7 @@ FAMILIES = {
     "gemm_tma": {f"{name}_p{parts}": "128s128sPPPqiiiiiii" for name in ("gemm_tma", "gemm_tma2") for parts in (2, 1)},
     "prefill_bulk": {"rmsnorm_split_rows": "PPPqifPPi", "kv_stage": "PPPPiiiiPPPP",
                      **{f"attention_flash_hd{hd}_s{st}{p}": "PiPPPPiPPPiiiif" for hd in (32, 64, 128)
-                        for st, p in ((1, ""), (2, ""), (1, "_p1"))},
+                        for st, p in ((1, ""), (2, ""), (1, "_p1"), (1, "_w2"), (1, "_w2_p1"))},
                      "attention_flash_merge": "PPPqiiiii"},
 }
 # Families compiled on the first launch of one of their kernels rather than by CudaKernels(): the
