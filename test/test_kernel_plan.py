@@ -28,6 +28,7 @@ def test_the_measured_best_plan_is_the_default():
     assert (MEASURED_BEST.bulk_gemm, MEASURED_BEST.bulk_activation_parts, MEASURED_BEST.bulk_attention_stages) == \
         ("tma", 2, 1)
     assert MEASURED_BEST.bulk_attention_heads_per_warp == 1          # two heads per warp: not yet measured
+    assert MEASURED_BEST.long_context_blocks_per_sm == 1
 
 
 @pytest.mark.parametrize("change, fragment", [
@@ -41,6 +42,8 @@ def test_the_measured_best_plan_is_the_default():
     ({"bulk_activation_parts": 3}, "bulk_activation_parts must be 1 or 2"),
     ({"bulk_attention_stages": 0}, "bulk_attention_stages must be 1 or 2"),
     ({"bulk_attention_heads_per_warp": 3}, "bulk_attention_heads_per_warp must be 1 or 2"),
+    ({"long_context_blocks_per_sm": 0}, "long_context_blocks_per_sm must be in [1, 8]"),
+    ({"long_context_blocks_per_sm": 2.0}, "long_context_blocks_per_sm must be in [1, 8]"),
     ({"bulk_attention_heads_per_warp": 2, "bulk_attention_stages": 2}, "runs one K/V stage"),
     ({"staged_int4_prefill_projections": 1}, "staged_int4_prefill_projections must be True or False"),
     ({"staged_int4_prefill_projections": "yes"}, "staged_int4_prefill_projections must be True or False"),
@@ -117,3 +120,14 @@ def test_the_lab_names_the_int4_decode_grid():
     with pytest.raises(ValueError, match="needs int4_gemv_items_per_block >= 2"):
         mode_plan("plain+i4x2")
     assert (mode_plan("plain").int4_gemv_items_per_block, mode_plan("plain").int4_gemv_rows_per_warp) == (0, 1)
+
+
+def test_the_lab_names_the_long_context_blocks_per_sm_and_the_splits_follow():
+    """lcsN sets KernelPlan.long_context_blocks_per_sm; long_context_splits gives each KV head N x SMs / KV heads
+    splits (the H200's 132 SMs: 66 per head at the 1.5B's 2 KV heads, 4 at the 7B's 32; 16 with 4 per SM)."""
+    from vla_edge_ros.bench.kernel_lab import mode_plan
+    from vla_edge_ros.model.cuda_attention_launchers import long_context_splits
+    for n in (1, 2, 4):
+        assert mode_plan(f"plain+lcs{n}") == dataclasses.replace(MEASURED_BEST, long_context_blocks_per_sm=n)
+    assert (long_context_splits(132, 2), long_context_splits(132, 32), long_context_splits(132, 32, 4)) == (66, 4, 16)
+    assert long_context_splits(16, 32) == 1                      # more KV heads than SMs: one split each

@@ -89,7 +89,8 @@ def add_arguments(p) -> None:
                         "looping over items), +int4staged|+int4unstaged (INT4 weights: prefill projections "
                         "through projection_int4_staged.cu, the default, or projection_int4.cu), +i4ipb2|+i4ipb4|+i4ipb8 (INT4 weights: every decode "
                         "projection looped, ~2/4/8 items per block) with optionally +i4x2 (two items in flight "
-                        "per warp) and a KV "
+                        "per warp), the long-context attention's blocks per SM +lcs1|+lcs2|+lcs4 (the splits "
+                        "per KV head: that many x SMs / KV heads) and a KV "
                         "arena type +kv32|+kv16 (a backend of its own: float32 or bf16 K/V), e.g. "
                         "plain+tiled for the kernel before attention_mma.cu; the first is "
                         "the one the summary reports (default: the three launch modes with the configured kernels)")

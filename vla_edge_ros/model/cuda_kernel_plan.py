@@ -50,6 +50,14 @@ class KernelPlan:
     # 0.71 ms where 1 (every accumulator in registers) took 0.82. Other head_dims have the 1-block entry only.
     attention_blocks_per_sm: int = 2
 
+    # Blocks per SM of the cycle's long-context attention launches (attention_decode.cu, attention_mma.cu):
+    # long_context_splits gives each KV head this many x SMs / KV heads splits, each walking its share of the
+    # context's 64-entry chunks. 1 measured best on the 1.5B shape (2 KV heads: 66 splits each, one chunk apiece at
+    # 4064 cached; 128 splits lost at 16K). The 7B shape has 32 KV heads: 4 splits each, every block walking ~16
+    # chunks one pass of loads at a time (its decode attention 2.32 ms per step, 4.6x the K/V floor); 2-4 there
+    # are not yet measured: lab "+lcs2", "+lcs4".
+    long_context_blocks_per_sm: int = 1
+
     # ---- bf16 decode (one row)
     # The decode row's attention through attention_mma.cu as well (one 16-row tile holds the group's query heads;
     # at most long_context_splits splits, each walking its chunks) instead of attention_decode.cu. Measured slower
@@ -132,6 +140,8 @@ class KernelPlan:
                      "bulk_attention_stages", "bulk_attention_heads_per_warp"):
             if getattr(self, name) not in (1, 2):
                 raise ValueError(f"{name} must be 1 or 2, got {getattr(self, name)!r}")
+        if type(self.long_context_blocks_per_sm) is not int or not 1 <= self.long_context_blocks_per_sm <= 8:
+            raise ValueError(f"long_context_blocks_per_sm must be in [1, 8], got {self.long_context_blocks_per_sm!r}")
         if self.persistent_l2_prefetch_bytes < 0:
             raise ValueError(f"persistent_l2_prefetch_bytes must be >= 0, got {self.persistent_l2_prefetch_bytes}")
         if self.bulk_attention_heads_per_warp == 2 and self.bulk_attention_stages != 1:
