@@ -42,7 +42,6 @@ class ParamLauncher:
 
     def __init__(self, device, family: str, arch: str, cubin: bytes, names):
         lib = libcuda()
-        self._device = device
         self._fns: dict = {}
         with device.bound():
             key = (device.handle, family, arch)
