@@ -152,6 +152,12 @@ class VisionConfig:
                         "cuda/vision.cu, the resize stays on the host; on in config/gpu_demo.yaml). The reconciler "
                         "keeps the numpy projection: its encodes are outside its slack schedule, and on the GPU they "
                         "time-sliced the primary's cycles (engine_factory.reconciler_encoder)", default=False)
+    encode_ahead: bool = _doc("the reasoning node encodes each newest camera frame on a worker thread as it arrives, "
+                              "so the cycle that takes it finds its vision tokens made (core/vision_prefetch.py; "
+                              "the same encoder and bits; every frame is encoded, ~2 per cycle at 60 Hz). Meant "
+                              "for the GPU graph, where the vision phase is part of what the graph spends beyond "
+                              "the engine; off until measured there (the host time it adds would compete with the "
+                              "cycle on a 2-core CPU machine)", default=False)
 
     def __post_init__(self):
         for name in ("patch_size", "grid_cols", "grid_rows"):

@@ -14,6 +14,8 @@ The phases, in the order a cycle meets them (all in ms):
     publish     the result as ROS messages (after the deadline check: it is not in elapsed_ms)
     between     at the boundary after a cycle: a new instruction, a reconciled state swapped in
     frame_decode  per received frame, on the executor thread: a ROS Image -> RGB pixels
+    vision_ahead  per frame encoded ahead of the boundary (vision.encode_ahead, core/vision_prefetch.py), on its
+                worker thread; a cycle that finds its frame encoded has a vision phase of ~0
     off_cpu     of the cycle from admission on, the time its thread was not running (wall minus the
                 thread's CPU time): preempted by other processes, waiting for the GIL held by
                 another thread of the node, or its machine's CPU taken by the hypervisor.
@@ -42,7 +44,7 @@ from .sched_stats import host_steal_s, run_queue_s
 
 IN_CYCLE = ("wake", "rebase", "admission", "vision", "slots", "prefill", "decode", "finish")
 AFTER_CYCLE = ("publish", "between")
-PER_FRAME = ("frame_decode",)
+PER_FRAME = ("frame_decode", "vision_ahead")
 OVERLAPPING = ("off_cpu", "run_queue", "stolen")
 PHASES = IN_CYCLE + AFTER_CYCLE + PER_FRAME + OVERLAPPING
 DEFAULT_SAMPLES = 20_000      # per phase: the last ~11 minutes at 30 Hz; a bounded record for a node that runs forever
@@ -133,7 +135,7 @@ class PhaseStats:
             self._late_cycles += bool(late)
 
     def record(self, name: str, ms: float) -> None:
-        """One duration outside a cycle's own record (publish, between, frame_decode)."""
+        """One duration outside a cycle's own record (publish, between, frame_decode, vision_ahead)."""
         with self._lock:
             self._all[name].add(float(ms))
 

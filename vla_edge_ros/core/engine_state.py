@@ -111,6 +111,7 @@ class FrameState:
         self.cfg = cfg
         self.backend = backend
         self.encoder = encoder or VisionEncoder(cfg.vision, backend.spec.hidden_size, backend)
+        self.prefetch = None          # a core/vision_prefetch.VisionPrefetch while the reasoning node runs one
         self.kv = KVSlotManager(cfg.kv.capacity_tokens, cfg.vision.tokens_per_frame,
                                 make_policy(cfg.kv.eviction_policy, cfg.kv.window_frames))
         # Transient slots a cycle may need: the longest suffix plus the decoded tokens fed back.
@@ -156,8 +157,12 @@ class FrameState:
         return evicted
 
     def encode_chunk(self, frame: Frame) -> StateChunk:
-        """Run the vision encoder: the frame as a state chunk (rows + pooled embedding)."""
-        encoded = self.encoder.encode(frame.pixels)
+        """The frame as a state chunk (rows + pooled embedding): its encoding made ahead of the boundary where a
+        prefetch has it (vision.encode_ahead, core/vision_prefetch.py: the same encoder, the same bits), else the
+        vision encoder run now."""
+        encoded = self.prefetch.take(frame) if self.prefetch is not None else None
+        if encoded is None:
+            encoded = self.encoder.encode(frame.pixels)
         return StateChunk(frame.frame_id, frame.stamp_s, encoded.tokens, encoded.pooled)
 
     def append_chunks(self, chunks, allow_evict: bool = False) -> list[int]:

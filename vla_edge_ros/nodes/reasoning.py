@@ -53,6 +53,7 @@ from ..core.cpu_priority import make_thread_realtime
 from ..core.cycle_clock import CycleClockWriter, clock_path
 from ..core.cycle_result import DEADLINE_MISSED
 from ..core.double_buffer import LatestFrameBuffer
+from ..core.vision_prefetch import VisionPrefetch
 from ..core.engine import NO_SWAP_ROOM, EngineConfigError
 from ..core.engine_factory import describe_choice, primary_engine, swap_kv_mapper
 from ..core.frame_ids import FrameIdEpochs
@@ -91,6 +92,7 @@ class Reasoning(EngineNode):
         self._cycle_thread: threading.Thread | None = None
         self._ipc_mapper = None
         self._cycle_clock = None                           # core/cycle_clock.py: cycle timing for the reconciler
+        self.prefetch = None                               # core/vision_prefetch.py while active (vision.encode_ahead)
         self.warmup: dict = {}
         super().__init__("reasoning")
         self.params = NodeParameters(self, on_change=self._on_config_change, live_keys=LIVE_KEYS,
@@ -161,6 +163,8 @@ class Reasoning(EngineNode):
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """SUCCESS -> active: cycles run, swaps are requested."""
         self._stop.clear()
+        if self.params.config.vision.encode_ahead:
+            self._start_prefetch()
         self._cycle_thread = threading.Thread(target=self._cycle_loop, name="vla-cycle", daemon=True)
         self._cycle_thread.start()
         self._swap_timer = self.create_timer(self.params.config.asr.swap_poll_ms / 1000.0, self._maybe_request_swap)
@@ -199,9 +203,13 @@ class Reasoning(EngineNode):
         if self.frame_ids.restarts != restarts:
             self.get_logger().warning(f"camera frame ids went back to {frame.frame_id} (camera_ingest restarted?): "
                                       f"continuing the state's frame ids at {state_id}")
-        self.buffer.publish(dataclasses.replace(frame, frame_id=state_id))
+        frame = dataclasses.replace(frame, frame_id=state_id)
+        self.buffer.publish(frame)
         if self.engine is not None:
             self.engine.phases.record("frame_decode", (time.perf_counter() - t0) * 1e3)
+        prefetch = self.prefetch
+        if prefetch is not None:
+            prefetch.offer(frame)
 
     def _on_instruction(self, msg: String) -> None:
         with self._instruction_lock:
@@ -250,6 +258,9 @@ class Reasoning(EngineNode):
             values.update(conv.flatten({"window": window, "total": total, "state": state, "swap": self.swap.summary(),
                                         "warmup": self.warmup, "admission": admission,
                                         "phase": self.engine.phases.summary()}))
+            prefetch = self.prefetch
+            if prefetch is not None:
+                values.update({f"vision_prefetch.{k}": v for k, v in prefetch.counts.items()})
             values.update({"frames_received": stats.published, "frames_consumed": stats.consumed,
                            "frames_overwritten": stats.overwritten, "skipped_boundaries": self.skipped_boundaries,
                            **{f"skipped_in.{part}": n for part, n in self.skipped_by_part.items()},
@@ -402,14 +413,41 @@ class Reasoning(EngineNode):
                       "chunk": self.create_publisher(StateChunk, graph.STATE_CHUNK_TOPIC, QoSProfile(depth=64))}
         self._swap_client = self.create_client(Swap, graph.SWAP_SERVICE)
 
+    def _start_prefetch(self) -> None:
+        """vision.encode_ahead: a worker encodes each newest frame with the engine's encoder as it arrives; the cycle
+        takes the encoding of its frame (core/vision_prefetch.py)."""
+        engine, log = self.engine, self.get_logger()
+
+        def failed(exc: Exception) -> None:
+            log.error(f"vision prefetch: encode failed ({type(exc).__name__}: {exc}); the cycle encodes inline",
+                      throttle_duration_sec=5.0)
+        self.prefetch = VisionPrefetch(engine.state.encoder.encode,
+                                       on_encoded=lambda ms: engine.phases.record("vision_ahead", ms), on_error=failed)
+        engine.state.prefetch = self.prefetch
+        log.info("vision.encode_ahead: frames encoded on arrival by a worker thread")
+
+    def _stop_prefetch(self) -> None:
+        """The worker joined and the cycle back to inline encodes; its counts in the log."""
+        if self.prefetch is None:
+            return
+        self.prefetch.stop()
+        if self.engine is not None:
+            self.engine.state.prefetch = None
+        c = self.prefetch.counts
+        self.get_logger().info(f"vision prefetch stopped: {c['hits']} cycles found their frame encoded ({c['waited']} "
+                               f"waited for it), {c['misses']} encoded inline; {c['encoded']} frames encoded ahead, "
+                               f"{c['skipped']} skipped, {c['errors']} failed")
+        self.prefetch = None
+
     def _stop_work(self) -> None:
-        """The cycle thread joined, the cycle clock closed, the swap timer gone."""
+        """The cycle thread joined, the vision prefetch stopped, the cycle clock closed, the swap timer gone."""
         self._stop.set()
         if self._cycle_thread is not None:
             self._cycle_thread.join(timeout=5.0)
             if self._cycle_thread.is_alive():
                 self.get_logger().error("the cycle thread did not stop within 5 s")
             self._cycle_thread = None
+        self._stop_prefetch()
         if self._cycle_clock is not None:
             self._cycle_clock.close()
             self._cycle_clock = None
