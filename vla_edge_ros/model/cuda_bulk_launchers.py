@@ -1,11 +1,10 @@
 """The launchers of the bulk prefill's kernels (gemm_bulk.cu, gemm_wgmma.cu, gemm_tma.cu, prefill_bulk.cu) and the
 tile constants they size grids and shared memory with: a base class of cuda_kernels.CudaKernels, which supplies the
-compiled functions (`_function`, `_launch`, `_shared_limits`, `_param_launcher`), `num_sms` and `kv_dtype`."""
+compiled functions (`_function`, `_launch`, `_shared_limits`, `_param_launch`), `num_sms` and `kv_dtype`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import ctypes
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -85,8 +84,8 @@ class BulkPrefillLaunchers:
                   out_part_stride: int = 0, bias=None, out_cols: int | None = None, k_split: int | None = None,
                   parts: int = 2, kernel: str = "mma") -> int:
         """acc = x[:M] @ W^T on the tensor cores by the BULK_GEMMS kernel `kernel` (gemm_bulk.cu's mma.sync,
-        gemm_wgmma.cu's or gemm_tma.cu's wgmma), x the activations as bf16 bits in a flat uint16 buffer (hi rows [M, K] at element
-        0, lo rows at part_stride; parts 1 reads hi only). STORE / ADD: out float32 2-D [>= M, >= out_cols];
+        gemm_wgmma.cu's or gemm_tma.cu's wgmma), x the activations as bf16 bits in a flat uint16 buffer (hi rows
+        [M, K] at element 0, lo rows at part_stride; parts 1 reads hi only). STORE / ADD: out float32 2-D [>= M, >= out_cols];
         SWIGLU: out_hl flat uint16, hi rows [M, out_cols] at 0, lo at out_part_stride. k_split > 1 (ADD only)
         splits K over blocks that add atomically; by default just enough to give a wave of resident blocks.
         Returns k_split."""
