@@ -78,6 +78,7 @@ __device__ __forceinline__ void gemm_tma(const TensorMap* tm_x, const TensorMap*
     constexpr int A_TILE = GT_BM * GT_BK;                      // bf16 per activation part per stage
     constexpr int STAGE = PARTS * A_TILE + GT_BN * GT_BK;      // bf16 per stage (a multiple of 512: 1 KB)
     constexpr uint32_t STAGE_BYTES = STAGE * 2;
+    static_assert(GT_BM == 128 && GT_BN == 128 && GT_BK == 64, "the stage's products are wgmma_stage_128x128's");
     extern __shared__ uint4 smem_tma[];
     const uint32_t raw = shared_address(smem_tma);
     const uint32_t base = (raw + 1023u) & ~1023u;              // the swizzle is a function of address bits
@@ -125,17 +126,7 @@ __device__ __forceinline__ void gemm_tma(const TensorMap* tm_x, const TensorMap*
     for (int kt = 0; kt < n_k; ++kt) {
         const int s = kt % STAGES;
         mbar_wait(full(s), (kt / STAGES) & 1);
-        const uint32_t st = base + s * STAGE_BYTES;
-        fence_accumulators(acc[0]);
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < GT_BK / 16; ++ks) {
-            const uint64_t db = wgmma_desc(st + PARTS * A_TILE * 2 + ks * 32);
-#pragma unroll
-            for (int p = 0; p < PARTS; ++p)
-                wgmma_m64n128k16(acc[0], wgmma_desc(st + p * A_TILE * 2 + wg * 64 * GT_BK * 2 + ks * 32), db);
-        }
-        wgmma_commit();
+        wgmma_stage_128x128<PARTS>(acc[0], base + s * STAGE_BYTES, wg);
         wgmma_wait<1>();                                       // this warp's products of stage kt - 1 are done
         fence_accumulators(acc[0]);
         if (kt > 0 && lane == 0) mbar_arrive(empty((kt - 1) % STAGES));

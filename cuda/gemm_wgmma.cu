@@ -39,7 +39,7 @@ __device__ __forceinline__ void gemm_wgmma(const uint16_t* __restrict__ x, long 
     constexpr int STAGE = PARTS * A_TILE + B_TILE;             // bf16 per stage (a multiple of 512: 1 KB)
     constexpr int AHEAD = STAGES - 1 - WAIT;
     static_assert(AHEAD >= 1, "at least one stage must load while one is multiplied");
-    static_assert(BN == 128, "the products below are wgmma_m64n128k16: 128 weight rows per block");
+    static_assert(BN == 128 && GW_BM == 128 && GW_BK == 64, "the stage's products are wgmma_stage_128x128's");
     extern __shared__ uint4 smem_wgmma[];
     const uint32_t raw = shared_address(smem_wgmma);
     const uint32_t base = (raw + 1023u) & ~1023u;              // the swizzle is a function of address bits
@@ -88,19 +88,7 @@ __device__ __forceinline__ void gemm_wgmma(const uint16_t* __restrict__ x, long 
         const int next = kt + AHEAD;
         if (next < n_k) load_stage(next % STAGES, s_begin + next);
         cp_async_commit();
-        const uint32_t st = base + (uint32_t)((kt % STAGES) * STAGE * 2);
-        fence_accumulators(acc[0]);
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < GW_BK / 16; ++ks) {
-            const uint64_t db = wgmma_desc(st + PARTS * A_TILE * 2 + ks * 32);
-#pragma unroll
-            for (int p = 0; p < PARTS; ++p) {
-                const uint64_t da = wgmma_desc(st + p * A_TILE * 2 + wg * 64 * GW_BK * 2 + ks * 32);
-                wgmma_m64n128k16(acc[0], da, db);
-            }
-        }
-        wgmma_commit();
+        wgmma_stage_128x128<PARTS>(acc[0], base + (uint32_t)((kt % STAGES) * STAGE * 2), wg);
         wgmma_wait<WAIT>();
         fence_accumulators(acc[0]);
     }

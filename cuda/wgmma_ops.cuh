@@ -17,6 +17,10 @@
 //                    them before a wait nor moves their initialisation past the first product.
 // fence_async_shared: ordinary (and cp.async) writes to shared memory made visible to the tensor
 //                    cores' async proxy; each writing thread runs it before the barrier.
+// wgmma_stage_128x128<PARTS>: the products of one 64-column K stage of a 128 x 128 block tile (gemm_wgmma.cu,
+//                    gemm_tma.cu), issued and committed as one batch by warpgroup wg (rows 64 wg .. 64 wg + 63):
+//                    the stage at shared address st holds PARTS activation tiles of 128 x 64 bf16, then the
+//                    128 x 64 weight tile, each 1 KB aligned and stored as wgmma_desc describes.
 #pragma once
 #include <stdint.h>
 
@@ -61,4 +65,19 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[16][4], uint64_t da,
           "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
           "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
         : "l"(da), "l"(db), "r"(1));
+}
+
+template <int PARTS>
+__device__ __forceinline__ void wgmma_stage_128x128(float (&acc)[16][4], uint32_t st, int wg) {
+    constexpr uint32_t TILE_BYTES = 128 * 64 * 2;              // one 128-row x 64-column bf16 tile
+    fence_accumulators(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {                           // k16 steps of the stage: 32 bytes each
+        const uint64_t db = wgmma_desc(st + PARTS * TILE_BYTES + ks * 32);
+#pragma unroll
+        for (int p = 0; p < PARTS; ++p)
+            wgmma_m64n128k16(acc, wgmma_desc(st + p * TILE_BYTES + wg * (TILE_BYTES / 2) + ks * 32), db);
+    }
+    wgmma_commit();
 }
