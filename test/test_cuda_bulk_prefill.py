@@ -50,6 +50,18 @@ def _gemm_kernel(kn, kernel):
     return kernel
 
 
+def test_tensor_maps_are_encoded_by_the_driver_and_cached(kn):
+    """cuda_tensor_map.bf16_tiled: 128 bytes from cuTensorMapEncodeTiled, the same bytes again from the cache, other
+    bytes for another shape, and a clear error for what the driver would refuse."""
+    from vla_edge_ros.model.cuda_kernels import KernelError
+    from vla_edge_ros.model.cuda_tensor_map import MAP_BYTES, bf16_tiled
+    a = bf16_tiled(1 << 20, (1536, 300, 2), (3072, 1 << 20), (64, 128, 1))
+    assert len(a) == MAP_BYTES and a == bf16_tiled(1 << 20, (1536, 300, 2), (3072, 1 << 20), (64, 128, 1))
+    assert a != bf16_tiled(1 << 20, (1536, 301, 2), (3072, 1 << 20), (64, 128, 1))
+    with pytest.raises(KernelError, match="16-byte"):
+        bf16_tiled((1 << 20) + 8, (1536, 300), (3072,), (64, 128))
+
+
 def _close(got, expected, norm_tol, what):
     assert_close(got, expected, rtol=RTOL, atol=2 * norm_tol * peak(expected), what=what, norm_rtol=norm_tol)
 
