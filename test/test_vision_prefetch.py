@@ -83,6 +83,28 @@ def test_only_the_newest_offered_frame_is_encoded(encoder, clip):
         prefetch.stop()
 
 
+def test_a_frame_the_cycle_encodes_itself_is_not_encoded_again_by_the_worker(encoder, clip):
+    gate = threading.Event()
+
+    def slow(pixels):
+        gate.wait(5.0)
+        return encoder.encode(pixels)
+    prefetch = VisionPrefetch(slow)
+    try:
+        first, second = _frame(clip[0], 0), _frame(clip[1], 1)
+        prefetch.offer(first)
+        _until(lambda: prefetch._busy is not None)
+        prefetch.offer(second)                                # waiting behind the first
+        assert prefetch.take(second) is None                  # the cycle encodes it inline now...
+        gate.set()
+        _until(lambda: prefetch.counts["encoded"] == 1)
+        time.sleep(0.05)
+        assert prefetch.counts["encoded"] == 1 and prefetch._pending is None   # ... and the worker does not
+    finally:
+        gate.set()
+        prefetch.stop()
+
+
 def test_a_cycle_waits_for_its_own_frame_in_progress_but_only_up_to_its_bound(encoder, clip):
     def slow(pixels, delay_s):
         time.sleep(delay_s)

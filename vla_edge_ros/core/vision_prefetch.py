@@ -61,7 +61,7 @@ class VisionPrefetch:
 
     def take(self, frame: Frame) -> EncodedFrame | None:
         """The encoding of `frame` (same id and stamp) if it is done or finishes within wait_s, else None: the
-        caller encodes inline."""
+        caller encodes inline (and a worker encode of it not yet begun is dropped: it would be wasted)."""
         key = _key(frame)
         with self._cv:
             encoded = self._done.get(key)
@@ -69,6 +69,8 @@ class VisionPrefetch:
                 self.counts["waited"] += 1
                 self._cv.wait_for(lambda: self._busy != key, timeout=self.wait_s)
                 encoded = self._done.get(key)
+            if encoded is None and self._pending is not None and _key(self._pending) == key:
+                self._pending = None
             self.counts["hits" if encoded is not None else "misses"] += 1
             return encoded
 
