@@ -53,11 +53,11 @@ from ..core.cpu_priority import make_thread_realtime
 from ..core.cycle_clock import CycleClockWriter, clock_path
 from ..core.cycle_result import DEADLINE_MISSED
 from ..core.double_buffer import LatestFrameBuffer
-from ..core.vision_prefetch import VisionPrefetch
 from ..core.engine import NO_SWAP_ROOM, EngineConfigError
 from ..core.engine_factory import describe_choice, primary_engine, swap_kv_mapper
 from ..core.frame_ids import FrameIdEpochs
 from ..core.health import HealthLog, ReasoningHealth
+from ..core.vision_prefetch import VisionPrefetch
 from ..model.cuda_device import bound
 from ..model.spec import ModelFormatError
 from . import conversions as conv
