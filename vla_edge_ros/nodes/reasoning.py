@@ -431,6 +431,8 @@ class Reasoning(EngineNode):
         if self.prefetch is None:
             return
         self.prefetch.stop()
+        if self.prefetch.running:          # an encode that hangs (a stuck device): said before the engine is freed
+            self.get_logger().error("the vision prefetch worker did not stop within 2 s (an encode still running)")
         if self.engine is not None:
             self.engine.state.prefetch = None
         c = self.prefetch.counts
