@@ -117,6 +117,27 @@ def test_gemv_items_loop_gives_the_same_sums(kn, gpu, blocks_per_sm):
     items_loop_case(kn, gpu, w, rows, k, rng, blocks_per_sm)
 
 
+def test_long_context_splits_give_the_same_cycle(tiny_weights):
+    """KernelPlan.long_context_blocks_per_sm (lab +lcs2 / +lcs4): more splits per KV head over a context long enough
+    that each split walks several 64-slot chunks at 1 block per SM (the tiny model's 2 KV heads: 66 splits per head
+    on the H200, ~4200 slots; the context here is 9000). The same attention summed in other splits: the prefill
+    logits within rounding, the tokens those of one split count (a near tie may flip one)."""
+    from gpu_cases import one_cycle
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.cuda_kernel_plan import KernelPlan
+    spec, weights = tiny_weights
+    b = CudaBackend(spec, weights, 9200, "bfloat16", plan=KernelPlan())
+    try:
+        base = one_cycle(b, spec.vocab_size, n_ctx=9000, n_prefill=32, seed=7)
+        for n in (2, 4):
+            assert b.use_kernel_plan(KernelPlan(long_context_blocks_per_sm=n)).long_context_blocks_per_sm == n
+            got = one_cycle(b, spec.vocab_size, n_ctx=9000, n_prefill=32, seed=7)
+            assert np.sum(got[0] == base[0]) >= len(base[0]) - 1, (n, got[0], base[0])
+            assert_close(got[1], base[1], rtol=1e-4, atol=1e-4 * peak(base[1]), what=f"prefill logits, lcs{n}")
+    finally:
+        b.close()
+
+
 def test_decode_variants_give_the_same_cycle(tiny_weights):
     """The backend's decode variants (both defaults): two warps per decode attention slot group picks the same
     tokens as one; with the decode projections' grid capped at 4 blocks per SM, too. (The tiny model's gate/up
