@@ -60,13 +60,18 @@ def test_the_taken_encoding_is_the_inline_encoding_bit_for_bit(encoder, clip):
     assert not prefetch.running
 
 
-def test_only_the_newest_offered_frame_is_encoded(encoder, clip):
+def _gated(encoder):
+    """A prefetch whose encodes wait for the returned gate to open: (gate, prefetch)."""
     gate = threading.Event()
 
     def slow(pixels):
         gate.wait(5.0)
         return encoder.encode(pixels)
-    prefetch = VisionPrefetch(slow)
+    return gate, VisionPrefetch(slow)
+
+
+def test_only_the_newest_offered_frame_is_encoded(encoder, clip):
+    gate, prefetch = _gated(encoder)
     try:
         frames = [_frame(px, i) for i, px in enumerate(clip[:8])]
         prefetch.offer(frames[0])
@@ -84,12 +89,7 @@ def test_only_the_newest_offered_frame_is_encoded(encoder, clip):
 
 
 def test_a_frame_the_cycle_encodes_itself_is_not_encoded_again_by_the_worker(encoder, clip):
-    gate = threading.Event()
-
-    def slow(pixels):
-        gate.wait(5.0)
-        return encoder.encode(pixels)
-    prefetch = VisionPrefetch(slow)
+    gate, prefetch = _gated(encoder)
     try:
         first, second = _frame(clip[0], 0), _frame(clip[1], 1)
         prefetch.offer(first)

@@ -68,8 +68,8 @@ BULK_GEMMS = {
     "tma2": BulkGemm("gemm_tma", "gemm_tma2", 128, 128, 64, 2, 64, 1024, 2, 8, threads=288, stages_one_part=3,
                      barrier_bytes=16, tensor_maps=True),
 }
-# Parameter types of a by-value launch (cuda_param_launch.py), by the numpy scalar the launcher built.
-_CTYPES = {np.int64: ctypes.c_longlong, np.int32: ctypes.c_int, np.uintp: ctypes.c_void_p, int: ctypes.c_void_p}
+# Parameter types of a by-value launch (cuda_param_launch.py), by the scalar the launcher built (ptr() gives ints).
+_CTYPES = {np.int64: ctypes.c_longlong, np.int32: ctypes.c_int, int: ctypes.c_void_p}
 # prefill_bulk.cu: query rows per attention block, list entries per K/V tile, its head_dim entries.
 FLASH_ROWS = 16
 FLASH_BKV = 32

@@ -107,6 +107,14 @@ KV_FAMILIES = frozenset({"rope", "attention_tiled", "attention_mma", "attention_
 KV_ARENA_TYPES = {"float32": (np.float32, ()), "bfloat16": (np.uint16, ("-DKV_BF16",))}
 
 
+def _checked_grid(name: str, grid) -> tuple:
+    """The launch grid as ints; KernelError for an empty one (a zero or negative dimension)."""
+    grid = tuple(int(g) for g in grid)
+    if any(g <= 0 for g in grid):
+        raise KernelError(f"{name}: empty grid {grid}")
+    return grid
+
+
 class KernelLaunchError(RuntimeError):
     """A kernel launch or its execution failed (with VLA_EDGE_CUDA_SYNC=1: names the kernel)."""
 
@@ -392,9 +400,7 @@ class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
         return self._fns[name]
 
     def _launch(self, name: str, grid, block, stream, *args, shared: int = 0):
-        grid = tuple(int(g) for g in grid)
-        if any(g <= 0 for g in grid):
-            raise KernelError(f"{name}: empty grid {grid}")
+        grid = _checked_grid(name, grid)
         fn = self._function(name)
         try:
             if self.programmatic is not None and self.programmatic.handles(name):
@@ -414,9 +420,7 @@ class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
         opted PyCUDA's copy into."""
         from .cuda_param_launch import ParamLauncher
 
-        grid = tuple(int(g) for g in grid)
-        if any(g <= 0 for g in grid):
-            raise KernelError(f"{name}: empty grid {grid}")
+        grid = _checked_grid(name, grid)
         self._function(name)                         # compiled and loaded as any on-demand family
         launcher = self._param_launchers.get(family)
         if launcher is None:
