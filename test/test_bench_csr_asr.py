@@ -70,12 +70,14 @@ def test_bench_csr_rejects_a_negative_chunk(tiny_model_dir):
 
 
 def test_bench_csr_refuses_cuda_kernel_choices_without_the_cuda_backend(tiny_model_dir, capsys):
-    """--bulk-gemm / --bulk-parts choose the CUDA bulk prefill: on numpy they are refused by name, not ignored, and
-    the CLI refuses them on suites that have no bulk prefill to choose."""
-    with pytest.raises(ValueError, match="--bulk-gemm and --bulk-parts"):
-        csr_ttft.main(["--model", str(tiny_model_dir), "--sizes", "64", "--bulk-parts", "1"])
-    assert cli.main(["bench", "cycle", "--backend", "numpy", "--bulk-gemm", "tma"]) == 2
-    assert "--bulk-gemm and --bulk-parts choose the CUDA bulk prefill" in capsys.readouterr().out
+    """--bulk-gemm / --bulk-parts / --bulk-kv-overlap choose the CUDA bulk prefill: on numpy they are refused by
+    name, not ignored, and the CLI refuses them on suites that have no bulk prefill to choose."""
+    for choice in (["--bulk-parts", "1"], ["--bulk-kv-overlap"]):
+        with pytest.raises(ValueError, match="--bulk-gemm, --bulk-parts and --bulk-kv-overlap"):
+            csr_ttft.main(["--model", str(tiny_model_dir), "--sizes", "64", *choice])
+    for choice in (["--bulk-gemm", "tma"], ["--bulk-kv-overlap"]):
+        assert cli.main(["bench", "cycle", "--backend", "numpy", *choice]) == 2
+        assert "--bulk-kv-overlap choose the CUDA bulk prefill" in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")

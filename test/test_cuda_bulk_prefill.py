@@ -144,7 +144,7 @@ def test_rmsnorm_split_rows_and_bias_init(kn, gpu):
 
 
 def _flash_case(kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, seed, cap=700, parts=2,
-                heads_per_warp=1):
+                heads_per_warp=1, kv_overlap=False):
     """K/V behind a permuted slot list, n query rows after ctx + row_offset visible entries: kv_stage, then
     attention_flash; returns (ours, the reference)."""
     ga, stream = gpu
@@ -168,7 +168,8 @@ def _flash_case(kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, s
     ctl_d, attend_d = ga.to_gpu(ctl), ga.to_gpu(attend)
     kernels.kv_stage(int(k_d.gpudata), int(v_d.gpudata), attend_d, ctl_d, stage, n, kvh, cap, hd, stream)
     kernels.attention_flash(ga.to_gpu(qkv), stage, ctl_d, part_o, part_ml, out, out_stride, n, hq, kvh, hd, splits,
-                            hd ** -0.5, stream, stages=stages, parts=parts, heads_per_warp=heads_per_warp)
+                            hd ** -0.5, stream, stages=stages, parts=parts, heads_per_warp=heads_per_warp,
+                            kv_overlap=kv_overlap)
     stream.synchronize()
     expected = ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, hd ** -0.5)
     return _joined(out.get(), out_stride, n, q_dim), expected
@@ -207,6 +208,35 @@ def test_attention_flash_refuses_two_heads_per_warp_where_it_cannot(kn, gpu):
         _flash_case(kn, gpu, 3, 1, 32, 0, 0, 16, 1, 1, seed=1, heads_per_warp=2)      # group 3: odd
     with pytest.raises(KernelError, match="heads per warp"):
         _flash_case(kn, gpu, 4, 2, 32, 0, 0, 16, 1, 2, seed=1, heads_per_warp=2)      # two stages
+
+
+@pytest.mark.parametrize("hq,kvh,hd,ctx,row_offset,n,splits", [
+    (4, 2, 32, 0, 0, 40, 1),          # from nothing: every tile of a block holds its diagonal or lies past it
+    (4, 1, 32, 50, 3, 37, 3),         # ragged rows, three splits
+    (12, 2, 128, 300, 0, 130, 2),     # the 1.5B shape: whole tiles before the diagonal ones
+    (8, 2, 64, 97, 20, 64, 5),        # empty splits
+    (12, 2, 128, 640, 0, 50, 1),      # one split over twenty-odd tiles, a partial last row block
+])
+@pytest.mark.parametrize("parts,heads_per_warp", [(2, 1), (1, 1), (2, 2), (1, 2)])
+@pytest.mark.parametrize("arena", ["float32", "bfloat16"])
+def test_attention_flash_kv_overlap_gives_the_one_stage_bits(kn, kn16, gpu, hq, kvh, hd, ctx, row_offset, n, splits,
+                                                             parts, heads_per_warp, arena):
+    """kv_overlap (KernelPlan.bulk_attention_kv_overlap, attention_flash_kvo.cu) only reorders the block's copies
+    against its products and leaves the causal mask off whole tiles: every output bit equals the one-stage entry's
+    on the same inputs, and both stay within the reference's bound."""
+    kernels = kn if arena == "float32" else kn16
+    case = (kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, 1)
+    kw = {"seed": hd + n + ctx, "parts": parts, "heads_per_warp": heads_per_warp, "cap": 720}
+    got, expected = _flash_case(*case, kv_overlap=True, **kw)
+    one_stage, _ = _flash_case(*case, **kw)
+    np.testing.assert_array_equal(got, one_stage)
+    _close(got, expected, 3e-5 if parts == 2 else 1e-2, f"attention_flash kvo p{parts} w{heads_per_warp} hd={hd}")
+
+
+def test_attention_flash_refuses_the_kv_overlap_with_two_stages(kn, gpu):
+    from vla_edge_ros.model.cuda_kernels import KernelError
+    with pytest.raises(KernelError, match="K/V overlap runs one stage"):
+        _flash_case(kn, gpu, 4, 2, 32, 0, 0, 16, 1, 2, seed=1, kv_overlap=True)
 
 
 @pytest.fixture(scope="module")
@@ -271,6 +301,11 @@ def test_bulk_forward_matches_numpy_and_the_cycle_kernels(model):
         plan = b.use_kernel_plan(dataclasses.replace(b.kernel_plan, bulk_attention_heads_per_warp=2))
         assert plan.bulk_attention_heads_per_warp == (2 if (spec.num_heads // spec.num_kv_heads) % 2 == 0 else 1)
         named[f"bulk, 2 heads per attention warp, passes of {max_rows}"] = b
+    for max_rows in (512, 128):    # the flash attention's K/V copies under its products
+        b = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=max_rows)
+        assert b.use_kernel_plan(dataclasses.replace(b.kernel_plan, bulk_attention_kv_overlap=True)
+                                 ).bulk_attention_kv_overlap
+        named[f"bulk, K/V overlap in the attention, passes of {max_rows}"] = b
     if gemm != "mma":              # the Hopper default: the other GEMMs too (mma.sync, TMA), one pass and three
         for other in (g for g in GEMM_KERNELS if g != gemm):
             for max_rows in (512, 128):

@@ -28,6 +28,7 @@ def test_the_measured_best_plan_is_the_default():
     assert (MEASURED_BEST.bulk_gemm, MEASURED_BEST.bulk_activation_parts, MEASURED_BEST.bulk_attention_stages) == \
         ("tma", 2, 1)
     assert MEASURED_BEST.bulk_attention_heads_per_warp == 1          # two heads per warp: not yet measured
+    assert MEASURED_BEST.bulk_attention_kv_overlap is False          # the attention's K/V overlap: not yet measured
     assert MEASURED_BEST.long_context_blocks_per_sm == 1
 
 
@@ -45,6 +46,8 @@ def test_the_measured_best_plan_is_the_default():
     ({"long_context_blocks_per_sm": 0}, "long_context_blocks_per_sm must be in [1, 8]"),
     ({"long_context_blocks_per_sm": 2.0}, "long_context_blocks_per_sm must be in [1, 8]"),
     ({"bulk_attention_heads_per_warp": 2, "bulk_attention_stages": 2}, "runs one K/V stage"),
+    ({"bulk_attention_kv_overlap": True, "bulk_attention_stages": 2}, "bulk_attention_kv_overlap runs one K/V stage"),
+    ({"bulk_attention_kv_overlap": 1}, "bulk_attention_kv_overlap must be True or False"),
     ({"staged_int4_prefill_projections": 1}, "staged_int4_prefill_projections must be True or False"),
     ({"staged_int4_prefill_projections": "yes"}, "staged_int4_prefill_projections must be True or False"),
     ({"int4_gemv_items_per_block": 65}, "int4_gemv_items_per_block must be in [0, 64]"),

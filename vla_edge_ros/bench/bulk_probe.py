@@ -3,8 +3,8 @@
     python -m vla_edge_ros.bench.bulk_probe [--json out/bulk_probe.json] [--quick]
     ncu --clock-control none -k regex:gemm python -m vla_edge_ros.bench.bulk_probe --launch-once 1024
 
-Three tables, each measured in one run on one backend (random bf16 weights drawn by HF on the GPU, the robot's
-fp32 KV arena), so every ratio compares like with like:
+Three tables, each measured in one run on one backend (random bf16 weights drawn by HF on the GPU, an fp32 KV
+arena or with `--kv-dtype bfloat16` the GPU demo's bf16 one), so every ratio compares like with like:
   gemm     each projection of a layer (q|k|v, o, gate/up, down) at M activation rows through each bulk GEMM
            kernel (cuda_bulk_launchers.BULK_GEMMS: gemm_bulk.cu's mma.sync, gemm_wgmma.cu's wgmma where the device has
            sm_90a): the useful rate 2 M N K / time (graph replays), with the activations as bf16 hi + lo (p2: the
@@ -16,7 +16,8 @@ fp32 KV arena), so every ratio compares like with like:
   recompute a full recompute of N tokens from an empty arena (passes of bulk_max_rows rows), with each GEMM
            kernel: the CSR paper's unordered baseline (bench csr has it against HF's SDPA recompute)
 The forward and recompute tables also time the serving GEMM with two query heads per flash-attention warp ("w2":
-KernelPlan.bulk_attention_heads_per_warp), with both part counts.
+KernelPlan.bulk_attention_heads_per_warp) and with the attention's K/V copies under its products ("kvo":
+KernelPlan.bulk_attention_kv_overlap), alone and together, with both part counts, and with two K/V stages ("s2").
 `--launch-once M` launches each GEMM kernel once per projection at M rows, outside any graph, and exits: the
 run to put under Nsight Compute (`ncu`) to see what limits a kernel.
 A diagnosis tool for choosing the defaults (model.bulk_prefill_min_rows, BULK_* in cuda_backend.py); the
@@ -85,7 +86,7 @@ def launch_once(m: int) -> None:
     backend.close()
 
 
-def probe(context: int, quick: bool) -> dict:
+def probe(context: int, quick: bool, kv_dtype: str = "float32") -> dict:
     import pycuda.driver as drv
     from pycuda import gpuarray
 
@@ -101,9 +102,10 @@ def probe(context: int, quick: bool) -> dict:
              if ck.family_arch(plan.family, ck.device_arch(primary_device(0))) is not None]
     capacity = max(context + max(FORWARD_ROWS), max(RECOMPUTE)) + 64
     backend = CudaBackend(spec, weights, capacity, "bfloat16", vram_ceiling_bytes=None, bulk_prefill_min_rows=1,
-                          bulk_prefill_max_rows=1024)
+                          bulk_prefill_max_rows=1024, kv_dtype=kv_dtype)
     rng = np.random.default_rng(0)
-    out = {"machine": machine_info(), "context": context, "gemm": [], "forward": [], "recompute": []}
+    out = {"machine": machine_info(), "context": context, "kv_dtype": kv_dtype, "gemm": [], "forward": [],
+           "recompute": []}
     shapes = _layer_gemms(backend, spec, ck)
     with backend.device.bound():
         stream = backend.stream
@@ -144,21 +146,27 @@ def probe(context: int, quick: bool) -> dict:
                         np.arange(context, context + n), ctx_slots, logits="none")
         backend.synchronize()
 
-    # (label, bulk on, activation parts, GEMM kernel, query heads per flash-attention warp)
+    # (label, bulk on, activation parts, GEMM kernel, query heads per flash-attention warp, its K/V overlap, its K/V
+    # stages)
     best = MEASURED_BEST.bulk_gemm if MEASURED_BEST.bulk_gemm in gemms else gemms[-1]
-    variants = [("cycle kernels", 0, 2, "mma", 1), *((f"bulk {k}", 1, 2, k, 1) for k in gemms),
-                *((f"bulk {k} p1", 1, 1, k, 1) for k in gemms if k != "mma" or len(gemms) == 1),
-                (f"bulk {best} w2", 1, 2, best, 2), (f"bulk {best} w2 p1", 1, 1, best, 2)]
+    variants = [("cycle kernels", 0, 2, "mma", 1, False, 1), *((f"bulk {k}", 1, 2, k, 1, False, 1) for k in gemms),
+                *((f"bulk {k} p1", 1, 1, k, 1, False, 1) for k in gemms if k != "mma" or len(gemms) == 1),
+                (f"bulk {best} s2", 1, 2, best, 1, False, 2),
+                *((" ".join(["bulk", best, *w, *kvo, *p]), 1, parts, best, heads, bool(kvo), 1)
+                  for heads, w in ((1, []), (2, ["w2"])) for kvo in ([], ["kvo"]) for parts, p in ((2, []), (1, ["p1"]))
+                  if heads == 2 or kvo)]
 
-    def use(bulk, parts, kernel, heads_per_warp):
+    def use(bulk, parts, kernel, heads_per_warp, kv_overlap, stages):
         backend.bulk_min_rows = bulk
         # A plan switch also drops the captured graphs: the bulk ones baked the previous variant in.
         backend.use_kernel_plan(dataclasses.replace(MEASURED_BEST, bulk_activation_parts=parts, bulk_gemm=kernel,
-                                                    bulk_attention_heads_per_warp=heads_per_warp))
+                                                    bulk_attention_heads_per_warp=heads_per_warp,
+                                                    bulk_attention_kv_overlap=kv_overlap,
+                                                    bulk_attention_stages=stages))
     for n in FORWARD_ROWS[2:4] if quick else FORWARD_ROWS:
         row = {"rows": n}
-        for label, bulk, parts, kernel, heads_per_warp in variants:
-            use(bulk, parts, kernel, heads_per_warp)
+        for label, bulk, *choice in variants:
+            use(bulk, *choice)
             row[label] = _median_ms(lambda: forward(n), repeats=5)
         out["forward"].append(row)
     labels = [v[0] for v in variants]
@@ -170,8 +178,8 @@ def probe(context: int, quick: bool) -> dict:
 
     for total in RECOMPUTE[:1] if quick else RECOMPUTE:
         row = {"tokens": total}
-        for label, bulk, parts, kernel, heads_per_warp in variants[1:]:
-            use(bulk, parts, kernel, heads_per_warp)
+        for label, bulk, *choice in variants[1:]:
+            use(bulk, *choice)
 
             def recompute(total=total):
                 backend.forward(rows_all[:total], np.arange(total), np.arange(total), np.zeros(0, np.int64),
@@ -191,6 +199,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--context", type=int, default=2048, help="cached slots before the timed forwards")
     p.add_argument("--quick", action="store_true", help="one GEMM size, two forward sizes")
+    p.add_argument("--kv-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the KV arena's element type (bfloat16: the GPU demo's, config/gpu_demo.yaml)")
     p.add_argument("--json", default=None)
     p.add_argument("--launch-once", type=int, default=0, metavar="M",
                    help="launch each GEMM kernel once per projection at M rows and exit (for ncu)")
@@ -198,7 +208,7 @@ def main(argv=None) -> int:
     if args.launch_once:
         launch_once(args.launch_once)
         return 0
-    write_json(args.json, probe(args.context, args.quick))
+    write_json(args.json, probe(args.context, args.quick, args.kv_dtype))
     return 0
 
 

@@ -107,6 +107,8 @@ def add_arguments(p) -> None:
     p.add_argument("--bulk-parts", type=int, choices=(1, 2), help="pycuda: bf16 parts of the bulk prefill's "
                    "activations and attention factors, 2: hi + lo (the serving precision, default), 1: bf16 alone "
                    "(HF's bf16 precision)")
+    p.add_argument("--bulk-kv-overlap", action="store_true", help="pycuda: the bulk prefill's flash attention with "
+                   "its K/V copies under its products (KernelPlan.bulk_attention_kv_overlap; off in serving)")
     add_input_arguments(p)
 
 
@@ -186,8 +188,9 @@ def _run(args) -> int:
     if min(plan.sizes) <= prefix.size:
         raise ValueError(f"bench csr: every state length must exceed the {prefix.size}-token prefix, got {plan.sizes}")
     capacity = max(plan.sizes) + max(plan.suffixes)
-    if not plan.gpu and (getattr(args, "bulk_gemm", None) or getattr(args, "bulk_parts", None)):
-        raise ValueError("bench csr: --bulk-gemm and --bulk-parts choose CUDA kernels; they need --backend pycuda")
+    if not plan.gpu and any(getattr(args, k, None) for k in BULK_CHOICES):
+        raise ValueError("bench csr: --bulk-gemm, --bulk-parts and --bulk-kv-overlap choose CUDA kernels; they need "
+                         "--backend pycuda")
     if plan.gpu:
         from ..model.cuda_backend import CudaBackend
         shape = getattr(args, "shape", None) or "qwen2.5-1.5b"
@@ -201,7 +204,8 @@ def _run(args) -> int:
         precision = ("fp32 activations (bf16 hi + lo in the bulk prefill's products)"
                      if kernel_plan.bulk_activation_parts == 2 else "bf16 activations in the bulk prefill (as HF's)")
         model_name = f"random {shape} (HF init, seed 0)"
-        dtype = f"bf16 weights, {precision}, {kv_dtype} KV arena, bulk GEMM {kernel_plan.bulk_gemm}"
+        dtype = (f"bf16 weights, {precision}, {kv_dtype} KV arena, bulk GEMM {kernel_plan.bulk_gemm}"
+                 + (", flash attention with the K/V overlap" if kernel_plan.bulk_attention_kv_overlap else ""))
     else:
         from ..model.factory import load_model
         spec, weights, _ = load_model(model_dir)
@@ -247,14 +251,17 @@ def _run(args) -> int:
     return 0 if ok else 1
 
 
+# The CUDA bulk prefill's choices this bench takes (argument -> KernelPlan field); unset ones keep the serving plan's.
+BULK_CHOICES = {"bulk_gemm": "bulk_gemm", "bulk_parts": "bulk_activation_parts",
+                "bulk_kv_overlap": "bulk_attention_kv_overlap"}
+
+
 def _bulk_plan(backend, args):
-    """The CUDA backend's kernel plan with --bulk-gemm / --bulk-parts applied (the plan in effect is returned: a GEMM
-    the device cannot run falls back, as use_kernel_plan says in the log)."""
+    """The CUDA backend's kernel plan with --bulk-gemm / --bulk-parts / --bulk-kv-overlap applied (the plan in effect
+    is returned: a GEMM the device cannot run falls back, as use_kernel_plan says in the log)."""
     import dataclasses
 
-    changes = {key: value for key, value in (("bulk_gemm", getattr(args, "bulk_gemm", None)),
-                                             ("bulk_activation_parts", getattr(args, "bulk_parts", None)))
-               if value is not None}
+    changes = {field: getattr(args, arg) for arg, field in BULK_CHOICES.items() if getattr(args, arg, None)}
     if not changes:
         return backend.kernel_plan
     return backend.use_kernel_plan(dataclasses.replace(backend.kernel_plan, **changes))

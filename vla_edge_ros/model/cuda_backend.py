@@ -400,6 +400,8 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
             log.info("two query heads per flash-attention warp need an even head group; this model's is %d: one "
                      "head per warp", self.spec.num_heads // self.spec.num_kv_heads)
             heads_per_warp = 1
+        if plan.bulk_attention_kv_overlap and self.bulk_min_rows:
+            self.kernels.load_family("attention_flash_kvo")      # on demand, but its first launch may be in a capture
         in_effect = {"staged_prefill_projections": staged, "staged_int4_prefill_projections": staged_int4,
                      "bulk_attention_heads_per_warp": heads_per_warp,
                      **({} if self.int4 else int4_grid),

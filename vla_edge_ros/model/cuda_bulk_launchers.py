@@ -177,14 +177,15 @@ class BulkPrefillLaunchers:
 
     def attention_flash(self, qkv, stage, ctl, part_o, part_ml, out_hl, out_part_stride: int, n_rows: int,
                         n_q_heads: int, n_kv_heads: int, head_dim: int, n_splits: int, scale: float, stream,
-                        stages: int = 1, parts: int = 2, heads_per_warp: int = 1):
+                        stages: int = 1, parts: int = 2, heads_per_warp: int = 1, kv_overlap: bool = False):
         """prefill_bulk.cu: causal attention of n_rows rows (q in qkv, after RoPE) over the staged K/V (kv_stage),
         the list split over n_splits blocks per (16 rows, KV head), then the merge into out_hl (flat uint16: hi
         rows [n_rows, Hq * hd] at 0, lo at out_part_stride), the o projection's activations. part_o / part_ml:
         float32, at least n_splits * n_rows * Hq * hd / * 2 values. stages: K/V tiles in flight per block. parts 2:
         q, K, P and V as bf16 hi + lo pairs in the products (attention_mma.cu's precision); 1: their bf16 hi parts
         alone (a bf16 SDPA's precision; one stage). heads_per_warp 2: each warp holds two query heads of the group, so
-        every K/V fragment it loads serves both (one stage; the group must be even)."""
+        every K/V fragment it loads serves both (one stage; the group must be even). kv_overlap: attention_flash_kvo.cu's
+        entries, the block's K/V copies under its own products (one stage; the same values)."""
         _check_array("attention_flash qkv", qkv, np.float32, 2)
         _check_array("attention_flash stage", stage, np.uint16, 4)
         _check_array("attention_flash out", out_hl, np.uint16)
@@ -201,6 +202,7 @@ class BulkPrefillLaunchers:
         _check(heads_per_warp == 1 or (heads_per_warp == 2 and stages == 1 and group % 2 == 0),
                f"attention_flash: {heads_per_warp} heads per warp with {stages} stages and a group of {group} "
                f"(2 needs one stage and an even group)")
+        _check(not kv_overlap or stages == 1, f"attention_flash: the K/V overlap runs one stage, got {stages}")
         _check(qkv.shape[1] % 4 == 0 and qkv.shape[0] >= n_rows, f"attention_flash qkv: shape {qkv.shape}")
         _check(stage.shape[1] == n_kv_heads and stage.shape[3] == head_dim, f"attention_flash stage: {stage.shape}")
         q_dim = n_q_heads * head_dim
@@ -212,7 +214,7 @@ class BulkPrefillLaunchers:
         row = head_dim + 8
         shared = 2 * (2 * group * FLASH_ROWS * row + stages * 2 * kv_parts * FLASH_BKV * row)
         name = (f"attention_flash_hd{head_dim}_s{stages}" + ("_w2" if heads_per_warp == 2 else "")
-                + ("_p1" if parts == 1 else ""))
+                + ("_p1" if parts == 1 else "") + ("_kvo" if kv_overlap else ""))
         self._function(name)
         _check(shared <= self._shared_limits[name], f"attention_flash: {shared} bytes of shared memory > "
                                                     f"{self._shared_limits[name]}")

@@ -114,6 +114,12 @@ class KernelPlan:
     # group / 2 warps per SM). One K/V stage only; a model with an odd head group keeps 1 (use_kernel_plan). Not yet
     # measured (written 2026-12-03, sixth session): off; bench/bulk_probe.py times it ("w2" rows).
     bulk_attention_heads_per_warp: int = 1
+    # The flash attention's copies under its own products (attention_flash_kvo.cu): one K and one V buffer per
+    # block, V(t) copied while the warps form q K(t)^T, K(t + 1) while they add P V(t), and no causal mask on the
+    # tiles every row sees whole; the same values as the one-stage entries. Aimed at the long recomputes, where the
+    # attention took ~700 of 929 ms at 32K (p1, 2026-12-03 sixth) with a block waiting on each tile. One K/V stage.
+    # Not yet measured (written 2026-12-03, seventh session): off; bench/bulk_probe.py times it ("kvo" rows).
+    bulk_attention_kv_overlap: bool = False
 
     def __post_init__(self):
         if not isinstance(self.staged_int4_prefill_projections, bool):
@@ -146,6 +152,11 @@ class KernelPlan:
             raise ValueError(f"persistent_l2_prefetch_bytes must be >= 0, got {self.persistent_l2_prefetch_bytes}")
         if self.bulk_attention_heads_per_warp == 2 and self.bulk_attention_stages != 1:
             raise ValueError(f"bulk_attention_heads_per_warp 2 runs one K/V stage, got bulk_attention_stages "
+                             f"{self.bulk_attention_stages}")
+        if not isinstance(self.bulk_attention_kv_overlap, bool):
+            raise ValueError(f"bulk_attention_kv_overlap must be True or False, got {self.bulk_attention_kv_overlap!r}")
+        if self.bulk_attention_kv_overlap and self.bulk_attention_stages != 1:
+            raise ValueError(f"bulk_attention_kv_overlap runs one K/V stage, got bulk_attention_stages "
                              f"{self.bulk_attention_stages}")
         if self.bulk_gemm not in BULK_GEMMS:
             raise ValueError(f"bulk_gemm must be one of {sorted(BULK_GEMMS)}, got {self.bulk_gemm!r}")

@@ -63,6 +63,9 @@ def add_arguments(p) -> None:
     csr.add_argument("--bulk-parts", type=int, choices=[1, 2],
                      help="csr on pycuda: bf16 parts of the bulk prefill's activations and attention factors, 2: hi + "
                           "lo (the serving precision, default), 1: bf16 alone (HF's bf16 precision)")
+    csr.add_argument("--bulk-kv-overlap", action="store_true",
+                     help="csr on pycuda: the bulk prefill's flash attention with its K/V copies under its products "
+                          "(KernelPlan.bulk_attention_kv_overlap; off in serving)")
     csr.add_argument("--frames", help="csr / asr: pre-decoded footage .npy (bench/gpu_inputs.save_footage)")
     csr.add_argument("--hz", type=float, help="asr: cycle rate (default 30)")
     csr.add_argument("--max-cycles", type=int, help="asr: give up on the ASR run after this many cycles")
@@ -88,8 +91,9 @@ def run(args) -> int:
     if args.weights != ["float"] and key != ("cycle", "pycuda"):
         print(f"vla-edge bench: --weights {' '.join(args.weights)} is the pycuda cycle's (bench --backend pycuda)")
         return 2
-    if (args.bulk_gemm or args.bulk_parts) and key != ("csr", "pycuda"):
-        print("vla-edge bench: --bulk-gemm and --bulk-parts choose the CUDA bulk prefill of bench csr --backend pycuda")
+    if (args.bulk_gemm or args.bulk_parts or args.bulk_kv_overlap) and key != ("csr", "pycuda"):
+        print("vla-edge bench: --bulk-gemm, --bulk-parts and --bulk-kv-overlap choose the CUDA bulk prefill of bench "
+              "csr --backend pycuda")
         return 2
     if args.shape is None:
         # The robot's shape for every suite: a GPU figure is compared with the graph's on that model.
