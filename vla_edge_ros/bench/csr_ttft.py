@@ -109,6 +109,9 @@ def add_arguments(p) -> None:
                    "(HF's bf16 precision)")
     p.add_argument("--bulk-kv-overlap", action="store_true", help="pycuda: the bulk prefill's flash attention with "
                    "its K/V copies under its products (KernelPlan.bulk_attention_kv_overlap; off in serving)")
+    p.add_argument("--kernel-variants", nargs="+", metavar="NAME", help="pycuda: the kernel lab's variants over the "
+                   "serving plan (bench/kernel_lab.KERNEL_VARIANTS, e.g. lcs2: two blocks per SM of the cycle's "
+                   "long-context attention, which the CSR suffix runs)")
     add_input_arguments(p)
 
 
@@ -188,9 +191,10 @@ def _run(args) -> int:
     if min(plan.sizes) <= prefix.size:
         raise ValueError(f"bench csr: every state length must exceed the {prefix.size}-token prefix, got {plan.sizes}")
     capacity = max(plan.sizes) + max(plan.suffixes)
-    if not plan.gpu and any(getattr(args, k, None) for k in BULK_CHOICES):
-        raise ValueError("bench csr: --bulk-gemm, --bulk-parts and --bulk-kv-overlap choose CUDA kernels; they need "
-                         "--backend pycuda")
+    variant_changes = _kernel_variant_changes(args)
+    if not plan.gpu and (any(getattr(args, k, None) for k in BULK_CHOICES) or variant_changes):
+        raise ValueError("bench csr: --bulk-gemm, --bulk-parts, --bulk-kv-overlap and --kernel-variants choose CUDA "
+                         "kernels; they need --backend pycuda")
     if plan.gpu:
         from ..model.cuda_backend import CudaBackend
         shape = getattr(args, "shape", None) or "qwen2.5-1.5b"
@@ -200,12 +204,13 @@ def _run(args) -> int:
         kv_dtype = getattr(args, "kv_dtype", None) or cfg.kv.dtype
         backend = CudaBackend(spec, weights, capacity, "bfloat16", kv_dtype=kv_dtype)
         del weights
-        kernel_plan = _bulk_plan(backend, args)
+        kernel_plan = _bulk_plan(backend, args, variant_changes)
         precision = ("fp32 activations (bf16 hi + lo in the bulk prefill's products)"
                      if kernel_plan.bulk_activation_parts == 2 else "bf16 activations in the bulk prefill (as HF's)")
         model_name = f"random {shape} (HF init, seed 0)"
         dtype = (f"bf16 weights, {precision}, {kv_dtype} KV arena, bulk GEMM {kernel_plan.bulk_gemm}"
-                 + (", flash attention with the K/V overlap" if kernel_plan.bulk_attention_kv_overlap else ""))
+                 + (", flash attention with the K/V overlap" if kernel_plan.bulk_attention_kv_overlap else "")
+                 + "".join(f", +{v}" for v in getattr(args, "kernel_variants", None) or ()))
     else:
         from ..model.factory import load_model
         spec, weights, _ = load_model(model_dir)
@@ -256,12 +261,26 @@ BULK_CHOICES = {"bulk_gemm": "bulk_gemm", "bulk_parts": "bulk_activation_parts",
                 "bulk_kv_overlap": "bulk_attention_kv_overlap"}
 
 
-def _bulk_plan(backend, args):
-    """The CUDA backend's kernel plan with --bulk-gemm / --bulk-parts / --bulk-kv-overlap applied (the plan in effect
-    is returned: a GEMM the device cannot run falls back, as use_kernel_plan says in the log)."""
+def _kernel_variant_changes(args) -> dict:
+    """The KernelPlan fields --kernel-variants sets (ValueError for a name the kernel lab does not have)."""
+    from .kernel_lab import KERNEL_VARIANTS
+
+    changes = {}
+    for name in getattr(args, "kernel_variants", None) or ():
+        if name not in KERNEL_VARIANTS:
+            raise ValueError(f"bench csr: kernel variant {name!r} unknown; choose from {sorted(KERNEL_VARIANTS)}")
+        changes.update(KERNEL_VARIANTS[name])
+    return changes
+
+
+def _bulk_plan(backend, args, variant_changes: dict):
+    """The CUDA backend's kernel plan with --bulk-gemm / --bulk-parts / --bulk-kv-overlap / --kernel-variants
+    applied (the plan in effect is returned: a choice the device cannot run falls back, as use_kernel_plan says in
+    the log)."""
     import dataclasses
 
-    changes = {field: getattr(args, arg) for arg, field in BULK_CHOICES.items() if getattr(args, arg, None)}
+    changes = dict(variant_changes)
+    changes.update({field: getattr(args, arg) for arg, field in BULK_CHOICES.items() if getattr(args, arg, None)})
     if not changes:
         return backend.kernel_plan
     return backend.use_kernel_plan(dataclasses.replace(backend.kernel_plan, **changes))

@@ -66,6 +66,9 @@ def add_arguments(p) -> None:
     csr.add_argument("--bulk-kv-overlap", action="store_true",
                      help="csr on pycuda: the bulk prefill's flash attention with its K/V copies under its products "
                           "(KernelPlan.bulk_attention_kv_overlap; off in serving)")
+    csr.add_argument("--kernel-variants", nargs="+", metavar="NAME",
+                     help="csr on pycuda: the kernel lab's variants over the serving plan (bench/kernel_lab.py "
+                          "KERNEL_VARIANTS, e.g. lcs2)")
     csr.add_argument("--frames", help="csr / asr: pre-decoded footage .npy (bench/gpu_inputs.save_footage)")
     csr.add_argument("--hz", type=float, help="asr: cycle rate (default 30)")
     csr.add_argument("--max-cycles", type=int, help="asr: give up on the ASR run after this many cycles")
@@ -91,9 +94,9 @@ def run(args) -> int:
     if args.weights != ["float"] and key != ("cycle", "pycuda"):
         print(f"vla-edge bench: --weights {' '.join(args.weights)} is the pycuda cycle's (bench --backend pycuda)")
         return 2
-    if (args.bulk_gemm or args.bulk_parts or args.bulk_kv_overlap) and key != ("csr", "pycuda"):
-        print("vla-edge bench: --bulk-gemm, --bulk-parts and --bulk-kv-overlap choose the CUDA bulk prefill of bench "
-              "csr --backend pycuda")
+    if (args.bulk_gemm or args.bulk_parts or args.bulk_kv_overlap or args.kernel_variants) and key != ("csr", "pycuda"):
+        print("vla-edge bench: --bulk-gemm, --bulk-parts, --bulk-kv-overlap and --kernel-variants choose the CUDA "
+              "kernels of bench csr --backend pycuda")
         return 2
     if args.shape is None:
         # The robot's shape for every suite: a GPU figure is compared with the graph's on that model.
