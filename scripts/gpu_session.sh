@@ -4,7 +4,7 @@
 # (bf16 and fp32), kernel probes, the cycle benchmark, then the CSR and ASR benchmarks. Logs go to $OUT.
 #   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (the default, in that order); more
 #   stages: profile (decode launch modes + ncu per kernel), ncu-gemv, ncu-decode and ncu-prefill (stall reasons of
-#   layer 0's kernels, NCU_MODE's variants), probes, csr (= csr-hf), asr (= asr-4k), asr-shared, asr-32k, asr-32k-approx,
+#   layer 0's kernels, NCU_MODE's variants), ncu-flash (the bulk flash attention's variants), probes, csr (= csr-hf), asr (= asr-4k), asr-shared, asr-32k, asr-32k-approx,
 #   asr-2gpu (the reconciler on GPU 1: bench asr at 4096 and 32768 and the ROS soak; needs two GPUs),
 #   suite (the whole test suite, needs prepare.sh --ros) and demo
 #   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each), pack (all but the tables, the suite
@@ -191,6 +191,19 @@ for stage in $STAGES; do
         awk '/issue_stalled/ { if ($NF + 0 < 0.3) next; sub(/smsp__average_warps_issue_stalled_/, "stall "); print; next }
              /^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|L2 Hit/' \
             "$OUT/ncu_$phase.txt" | head -260 ;;
+    ncu-flash)
+        # Why the bulk prefill's flash attention runs far below the tensor cores' rate (most of a 32K recompute): ncu's
+        # sections for each of its variants once over a late pass of a 16K recompute (1024 rows after 15360, the GPU
+        # demo's bf16 arena; bench/bulk_probe.py FLASH_VARIANTS), stall reasons printed where they reach 0.3.
+        echo "== ncu flash attention variants"
+        ncu --clock-control none -k regex:attention_flash_hd --section SpeedOfLight --section Occupancy \
+            --section WarpStateStats --section ComputeWorkloadAnalysis --section LaunchStats \
+            --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+            $PY -m vla_edge_ros.bench.bulk_probe --launch-flash-once ${FLASH_ROWS:-1024} ${FLASH_CONTEXT:-15360} \
+            --kv-dtype bfloat16 > "$OUT/ncu_flash.txt" 2>&1 || status=1
+        awk '/issue_stalled/ { if ($NF + 0 < 0.3) next; sub(/smsp__average_warps_issue_stalled_/, "stall "); print; next }
+             /^  attention_flash|launched|Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc Active/' \
+            "$OUT/ncu_flash.txt" | head -200 ;;
     bench)
         echo "== bench"
         $PY -m vla_edge_ros.bench.pycuda_cycle --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | grep -v " INFO " \

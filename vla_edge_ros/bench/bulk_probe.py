@@ -2,6 +2,8 @@
 
     python -m vla_edge_ros.bench.bulk_probe [--json out/bulk_probe.json] [--quick]
     ncu --clock-control none -k regex:gemm python -m vla_edge_ros.bench.bulk_probe --launch-once 1024
+    ncu --clock-control none -k regex:attention_flash_hd python -m vla_edge_ros.bench.bulk_probe \
+        --launch-flash-once 1024 15360 --kv-dtype bfloat16
 
 Three tables, each measured in one run on one backend (random bf16 weights drawn by HF on the GPU, an fp32 KV
 arena or with `--kv-dtype bfloat16` the GPU demo's bf16 one), so every ratio compares like with like:
@@ -19,7 +21,8 @@ The forward and recompute tables also time the serving GEMM with two query heads
 KernelPlan.bulk_attention_heads_per_warp) and with the attention's K/V copies under its products ("kvo":
 KernelPlan.bulk_attention_kv_overlap), alone and together, with both part counts, and with two K/V stages ("s2").
 `--launch-once M` launches each GEMM kernel once per projection at M rows, outside any graph, and exits: the
-run to put under Nsight Compute (`ncu`) to see what limits a kernel.
+run to put under Nsight Compute (`ncu`) to see what limits a kernel; `--launch-flash-once ROWS CONTEXT` does the
+same for each flash-attention variant over one pass of ROWS rows after CONTEXT cached entries.
 A diagnosis tool for choosing the defaults (model.bulk_prefill_min_rows, BULK_* in cuda_backend.py); the
 benchmarks of record are `vla-edge bench csr` and `bench asr`.
 """
@@ -84,6 +87,56 @@ def launch_once(m: int) -> None:
                 backend.stream.synchronize()
                 print(f"launched {kernel} {name} at {m} rows")
     backend.close()
+
+
+# (label, parts, query heads per warp, K/V overlap, K/V stages) of the flash attention's variants --launch-flash-once
+# launches, each an entry of its own (prefill_bulk.cu, attention_flash_kvo.cu), so a profiler tells them apart by name.
+FLASH_VARIANTS = (("p2", 2, 1, False, 1), ("p2 s2", 2, 1, False, 2), ("p1", 1, 1, False, 1), ("w2", 2, 2, False, 1),
+                  ("w2 p1", 1, 2, False, 1), ("kvo", 2, 1, True, 1), ("kvo p1", 1, 1, True, 1),
+                  ("w2 kvo", 2, 2, True, 1), ("w2 kvo p1", 1, 2, True, 1))
+
+
+def launch_flash_once(rows: int, context: int, kv_dtype: str) -> None:
+    """Each flash-attention variant once over one bulk pass of the 1.5B shape's layer: `rows` rows after `context`
+    cached entries (a late pass of a long recompute), the list split as the backend splits it, plain launches (for
+    a profiler's kernel filter, e.g. ncu -k regex:attention_flash_hd)."""
+    import pycuda.driver as drv
+    from pycuda import gpuarray
+
+    from ..model import cuda_kernels as ck
+    from ..model.cuda_device import primary_device
+
+    hq, kvh, hd = 12, 2, 128
+    device = primary_device(0)
+    rng = np.random.default_rng(0)
+    with device.bound():
+        kernels = ck.CudaKernels(device, kv_dtype=kv_dtype)
+        kernels.load_family("prefill_bulk")
+        kernels.load_family("attention_flash_kvo")
+        stream = drv.Stream()
+        cap = context + rows
+        kv_type = ck.KV_ARENA_TYPES[kv_dtype][0]
+        shape = (kvh, cap, hd)
+        k = gpuarray.to_gpu(rng.integers(0x3c00, 0x3f80, size=shape).astype(np.uint16) if kv_type == np.uint16
+                            else rng.standard_normal(shape).astype(np.float32))
+        v = gpuarray.to_gpu(rng.integers(0x3c00, 0x3f80, size=shape).astype(np.uint16) if kv_type == np.uint16
+                            else rng.standard_normal(shape).astype(np.float32))
+        qkv = gpuarray.to_gpu(rng.standard_normal((rows, (hq + 2 * kvh) * hd)).astype(np.float32))
+        attend = gpuarray.to_gpu(np.arange(cap, dtype=np.int32))
+        ctl = gpuarray.to_gpu(np.array([0, context, 0, -1], np.int32))
+        stage = gpuarray.zeros((4, kvh, cap, hd), np.uint16)
+        splits = max(1, ck.ceil_div(2 * kernels.num_sms, ck.ceil_div(rows, 16) * kvh))
+        part_o = gpuarray.zeros(splits * rows * hq * hd, np.float32)
+        part_ml = gpuarray.zeros(splits * rows * hq * 2, np.float32)
+        out_stride = rows * hq * hd
+        out = gpuarray.zeros(2 * out_stride, np.uint16)
+        kernels.kv_stage(int(k.gpudata), int(v.gpudata), attend, ctl, stage, rows, kvh, cap, hd, stream)
+        for label, parts, heads, overlap, stages in FLASH_VARIANTS:
+            kernels.attention_flash(qkv, stage, ctl, part_o, part_ml, out, out_stride, rows, hq, kvh, hd, splits,
+                                    hd ** -0.5, stream, stages=stages, parts=parts, heads_per_warp=heads,
+                                    kv_overlap=overlap)
+            stream.synchronize()
+            print(f"launched flash attention {label}: {rows} rows after {context}, {splits} splits, {kv_dtype} arena")
 
 
 def probe(context: int, quick: bool, kv_dtype: str = "float32") -> dict:
@@ -204,7 +257,13 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--launch-once", type=int, default=0, metavar="M",
                    help="launch each GEMM kernel once per projection at M rows and exit (for ncu)")
+    p.add_argument("--launch-flash-once", type=int, nargs=2, metavar=("ROWS", "CONTEXT"),
+                   help="launch each flash-attention variant once over ROWS rows after CONTEXT cached entries (with "
+                        "--kv-dtype's arena) and exit (for ncu)")
     args = p.parse_args(argv)
+    if args.launch_flash_once:
+        launch_flash_once(*args.launch_flash_once, args.kv_dtype)
+        return 0
     if args.launch_once:
         launch_once(args.launch_once)
         return 0
