@@ -177,7 +177,8 @@ for stage in $STAGES; do
         # for the first kernels of one graph replay (ordinary launches, cold caches). ncu-decode: the first 7 of a
         # decode step (embedding, then layer 0's q|k|v gemv, attention partials, merge, o, gate/up, down);
         # ncu-prefill: the first 5 of the prefill (layer 0's RMSNorm, q|k|v projection, RoPE, attention_mma, merge).
-        make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
+        # NCU_MODEL: another model directory (e.g. the 7B INT4 one: make-model llama-2-7b-random --weights int4).
+        [ -n "${NCU_MODEL:-}" ] || make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
         phase=${stage#ncu-}
         count=$([ "$phase" = decode ] && echo 7 || echo 5)
         echo "== ncu $phase (layer 0)"
@@ -186,7 +187,7 @@ for stage in $STAGES; do
         ncu --clock-control none --profile-from-start off --launch-count "$count" --section SpeedOfLight \
             --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats \
             --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-            $PY -m vla_edge_ros.bench.decode_profile --model "$MODELS/qwen15" --launch-modes "${NCU_MODE:-plain}" \
+            $PY -m vla_edge_ros.bench.decode_profile --model "${NCU_MODEL:-$MODELS/qwen15}" --launch-modes "${NCU_MODE:-plain}" \
             --replays 3 --ncu-window "$phase" > "$OUT/ncu_$phase.txt" 2>&1 || status=1
         awk '/issue_stalled/ { if ($NF + 0 < 0.3) next; sub(/smsp__average_warps_issue_stalled_/, "stall "); print; next }
              /^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|L2 Hit/' \
