@@ -33,7 +33,8 @@
 //            a buffer is restaged only after every warp passed the next barrier, i.e. finished reading it),
 //            n = token < 32, w = word of the chunk: words 4 c8 .. 4 c8 + 3 hold the 8 columns 8 c8 .. 8 c8 + 7
 //            as pairs (v_i, v_{i+4}) (split_activations_int4, the pairing of int4_pairs). 2 x 2 x 32 x 80
-//            words = 40 KB, static. Rows padded to STG4_ROW = 80 words: an LDS.128 serves 8 lanes per phase,
+//            words = 40 KB, static (the one-part entry: hi_s alone, 20 KB). Rows padded to STG4_ROW = 80
+//            words: an LDS.128 serves 8 lanes per phase,
 //            lanes (g, t), g in {0, 1}, read word (8 nt + g) * 80 + 16 s + 4 t, banks 16 g + 4 t .. + 3
 //            (mod 32): distinct; the staging stores of 8 consecutive items (one token, c8 = 0..7 or 8..15) hit
 //            banks 4 c8 .. + 3: distinct.
@@ -42,7 +43,12 @@
 //            ksplit <= ceil(K / 128) (the launcher checks all of these).
 // Status:    compiled for sm_90 by scripts/compile_kernels.py (ptxas: 127 registers, no spills, 40960 bytes of
 //            shared memory: 2 blocks per SM by registers); passed its tests on the H200 (bit-identical to
-//            projection_int4.cu), not yet timed.
+//            projection_int4.cu); measured faster (2026-12-03 fourth session): the INT4 default.
+// One part (projection_int4_staged_p1; KernelPlan.int4_prefill_activation_parts 1, off, not yet measured): the
+//            activations as their bf16 hi alone (round to nearest even), 2 mma per step instead of 4 and half the
+//            staging. The weights' own INT4 error (~2^-4 of a value) is ~100x the one bf16 rounding of the
+//            activations (~2^-9), so the lo part buys nothing an INT4 model can keep; HF's bf16 model rounds the
+//            same way. Against a reference on bf16-rounded activations it is fp32 rounding apart.
 #include "common.cuh"
 #include "mma_int4.cuh"
 
@@ -51,9 +57,10 @@
 #define STG4_TOKENS 32
 #define STG4_ROW 80                      // words per staged token row: 64 (a 128-column chunk) + 16 of padding
 
-// Stage chunk `blk` (columns 128 blk .. + 127) of tokens [0, n_tok8) into hi / lo: item = (token n, 8-column
-// group c8), 16 items per token, consecutive threads on consecutive 32-byte pieces of a row (coalesced). Tokens
-// past n_tokens and steps past s_end stage zeros (never read past x's rows or K).
+// Stage chunk `blk` (columns 128 blk .. + 127) of tokens [0, n_tok8) into hi / lo (PARTS 1: hi alone): item =
+// (token n, 8-column group c8), 16 items per token, consecutive threads on consecutive 32-byte pieces of a row
+// (coalesced). Tokens past n_tokens and steps past s_end stage zeros (never read past x's rows or K).
+template <int PARTS>
 __device__ __forceinline__ void stage_int4_chunk(uint32_t* hi, uint32_t* lo, const float* __restrict__ x, int x_stride,
                                                  int n_tokens, int n_tok8, int blk, int s_end) {
     for (int item = threadIdx.x; item < n_tok8 * 16; item += STG4_THREADS) {
@@ -69,16 +76,24 @@ __device__ __forceinline__ void stage_int4_chunk(uint32_t* hi, uint32_t* lo, con
         uint32_t h[4], l[4];
         split_activations_int4(v, h, l);
         *reinterpret_cast<uint4*>(hi + n * STG4_ROW + 4 * c8) = make_uint4(h[0], h[1], h[2], h[3]);
-        *reinterpret_cast<uint4*>(lo + n * STG4_ROW + 4 * c8) = make_uint4(l[0], l[1], l[2], l[3]);
+        if (PARTS == 2) *reinterpret_cast<uint4*>(lo + n * STG4_ROW + 4 * c8) = make_uint4(l[0], l[1], l[2], l[3]);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(STG4_THREADS) projection_int4_staged(
+// One 32-column step with the activations' hi parts alone: int4_mma_step less its lo products.
+__device__ __forceinline__ void int4_mma_step_hi(float (&part)[4], const uint32_t (&pa)[4], const uint32_t (&pb)[4],
+                                                 const uint32_t (&hi)[4]) {
+    mma_bf16_16816(part, pa[0], pb[0], pa[1], pb[1], hi[0], hi[1]);
+    mma_bf16_16816(part, pa[2], pb[2], pa[3], pb[3], hi[2], hi[3]);
+}
+
+template <int PARTS>
+__device__ __forceinline__ void projection_int4_staged_body(
         const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group, const float* __restrict__ x,
         const float* __restrict__ bias, float* out, int rows, int K, int n_tokens, int x_stride, int out_stride,
         int out_cols, int mode, int ksplit) {
     __shared__ __align__(16) uint32_t hi_s[2][STG4_TOKENS * STG4_ROW];
-    __shared__ __align__(16) uint32_t lo_s[2][STG4_TOKENS * STG4_ROW];
+    __shared__ __align__(16) uint32_t lo_s[PARTS == 2 ? 2 : 1][PARTS == 2 ? STG4_TOKENS * STG4_ROW : 4];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2;                                     // range [0, 8): row in tile / token in tile
     const int t = lane & 3;                                      // range [0, 4): quad lane (k slot / token pair)
@@ -119,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(STG4_THREADS) projection_int4_stage
             sa[s] = int4_scale(sa_row, ok_a && flush, step / steps_per_group);
             sb[s] = int4_scale(sb_row, ok_b && flush, step / steps_per_group);
         }
-        stage_int4_chunk(hi_s[buf], lo_s[buf], x, x_stride, n_tokens, n_tok8, blk, s_end);
+        stage_int4_chunk<PARTS>(hi_s[buf], lo_s[PARTS == 2 ? buf : 0], x, x_stride, n_tokens, n_tok8, blk, s_end);
         __syncthreads();                                         // chunk blk staged (and buffer buf^1 read by all)
         if (active) {
             quad_transpose(ma, t);
@@ -136,9 +151,14 @@ extern "C" __global__ void __launch_bounds__(STG4_THREADS) projection_int4_stage
                     if (nt * 8 >= n_tokens) break;               // warp-uniform: token tiles holding no token
                     const int word = (nt * 8 + g) * STG4_ROW + s * 16 + 4 * t;   // token 8 nt + g, cols 32 s + 8 t ..
                     const uint4 h = *reinterpret_cast<const uint4*>(hi_s[buf] + word);
-                    const uint4 l = *reinterpret_cast<const uint4*>(lo_s[buf] + word);
-                    const uint32_t hi[4] = {h.x, h.y, h.z, h.w}, lo[4] = {l.x, l.y, l.z, l.w};
-                    int4_mma_step(partial[nt], pa, pb, hi, lo);
+                    const uint32_t hi[4] = {h.x, h.y, h.z, h.w};
+                    if (PARTS == 2) {
+                        const uint4 l = *reinterpret_cast<const uint4*>(lo_s[PARTS == 2 ? buf : 0] + word);
+                        const uint32_t lo[4] = {l.x, l.y, l.z, l.w};
+                        int4_mma_step(partial[nt], pa, pb, hi, lo);
+                    } else {
+                        int4_mma_step_hi(partial[nt], pa, pb, hi);
+                    }
                 }
                 if (int4_flush_here(step, steps_per_group, s_end)) flush_group<4>(acc, partial, sa[s], sb[s]);
             }
@@ -152,4 +172,21 @@ extern "C" __global__ void __launch_bounds__(STG4_THREADS) projection_int4_stage
 
     if (active)
         store_mma_tile<4>(acc, out, out_stride, bias, rows, out_cols, n_tokens, 0, tile, g, t, mode, ksplit > 1);
+}
+
+// Entries: bf16 hi + lo activations (the default), and hi alone (_p1).
+extern "C" __global__ void __launch_bounds__(STG4_THREADS) projection_int4_staged(
+        const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group, const float* __restrict__ x,
+        const float* __restrict__ bias, float* out, int rows, int K, int n_tokens, int x_stride, int out_stride,
+        int out_cols, int mode, int ksplit) {
+    projection_int4_staged_body<2>(Wq, scales, group, x, bias, out, rows, K, n_tokens, x_stride, out_stride, out_cols,
+                                   mode, ksplit);
+}
+
+extern "C" __global__ void __launch_bounds__(STG4_THREADS) projection_int4_staged_p1(
+        const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group, const float* __restrict__ x,
+        const float* __restrict__ bias, float* out, int rows, int K, int n_tokens, int x_stride, int out_stride,
+        int out_cols, int mode, int ksplit) {
+    projection_int4_staged_body<1>(Wq, scales, group, x, bias, out, rows, K, n_tokens, x_stride, out_stride, out_cols,
+                                   mode, ksplit);
 }

@@ -138,6 +138,49 @@ def test_every_token_count_up_to_32_gives_the_unstaged_bits(kn, gpu, group):
         _close(staged[:n], ref.projection_ref(w_hat, x[:n], MODE_STORE), 5 * TOL, f"G{group} n={n} ADD")
 
 
+@pytest.mark.parametrize("rows,k,n,group", [(2048, 1536, 32, 128), (272, 352, 13, 32), (130, 512, 17, 256),
+                                             (144, 1024, 32, 256), (40, 96, 1, 32)])
+def test_one_activation_part_is_the_reference_on_bf16_activations(kn, gpu, rows, k, n, group):
+    """parts 1 (KernelPlan.int4_prefill_activation_parts): the activations' bf16 hi alone. STORE, ADD (one K part
+    and the default split) and SWIGLU give the reference's outputs on the activations rounded to bf16 (fp32
+    rounding apart, the two-part tolerances), and not the two-part entry's (the one-part products really ran)."""
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
+    rng = np.random.default_rng(rows + k + n + group)
+    packed, scales, w_hat = _matrix(rng, rows, k, group)
+    W = _device(ga, packed, scales, group)
+    x = rng.standard_normal((n, k)).astype(np.float32)
+    x16 = ref.from_bf16_bits(ref.to_bf16_bits(x))                # round to nearest even, as the kernel's split
+    x_dev = ga.to_gpu(x)
+    bias = rng.standard_normal(rows).astype(np.float32)
+    case = f"projection_int4_staged p1 {rows}x{k} n={n} G{group}"
+
+    def run(out_like, mode, parts, **kw):
+        out = ga.to_gpu(out_like)
+        kn.projection_int4_staged(W_of[mode], x_dev, out, n, mode, stream, parts=parts, **kw)
+        stream.synchronize()
+        return out.get()
+
+    W_of = {MODE_STORE: W, MODE_ADD: W}
+    got = run(np.full((n, rows), np.nan, np.float32), MODE_STORE, 1, bias=ga.to_gpu(bias))
+    _close(got, ref.projection_ref(w_hat, x16, MODE_STORE, bias=bias), TOL, f"{case} STORE")
+    two = run(np.full((n, rows), np.nan, np.float32), MODE_STORE, 2, bias=ga.to_gpu(bias))
+    assert rel_norm(got - bias, two - bias) > 1e-5, f"{case}: the one-part entry gave the two-part sums"
+    base = rng.standard_normal((n, rows)).astype(np.float32)
+    expected_add = ref.projection_ref(w_hat, x16, MODE_ADD, out=base).astype(np.float64) - base
+    for ksplit in (1, None):
+        got = run(base, MODE_ADD, 1, ksplit=ksplit)
+        _close(got.astype(np.float64) - base, expected_add, 5 * TOL, f"{case} ADD ksplit={ksplit}")
+    if rows % 16 == 0:
+        inter, half = rows // 2 - 3, rows // 2
+        gu_packed, gu_scales = layouts.interleave_gate_up_int4((packed[:inter], scales[:inter]),
+                                                               (packed[half:half + inter], scales[half:half + inter]))
+        W_of[MODE_SWIGLU] = _device(ga, gu_packed, gu_scales, group)
+        got = run(np.full((n, inter), np.nan, np.float32), MODE_SWIGLU, 1, out_cols=inter)
+        w_gu = layouts.interleave_gate_up(w_hat[:inter], w_hat[half:half + inter])
+        _close(got, ref.projection_ref(w_gu, x16, MODE_SWIGLU, out_cols=inter), 5 * TOL, f"{case} SWIGLU")
+
+
 def test_staged_int4_reads_rows_of_a_wider_activation_buffer(kn, gpu):
     """x_row0 and an x row stride wider than K (the backend's buffers): rows [5, 5 + 20) of x[:, :K]."""
     ga, stream = gpu
@@ -168,6 +211,8 @@ def test_staged_int4_rejects_what_it_cannot_do(kn, gpu):
         kn.projection_int4_staged(W, x, out, 4, MODE_ADD, stream, ksplit=3)
     with pytest.raises(KernelError, match="an Int4Matrix expected"):
         kn.projection_int4_staged(ga.zeros((64, 256), np.uint16), x, out, 4, MODE_STORE, stream)
+    with pytest.raises(KernelError, match="parts 3 not 1 or 2"):
+        kn.projection_int4_staged(W, x, out, 4, MODE_STORE, stream, parts=3)
 
 
 @pytest.fixture(scope="module", params=["tiny", "llama-tiny"])
@@ -204,6 +249,22 @@ def test_an_int4_backend_with_the_flag_gives_the_same_cycle(int4_model, dtype):
     assert rel_norm(results[1][1], results[0][1]) < 1e-5
 
 
+def test_an_int4_backend_on_one_activation_part_stays_near_the_two_part_cycle(int4_model):
+    """int4_prefill_activation_parts 1 (lab "+i4p1") in a whole cycle: its prefill logits within bf16 rounding of
+    the two-part cycle's and not equal to them; the lab mode says it took effect, "plain" switches back."""
+    from vla_edge_ros.bench import kernel_lab
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    spec, path = int4_model
+    b = CudaBackend(spec, path, 300, "bfloat16")
+    two = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+    assert kernel_lab.apply_launch_mode(b, "plain+i4p1") == "plain+i4p1"
+    assert b.kernel_plan.int4_prefill_activation_parts == 1
+    one = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+    assert 1e-6 < rel_norm(one[1], two[1]) < 3e-2
+    assert kernel_lab.apply_launch_mode(b, "plain") == "plain" and b.kernel_plan.int4_prefill_activation_parts == 2
+    b.close()
+
+
 def test_a_float_backend_runs_the_flag_as_plain(tiny_weights):
     """bf16 weights have no INT4 projections: the flag is forced off (logged) and the lab's mode drops its name."""
     from vla_edge_ros.bench import kernel_lab
@@ -213,4 +274,6 @@ def test_a_float_backend_runs_the_flag_as_plain(tiny_weights):
     b = CudaBackend(spec, weights, 64, "bfloat16", plan=KernelPlan(staged_int4_prefill_projections=True))
     assert b.kernel_plan.staged_int4_prefill_projections is False
     assert kernel_lab.apply_launch_mode(b, "plain+int4staged") == "plain"
+    assert kernel_lab.apply_launch_mode(b, "plain+i4p1") == "plain"        # one part: the staged INT4 kernel's
+    assert b.kernel_plan.int4_prefill_activation_parts == 2
     b.close()

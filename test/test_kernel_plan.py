@@ -29,6 +29,7 @@ def test_the_measured_best_plan_is_the_default():
         ("tma", 2, 1)
     assert MEASURED_BEST.bulk_attention_heads_per_warp == 1          # two heads per warp: not yet measured
     assert MEASURED_BEST.bulk_attention_kv_overlap is False          # the attention's K/V overlap: not yet measured
+    assert MEASURED_BEST.int4_prefill_activation_parts == 2          # one INT4 prefill part: not yet measured
     assert MEASURED_BEST.long_context_blocks_per_sm == 1
 
 
@@ -48,6 +49,8 @@ def test_the_measured_best_plan_is_the_default():
     ({"bulk_attention_heads_per_warp": 2, "bulk_attention_stages": 2}, "runs one K/V stage"),
     ({"bulk_attention_kv_overlap": True, "bulk_attention_stages": 2}, "bulk_attention_kv_overlap runs one K/V stage"),
     ({"bulk_attention_kv_overlap": 1}, "bulk_attention_kv_overlap must be True or False"),
+    ({"int4_prefill_activation_parts": 3}, "int4_prefill_activation_parts must be 1 or 2"),
+    ({"int4_prefill_activation_parts": 1, "staged_int4_prefill_projections": False}, "staged INT4 projections"),
     ({"staged_int4_prefill_projections": 1}, "staged_int4_prefill_projections must be True or False"),
     ({"staged_int4_prefill_projections": "yes"}, "staged_int4_prefill_projections must be True or False"),
     ({"int4_gemv_items_per_block": 65}, "int4_gemv_items_per_block must be in [0, 64]"),
@@ -102,9 +105,11 @@ def test_the_lab_names_the_decode_row_on_the_tensor_cores():
 def test_the_lab_names_the_staged_int4_prefill_projections():
     from vla_edge_ros.bench.kernel_lab import KERNEL_VARIANTS, mode_plan
     assert KERNEL_VARIANTS["int4staged"] == {"staged_int4_prefill_projections": True}
-    assert KERNEL_VARIANTS["int4unstaged"] == {"staged_int4_prefill_projections": False}
+    assert KERNEL_VARIANTS["int4unstaged"] == {"staged_int4_prefill_projections": False,
+                                               "int4_prefill_activation_parts": 2}    # one part is a staged entry
     assert mode_plan("plain+int4unstaged") == dataclasses.replace(MEASURED_BEST, staged_int4_prefill_projections=False)
     assert mode_plan("plain").staged_int4_prefill_projections is True
+    assert mode_plan("plain+i4p1") == dataclasses.replace(MEASURED_BEST, int4_prefill_activation_parts=1)
 
 
 @pytest.mark.parametrize("items, rows", [(1, 1), (2, 2), (8, 1), (64, 2)])

@@ -86,8 +86,9 @@ def add_arguments(p) -> None:
                         "persistent kernel per step), each optionally with a prefill attention variant "
                         "+tiled|+mma|+mma2, a decode attention variant +h1|+h2 (warps per slot group) or +mmadec "
                         "(on the tensor cores), a decode projection grid +noloop|+loop2|+loop4 (blocks per SM "
-                        "looping over items), +int4staged|+int4unstaged (INT4 weights: prefill projections "
-                        "through projection_int4_staged.cu, the default, or projection_int4.cu), +i4ipb2|+i4ipb4|+i4ipb8 (INT4 weights: every decode "
+                        "looping over items), +int4staged|+int4unstaged|+i4p1 (INT4 weights: prefill projections "
+                        "through projection_int4_staged.cu, the default, projection_int4.cu, or the staged kernel "
+                        "on one activation part), +i4ipb2|+i4ipb4|+i4ipb8 (INT4 weights: every decode "
                         "projection looped, ~2/4/8 items per block) with optionally +i4x2 (two items in flight "
                         "per warp), the long-context attention's blocks per SM +lcs1|+lcs2|+lcs4 (the splits "
                         "per KV head: that many x SMs / KV heads) and a KV "
@@ -106,7 +107,8 @@ KV_VARIANTS = {"kv32": "float32", "kv16": "bfloat16"}
 def launch_mode(text: str) -> str:
     """argparse type of a decode launch mode with optional kernel variants:
     plain | pdl | persistent[:blocks[:MiB]], then at most one of +tiled +mma +mma2, one of +h1 +h2, one of
-    +noloop +loop2 +loop4, +mmadec, +int4staged, one of +i4ipb2 +i4ipb4 +i4ipb8, +i4x2 (with an +i4ipbN)
+    +noloop +loop2 +loop4, +mmadec, one of +int4staged +int4unstaged +i4p1, one of +i4ipb2 +i4ipb4 +i4ipb8, +i4x2
+    (with an +i4ipbN)
     (KERNEL_VARIANTS: variants that set the same switch exclude each other) and one of +kv32 +kv16 (KV_VARIANTS)."""
     mode, *variants = text.split("+")
     kind, *opts = mode.split(":")
@@ -126,7 +128,8 @@ def launch_mode(text: str) -> str:
     if not ok:
         raise argparse.ArgumentTypeError(f"launch mode {text!r}: plain, pdl or persistent[:1|2[:MiB]], then at most one "
                                          f"of +tiled +mma +mma2, one of +h1 +h2, one of +noloop +loop2 +loop4, "
-                                         f"+mmadec, +int4staged, one of +i4ipb2 +i4ipb4 +i4ipb8, +i4x2 (with an "
+                                         f"+mmadec, one of +int4staged +int4unstaged +i4p1, one of +i4ipb2 +i4ipb4 "
+                                         f"+i4ipb8, +i4x2 (with an "
                                          f"+i4ipbN) and one of +kv32 +kv16")
     return text
 

@@ -135,18 +135,20 @@ class Int4Launchers(ProjectionLaunchers):
 
     def projection_int4_staged(self, W: Int4Matrix, x, out, n_tokens: int, mode: int, stream, bias=None,
                                out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
-                               ksplit: int | None = None, x_row0: int = 0):
+                               ksplit: int | None = None, x_row0: int = 0, parts: int = 2):
         """projection_int4_staged.cu (KernelPlan.staged_int4_prefill_projections, the default for INT4
         weights: measured faster): what projection_int4() computes, the same bits (ADD with ksplit > 1: the same parts, added in
         another order), for n_tokens <= STAGED_INT4_MAX_TOKENS, each 128-column chunk of the activations split
         into hi/lo once per block of 8 tiles in shared memory. The default ksplit is projection_int4's: the
-        same ~PROJ4_TARGET_WARPS warps (8 per block here), the same parts."""
+        same ~PROJ4_TARGET_WARPS warps (8 per block here), the same parts. parts 1 (KernelPlan
+        .int4_prefill_activation_parts): the activations' bf16 hi alone, half the products (not those bits)."""
         rows, K, groups, out_cols, ksplit = self._projection_int4_checks(
             "projection_int4_staged", W, x, out, n_tokens, mode, bias, out_cols, w_row0, rows, ksplit, x_row0)
         _check(n_tokens <= STAGED_INT4_MAX_TOKENS,
                f"projection_int4_staged: {n_tokens} tokens > {STAGED_INT4_MAX_TOKENS} (the rows a block stages)")
+        _check(parts in (1, 2), f"projection_int4_staged: parts {parts} not 1 or 2")
         grid = (ceil_div(ceil_div(rows, 16), STG4_WARPS) * ksplit,)
-        self._launch("projection_int4_staged", grid, STG4_WARPS * 32, stream,
+        self._launch("projection_int4_staged" + ("_p1" if parts == 1 else ""), grid, STG4_WARPS * 32, stream,
                      *_projection_int4_args(W, x, bias, out, rows, K, groups, n_tokens, out_cols, mode, ksplit,
                                             w_row0, x_row0))
 

@@ -43,6 +43,11 @@ class KernelPlan:
     # "plain+int4staged", 1.5B shape at 4064 cached): prefill projections 2.640 -> 2.376 ms, cycle p50/p99
     # 15.70/15.93 -> 15.47/15.78 ms (bf16's staged projections: 1.87 ms). Lab "+int4unstaged" turns it off.
     staged_int4_prefill_projections: bool = True
+    # Parts of the activations in those staged INT4 projections: 2 (bf16 hi + lo, the bf16 model's cycle precision)
+    # or 1 (bf16 alone: half the products and staging; the INT4 weights' own error is ~100x that rounding). The
+    # 7B INT4 prefill's projections took 8.6 of its 14.1 ms (2026-12-03, fifth session). Needs the staged
+    # projections. Not yet measured (written 2026-12-03, seventh session): off; lab "+i4p1".
+    int4_prefill_activation_parts: int = 2
     # attention_mma.cu (K, V, q and the softmax weights as bf16 hi/lo pairs, ~1e-5 relative) for bf16 prefill
     # attention; off: attention_tiled.cu's fp32 products. 2.28 -> 0.71 ms per 32-row prefill at 4064 cached.
     tensor_core_attention: bool = True
@@ -143,6 +148,7 @@ class KernelPlan:
                              f"int4_gemv_items_per_block >= 2 (a block of one item has no second row to stream), "
                              f"got {self.int4_gemv_items_per_block!r}")
         for name in ("attention_blocks_per_sm", "persistent_blocks_per_sm", "bulk_activation_parts",
+                     "int4_prefill_activation_parts",
                      "bulk_attention_stages", "bulk_attention_heads_per_warp"):
             if getattr(self, name) not in (1, 2):
                 raise ValueError(f"{name} must be 1 or 2, got {getattr(self, name)!r}")
@@ -150,6 +156,9 @@ class KernelPlan:
             raise ValueError(f"long_context_blocks_per_sm must be in [1, 8], got {self.long_context_blocks_per_sm!r}")
         if self.persistent_l2_prefetch_bytes < 0:
             raise ValueError(f"persistent_l2_prefetch_bytes must be >= 0, got {self.persistent_l2_prefetch_bytes}")
+        if self.int4_prefill_activation_parts == 1 and not self.staged_int4_prefill_projections:
+            raise ValueError("int4_prefill_activation_parts 1 is an entry of the staged INT4 projections; "
+                             "staged_int4_prefill_projections is off")
         if self.bulk_attention_heads_per_warp == 2 and self.bulk_attention_stages != 1:
             raise ValueError(f"bulk_attention_heads_per_warp 2 runs one K/V stage, got bulk_attention_stages "
                              f"{self.bulk_attention_stages}")

@@ -60,7 +60,7 @@ FAMILIES = {
     "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii", "gemv_bf16_items": "PPPfPPiiiiPPPPPPiiii"},
     "gemv_int4": {name: "PPiPPfPPiiiiPPPPPPiiii" for name in ("gemv_int4", "gemv_int4_items", "gemv_int4_items2")},
     "projection_int4": {f"projection_int4_nt{nt}": "PPiPPPiiiiiiii" for nt in (1, 2, 4)},
-    "projection_int4_staged": {"projection_int4_staged": "PPiPPPiiiiiiii"},
+    "projection_int4_staged": {name: "PPiPPPiiiiiiii" for name in ("projection_int4_staged", "projection_int4_staged_p1")},
     "projection_staged": {"projection_staged": "PPPPiiiiiiii"},
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_merge": "PPPPiiii", "attention_merge_prefetch": "PPPPiiii"},
