@@ -27,7 +27,8 @@ def _defines(name: str) -> dict:
 
 
 def test_the_family_is_registered_on_demand_with_projection_int4s_arguments():
-    assert ck.FAMILIES["projection_int4_staged"] == {"projection_int4_staged": "PPiPPPiiiiiiii"}
+    assert ck.FAMILIES["projection_int4_staged"] == {"projection_int4_staged": "PPiPPPiiiiiiii",
+                                                     "projection_int4_staged_p1": "PPiPPPiiiiiiii"}   # one part
     assert set(ck.FAMILIES["projection_int4"].values()) == {"PPiPPPiiiiiiii"}
     assert "projection_int4_staged" in ck.ON_DEMAND_FAMILIES
     assert "projection_int4_staged" not in ck.KV_FAMILIES and "projection_int4_staged" not in ck.ARCH_SPECIFIC_FAMILIES
