@@ -31,27 +31,31 @@
 // Launch:    grid (n_splits, KVH, n_rows), block DEC_THREADS (entries _h2: 2 DEC_THREADS); entry _v1
 //            for hd <= 128, _v2 for hd <= 256 (float4s per lane); dynamic shared memory
 //            DEC_WARPS * group * (8 + 4 hd) bytes.
-// Preconditions: group <= ATTN_MAX_GROUP, hd % 4 == 0, hd <= 256,
+// Preconditions: group <= ATTN_MAX_GROUP (the _g1 entries: group 1), hd % 4 == 0, hd <= 256,
 //            n_splits <= MERGE_MAX_SPLITS (checked on the host).
 // Programmatic dependent launch: waits (griddep_wait) before reading anything an earlier kernel
 // wrote, so it may be launched with the programmatic-serialization attribute.
 #include "attention_decode.cuh"
 
 // Entries _v<VPL> (8 warps per block) and _v<VPL>_h2 (16 warps: two per 8-slot group, each with half of the
-// query heads; attention_decode.cuh's HEAD_SPLIT). The same results bit for bit.
-#define DECODE_PARTIAL_ENTRY(VPL, HS, SUFFIX)                                                                  \
+// query heads; attention_decode.cuh's HEAD_SPLIT), and _v<VPL>_g1 (8 warps, for a group of 1 only: registers for
+// one query head instead of ATTN_MAX_GROUP's: 90 instead of 171 (ptxas, hd <= 128), two blocks per SM instead of
+// one; KernelPlan.decode_attention_one_head_entry, not yet measured). The same results bit for bit.
+#define DECODE_PARTIAL_ENTRY(VPL, HS, MAXG, SUFFIX)                                                            \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS * HS) attention_decode_partial_v##VPL##SUFFIX(   \
             const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache,                        \
             const int* attend_list, const int* ctl, float* part_o, float* part_ml, int n_q_heads,              \
             int n_kv_heads, int head_dim, int capacity, int n_splits, float scale) {                           \
         griddep_wait();                   /* q and this step's K/V come from the q|k|v kernel */               \
         griddep_launch_dependents();                                                                           \
-        decode_partial_body<VPL, HS>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl, part_o, part_ml,     \
-                                     n_q_heads, n_kv_heads, head_dim, capacity, n_splits, scale,               \
-                                     blockIdx.x, blockIdx.y, blockIdx.z, gridDim.z);                           \
+        decode_partial_body<VPL, HS, MAXG>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl, part_o,       \
+                                           part_ml, n_q_heads, n_kv_heads, head_dim, capacity, n_splits, scale, \
+                                           blockIdx.x, blockIdx.y, blockIdx.z, gridDim.z);                     \
     }
 
-DECODE_PARTIAL_ENTRY(1, 1, )
-DECODE_PARTIAL_ENTRY(2, 1, )
-DECODE_PARTIAL_ENTRY(1, 2, _h2)
-DECODE_PARTIAL_ENTRY(2, 2, _h2)
+DECODE_PARTIAL_ENTRY(1, 1, ATTN_MAX_GROUP, )
+DECODE_PARTIAL_ENTRY(2, 1, ATTN_MAX_GROUP, )
+DECODE_PARTIAL_ENTRY(1, 2, ATTN_MAX_GROUP, _h2)
+DECODE_PARTIAL_ENTRY(2, 2, ATTN_MAX_GROUP, _h2)
+DECODE_PARTIAL_ENTRY(1, 1, 1, _g1)
+DECODE_PARTIAL_ENTRY(2, 1, 1, _g1)

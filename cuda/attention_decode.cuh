@@ -63,7 +63,10 @@ __device__ __forceinline__ float warp_sum_spread(float (&v)[N]) {
 // w takes slot group w % DEC_WARPS and query heads p, p + HEAD_SPLIT, ... of the group (p = w /
 // DEC_WARPS), so more warps hide the latency of the softmax's dependent steps. Per (head, slot) the
 // arithmetic is the same whatever HEAD_SPLIT is, so every split computes bit-identical results.
-template <int VPL, int HEAD_SPLIT>
+// MAX_GROUP: the largest group the caller launches it for; each warp holds query and accumulator registers for
+// ceil(MAX_GROUP / HEAD_SPLIT) heads. ATTN_MAX_GROUP serves every model; 1 (attention_decode.cu's _g1 entries) a
+// model without grouped queries, with the registers of one head (Llama-2-7B: 32 KV heads of one query head each).
+template <int VPL, int HEAD_SPLIT, int MAX_GROUP = ATTN_MAX_GROUP>
 __device__ void decode_partial_body(const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache,
                                     const int* attend_list, const int* ctl, float* part_o, float* part_ml,
                                     int n_q_heads, int n_kv_heads, int head_dim, int capacity, int n_splits,
@@ -71,7 +74,7 @@ __device__ void decode_partial_body(const float* qkv, int qkv_stride, const kv_t
     // Slots per warp pass: VPL 2 holds twice the registers per slot, so half as many at a time.
     constexpr int BATCH = DEC_SLOTS_PER_WARP / VPL;
     constexpr int LANES_PER_SLOT = 32 / BATCH;                  // warp_sum_spread leaves slot u in these lanes
-    constexpr int HEADS = (ATTN_MAX_GROUP + HEAD_SPLIT - 1) / HEAD_SPLIT;   // most heads one warp takes
+    constexpr int HEADS = (MAX_GROUP + HEAD_SPLIT - 1) / HEAD_SPLIT;   // most heads one warp takes
     extern __shared__ float4 dec_smem[];
 
     const int group = n_q_heads / n_kv_heads;

@@ -8,7 +8,7 @@ permutations of the arena (holes everywhere, order unrelated to slot numbers), l
 import numpy as np
 import pytest
 
-from gpu_cases import attention_inputs
+from gpu_cases import attention_inputs, one_cycle
 
 pytestmark = pytest.mark.gpu
 
@@ -73,6 +73,48 @@ def test_head_splits_agree_bit_for_bit(kn, gpu, hq, kvh, hd, ctx, n, cap):
         assert np.array_equal(a, b, equal_nan=True), f"{what} differs between head splits 1 and 2"
 
 
+@pytest.mark.parametrize("max_splits", [None, 4])
+@pytest.mark.parametrize("hq,kvh,hd,ctx,n,cap", [(8, 8, 64, 95, 1, 200), (4, 4, 128, 4064, 1, 4104),
+                                                 (4, 4, 256, 130, 2, 300), (32, 32, 128, 700, 1, 768)])
+def test_the_one_head_entry_gives_the_same_bits_without_grouped_queries(kn, gpu, hq, kvh, hd, ctx, n, cap, max_splits):
+    """The _g1 entries (KernelPlan.decode_attention_one_head_entry; registers for one query head, for a model whose
+    group is 1, as Llama-2-7B's): every output and partial sum equal to the entries for any group, which stay
+    within the reference's bound; with the splits covering the arena and with 4 splits each walking many chunks."""
+    ga, stream = gpu
+    args, _arena, expected = decode_case(ga, hq, kvh, hd, ctx, n, cap)
+    outs = []
+    for head_split, one_head in ((1, True), (1, False), (2, False)):
+        kn.attention_decode(*args, stream, head_split=head_split, max_splits=max_splits, one_head=one_head)
+        outs.append((args[7].get(), args[5].get(), args[6].get()))
+    for other in outs[1:]:
+        for what, a, b in zip(("out", "part_o", "part_ml"), outs[0], other):
+            assert np.array_equal(a, b, equal_nan=True), f"{what}: the one-head entry differs"
+    assert_close(outs[0][0], expected, rtol=1e-5, atol=2e-6 * max(1.0, np.abs(expected).max()),
+                 what="attention_decode, one-head entry")
+
+
+def test_a_model_without_grouped_queries_takes_the_one_head_entry(tmp_path):
+    """Lab "+g1" (KernelPlan.decode_attention_one_head_entry): llama-tiny-mha (group 1) takes the one-head entry with
+    one warp per slot group, and its captured cycle picks the tokens it picked before; tiny (group 2) keeps the
+    entries for any group and says so by dropping the name."""
+    from vla_edge_ros.bench import kernel_lab
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.make_model import make_model
+    from vla_edge_ros.model.spec import ModelSpec
+    from vla_edge_ros.model.weights import load_weights
+    for kind, takes_it in (("llama-tiny-mha", True), ("tiny", False)):
+        path = make_model(kind, tmp_path / kind, seed=11)
+        spec = ModelSpec.from_dir(path)
+        b = CudaBackend(spec, load_weights(path, spec), 300, "bfloat16")
+        before = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+        assert kernel_lab.apply_launch_mode(b, "plain+g1") == ("plain+g1" if takes_it else "plain")
+        assert b.kernel_plan.decode_attention_one_head_entry is takes_it
+        assert b.kernel_plan.decode_attention_head_split == (1 if takes_it else 2)
+        after = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+        np.testing.assert_array_equal(after[0], before[0], err_msg=kind)
+        b.close()
+
+
 def test_attention_decode_rejects_what_it_cannot_do(kn, gpu):
     ga, stream = gpu
     from vla_edge_ros.model.cuda_kernels import KernelError
@@ -88,6 +130,8 @@ def test_attention_decode_rejects_what_it_cannot_do(kn, gpu):
         kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 4, 1, 128, 64, 2, 1.0, stream, max_splits=0)
     with pytest.raises(KernelError, match="head_split 3"):
         kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 4, 1, 128, 64, 2, 1.0, stream, head_split=3)
+    with pytest.raises(KernelError, match="one-head entry serves a group of 1"):      # group 4
+        kn.attention_decode(qkv, 0, 0, lst, ctl, part_o, part_ml, out, 1, 4, 1, 128, 64, 2, 1.0, stream, one_head=True)
 
 
 @pytest.mark.parametrize("programmatic", [True, False], ids=["pdl", "plain"])

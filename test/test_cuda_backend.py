@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 BINS = 256
 
 
-@pytest.fixture(scope="module", params=["tiny", "llama-tiny"])
+@pytest.fixture(scope="module", params=["tiny", "llama-tiny", "llama-tiny-mha"])
 def model(request, tmp_path_factory):
     from vla_edge_ros.model.make_model import make_model
     from vla_edge_ros.model.spec import ModelSpec

@@ -30,6 +30,7 @@ def test_the_measured_best_plan_is_the_default():
     assert MEASURED_BEST.bulk_attention_heads_per_warp == 1          # two heads per warp: not yet measured
     assert MEASURED_BEST.bulk_attention_kv_overlap is False          # the attention's K/V overlap: not yet measured
     assert MEASURED_BEST.int4_prefill_activation_parts == 2          # one INT4 prefill part: not yet measured
+    assert MEASURED_BEST.decode_attention_one_head_entry is False    # the group-1 decode entry: not yet measured
     assert MEASURED_BEST.long_context_blocks_per_sm == 1
 
 
@@ -50,6 +51,7 @@ def test_the_measured_best_plan_is_the_default():
     ({"bulk_attention_kv_overlap": True, "bulk_attention_stages": 2}, "bulk_attention_kv_overlap runs one K/V stage"),
     ({"bulk_attention_kv_overlap": 1}, "bulk_attention_kv_overlap must be True or False"),
     ({"int4_prefill_activation_parts": 3}, "int4_prefill_activation_parts must be 1 or 2"),
+    ({"decode_attention_one_head_entry": "on"}, "decode_attention_one_head_entry must be True or False"),
     ({"int4_prefill_activation_parts": 1, "staged_int4_prefill_projections": False}, "staged INT4 projections"),
     ({"staged_int4_prefill_projections": 1}, "staged_int4_prefill_projections must be True or False"),
     ({"staged_int4_prefill_projections": "yes"}, "staged_int4_prefill_projections must be True or False"),

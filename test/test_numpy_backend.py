@@ -1,4 +1,5 @@
-"""NumpyBackend against HuggingFace transformers (fp32, eager) on the seeded tiny and llama-tiny models."""
+"""NumpyBackend against HuggingFace transformers (fp32, eager) on the seeded tiny, llama-tiny and llama-tiny-mha
+(multi-head attention, as Llama-2-7B) models."""
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from vla_edge_ros.model.make_model import make_model
 from vla_edge_ros.model.numpy_backend import NumpyBackend
 from vla_edge_ros.model.weights import round_to_bf16
 
-KINDS = ("tiny", "llama-tiny")
+KINDS = ("tiny", "llama-tiny", "llama-tiny-mha")
 RTOL, ATOL = 1e-4, 2e-5          # fp32 vs fp32: only summation order differs
 EMPTY = np.zeros(0, dtype=np.int64)
 

@@ -10,8 +10,8 @@ compare another choice, the lab builds a variant plan and switches a backend to 
     warps per slot group h1, h2; mmadec: on the tensor cores), the decode projections' grid (noloop, loop2,
     loop4), an INT4 model's decode projections (i4ipb2, i4ipb4, i4ipb8: every one looped, ~2 / 4 / 8 items per
     block; i4x2: two items in flight per warp of those), its prefill projections (int4staged:
-    projection_int4_staged.cu; i4p1: its one-part entry) and the long-context attention's blocks per SM (lcs1,
-    lcs2, lcs4);
+    projection_int4_staged.cu; i4p1: its one-part entry), the decode attention's one-head entry for a group of 1
+    (g1) and the long-context attention's blocks per SM (lcs1, lcs2, lcs4);
   * a copy of the device state a decode step starts from, so that decode modes are compared from one prefill (two
     prefills differ in the last bits: their split-K projections add with atomics);
   * the kernel groups of a pass, which bench/pycuda_cycle.py times apart.
@@ -30,7 +30,8 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # looping over the items), an INT4 model's decode projections (i4ipbN: every one on ceil(items / N) blocks, ~N items
 # each; i4x2: each warp of those streams two items' rows at once, with an i4ipbN of N >= 2) and its prefill projections
 # (int4staged: projection_int4_staged.cu, the activations staged once per block, the default;
-# int4unstaged: projection_int4.cu; i4p1: the staged kernel on the activations' bf16 hi alone), and the
+# int4unstaged: projection_int4.cu; i4p1: the staged kernel on the activations' bf16 hi alone), the decode
+# attention's one-head entry for a model without grouped queries (g1), and the
 # long-context attention's blocks per SM (lcs1, lcs2, lcs4:
 # KernelPlan.long_context_blocks_per_sm). A float backend runs the INT4
 # variants as plain, and the mode in effect then drops their names.
@@ -49,7 +50,8 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "i4p1": {"staged_int4_prefill_projections": True, "int4_prefill_activation_parts": 1},
                    **{f"i4ipb{n}": {"int4_gemv_items_per_block": n} for n in (2, 4, 8)},
                    "i4x2": {"int4_gemv_rows_per_warp": 2},
-                   **{f"lcs{n}": {"long_context_blocks_per_sm": n} for n in (1, 2, 4)}}
+                   **{f"lcs{n}": {"long_context_blocks_per_sm": n} for n in (1, 2, 4)},
+                   "g1": {"decode_attention_one_head_entry": True}}
 # Device state a decode step reads or writes: what decode_state() / restore_decode_state() copy. The cycle's tables
 # (positions, slots, attend list) stay as begin_cycle wrote them.
 DECODE_STATE = ("k_cache", "v_cache", "resid", "ctl", "tokens_out")

@@ -374,8 +374,9 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         nor the persistent decode, a head_dim other than 128 has attention_mma.cu's 1-block entry only, a device
         without sm_90 launches ordinarily and one without sm_90a takes the "mma" bulk GEMM; INT4 projections take
         neither the staged projections nor the persistent decode (bf16 kernels; cuda_kernel_plan.py), and float
-        ones not the staged INT4 projections nor the INT4 decode grid (int4_gemv_*). Returns the plan in effect (also
-        `kernel_plan`)."""
+        ones not the staged INT4 projections nor the INT4 decode grid (int4_gemv_*); a model with grouped queries
+        keeps the decode attention's entries for any group (decode_attention_one_head_entry off; on, it sets
+        head_split 1). Returns the plan in effect (also `kernel_plan`)."""
         _check_plan_type(plan)
         self._drop_graphs()
         staged = plan.staged_prefill_projections and self.dtype == "bfloat16" and not self.int4
@@ -462,9 +463,16 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if tensor_cores:
             self.kernels.load_family("attention_mma")
         blocks = plan.attention_blocks_per_sm if self.spec.head_dim == 128 else 1   # the 2-block entry: hd 128 only
+        one_head = plan.decode_attention_one_head_entry
+        if one_head and self.spec.num_heads != self.spec.num_kv_heads:
+            log.info("the one-head decode attention entry serves models without grouped queries; this one has %d "
+                     "query heads per KV head", self.spec.num_heads // self.spec.num_kv_heads)
+            one_head = False
         # The decode row follows: on the tensor cores only where the prefill attention is.
         return {"tensor_core_attention": tensor_cores, "attention_blocks_per_sm": blocks,
-                "decode_attention_tensor_cores": plan.decode_attention_tensor_cores and tensor_cores}
+                "decode_attention_tensor_cores": plan.decode_attention_tensor_cores and tensor_cores,
+                "decode_attention_one_head_entry": one_head,
+                **({"decode_attention_head_split": 1} if one_head else {})}
 
     def _persistent_in_effect(self, plan: KernelPlan) -> bool:
         """Whether decode steps run as one persistent kernel, decode_persistent.cu prepared where they do."""

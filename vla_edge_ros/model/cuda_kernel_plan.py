@@ -74,6 +74,13 @@ class KernelPlan:
     # Warps per 8-slot group of an attention_decode.cu block (each takes that share of the query heads):
     # bit-identical, 2 took 0.319 ms per step at 4064 cached where 1 took 0.348.
     decode_attention_head_split: int = 2
+    # For a model without grouped queries (group 1: Llama-2-7B, OpenVLA's language model), attention_decode.cu's _g1
+    # entries: one warp per 8-slot group (head_split 1) holding the registers of one query head, not of
+    # ATTN_MAX_GROUP / head_split (128 registers a thread at head_split 2, whose second warp per slot group has no
+    # head at group 1 and loads the same K/V), so several blocks share an SM and more K/V loads are in flight. The
+    # 7B decode attention took 2.32 ms a step, 4.6x its K/V floor (2026-12-03 fifth session). The same bits. Other
+    # groups ignore it. Not yet measured (written 2026-12-03, seventh session): off; lab "+g1".
+    decode_attention_one_head_entry: bool = False
     # A decode projection with more 8-row items than this many blocks per SM (gate/up: 2240 items) loops them
     # over a grid of that size, staging the activations once (gemv_bf16_items); 0: a block per item.
     # Bit-identical; decode projections 1.100 -> 1.029 ms per step at 4 (2: 1.165).
@@ -162,6 +169,9 @@ class KernelPlan:
         if self.bulk_attention_heads_per_warp == 2 and self.bulk_attention_stages != 1:
             raise ValueError(f"bulk_attention_heads_per_warp 2 runs one K/V stage, got bulk_attention_stages "
                              f"{self.bulk_attention_stages}")
+        if not isinstance(self.decode_attention_one_head_entry, bool):
+            raise ValueError(f"decode_attention_one_head_entry must be True or False, got "
+                             f"{self.decode_attention_one_head_entry!r}")
         if not isinstance(self.bulk_attention_kv_overlap, bool):
             raise ValueError(f"bulk_attention_kv_overlap must be True or False, got {self.bulk_attention_kv_overlap!r}")
         if self.bulk_attention_kv_overlap and self.bulk_attention_stages != 1:

@@ -70,6 +70,11 @@ SYNTHETIC_SHAPES = {
                                  intermediate_size=256, vocab_size=1280, rope_theta=500000.0, rms_norm_eps=1e-5,
                                  qkv_bias=False, tie_word_embeddings=False, max_position_embeddings=8192,
                                  default_dtype="float32"),
+    # llama-tiny with full multi-head attention (a KV head per query head, as Llama-2-7B): the MHA paths small.
+    "llama-tiny-mha": SyntheticShape("llama", hidden_size=96, num_layers=3, num_heads=4, num_kv_heads=4, head_dim=32,
+                                     intermediate_size=256, vocab_size=1280, rope_theta=10000.0, rms_norm_eps=1e-5,
+                                     qkv_bias=False, tie_word_embeddings=False, max_position_embeddings=4096,
+                                     default_dtype="float32"),
     # The real Qwen2.5-1.5B shape with random weights.
     "qwen2.5-1.5b-random": SyntheticShape("qwen2", hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2,
                                           head_dim=128, intermediate_size=8960, vocab_size=151936,
