@@ -463,14 +463,15 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if tensor_cores:
             self.kernels.load_family("attention_mma")
         blocks = plan.attention_blocks_per_sm if self.spec.head_dim == 128 else 1   # the 2-block entry: hd 128 only
-        one_head = plan.decode_attention_one_head_entry
+        # The decode row follows: on the tensor cores only where the prefill attention is.
+        decode_tensor_cores = plan.decode_attention_tensor_cores and tensor_cores
+        one_head = plan.decode_attention_one_head_entry and not decode_tensor_cores   # an attention_decode.cu entry
         if one_head and self.spec.num_heads != self.spec.num_kv_heads:
             log.info("the one-head decode attention entry serves models without grouped queries; this one has %d "
                      "query heads per KV head", self.spec.num_heads // self.spec.num_kv_heads)
             one_head = False
-        # The decode row follows: on the tensor cores only where the prefill attention is.
         return {"tensor_core_attention": tensor_cores, "attention_blocks_per_sm": blocks,
-                "decode_attention_tensor_cores": plan.decode_attention_tensor_cores and tensor_cores,
+                "decode_attention_tensor_cores": decode_tensor_cores,
                 "decode_attention_one_head_entry": one_head,
                 **({"decode_attention_head_split": 1} if one_head else {})}
 
