@@ -175,18 +175,13 @@ __device__ __forceinline__ void projection_int4_staged_body(
 }
 
 // Entries: bf16 hi + lo activations (the default), and hi alone (_p1).
-extern "C" __global__ void __launch_bounds__(STG4_THREADS) projection_int4_staged(
-        const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group, const float* __restrict__ x,
-        const float* __restrict__ bias, float* out, int rows, int K, int n_tokens, int x_stride, int out_stride,
-        int out_cols, int mode, int ksplit) {
-    projection_int4_staged_body<2>(Wq, scales, group, x, bias, out, rows, K, n_tokens, x_stride, out_stride, out_cols,
-                                   mode, ksplit);
-}
-
-extern "C" __global__ void __launch_bounds__(STG4_THREADS) projection_int4_staged_p1(
-        const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group, const float* __restrict__ x,
-        const float* __restrict__ bias, float* out, int rows, int K, int n_tokens, int x_stride, int out_stride,
-        int out_cols, int mode, int ksplit) {
-    projection_int4_staged_body<1>(Wq, scales, group, x, bias, out, rows, K, n_tokens, x_stride, out_stride, out_cols,
-                                   mode, ksplit);
-}
+#define PROJECTION_INT4_STAGED_ENTRY(PARTS, SUFFIX)                                                            \
+    extern "C" __global__ void __launch_bounds__(STG4_THREADS) projection_int4_staged##SUFFIX(                 \
+            const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group,                    \
+            const float* __restrict__ x, const float* __restrict__ bias, float* out, int rows, int K,          \
+            int n_tokens, int x_stride, int out_stride, int out_cols, int mode, int ksplit) {                  \
+        projection_int4_staged_body<PARTS>(Wq, scales, group, x, bias, out, rows, K, n_tokens, x_stride,      \
+                                           out_stride, out_cols, mode, ksplit);                                \
+    }
+PROJECTION_INT4_STAGED_ENTRY(2, )
+PROJECTION_INT4_STAGED_ENTRY(1, _p1)
