@@ -4,7 +4,8 @@
 # (bf16 and fp32), kernel probes, the cycle benchmark, then the CSR and ASR benchmarks. Logs go to $OUT.
 #   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (the default, in that order); more
 #   stages: profile (decode launch modes + ncu per kernel), ncu-gemv, ncu-decode and ncu-prefill (stall reasons of
-#   layer 0's kernels, NCU_MODE's variants), ncu-flash (the bulk flash attention's variants), probes, csr (= csr-hf), asr (= asr-4k), asr-shared, asr-32k, asr-32k-approx,
+#   layer 0's kernels, NCU_MODE's variants), ncu-flash (the bulk flash attention's variants), graph-vs-bench (the
+#   cycle bench and a soak of the graph on one machine, issue 21's comparison), probes, csr (= csr-hf), asr (= asr-4k), asr-shared, asr-32k, asr-32k-approx,
 #   asr-2gpu (the reconciler on GPU 1: bench asr at 4096 and 32768 and the ROS soak; needs two GPUs),
 #   suite (the whole test suite, needs prepare.sh --ros) and demo
 #   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each), pack (all but the tables, the suite
@@ -192,6 +193,27 @@ for stage in $STAGES; do
         awk '/issue_stalled/ { if ($NF + 0 < 0.3) next; sub(/smsp__average_warps_issue_stalled_/, "stall "); print; next }
              /^  [a-z_]+.*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|L2 Hit/' \
             "$OUT/ncu_$phase.txt" | head -260 ;;
+    graph-vs-bench)
+        # Issue 21's comparison in one call: the cycle bench at the graph's cache length, then on the same machine a
+        # GVB_MINUTES (default 3) soak of the three-node graph (GVB_SET: one --set of the soak, e.g.
+        # vision.encode_ahead=true), and the verdict: graph cycle p99 <= bench cycle p99 + 1.5 ms.
+        make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
+        echo "== cycle bench (4064 cached, plain launches)"
+        $PY -m vla_edge_ros.bench.pycuda_cycle --cached 4064 --launch-modes plain --hf-cycles 2 --no-hf-compiled \
+            --json "$OUT/gvb_bench.json" 2>&1 | grep -v " INFO " | tee "$OUT/gvb_bench.log" || status=1
+        echo "== soak ${GVB_MINUTES:-3} min ${GVB_SET:-}"
+        VLA_EDGE_LOG_DIR="$OUT/logs/gvb" ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST $PY -m vla_edge_ros.cli soak \
+            --minutes "${GVB_MINUTES:-3}" --params config/gpu_demo.yaml --model "$MODELS/qwen15" \
+            ${GVB_SET:+--set "$GVB_SET"} --json "$OUT/gvb_soak.json" 2>&1 | grep -v " INFO " \
+            | tee "$OUT/gvb_soak.txt" || status=1
+        $PY - "$OUT/gvb_bench.json" "$OUT/gvb_soak.json" <<'PYEOF' | tee "$OUT/gvb_verdict.txt" || status=1
+import json, sys
+bench, soak = (json.load(open(path)) for path in sys.argv[1:3])
+b, g = bench["latency_ms"]["p99"], soak["latency_ms"]["p99"]
+print(f"cycle p99: bench {b:.2f} ms, graph {g:.2f} ms, graph - bench {g - b:+.2f} ms (issue 21: <= +1.50): "
+      f"{'PASS' if g <= b + 1.5 else 'FAIL'}")
+PYEOF
+        ;;
     ncu-flash)
         # Why the bulk prefill's flash attention runs far below the tensor cores' rate (most of a 32K recompute): ncu's
         # sections for each of its variants once over a late pass of a 16K recompute (1024 rows after 15360, the GPU
