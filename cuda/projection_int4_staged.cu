@@ -51,11 +51,13 @@
 //            same way. Against a reference on bf16-rounded activations it is fp32 rounding apart.
 #include "common.cuh"
 #include "mma_int4.cuh"
+#include "mma_tiles.cuh"
 
 #define STG4_WARPS 8
 #define STG4_THREADS (STG4_WARPS * 32)
 #define STG4_TOKENS 32
 #define STG4_ROW 80                      // words per staged token row: 64 (a 128-column chunk) + 16 of padding
+#define STG4_ITEMS (STG4_TOKENS * 16)    // 8-column items of a chunk: 16 per token
 
 // Stage chunk `blk` (columns 128 blk .. + 127) of tokens [0, n_tok8) into hi / lo (PARTS 1: hi alone): item =
 // (token n, 8-column group c8), 16 items per token, consecutive threads on consecutive 32-byte pieces of a row
@@ -80,6 +82,37 @@ __device__ __forceinline__ void stage_int4_chunk(uint32_t* hi, uint32_t* lo, con
     }
 }
 
+// PREFETCH: chunk `blk` of the items this thread stages, copied as they are (fp32) into raw without passing through
+// registers (cp.async), item i's columns 0-3 at raw[i] and 4-7 at raw[STG4_ITEMS + i] (consecutive threads on
+// consecutive 16 bytes: no bank conflict when split_int4_chunk reads them). Items past n_tokens or s_end land as
+// zeros. The same values stage_int4_chunk loads.
+__device__ __forceinline__ void copy_int4_chunk_async(float4* raw, const float* __restrict__ x, int x_stride,
+                                                      int n_tokens, int n_tok8, int blk, int s_end) {
+    for (int item = threadIdx.x; item < n_tok8 * 16; item += STG4_THREADS) {
+        const int n = item >> 4, c8 = item & 15;                 // token [0, n_tok8); column group [0, 16)
+        const int step = blk * INT4_BLOCK_STEPS + (c8 >> 2);     // its 32-column step
+        const bool ok = n < n_tokens && step < s_end;
+        const float* src = ok ? x + (size_t)n * x_stride + blk * 128 + c8 * 8 : x;   // a valid address either way
+        cp_async16(raw + item, src, ok ? 16 : 0);
+        cp_async16(raw + STG4_ITEMS + item, src + 4, ok ? 16 : 0);
+    }
+}
+
+// PREFETCH: the items this thread copied (copy_int4_chunk_async, landed) split into hi / lo as stage_int4_chunk
+// splits them. Only this thread read or wrote them, so no barrier stands between its copy and this.
+template <int PARTS>
+__device__ __forceinline__ void split_int4_chunk(const float4* raw, uint32_t* hi, uint32_t* lo, int n_tok8) {
+    for (int item = threadIdx.x; item < n_tok8 * 16; item += STG4_THREADS) {
+        const int n = item >> 4, c8 = item & 15;
+        const float4 a = raw[item], b = raw[STG4_ITEMS + item];
+        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        uint32_t h[4], l[4];
+        split_activations_int4(v, h, l);
+        *reinterpret_cast<uint4*>(hi + n * STG4_ROW + 4 * c8) = make_uint4(h[0], h[1], h[2], h[3]);
+        if (PARTS == 2) *reinterpret_cast<uint4*>(lo + n * STG4_ROW + 4 * c8) = make_uint4(l[0], l[1], l[2], l[3]);
+    }
+}
+
 // One 32-column step with the activations' hi parts alone: int4_mma_step less its lo products.
 __device__ __forceinline__ void int4_mma_step_hi(float (&part)[4], const uint32_t (&pa)[4], const uint32_t (&pb)[4],
                                                  const uint32_t (&hi)[4]) {
@@ -87,13 +120,23 @@ __device__ __forceinline__ void int4_mma_step_hi(float (&part)[4], const uint32_
     mma_bf16_16816(part, pa[2], pb[2], pa[3], pb[3], hi[2], hi[3]);
 }
 
-template <int PARTS>
+// PREFETCH (the _pf entries; KernelPlan.int4_prefill_activation_prefetch, not yet measured): chunk blk + 1's
+// activations are copied (cp.async, into a raw buffer) while the warps multiply chunk blk, as its weights already
+// are; without it a block loads each chunk's activations from L2 after the barrier that ends the chunk before, so
+// every chunk waits that latency once. Dynamic shared memory: the hi / lo buffers, then the raw one (16 KB).
+// The same values and order: the same bits as the entries without it.
+template <int PARTS, bool PREFETCH>
 __device__ __forceinline__ void projection_int4_staged_body(
         const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group, const float* __restrict__ x,
         const float* __restrict__ bias, float* out, int rows, int K, int n_tokens, int x_stride, int out_stride,
         int out_cols, int mode, int ksplit) {
-    __shared__ __align__(16) uint32_t hi_s[2][STG4_TOKENS * STG4_ROW];
-    __shared__ __align__(16) uint32_t lo_s[PARTS == 2 ? 2 : 1][PARTS == 2 ? STG4_TOKENS * STG4_ROW : 4];
+    constexpr int W = STG4_TOKENS * STG4_ROW;                    // words of one staged buffer
+    // Without PREFETCH the buffers are static (a PREFETCH entry keeps 32 bytes of them, unused); with it, dynamic:
+    // hi 0, hi 1, (lo 0, lo 1,) then the raw copy.
+    __shared__ __align__(16) uint32_t hi_s[PREFETCH ? 1 : 2][PREFETCH ? 4 : W];
+    __shared__ __align__(16) uint32_t lo_s[PARTS == 2 && !PREFETCH ? 2 : 1][PARTS == 2 && !PREFETCH ? W : 4];
+    extern __shared__ __align__(16) uint32_t stg4_dynamic[];
+    float4* raw = reinterpret_cast<float4*>(stg4_dynamic + 2 * PARTS * W);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2;                                     // range [0, 8): row in tile / token in tile
     const int t = lane & 3;                                      // range [0, 4): quad lane (k slot / token pair)
@@ -121,6 +164,10 @@ __device__ __forceinline__ void projection_int4_staged_body(
     uint32_t ma[4], mb[4];
     load_int4_block(qa_row, ok_a, b_begin, t, n_steps, ma);
     load_int4_block(qb_row, ok_b, b_begin, t, n_steps, mb);
+    if (PREFETCH && b_begin < b_end) {
+        copy_int4_chunk_async(raw, x, x_stride, n_tokens, n_tok8, b_begin, s_end);
+        cp_async_commit();
+    }
     for (int blk = b_begin; blk < b_end; ++blk) {                // block-uniform
         const int buf = (blk - b_begin) & 1;
         uint32_t na[4], nb[4];                                   // the next block's weights: in flight from here
@@ -134,7 +181,18 @@ __device__ __forceinline__ void projection_int4_staged_body(
             sa[s] = int4_scale(sa_row, ok_a && flush, step / steps_per_group);
             sb[s] = int4_scale(sb_row, ok_b && flush, step / steps_per_group);
         }
-        stage_int4_chunk<PARTS>(hi_s[buf], lo_s[PARTS == 2 ? buf : 0], x, x_stride, n_tokens, n_tok8, blk, s_end);
+        uint32_t* hi_buf = PREFETCH ? stg4_dynamic + buf * W : hi_s[buf];
+        uint32_t* lo_buf = PREFETCH ? stg4_dynamic + (2 + buf) * W : lo_s[PARTS == 2 ? buf : 0];
+        if (PREFETCH) {
+            cp_async_wait<0>();                                  // this thread's items of chunk blk have landed
+            split_int4_chunk<PARTS>(raw, hi_buf, lo_buf, n_tok8);
+            if (blk + 1 < b_end) {                               // the next chunk's copy runs under this one's products
+                copy_int4_chunk_async(raw, x, x_stride, n_tokens, n_tok8, blk + 1, s_end);
+                cp_async_commit();
+            }
+        } else {
+            stage_int4_chunk<PARTS>(hi_buf, lo_buf, x, x_stride, n_tokens, n_tok8, blk, s_end);
+        }
         __syncthreads();                                         // chunk blk staged (and buffer buf^1 read by all)
         if (active) {
             quad_transpose(ma, t);
@@ -150,10 +208,10 @@ __device__ __forceinline__ void projection_int4_staged_body(
                 for (int nt = 0; nt < 4; ++nt) {
                     if (nt * 8 >= n_tokens) break;               // warp-uniform: token tiles holding no token
                     const int word = (nt * 8 + g) * STG4_ROW + s * 16 + 4 * t;   // token 8 nt + g, cols 32 s + 8 t ..
-                    const uint4 h = *reinterpret_cast<const uint4*>(hi_s[buf] + word);
+                    const uint4 h = *reinterpret_cast<const uint4*>(hi_buf + word);
                     const uint32_t hi[4] = {h.x, h.y, h.z, h.w};
                     if (PARTS == 2) {
-                        const uint4 l = *reinterpret_cast<const uint4*>(lo_s[PARTS == 2 ? buf : 0] + word);
+                        const uint4 l = *reinterpret_cast<const uint4*>(lo_buf + word);
                         const uint32_t lo[4] = {l.x, l.y, l.z, l.w};
                         int4_mma_step(partial[nt], pa, pb, hi, lo);
                     } else {
@@ -174,14 +232,17 @@ __device__ __forceinline__ void projection_int4_staged_body(
         store_mma_tile<4>(acc, out, out_stride, bias, rows, out_cols, n_tokens, 0, tile, g, t, mode, ksplit > 1);
 }
 
-// Entries: bf16 hi + lo activations (the default), and hi alone (_p1).
-#define PROJECTION_INT4_STAGED_ENTRY(PARTS, SUFFIX)                                                            \
+// Entries: bf16 hi + lo activations (the default), hi alone (_p1), each with the next chunk's activations copied
+// under the products (_pf).
+#define PROJECTION_INT4_STAGED_ENTRY(PARTS, PREFETCH, SUFFIX)                                                  \
     extern "C" __global__ void __launch_bounds__(STG4_THREADS) projection_int4_staged##SUFFIX(                 \
             const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group,                    \
             const float* __restrict__ x, const float* __restrict__ bias, float* out, int rows, int K,          \
             int n_tokens, int x_stride, int out_stride, int out_cols, int mode, int ksplit) {                  \
-        projection_int4_staged_body<PARTS>(Wq, scales, group, x, bias, out, rows, K, n_tokens, x_stride,      \
-                                           out_stride, out_cols, mode, ksplit);                                \
+        projection_int4_staged_body<PARTS, PREFETCH>(Wq, scales, group, x, bias, out, rows, K, n_tokens,      \
+                                                     x_stride, out_stride, out_cols, mode, ksplit);            \
     }
-PROJECTION_INT4_STAGED_ENTRY(2, )
-PROJECTION_INT4_STAGED_ENTRY(1, _p1)
+PROJECTION_INT4_STAGED_ENTRY(2, false, )
+PROJECTION_INT4_STAGED_ENTRY(1, false, _p1)
+PROJECTION_INT4_STAGED_ENTRY(2, true, _pf)
+PROJECTION_INT4_STAGED_ENTRY(1, true, _p1_pf)

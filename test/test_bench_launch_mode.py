@@ -13,7 +13,7 @@ from vla_edge_ros.bench.pycuda_cycle import LAUNCH_MODES, launch_mode
                                   "pdl+int4staged+mma2+kv16", "plain+i4ipb2", "plain+i4ipb4", "plain+i4ipb8",
                                   "plain+i4ipb4+i4x2", "pdl+i4x2+i4ipb8+loop2+kv16", "plain+int4staged+i4ipb2",
                                   "plain+i4p1", "plain+int4unstaged", "plain+i4p1+i4ipb4+lcs2", "plain+g1+lcs4",
-                                  "plain+h1+g1"])
+                                  "plain+h1+g1", "plain+i4pf", "plain+i4p1+i4pf", "plain+int4staged+i4pf"])
 def test_launch_modes_that_parse(text):
     assert launch_mode(text) == text
 
@@ -24,7 +24,8 @@ def test_launch_modes_that_parse(text):
                                   "plain+kv16+kv32", "plain+kv16+kv16", "plain+kv8", "plain+pf16",
                                   "plain+int4staged+int4staged", "plain+i4x2", "plain+i4ipb2+i4ipb4",
                                   "plain+i4ipb3", "plain+i4ipb4+i4x2+i4x2", "plain+i4ipb16", "plain+i4p1+int4staged",
-                                  "plain+i4p1+int4unstaged", "plain+i4p1+i4p1", "plain+g1+g1"])
+                                  "plain+i4p1+int4unstaged", "plain+i4p1+i4p1", "plain+g1+g1", "plain+i4pf+i4pf",
+                                  "plain+int4unstaged+i4pf"])
 def test_launch_modes_that_are_refused_with_the_syntax(text):
     with pytest.raises(argparse.ArgumentTypeError, match="plain, pdl or persistent"):
         launch_mode(text)

@@ -181,6 +181,46 @@ def test_one_activation_part_is_the_reference_on_bf16_activations(kn, gpu, rows,
         _close(got, ref.projection_ref(w_gu, x16, MODE_SWIGLU, out_cols=inter), 5 * TOL, f"{case} SWIGLU")
 
 
+@pytest.mark.parametrize("parts", [2, 1])
+@pytest.mark.parametrize("rows,k,n,group", CASES)
+def test_the_activation_prefetch_gives_the_same_bits(kn, gpu, rows, k, n, group, parts):
+    """prefetch (KernelPlan.int4_prefill_activation_prefetch, the _pf entries: each chunk's activations copied while
+    the chunk before is multiplied): STORE with a bias, ADD in one K part and SWIGLU give the bits of the entries
+    without it, for both part counts; ADD over the default K split to rounding (its atomics land in any order)."""
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
+    rng = np.random.default_rng(rows * 3 + k + n + group + parts)
+    packed, scales, _ = _matrix(rng, rows, k, group)
+    W = _device(ga, packed, scales, group)
+    x_dev = ga.to_gpu(rng.standard_normal((n, k)).astype(np.float32))
+    bias = ga.to_gpu(rng.standard_normal(rows).astype(np.float32))
+    base = rng.standard_normal((n, rows)).astype(np.float32)
+    case = f"projection_int4_staged p{parts} {rows}x{k} n={n} G{group}"
+
+    def both(W, out_like, mode, **kw):
+        outs = []
+        for prefetch in (False, True):
+            out = ga.to_gpu(out_like)
+            kn.projection_int4_staged(W, x_dev, out, n, mode, stream, parts=parts, prefetch=prefetch, **kw)
+            stream.synchronize()
+            outs.append(out.get())
+        return outs
+
+    plain, fetched = both(W, np.full((n, rows), np.nan, np.float32), MODE_STORE, bias=bias)
+    np.testing.assert_array_equal(fetched, plain, err_msg=f"{case} STORE")
+    plain, fetched = both(W, base, MODE_ADD, ksplit=1)
+    np.testing.assert_array_equal(fetched, plain, err_msg=f"{case} ADD ksplit=1")
+    plain, fetched = both(W, base, MODE_ADD)
+    assert_close(fetched, plain, rtol=1e-6, atol=1e-6 * peak(plain), what=f"{case} ADD, default split")
+    if rows % 16 == 0:
+        inter, half = rows // 2 - 3, rows // 2
+        gu_packed, gu_scales = layouts.interleave_gate_up_int4((packed[:inter], scales[:inter]),
+                                                               (packed[half:half + inter], scales[half:half + inter]))
+        plain, fetched = both(_device(ga, gu_packed, gu_scales, group), np.full((n, inter), np.nan, np.float32),
+                              MODE_SWIGLU, out_cols=inter)
+        np.testing.assert_array_equal(fetched, plain, err_msg=f"{case} SWIGLU")
+
+
 def test_staged_int4_reads_rows_of_a_wider_activation_buffer(kn, gpu):
     """x_row0 and an x row stride wider than K (the backend's buffers): rows [5, 5 + 20) of x[:, :K]."""
     ga, stream = gpu
@@ -249,6 +289,22 @@ def test_an_int4_backend_with_the_flag_gives_the_same_cycle(int4_model, dtype):
     assert rel_norm(results[1][1], results[0][1]) < 1e-5
 
 
+def test_an_int4_backend_with_the_activation_prefetch_gives_the_same_tokens(int4_model):
+    """int4_prefill_activation_prefetch (lab "+i4pf") in a whole cycle: the tokens of the cycle without it; the lab
+    mode says it took effect."""
+    from vla_edge_ros.bench import kernel_lab
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    spec, path = int4_model
+    b = CudaBackend(spec, path, 300, "bfloat16")
+    without = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+    assert kernel_lab.apply_launch_mode(b, "plain+i4pf") == "plain+i4pf"
+    assert b.kernel_plan.int4_prefill_activation_prefetch is True
+    fetched = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+    np.testing.assert_array_equal(fetched[0], without[0])
+    assert rel_norm(fetched[1], without[1]) < 1e-5        # the residual adds split K: the same parts, any order
+    b.close()
+
+
 def test_an_int4_backend_on_one_activation_part_stays_near_the_two_part_cycle(int4_model):
     """int4_prefill_activation_parts 1 (lab "+i4p1") in a whole cycle: its prefill logits within bf16 rounding of
     the two-part cycle's and not equal to them; the lab mode says it took effect, "plain" switches back."""
@@ -276,4 +332,6 @@ def test_a_float_backend_runs_the_flag_as_plain(tiny_weights):
     assert kernel_lab.apply_launch_mode(b, "plain+int4staged") == "plain"
     assert kernel_lab.apply_launch_mode(b, "plain+i4p1") == "plain"        # one part: the staged INT4 kernel's
     assert b.kernel_plan.int4_prefill_activation_parts == 2
+    assert kernel_lab.apply_launch_mode(b, "plain+i4pf") == "plain"        # so is the activation prefetch
+    assert b.kernel_plan.int4_prefill_activation_prefetch is False
     b.close()

@@ -27,8 +27,9 @@ def _defines(name: str) -> dict:
 
 
 def test_the_family_is_registered_on_demand_with_projection_int4s_arguments():
-    assert ck.FAMILIES["projection_int4_staged"] == {"projection_int4_staged": "PPiPPPiiiiiiii",
-                                                     "projection_int4_staged_p1": "PPiPPPiiiiiiii"}   # one part
+    assert ck.FAMILIES["projection_int4_staged"] == {name: "PPiPPPiiiiiiii" for name in (   # one part; prefetch
+        "projection_int4_staged", "projection_int4_staged_p1", "projection_int4_staged_pf",
+        "projection_int4_staged_p1_pf")}
     assert set(ck.FAMILIES["projection_int4"].values()) == {"PPiPPPiiiiiiii"}
     assert "projection_int4_staged" in ck.ON_DEMAND_FAMILIES
     assert "projection_int4_staged" not in ck.KV_FAMILIES and "projection_int4_staged" not in ck.ARCH_SPECIFIC_FAMILIES
@@ -38,6 +39,9 @@ def test_the_family_is_registered_on_demand_with_projection_int4s_arguments():
 def test_mirrored_limits_and_the_shared_layout():
     staged, helpers = _defines("projection_int4_staged.cu"), _defines("mma_int4.cuh")
     assert staged["STG4_WARPS"] == c4.STG4_WARPS and staged["STG4_TOKENS"] == c4.STAGED_INT4_MAX_TOKENS
+    assert staged["STG4_ROW"] == c4.STG4_ROW_WORDS                 # the _pf entries' dynamic shared memory
+    assert c4.staged_int4_prefetch_shared(2) == 4 * 2 * 2 * staged["STG4_TOKENS"] * staged["STG4_ROW"] + 16384
+    assert c4.staged_int4_prefetch_shared(1) <= 48 * 1024 < c4.staged_int4_prefetch_shared(2)   # opted in
     assert helpers["INT4_BLOCK_STEPS"] * 32 == c4.PROJ4_BLOCK_COLUMNS
     assert _defines("projection_int4.cu")["PROJ4_WARPS"] == c4.PROJ4_WARPS
     row = staged["STG4_ROW"]

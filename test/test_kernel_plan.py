@@ -30,6 +30,7 @@ def test_the_measured_best_plan_is_the_default():
     assert MEASURED_BEST.bulk_attention_heads_per_warp == 1          # two heads per warp: not yet measured
     assert MEASURED_BEST.bulk_attention_kv_overlap is False          # the attention's K/V overlap: not yet measured
     assert MEASURED_BEST.int4_prefill_activation_parts == 2          # one INT4 prefill part: not yet measured
+    assert MEASURED_BEST.int4_prefill_activation_prefetch is False   # the INT4 activation prefetch: not yet measured
     assert MEASURED_BEST.decode_attention_one_head_entry is False    # the group-1 decode entry: not yet measured
     assert MEASURED_BEST.long_context_blocks_per_sm == 1
 
@@ -52,6 +53,8 @@ def test_the_measured_best_plan_is_the_default():
     ({"bulk_attention_kv_overlap": 1}, "bulk_attention_kv_overlap must be True or False"),
     ({"int4_prefill_activation_parts": 3}, "int4_prefill_activation_parts must be 1 or 2"),
     ({"decode_attention_one_head_entry": "on"}, "decode_attention_one_head_entry must be True or False"),
+    ({"int4_prefill_activation_prefetch": 1}, "int4_prefill_activation_prefetch must be True or False"),
+    ({"int4_prefill_activation_prefetch": True, "staged_int4_prefill_projections": False}, "staged INT4 projections"),
     ({"int4_prefill_activation_parts": 1, "staged_int4_prefill_projections": False}, "staged INT4 projections"),
     ({"staged_int4_prefill_projections": 1}, "staged_int4_prefill_projections must be True or False"),
     ({"staged_int4_prefill_projections": "yes"}, "staged_int4_prefill_projections must be True or False"),
@@ -108,7 +111,8 @@ def test_the_lab_names_the_staged_int4_prefill_projections():
     from vla_edge_ros.bench.kernel_lab import KERNEL_VARIANTS, mode_plan
     assert KERNEL_VARIANTS["int4staged"] == {"staged_int4_prefill_projections": True}
     assert KERNEL_VARIANTS["int4unstaged"] == {"staged_int4_prefill_projections": False,
-                                               "int4_prefill_activation_parts": 2}    # one part is a staged entry
+                                               "int4_prefill_activation_parts": 2,    # one part and the prefetch
+                                               "int4_prefill_activation_prefetch": False}    # are staged entries
     assert mode_plan("plain+int4unstaged") == dataclasses.replace(MEASURED_BEST, staged_int4_prefill_projections=False)
     assert mode_plan("plain").staged_int4_prefill_projections is True
     assert mode_plan("plain+i4p1") == dataclasses.replace(MEASURED_BEST, int4_prefill_activation_parts=1)

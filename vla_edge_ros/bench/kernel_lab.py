@@ -10,7 +10,8 @@ compare another choice, the lab builds a variant plan and switches a backend to 
     warps per slot group h1, h2; mmadec: on the tensor cores), the decode projections' grid (noloop, loop2,
     loop4), an INT4 model's decode projections (i4ipb2, i4ipb4, i4ipb8: every one looped, ~2 / 4 / 8 items per
     block; i4x2: two items in flight per warp of those), its prefill projections (int4staged:
-    projection_int4_staged.cu; i4p1: its one-part entry), the decode attention's one-head entry for a group of 1
+    projection_int4_staged.cu; i4p1: its one-part entry; i4pf: its activation prefetch), the decode attention's
+    one-head entry for a group of 1
     (g1) and the long-context attention's blocks per SM (lcs1, lcs2, lcs4);
   * a copy of the device state a decode step starts from, so that decode modes are compared from one prefill (two
     prefills differ in the last bits: their split-K projections add with atomics);
@@ -30,7 +31,8 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # looping over the items), an INT4 model's decode projections (i4ipbN: every one on ceil(items / N) blocks, ~N items
 # each; i4x2: each warp of those streams two items' rows at once, with an i4ipbN of N >= 2) and its prefill projections
 # (int4staged: projection_int4_staged.cu, the activations staged once per block, the default;
-# int4unstaged: projection_int4.cu; i4p1: the staged kernel on the activations' bf16 hi alone), the decode
+# int4unstaged: projection_int4.cu; i4p1: the staged kernel on the activations' bf16 hi alone; i4pf: its next
+# chunk's activations copied under the products), the decode
 # attention's one-head entry for a model without grouped queries (g1), and the
 # long-context attention's blocks per SM (lcs1, lcs2, lcs4:
 # KernelPlan.long_context_blocks_per_sm). A float backend runs the INT4
@@ -46,8 +48,10 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "loop2": {"decode_gemv_blocks_per_sm": 2},
                    "loop4": {"decode_gemv_blocks_per_sm": 4},
                    "int4staged": {"staged_int4_prefill_projections": True},
-                   "int4unstaged": {"staged_int4_prefill_projections": False, "int4_prefill_activation_parts": 2},
+                   "int4unstaged": {"staged_int4_prefill_projections": False, "int4_prefill_activation_parts": 2,
+                                    "int4_prefill_activation_prefetch": False},
                    "i4p1": {"staged_int4_prefill_projections": True, "int4_prefill_activation_parts": 1},
+                   "i4pf": {"int4_prefill_activation_prefetch": True},
                    **{f"i4ipb{n}": {"int4_gemv_items_per_block": n} for n in (2, 4, 8)},
                    "i4x2": {"int4_gemv_rows_per_warp": 2},
                    **{f"lcs{n}": {"long_context_blocks_per_sm": n} for n in (1, 2, 4)},

@@ -403,11 +403,12 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
             heads_per_warp = 1
         if plan.bulk_attention_kv_overlap and self.bulk_min_rows:
             self.kernels.load_family("attention_flash_kvo")      # on demand, but its first launch may be in a capture
-        if plan.int4_prefill_activation_parts != 2 and not staged_int4:
-            log.info("one activation part is an entry of the staged INT4 projections; %s prefill projections keep "
-                     "two", self._weights_kind())
+        if (plan.int4_prefill_activation_parts != 2 or plan.int4_prefill_activation_prefetch) and not staged_int4:
+            log.info("one activation part and the activation prefetch are entries of the staged INT4 projections; "
+                     "%s prefill projections take neither", self._weights_kind())
         in_effect = {"staged_prefill_projections": staged, "staged_int4_prefill_projections": staged_int4,
                      "int4_prefill_activation_parts": plan.int4_prefill_activation_parts if staged_int4 else 2,
+                     "int4_prefill_activation_prefetch": plan.int4_prefill_activation_prefetch and staged_int4,
                      "bulk_attention_heads_per_warp": heads_per_warp,
                      **({} if self.int4 else int4_grid),
                      **self._attention_in_effect(plan),

@@ -26,6 +26,13 @@ PROJ4_TARGET_WARPS = 2048        # ADD: split K until about this many warps stre
 PROJ4_MIN_BLOCKS_PER_SPLIT = 2   # ... each split still streaming at least this many 128-column blocks
 STG4_WARPS = 8                   # projection_int4_staged.cu: warps per block, one 16-row tile each, one K part
 STAGED_INT4_MAX_TOKENS = 32      # projection_int4_staged.cu: activation rows staged per block
+STG4_ROW_WORDS = 80              # projection_int4_staged.cu: words per staged token row (STG4_ROW)
+
+
+def staged_int4_prefetch_shared(parts: int) -> int:
+    """Dynamic shared memory of projection_int4_staged.cu's _pf entries: two staged buffers per part, then the raw
+    fp32 copy of a chunk (STG4_ITEMS items of 8 floats)."""
+    return 4 * (2 * parts * STAGED_INT4_MAX_TOKENS * STG4_ROW_WORDS) + STAGED_INT4_MAX_TOKENS * 16 * 8 * 4
 GEMV4_MAX_ITEMS_PER_BLOCK = 64   # gemv_int4_items: 8-row items per block asked for, at most (int4_gemv_items_per_block)
 GEMV4_ROWS_PER_WARP = (1, 2)     # gemv_int4_items / gemv_int4_items2: items a warp streams at once (int4_gemv_rows_per_warp)
 
@@ -135,22 +142,30 @@ class Int4Launchers(ProjectionLaunchers):
 
     def projection_int4_staged(self, W: Int4Matrix, x, out, n_tokens: int, mode: int, stream, bias=None,
                                out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
-                               ksplit: int | None = None, x_row0: int = 0, parts: int = 2):
+                               ksplit: int | None = None, x_row0: int = 0, parts: int = 2, prefetch: bool = False):
         """projection_int4_staged.cu (KernelPlan.staged_int4_prefill_projections, the default for INT4
         weights: measured faster): what projection_int4() computes, the same bits (ADD with ksplit > 1: the same parts, added in
         another order), for n_tokens <= STAGED_INT4_MAX_TOKENS, each 128-column chunk of the activations split
         into hi/lo once per block of 8 tiles in shared memory. The default ksplit is projection_int4's: the
         same ~PROJ4_TARGET_WARPS warps (8 per block here), the same parts. parts 1 (KernelPlan
-        .int4_prefill_activation_parts): the activations' bf16 hi alone, half the products (not those bits)."""
+        .int4_prefill_activation_parts): the activations' bf16 hi alone, half the products (not those bits).
+        prefetch (KernelPlan.int4_prefill_activation_prefetch): the _pf entries, each chunk's activations copied while
+        the chunk before is multiplied (the same bits)."""
         rows, K, groups, out_cols, ksplit = self._projection_int4_checks(
             "projection_int4_staged", W, x, out, n_tokens, mode, bias, out_cols, w_row0, rows, ksplit, x_row0)
         _check(n_tokens <= STAGED_INT4_MAX_TOKENS,
                f"projection_int4_staged: {n_tokens} tokens > {STAGED_INT4_MAX_TOKENS} (the rows a block stages)")
         _check(parts in (1, 2), f"projection_int4_staged: parts {parts} not 1 or 2")
         grid = (ceil_div(ceil_div(rows, 16), STG4_WARPS) * ksplit,)
-        self._launch("projection_int4_staged" + ("_p1" if parts == 1 else ""), grid, STG4_WARPS * 32, stream,
+        name = "projection_int4_staged" + ("_p1" if parts == 1 else "") + ("_pf" if prefetch else "")
+        shared = staged_int4_prefetch_shared(parts) if prefetch else 0
+        if prefetch:
+            self._function(name)                             # loaded: its shared-memory limit is known
+            _check(shared <= self._shared_limits[name], f"projection_int4_staged: {shared} bytes of shared memory > "
+                                                        f"{self._shared_limits[name]}")
+        self._launch(name, grid, STG4_WARPS * 32, stream,
                      *_projection_int4_args(W, x, bias, out, rows, K, groups, n_tokens, out_cols, mode, ksplit,
-                                            w_row0, x_row0))
+                                            w_row0, x_row0), shared=shared)
 
     @staticmethod
     def _projection_int4_checks(what: str, W: Int4Matrix, x, out, n_tokens: int, mode: int, bias,

@@ -48,6 +48,11 @@ class KernelPlan:
     # 7B INT4 prefill's projections took 8.6 of its 14.1 ms (2026-12-03, fifth session). Needs the staged
     # projections. Not yet measured (written 2026-12-03, seventh session): off; lab "+i4p1".
     int4_prefill_activation_parts: int = 2
+    # Those staged INT4 projections with each 128-column chunk's activations copied (cp.async) while the chunk before
+    # is multiplied, as its weights are; without it every chunk waits for its activations from L2 after the barrier
+    # that ends the one before (7B gate/up: 172 blocks, each walking 32 chunks in turn). The same bits. Needs the
+    # staged projections. Not yet measured (written 2026-12-03, seventh session): off; lab "+i4pf".
+    int4_prefill_activation_prefetch: bool = False
     # attention_mma.cu (K, V, q and the softmax weights as bf16 hi/lo pairs, ~1e-5 relative) for bf16 prefill
     # attention; off: attention_tiled.cu's fp32 products. 2.28 -> 0.71 ms per 32-row prefill at 4064 cached.
     tensor_core_attention: bool = True
@@ -169,6 +174,12 @@ class KernelPlan:
         if self.bulk_attention_heads_per_warp == 2 and self.bulk_attention_stages != 1:
             raise ValueError(f"bulk_attention_heads_per_warp 2 runs one K/V stage, got bulk_attention_stages "
                              f"{self.bulk_attention_stages}")
+        if not isinstance(self.int4_prefill_activation_prefetch, bool):
+            raise ValueError(f"int4_prefill_activation_prefetch must be True or False, got "
+                             f"{self.int4_prefill_activation_prefetch!r}")
+        if self.int4_prefill_activation_prefetch and not self.staged_int4_prefill_projections:
+            raise ValueError("int4_prefill_activation_prefetch is an entry of the staged INT4 projections; "
+                             "staged_int4_prefill_projections is off")
         if not isinstance(self.decode_attention_one_head_entry, bool):
             raise ValueError(f"decode_attention_one_head_entry must be True or False, got "
                              f"{self.decode_attention_one_head_entry!r}")

@@ -60,7 +60,8 @@ FAMILIES = {
     "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii", "gemv_bf16_items": "PPPfPPiiiiPPPPPPiiii"},
     "gemv_int4": {name: "PPiPPfPPiiiiPPPPPPiiii" for name in ("gemv_int4", "gemv_int4_items", "gemv_int4_items2")},
     "projection_int4": {f"projection_int4_nt{nt}": "PPiPPPiiiiiiii" for nt in (1, 2, 4)},
-    "projection_int4_staged": {name: "PPiPPPiiiiiiii" for name in ("projection_int4_staged", "projection_int4_staged_p1")},
+    "projection_int4_staged": {f"projection_int4_staged{p}{pf}": "PPiPPPiiiiiiii" for p in ("", "_p1")
+                               for pf in ("", "_pf")},
     "projection_staged": {"projection_staged": "PPPPiiiiiiii"},
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_merge": "PPPPiiii", "attention_merge_prefetch": "PPPPiiii"},
@@ -130,7 +131,8 @@ DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", *FAMILIES["attention_decode
                           *FAMILIES["attention_mma"], *FAMILIES["gemm_bulk"], *FAMILIES["gemm_wgmma"],
                           *FAMILIES["gemm_tma"],
                           *(name for name in FAMILIES["prefill_bulk"] if name.startswith("attention_flash_hd")),
-                          *FAMILIES["attention_flash_kvo"])
+                          *FAMILIES["attention_flash_kvo"],
+                          *(name for name in FAMILIES["projection_int4_staged"] if name.endswith("_pf")))
 DECODE_LAYER_POINTERS = 9       # decode_persistent.cu: pointers per DecodeLayer entry of the layer table
 
 

@@ -138,7 +138,8 @@ class LayerEnqueue:
         elif (self.kernel_plan.staged_int4_prefill_projections and isinstance(W, Int4Matrix)
               and n <= STAGED_INT4_MAX_TOKENS):
             self.kernels.projection_int4_staged(W, x, out, n, mode, self.stream,
-                                                parts=self.kernel_plan.int4_prefill_activation_parts, **kw)
+                                                parts=self.kernel_plan.int4_prefill_activation_parts,
+                                                prefetch=self.kernel_plan.int4_prefill_activation_prefetch, **kw)
         else:
             self.kernels.projection(W, x, out, n, mode, self.stream, **kw)
 
