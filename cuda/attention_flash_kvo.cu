@@ -1,6 +1,6 @@
-// attention_flash_kvo.cu: the bulk prefill's flash attention with the K/V overlap (KernelPlan.bulk_attention_kv_overlap;
-// attention_flash.cuh's OVERLAP): each block copies V(t) while its warps form q K(t)^T and K(t + 1) while they
-// add P V(t). Same inputs, outputs and launch as prefill_bulk.cu's one-stage entries (its header comment has
+// attention_flash_kvo.cu: the bulk prefill's flash attention with the K/V overlap
+// (KernelPlan.bulk_attention_kv_overlap; attention_flash.cuh's OVERLAP): each block copies V(t) while its warps
+// form q K(t)^T and K(t + 1) while they add P V(t). Same inputs, outputs and launch as prefill_bulk.cu's one-stage entries (its header comment has
 // the precision and the layouts), and the same values: the order of every product and sum is theirs.
 // A family of its own so that the serving default (prefill_bulk.cu) does not compile it at cold start.
 #include "attention_flash.cuh"
