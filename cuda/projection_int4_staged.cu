@@ -59,6 +59,16 @@
 #define STG4_ROW 80                      // words per staged token row: 64 (a 128-column chunk) + 16 of padding
 #define STG4_ITEMS (STG4_TOKENS * 16)    // 8-column items of a chunk: 16 per token
 
+// Item (token n, 8-column group c8) of a chunk, its 8 activations v, split into hi / lo (PARTS 1: hi alone) at its
+// place in the staged rows.
+template <int PARTS>
+__device__ __forceinline__ void stage_int4_item(const float (&v)[8], uint32_t* hi, uint32_t* lo, int n, int c8) {
+    uint32_t h[4], l[4];
+    split_activations_int4(v, h, l);
+    *reinterpret_cast<uint4*>(hi + n * STG4_ROW + 4 * c8) = make_uint4(h[0], h[1], h[2], h[3]);
+    if (PARTS == 2) *reinterpret_cast<uint4*>(lo + n * STG4_ROW + 4 * c8) = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
 // Stage chunk `blk` (columns 128 blk .. + 127) of tokens [0, n_tok8) into hi / lo (PARTS 1: hi alone): item =
 // (token n, 8-column group c8), 16 items per token, consecutive threads on consecutive 32-byte pieces of a row
 // (coalesced). Tokens past n_tokens and steps past s_end stage zeros (never read past x's rows or K).
@@ -75,10 +85,7 @@ __device__ __forceinline__ void stage_int4_chunk(uint32_t* hi, uint32_t* lo, con
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[e] = 0.f;
         }
-        uint32_t h[4], l[4];
-        split_activations_int4(v, h, l);
-        *reinterpret_cast<uint4*>(hi + n * STG4_ROW + 4 * c8) = make_uint4(h[0], h[1], h[2], h[3]);
-        if (PARTS == 2) *reinterpret_cast<uint4*>(lo + n * STG4_ROW + 4 * c8) = make_uint4(l[0], l[1], l[2], l[3]);
+        stage_int4_item<PARTS>(v, hi, lo, n, c8);
     }
 }
 
@@ -106,10 +113,7 @@ __device__ __forceinline__ void split_int4_chunk(const float4* raw, uint32_t* hi
         const int n = item >> 4, c8 = item & 15;
         const float4 a = raw[item], b = raw[STG4_ITEMS + item];
         const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        uint32_t h[4], l[4];
-        split_activations_int4(v, h, l);
-        *reinterpret_cast<uint4*>(hi + n * STG4_ROW + 4 * c8) = make_uint4(h[0], h[1], h[2], h[3]);
-        if (PARTS == 2) *reinterpret_cast<uint4*>(lo + n * STG4_ROW + 4 * c8) = make_uint4(l[0], l[1], l[2], l[3]);
+        stage_int4_item<PARTS>(v, hi, lo, n, c8);
     }
 }
 

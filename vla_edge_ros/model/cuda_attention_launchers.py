@@ -75,9 +75,7 @@ class AttentionLaunchers:
             # bf16 K/V chunk as hi and lo halves (fp32 arena) or hi only (bf16 arena: lo is zero)
             parts = 2 if self.kv_dtype == "float32" else 1
             shared = 2 * parts * (ATTN_CHUNK * (head_dim + 8) + head_dim * (ATTN_CHUNK + 8))
-            self._function(name)                       # loads the family, and with it the shared-memory limit
-            _check(shared <= self._shared_limits[name],
-                   f"attention (tensor cores): {shared} bytes of shared memory > {self._shared_limits[name]}")
+            self._check_shared(name, shared, "attention (tensor cores)")
             self._launch(name, (ceil_div(n_rows, rows), n_splits, n_kv_heads), ATTN_TILED_THREADS, stream, *args,
                          np.int32(capacity), np.int32(n_splits), np.float32(scale), np.int32(n_rows), np.int32(rows),
                          shared=shared)

@@ -1,6 +1,6 @@
 """The launchers of the bulk prefill's kernels (gemm_bulk.cu, gemm_wgmma.cu, gemm_tma.cu, prefill_bulk.cu) and the
 tile constants they size grids and shared memory with: a base class of cuda_kernels.CudaKernels, which supplies the
-compiled functions (`_function`, `_launch`, `_shared_limits`, `_param_launch`), `num_sms` and `kv_dtype`."""
+compiled functions (`_function`, `_launch`, `_check_shared`, `_param_launch`), `num_sms` and `kv_dtype`."""
 from __future__ import annotations
 
 import ctypes
@@ -112,9 +112,7 @@ class BulkPrefillLaunchers:
         _check(1 <= k_split <= n_steps, f"gemm_bulk: k_split {k_split} outside [1, {n_steps}]")
         name = f"{plan.prefix}_p{parts}"
         shared = plan.shared_bytes(parts)
-        self._function(name)
-        _check(shared <= self._shared_limits[name], f"gemm_bulk: {shared} bytes of shared memory > "
-                                                    f"{self._shared_limits[name]}")
+        self._check_shared(name, shared, "gemm_bulk")
         grid = (ceil_div(M, plan.bm), ceil_div(N, plan.bn), k_split)
         tail = (ptr(bias), ptr(out_f), ptr(out_hl), np.int64(out_part_stride), np.int32(ldo), np.int32(M),
                 np.int32(N), np.int32(K), np.int32(out_cols), np.int32(mode), np.int32(k_split))
@@ -215,9 +213,7 @@ class BulkPrefillLaunchers:
         shared = 2 * (2 * group * FLASH_ROWS * row + stages * 2 * kv_parts * FLASH_BKV * row)
         name = (f"attention_flash_hd{head_dim}_s{stages}" + ("_w2" if heads_per_warp == 2 else "")
                 + ("_p1" if parts == 1 else "") + ("_kvo" if kv_overlap else ""))
-        self._function(name)
-        _check(shared <= self._shared_limits[name], f"attention_flash: {shared} bytes of shared memory > "
-                                                    f"{self._shared_limits[name]}")
+        self._check_shared(name, shared, "attention_flash")
         part = stage[0].size
         self._launch(name, (ceil_div(n_rows, FLASH_ROWS), n_kv_heads, n_splits), 32 * group // heads_per_warp, stream,
                      ptr(qkv),

@@ -159,10 +159,8 @@ class Int4Launchers(ProjectionLaunchers):
         grid = (ceil_div(ceil_div(rows, 16), STG4_WARPS) * ksplit,)
         name = "projection_int4_staged" + ("_p1" if parts == 1 else "") + ("_pf" if prefetch else "")
         shared = staged_int4_prefetch_shared(parts) if prefetch else 0
-        if prefetch:
-            self._function(name)                             # loaded: its shared-memory limit is known
-            _check(shared <= self._shared_limits[name], f"projection_int4_staged: {shared} bytes of shared memory > "
-                                                        f"{self._shared_limits[name]}")
+        if prefetch:                                         # the _pf entries' shared memory is dynamic
+            self._check_shared(name, shared, "projection_int4_staged")
         self._launch(name, grid, STG4_WARPS * 32, stream,
                      *_projection_int4_args(W, x, bias, out, rows, K, groups, n_tokens, out_cols, mode, ksplit,
                                             w_row0, x_row0), shared=shared)

@@ -407,6 +407,14 @@ class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
             self._load_family(family)
         return self._fns[name]
 
+    def _check_shared(self, name: str, shared: int, what: str) -> None:
+        """KernelError (naming `what`) when `shared` bytes of dynamic shared memory exceed what kernel `name` of
+        DYNAMIC_SHARED_KERNELS was opted into; loads its family first (the limit is known once it is loaded)."""
+        self._function(name)
+        limit = self._shared_limits[name]
+        if shared > limit:
+            raise KernelError(f"{what}: {shared} bytes of shared memory > {limit}")
+
     def _launch(self, name: str, grid, block, stream, *args, shared: int = 0):
         grid = _checked_grid(name, grid)
         fn = self._function(name)
