@@ -94,9 +94,9 @@ def test_the_one_head_entry_gives_the_same_bits_without_grouped_queries(kn, gpu,
 
 
 def test_a_model_without_grouped_queries_takes_the_one_head_entry(tmp_path):
-    """Lab "+g1" (KernelPlan.decode_attention_one_head_entry): llama-tiny-mha (group 1) takes the one-head entry with
-    one warp per slot group, and its captured cycle picks the tokens it picked before; tiny (group 2) keeps the
-    entries for any group and says so by dropping the name."""
+    """KernelPlan.decode_attention_one_head_entry (the default; lab "+nog1" turns it off): llama-tiny-mha (group 1)
+    takes the one-head entry with one warp per slot group, and its captured cycle picks the tokens the entries for
+    any group pick; tiny (group 2) keeps those entries whatever the plan asks, so "+g1" takes no effect there."""
     from vla_edge_ros.bench import kernel_lab
     from vla_edge_ros.model.cuda_backend import CudaBackend
     from vla_edge_ros.model.make_model import make_model
@@ -106,12 +106,14 @@ def test_a_model_without_grouped_queries_takes_the_one_head_entry(tmp_path):
         path = make_model(kind, tmp_path / kind, seed=11)
         spec = ModelSpec.from_dir(path)
         b = CudaBackend(spec, load_weights(path, spec), 300, "bfloat16")
-        before = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
-        assert kernel_lab.apply_launch_mode(b, "plain+g1") == ("plain+g1" if takes_it else "plain")
         assert b.kernel_plan.decode_attention_one_head_entry is takes_it
         assert b.kernel_plan.decode_attention_head_split == (1 if takes_it else 2)
-        after = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
-        np.testing.assert_array_equal(after[0], before[0], err_msg=kind)
+        default = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+        assert kernel_lab.apply_launch_mode(b, "plain+nog1") == "plain+nog1"
+        assert (b.kernel_plan.decode_attention_one_head_entry, b.kernel_plan.decode_attention_head_split) == (False, 2)
+        without = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+        np.testing.assert_array_equal(default[0], without[0], err_msg=kind)
+        assert kernel_lab.apply_launch_mode(b, "plain+g1") == ("plain+g1" if takes_it else "plain")
         b.close()
 
 

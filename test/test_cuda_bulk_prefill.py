@@ -301,11 +301,12 @@ def test_bulk_forward_matches_numpy_and_the_cycle_kernels(model):
         plan = b.use_kernel_plan(dataclasses.replace(b.kernel_plan, bulk_attention_heads_per_warp=2))
         assert plan.bulk_attention_heads_per_warp == (2 if (spec.num_heads // spec.num_kv_heads) % 2 == 0 else 1)
         named[f"bulk, 2 heads per attention warp, passes of {max_rows}"] = b
-    for max_rows in (512, 128):    # the flash attention's K/V copies under its products
+    assert bulk.kernel_plan.bulk_attention_kv_overlap      # the default: K/V copies under the attention's products
+    for max_rows in (512, 128):    # ... and without them (prefill_bulk.cu's one-stage entries)
         b = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=max_rows)
-        assert b.use_kernel_plan(dataclasses.replace(b.kernel_plan, bulk_attention_kv_overlap=True)
-                                 ).bulk_attention_kv_overlap
-        named[f"bulk, K/V overlap in the attention, passes of {max_rows}"] = b
+        assert not b.use_kernel_plan(dataclasses.replace(b.kernel_plan, bulk_attention_kv_overlap=False)
+                                     ).bulk_attention_kv_overlap
+        named[f"bulk, no K/V overlap in the attention, passes of {max_rows}"] = b
     if gemm != "mma":              # the Hopper default: the other GEMMs too (mma.sync, TMA), one pass and three
         for other in (g for g in GEMM_KERNELS if g != gemm):
             for max_rows in (512, 128):

@@ -28,11 +28,13 @@ def test_the_measured_best_plan_is_the_default():
     assert (MEASURED_BEST.bulk_gemm, MEASURED_BEST.bulk_activation_parts, MEASURED_BEST.bulk_attention_stages) == \
         ("tma", 2, 1)
     assert MEASURED_BEST.bulk_attention_heads_per_warp == 1          # two heads per warp: not yet measured
-    assert MEASURED_BEST.bulk_attention_kv_overlap is False          # the attention's K/V overlap: not yet measured
+    # 2026-12-03, eighth session: the flash attention's K/V overlap faster (the same bits), as are, for a model
+    # without grouped queries, the one-head decode entry (the same bits) and at least 16 long-context splits per KV head.
+    assert MEASURED_BEST.bulk_attention_kv_overlap is True
     assert MEASURED_BEST.int4_prefill_activation_parts == 2          # one INT4 prefill part: not yet measured
     assert MEASURED_BEST.int4_prefill_activation_prefetch is False   # the INT4 activation prefetch: not yet measured
-    assert MEASURED_BEST.decode_attention_one_head_entry is False    # the group-1 decode entry: not yet measured
-    assert MEASURED_BEST.long_context_blocks_per_sm == 1
+    assert MEASURED_BEST.decode_attention_one_head_entry is True
+    assert (MEASURED_BEST.long_context_blocks_per_sm, MEASURED_BEST.long_context_min_splits_per_kv_head) == (1, 16)
 
 
 @pytest.mark.parametrize("change, fragment", [
@@ -48,6 +50,8 @@ def test_the_measured_best_plan_is_the_default():
     ({"bulk_attention_heads_per_warp": 3}, "bulk_attention_heads_per_warp must be 1 or 2"),
     ({"long_context_blocks_per_sm": 0}, "long_context_blocks_per_sm must be in [1, 8]"),
     ({"long_context_blocks_per_sm": 2.0}, "long_context_blocks_per_sm must be in [1, 8]"),
+    ({"long_context_min_splits_per_kv_head": 0}, "long_context_min_splits_per_kv_head must be in [1, 256]"),
+    ({"long_context_min_splits_per_kv_head": True}, "long_context_min_splits_per_kv_head must be in [1, 256]"),
     ({"bulk_attention_heads_per_warp": 2, "bulk_attention_stages": 2}, "runs one K/V stage"),
     ({"bulk_attention_kv_overlap": True, "bulk_attention_stages": 2}, "bulk_attention_kv_overlap runs one K/V stage"),
     ({"bulk_attention_kv_overlap": 1}, "bulk_attention_kv_overlap must be True or False"),
@@ -137,11 +141,16 @@ def test_the_lab_names_the_int4_decode_grid():
 
 
 def test_the_lab_names_the_long_context_blocks_per_sm_and_the_splits_follow():
-    """lcsN sets KernelPlan.long_context_blocks_per_sm; long_context_splits gives each KV head N x SMs / KV heads
-    splits (the H200's 132 SMs: 66 per head at the 1.5B's 2 KV heads, 4 at the 7B's 32; 16 with 4 per SM)."""
+    """lcsN sets KernelPlan.long_context_blocks_per_sm, lcm1 its floor of splits per KV head to none;
+    long_context_splits gives each KV head N x SMs / KV heads splits, at least the floor (the H200's 132 SMs: 66 per
+    head at the 1.5B's 2 KV heads, 4 at the 7B's 32; 16 with 4 per SM or with the default floor of 16)."""
     from vla_edge_ros.bench.kernel_lab import mode_plan
     from vla_edge_ros.model.cuda_attention_launchers import long_context_splits
     for n in (1, 2, 4):
         assert mode_plan(f"plain+lcs{n}") == dataclasses.replace(MEASURED_BEST, long_context_blocks_per_sm=n)
     assert (long_context_splits(132, 2), long_context_splits(132, 32), long_context_splits(132, 32, 4)) == (66, 4, 16)
     assert long_context_splits(16, 32) == 1                      # more KV heads than SMs: one split each
+    assert mode_plan("plain+lcm1") == dataclasses.replace(MEASURED_BEST, long_context_min_splits_per_kv_head=1)
+    floor = MEASURED_BEST.long_context_min_splits_per_kv_head
+    assert (long_context_splits(132, 2, 1, floor), long_context_splits(132, 32, 1, floor)) == (66, 16)
+    assert long_context_splits(132, 32, 4, floor) == long_context_splits(132, 32, 4) == 16

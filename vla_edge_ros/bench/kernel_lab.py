@@ -12,7 +12,8 @@ compare another choice, the lab builds a variant plan and switches a backend to 
     block; i4x2: two items in flight per warp of those), its prefill projections (int4staged:
     projection_int4_staged.cu; i4p1: its one-part entry; i4pf: its activation prefetch), the decode attention's
     one-head entry for a group of 1
-    (g1) and the long-context attention's blocks per SM (lcs1, lcs2, lcs4);
+    (g1 on, the default; nog1 off) and the long-context attention's blocks per SM (lcs1, lcs2, lcs4) and its floor
+    of splits per KV head (lcm1: none);
   * a copy of the device state a decode step starts from, so that decode modes are compared from one prefill (two
     prefills differ in the last bits: their split-K projections add with atomics);
   * the kernel groups of a pass, which bench/pycuda_cycle.py times apart.
@@ -33,9 +34,9 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # (int4staged: projection_int4_staged.cu, the activations staged once per block, the default;
 # int4unstaged: projection_int4.cu; i4p1: the staged kernel on the activations' bf16 hi alone; i4pf: its next
 # chunk's activations copied under the products), the decode
-# attention's one-head entry for a model without grouped queries (g1), and the
-# long-context attention's blocks per SM (lcs1, lcs2, lcs4:
-# KernelPlan.long_context_blocks_per_sm). A float backend runs the INT4
+# attention's one-head entry for a model without grouped queries (g1, the default; nog1: off), and the
+# long-context attention's blocks per SM (lcs1, lcs2, lcs4: KernelPlan.long_context_blocks_per_sm) and floor of
+# splits per KV head (lcm1: KernelPlan.long_context_min_splits_per_kv_head 1, no floor). A float backend runs the INT4
 # variants as plain, and the mode in effect then drops their names.
 # A variant left unnamed keeps the base plan's choice.
 KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
@@ -55,7 +56,9 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    **{f"i4ipb{n}": {"int4_gemv_items_per_block": n} for n in (2, 4, 8)},
                    "i4x2": {"int4_gemv_rows_per_warp": 2},
                    **{f"lcs{n}": {"long_context_blocks_per_sm": n} for n in (1, 2, 4)},
-                   "g1": {"decode_attention_one_head_entry": True}}
+                   "lcm1": {"long_context_min_splits_per_kv_head": 1},
+                   "g1": {"decode_attention_one_head_entry": True},
+                   "nog1": {"decode_attention_one_head_entry": False}}
 # Device state a decode step reads or writes: what decode_state() / restore_decode_state() copy. The cycle's tables
 # (positions, slots, attend list) stay as begin_cycle wrote them.
 DECODE_STATE = ("k_cache", "v_cache", "resid", "ctl", "tokens_out")

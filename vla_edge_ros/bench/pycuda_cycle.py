@@ -91,9 +91,10 @@ def add_arguments(p) -> None:
                         "on one activation part) and +i4pf (its activation prefetch), +i4ipb2|+i4ipb4|+i4ipb8 (INT4 "
                         "weights: every decode "
                         "projection looped, ~2/4/8 items per block) with optionally +i4x2 (two items in flight "
-                        "per warp), +g1 (a model without grouped queries: the decode attention's one-head entry), "
+                        "per warp), +g1|+nog1 (a model without grouped queries: the decode attention's one-head "
+                        "entry, on by default, or off), "
                         "the long-context attention's blocks per SM +lcs1|+lcs2|+lcs4 (the splits "
-                        "per KV head: that many x SMs / KV heads) and a KV "
+                        "per KV head: that many x SMs / KV heads, at least 16) and +lcm1 (no floor), and a KV "
                         "arena type +kv32|+kv16 (a backend of its own: float32 or bf16 K/V), e.g. "
                         "plain+tiled for the kernel before attention_mma.cu; the first is "
                         "the one the summary reports (default: the three launch modes with the configured kernels)")

@@ -26,16 +26,17 @@ ATTN_MMA_TARGET_QV = 128
 ATTN_MMA_MAX_QV = 256
 
 
-def long_context_splits(num_sms: int, n_kv_heads: int, blocks_per_sm: int = 1) -> int:
+def long_context_splits(num_sms: int, n_kv_heads: int, blocks_per_sm: int = 1, min_splits: int = 1) -> int:
     """Splits per KV head the cycle's attention launches (attention / attention_decode's max_splits): blocks_per_sm
-    blocks per SM over the KV heads (KernelPlan.long_context_blocks_per_sm, 1 by default), each walking as many
-    64-entry chunks as the context needs. Where the splits
+    blocks per SM over the KV heads (KernelPlan.long_context_blocks_per_sm), and at least min_splits
+    (KernelPlan.long_context_min_splits_per_kv_head: a model with many KV heads would otherwise get a few long
+    walks each), each walking as many 64-entry chunks as the context needs. Where the splits
     instead cover the arena (one chunk each), a long context means thousands of short blocks and partial sums
     larger than the K/V they summarise. Measured on the H200 (bench/long_context_probe.py, 1.5B shape, fp32
     arena of 32040 slots, us per layer, splits covering the arena -> at most 66): decode 14.3 -> 11.8 at 4064
     cached, 36.0 -> 29.0 at 16384, 71.5 -> 52.1 at 32000; prefill (32 rows) 27.7 -> 25.7, 97.0 -> 75.7,
     181.7 -> 141.2 (notes/cuda_notes.md, session of 2026-12-02, fifth)."""
-    return max(1, blocks_per_sm * num_sms // n_kv_heads)
+    return max(1, min_splits, blocks_per_sm * num_sms // n_kv_heads)
 
 
 class AttentionLaunchers:

@@ -375,8 +375,9 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         without sm_90 launches ordinarily and one without sm_90a takes the "mma" bulk GEMM; INT4 projections take
         neither the staged projections nor the persistent decode (bf16 kernels; cuda_kernel_plan.py), and float
         ones not the staged INT4 projections nor the INT4 decode grid (int4_gemv_*); a model with grouped queries
-        keeps the decode attention's entries for any group (decode_attention_one_head_entry off; on, it sets
-        head_split 1). Returns the plan in effect (also `kernel_plan`)."""
+        keeps the decode attention's entries for any group (decode_attention_one_head_entry off, said at debug
+        level since the default plan asks for it; without grouped queries it sets head_split 1). Returns the plan
+        in effect (also `kernel_plan`)."""
         _check_plan_type(plan)
         self._drop_graphs()
         staged = plan.staged_prefill_projections and self.dtype == "bfloat16" and not self.int4
@@ -468,8 +469,8 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         decode_tensor_cores = plan.decode_attention_tensor_cores and tensor_cores
         one_head = plan.decode_attention_one_head_entry and not decode_tensor_cores   # an attention_decode.cu entry
         if one_head and self.spec.num_heads != self.spec.num_kv_heads:
-            log.info("the one-head decode attention entry serves models without grouped queries; this one has %d "
-                     "query heads per KV head", self.spec.num_heads // self.spec.num_kv_heads)
+            log.debug("the one-head decode attention entry serves models without grouped queries; this one has %d "
+                      "query heads per KV head", self.spec.num_heads // self.spec.num_kv_heads)
             one_head = False
         return {"tensor_core_attention": tensor_cores, "attention_blocks_per_sm": blocks,
                 "decode_attention_tensor_cores": decode_tensor_cores,

@@ -63,10 +63,15 @@ class KernelPlan:
     # Blocks per SM of the cycle's long-context attention launches (attention_decode.cu, attention_mma.cu):
     # long_context_splits gives each KV head this many x SMs / KV heads splits, each walking its share of the
     # context's 64-entry chunks. 1 measured best on the 1.5B shape (2 KV heads: 66 splits each, one chunk apiece at
-    # 4064 cached; 128 splits lost at 16K). The 7B shape has 32 KV heads: 4 splits each, every block walking ~16
-    # chunks one pass of loads at a time (its decode attention 2.32 ms per step, 4.6x the K/V floor); 2-4 there
-    # are not yet measured: lab "+lcs2", "+lcs4".
+    # 4064 cached; 128 splits lost at 16K).
     long_context_blocks_per_sm: int = 1
+    # ... and at least this many splits per KV head: a model with many KV heads (the 7B shape's 32: 4 splits each
+    # at one block per SM, every block walking ~16 chunks one pass of loads at a time) fills the SMs with shorter
+    # walks. Measured on the H200 (2026-12-03, eighth session, 7B INT4 at 4064 cached, lab "+lcs4" = 16 splits):
+    # prefill attention 4.04 -> 2.64 ms; decode attention with the one-head entry 1.87 -> 1.31 ms per step (without
+    # it 2.28 -> 2.67: the two-warp entry's 128 registers leave no room for more blocks); cycle p50 52.5 -> 46.7 ms.
+    # The 1.5B shape keeps its 66. Lab "+lcm1": the old rule (no floor).
+    long_context_min_splits_per_kv_head: int = 16
 
     # ---- bf16 decode (one row)
     # The decode row's attention through attention_mma.cu as well (one 16-row tile holds the group's query heads;
@@ -83,9 +88,10 @@ class KernelPlan:
     # entries: one warp per 8-slot group (head_split 1) holding the registers of one query head, not of
     # ATTN_MAX_GROUP / head_split (128 registers a thread at head_split 2, whose second warp per slot group has no
     # head at group 1 and loads the same K/V), so several blocks share an SM and more K/V loads are in flight. The
-    # 7B decode attention took 2.32 ms a step, 4.6x its K/V floor (2026-12-03 fifth session). The same bits. Other
-    # groups ignore it. Not yet measured (written 2026-12-03, seventh session): off; lab "+g1".
-    decode_attention_one_head_entry: bool = False
+    # same bits. Other groups ignore it (use_kernel_plan). Measured on the H200 (2026-12-03, eighth session, 7B INT4
+    # at 4064 cached, lab "+g1"): decode attention 2.28 -> 1.87 ms per step, cycle p50 55.9 -> 52.5 ms. Lab "+nog1"
+    # turns it off.
+    decode_attention_one_head_entry: bool = True
     # A decode projection with more 8-row items than this many blocks per SM (gate/up: 2240 items) loops them
     # over a grid of that size, staging the activations once (gemv_bf16_items); 0: a block per item.
     # Bit-identical; decode projections 1.100 -> 1.029 ms per step at 4 (2: 1.165).
@@ -133,10 +139,11 @@ class KernelPlan:
     bulk_attention_heads_per_warp: int = 1
     # The flash attention's copies under its own products (attention_flash_kvo.cu): one K and one V buffer per
     # block, V(t) copied while the warps form q K(t)^T, K(t + 1) while they add P V(t), and no causal mask on the
-    # tiles every row sees whole; the same values as the one-stage entries. Aimed at the long recomputes, where the
-    # attention took ~700 of 929 ms at 32K (p1, 2026-12-03 sixth) with a block waiting on each tile. One K/V stage.
-    # Not yet measured (written 2026-12-03, seventh session): off; bench/bulk_probe.py times it ("kvo" rows).
-    bulk_attention_kv_overlap: bool = False
+    # tiles every row sees whole; the same values as the one-stage entries (test_cuda_bulk_prefill.py). Measured on
+    # the H200 (2026-12-03, eighth session, bench/bulk_probe.py --kv-dtype bfloat16): the full recompute of 16384
+    # tokens 366.1 -> 352.4 ms (parts 1: 289.0 -> 263.5); ncu, 1024 rows after 15360: 967 -> 860 us (parts 1: 818
+    # -> 672). One K/V stage.
+    bulk_attention_kv_overlap: bool = True
 
     def __post_init__(self):
         if not isinstance(self.staged_int4_prefill_projections, bool):
@@ -166,6 +173,10 @@ class KernelPlan:
                 raise ValueError(f"{name} must be 1 or 2, got {getattr(self, name)!r}")
         if type(self.long_context_blocks_per_sm) is not int or not 1 <= self.long_context_blocks_per_sm <= 8:
             raise ValueError(f"long_context_blocks_per_sm must be in [1, 8], got {self.long_context_blocks_per_sm!r}")
+        if (type(self.long_context_min_splits_per_kv_head) is not int
+                or not 1 <= self.long_context_min_splits_per_kv_head <= 256):
+            raise ValueError(f"long_context_min_splits_per_kv_head must be in [1, 256], got "
+                             f"{self.long_context_min_splits_per_kv_head!r}")
         if self.persistent_l2_prefetch_bytes < 0:
             raise ValueError(f"persistent_l2_prefetch_bytes must be >= 0, got {self.persistent_l2_prefetch_bytes}")
         if self.int4_prefill_activation_parts == 1 and not self.staged_int4_prefill_projections:

@@ -152,7 +152,8 @@ class LayerEnqueue:
         as the context needs (attention_tiled.cu: one chunk per split)."""
         sp, plan = self.spec, self.kernel_plan
         k_ptr, v_ptr = self._kv_ptrs(li)
-        splits = long_context_splits(self.kernels.num_sms, sp.num_kv_heads, plan.long_context_blocks_per_sm)
+        splits = long_context_splits(self.kernels.num_sms, sp.num_kv_heads, plan.long_context_blocks_per_sm,
+                                     plan.long_context_min_splits_per_kv_head)
         if n <= DECODE_MAX_ROWS and not plan.decode_attention_tensor_cores:
             self.kernels.attention_decode(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o,
                                           self.part_ml, self.attn, n, sp.num_heads, sp.num_kv_heads, sp.head_dim,
