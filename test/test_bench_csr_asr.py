@@ -72,12 +72,12 @@ def test_bench_csr_rejects_a_negative_chunk(tiny_model_dir):
 def test_bench_csr_refuses_cuda_kernel_choices_without_the_cuda_backend(tiny_model_dir, capsys):
     """--bulk-gemm / --bulk-parts / --bulk-kv-overlap choose the CUDA bulk prefill: on numpy they are refused by
     name, not ignored, and the CLI refuses them on suites that have no bulk prefill to choose."""
-    for choice in (["--bulk-parts", "1"], ["--bulk-kv-overlap"], ["--kernel-variants", "lcs2"]):
+    for choice in (["--bulk-parts", "1"], ["--bulk-kv-overlap"], ["--no-bulk-kv-overlap"], ["--kernel-variants", "lcs2"]):
         with pytest.raises(ValueError, match="--bulk-kv-overlap and --kernel-variants choose CUDA kernels"):
             csr_ttft.main(["--model", str(tiny_model_dir), "--sizes", "64", *choice])
     with pytest.raises(ValueError, match="kernel variant 'lcs3' unknown"):
         csr_ttft.main(["--model", str(tiny_model_dir), "--sizes", "64", "--kernel-variants", "lcs3"])
-    for choice in (["--bulk-gemm", "tma"], ["--bulk-kv-overlap"], ["--kernel-variants", "lcs2"]):
+    for choice in (["--bulk-gemm", "tma"], ["--no-bulk-kv-overlap"], ["--kernel-variants", "lcs2"]):
         assert cli.main(["bench", "cycle", "--backend", "numpy", *choice]) == 2
         assert "--kernel-variants choose the CUDA kernels of bench csr" in capsys.readouterr().out
 

@@ -56,6 +56,7 @@ machine): 1-2 minutes in all (`scripts/gpu_session.sh` stage csr-hf):
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import time
 from dataclasses import dataclass
@@ -107,8 +108,9 @@ def add_arguments(p) -> None:
     p.add_argument("--bulk-parts", type=int, choices=(1, 2), help="pycuda: bf16 parts of the bulk prefill's "
                    "activations and attention factors, 2: hi + lo (the serving precision, default), 1: bf16 alone "
                    "(HF's bf16 precision)")
-    p.add_argument("--bulk-kv-overlap", action="store_true", help="pycuda: the bulk prefill's flash attention with "
-                   "its K/V copies under its products (KernelPlan.bulk_attention_kv_overlap; off in serving)")
+    p.add_argument("--bulk-kv-overlap", action=argparse.BooleanOptionalAction, help="pycuda: the bulk prefill's "
+                   "flash attention with its K/V copies under its products (KernelPlan.bulk_attention_kv_overlap, "
+                   "on in serving) or, --no-bulk-kv-overlap, without (prefill_bulk.cu's one-stage entries)")
     p.add_argument("--kernel-variants", nargs="+", metavar="NAME", help="pycuda: the kernel lab's variants over the "
                    "serving plan (bench/kernel_lab.KERNEL_VARIANTS, e.g. lcs2: two blocks per SM of the cycle's "
                    "long-context attention, which the CSR suffix runs)")
@@ -192,7 +194,7 @@ def _run(args) -> int:
         raise ValueError(f"bench csr: every state length must exceed the {prefix.size}-token prefix, got {plan.sizes}")
     capacity = max(plan.sizes) + max(plan.suffixes)
     variant_changes = _kernel_variant_changes(args)
-    if not plan.gpu and (any(getattr(args, k, None) for k in BULK_CHOICES) or variant_changes):
+    if not plan.gpu and (any(getattr(args, k, None) is not None for k in BULK_CHOICES) or variant_changes):
         raise ValueError("bench csr: --bulk-gemm, --bulk-parts, --bulk-kv-overlap and --kernel-variants choose CUDA "
                          "kernels; they need --backend pycuda")
     if plan.gpu:
@@ -263,14 +265,9 @@ BULK_CHOICES = {"bulk_gemm": "bulk_gemm", "bulk_parts": "bulk_activation_parts",
 
 def _kernel_variant_changes(args) -> dict:
     """The KernelPlan fields --kernel-variants sets (ValueError for a name the kernel lab does not have)."""
-    from .kernel_lab import KERNEL_VARIANTS
+    from .kernel_lab import variant_fields
 
-    changes = {}
-    for name in getattr(args, "kernel_variants", None) or ():
-        if name not in KERNEL_VARIANTS:
-            raise ValueError(f"bench csr: kernel variant {name!r} unknown; choose from {sorted(KERNEL_VARIANTS)}")
-        changes.update(KERNEL_VARIANTS[name])
-    return changes
+    return variant_fields(getattr(args, "kernel_variants", None) or (), "bench csr")
 
 
 def _bulk_plan(backend, args, variant_changes: dict):
@@ -280,7 +277,8 @@ def _bulk_plan(backend, args, variant_changes: dict):
     import dataclasses
 
     changes = dict(variant_changes)
-    changes.update({field: getattr(args, arg) for arg, field in BULK_CHOICES.items() if getattr(args, arg, None)})
+    changes.update({field: getattr(args, arg) for arg, field in BULK_CHOICES.items()
+                    if getattr(args, arg, None) is not None})
     if not changes:
         return backend.kernel_plan
     return backend.use_kernel_plan(dataclasses.replace(backend.kernel_plan, **changes))

@@ -73,6 +73,17 @@ def persistent_plan(blocks_per_sm: int | None = None, l2_prefetch_bytes: int | N
     return dataclasses.replace(base, persistent_decode=True, programmatic_launch=False, **grid)
 
 
+def variant_fields(names, what: str = "kernel lab") -> dict:
+    """The KernelPlan fields the kernel variants `names` set, later names over earlier ones; ValueError naming
+    `what` for a name KERNEL_VARIANTS does not have."""
+    fields = {}
+    for name in names:
+        if name not in KERNEL_VARIANTS:
+            raise ValueError(f"{what}: kernel variant {name!r} unknown; choose from {sorted(KERNEL_VARIANTS)}")
+        fields.update(KERNEL_VARIANTS[name])
+    return fields
+
+
 def mode_plan(mode: str, base: KernelPlan = MEASURED_BEST) -> KernelPlan:
     """The plan of a launch mode with its kernel variants (bench/pycuda_cycle.launch_mode's syntax; names outside
     KERNEL_VARIANTS, such as a KV arena type, are left to the caller) over `base`."""
@@ -80,9 +91,7 @@ def mode_plan(mode: str, base: KernelPlan = MEASURED_BEST) -> KernelPlan:
     kind, *opts = launch.split(":")
     if kind not in LAUNCH_MODES:
         raise ValueError(f"launch mode {kind!r}: one of {LAUNCH_MODES}")
-    chosen = {}
-    for v in variants:
-        chosen.update(KERNEL_VARIANTS.get(v, {}))
+    chosen = variant_fields([v for v in variants if v in KERNEL_VARIANTS])
     plan = dataclasses.replace(base, persistent_decode=False, programmatic_launch=kind == "pdl", **chosen)
     if kind == "persistent":
         blocks = int(opts[0]) if opts else None

@@ -15,6 +15,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 
 from ..bench.cycle_weights import weight_format
@@ -63,9 +64,9 @@ def add_arguments(p) -> None:
     csr.add_argument("--bulk-parts", type=int, choices=[1, 2],
                      help="csr on pycuda: bf16 parts of the bulk prefill's activations and attention factors, 2: hi + "
                           "lo (the serving precision, default), 1: bf16 alone (HF's bf16 precision)")
-    csr.add_argument("--bulk-kv-overlap", action="store_true",
+    csr.add_argument("--bulk-kv-overlap", action=argparse.BooleanOptionalAction,
                      help="csr on pycuda: the bulk prefill's flash attention with its K/V copies under its products "
-                          "(KernelPlan.bulk_attention_kv_overlap; off in serving)")
+                          "(KernelPlan.bulk_attention_kv_overlap, on in serving) or, --no-bulk-kv-overlap, without")
     csr.add_argument("--kernel-variants", nargs="+", metavar="NAME",
                      help="csr on pycuda: the kernel lab's variants over the serving plan (bench/kernel_lab.py "
                           "KERNEL_VARIANTS, e.g. lcs2)")
@@ -94,7 +95,8 @@ def run(args) -> int:
     if args.weights != ["float"] and key != ("cycle", "pycuda"):
         print(f"vla-edge bench: --weights {' '.join(args.weights)} is the pycuda cycle's (bench --backend pycuda)")
         return 2
-    if (args.bulk_gemm or args.bulk_parts or args.bulk_kv_overlap or args.kernel_variants) and key != ("csr", "pycuda"):
+    cuda_choices = (args.bulk_gemm, args.bulk_parts, args.bulk_kv_overlap, args.kernel_variants)
+    if any(c is not None for c in cuda_choices) and key != ("csr", "pycuda"):
         print("vla-edge bench: --bulk-gemm, --bulk-parts, --bulk-kv-overlap and --kernel-variants choose the CUDA "
               "kernels of bench csr --backend pycuda")
         return 2
