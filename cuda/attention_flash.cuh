@@ -19,10 +19,10 @@
 
 // Shared-memory rows of HD bf16 plus 16 bytes of padding: the 8 row addresses of an ldmatrix then fall
 // in 8 different 16-byte bank groups ((HD + 8) * 2 bytes = an odd number of 16-byte groups).
-template <int HD> struct FlashLayout {
+template <int HD, int BKV = FA_BKV> struct FlashLayout {
     static constexpr int ROW = HD + 8;
     static constexpr int Q_TILE = FA_ROWS * ROW;               // one warp's query rows, one part
-    static constexpr int KV_TILE = FA_BKV * ROW;               // one staged array's tile
+    static constexpr int KV_TILE = BKV * ROW;                  // one staged array's tile
 };
 
 // c0 / c1 += a . b for the two n8 tiles of one ldmatrix_x4 B load (b0 b1 of the first, then of the second).
@@ -45,15 +45,23 @@ __device__ __forceinline__ void mma_tile_pair(float (&c0)[4], float (&c1)[4], co
 // whole tile after the last warp is done with the one before, and only a second block on the SM hides the
 // copy. OVERLAP also skips the causal mask on tiles that every row of the block sees whole (the block's first
 // row sees the fewest entries): same values, fewer comparisons.
+// BKV (attention_flash_tiles.cu: 64): list entries per K/V tile, FA_BKV by default. A tile's fixed costs (two
+// barriers with OVERLAP, the softmax's row reductions and rescale of every accumulator, the Q fragments' loads)
+// then serve twice the entries; S takes twice the registers.
+// HOIST (attention_flash_tiles.cu): each thread copies the same 16-byte column of rows tid / (HD / 8) + k step
+// of every tile, its source and destination computed once, so a copy costs an add and a compare. Without it every
+// copy derives its array, row and column from a running index (~40 instructions each in PTX; with 32-entry tiles
+// ~250 of the ~670 a warp issues per tile at head_dim 128). The same bytes land in the same places.
 // Launch: grid (ceil(n_rows / 16), KVH, S), block 32 * group / HPW, dynamic shared memory
 // 2 * (2 group Q_TILE + STAGES 2 FA_KV_PARTS KV_TILE) bytes (cuda_kernels.attention_flash).
-template <int HD, int STAGES, int PARTS, int HPW, bool OVERLAP>
+template <int HD, int STAGES, int PARTS, int HPW, bool OVERLAP, int BKV = FA_BKV, bool HOIST = false>
 __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride, const uint16_t* k_hi,
                                                 const uint16_t* k_lo, const uint16_t* v_hi, const uint16_t* v_lo,
                                                 int stage_cap, const int* ctl, float* part_o, float* part_ml,
                                                 int n_rows, int n_q_heads, int n_kv_heads, int n_splits,
                                                 float scale_log2) {
-    using L = FlashLayout<HD>;
+    using L = FlashLayout<HD, BKV>;
+    static_assert(!HOIST || OVERLAP, "the hoisted copies are written for the K/V overlap's copy order");
     extern __shared__ uint4 smem_flash[];
     uint16_t* smem = reinterpret_cast<uint16_t*>(smem_flash);
     const int group = n_q_heads / n_kv_heads;                  // = HPW x the warps of the block
@@ -66,20 +74,44 @@ __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride
     uint16_t* kv_smem = smem + 2 * group * L::Q_TILE;           // STAGES x [Kh, (Kl), Vh, (Vl)]
 
     const int visible_last = list_length(ctl, r_end - 1);      // entries the block's last row sees
-    const int n_tiles = (visible_last + FA_BKV - 1) / FA_BKV;
+    const int n_tiles = (visible_last + BKV - 1) / BKV;
     const int t_begin = (int)(((long long)split * n_tiles) / n_splits);
     const int t_end = (int)(((long long)(split + 1) * n_tiles) / n_splits);
     static_assert(!OVERLAP || STAGES == 1, "the K/V overlap uses one stage's buffers");
     const int len_first = list_length(ctl, r0);                // entries the block's first row sees: the fewest
+
+    // HOIST: this thread's column of 16 bytes and first row of every tile, and the rows between its copies.
+    constexpr int H_CHUNKS = HD / 8;
+    const int h_col = (threadIdx.x % H_CHUNKS) * 8, h_row0 = threadIdx.x / H_CHUNKS;
+    const int h_step = blockDim.x / H_CHUNKS;                  // blockDim is 32 x warps: a multiple of H_CHUNKS
+    const size_t h_head = (size_t)kvh * stage_cap;
+    auto load_hoisted = [&](int tile, int buf, int first, int n_arrays) {
+        uint16_t* dst0 = kv_smem + buf * (2 * FA_KV_PARTS) * L::KV_TILE + h_col;
+        const int j0 = tile * BKV;
+        for (int a = first; a < first + n_arrays; ++a) {
+            const uint16_t* array = a < FA_KV_PARTS ? (a == 0 ? k_hi : k_lo) : (a == FA_KV_PARTS ? v_hi : v_lo);
+            const uint16_t* head = array + h_head * HD + h_col;    // entry 0: a valid address for the zero fills
+            const uint16_t* src = head + (size_t)(j0 + h_row0) * HD;
+            uint16_t* dst = dst0 + a * L::KV_TILE + h_row0 * L::ROW;
+            for (int j = j0 + h_row0; j < j0 + BKV; j += h_step, src += h_step * HD, dst += h_step * L::ROW) {
+                const bool ok = j < visible_last;              // entries past the last row's list: zeros
+                cp_async16(dst, ok ? src : head, ok ? 16 : 0);
+            }
+        }
+    };
 
     // One tile of `n_arrays` staged arrays from array `first` on (in shared-memory order: K hi, (K lo), V hi,
     // (V lo)) into stage buffer `buf`; entries past the last row's list are zeros (masked anyway, and 0 *
     // garbage could be NaN).
     auto load_arrays = [&](int tile, int buf, int first, int n_arrays) {
         constexpr int CHUNKS = HD / 8;                         // 16-byte copies per row
-        constexpr int PER_ARRAY = FA_BKV * CHUNKS;
+        if constexpr (HOIST) {
+            load_hoisted(tile, buf, first, n_arrays);
+            return;
+        }
+        constexpr int PER_ARRAY = BKV * CHUNKS;
         uint16_t* dst = kv_smem + buf * (2 * FA_KV_PARTS) * L::KV_TILE;
-        const int j0 = tile * FA_BKV;
+        const int j0 = tile * BKV;
         for (int c = threadIdx.x; c < n_arrays * PER_ARRAY; c += blockDim.x) {
             const int arr = first + c / PER_ARRAY;
             const int rem = c - (arr - first) * PER_ARRAY;
@@ -149,13 +181,13 @@ __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride
         const uint16_t* kh = kv_smem + buf * (2 * FA_KV_PARTS) * L::KV_TILE;
         const uint16_t* vh = kh + FA_KV_PARTS * L::KV_TILE;
 
-        // S = q K^T over the tile: FA_BKV / 8 n8 tiles of entries, HD / 16 k-steps; each K fragment serves the
+        // S = q K^T over the tile: BKV / 8 n8 tiles of entries, HD / 16 k-steps; each K fragment serves the
         // warp's HPW heads.
-        float s[HPW][FA_BKV / 8][4];
+        float s[HPW][BKV / 8][4];
 #pragma unroll
         for (int j = 0; j < HPW; ++j)
 #pragma unroll
-            for (int nt = 0; nt < FA_BKV / 8; ++nt) s[j][nt][0] = s[j][nt][1] = s[j][nt][2] = s[j][nt][3] = 0.f;
+            for (int nt = 0; nt < BKV / 8; ++nt) s[j][nt][0] = s[j][nt][1] = s[j][nt][2] = s[j][nt][3] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ++ks) {
             uint32_t ah[HPW][4], al[HPW][4];
@@ -166,7 +198,7 @@ __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride
                     ldmatrix_x4(al[j], a_fragment_row(smem + (group + h0 + j) * L::Q_TILE + ks * 16, L::ROW, lane));
             }
 #pragma unroll
-            for (int np = 0; np < FA_BKV / 16; ++np) {
+            for (int np = 0; np < BKV / 16; ++np) {
                 uint32_t b[4];
                 ldmatrix_x4(b, b_fragment_row(kh + np * 16 * L::ROW + ks * 16, L::ROW, lane));
 #pragma unroll
@@ -192,7 +224,7 @@ __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride
                 cp_async_commit();
             }
         }
-        const bool whole = OVERLAP && (tile + 1) * FA_BKV <= len_first;   // no entry of the tile is masked
+        const bool whole = OVERLAP && (tile + 1) * BKV <= len_first;   // no entry of the tile is masked
 
         // Online softmax of rows g (r = 0) and g + 8 (r = 1) of each head; s[j][nt][2 r + e] is entry
         // tile*BKV + 8 nt + 2 t + e.
@@ -202,10 +234,10 @@ __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride
             for (int r = 0; r < 2; ++r) {
                 float mx = m[j][r];
 #pragma unroll
-                for (int nt = 0; nt < FA_BKV / 8; ++nt)
+                for (int nt = 0; nt < BKV / 8; ++nt)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const int jj = tile * FA_BKV + nt * 8 + 2 * t + e;
+                        const int jj = tile * BKV + nt * 8 + 2 * t + e;
                         if (whole || jj < len[r]) mx = fmaxf(mx, s[j][nt][2 * r + e]);
                     }
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -214,10 +246,10 @@ __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride
                 const float alpha = mx == -INFINITY ? 1.f : exp2f(m[j][r] - mx);
                 float sum = 0.f;
 #pragma unroll
-                for (int nt = 0; nt < FA_BKV / 8; ++nt)
+                for (int nt = 0; nt < BKV / 8; ++nt)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const int jj = tile * FA_BKV + nt * 8 + 2 * t + e;
+                        const int jj = tile * BKV + nt * 8 + 2 * t + e;
                         const float p = whole || jj < len[r] ? exp2f(s[j][nt][2 * r + e] - mx) : 0.f;
                         s[j][nt][2 * r + e] = p;
                         sum += p;
@@ -236,7 +268,7 @@ __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride
         // O += P V: P straight from S's accumulators (an m16n8 pair is an m16k16 A fragment), split hi/lo;
         // V's B fragments by ldmatrix.trans from the [entry][dim] tile, each serving the warp's HPW heads.
 #pragma unroll
-        for (int kk = 0; kk < FA_BKV / 16; ++kk) {
+        for (int kk = 0; kk < BKV / 16; ++kk) {
             uint32_t ph[HPW][4], pl[HPW][4];
 #pragma unroll
             for (int j = 0; j < HPW; ++j) {
@@ -288,4 +320,15 @@ __device__ __forceinline__ void attention_flash(const float* qkv, int qkv_stride
         attention_flash<HD, STAGES, PARTS, HPW, OVERLAP>(qkv, qkv_stride, k_hi, k_lo, v_hi, v_lo, stage_cap,  \
                                                          ctl, part_o, part_ml, n_rows, n_q_heads, n_kv_heads,  \
                                                          n_splits, scale_log2);                                \
+    }
+
+// An entry with its tile size and copy scheme (attention_flash_tiles.cu): K/V overlap, one stage, one head per warp.
+#define ATTENTION_FLASH_TILE_ENTRY(HD, PARTS, BKV, HOIST, SUFFIX, BOUNDS)                                        \
+    extern "C" __global__ void __launch_bounds__ BOUNDS attention_flash_hd##HD##_s1##SUFFIX(                    \
+            const float* qkv, int qkv_stride, const uint16_t* k_hi, const uint16_t* k_lo, const uint16_t* v_hi,  \
+            const uint16_t* v_lo, int stage_cap, const int* ctl, float* part_o, float* part_ml, int n_rows,     \
+            int n_q_heads, int n_kv_heads, int n_splits, float scale_log2) {                                   \
+        attention_flash<HD, 1, PARTS, 1, true, BKV, HOIST>(qkv, qkv_stride, k_hi, k_lo, v_hi, v_lo, stage_cap, \
+                                                           ctl, part_o, part_ml, n_rows, n_q_heads, n_kv_heads, \
+                                                           n_splits, scale_log2);                              \
     }

@@ -144,7 +144,7 @@ def test_rmsnorm_split_rows_and_bias_init(kn, gpu):
 
 
 def _flash_case(kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, seed, cap=700, parts=2,
-                heads_per_warp=1, kv_overlap=False):
+                heads_per_warp=1, kv_overlap=False, hoisted_copies=False, tile_entries=32):
     """K/V behind a permuted slot list, n query rows after ctx + row_offset visible entries: kv_stage, then
     attention_flash; returns (ours, the reference)."""
     ga, stream = gpu
@@ -169,7 +169,7 @@ def _flash_case(kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, stages, s
     kernels.kv_stage(int(k_d.gpudata), int(v_d.gpudata), attend_d, ctl_d, stage, n, kvh, cap, hd, stream)
     kernels.attention_flash(ga.to_gpu(qkv), stage, ctl_d, part_o, part_ml, out, out_stride, n, hq, kvh, hd, splits,
                             hd ** -0.5, stream, stages=stages, parts=parts, heads_per_warp=heads_per_warp,
-                            kv_overlap=kv_overlap)
+                            kv_overlap=kv_overlap, hoisted_copies=hoisted_copies, tile_entries=tile_entries)
     stream.synchronize()
     expected = ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, hd ** -0.5)
     return _joined(out.get(), out_stride, n, q_dim), expected
@@ -231,6 +231,43 @@ def test_attention_flash_kv_overlap_gives_the_one_stage_bits(kn, kn16, gpu, hq, 
     one_stage, _ = _flash_case(*case, **kw)
     np.testing.assert_array_equal(got, one_stage)
     _close(got, expected, 3e-5 if parts == 2 else 1e-2, f"attention_flash kvo p{parts} w{heads_per_warp} hd={hd}")
+
+
+@pytest.mark.parametrize("hq,kvh,hd,ctx,row_offset,n,splits", [
+    (4, 2, 32, 0, 0, 40, 1),          # from nothing: every tile of a block holds its diagonal or lies past it
+    (4, 1, 32, 50, 3, 37, 3),         # ragged rows, three splits
+    (12, 2, 128, 300, 0, 130, 2),     # the 1.5B shape: whole tiles before the diagonal ones
+    (8, 2, 64, 97, 20, 64, 5),        # empty splits
+    (12, 2, 128, 640, 0, 50, 1),      # one split over many tiles, a partial last row block
+])
+@pytest.mark.parametrize("parts", [2, 1])
+@pytest.mark.parametrize("arena", ["float32", "bfloat16"])
+def test_attention_flash_hoisted_copies_and_wide_tiles(kn, kn16, gpu, hq, kvh, hd, ctx, row_offset, n, splits, parts,
+                                                       arena):
+    """attention_flash_tiles.cu: the hoisted copies (KernelPlan.bulk_attention_hoisted_copies) put the same bytes in
+    the same places, so every output bit equals the K/V overlap's entry; the 64-entry tiles
+    (bulk_attention_tile_entries) round the online softmax per 64 entries, within the reference's bound."""
+    kernels = kn if arena == "float32" else kn16
+    case = (kernels, gpu, hq, kvh, hd, ctx, row_offset, n, splits, 1)
+    kw = {"seed": hd + n + ctx, "parts": parts, "cap": 720, "kv_overlap": True}
+    overlap, expected = _flash_case(*case, **kw)
+    hoisted, _ = _flash_case(*case, hoisted_copies=True, **kw)
+    np.testing.assert_array_equal(hoisted, overlap)
+    wide, _ = _flash_case(*case, hoisted_copies=True, tile_entries=64, **kw)
+    bound = 3e-5 if parts == 2 else 1e-2
+    _close(wide, expected, bound, f"attention_flash t64 p{parts} hd={hd}")
+    _close(hoisted, expected, bound, f"attention_flash h p{parts} hd={hd}")
+
+
+def test_attention_flash_refuses_the_tile_entries_it_has_no_entry_for(kn, gpu):
+    from vla_edge_ros.model.cuda_kernels import KernelError
+    with pytest.raises(KernelError, match="hoisted copies are entries of the K/V overlap"):
+        _flash_case(kn, gpu, 4, 2, 32, 0, 0, 16, 1, 1, seed=1, hoisted_copies=True)
+    with pytest.raises(KernelError, match="64-entry tiles"):
+        _flash_case(kn, gpu, 8, 1, 32, 0, 0, 16, 1, 1, seed=1, kv_overlap=True, hoisted_copies=True,
+                    tile_entries=64)                                                 # group 8: over the bound of 6
+    with pytest.raises(KernelError, match="64-entry tiles"):
+        _flash_case(kn, gpu, 4, 2, 32, 0, 0, 16, 1, 1, seed=1, kv_overlap=True, tile_entries=64)
 
 
 def test_attention_flash_refuses_the_kv_overlap_with_two_stages(kn, gpu):
@@ -307,6 +344,12 @@ def test_bulk_forward_matches_numpy_and_the_cycle_kernels(model):
         assert not b.use_kernel_plan(dataclasses.replace(b.kernel_plan, bulk_attention_kv_overlap=False)
                                      ).bulk_attention_kv_overlap
         named[f"bulk, no K/V overlap in the attention, passes of {max_rows}"] = b
+    for entries in (32, 64):       # hoisted copies, and with them 64-entry tiles (attention_flash_tiles.cu)
+        b = _backend(model, cap, bulk_prefill_min_rows=1, bulk_prefill_max_rows=128)
+        plan = b.use_kernel_plan(dataclasses.replace(b.kernel_plan, bulk_attention_hoisted_copies=True,
+                                                     bulk_attention_tile_entries=entries))
+        assert (plan.bulk_attention_hoisted_copies, plan.bulk_attention_tile_entries) == (True, entries)
+        named[f"bulk, hoisted copies, {entries}-entry tiles, passes of 128"] = b
     if gemm != "mma":              # the Hopper default: the other GEMMs too (mma.sync, TMA), one pass and three
         for other in (g for g in GEMM_KERNELS if g != gemm):
             for max_rows in (512, 128):

@@ -31,6 +31,8 @@ def test_the_measured_best_plan_is_the_default():
     # 2026-12-03, eighth session: the flash attention's K/V overlap faster (the same bits), as are, for a model
     # without grouped queries, the one-head decode entry (the same bits) and at least 16 long-context splits per KV head.
     assert MEASURED_BEST.bulk_attention_kv_overlap is True
+    # Written 2026-12-03, eighth session, not yet measured: hoisted copies and 64-entry flash tiles.
+    assert (MEASURED_BEST.bulk_attention_hoisted_copies, MEASURED_BEST.bulk_attention_tile_entries) == (False, 32)
     assert MEASURED_BEST.int4_prefill_activation_parts == 2          # one INT4 prefill part: not yet measured
     assert MEASURED_BEST.int4_prefill_activation_prefetch is False   # the INT4 activation prefetch: not yet measured
     assert MEASURED_BEST.decode_attention_one_head_entry is True
@@ -55,6 +57,13 @@ def test_the_measured_best_plan_is_the_default():
     ({"bulk_attention_heads_per_warp": 2, "bulk_attention_stages": 2}, "runs one K/V stage"),
     ({"bulk_attention_kv_overlap": True, "bulk_attention_stages": 2}, "bulk_attention_kv_overlap runs one K/V stage"),
     ({"bulk_attention_kv_overlap": 1}, "bulk_attention_kv_overlap must be True or False"),
+    ({"bulk_attention_hoisted_copies": 1}, "bulk_attention_hoisted_copies must be True or False"),
+    ({"bulk_attention_hoisted_copies": True, "bulk_attention_kv_overlap": False},
+     "bulk_attention_hoisted_copies are entries of the K/V overlap"),
+    ({"bulk_attention_hoisted_copies": True, "bulk_attention_heads_per_warp": 2},
+     "bulk_attention_hoisted_copies are entries of the K/V overlap with one head per warp"),
+    ({"bulk_attention_tile_entries": 48}, "bulk_attention_tile_entries must be 32 or 64"),
+    ({"bulk_attention_tile_entries": 64}, "bulk_attention_tile_entries 64 are entries with the hoisted copies"),
     ({"int4_prefill_activation_parts": 3}, "int4_prefill_activation_parts must be 1 or 2"),
     ({"decode_attention_one_head_entry": "on"}, "decode_attention_one_head_entry must be True or False"),
     ({"int4_prefill_activation_prefetch": 1}, "int4_prefill_activation_prefetch must be True or False"),

@@ -132,7 +132,7 @@ def test_family_source_is_one_translation_unit(family):
     mma_definitions = src.count("void mma_bf16_16816(")
     assert mma_definitions <= 1, "mma_bf16.cuh pasted once"
     if family in ("projection_bf16", "projection_staged", "projection_int4", "projection_int4_staged", "attention_mma",
-                  "prefill_bulk", "attention_flash_kvo"):
+                  "prefill_bulk", "attention_flash_kvo", "attention_flash_tiles"):
         assert mma_definitions == 1, f"{family}.cu includes mma_bf16.cuh"
 
 

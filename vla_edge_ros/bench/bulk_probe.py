@@ -19,7 +19,9 @@ arena or with `--kv-dtype bfloat16` the GPU demo's bf16 one), so every ratio com
            kernel: the CSR paper's unordered baseline (bench csr has it against HF's SDPA recompute)
 The forward and recompute tables also time the serving GEMM with two query heads per flash-attention warp ("w2":
 KernelPlan.bulk_attention_heads_per_warp) and with the attention's K/V copies under its products ("kvo":
-KernelPlan.bulk_attention_kv_overlap), alone and together, with both part counts, and with two K/V stages ("s2").
+KernelPlan.bulk_attention_kv_overlap; the serving choice), alone and together, with both part counts, with two K/V
+stages ("s2"), and the overlap with hoisted copies ("kvo h") and 64-entry tiles ("kvo t64":
+KernelPlan.bulk_attention_hoisted_copies, bulk_attention_tile_entries).
 `--launch-once M` launches each GEMM kernel once per projection at M rows, outside any graph, and exits: the
 run to put under Nsight Compute (`ncu`) to see what limits a kernel; `--launch-flash-once ROWS CONTEXT` does the
 same for each flash-attention variant over one pass of ROWS rows after CONTEXT cached entries.
@@ -89,11 +91,16 @@ def launch_once(m: int) -> None:
     backend.close()
 
 
-# (label, parts, query heads per warp, K/V overlap, K/V stages) of the flash attention's variants --launch-flash-once
-# launches, each an entry of its own (prefill_bulk.cu, attention_flash_kvo.cu), so a profiler tells them apart by name.
-FLASH_VARIANTS = (("p2", 2, 1, False, 1), ("p2 s2", 2, 1, False, 2), ("p1", 1, 1, False, 1), ("w2", 2, 2, False, 1),
-                  ("w2 p1", 1, 2, False, 1), ("kvo", 2, 1, True, 1), ("kvo p1", 1, 1, True, 1),
-                  ("w2 kvo", 2, 2, True, 1), ("w2 kvo p1", 1, 2, True, 1))
+# (label, parts, query heads per warp, K/V overlap, K/V stages, hoisted copies, tile entries) of the flash attention's
+# variants --launch-flash-once launches, each an entry of its own (prefill_bulk.cu, attention_flash_kvo.cu,
+# attention_flash_tiles.cu), so a profiler tells them apart by name.
+FLASH_VARIANTS = (("p2", 2, 1, False, 1, False, 32), ("p2 s2", 2, 1, False, 2, False, 32),
+                  ("p1", 1, 1, False, 1, False, 32), ("w2", 2, 2, False, 1, False, 32),
+                  ("w2 p1", 1, 2, False, 1, False, 32), ("kvo", 2, 1, True, 1, False, 32),
+                  ("kvo p1", 1, 1, True, 1, False, 32), ("w2 kvo", 2, 2, True, 1, False, 32),
+                  ("w2 kvo p1", 1, 2, True, 1, False, 32), ("kvo h", 2, 1, True, 1, True, 32),
+                  ("kvo h p1", 1, 1, True, 1, True, 32), ("kvo t64", 2, 1, True, 1, True, 64),
+                  ("kvo t64 p1", 1, 1, True, 1, True, 64))
 
 
 def launch_flash_once(rows: int, context: int, kv_dtype: str) -> None:
@@ -113,6 +120,7 @@ def launch_flash_once(rows: int, context: int, kv_dtype: str) -> None:
         kernels = ck.CudaKernels(device, kv_dtype=kv_dtype)
         kernels.load_family("prefill_bulk")
         kernels.load_family("attention_flash_kvo")
+        kernels.load_family("attention_flash_tiles")
         stream = drv.Stream()
         cap = context + rows
         kv_type = ck.KV_ARENA_TYPES[kv_dtype][0]
@@ -131,10 +139,10 @@ def launch_flash_once(rows: int, context: int, kv_dtype: str) -> None:
         out_stride = rows * hq * hd
         out = gpuarray.zeros(2 * out_stride, np.uint16)
         kernels.kv_stage(int(k.gpudata), int(v.gpudata), attend, ctl, stage, rows, kvh, cap, hd, stream)
-        for label, parts, heads, overlap, stages in FLASH_VARIANTS:
+        for label, parts, heads, overlap, stages, hoisted, tile in FLASH_VARIANTS:
             kernels.attention_flash(qkv, stage, ctl, part_o, part_ml, out, out_stride, rows, hq, kvh, hd, splits,
                                     hd ** -0.5, stream, stages=stages, parts=parts, heads_per_warp=heads,
-                                    kv_overlap=overlap)
+                                    kv_overlap=overlap, hoisted_copies=hoisted, tile_entries=tile)
             stream.synchronize()
             print(f"launched flash attention {label}: {rows} rows after {context}, {splits} splits, {kv_dtype} arena")
 
@@ -199,23 +207,28 @@ def probe(context: int, quick: bool, kv_dtype: str = "float32") -> dict:
                         np.arange(context, context + n), ctx_slots, logits="none")
         backend.synchronize()
 
-    # (label, bulk on, activation parts, GEMM kernel, query heads per flash-attention warp, its K/V overlap, its K/V
-    # stages)
     best = MEASURED_BEST.bulk_gemm if MEASURED_BEST.bulk_gemm in gemms else gemms[-1]
-    variants = [("cycle kernels", 0, 2, "mma", 1, False, 1), *((f"bulk {k}", 1, 2, k, 1, False, 1) for k in gemms),
-                *((f"bulk {k} p1", 1, 1, k, 1, False, 1) for k in gemms if k != "mma" or len(gemms) == 1),
-                (f"bulk {best} s2", 1, 2, best, 1, False, 2),
-                *((" ".join(["bulk", best, *w, *kvo, *p]), 1, parts, best, heads, bool(kvo), 1)
+    # (label, bulk on, activation parts, GEMM kernel, query heads per flash-attention warp, its K/V overlap, its K/V
+    # stages, hoisted copies, tile entries)
+    variants = [("cycle kernels", 0, 2, "mma", 1, False, 1, False, 32),
+                *((f"bulk {k}", 1, 2, k, 1, False, 1, False, 32) for k in gemms),
+                *((f"bulk {k} p1", 1, 1, k, 1, False, 1, False, 32) for k in gemms if k != "mma" or len(gemms) == 1),
+                (f"bulk {best} s2", 1, 2, best, 1, False, 2, False, 32),
+                *((" ".join(["bulk", best, *w, *kvo, *p]), 1, parts, best, heads, bool(kvo), 1, False, 32)
                   for heads, w in ((1, []), (2, ["w2"])) for kvo in ([], ["kvo"]) for parts, p in ((2, []), (1, ["p1"]))
-                  if heads == 2 or kvo)]
+                  if heads == 2 or kvo),
+                *((" ".join(["bulk", best, "kvo", tiles, *p]), 1, parts, best, 1, True, 1, True, entries)
+                  for tiles, entries in (("h", 32), ("t64", 64)) for parts, p in ((2, []), (1, ["p1"])))]
 
-    def use(bulk, parts, kernel, heads_per_warp, kv_overlap, stages):
+    def use(bulk, parts, kernel, heads_per_warp, kv_overlap, stages, hoisted, tile_entries):
         backend.bulk_min_rows = bulk
         # A plan switch also drops the captured graphs: the bulk ones baked the previous variant in.
         backend.use_kernel_plan(dataclasses.replace(MEASURED_BEST, bulk_activation_parts=parts, bulk_gemm=kernel,
                                                     bulk_attention_heads_per_warp=heads_per_warp,
                                                     bulk_attention_kv_overlap=kv_overlap,
-                                                    bulk_attention_stages=stages))
+                                                    bulk_attention_stages=stages,
+                                                    bulk_attention_hoisted_copies=hoisted,
+                                                    bulk_attention_tile_entries=tile_entries))
     for n in FORWARD_ROWS[2:4] if quick else FORWARD_ROWS:
         row = {"rows": n}
         for label, bulk, *choice in variants:

@@ -36,7 +36,8 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # chunk's activations copied under the products), the decode
 # attention's one-head entry for a model without grouped queries (g1, the default; nog1: off), and the
 # long-context attention's blocks per SM (lcs1, lcs2, lcs4: KernelPlan.long_context_blocks_per_sm) and floor of
-# splits per KV head (lcm1: KernelPlan.long_context_min_splits_per_kv_head 1, no floor). A float backend runs the INT4
+# splits per KV head (lcm1: KernelPlan.long_context_min_splits_per_kv_head 1, no floor); for the bulk prefill's flash
+# attention (bench csr --kernel-variants), its hoisted copies (fah) and with them 64-entry tiles (fat64). A float backend runs the INT4
 # variants as plain, and the mode in effect then drops their names.
 # A variant left unnamed keeps the base plan's choice.
 KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
@@ -57,6 +58,8 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "i4x2": {"int4_gemv_rows_per_warp": 2},
                    **{f"lcs{n}": {"long_context_blocks_per_sm": n} for n in (1, 2, 4)},
                    "lcm1": {"long_context_min_splits_per_kv_head": 1},
+                   "fah": {"bulk_attention_hoisted_copies": True},
+                   "fat64": {"bulk_attention_hoisted_copies": True, "bulk_attention_tile_entries": 64},
                    "g1": {"decode_attention_one_head_entry": True},
                    "nog1": {"decode_attention_one_head_entry": False}}
 # Device state a decode step reads or writes: what decode_state() / restore_decode_state() copy. The cycle's tables

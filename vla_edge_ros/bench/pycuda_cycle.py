@@ -94,7 +94,9 @@ def add_arguments(p) -> None:
                         "per warp), +g1|+nog1 (a model without grouped queries: the decode attention's one-head "
                         "entry, on by default, or off), "
                         "the long-context attention's blocks per SM +lcs1|+lcs2|+lcs4 (the splits "
-                        "per KV head: that many x SMs / KV heads, at least 16) and +lcm1 (no floor), and a KV "
+                        "per KV head: that many x SMs / KV heads, at least 16) and +lcm1 (no floor), the bulk "
+                        "prefill's flash attention +fah|+fat64 (hoisted copies, with 64-entry tiles; the cycle never "
+                        "runs the bulk prefill: for bench csr --kernel-variants), and a KV "
                         "arena type +kv32|+kv16 (a backend of its own: float32 or bf16 K/V), e.g. "
                         "plain+tiled for the kernel before attention_mma.cu; the first is "
                         "the one the summary reports (default: the three launch modes with the configured kernels)")

@@ -54,7 +54,7 @@ from .cuda_device import primary_device
 from .cuda_launch_common import ATTN_MAX_GROUP
 from .spec import ModelSpec
 from .weight_stream import tensor_source
-from .cuda_bulk_launchers import BULK_GEMMS, FLASH_HEAD_DIMS
+from .cuda_bulk_launchers import BULK_GEMMS, FLASH_BKV, FLASH_HEAD_DIMS, FLASH_WIDE_MAX_GROUP
 from .cuda_device_memory import MAX_CYCLE_TOKENS, DeviceMemory
 from .cuda_kv_transfer import KvTransfer, on_device
 from .cuda_kernel_plan import MEASURED_BEST, KernelPlan
@@ -402,15 +402,23 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
             log.info("two query heads per flash-attention warp need an even head group; this model's is %d: one "
                      "head per warp", self.spec.num_heads // self.spec.num_kv_heads)
             heads_per_warp = 1
+        tile_entries = plan.bulk_attention_tile_entries
+        if tile_entries > FLASH_BKV and self.spec.num_heads // self.spec.num_kv_heads > FLASH_WIDE_MAX_GROUP:
+            log.info("%d-entry flash-attention tiles take at most %d query heads per KV head; this model has %d: "
+                     "%d-entry tiles", tile_entries, FLASH_WIDE_MAX_GROUP, self.spec.num_heads // self.spec.num_kv_heads,
+                     FLASH_BKV)
+            tile_entries = FLASH_BKV
         if plan.bulk_attention_kv_overlap and self.bulk_min_rows:
-            self.kernels.load_family("attention_flash_kvo")      # on demand, but its first launch may be in a capture
+            # on demand, but a first launch may be in a capture
+            self.kernels.load_family("attention_flash_tiles" if plan.bulk_attention_hoisted_copies
+                                     else "attention_flash_kvo")
         if (plan.int4_prefill_activation_parts != 2 or plan.int4_prefill_activation_prefetch) and not staged_int4:
             log.info("one activation part and the activation prefetch are entries of the staged INT4 projections; "
                      "%s prefill projections take neither", self._weights_kind())
         in_effect = {"staged_prefill_projections": staged, "staged_int4_prefill_projections": staged_int4,
                      "int4_prefill_activation_parts": plan.int4_prefill_activation_parts if staged_int4 else 2,
                      "int4_prefill_activation_prefetch": plan.int4_prefill_activation_prefetch and staged_int4,
-                     "bulk_attention_heads_per_warp": heads_per_warp,
+                     "bulk_attention_heads_per_warp": heads_per_warp, "bulk_attention_tile_entries": tile_entries,
                      **({} if self.int4 else int4_grid),
                      **self._attention_in_effect(plan),
                      "persistent_decode": self._persistent_in_effect(plan), "bulk_gemm": self._bulk_gemm_in_effect(plan)}

@@ -73,6 +73,8 @@ _CTYPES = {np.int64: ctypes.c_longlong, np.int32: ctypes.c_int, int: ctypes.c_vo
 # prefill_bulk.cu: query rows per attention block, list entries per K/V tile, its head_dim entries.
 FLASH_ROWS = 16
 FLASH_BKV = 32
+FLASH_BKV_WIDE = 64             # attention_flash_tiles.cu's _t64 entries: list entries per K/V tile
+FLASH_WIDE_MAX_GROUP = 6        # ... bounded to two blocks of at most 192 threads (one warp per query head)
 FLASH_HEAD_DIMS = (32, 64, 128)
 LOG2_E = 1.4426950408889634     # its scores are in log2 units: q is scaled by scale * log2(e)
 
@@ -175,7 +177,8 @@ class BulkPrefillLaunchers:
 
     def attention_flash(self, qkv, stage, ctl, part_o, part_ml, out_hl, out_part_stride: int, n_rows: int,
                         n_q_heads: int, n_kv_heads: int, head_dim: int, n_splits: int, scale: float, stream,
-                        stages: int = 1, parts: int = 2, heads_per_warp: int = 1, kv_overlap: bool = False):
+                        stages: int = 1, parts: int = 2, heads_per_warp: int = 1, kv_overlap: bool = False,
+                        hoisted_copies: bool = False, tile_entries: int = FLASH_BKV):
         """prefill_bulk.cu: causal attention of n_rows rows (q in qkv, after RoPE) over the staged K/V (kv_stage),
         the list split over n_splits blocks per (16 rows, KV head), then the merge into out_hl (flat uint16: hi
         rows [n_rows, Hq * hd] at 0, lo at out_part_stride), the o projection's activations. part_o / part_ml:
@@ -183,7 +186,10 @@ class BulkPrefillLaunchers:
         q, K, P and V as bf16 hi + lo pairs in the products (attention_mma.cu's precision); 1: their bf16 hi parts
         alone (a bf16 SDPA's precision; one stage). heads_per_warp 2: each warp holds two query heads of the group, so
         every K/V fragment it loads serves both (one stage; the group must be even). kv_overlap: attention_flash_kvo.cu's
-        entries, the block's K/V copies under its own products (one stage; the same values)."""
+        entries, the block's K/V copies under its own products (one stage; the same values). hoisted_copies (with
+        kv_overlap, one head per warp): attention_flash_tiles.cu's entries, each thread's copy addresses computed
+        once (the same values); tile_entries 64 (with hoisted_copies, a group of at most 6): its 64-entry tiles
+        (other roundings of the online softmax)."""
         _check_array("attention_flash qkv", qkv, np.float32, 2)
         _check_array("attention_flash stage", stage, np.uint16, 4)
         _check_array("attention_flash out", out_hl, np.uint16)
@@ -201,6 +207,12 @@ class BulkPrefillLaunchers:
                f"attention_flash: {heads_per_warp} heads per warp with {stages} stages and a group of {group} "
                f"(2 needs one stage and an even group)")
         _check(not kv_overlap or stages == 1, f"attention_flash: the K/V overlap runs one stage, got {stages}")
+        _check(not hoisted_copies or (kv_overlap and heads_per_warp == 1),
+               "attention_flash: hoisted copies are entries of the K/V overlap with one head per warp")
+        _check(tile_entries == FLASH_BKV or (tile_entries == FLASH_BKV_WIDE and hoisted_copies
+                                             and group <= FLASH_WIDE_MAX_GROUP),
+               f"attention_flash: {tile_entries}-entry tiles (group {group}): {FLASH_BKV}, or {FLASH_BKV_WIDE} with "
+               f"hoisted copies and a group of at most {FLASH_WIDE_MAX_GROUP} (their two-blocks-per-SM bound)")
         _check(qkv.shape[1] % 4 == 0 and qkv.shape[0] >= n_rows, f"attention_flash qkv: shape {qkv.shape}")
         _check(stage.shape[1] == n_kv_heads and stage.shape[3] == head_dim, f"attention_flash stage: {stage.shape}")
         q_dim = n_q_heads * head_dim
@@ -210,9 +222,10 @@ class BulkPrefillLaunchers:
                and out_hl.size >= out_part_stride + n_rows * q_dim, "attention_flash out: too small")
         kv_parts = 2 if self.kv_dtype == "float32" else 1
         row = head_dim + 8
-        shared = 2 * (2 * group * FLASH_ROWS * row + stages * 2 * kv_parts * FLASH_BKV * row)
+        shared = 2 * (2 * group * FLASH_ROWS * row + stages * 2 * kv_parts * tile_entries * row)
         name = (f"attention_flash_hd{head_dim}_s{stages}" + ("_w2" if heads_per_warp == 2 else "")
-                + ("_p1" if parts == 1 else "") + ("_kvo" if kv_overlap else ""))
+                + ("_p1" if parts == 1 else "") + ("_kvo" if kv_overlap else "")
+                + ("" if not hoisted_copies else "_h" if tile_entries == FLASH_BKV else f"_t{tile_entries}"))
         self._check_shared(name, shared, "attention_flash")
         part = stage[0].size
         self._launch(name, (ceil_div(n_rows, FLASH_ROWS), n_kv_heads, n_splits), 32 * group // heads_per_warp, stream,

@@ -144,6 +144,19 @@ class KernelPlan:
     # tokens 366.1 -> 352.4 ms (parts 1: 289.0 -> 263.5); ncu, 1024 rows after 15360: 967 -> 860 us (parts 1: 818
     # -> 672). One K/V stage.
     bulk_attention_kv_overlap: bool = True
+    # Those overlapped entries with each thread's copy addresses computed once per tile (attention_flash_tiles.cu's
+    # _h entries: ~9 PTX instructions per 16-byte copy instead of ~40); the same values. ncu on the hd128 p1 entry
+    # (2026-12-03, eighth session): issue slots busy 37%, the tensor pipe mostly idle, ~670 PTX instructions per
+    # warp and 32-entry tile of which 64 mma and ~250 the copies' index arithmetic. Needs the K/V overlap and one
+    # head per warp. Not yet measured (written 2026-12-03, eighth session): off; bench/bulk_probe.py "kvo h" rows.
+    bulk_attention_hoisted_copies: bool = False
+    # List entries per K/V tile of the flash attention: 32, or 64 (attention_flash_tiles.cu's _t64 entries, with the
+    # hoisted copies): a tile's fixed costs (two barriers, the softmax's row reductions, the rescale of all 64
+    # accumulators a thread holds, the Q fragments' loads) then serve twice the entries. Other roundings (the
+    # online softmax rescales per tile), within the reference bound. Models with more than 6 query heads per KV
+    # head keep 32 (the entries' two-blocks-per-SM bound). Not yet measured (written 2026-12-03, eighth session):
+    # 32; bulk_probe "kvo t64" rows.
+    bulk_attention_tile_entries: int = 32
 
     def __post_init__(self):
         if not isinstance(self.staged_int4_prefill_projections, bool):
@@ -199,6 +212,18 @@ class KernelPlan:
         if self.bulk_attention_kv_overlap and self.bulk_attention_stages != 1:
             raise ValueError(f"bulk_attention_kv_overlap runs one K/V stage, got bulk_attention_stages "
                              f"{self.bulk_attention_stages}")
+        if not isinstance(self.bulk_attention_hoisted_copies, bool):
+            raise ValueError(f"bulk_attention_hoisted_copies must be True or False, got "
+                             f"{self.bulk_attention_hoisted_copies!r}")
+        if self.bulk_attention_hoisted_copies and not (self.bulk_attention_kv_overlap
+                                                       and self.bulk_attention_heads_per_warp == 1):
+            raise ValueError("bulk_attention_hoisted_copies are entries of the K/V overlap with one head per warp "
+                             "(bulk_attention_kv_overlap on, bulk_attention_heads_per_warp 1)")
+        if type(self.bulk_attention_tile_entries) is not int or self.bulk_attention_tile_entries not in (32, 64):
+            raise ValueError(f"bulk_attention_tile_entries must be 32 or 64, got {self.bulk_attention_tile_entries!r}")
+        if self.bulk_attention_tile_entries == 64 and not self.bulk_attention_hoisted_copies:
+            raise ValueError("bulk_attention_tile_entries 64 are entries with the hoisted copies "
+                             "(bulk_attention_hoisted_copies off)")
         if self.bulk_gemm not in BULK_GEMMS:
             raise ValueError(f"bulk_gemm must be one of {sorted(BULK_GEMMS)}, got {self.bulk_gemm!r}")
 

@@ -86,28 +86,35 @@ FAMILIES = {
     # prefill_bulk.cu's one-stage flash entries with the K/V overlap (KernelPlan.bulk_attention_kv_overlap)
     "attention_flash_kvo": {f"attention_flash_hd{hd}_s1{v}_kvo": "PiPPPPiPPPiiiif" for hd in (32, 64, 128)
                             for v in ("", "_p1", "_w2", "_w2_p1")},
+    # the same with hoisted copies (_h) and with those and 64-entry tiles (_t64; KernelPlan.bulk_attention_hoisted_copies,
+    # bulk_attention_tile_entries)
+    "attention_flash_tiles": {f"attention_flash_hd{hd}_s1{p}_kvo_{v}": "PiPPPPiPPPiiiif" for hd in (32, 64, 128)
+                              for p in ("", "_p1") for v in ("h", "t64")},
 }
 # Families compiled on the first launch of one of their kernels rather than by CudaKernels(): the
 # decoder never launches these (vision: the GPU vision path; projection_staged, attention_mma, decode_persistent: only
 # where the backend's KernelPlan (cuda_kernel_plan.py) names them; gemm_bulk, gemm_wgmma and prefill_bulk: only with
 # model.bulk_prefill_min_rows; gemv_int4 and projection_int4: INT4 weights only, loaded by such a backend;
 # projection_int4_staged: an INT4 backend whose plan names it; attention_flash_kvo: a bulk prefill whose plan
-# names the K/V overlap), so it should not pay their compile time.
+# names the K/V overlap; attention_flash_tiles: one whose plan names hoisted copies), so it should not pay their
+# compile time.
 ON_DEMAND_FAMILIES = frozenset({"vision", "projection_staged", "decode_persistent", "attention_mma", "gemm_bulk",
-                                "gemm_wgmma", "gemm_tma", "prefill_bulk", "attention_flash_kvo", "gemv_int4",
-                                "projection_int4", "projection_int4_staged"})
+                                "gemm_wgmma", "gemm_tma", "prefill_bulk", "attention_flash_kvo",
+                                "attention_flash_tiles", "gemv_int4", "projection_int4", "projection_int4_staged"})
 # Families a fresh process leaves out of its side-by-side compile (CudaKernels: fill_disk_cache): kernels no plan in
 # serving use launches (KernelPlan.persistent_decode is off, measured slower), compiled at their first use like any
 # on-demand family. decode_persistent was the slowest build of the cold start's 9.8 s on the H200 (8.7 s; the next,
-# attention_mma, takes half as long on the development machine). vla-edge compile-kernels still builds them all.
-COLD_START_SKIPS = frozenset({"decode_persistent"})
+# attention_mma, takes half as long on the development machine); attention_flash_tiles is off until measured.
+# vla-edge compile-kernels still builds them all.
+COLD_START_SKIPS = frozenset({"decode_persistent", "attention_flash_tiles"})
 # Families built for an architecture's own instruction set (the "a" target, e.g. sm_90a for wgmma), which no
 # other architecture runs: family_arch() says where they can be built.
 ARCH_SPECIFIC_FAMILIES = {"gemm_wgmma": ("sm_90",), "gemm_tma": ("sm_90",)}
 # Families that read or write the KV arena (they include kv_store.cuh; test_kernel_sources.py checks the
 # list): compiled with -DKV_BF16 for a bf16 arena (kv.dtype), so a module serves one arena type.
 KV_FAMILIES = frozenset({"rope", "attention_tiled", "attention_mma", "attention_decode", "kv_slots", "gemv",
-                         "gemv_int4", "decode_persistent", "prefill_bulk", "attention_flash_kvo"})
+                         "gemv_int4", "decode_persistent", "prefill_bulk", "attention_flash_kvo",
+                         "attention_flash_tiles"})
 # kv.dtype -> (numpy type of the arena's elements on the device, the compile options of KV_FAMILIES).
 KV_ARENA_TYPES = {"float32": (np.float32, ()), "bfloat16": (np.uint16, ("-DKV_BF16",))}
 
@@ -130,7 +137,7 @@ DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", *FAMILIES["attention_decode
                           *FAMILIES["attention_mma"], *FAMILIES["gemm_bulk"], *FAMILIES["gemm_wgmma"],
                           *FAMILIES["gemm_tma"],
                           *(name for name in FAMILIES["prefill_bulk"] if name.startswith("attention_flash_hd")),
-                          *FAMILIES["attention_flash_kvo"],
+                          *FAMILIES["attention_flash_kvo"], *FAMILIES["attention_flash_tiles"],
                           *(name for name in FAMILIES["projection_int4_staged"] if name.endswith("_pf")))
 DECODE_LAYER_POINTERS = 9       # decode_persistent.cu: pointers per DecodeLayer entry of the layer table
 

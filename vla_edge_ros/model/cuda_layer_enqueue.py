@@ -114,7 +114,9 @@ class LayerEnqueue:
                                x_stride, n, sp.num_heads, sp.num_kv_heads, sp.head_dim, splits, self._scale, s,
                                stages=plan.bulk_attention_stages if plan.bulk_activation_parts == 2 else 1,
                                parts=plan.bulk_activation_parts, heads_per_warp=plan.bulk_attention_heads_per_warp,
-                               kv_overlap=plan.bulk_attention_kv_overlap)
+                               kv_overlap=plan.bulk_attention_kv_overlap,
+                               hoisted_copies=plan.bulk_attention_hoisted_copies,
+                               tile_entries=plan.bulk_attention_tile_entries)
             gemm(layer.w_o, self.bulk_x, x_stride, ck.MODE_ADD, out=self.resid)
             kn.rmsnorm_split(self.resid, layer.post_norm, self.bulk_x, x_stride, n, sp.rms_norm_eps, s)
             gemm(layer.w_gate_up, self.bulk_x, x_stride, ck.MODE_SWIGLU, out_hl=self.bulk_act,
