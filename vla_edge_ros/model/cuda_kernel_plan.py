@@ -46,12 +46,16 @@ class KernelPlan:
     # Parts of the activations in those staged INT4 projections: 2 (bf16 hi + lo, the bf16 model's cycle precision)
     # or 1 (bf16 alone: half the products and staging; the INT4 weights' own error is ~100x that rounding). The
     # 7B INT4 prefill's projections took 8.6 of its 14.1 ms (2026-12-03, fifth session). Needs the staged
-    # projections. Not yet measured (written 2026-12-03, seventh session): off; lab "+i4p1".
+    # projections. Measured on the H200 (2026-12-03, eighth session, 7B INT4 at 4064 cached, lab "+i4p1"): prefill
+    # projections 8.64 -> 8.03 ms, cycle p50 55.87 -> 55.31 ms. Faster, but off until `vla-edge verify` has run
+    # the INT4 models on it on the GPU (its numerics are no longer the two-part cycle's).
     int4_prefill_activation_parts: int = 2
     # Those staged INT4 projections with each 128-column chunk's activations copied (cp.async) while the chunk before
     # is multiplied, as its weights are; without it every chunk waits for its activations from L2 after the barrier
     # that ends the one before (7B gate/up: 172 blocks, each walking 32 chunks in turn). The same bits. Needs the
-    # staged projections. Not yet measured (written 2026-12-03, seventh session): off; lab "+i4pf".
+    # staged projections. Measured slower on the H200 (2026-12-03, eighth session, 7B INT4 at 4064 cached, lab
+    # "+i4pf"): prefill projections 8.64 -> 9.46 ms (its 56 KB of dynamic shared memory leave fewer blocks per SM
+    # than the wait it hides). Off; kept for the lab.
     int4_prefill_activation_prefetch: bool = False
     # attention_mma.cu (K, V, q and the softmax weights as bf16 hi/lo pairs, ~1e-5 relative) for bf16 prefill
     # attention; off: attention_tiled.cu's fp32 products. 2.28 -> 0.71 ms per 32-row prefill at 4064 cached.
@@ -130,12 +134,16 @@ class KernelPlan:
     # the cycle prefill's precision, which the swaps' KV must match; 1 (bf16 alone, as HF's bf16 SDPA computes) was
     # 1.33x faster at 1024 rows (GEMMs only) but is not that precision. The attention of parts 1 runs one K/V stage.
     bulk_activation_parts: int = 2
-    # K/V tiles in flight per flash-attention block: 1 leaves room for two blocks per SM; 2 was 3-7% slower.
+    # K/V tiles in flight per flash-attention block: 1 leaves room for two blocks per SM; 2 was 3-7% slower (fp32
+    # arena). With the bf16 arena 2 was 1.5% faster than 1 at 16K (2026-12-03, eighth session) but slower than the
+    # K/V overlap below, which takes one stage.
     bulk_attention_stages: int = 1
     # Query heads per warp of the flash attention: 2 has each K/V fragment a warp loads from shared memory serve two
     # heads' products (half the ldmatrix traffic per block, twice the accumulators: 255 registers, two blocks of
-    # group / 2 warps per SM). One K/V stage only; a model with an odd head group keeps 1 (use_kernel_plan). Not yet
-    # measured (written 2026-12-03, sixth session): off; bench/bulk_probe.py times it ("w2" rows).
+    # group / 2 warps per SM). One K/V stage only; a model with an odd head group keeps 1 (use_kernel_plan).
+    # Measured slower on the H200 (2026-12-03, eighth session, bf16 arena): the recompute of 16384 tokens 429.3
+    # against 366.1 ms (p1: 323.8 against 289.0); ncu 1.30 against 0.97 ms per pass (half the warps per SM, the
+    # same waits). Off; bench/bulk_probe.py times it ("w2" rows).
     bulk_attention_heads_per_warp: int = 1
     # The flash attention's copies under its own products (attention_flash_kvo.cu): one K and one V buffer per
     # block, V(t) copied while the warps form q K(t)^T, K(t + 1) while they add P V(t), and no causal mask on the
