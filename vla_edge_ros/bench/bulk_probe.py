@@ -237,7 +237,13 @@ def probe(context: int, quick: bool, kv_dtype: str = "float32") -> dict:
         out["forward"].append(row)
     labels = [v[0] for v in variants]
     best = min(labels[1:], key=lambda k: sum(r[k] for r in out["forward"]))
-    print_table(f"forward of n rows after {context} cached slots (ms; us per token in brackets)",
+    # The row of the serving plan (MEASURED_BEST's bulk choices), named in both titles.
+    serving = " ".join(["bulk", MEASURED_BEST.bulk_gemm if MEASURED_BEST.bulk_gemm in gemms else gemms[-1],
+                        *(["kvo"] if MEASURED_BEST.bulk_attention_kv_overlap else []),
+                        *([] if not MEASURED_BEST.bulk_attention_hoisted_copies
+                          else ["h" if MEASURED_BEST.bulk_attention_tile_entries == 32 else "t64"]),
+                        *(["p1"] if MEASURED_BEST.bulk_activation_parts == 1 else [])])
+    print_table(f"forward of n rows after {context} cached slots (ms; us per token in brackets; serving: {serving})",
                 ["rows", *labels, f"x cycle ({best})"],
                 [[r["rows"], *(f"{r[k]:.2f} ({r[k] * 1e3 / r['rows']:.1f})" for k in labels),
                   r["cycle kernels"] / r[best]] for r in out["forward"]])
@@ -253,7 +259,8 @@ def probe(context: int, quick: bool, kv_dtype: str = "float32") -> dict:
                 backend.synchronize()
             row[label] = _median_ms(recompute, repeats=3)
         out["recompute"].append(row)
-    print_table("full recompute from an empty arena (ms; us per token in brackets)", ["tokens", *labels[1:]],
+    print_table(f"full recompute from an empty arena (ms; us per token in brackets; serving: {serving})",
+                ["tokens", *labels[1:]],
                 [[r["tokens"], *(f"{r[k]:.1f} ({r[k] * 1e3 / r['tokens']:.1f})" for k in labels[1:])]
                  for r in out["recompute"]])
     drv.Context.synchronize()
