@@ -49,9 +49,9 @@ __device__ __forceinline__ void mma_tile_pair(float (&c0)[4], float (&c1)[4], co
 // barriers with OVERLAP, the softmax's row reductions and rescale of every accumulator, the Q fragments' loads)
 // then serve twice the entries; S takes twice the registers.
 // HOIST (attention_flash_tiles.cu): each thread copies the same 16-byte column of rows tid / (HD / 8) + k step
-// of every tile, its source and destination computed once, so a copy costs an add and a compare. Without it every
-// copy derives its array, row and column from a running index (~40 instructions each in PTX; with 32-entry tiles
-// ~250 of the ~670 a warp issues per tile at head_dim 128). The same bytes land in the same places.
+// of every tile, its source and destination pointers advanced by constants (9 PTX instructions a copy). Without
+// it every copy derives its array, row and column from a running index (~40 instructions each in PTX; with
+// 32-entry tiles ~250 of the ~670 a warp issues per tile at head_dim 128). The same bytes land in the same places.
 // Launch: grid (ceil(n_rows / 16), KVH, S), block 32 * group / HPW, dynamic shared memory
 // 2 * (2 group Q_TILE + STAGES 2 FA_KV_PARTS KV_TILE) bytes (cuda_kernels.attention_flash).
 template <int HD, int STAGES, int PARTS, int HPW, bool OVERLAP, int BKV = FA_BKV, bool HOIST = false>
