@@ -33,6 +33,7 @@ def test_the_measured_best_plan_is_the_default():
     assert MEASURED_BEST.bulk_attention_kv_overlap is True
     # Written 2026-12-03, eighth session, not yet measured: hoisted copies and 64-entry flash tiles.
     assert (MEASURED_BEST.bulk_attention_hoisted_copies, MEASURED_BEST.bulk_attention_tile_entries) == (False, 32)
+    assert MEASURED_BEST.int4_decode_split_pipeline is False          # the INT4 decode on the tensor cores: not yet
     assert MEASURED_BEST.int4_prefill_activation_parts == 2          # one INT4 prefill part: not yet measured
     assert MEASURED_BEST.int4_prefill_activation_prefetch is False   # the INT4 activation prefetch: not yet measured
     assert MEASURED_BEST.decode_attention_one_head_entry is True
@@ -58,6 +59,9 @@ def test_the_measured_best_plan_is_the_default():
     ({"bulk_attention_kv_overlap": True, "bulk_attention_stages": 2}, "bulk_attention_kv_overlap runs one K/V stage"),
     ({"bulk_attention_kv_overlap": 1}, "bulk_attention_kv_overlap must be True or False"),
     ({"bulk_attention_hoisted_copies": 1}, "bulk_attention_hoisted_copies must be True or False"),
+    ({"int4_decode_split_pipeline": 1}, "int4_decode_split_pipeline must be True or False"),
+    ({"int4_decode_split_pipeline": True, "staged_int4_prefill_projections": False},
+     "int4_decode_split_pipeline runs the staged INT4 projections"),
     ({"bulk_attention_hoisted_copies": True, "bulk_attention_kv_overlap": False},
      "bulk_attention_hoisted_copies are entries of the K/V overlap"),
     ({"bulk_attention_hoisted_copies": True, "bulk_attention_heads_per_warp": 2},
@@ -125,7 +129,9 @@ def test_the_lab_names_the_staged_int4_prefill_projections():
     assert KERNEL_VARIANTS["int4staged"] == {"staged_int4_prefill_projections": True}
     assert KERNEL_VARIANTS["int4unstaged"] == {"staged_int4_prefill_projections": False,
                                                "int4_prefill_activation_parts": 2,    # one part and the prefetch
-                                               "int4_prefill_activation_prefetch": False}    # are staged entries
+                                               "int4_prefill_activation_prefetch": False,    # are staged entries,
+                                               "int4_decode_split_pipeline": False}          # as is the split decode
+    assert mode_plan("plain+i4dsp") == dataclasses.replace(MEASURED_BEST, int4_decode_split_pipeline=True)
     assert mode_plan("plain+int4unstaged") == dataclasses.replace(MEASURED_BEST, staged_int4_prefill_projections=False)
     assert mode_plan("plain").staged_int4_prefill_projections is True
     assert mode_plan("plain+i4p1") == dataclasses.replace(MEASURED_BEST, int4_prefill_activation_parts=1)

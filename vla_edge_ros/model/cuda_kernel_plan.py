@@ -113,6 +113,15 @@ class KernelPlan:
     # two items' rows at once (gemv_int4_items2), 1: one. Bit-identical. Measured no help (lab "plain+i4ipb4+i4x2":
     # decode projections 1.866 ms against i4ipb4's 1.833). Off; kept for the lab.
     int4_gemv_rows_per_warp: int = 1
+    # INT4 models only: the decode row through the split pipeline (RMSNorm, projection_int4_staged.cu with one token on
+    # the tensor cores, RoPE + K/V store, ...) instead of gemv_int4.cu's fused one. The CUDA-core GEMV spends ~4
+    # instructions a weight dequantizing and multiplying (PTX of gemv_int4: ~970 per lane for 128 weights a batch),
+    # so at 7B it issues about as long as its weights take to stream (0.79 ms a token); the tensor-core entry turns
+    # two nibbles into a bf16 pair in about one instruction and leaves the products to mma, at the price of 3
+    # more launches a layer and one token in 8 of each mma's columns. The 7B INT4 decode projections took 2.81 ms
+    # a token (2026-12-03, eighth session). Needs the staged INT4 projections. Not yet measured (written 2026-12-03,
+    # eighth session): off; lab "+i4dsp".
+    int4_decode_split_pipeline: bool = False
     # Programmatic dependent launch of the decode kernels (sm_90+, cuda_pdl.py): each starts streaming its
     # weights while the one before finishes. Measured 0.1 ms per decode step slower with gemv.cu: off.
     programmatic_launch: bool = False
@@ -211,6 +220,11 @@ class KernelPlan:
                              f"{self.int4_prefill_activation_prefetch!r}")
         if self.int4_prefill_activation_prefetch and not self.staged_int4_prefill_projections:
             raise ValueError("int4_prefill_activation_prefetch is an entry of the staged INT4 projections; "
+                             "staged_int4_prefill_projections is off")
+        if not isinstance(self.int4_decode_split_pipeline, bool):
+            raise ValueError(f"int4_decode_split_pipeline must be True or False, got {self.int4_decode_split_pipeline!r}")
+        if self.int4_decode_split_pipeline and not self.staged_int4_prefill_projections:
+            raise ValueError("int4_decode_split_pipeline runs the staged INT4 projections; "
                              "staged_int4_prefill_projections is off")
         if not isinstance(self.decode_attention_one_head_entry, bool):
             raise ValueError(f"decode_attention_one_head_entry must be True or False, got "
