@@ -41,11 +41,20 @@ def test_the_clock_crosses_processes_and_goes_stale_without_cycles(tmp_path):
     writer.cycle_ended(now + 9_000_000, end_ns=now)
     seq, left = reader.window(now_ns=now + 1_000_000)
     assert left == 8_000_000 and seq % 2 == 0
-    out = subprocess.run([sys.executable, "-c", READER, str(path)], capture_output=True, text=True, timeout=60)
-    child_seq, child_left = (int(v) for v in out.stdout.split())
-    assert child_seq == seq and child_left < 9_000_000       # another process reads the same window, later
     assert reader.window(now_ns=now + 4 * 33_000_000) is None   # no cycle for 3 periods: the primary is idle
-    second = CycleClockWriter(path, period_s=0.033)          # a restarted primary replaces the file ...
+    # Another process reads the same window, later. Its interpreter may take longer to start than 3 periods of 33
+    # ms on a loaded machine (the reader would call the primary idle), so this writer's period is 60 s.
+    slow_path = tmp_path / "slow_clock"
+    slow = CycleClockWriter(slow_path, period_s=60.0)
+    t0 = time.perf_counter_ns()
+    slow.cycle_ended(t0 + 30_000_000_000, end_ns=t0)
+    slow_seq, _ = CycleClockReader(slow_path).window()
+    out = subprocess.run([sys.executable, "-c", READER, str(slow_path)], capture_output=True, text=True, timeout=60)
+    child_seq, child_left = (int(v) for v in out.stdout.split())
+    waited = time.perf_counter_ns() - t0                      # the child read between t0 and now: later than t0
+    assert child_seq == slow_seq and 30_000_000_000 - waited <= child_left < 30_000_000_000
+    slow.close()
+    second = CycleClockWriter(path, period_s=1.0)            # a restarted primary replaces the file ...
     second.cycle_ended(time.perf_counter_ns() + 5_000_000)
     assert reader.window() is not None                       # ... and the reader finds the new one
     writer.close()
