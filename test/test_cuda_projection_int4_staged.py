@@ -364,3 +364,22 @@ def test_a_float_backend_runs_the_flag_as_plain(tiny_weights):
     assert kernel_lab.apply_launch_mode(b, "plain+i4dsp") == "plain"       # and the INT4 decode's split pipeline
     assert b.kernel_plan.int4_decode_split_pipeline is False and b._fused(1)
     b.close()
+
+
+@pytest.mark.parametrize("variants", [["i4p1"], ["i4dsp"], ["i4dsp", "i4p1"]])
+def test_verify_holds_an_int4_kernel_variant_to_hf(int4_model, variants, tmp_path, capsys):
+    """`vla-edge verify --kernel-variants` runs the lab's choice in the backend HF is compared with: the INT4 model on
+    one activation part or with the decode through the split pipeline passes at the bf16 thresholds, and the
+    report names the variants, every field in effect."""
+    import json
+
+    from vla_edge_ros import cli
+    _spec, path = int4_model
+    report_path = tmp_path / "report.json"
+    rc = cli.main(["verify", "--model", str(path), "--backend", "pycuda", "--dtype", "bf16", "--threads", "1",
+                   "--kernel-variants", *variants, "--json", str(report_path)])
+    out = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    assert report["kernel_variants"] == variants and report["kernel_fields_not_in_effect"] == []
+    assert "".join(f", +{v}" for v in variants) in out
+    assert rc == 0, out

@@ -104,3 +104,12 @@ def test_verify_names_a_broken_model_dir(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")
     rc = cli.main(["verify", "--model", str(tmp_path), "--backend", "numpy"])
     assert rc == 2 and "missing required key" in capsys.readouterr().err
+
+
+def test_verify_refuses_kernel_variants_where_no_cuda_kernel_runs(tiny, capsys):
+    """--kernel-variants choose the pycuda backend's kernels: on numpy they are refused by name before anything
+    loads, and an unknown name is refused too (not ignored)."""
+    rc = cli.main(["verify", "--model", str(tiny), "--backend", "numpy", "--kernel-variants", "i4p1"])
+    assert rc == 2 and "--kernel-variants i4p1 choose CUDA kernels; they need --backend pycuda" in capsys.readouterr().err
+    rc = cli.main(["verify", "--model", str(tiny), "--backend", "numpy", "--kernel-variants", "i4p9"])
+    assert rc == 2 and "vla-edge verify: kernel variant 'i4p9' unknown" in capsys.readouterr().err

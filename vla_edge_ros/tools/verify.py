@@ -89,6 +89,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--bulk-prefill-min-rows", type=int, default=0,
                         help="pycuda: forwards of at least this many rows through the bulk prefill "
                              "(model.bulk_prefill_min_rows; 1: every forward, decode steps too)")
+    parser.add_argument("--kernel-variants", nargs="+", metavar="NAME", default=None,
+                        help="pycuda: check the kernel lab's variants over the serving plan (bench/kernel_lab.py "
+                             "KERNEL_VARIANTS, e.g. i4p1, i4dsp, fah, fat64), a choice's numerics before it serves")
     parser.add_argument("--hf-device", default="cpu", help="torch device for the HF oracle (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for the HF oracle (default: torch's choice; 1 on a shared machine)")
@@ -105,7 +108,7 @@ def run(args) -> int:
     try:
         report = verify(args.model, args.backend, dtype, reference_dir=args.reference, hf_device=args.hf_device,
                         torch_threads=args.threads, kv_dtype=args.kv_dtype,
-                        bulk_prefill_min_rows=args.bulk_prefill_min_rows)
+                        bulk_prefill_min_rows=args.bulk_prefill_min_rows, kernel_variants=args.kernel_variants)
     except (ModelFormatError, ValueError, OSError) as exc:
         print(f"vla-edge verify: {exc}", file=sys.stderr)
         return 2
@@ -126,8 +129,10 @@ def run(args) -> int:
 
 def verify(model_dir, backend_kind: str, dtype: str, reference_dir=None, hf_device: str = "cpu",
            new_tokens: int = NEW_TOKENS, torch_threads: int | None = None, kv_dtype: str = "float32",
-           bulk_prefill_min_rows: int = 0) -> dict:
-    """Run the comparison and return the report (a JSON-able dict; `passed` is the verdict)."""
+           bulk_prefill_min_rows: int = 0, kernel_variants=None) -> dict:
+    """Run the comparison and return the report (a JSON-able dict; `passed` is the verdict). kernel_variants: names
+    of bench/kernel_lab.KERNEL_VARIANTS the pycuda backend runs over its serving plan (ValueError elsewhere)."""
+    variant_fields = _kernel_variant_fields(backend_kind, kernel_variants)
     import torch
 
     previous_threads = torch.get_num_threads()
@@ -135,10 +140,25 @@ def verify(model_dir, backend_kind: str, dtype: str, reference_dir=None, hf_devi
         # torch's idle worker threads spin; on a shared CPU they starve the numpy backend.
         torch.set_num_threads(torch_threads)
     try:
-        return _verify(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens, kv_dtype,
-                       bulk_prefill_min_rows)
+        report = _verify(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens, kv_dtype,
+                         bulk_prefill_min_rows, variant_fields)
     finally:
         torch.set_num_threads(previous_threads)
+    report["kernel_variants"] = list(kernel_variants or ())
+    return report
+
+
+def _kernel_variant_fields(backend_kind: str, names) -> dict:
+    """The KernelPlan fields of the lab variants `names`, checked before anything loads: pycuda only."""
+    if not names:
+        return {}
+    from ..bench.kernel_lab import variant_fields
+    from ..model.factory import resolve_kind
+
+    fields = variant_fields(names, "vla-edge verify")
+    if resolve_kind(backend_kind) != "pycuda":
+        raise ValueError(f"--kernel-variants {' '.join(names)} choose CUDA kernels; they need --backend pycuda")
+    return fields
 
 
 def format_report(report: dict) -> str:
@@ -149,6 +169,9 @@ def format_report(report: dict) -> str:
              + (", INT4 weights dequantized" if report.get("weights") == "int4" else "")
              + f", KV {report['kv_dtype']}"
              + (f", bulk prefill from {report['bulk_prefill_min_rows']} rows" if report.get("bulk_prefill_min_rows") else "")
+             + "".join(f", +{v}" for v in report.get("kernel_variants") or ())
+             + (f", not in effect for this model: {', '.join(report['kernel_fields_not_in_effect'])}"
+                if report.get("kernel_fields_not_in_effect") else "")
              + f")  vs  {report['oracle']}"
              + (f" on {report['reference']}" if report["reference"] != report["model"] else ""), ""]
     # 1 - cosine rather than the cosine itself: an fp32 match reads 1.00000000 at any useful precision.
@@ -181,7 +204,7 @@ def format_report(report: dict) -> str:
 
 
 def _verify(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens, kv_dtype,
-            bulk_prefill_min_rows=0) -> dict:
+            bulk_prefill_min_rows=0, variant_fields=None) -> dict:
     import tempfile
 
     from ..model.int4_snapshot import weight_format, write_dequantized_snapshot
@@ -191,15 +214,15 @@ def _verify(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens
         with tempfile.TemporaryDirectory(prefix="vla-edge-dequantized-") as tmp:
             oracle_dir = write_dequantized_snapshot(model_dir, Path(tmp) / "dequantized")
             report = _verify_against(model_dir, backend_kind, dtype, oracle_dir, hf_device, new_tokens, kv_dtype,
-                                     bulk_prefill_min_rows)
+                                     bulk_prefill_min_rows, variant_fields)
         report["reference"] = f"{model_dir} (dequantized)"
         return report
     return _verify_against(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens, kv_dtype,
-                           bulk_prefill_min_rows)
+                           bulk_prefill_min_rows, variant_fields)
 
 
 def _verify_against(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens, kv_dtype,
-                    bulk_prefill_min_rows) -> dict:
+                    bulk_prefill_min_rows, variant_fields=None) -> dict:
     import transformers
 
     from ..model import hf_oracle
@@ -224,6 +247,11 @@ def _verify_against(model_dir, backend_kind, dtype, reference_dir, hf_device, ne
     weights = (model_dir if kind == "pycuda" and weights_format == "int4"
                else load_model_weights(model_dir, spec, weights_format))
     backend = create_backend_from_weights(kind, spec, weights, capacity, dtype, kv_dtype=kv_dtype, kernel_options=options)
+    not_in_effect = []
+    if variant_fields:              # the lab's choices over the serving plan (a choice this model cannot run falls back)
+        import dataclasses
+        plan = backend.use_kernel_plan(dataclasses.replace(backend.kernel_plan, **variant_fields))
+        not_in_effect = sorted(k for k, v in variant_fields.items() if getattr(plan, k) != v)
     oracle = hf_oracle.load_hf_model(reference_dir or model_dir, round_to_bf16=(dtype == "bfloat16"), device=hf_device,
                                      round_kv_to_bf16=(kv_dtype == "bfloat16"))
 
@@ -236,6 +264,7 @@ def _verify_against(model_dir, backend_kind, dtype, reference_dir, hf_device, ne
     return {
         "model": str(model_dir), "reference": str(reference_dir or model_dir), "backend": kind, "dtype": dtype,
         "kv_dtype": kv_dtype, "bulk_prefill_min_rows": bulk_prefill_min_rows, "weights": weights_format,
+        "kernel_fields_not_in_effect": not_in_effect,
         "spec": spec.as_dict(), "oracle": f"transformers {transformers.__version__} {type(oracle).__name__} fp32 eager"
         + (" on bf16-rounded weights" if dtype == "bfloat16" else "")
         + (", K/V rounded to bf16" if kv_dtype == "bfloat16" else ""),
