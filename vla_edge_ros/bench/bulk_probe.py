@@ -207,17 +207,19 @@ def probe(context: int, quick: bool, kv_dtype: str = "float32") -> dict:
                         np.arange(context, context + n), ctx_slots, logits="none")
         backend.synchronize()
 
-    best = MEASURED_BEST.bulk_gemm if MEASURED_BEST.bulk_gemm in gemms else gemms[-1]
+    serving_gemm = MEASURED_BEST.bulk_gemm if MEASURED_BEST.bulk_gemm in gemms else gemms[-1]
     # (label, bulk on, activation parts, GEMM kernel, query heads per flash-attention warp, its K/V overlap, its K/V
     # stages, hoisted copies, tile entries)
     variants = [("cycle kernels", 0, 2, "mma", 1, False, 1, False, 32),
                 *((f"bulk {k}", 1, 2, k, 1, False, 1, False, 32) for k in gemms),
                 *((f"bulk {k} p1", 1, 1, k, 1, False, 1, False, 32) for k in gemms if k != "mma" or len(gemms) == 1),
-                (f"bulk {best} s2", 1, 2, best, 1, False, 2, False, 32),
-                *((" ".join(["bulk", best, *w, *kvo, *p]), 1, parts, best, heads, bool(kvo), 1, False, 32)
+                (f"bulk {serving_gemm} s2", 1, 2, serving_gemm, 1, False, 2, False, 32),
+                *((" ".join(["bulk", serving_gemm, *w, *kvo, *p]), 1, parts, serving_gemm, heads, bool(kvo), 1, False,
+                   32)
                   for heads, w in ((1, []), (2, ["w2"])) for kvo in ([], ["kvo"]) for parts, p in ((2, []), (1, ["p1"]))
                   if heads == 2 or kvo),
-                *((" ".join(["bulk", best, "kvo", tiles, *p]), 1, parts, best, 1, True, 1, True, entries)
+                *((" ".join(["bulk", serving_gemm, "kvo", tiles, *p]), 1, parts, serving_gemm, 1, True, 1, True,
+                   entries)
                   for tiles, entries in (("h", 32), ("t64", 64)) for parts, p in ((2, []), (1, ["p1"])))]
 
     def use(bulk, parts, kernel, heads_per_warp, kv_overlap, stages, hoisted, tile_entries):
@@ -238,7 +240,7 @@ def probe(context: int, quick: bool, kv_dtype: str = "float32") -> dict:
     labels = [v[0] for v in variants]
     best = min(labels[1:], key=lambda k: sum(r[k] for r in out["forward"]))
     # The row of the serving plan (MEASURED_BEST's bulk choices), named in both titles.
-    serving = " ".join(["bulk", MEASURED_BEST.bulk_gemm if MEASURED_BEST.bulk_gemm in gemms else gemms[-1],
+    serving = " ".join(["bulk", serving_gemm,
                         *(["kvo"] if MEASURED_BEST.bulk_attention_kv_overlap else []),
                         *([] if not MEASURED_BEST.bulk_attention_hoisted_copies
                           else ["h" if MEASURED_BEST.bulk_attention_tile_entries == 32 else "t64"]),

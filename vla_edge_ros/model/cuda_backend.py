@@ -397,16 +397,16 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if not self.int4 and any(getattr(plan, k) != v for k, v in int4_grid.items()):
             log.info("the INT4 decode grid (int4_gemv_items_per_block, int4_gemv_rows_per_warp) applies to INT4 "
                      "weights only: %s decode projections keep gemv.cu's grid", self._weights_kind())
+        group = self.spec.num_heads // self.spec.num_kv_heads      # query heads per KV head
         heads_per_warp = plan.bulk_attention_heads_per_warp
-        if heads_per_warp == 2 and (self.spec.num_heads // self.spec.num_kv_heads) % 2:
+        if heads_per_warp == 2 and group % 2:
             log.info("two query heads per flash-attention warp need an even head group; this model's is %d: one "
-                     "head per warp", self.spec.num_heads // self.spec.num_kv_heads)
+                     "head per warp", group)
             heads_per_warp = 1
         tile_entries = plan.bulk_attention_tile_entries
-        if tile_entries > FLASH_BKV and self.spec.num_heads // self.spec.num_kv_heads > FLASH_WIDE_MAX_GROUP:
+        if tile_entries > FLASH_BKV and group > FLASH_WIDE_MAX_GROUP:
             log.info("%d-entry flash-attention tiles take at most %d query heads per KV head; this model has %d: "
-                     "%d-entry tiles", tile_entries, FLASH_WIDE_MAX_GROUP, self.spec.num_heads // self.spec.num_kv_heads,
-                     FLASH_BKV)
+                     "%d-entry tiles", tile_entries, FLASH_WIDE_MAX_GROUP, group, FLASH_BKV)
             tile_entries = FLASH_BKV
         if plan.bulk_attention_kv_overlap and self.bulk_min_rows:
             # on demand, but a first launch may be in a capture

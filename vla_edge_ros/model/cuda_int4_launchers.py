@@ -27,14 +27,14 @@ PROJ4_MIN_BLOCKS_PER_SPLIT = 2   # ... each split still streaming at least this 
 STG4_WARPS = 8                   # projection_int4_staged.cu: warps per block, one 16-row tile each, one K part
 STAGED_INT4_MAX_TOKENS = 32      # projection_int4_staged.cu: activation rows staged per block
 STG4_ROW_WORDS = 80              # projection_int4_staged.cu: words per staged token row (STG4_ROW)
+GEMV4_MAX_ITEMS_PER_BLOCK = 64   # gemv_int4_items: 8-row items per block asked for, at most (int4_gemv_items_per_block)
+GEMV4_ROWS_PER_WARP = (1, 2)     # gemv_int4_items / gemv_int4_items2: items a warp streams at once (int4_gemv_rows_per_warp)
 
 
 def staged_int4_prefetch_shared(parts: int) -> int:
     """Dynamic shared memory of projection_int4_staged.cu's _pf entries: two staged buffers per part, then the raw
     fp32 copy of a chunk (STG4_ITEMS items of 8 floats)."""
     return 4 * (2 * parts * STAGED_INT4_MAX_TOKENS * STG4_ROW_WORDS) + STAGED_INT4_MAX_TOKENS * 16 * 8 * 4
-GEMV4_MAX_ITEMS_PER_BLOCK = 64   # gemv_int4_items: 8-row items per block asked for, at most (int4_gemv_items_per_block)
-GEMV4_ROWS_PER_WARP = (1, 2)     # gemv_int4_items / gemv_int4_items2: items a warp streams at once (int4_gemv_rows_per_warp)
 
 
 @dataclass(frozen=True)

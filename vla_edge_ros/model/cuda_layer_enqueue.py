@@ -30,8 +30,9 @@ class LayerEnqueue:
 
     def _fused(self, n: int) -> bool:
         """Whether a pass of n rows takes the decode pipeline: one row of bf16 or INT4 projections (an INT4 model
-        whose plan asks for int4_decode_split_pipeline takes the split one, on projection_int4_staged.cu)."""
-        if self.int4 and self.kernel_plan is not None and self.kernel_plan.int4_decode_split_pipeline:
+        whose plan asks for int4_decode_split_pipeline takes the split one, on projection_int4_staged.cu: the plan
+        in effect has it on for INT4 weights only)."""
+        if self.kernel_plan is not None and self.kernel_plan.int4_decode_split_pipeline:
             return False
         return self._decode_pipeline() and n <= DECODE_MAX_ROWS
 
