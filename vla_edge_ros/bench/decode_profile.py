@@ -23,7 +23,7 @@ import numpy as np
 from . import kernel_lab
 from ..model.cuda_kernel_plan import MEASURED_BEST
 from .pycuda_cycle import (BINS, DECODE_STEPS, PREFILL_ROWS, _breakdown, _fill_context, apply_launch_mode, launch_mode,
-                           mode_kv_dtype, robot_config)
+                           mode_kv_dtype, robot_config, shape_of)
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +125,13 @@ def main(argv=None) -> int:
 
     spec = ModelSpec.from_dir(args.model)
     with primary_device(0).bound():
-        robot = robot_config()
+        robot = robot_config(shape_of(spec))                    # the 7B INT4 snapshot: its bf16 arena and ceiling
         # One backend: the KV arena type of the first mode (its +kv32 / +kv16, else the robot preset's).
         kv_dtype = mode_kv_dtype(args.launch_modes[0], robot.kv.dtype)
         base = dataclasses.replace(MEASURED_BEST, staged_prefill_projections=not args.unstaged_prefill)
         backend = CudaBackend(spec, args.model, args.cached + PREFILL_ROWS + DECODE_STEPS, "bfloat16",
-                              kv_dtype=kv_dtype, plan=base, **robot.model.kernel_options())
+                              kv_dtype=kv_dtype, plan=base, vram_ceiling_bytes=robot.memory.vram_ceiling_bytes,
+                              **robot.model.kernel_options())
         _fill_context(backend, spec, args.cached, np.random.default_rng(1))
         for mode in args.launch_modes:
             r = profile_mode(backend, spec, mode, args.cached, args.replays, args.ncu_window, base)

@@ -37,8 +37,9 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # attention's one-head entry for a model without grouped queries (g1, the default; nog1: off), and the
 # long-context attention's blocks per SM (lcs1, lcs2, lcs4: KernelPlan.long_context_blocks_per_sm) and floor of
 # splits per KV head (lcm1: KernelPlan.long_context_min_splits_per_kv_head 1, no floor); for the bulk prefill's flash
-# attention (bench csr --kernel-variants), its hoisted copies (fah) and with them 64-entry tiles (fat64); an INT4
-# model's decode row through the split pipeline on projection_int4_staged.cu (i4dsp). A float backend runs the INT4
+# attention (bench csr --kernel-variants), its hoisted copies (fah, the default; nofah: the copies of
+# attention_flash_kvo.cu) and with them 64-entry tiles (fat64). A float
+# backend runs the INT4
 # variants as plain, and the mode in effect then drops their names.
 # A variant left unnamed keeps the base plan's choice.
 KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
@@ -52,15 +53,15 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "loop4": {"decode_gemv_blocks_per_sm": 4},
                    "int4staged": {"staged_int4_prefill_projections": True},
                    "int4unstaged": {"staged_int4_prefill_projections": False, "int4_prefill_activation_parts": 2,
-                                    "int4_prefill_activation_prefetch": False, "int4_decode_split_pipeline": False},
+                                    "int4_prefill_activation_prefetch": False},
                    "i4p1": {"staged_int4_prefill_projections": True, "int4_prefill_activation_parts": 1},
                    "i4pf": {"int4_prefill_activation_prefetch": True},
                    **{f"i4ipb{n}": {"int4_gemv_items_per_block": n} for n in (2, 4, 8)},
                    "i4x2": {"int4_gemv_rows_per_warp": 2},
                    **{f"lcs{n}": {"long_context_blocks_per_sm": n} for n in (1, 2, 4)},
                    "lcm1": {"long_context_min_splits_per_kv_head": 1},
-                   "i4dsp": {"int4_decode_split_pipeline": True},
                    "fah": {"bulk_attention_hoisted_copies": True},
+                   "nofah": {"bulk_attention_hoisted_copies": False, "bulk_attention_tile_entries": 32},
                    "fat64": {"bulk_attention_hoisted_copies": True, "bulk_attention_tile_entries": 64},
                    "g1": {"decode_attention_one_head_entry": True},
                    "nog1": {"decode_attention_one_head_entry": False}}

@@ -88,15 +88,14 @@ def add_arguments(p) -> None:
                         "(on the tensor cores), a decode projection grid +noloop|+loop2|+loop4 (blocks per SM "
                         "looping over items), +int4staged|+int4unstaged|+i4p1 (INT4 weights: prefill projections "
                         "through projection_int4_staged.cu, the default, projection_int4.cu, or the staged kernel "
-                        "on one activation part) and +i4pf (its activation prefetch), +i4dsp (INT4 weights: the decode row "
-                        "through the split pipeline on that staged kernel), +i4ipb2|+i4ipb4|+i4ipb8 (INT4 "
+                        "on one activation part) and +i4pf (its activation prefetch), +i4ipb2|+i4ipb4|+i4ipb8 (INT4 "
                         "weights: every decode "
                         "projection looped, ~2/4/8 items per block) with optionally +i4x2 (two items in flight "
                         "per warp), +g1|+nog1 (a model without grouped queries: the decode attention's one-head "
                         "entry, on by default, or off), "
                         "the long-context attention's blocks per SM +lcs1|+lcs2|+lcs4 (the splits "
                         "per KV head: that many x SMs / KV heads, at least 16) and +lcm1 (no floor), the bulk "
-                        "prefill's flash attention +fah|+fat64 (hoisted copies, with 64-entry tiles; the cycle never "
+                        "prefill's flash attention +nofah|+fah|+fat64 (the copies before, hoisted copies, with 64-entry tiles; the cycle never "
                         "runs the bulk prefill: for bench csr --kernel-variants), and a KV "
                         "arena type +kv32|+kv16 (a backend of its own: float32 or bf16 K/V), e.g. "
                         "plain+tiled for the kernel before attention_mma.cu; the first is "
@@ -164,6 +163,18 @@ def robot_config(shape: str = "qwen2.5-1.5b"):
 
 def robot_preset(shape: str) -> str:
     return ROBOT_PRESETS.get(shape, DEFAULT_ROBOT_PRESET)
+
+
+def shape_of(spec) -> str:
+    """The bench shape a model snapshot has (SHAPES, matched on its dimensions), so a tool given a model directory
+    runs the preset that shape runs with; "qwen2.5-1.5b" (config/gpu_demo.yaml's) when none matches."""
+    from ..model.make_model import SYNTHETIC_SHAPES
+    dims = ("model_type", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
+    for shape, kind in SHAPES.items():
+        synthetic = SYNTHETIC_SHAPES[kind]
+        if all(getattr(spec, d) == getattr(synthetic, d) for d in dims):
+            return shape
+    return "qwen2.5-1.5b"
 
 
 def mode_kv_dtype(mode: str, default: str) -> str:

@@ -415,11 +415,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if (plan.int4_prefill_activation_parts != 2 or plan.int4_prefill_activation_prefetch) and not staged_int4:
             log.info("one activation part and the activation prefetch are entries of the staged INT4 projections; "
                      "%s prefill projections take neither", self._weights_kind())
-        if plan.int4_decode_split_pipeline and not self.int4:
-            log.info("the INT4 decode's split pipeline applies to INT4 weights only: %s decode keeps its fused "
-                     "pipeline", self._weights_kind())
         in_effect = {"staged_prefill_projections": staged, "staged_int4_prefill_projections": staged_int4,
-                     "int4_decode_split_pipeline": plan.int4_decode_split_pipeline and staged_int4,
                      "int4_prefill_activation_parts": plan.int4_prefill_activation_parts if staged_int4 else 2,
                      "int4_prefill_activation_prefetch": plan.int4_prefill_activation_prefetch and staged_int4,
                      "bulk_attention_heads_per_warp": heads_per_warp, "bulk_attention_tile_entries": tile_entries,

@@ -113,15 +113,6 @@ class KernelPlan:
     # two items' rows at once (gemv_int4_items2), 1: one. Bit-identical. Measured no help (lab "plain+i4ipb4+i4x2":
     # decode projections 1.866 ms against i4ipb4's 1.833). Off; kept for the lab.
     int4_gemv_rows_per_warp: int = 1
-    # INT4 models only: the decode row through the split pipeline (RMSNorm, projection_int4_staged.cu with one token on
-    # the tensor cores, RoPE + K/V store, ...) instead of gemv_int4.cu's fused one. The CUDA-core GEMV spends ~4
-    # instructions a weight dequantizing and multiplying (PTX of gemv_int4: ~970 per lane for 128 weights a batch),
-    # so at 7B it issues about as long as its weights take to stream (0.79 ms a token); the tensor-core entry turns
-    # two nibbles into a bf16 pair in about one instruction and leaves the products to mma, at the price of 3
-    # more launches a layer and one token in 8 of each mma's columns. The 7B INT4 decode projections took 2.81 ms
-    # a token (2026-12-03, eighth session). Needs the staged INT4 projections. Not yet measured (written 2026-12-03,
-    # eighth session): off; lab "+i4dsp".
-    int4_decode_split_pipeline: bool = False
     # Programmatic dependent launch of the decode kernels (sm_90+, cuda_pdl.py): each starts streaming its
     # weights while the one before finishes. Measured 0.1 ms per decode step slower with gemv.cu: off.
     programmatic_launch: bool = False
@@ -165,14 +156,18 @@ class KernelPlan:
     # _h entries: ~9 PTX instructions per 16-byte copy instead of ~40); the same values. ncu on the hd128 p1 entry
     # (2026-12-03, eighth session): issue slots busy 37%, the tensor pipe mostly idle, ~670 PTX instructions per
     # warp and 32-entry tile of which 64 mma and ~250 the copies' index arithmetic. Needs the K/V overlap and one
-    # head per warp. Not yet measured (written 2026-12-03, eighth session): off; bench/bulk_probe.py "kvo h" rows.
-    bulk_attention_hoisted_copies: bool = False
+    # head per warp. Measured on the H200 (2026-12-03, ninth session, bulk_probe --kv-dtype bfloat16; its tests
+    # bit-identical to attention_flash_kvo.cu): the recompute of 16384 tokens 351.6 -> 343.2 ms (parts 1: 263.8 ->
+    # 246.3), 4096 tokens 58.8 -> 58.5. On; lab "+nofah": the copies before.
+    bulk_attention_hoisted_copies: bool = True
     # List entries per K/V tile of the flash attention: 32, or 64 (attention_flash_tiles.cu's _t64 entries, with the
     # hoisted copies): a tile's fixed costs (two barriers, the softmax's row reductions, the rescale of all 64
     # accumulators a thread holds, the Q fragments' loads) then serve twice the entries. Other roundings (the
     # online softmax rescales per tile), within the reference bound. Models with more than 6 query heads per KV
-    # head keep 32 (the entries' two-blocks-per-SM bound). Not yet measured (written 2026-12-03, eighth session):
-    # 32; bulk_probe "kvo t64" rows.
+    # head keep 32 (the entries' two-blocks-per-SM bound). Measured on the H200 (2026-12-03, ninth session,
+    # bulk_probe --kv-dtype bfloat16): the recompute of 16384 tokens 343.2 -> 323.9 ms (parts 1: 246.3 -> 232.9),
+    # its tests within the reference bound; 32 until `vla-edge verify --kernel-variants fat64` holds it to HF on the
+    # GPU. Lab "+fat64".
     bulk_attention_tile_entries: int = 32
 
     def __post_init__(self):
@@ -220,11 +215,6 @@ class KernelPlan:
                              f"{self.int4_prefill_activation_prefetch!r}")
         if self.int4_prefill_activation_prefetch and not self.staged_int4_prefill_projections:
             raise ValueError("int4_prefill_activation_prefetch is an entry of the staged INT4 projections; "
-                             "staged_int4_prefill_projections is off")
-        if not isinstance(self.int4_decode_split_pipeline, bool):
-            raise ValueError(f"int4_decode_split_pipeline must be True or False, got {self.int4_decode_split_pipeline!r}")
-        if self.int4_decode_split_pipeline and not self.staged_int4_prefill_projections:
-            raise ValueError("int4_decode_split_pipeline runs the staged INT4 projections; "
                              "staged_int4_prefill_projections is off")
         if not isinstance(self.decode_attention_one_head_entry, bool):
             raise ValueError(f"decode_attention_one_head_entry must be True or False, got "

@@ -29,11 +29,7 @@ class LayerEnqueue:
     """Kernel sequences of a CudaBackend's passes (see the module docstring)."""
 
     def _fused(self, n: int) -> bool:
-        """Whether a pass of n rows takes the decode pipeline: one row of bf16 or INT4 projections (an INT4 model
-        whose plan asks for int4_decode_split_pipeline takes the split one, on projection_int4_staged.cu: the plan
-        in effect has it on for INT4 weights only)."""
-        if self.kernel_plan is not None and self.kernel_plan.int4_decode_split_pipeline:
-            return False
+        """Whether a pass of n rows takes the decode pipeline: one row of bf16 or INT4 projections."""
         return self._decode_pipeline() and n <= DECODE_MAX_ROWS
 
     def _enqueue_layers(self, n: int, layer_outs: list | None = None, groups=LAYER_GROUPS) -> None:

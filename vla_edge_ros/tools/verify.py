@@ -91,7 +91,7 @@ def add_arguments(parser) -> None:
                              "(model.bulk_prefill_min_rows; 1: every forward, decode steps too)")
     parser.add_argument("--kernel-variants", nargs="+", metavar="NAME", default=None,
                         help="pycuda: check the kernel lab's variants over the serving plan (bench/kernel_lab.py "
-                             "KERNEL_VARIANTS, e.g. i4p1, i4dsp, fah, fat64), a choice's numerics before it serves")
+                             "KERNEL_VARIANTS, e.g. i4p1, fah, fat64), a choice's numerics before it serves")
     parser.add_argument("--hf-device", default="cpu", help="torch device for the HF oracle (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for the HF oracle (default: torch's choice; 1 on a shared machine)")
