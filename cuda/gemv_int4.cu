@@ -35,6 +35,7 @@
 //            the looped variants are the experiment for that, not yet timed.
 #include <cuda_fp16.h>
 #include "gemv_rows.cuh"
+#include "gemv_int4_params.cuh"
 
 // 16-byte chunks per lane per batch: 4 puts a 1536-wide row's (48 chunks) loads in flight at once.
 #define GEMV4_LANE_LOADS 4
@@ -137,16 +138,6 @@ __device__ __forceinline__ void gemv_int4_item(uint4 (&w)[U], uint16_t (&s)[U], 
     gemv_epilogue(mode, item, row_sum, bias, out, out_cols, rows, rt);
 }
 
-// The parameters every entry takes (the host passes the same arguments to each), and their names.
-#define GEMV_INT4_PARAMS                                                                                       \
-    const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group, const float* __restrict__ x, \
-    const float* __restrict__ norm_w, float eps, const float* bias, float* out, int out_cols, int rows, int K,   \
-    int mode, const int* pos_table, const int* slot_table, const int* ctl, const float* inv_freq,               \
-    kv_t* k_cache, kv_t* v_cache, int n_q_heads, int n_kv_heads, int head_dim, int capacity
-#define GEMV_INT4_ARGS                                                                                         \
-    Wq, scales, group, x, norm_w, eps, bias, out, out_cols, rows, K, mode, pos_table, slot_table, ctl, inv_freq, \
-    k_cache, v_cache, n_q_heads, n_kv_heads, head_dim, capacity
-#define GEMV_INT4_ENTRY(NAME) extern "C" __global__ void __launch_bounds__(GEMV_THREADS) NAME(GEMV_INT4_PARAMS)
 
 // The dynamic shared memory of every entry: [K / 4] staged activations, swizzled. Declared once here: the same
 // extern array declared inside the kernel and inside the looped entries' device function draws nvcc's

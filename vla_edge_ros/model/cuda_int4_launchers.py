@@ -29,6 +29,12 @@ STAGED_INT4_MAX_TOKENS = 32      # projection_int4_staged.cu: activation rows st
 STG4_ROW_WORDS = 80              # projection_int4_staged.cu: words per staged token row (STG4_ROW)
 GEMV4_MAX_ITEMS_PER_BLOCK = 64   # gemv_int4_items: 8-row items per block asked for, at most (int4_gemv_items_per_block)
 GEMV4_ROWS_PER_WARP = (1, 2)     # gemv_int4_items / gemv_int4_items2: items a warp streams at once (int4_gemv_rows_per_warp)
+GEMV4_MMA_GROUP = 128            # gemv_int4_mma.cu: the one group size it takes (4 quad lanes x 32 columns)
+
+
+def int4_mma_fits(K: int, group: int) -> bool:
+    """Whether gemv_int4_mma.cu takes a matrix of K columns in groups of `group`."""
+    return group == GEMV4_MMA_GROUP and K % GEMV4_MMA_GROUP == 0
 
 
 def staged_int4_prefetch_shared(parts: int) -> int:
@@ -89,13 +95,16 @@ class Int4Launchers(ProjectionLaunchers):
 
     def gemv_int4(self, W: Int4Matrix, x, out, mode: int, stream, norm_w=None, eps: float = 0.0, bias=None,
                   out_cols: int | None = None, w_row0: int = 0, rows: int | None = None, x_row0: int = 0,
-                  rope=None, blocks_per_sm: int = 0, items_per_block: int = 0, rows_per_warp: int = 1):
+                  rope=None, blocks_per_sm: int = 0, items_per_block: int = 0, rows_per_warp: int = 1,
+                  tensor_cores: bool = False):
         """gemv_int4.cu: what gemv() computes (every mode, the RMSNorm prologue, rows [w_row0, w_row0 + rows))
         from INT4 weights, the same bits whatever the grid. Grid: a block per 8-row item (gemv_int4), or looped
         (gemv_int4_items) over blocks_per_sm per SM where there are more items than that; items_per_block > 0
         instead loops every projection over ceil(items / items_per_block) blocks (KernelPlan
         .int4_gemv_items_per_block, measured slower: off). rows_per_warp 2: the looped entry with two items in flight
-        per warp (gemv_int4_items2; KernelPlan.int4_gemv_rows_per_warp, measured no help: off)."""
+        per warp (gemv_int4_items2; KernelPlan.int4_gemv_rows_per_warp, measured no help: off). tensor_cores:
+        gemv_int4_mma.cu instead, the products on the tensor cores, a block per item whatever the grid choices (groups
+        of 128 only, int4_mma_fits; KernelPlan.int4_decode_tensor_cores, not yet measured: off)."""
         total_rows, K, groups = check_int4("gemv_int4 weight", W)
         _check_array("gemv_int4 x", x, np.float32, 2)
         _check_array("gemv_int4 out", out, np.float32, 2)
@@ -117,14 +126,20 @@ class Int4Launchers(ProjectionLaunchers):
         name, grid = ("gemv_int4_items", cap) if 0 < cap < items else ("gemv_int4", items)
         if name == "gemv_int4_items" and rows_per_warp == 2:
             name = "gemv_int4_items2"
+        shared = 4 * K                                       # the staged fp32 activations
+        if tensor_cores:
+            _check(int4_mma_fits(K, W.group), f"gemv_int4_mma: K {K} in groups of {W.group}: it takes groups of "
+                                              f"{GEMV4_MMA_GROUP} and K a multiple of {GEMV4_MMA_GROUP}")
+            # bf16 hi / lo pairs (4 bytes a column) and 4 sums a group
+            name, grid, shared = "gemv_int4_mma", items, 4 * K + 16 * (K // GEMV4_MMA_GROUP)
         self._function(name)                                 # on demand: loads the family and its shared limits
         limit = self._shared_limits[name]
-        _check(4 * K <= limit, f"gemv_int4: K {K} needs {4 * K} bytes of shared memory > {limit}")
+        _check(shared <= limit, f"{name}: K {K} needs {shared} bytes of shared memory > {limit}")
         out_cols, rope_args = one_row_epilogue("gemv_int4", mode, rows, K, out_cols, out, norm_w, bias, rope)
         self._launch(name, (grid,), GEMV_THREADS, stream, ptr(W.packed, w_row0 * (K // 2)),
                      ptr(W.scales, w_row0 * groups), np.int32(W.group), ptr(x, x_row0 * x.shape[1]), ptr(norm_w),
                      np.float32(eps), ptr(bias), ptr(out), np.int32(out_cols), np.int32(rows), np.int32(K),
-                     np.int32(mode), *rope_args, shared=4 * K)
+                     np.int32(mode), *rope_args, shared=shared)
 
     def projection_int4(self, W: Int4Matrix, x, out, n_tokens: int, mode: int, stream, bias=None,
                         out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,

@@ -47,8 +47,10 @@ class KernelPlan:
     # or 1 (bf16 alone: half the products and staging; the INT4 weights' own error is ~100x that rounding). The
     # 7B INT4 prefill's projections took 8.6 of its 14.1 ms (2026-12-03, fifth session). Needs the staged
     # projections. Measured on the H200 (2026-12-03, eighth session, 7B INT4 at 4064 cached, lab "+i4p1"): prefill
-    # projections 8.64 -> 8.03 ms, cycle p50 55.87 -> 55.31 ms. Faster, but off until `vla-edge verify` has run
-    # the INT4 models on it on the GPU (its numerics are no longer the two-part cycle's).
+    # projections 8.64 -> 8.03 ms, cycle p50 55.87 -> 55.31 ms (ninth session: 8.59 -> 7.99). Faster, but `vla-edge
+    # verify --kernel-variants i4p1` on the 1.5B INT4 shape FAILED on the H200 (2026-12-03, ninth session): logits
+    # cosine 0.99989 (passes), teacher-forced top-1 96.64% against the 99% required (HF's activations are fp32).
+    # Off: 2 serves.
     int4_prefill_activation_parts: int = 2
     # Those staged INT4 projections with each 128-column chunk's activations copied (cp.async) while the chunk before
     # is multiplied, as its weights are; without it every chunk waits for its activations from L2 after the barrier
@@ -113,6 +115,14 @@ class KernelPlan:
     # two items' rows at once (gemv_int4_items2), 1: one. Bit-identical. Measured no help (lab "plain+i4ipb4+i4x2":
     # decode projections 1.866 ms against i4ipb4's 1.833). Off; kept for the lab.
     int4_gemv_rows_per_warp: int = 1
+    # INT4 decode projections only: gemv_int4_mma.cu (the products on the tensor cores, a block per item) instead of
+    # gemv_int4.cu's CUDA-core entries; bf16 hi + lo activations, not fp32 ones (within ~1e-5 relative). Why: ncu on
+    # the 7B decode (2026-12-03, ninth session) found gemv_int4 bound by instruction issue (DRAM 19-26% of peak, SM
+    # throughput 53-62%, stalls "not selected" and math pipe; q|k|v 24.4 us, gate/up 39.4, down 19.9 against
+    # 6.3 / 11 / 5.6 at the copy bandwidth), ~4 instructions a weight; the mma entry spends under 1. Groups of
+    # 128 only (a model in other groups keeps gemv_int4, said at info level). Not yet run on a GPU (written
+    # 2026-12-03, ninth session): off; lab "+i4mma".
+    int4_decode_tensor_cores: bool = False
     # Programmatic dependent launch of the decode kernels (sm_90+, cuda_pdl.py): each starts streaming its
     # weights while the one before finishes. Measured 0.1 ms per decode step slower with gemv.cu: off.
     programmatic_launch: bool = False
@@ -187,6 +197,8 @@ class KernelPlan:
         if type(self.int4_gemv_rows_per_warp) is not int or self.int4_gemv_rows_per_warp not in GEMV4_ROWS_PER_WARP:
             raise ValueError(f"int4_gemv_rows_per_warp must be one of {GEMV4_ROWS_PER_WARP}, got "
                              f"{self.int4_gemv_rows_per_warp!r}")
+        if not isinstance(self.int4_decode_tensor_cores, bool):
+            raise ValueError(f"int4_decode_tensor_cores must be True or False, got {self.int4_decode_tensor_cores!r}")
         if self.int4_gemv_rows_per_warp > 1 and self.int4_gemv_items_per_block < 2:
             raise ValueError(f"int4_gemv_rows_per_warp {self.int4_gemv_rows_per_warp} needs "
                              f"int4_gemv_items_per_block >= 2 (a block of one item has no second row to stream), "
