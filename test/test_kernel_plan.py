@@ -163,7 +163,9 @@ def test_the_lab_names_the_long_context_blocks_per_sm_and_the_splits_follow():
         assert mode_plan(f"plain+lcs{n}") == dataclasses.replace(MEASURED_BEST, long_context_blocks_per_sm=n)
     assert (long_context_splits(132, 2), long_context_splits(132, 32), long_context_splits(132, 32, 4)) == (66, 4, 16)
     assert long_context_splits(16, 32) == 1                      # more KV heads than SMs: one split each
-    assert mode_plan("plain+lcm1") == dataclasses.replace(MEASURED_BEST, long_context_min_splits_per_kv_head=1)
+    for n in (1, 32, 64):
+        assert mode_plan(f"plain+lcm{n}") == dataclasses.replace(MEASURED_BEST, long_context_min_splits_per_kv_head=n)
+    assert long_context_splits(132, 32, 1, 64) == 64
     floor = MEASURED_BEST.long_context_min_splits_per_kv_head
     assert (long_context_splits(132, 2, 1, floor), long_context_splits(132, 32, 1, floor)) == (66, 16)
     assert long_context_splits(132, 32, 4, floor) == long_context_splits(132, 32, 4) == 16

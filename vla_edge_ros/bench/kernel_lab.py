@@ -13,7 +13,7 @@ compare another choice, the lab builds a variant plan and switches a backend to 
     projection_int4_staged.cu; i4p1: its one-part entry; i4pf: its activation prefetch), the decode attention's
     one-head entry for a group of 1
     (g1 on, the default; nog1 off) and the long-context attention's blocks per SM (lcs1, lcs2, lcs4) and its floor
-    of splits per KV head (lcm1: none);
+    of splits per KV head (lcm1: none; lcm32, lcm64: 32 or 64);
   * a copy of the device state a decode step starts from, so that decode modes are compared from one prefill (two
     prefills differ in the last bits: their split-K projections add with atomics);
   * the kernel groups of a pass, which bench/pycuda_cycle.py times apart.
@@ -37,7 +37,8 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # chunk's activations copied under the products), the decode
 # attention's one-head entry for a model without grouped queries (g1, the default; nog1: off), and the
 # long-context attention's blocks per SM (lcs1, lcs2, lcs4: KernelPlan.long_context_blocks_per_sm) and floor of
-# splits per KV head (lcm1: KernelPlan.long_context_min_splits_per_kv_head 1, no floor); for the bulk prefill's flash
+# splits per KV head (lcm1: KernelPlan.long_context_min_splits_per_kv_head 1, no floor; lcm32, lcm64: a floor of 32 or
+# 64, for the 7B decode attention that ncu found latency-bound at 16: 40 us a layer, occupancy 21%); for the bulk prefill's flash
 # attention (bench csr --kernel-variants), its hoisted copies (fah, the default; nofah: the copies of
 # attention_flash_kvo.cu) and with them 64-entry tiles (fat64). A float
 # backend runs the INT4
@@ -61,7 +62,7 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "i4x2": {"int4_gemv_rows_per_warp": 2},
                    "i4mma": {"int4_decode_tensor_cores": True},
                    **{f"lcs{n}": {"long_context_blocks_per_sm": n} for n in (1, 2, 4)},
-                   "lcm1": {"long_context_min_splits_per_kv_head": 1},
+                   **{f"lcm{n}": {"long_context_min_splits_per_kv_head": n} for n in (1, 32, 64)},
                    "fah": {"bulk_attention_hoisted_copies": True},
                    "nofah": {"bulk_attention_hoisted_copies": False, "bulk_attention_tile_entries": 32},
                    "fat64": {"bulk_attention_hoisted_copies": True, "bulk_attention_tile_entries": 64},

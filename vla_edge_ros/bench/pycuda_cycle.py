@@ -94,7 +94,7 @@ def add_arguments(p) -> None:
                         "per warp), +i4mma (INT4 weights: the decode projections on the tensor cores), +g1|+nog1 (a model without grouped queries: the decode attention's one-head "
                         "entry, on by default, or off), "
                         "the long-context attention's blocks per SM +lcs1|+lcs2|+lcs4 (the splits "
-                        "per KV head: that many x SMs / KV heads, at least 16) and +lcm1 (no floor), the bulk "
+                        "per KV head: that many x SMs / KV heads, at least 16) and +lcm1|+lcm32|+lcm64 (no floor, or 32 or 64), the bulk "
                         "prefill's flash attention +nofah|+fah|+fat64 (the copies before, hoisted copies, with 64-entry tiles; the cycle never "
                         "runs the bulk prefill: for bench csr --kernel-variants), and a KV "
                         "arena type +kv32|+kv16 (a backend of its own: float32 or bf16 K/V), e.g. "
