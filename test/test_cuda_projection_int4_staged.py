@@ -221,6 +221,47 @@ def test_the_activation_prefetch_gives_the_same_bits(kn, gpu, rows, k, n, group,
         np.testing.assert_array_equal(fetched, plain, err_msg=f"{case} SWIGLU")
 
 
+@pytest.mark.parametrize("stages", [4, 8])
+@pytest.mark.parametrize("rows,k,n,group", CASES + [(512, 4096, 32, 128), (256, 11008, 32, 128)])
+def test_the_weight_ring_gives_the_same_bits(kn, gpu, rows, k, n, group, stages):
+    """weight_stages (KernelPlan.int4_prefill_weight_stages, the _w entries: 3 or 7 chunks of weights in flight
+    through a shared-memory ring; written 2026-12-03, ninth session, not yet run): STORE with a bias, ADD in one K
+    part and SWIGLU give the default entry's bits, on the test shapes and the 7B widths (K 4096, 11008: more chunks
+    than the ring holds); ADD over the default K split to rounding (its atomics land in any order)."""
+    ga, stream = gpu
+    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
+    rng = np.random.default_rng(rows * 5 + k + n + group + stages)
+    packed, scales, _ = _matrix(rng, rows, k, group)
+    W = _device(ga, packed, scales, group)
+    x_dev = ga.to_gpu(rng.standard_normal((n, k)).astype(np.float32))
+    bias = ga.to_gpu(rng.standard_normal(rows).astype(np.float32))
+    base = rng.standard_normal((n, rows)).astype(np.float32)
+    case = f"projection_int4_staged_w{stages} {rows}x{k} n={n} G{group}"
+
+    def both(W, out_like, mode, **kw):
+        outs = []
+        for weight_stages in (1, stages):
+            out = ga.to_gpu(out_like)
+            kn.projection_int4_staged(W, x_dev, out, n, mode, stream, weight_stages=weight_stages, **kw)
+            stream.synchronize()
+            outs.append(out.get())
+        return outs
+
+    plain, ring = both(W, np.full((n, rows), np.nan, np.float32), MODE_STORE, bias=bias)
+    np.testing.assert_array_equal(ring, plain, err_msg=f"{case} STORE")
+    plain, ring = both(W, base, MODE_ADD, ksplit=1)
+    np.testing.assert_array_equal(ring, plain, err_msg=f"{case} ADD ksplit=1")
+    plain, ring = both(W, base, MODE_ADD)
+    assert_close(ring, plain, rtol=1e-6, atol=1e-6 * peak(plain), what=f"{case} ADD, default split")
+    if rows % 16 == 0:
+        inter, half = rows // 2 - 3, rows // 2
+        gu_packed, gu_scales = layouts.interleave_gate_up_int4((packed[:inter], scales[:inter]),
+                                                               (packed[half:half + inter], scales[half:half + inter]))
+        plain, ring = both(_device(ga, gu_packed, gu_scales, group), np.full((n, inter), np.nan, np.float32),
+                           MODE_SWIGLU, out_cols=inter)
+        np.testing.assert_array_equal(ring, plain, err_msg=f"{case} SWIGLU")
+
+
 def test_staged_int4_reads_rows_of_a_wider_activation_buffer(kn, gpu):
     """x_row0 and an x row stride wider than K (the backend's buffers): rows [5, 5 + 20) of x[:, :K]."""
     ga, stream = gpu
@@ -305,6 +346,22 @@ def test_an_int4_backend_with_the_activation_prefetch_gives_the_same_tokens(int4
     b.close()
 
 
+def test_an_int4_backend_with_the_weight_ring_gives_the_same_tokens(int4_model):
+    """int4_prefill_weight_stages (lab "+i4ws8") in a whole cycle: the tokens of the cycle without it; the lab mode
+    says it took effect."""
+    from vla_edge_ros.bench import kernel_lab
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    spec, path = int4_model
+    b = CudaBackend(spec, path, 300, "bfloat16")
+    without = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+    assert kernel_lab.apply_launch_mode(b, "plain+i4ws8") == "plain+i4ws8"
+    assert b.kernel_plan.int4_prefill_weight_stages == 8
+    ring = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+    np.testing.assert_array_equal(ring[0], without[0])
+    assert rel_norm(ring[1], without[1]) < 1e-5           # the residual adds split K: the same parts, any order
+    b.close()
+
+
 def test_an_int4_backend_on_one_activation_part_stays_near_the_two_part_cycle(int4_model):
     """int4_prefill_activation_parts 1 (lab "+i4p1") in a whole cycle: its prefill logits within bf16 rounding of
     the two-part cycle's and not equal to them; the lab mode says it took effect, "plain" switches back."""
@@ -334,6 +391,8 @@ def test_a_float_backend_runs_the_flag_as_plain(tiny_weights):
     assert b.kernel_plan.int4_prefill_activation_parts == 2
     assert kernel_lab.apply_launch_mode(b, "plain+i4pf") == "plain"        # so is the activation prefetch
     assert b.kernel_plan.int4_prefill_activation_prefetch is False
+    assert kernel_lab.apply_launch_mode(b, "plain+i4ws8") == "plain"       # and the weight ring
+    assert b.kernel_plan.int4_prefill_weight_stages == 1
     b.close()
 
 

@@ -10,7 +10,8 @@ compare another choice, the lab builds a variant plan and switches a backend to 
     warps per slot group h1, h2; mmadec: on the tensor cores), the decode projections' grid (noloop, loop2,
     loop4), an INT4 model's decode projections (i4ipb2, i4ipb4, i4ipb8: every one looped, ~2 / 4 / 8 items per
     block; i4x2: two items in flight per warp of those; i4mma: on the tensor cores), its prefill projections (int4staged:
-    projection_int4_staged.cu; i4p1: its one-part entry; i4pf: its activation prefetch), the decode attention's
+    projection_int4_staged.cu; i4p1: its one-part entry; i4pf: its activation prefetch; i4ws4, i4ws8: its weights
+    in a 4- or 8-chunk ring), the decode attention's
     one-head entry for a group of 1
     (g1 on, the default; nog1 off) and the long-context attention's blocks per SM (lcs1, lcs2, lcs4) and its floor
     of splits per KV head (lcm1: none; lcm32, lcm64: 32 or 64);
@@ -55,9 +56,10 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "loop4": {"decode_gemv_blocks_per_sm": 4},
                    "int4staged": {"staged_int4_prefill_projections": True},
                    "int4unstaged": {"staged_int4_prefill_projections": False, "int4_prefill_activation_parts": 2,
-                                    "int4_prefill_activation_prefetch": False},
+                                    "int4_prefill_activation_prefetch": False, "int4_prefill_weight_stages": 1},
                    "i4p1": {"staged_int4_prefill_projections": True, "int4_prefill_activation_parts": 1},
                    "i4pf": {"int4_prefill_activation_prefetch": True},
+                   **{f"i4ws{n}": {"int4_prefill_weight_stages": n} for n in (4, 8)},
                    **{f"i4ipb{n}": {"int4_gemv_items_per_block": n} for n in (2, 4, 8)},
                    "i4x2": {"int4_gemv_rows_per_warp": 2},
                    "i4mma": {"int4_decode_tensor_cores": True},

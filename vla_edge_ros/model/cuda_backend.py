@@ -421,12 +421,14 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
             # on demand, but a first launch may be in a capture
             self.kernels.load_family("attention_flash_tiles" if plan.bulk_attention_hoisted_copies
                                      else "attention_flash_kvo")
-        if (plan.int4_prefill_activation_parts != 2 or plan.int4_prefill_activation_prefetch) and not staged_int4:
-            log.info("one activation part and the activation prefetch are entries of the staged INT4 projections; "
-                     "%s prefill projections take neither", self._weights_kind())
+        if (plan.int4_prefill_activation_parts != 2 or plan.int4_prefill_activation_prefetch
+                or plan.int4_prefill_weight_stages != 1) and not staged_int4:
+            log.info("one activation part, the activation prefetch and the weight ring are entries of the staged "
+                     "INT4 projections; %s prefill projections take none of them", self._weights_kind())
         in_effect = {"staged_prefill_projections": staged, "staged_int4_prefill_projections": staged_int4,
                      "int4_prefill_activation_parts": plan.int4_prefill_activation_parts if staged_int4 else 2,
                      "int4_prefill_activation_prefetch": plan.int4_prefill_activation_prefetch and staged_int4,
+                     "int4_prefill_weight_stages": plan.int4_prefill_weight_stages if staged_int4 else 1,
                      "bulk_attention_heads_per_warp": heads_per_warp, "bulk_attention_tile_entries": tile_entries,
                      **({"int4_decode_tensor_cores": int4_mma} if self.int4 else int4_grid),
                      **self._attention_in_effect(plan),

@@ -27,6 +27,8 @@ PROJ4_MIN_BLOCKS_PER_SPLIT = 2   # ... each split still streaming at least this 
 STG4_WARPS = 8                   # projection_int4_staged.cu: warps per block, one 16-row tile each, one K part
 STAGED_INT4_MAX_TOKENS = 32      # projection_int4_staged.cu: activation rows staged per block
 STG4_ROW_WORDS = 80              # projection_int4_staged.cu: words per staged token row (STG4_ROW)
+STG4_WEIGHT_STAGES = (1, 4, 8)   # projection_int4_staged.cu: chunks of weights a block holds (1: registers; _w4, _w8)
+STG4_WEIGHT_CHUNK_BYTES = 16 * 2 * 256   # ... a chunk's ring slots: 16 bytes of two rows for each of 256 threads
 GEMV4_MAX_ITEMS_PER_BLOCK = 64   # gemv_int4_items: 8-row items per block asked for, at most (int4_gemv_items_per_block)
 GEMV4_ROWS_PER_WARP = (1, 2)     # gemv_int4_items / gemv_int4_items2: items a warp streams at once (int4_gemv_rows_per_warp)
 GEMV4_MMA_GROUP = 128            # gemv_int4_mma.cu: the one group size it takes (4 quad lanes x 32 columns)
@@ -157,7 +159,8 @@ class Int4Launchers(ProjectionLaunchers):
 
     def projection_int4_staged(self, W: Int4Matrix, x, out, n_tokens: int, mode: int, stream, bias=None,
                                out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
-                               ksplit: int | None = None, x_row0: int = 0, parts: int = 2, prefetch: bool = False):
+                               ksplit: int | None = None, x_row0: int = 0, parts: int = 2, prefetch: bool = False,
+                               weight_stages: int = 1):
         """projection_int4_staged.cu (KernelPlan.staged_int4_prefill_projections, the default for INT4
         weights: measured faster): what projection_int4() computes, the same bits (ADD with ksplit > 1: the same parts, added in
         another order), for n_tokens <= STAGED_INT4_MAX_TOKENS, each 128-column chunk of the activations split
@@ -165,16 +168,25 @@ class Int4Launchers(ProjectionLaunchers):
         same ~PROJ4_TARGET_WARPS warps (8 per block here), the same parts. parts 1 (KernelPlan
         .int4_prefill_activation_parts): the activations' bf16 hi alone, half the products (not those bits).
         prefetch (KernelPlan.int4_prefill_activation_prefetch): the _pf entries, each chunk's activations copied while
-        the chunk before is multiplied (the same bits)."""
+        the chunk before is multiplied (the same bits). weight_stages 4 or 8 (KernelPlan.int4_prefill_weight_stages,
+        not yet run on a GPU): the _w entries, that many chunks of weights in a shared-memory ring, 3 or 7 in flight
+        instead of 1 (the same bits; two activation parts, no activation prefetch)."""
         rows, K, groups, out_cols, ksplit = self._projection_int4_checks(
             "projection_int4_staged", W, x, out, n_tokens, mode, bias, out_cols, w_row0, rows, ksplit, x_row0)
         _check(n_tokens <= STAGED_INT4_MAX_TOKENS,
                f"projection_int4_staged: {n_tokens} tokens > {STAGED_INT4_MAX_TOKENS} (the rows a block stages)")
         _check(parts in (1, 2), f"projection_int4_staged: parts {parts} not 1 or 2")
+        _check(weight_stages in STG4_WEIGHT_STAGES,
+               f"projection_int4_staged: weight_stages {weight_stages} not in {STG4_WEIGHT_STAGES}")
+        _check(weight_stages == 1 or (parts == 2 and not prefetch),
+               f"projection_int4_staged: weight_stages {weight_stages} are entries of two activation parts without "
+               f"the activation prefetch (parts {parts}, prefetch {prefetch})")
         grid = (ceil_div(ceil_div(rows, 16), STG4_WARPS) * ksplit,)
         name = "projection_int4_staged" + ("_p1" if parts == 1 else "") + ("_pf" if prefetch else "")
         shared = staged_int4_prefetch_shared(parts) if prefetch else 0
-        if prefetch:                                         # the _pf entries' shared memory is dynamic
+        if weight_stages > 1:
+            name, shared = f"projection_int4_staged_w{weight_stages}", weight_stages * STG4_WEIGHT_CHUNK_BYTES
+        if shared:                                           # the _pf and _w entries' shared memory is dynamic
             self._check_shared(name, shared, "projection_int4_staged")
         self._launch(name, grid, STG4_WARPS * 32, stream,
                      *_projection_int4_args(W, x, bias, out, rows, K, groups, n_tokens, out_cols, mode, ksplit,

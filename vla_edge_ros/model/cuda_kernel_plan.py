@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cuda_attention_launchers import ATTN_DECODE_HEAD_SPLITS
-from .cuda_int4_launchers import GEMV4_MAX_ITEMS_PER_BLOCK, GEMV4_ROWS_PER_WARP
+from .cuda_int4_launchers import GEMV4_MAX_ITEMS_PER_BLOCK, GEMV4_ROWS_PER_WARP, STG4_WEIGHT_STAGES
 from .cuda_bulk_launchers import BULK_GEMMS
 from .cuda_projection_launchers import GEMV_MAX_BLOCKS_PER_SM
 
@@ -59,6 +59,13 @@ class KernelPlan:
     # "+i4pf"): prefill projections 8.64 -> 9.46 ms (its 56 KB of dynamic shared memory leave fewer blocks per SM
     # than the wait it hides). Off; kept for the lab.
     int4_prefill_activation_prefetch: bool = False
+    # Chunks of 128 columns of weights each block of those staged INT4 projections holds: 1 (the next chunk in
+    # registers) or 4 / 8 (a ring in shared memory, cp.async: 3 / 7 chunks in flight; the same bits). Why: a block
+    # has 8 KB of weights in flight per chunk and 2 blocks fit an SM, ~16 KB per SM where the copy bandwidth needs
+    # ~64 KB; the 7B prefill's projections streamed ~0.4 TB/s (8.59 ms of a 46.5 ms cycle, 2026-12-03 ninth
+    # session). Two activation parts, no activation prefetch. Not yet run on a GPU (written 2026-12-03, ninth
+    # session): 1; lab "+i4ws4", "+i4ws8".
+    int4_prefill_weight_stages: int = 1
     # attention_mma.cu (K, V, q and the softmax weights as bf16 hi/lo pairs, ~1e-5 relative) for bf16 prefill
     # attention; off: attention_tiled.cu's fp32 products. 2.28 -> 0.71 ms per 32-row prefill at 4064 cached.
     tensor_core_attention: bool = True
@@ -228,6 +235,14 @@ class KernelPlan:
         if self.int4_prefill_activation_prefetch and not self.staged_int4_prefill_projections:
             raise ValueError("int4_prefill_activation_prefetch is an entry of the staged INT4 projections; "
                              "staged_int4_prefill_projections is off")
+        if type(self.int4_prefill_weight_stages) is not int or self.int4_prefill_weight_stages not in STG4_WEIGHT_STAGES:
+            raise ValueError(f"int4_prefill_weight_stages must be one of {STG4_WEIGHT_STAGES}, got "
+                             f"{self.int4_prefill_weight_stages!r}")
+        if self.int4_prefill_weight_stages > 1 and not (self.staged_int4_prefill_projections
+                                                       and self.int4_prefill_activation_parts == 2
+                                                       and not self.int4_prefill_activation_prefetch):
+            raise ValueError("int4_prefill_weight_stages > 1 are entries of the staged INT4 projections with two "
+                             "activation parts and no activation prefetch")
         if not isinstance(self.decode_attention_one_head_entry, bool):
             raise ValueError(f"decode_attention_one_head_entry must be True or False, got "
                              f"{self.decode_attention_one_head_entry!r}")

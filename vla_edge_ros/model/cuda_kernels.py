@@ -61,8 +61,8 @@ FAMILIES = {
     "gemv_int4": {name: "PPiPPfPPiiiiPPPPPPiiii" for name in ("gemv_int4", "gemv_int4_items", "gemv_int4_items2")},
     "gemv_int4_mma": {"gemv_int4_mma": "PPiPPfPPiiiiPPPPPPiiii"},
     "projection_int4": {f"projection_int4_nt{nt}": "PPiPPPiiiiiiii" for nt in (1, 2, 4)},
-    "projection_int4_staged": {f"projection_int4_staged{p}{pf}": "PPiPPPiiiiiiii" for p in ("", "_p1")
-                               for pf in ("", "_pf")},
+    "projection_int4_staged": {f"projection_int4_staged{suffix}": "PPiPPPiiiiiiii"
+                               for suffix in ("", "_p1", "_pf", "_p1_pf", "_w4", "_w8")},
     "projection_staged": {"projection_staged": "PPPPiiiiiiii"},
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_merge": "PPPPiiii", "attention_merge_prefetch": "PPPPiiii"},
@@ -143,7 +143,7 @@ DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", *FAMILIES["attention_decode
                           *FAMILIES["gemm_tma"],
                           *(name for name in FAMILIES["prefill_bulk"] if name.startswith("attention_flash_hd")),
                           *FAMILIES["attention_flash_kvo"], *FAMILIES["attention_flash_tiles"],
-                          *(name for name in FAMILIES["projection_int4_staged"] if name.endswith("_pf")))
+                          *(name for name in FAMILIES["projection_int4_staged"] if name.endswith(("_pf", "_w4", "_w8"))))
 DECODE_LAYER_POINTERS = 9       # decode_persistent.cu: pointers per DecodeLayer entry of the layer table
 
 

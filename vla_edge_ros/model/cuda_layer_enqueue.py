@@ -142,7 +142,8 @@ class LayerEnqueue:
               and n <= STAGED_INT4_MAX_TOKENS):
             self.kernels.projection_int4_staged(W, x, out, n, mode, self.stream,
                                                 parts=self.kernel_plan.int4_prefill_activation_parts,
-                                                prefetch=self.kernel_plan.int4_prefill_activation_prefetch, **kw)
+                                                prefetch=self.kernel_plan.int4_prefill_activation_prefetch,
+                                                weight_stages=self.kernel_plan.int4_prefill_weight_stages, **kw)
         else:
             self.kernels.projection(W, x, out, n, mode, self.stream, **kw)
 
