@@ -48,7 +48,8 @@ class LayerEnqueue:
         q|k|v and gate/up projections, RoPE and the K/V store in the q|k|v epilogue, SwiGLU in the gate/up one,
         residual adds in the o/down ones."""
         sp, s, plan = self.spec, self.stream, self.kernel_plan
-        # The INT4 grid choices (off by default, measured slower) go to INT4 weights only: gemv.cu takes neither.
+        # The INT4 decode choices (off by default: the looped grids measured slower, the tensor-core entry not yet
+        # run) go to INT4 weights only: gemv.cu takes none of them.
         int4_grid = dict(items_per_block=plan.int4_gemv_items_per_block, rows_per_warp=plan.int4_gemv_rows_per_warp,
                          tensor_cores=plan.int4_decode_tensor_cores)
 
