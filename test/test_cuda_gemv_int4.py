@@ -15,10 +15,8 @@ relative) leaves room and still fails any wrong row, column, nibble or scale.
 import numpy as np
 import pytest
 
-from gpu_cases import items_loop_case, qkv_rope_case
+from gpu_cases import int4_device, int4_gemv_modes_case, int4_quantized, items_loop_case, qkv_rope_case
 from kernel_compare import assert_close, peak
-from vla_edge_ros.model import int4
-from vla_edge_ros.model import kernel_reference as ref
 from vla_edge_ros.model import weight_layouts as layouts
 
 pytestmark = pytest.mark.gpu
@@ -32,67 +30,14 @@ def _nan(ga, shape):
     return ga.to_gpu(np.full(shape, np.nan, np.float32))
 
 
-def _quantized(rng, rows, k, group):
-    """(packed, scales, w_hat float32) of a random [rows, k] matrix in groups of `group`."""
-    packed, scales = int4.quantize((rng.standard_normal((rows, k)) / np.sqrt(k)).astype(np.float32), group)
-    return packed, scales, int4.dequantize(packed, scales)
-
-
-def _device(ga, packed, scales, group):
-    from vla_edge_ros.model.cuda_int4_launchers import Int4Matrix
-    return Int4Matrix(ga.to_gpu(np.ascontiguousarray(packed)), ga.to_gpu(np.ascontiguousarray(scales).view(np.uint16)),
-                      group)
-
-
 SHAPES = [(1536, 1536, 128), (256, 8960, 128), (1536, 8960, 128), (72, 96, 32), (130, 640, 64), (352, 128, 32)]
 
 
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("rows,k,group", SHAPES)
 def test_gemv_int4_modes_match_reference(kn, gpu, rows, k, group, norm):
-    ga, stream = gpu
-    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
-    rng = np.random.default_rng(rows + k + group + norm)
-    packed, scales, w_hat = _quantized(rng, rows, k, group)
-    W = _device(ga, packed, scales, group)
-    x = (rng.standard_normal((3, k)) * 2).astype(np.float32)            # row 1 is the one projected
-    norm_w = rng.standard_normal(k).astype(np.float32) if norm else None
-    nw = ga.to_gpu(norm_w) if norm else None
-    bias = rng.standard_normal(rows).astype(np.float32)
-    eps, case, x_dev = 1e-6, f"gemv_int4 {rows}x{k} G{group} norm={norm}", ga.to_gpu(x)
-
-    out = _nan(ga, (1, rows))
-    kn.gemv(W, x_dev, out, MODE_STORE, stream, norm_w=nw, eps=eps, bias=ga.to_gpu(bias), x_row0=1)
-    stream.synchronize()
-    _close(out.get(), ref.folded_projection_ref(w_hat, x[1:2], MODE_STORE, norm_w=norm_w, eps=eps, bias=bias),
-           f"{case} STORE")
-
-    base = rng.standard_normal((1, rows)).astype(np.float32)
-    acc = ga.to_gpu(base)
-    kn.gemv(W, x_dev, acc, MODE_ADD, stream, norm_w=nw, eps=eps, x_row0=1)
-    stream.synchronize()
-    _close(acc.get(), ref.folded_projection_ref(w_hat, x[1:2], MODE_ADD, out=base, norm_w=norm_w, eps=eps),
-           f"{case} ADD")
-
-    lo, n = 17, rows // 2                                                # a slice of rows [w_row0, w_row0 + n)
-    out = _nan(ga, (1, n))
-    kn.gemv(W, x_dev, out, MODE_STORE, stream, norm_w=nw, eps=eps, w_row0=lo, rows=n, x_row0=1)
-    stream.synchronize()
-    _close(out.get(), ref.folded_projection_ref(w_hat[lo:lo + n], x[1:2], MODE_STORE, norm_w=norm_w, eps=eps),
-           f"{case} STORE rows [{lo}, {lo + n})")
-
-    if rows % 16 == 0:
-        inter = rows // 2 - 3                                            # ragged: the last tile has padding rows
-        gate = (packed[:inter], scales[:inter])
-        up = (packed[rows // 2: rows // 2 + inter], scales[rows // 2: rows // 2 + inter])
-        gu_packed, gu_scales = layouts.interleave_gate_up_int4(gate, up)
-        act = _nan(ga, (1, inter))
-        kn.gemv(_device(ga, gu_packed, gu_scales, group), x_dev, act, MODE_SWIGLU, stream, norm_w=nw, eps=eps,
-                out_cols=inter, x_row0=1)
-        stream.synchronize()
-        w_gu = layouts.interleave_gate_up(w_hat[:inter], w_hat[rows // 2: rows // 2 + inter])
-        _close(act.get(), ref.folded_projection_ref(w_gu, x[1:2], MODE_SWIGLU, norm_w=norm_w, eps=eps,
-                                                    out_cols=inter), f"{case} SWIGLU")
+    int4_gemv_modes_case(kn, gpu, rows, k, group, norm, np.random.default_rng(rows + k + group + norm),
+                         f"gemv_int4 {rows}x{k} G{group} norm={norm}", _close)
 
 
 @pytest.mark.parametrize("norm", [False, True])
@@ -103,9 +48,9 @@ def test_gemv_int4_qkv_rope_writes_q_and_kv_slots(kn, gpu, hq, kvh, hd, group, n
     ga, _ = gpu
     rng = np.random.default_rng(hq * hd + group + norm)
     hidden, qkv_rows = (1536 if hd == 128 else 128), (hq + 2 * kvh) * hd
-    packed, scales, w_hat = _quantized(rng, qkv_rows, hidden, group)
+    packed, scales, w_hat = int4_quantized(rng, qkv_rows, hidden, group)
     dev_packed, dev_scales = layouts.int4_rows(packed, scales, layouts.qkv_rope_row_order(hq, kvh, hd))
-    qkv_rope_case(kn, gpu, _device(ga, dev_packed, dev_scales, group), w_hat, hq, kvh, hd, rng, norm,
+    qkv_rope_case(kn, gpu, int4_device(ga, dev_packed, dev_scales, group), w_hat, hq, kvh, hd, rng, norm,
                   f"gemv_int4 QKV_ROPE {hq}/{kvh}x{hd} G{group} norm={norm}", _close)
 
 
@@ -116,8 +61,8 @@ def test_gemv_int4_items_loop_gives_the_same_sums(kn, gpu, blocks_per_sm):
     ga, _ = gpu
     rows, k, group = 16 * (kn.num_sms * 5 // 2) + 8, 1536, 128
     rng = np.random.default_rng(rows + blocks_per_sm)
-    packed, scales, _ = _quantized(rng, rows, k, group)
-    items_loop_case(kn, gpu, _device(ga, packed, scales, group), rows, k, rng, blocks_per_sm)
+    packed, scales, _ = int4_quantized(rng, rows, k, group)
+    items_loop_case(kn, gpu, int4_device(ga, packed, scales, group), rows, k, rng, blocks_per_sm)
 
 
 # (items_per_block, rows_per_warp): KernelPlan.int4_gemv_items_per_block / int4_gemv_rows_per_warp. Odd counts leave
@@ -155,8 +100,8 @@ def test_gemv_int4_items_per_block_gives_the_same_bits(kn, gpu, k):
     from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
     rows, group = 16 * 37 + 8, 128                                     # 75 items: odd, a last one half empty
     rng = np.random.default_rng(k)
-    packed, scales, _ = _quantized(rng, rows, k, group)
-    W = _device(ga, packed, scales, group)
+    packed, scales, _ = int4_quantized(rng, rows, k, group)
+    W = int4_device(ga, packed, scales, group)
     x = ga.to_gpu((rng.standard_normal((2, k)) * 2).astype(np.float32))
     norm_w = ga.to_gpu(rng.standard_normal(k).astype(np.float32))
     bias = ga.to_gpu(rng.standard_normal(rows).astype(np.float32))
@@ -184,9 +129,9 @@ def test_gemv_int4_items_per_block_qkv_rope_gives_the_same_bits(kn, gpu, norm):
     hq, kvh, hd, group, hidden, cap = 12, 2, 128, 128, 1536, 64
     rng = np.random.default_rng(23 + norm)
     qkv_rows = (hq + 2 * kvh) * hd
-    packed, scales, _ = _quantized(rng, qkv_rows, hidden, group)
+    packed, scales, _ = int4_quantized(rng, qkv_rows, hidden, group)
     dev_packed, dev_scales = layouts.int4_rows(packed, scales, layouts.qkv_rope_row_order(hq, kvh, hd))
-    W = _device(ga, dev_packed, dev_scales, group)
+    W = int4_device(ga, dev_packed, dev_scales, group)
     x = ga.to_gpu((rng.standard_normal((1, hidden)) * 2).astype(np.float32))
     norm_w = ga.to_gpu(rng.standard_normal(hidden).astype(np.float32)) if norm else None
     bias = ga.to_gpu(rng.standard_normal(qkv_rows).astype(np.float32))

@@ -18,10 +18,8 @@ or scale (each of those moves an output by O(1) of its scale).
 import numpy as np
 import pytest
 
-from gpu_cases import one_cycle, qkv_rope_case
+from gpu_cases import int4_device, int4_gemv_modes_case, int4_quantized, one_cycle, qkv_rope_case
 from kernel_compare import assert_close, peak, rel_norm
-from vla_edge_ros.model import int4
-from vla_edge_ros.model import kernel_reference as ref
 from vla_edge_ros.model import weight_layouts as layouts
 
 pytestmark = pytest.mark.gpu
@@ -33,74 +31,11 @@ def _close(got, expected, what):
     assert_close(got, expected, rtol=1e-4, atol=1e-4 * max(peak(expected), 1e-3), what=what, norm_rtol=1e-4)
 
 
-def _quantized(rng, rows, k):
-    packed, scales = int4.quantize((rng.standard_normal((rows, k)) / np.sqrt(k)).astype(np.float32), GROUP)
-    return packed, scales, int4.dequantize(packed, scales)
-
-
-def _device(ga, packed, scales):
-    from vla_edge_ros.model.cuda_int4_launchers import Int4Matrix
-    return Int4Matrix(ga.to_gpu(np.ascontiguousarray(packed)), ga.to_gpu(np.ascontiguousarray(scales).view(np.uint16)),
-                      GROUP)
-
-
-class _TensorCores:
-    """The launchers with every gemv on gemv_int4_mma.cu (what the layer code passes when the plan asks for it)."""
-
-    def __init__(self, kn):
-        self.kn = kn
-
-    def gemv(self, W, *args, **kw):
-        return self.kn.gemv(W, *args, tensor_cores=True, **kw)
-
-
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("rows,k", [(1536, 1536), (256, 4096), (264, 8960), (136, 11008), (2048, 1536)])
 def test_gemv_int4_mma_modes_match_reference(kn, gpu, rows, k, norm):
-    ga, stream = gpu
-    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
-    tc = _TensorCores(kn)
-    rng = np.random.default_rng(rows + k + norm)
-    packed, scales, w_hat = _quantized(rng, rows, k)
-    W = _device(ga, packed, scales)
-    x = (rng.standard_normal((3, k)) * 2).astype(np.float32)            # row 1 is the one projected
-    norm_w = rng.standard_normal(k).astype(np.float32) if norm else None
-    nw = ga.to_gpu(norm_w) if norm else None
-    bias = rng.standard_normal(rows).astype(np.float32)
-    eps, case, x_dev = 1e-6, f"gemv_int4_mma {rows}x{k} norm={norm}", ga.to_gpu(x)
-
-    out = ga.to_gpu(np.full((1, rows), np.nan, np.float32))
-    tc.gemv(W, x_dev, out, MODE_STORE, stream, norm_w=nw, eps=eps, bias=ga.to_gpu(bias), x_row0=1)
-    stream.synchronize()
-    _close(out.get(), ref.folded_projection_ref(w_hat, x[1:2], MODE_STORE, norm_w=norm_w, eps=eps, bias=bias),
-           f"{case} STORE")
-
-    base = rng.standard_normal((1, rows)).astype(np.float32)
-    acc = ga.to_gpu(base)
-    tc.gemv(W, x_dev, acc, MODE_ADD, stream, norm_w=nw, eps=eps, x_row0=1)
-    stream.synchronize()
-    _close(acc.get(), ref.folded_projection_ref(w_hat, x[1:2], MODE_ADD, out=base, norm_w=norm_w, eps=eps),
-           f"{case} ADD")
-
-    lo, n = 17, rows // 2                                                # a slice of rows [w_row0, w_row0 + n)
-    out = ga.to_gpu(np.full((1, n), np.nan, np.float32))
-    tc.gemv(W, x_dev, out, MODE_STORE, stream, norm_w=nw, eps=eps, w_row0=lo, rows=n, x_row0=1)
-    stream.synchronize()
-    _close(out.get(), ref.folded_projection_ref(w_hat[lo:lo + n], x[1:2], MODE_STORE, norm_w=norm_w, eps=eps),
-           f"{case} STORE rows [{lo}, {lo + n})")
-
-    if rows % 16 == 0:
-        inter = rows // 2 - 3                                            # ragged: the last tile has padding rows
-        gate = (packed[:inter], scales[:inter])
-        up = (packed[rows // 2: rows // 2 + inter], scales[rows // 2: rows // 2 + inter])
-        gu_packed, gu_scales = layouts.interleave_gate_up_int4(gate, up)
-        act = ga.to_gpu(np.full((1, inter), np.nan, np.float32))
-        tc.gemv(_device(ga, gu_packed, gu_scales), x_dev, act, MODE_SWIGLU, stream, norm_w=nw, eps=eps,
-                out_cols=inter, x_row0=1)
-        stream.synchronize()
-        w_gu = layouts.interleave_gate_up(w_hat[:inter], w_hat[rows // 2: rows // 2 + inter])
-        _close(act.get(), ref.folded_projection_ref(w_gu, x[1:2], MODE_SWIGLU, norm_w=norm_w, eps=eps,
-                                                    out_cols=inter), f"{case} SWIGLU")
+    int4_gemv_modes_case(kn, gpu, rows, k, GROUP, norm, np.random.default_rng(rows + k + norm),
+                         f"gemv_int4_mma {rows}x{k} norm={norm}", _close, tensor_cores=True)
 
 
 @pytest.mark.parametrize("norm", [False, True])
@@ -110,10 +45,10 @@ def test_gemv_int4_mma_qkv_rope_writes_q_and_kv_slots(kn, gpu, hq, kvh, hd, hidd
     against RMSNorm -> natural projection on w_hat + bias -> rope_store_ref."""
     ga, _ = gpu
     rng = np.random.default_rng(hq * hd + hidden + norm)
-    packed, scales, w_hat = _quantized(rng, (hq + 2 * kvh) * hd, hidden)
+    packed, scales, w_hat = int4_quantized(rng, (hq + 2 * kvh) * hd, hidden, GROUP)
     dev_packed, dev_scales = layouts.int4_rows(packed, scales, layouts.qkv_rope_row_order(hq, kvh, hd))
-    qkv_rope_case(_TensorCores(kn), gpu, _device(ga, dev_packed, dev_scales), w_hat, hq, kvh, hd, rng, norm,
-                  f"gemv_int4_mma QKV_ROPE {hq}/{kvh}x{hd} norm={norm}", _close)
+    qkv_rope_case(kn, gpu, int4_device(ga, dev_packed, dev_scales, GROUP), w_hat, hq, kvh, hd, rng, norm,
+                  f"gemv_int4_mma QKV_ROPE {hq}/{kvh}x{hd} norm={norm}", _close, tensor_cores=True)
 
 
 @pytest.fixture(scope="module")

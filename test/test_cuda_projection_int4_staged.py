@@ -181,85 +181,60 @@ def test_one_activation_part_is_the_reference_on_bf16_activations(kn, gpu, rows,
         _close(got, ref.projection_ref(w_gu, x16, MODE_SWIGLU, out_cols=inter), 5 * TOL, f"{case} SWIGLU")
 
 
-@pytest.mark.parametrize("parts", [2, 1])
-@pytest.mark.parametrize("rows,k,n,group", CASES)
-def test_the_activation_prefetch_gives_the_same_bits(kn, gpu, rows, k, n, group, parts):
-    """prefetch (KernelPlan.int4_prefill_activation_prefetch, the _pf entries: each chunk's activations copied while
-    the chunk before is multiplied): STORE with a bias, ADD in one K part and SWIGLU give the bits of the entries
-    without it, for both part counts; ADD over the default K split to rounding (its atomics land in any order)."""
+def _variant_gives_the_same_bits(kn, gpu, rows, k, n, group, rng, case, base, variant):
+    """projection_int4_staged with the launcher keywords `variant` against `base`: STORE with a bias, ADD in one K
+    part and SWIGLU bit for bit; ADD over the default K split to rounding (its atomics land in any order)."""
     ga, stream = gpu
     from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
-    rng = np.random.default_rng(rows * 3 + k + n + group + parts)
     packed, scales, _ = _matrix(rng, rows, k, group)
     W = _device(ga, packed, scales, group)
     x_dev = ga.to_gpu(rng.standard_normal((n, k)).astype(np.float32))
     bias = ga.to_gpu(rng.standard_normal(rows).astype(np.float32))
-    base = rng.standard_normal((n, rows)).astype(np.float32)
-    case = f"projection_int4_staged p{parts} {rows}x{k} n={n} G{group}"
+    out_base = rng.standard_normal((n, rows)).astype(np.float32)
 
     def both(W, out_like, mode, **kw):
         outs = []
-        for prefetch in (False, True):
+        for choice in (base, variant):
             out = ga.to_gpu(out_like)
-            kn.projection_int4_staged(W, x_dev, out, n, mode, stream, parts=parts, prefetch=prefetch, **kw)
+            kn.projection_int4_staged(W, x_dev, out, n, mode, stream, **choice, **kw)
             stream.synchronize()
             outs.append(out.get())
         return outs
 
-    plain, fetched = both(W, np.full((n, rows), np.nan, np.float32), MODE_STORE, bias=bias)
-    np.testing.assert_array_equal(fetched, plain, err_msg=f"{case} STORE")
-    plain, fetched = both(W, base, MODE_ADD, ksplit=1)
-    np.testing.assert_array_equal(fetched, plain, err_msg=f"{case} ADD ksplit=1")
-    plain, fetched = both(W, base, MODE_ADD)
-    assert_close(fetched, plain, rtol=1e-6, atol=1e-6 * peak(plain), what=f"{case} ADD, default split")
+    plain, other = both(W, np.full((n, rows), np.nan, np.float32), MODE_STORE, bias=bias)
+    np.testing.assert_array_equal(other, plain, err_msg=f"{case} STORE")
+    plain, other = both(W, out_base, MODE_ADD, ksplit=1)
+    np.testing.assert_array_equal(other, plain, err_msg=f"{case} ADD ksplit=1")
+    plain, other = both(W, out_base, MODE_ADD)
+    assert_close(other, plain, rtol=1e-6, atol=1e-6 * peak(plain), what=f"{case} ADD, default split")
     if rows % 16 == 0:
         inter, half = rows // 2 - 3, rows // 2
         gu_packed, gu_scales = layouts.interleave_gate_up_int4((packed[:inter], scales[:inter]),
                                                                (packed[half:half + inter], scales[half:half + inter]))
-        plain, fetched = both(_device(ga, gu_packed, gu_scales, group), np.full((n, inter), np.nan, np.float32),
-                              MODE_SWIGLU, out_cols=inter)
-        np.testing.assert_array_equal(fetched, plain, err_msg=f"{case} SWIGLU")
+        plain, other = both(_device(ga, gu_packed, gu_scales, group), np.full((n, inter), np.nan, np.float32),
+                            MODE_SWIGLU, out_cols=inter)
+        np.testing.assert_array_equal(other, plain, err_msg=f"{case} SWIGLU")
+
+
+@pytest.mark.parametrize("parts", [2, 1])
+@pytest.mark.parametrize("rows,k,n,group", CASES)
+def test_the_activation_prefetch_gives_the_same_bits(kn, gpu, rows, k, n, group, parts):
+    """prefetch (KernelPlan.int4_prefill_activation_prefetch, the _pf entries: each chunk's activations copied while
+    the chunk before is multiplied) gives the bits of the entries without it, for both part counts."""
+    _variant_gives_the_same_bits(kn, gpu, rows, k, n, group, np.random.default_rng(rows * 3 + k + n + group + parts),
+                                 f"projection_int4_staged p{parts} {rows}x{k} n={n} G{group}",
+                                 dict(parts=parts, prefetch=False), dict(parts=parts, prefetch=True))
 
 
 @pytest.mark.parametrize("stages", [4, 8])
 @pytest.mark.parametrize("rows,k,n,group", CASES + [(512, 4096, 32, 128), (256, 11008, 32, 128)])
 def test_the_weight_ring_gives_the_same_bits(kn, gpu, rows, k, n, group, stages):
     """weight_stages (KernelPlan.int4_prefill_weight_stages, the _w entries: 3 or 7 chunks of weights in flight
-    through a shared-memory ring; written 2026-12-03, ninth session, not yet run): STORE with a bias, ADD in one K
-    part and SWIGLU give the default entry's bits, on the test shapes and the 7B widths (K 4096, 11008: more chunks
-    than the ring holds); ADD over the default K split to rounding (its atomics land in any order)."""
-    ga, stream = gpu
-    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
-    rng = np.random.default_rng(rows * 5 + k + n + group + stages)
-    packed, scales, _ = _matrix(rng, rows, k, group)
-    W = _device(ga, packed, scales, group)
-    x_dev = ga.to_gpu(rng.standard_normal((n, k)).astype(np.float32))
-    bias = ga.to_gpu(rng.standard_normal(rows).astype(np.float32))
-    base = rng.standard_normal((n, rows)).astype(np.float32)
-    case = f"projection_int4_staged_w{stages} {rows}x{k} n={n} G{group}"
-
-    def both(W, out_like, mode, **kw):
-        outs = []
-        for weight_stages in (1, stages):
-            out = ga.to_gpu(out_like)
-            kn.projection_int4_staged(W, x_dev, out, n, mode, stream, weight_stages=weight_stages, **kw)
-            stream.synchronize()
-            outs.append(out.get())
-        return outs
-
-    plain, ring = both(W, np.full((n, rows), np.nan, np.float32), MODE_STORE, bias=bias)
-    np.testing.assert_array_equal(ring, plain, err_msg=f"{case} STORE")
-    plain, ring = both(W, base, MODE_ADD, ksplit=1)
-    np.testing.assert_array_equal(ring, plain, err_msg=f"{case} ADD ksplit=1")
-    plain, ring = both(W, base, MODE_ADD)
-    assert_close(ring, plain, rtol=1e-6, atol=1e-6 * peak(plain), what=f"{case} ADD, default split")
-    if rows % 16 == 0:
-        inter, half = rows // 2 - 3, rows // 2
-        gu_packed, gu_scales = layouts.interleave_gate_up_int4((packed[:inter], scales[:inter]),
-                                                               (packed[half:half + inter], scales[half:half + inter]))
-        plain, ring = both(_device(ga, gu_packed, gu_scales, group), np.full((n, inter), np.nan, np.float32),
-                           MODE_SWIGLU, out_cols=inter)
-        np.testing.assert_array_equal(ring, plain, err_msg=f"{case} SWIGLU")
+    through a shared-memory ring; written 2026-12-03, ninth session, not yet run) gives the default entry's bits,
+    on the test shapes and the 7B widths (K 4096, 11008: more chunks than the ring holds)."""
+    _variant_gives_the_same_bits(kn, gpu, rows, k, n, group, np.random.default_rng(rows * 5 + k + n + group + stages),
+                                 f"projection_int4_staged_w{stages} {rows}x{k} n={n} G{group}",
+                                 dict(weight_stages=1), dict(weight_stages=stages))
 
 
 def test_staged_int4_reads_rows_of_a_wider_activation_buffer(kn, gpu):
