@@ -17,8 +17,8 @@
 //            share: lane t (quad lane j = t % 4) loads the 16 bytes 16 j .. 16 j + 15 of its row's 64-byte group
 //            block, word u = columns 32 j + 8 u .. + 7 (nibble e = column + e). Its B pairs for mma (u, h) are
 //            the nibbles (2h, 2h + 4) and (2h + 1, 2h + 5) of word u, read in place by one LOP3 each
-//            ((w >> 4 s) & 0x000F000F | 0x43004300: the bf16 of 128 + nibble); the staged A pairs hold the same
-//            columns' activations (i4mma_word). Each group's 8 mma therefore sum (nibble + 128) v over its 128
+//            (mma_int4.cuh's biased_nibbles_to_bf16x2: the bf16 of 128 + nibble); the staged A pairs hold the
+//            same columns' activations (i4mma_stage). Each group's 8 mma therefore sum (nibble + 128) v over its 128
 //            columns; the group's correction subtracts 136 * sum(v) (q = nibble - 8), then the scale multiplies.
 // Grid:      a block per 8-row item, as gemv_int4; its 8 warps split the item's K by groups (warp w: groups w,
 //            w + 8, ...), I4MMA_LOADS groups of loads in flight per lane, then the block adds the 8 partials per
@@ -30,6 +30,7 @@
 #include <cuda_fp16.h>
 #include "gemv_rows.cuh"
 #include "gemv_int4_params.cuh"
+#include "mma_int4.cuh"
 
 #define I4MMA_GROUP 128          // columns per scale group: 4 quad lanes x 32 columns
 #define I4MMA_GROUP_WORDS 128    // staged 32-bit words per group: 2 activation rows (hi, lo) x 64 bf16 pairs
@@ -121,8 +122,8 @@ __device__ __forceinline__ void i4mma_group(const uint4& wq, float s0, float s1,
     for (int u = 0; u < 4; ++u) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const uint32_t b0 = ((words[u] >> (8 * h)) & 0x000F000Fu) | 0x43004300u;       // nibbles 2h, 2h + 4
-            const uint32_t b1 = ((words[u] >> (8 * h + 4)) & 0x000F000Fu) | 0x43004300u;   // 2h + 1, 2h + 5
+            const uint32_t b0 = biased_nibbles_to_bf16x2(words[u] >> (8 * h));             // nibbles 2h, 2h + 4
+            const uint32_t b1 = biased_nibbles_to_bf16x2(words[u] >> (8 * h + 4));         // 2h + 1, 2h + 5
             mma_bf16_16816(d, a[(u * 2 + h) * 2], 0u, a[(u * 2 + h) * 2 + 1], 0u, b0, b1);
         }
     }

@@ -26,10 +26,13 @@
 
 #define INT4_BLOCK_STEPS 4          // 32-column steps per 16-byte load of a row (a 128-column block)
 
-// Nibbles at bits 0-3 and 16-19 of w as a bf16 pair (low half: bits 0-3) of their q = nibble - 8, exact:
-// 0x4300 | n is the bf16 of 128 + n, and 128 + n - 136 = q is a bf16 too.
+// Nibbles at bits 0-3 and 16-19 of w as a bf16 pair (low half: bits 0-3) of 128 + nibble, exact: 0x4300 | n is
+// the bf16 of 128 + n. gemv_int4_mma.cu multiplies these as they are and removes the bias once per group.
+__device__ __forceinline__ uint32_t biased_nibbles_to_bf16x2(uint32_t w) { return (w & 0x000F000Fu) | 0x43004300u; }
+
+// The same pair as q = nibble - 8, exact: 128 + n - 136 = q is a bf16 too.
 __device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t w) {
-    const uint32_t biased = (w & 0x000F000Fu) | 0x43004300u;
+    const uint32_t biased = biased_nibbles_to_bf16x2(w);
     __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&biased);
     v = __hsub2(v, __float2bfloat162_rn(136.f));
     return *reinterpret_cast<uint32_t*>(&v);

@@ -18,7 +18,7 @@ from vla_edge_ros.model.cuda_kernel_plan import KernelPlan
 from vla_edge_ros.model.cuda_launch_common import KernelError
 
 CUDA = Path(__file__).resolve().parents[1] / "cuda"
-INT4_HELPERS = ("nibbles_to_bf16x2", "int4_pairs", "split_activations_int4", "quad_transpose", "load_int4_block",
+INT4_HELPERS = ("biased_nibbles_to_bf16x2", "nibbles_to_bf16x2", "int4_pairs", "split_activations_int4", "quad_transpose", "load_int4_block",
                 "int4_mma_step", "int4_part_blocks", "int4_flush_here", "int4_scale", "flush_group")
 
 
