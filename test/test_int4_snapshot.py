@@ -76,6 +76,21 @@ def test_verify_checks_the_int4_backend_against_hf_on_dequantized_weights(tiny_m
     assert quality["perplexity_quantized"] > 1 and quality["perplexity_unquantized"] > 1
 
 
+def test_verify_in_bf16_gives_hf_the_unrounded_int4_projections(tiny_int4, tmp_path, capsys):
+    """--dtype bf16 on an INT4 snapshot: the backend rounds the other tensors to bf16 but computes with
+    w_hat = q * scale exactly; HF must do the same, or each of its projection weights is off by a bf16 rounding
+    step from ours (the 1.5B shape on the H200 gave teacher-forced top-1 98.66% that way, 2026-12-04)."""
+    report_path = tmp_path / "report.json"
+    rc = cli.main(["verify", "--model", str(tiny_int4), "--backend", "numpy", "--dtype", "bf16", "--threads", "1",
+                   "--json", str(report_path)])
+    out = capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    assert rc == 0 and report["passed"], out
+    assert "on bf16-rounded weights (the INT4 projections unrounded)" in report["oracle"]
+    cosine = min(min(p["prefill_cosine_min"], p["decode_cosine_min"]) for p in report["prompts"])
+    assert cosine >= 0.99999          # the same weights on both sides: only fp32 arithmetic differs (numpy)
+
+
 def test_memory_counts_int4_projections_at_4_125_bits_as_a_device_holds_them(tiny_model_dir, tiny_int4):
     float_backend = create_backend("numpy", tiny_model_dir, capacity=16)
     int4_backend = create_backend("numpy", tiny_int4, capacity=16, weights="int4")

@@ -25,11 +25,14 @@ class OracleOutput:
 
 
 def load_hf_model(model_dir: str | Path, round_to_bf16: bool = False, device: str = "cpu",
-                  round_kv_to_bf16: bool = False):
+                  round_kv_to_bf16: bool = False, keep_exact: frozenset = frozenset()):
     """`AutoModelForCausalLM` in float32 with eager attention, in eval mode on `device`.
 
     round_to_bf16: replace every parameter by its bfloat16-rounded value (still
-    float32), so HF computes in fp32 on exactly the weights a bf16 backend holds.
+    float32), so HF computes in fp32 on exactly the weights a bf16 backend holds;
+    except the parameters named in keep_exact (an INT4 snapshot's dequantized
+    projections: a bf16 backend computes with w_hat = q * scale exactly, so
+    rounding them would give HF other weights than ours).
     round_kv_to_bf16: the eager attention reads K (after RoPE) and V rounded to
     bfloat16, as a backend with a bf16 KV arena does; all else stays fp32.
     """
@@ -54,8 +57,9 @@ def load_hf_model(model_dir: str | Path, round_to_bf16: bool = False, device: st
     model.eval()
     if round_to_bf16:
         with torch.no_grad():
-            for param in model.parameters():
-                param.copy_(param.to(torch.bfloat16).to(torch.float32))
+            for name, param in model.named_parameters():
+                if name not in keep_exact:
+                    param.copy_(param.to(torch.bfloat16).to(torch.float32))
     if device != "cpu":
         # fp32 must stay fp32 on the GPU too: no TF32 shortcuts in the oracle's matmuls.
         torch.backends.cuda.matmul.allow_tf32 = False

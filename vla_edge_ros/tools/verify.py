@@ -207,14 +207,18 @@ def _verify(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens
             bulk_prefill_min_rows=0, variant_fields=None) -> dict:
     import tempfile
 
-    from ..model.int4_snapshot import weight_format, write_dequantized_snapshot
+    from ..model.int4_snapshot import projection_names, weight_format, write_dequantized_snapshot
+    from ..model.spec import ModelSpec
 
     if weight_format(model_dir) == "int4" and reference_dir is None:
-        # HF cannot run our INT4 layout: it runs the very values our backend computes with, in float32.
+        # HF cannot run our INT4 layout: it runs the very values our backend computes with, in float32. With
+        # --dtype bf16 the backends round every other tensor to bf16 but compute with w_hat = q * scale exactly
+        # (weights.rounded_to_bf16, the CUDA INT4 kernels), so HF keeps the dequantized projections unrounded.
+        exact = frozenset(projection_names(ModelSpec.from_dir(model_dir)))
         with tempfile.TemporaryDirectory(prefix="vla-edge-dequantized-") as tmp:
             oracle_dir = write_dequantized_snapshot(model_dir, Path(tmp) / "dequantized")
             report = _verify_against(model_dir, backend_kind, dtype, oracle_dir, hf_device, new_tokens, kv_dtype,
-                                     bulk_prefill_min_rows, variant_fields)
+                                     bulk_prefill_min_rows, variant_fields, keep_exact=exact)
         report["reference"] = f"{model_dir} (dequantized)"
         return report
     return _verify_against(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens, kv_dtype,
@@ -222,7 +226,7 @@ def _verify(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens
 
 
 def _verify_against(model_dir, backend_kind, dtype, reference_dir, hf_device, new_tokens, kv_dtype,
-                    bulk_prefill_min_rows, variant_fields=None) -> dict:
+                    bulk_prefill_min_rows, variant_fields=None, keep_exact=frozenset()) -> dict:
     import transformers
 
     from ..model import hf_oracle
@@ -253,7 +257,7 @@ def _verify_against(model_dir, backend_kind, dtype, reference_dir, hf_device, ne
         plan = backend.use_kernel_plan(dataclasses.replace(backend.kernel_plan, **variant_fields))
         not_in_effect = sorted(k for k, v in variant_fields.items() if getattr(plan, k) != v)
     oracle = hf_oracle.load_hf_model(reference_dir or model_dir, round_to_bf16=(dtype == "bfloat16"), device=hf_device,
-                                     round_kv_to_bf16=(kv_dtype == "bfloat16"))
+                                     round_kv_to_bf16=(kv_dtype == "bfloat16"), keep_exact=keep_exact)
 
     results = [_check_prompt(backend, oracle, text, ids, new_tokens) for text, ids in zip(PROMPTS, prompts)]
     for r in results:
@@ -267,6 +271,7 @@ def _verify_against(model_dir, backend_kind, dtype, reference_dir, hf_device, ne
         "kernel_fields_not_in_effect": not_in_effect,
         "spec": spec.as_dict(), "oracle": f"transformers {transformers.__version__} {type(oracle).__name__} fp32 eager"
         + (" on bf16-rounded weights" if dtype == "bfloat16" else "")
+        + (" (the INT4 projections unrounded)" if dtype == "bfloat16" and keep_exact else "")
         + (", K/V rounded to bf16" if kv_dtype == "bfloat16" else ""),
         "new_tokens": new_tokens, "thresholds": asdict(thresholds),
         "prompts": [asdict(r) for r in results], "checks": checks,
