@@ -40,8 +40,8 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # long-context attention's blocks per SM (lcs1, lcs2, lcs4: KernelPlan.long_context_blocks_per_sm) and floor of
 # splits per KV head (lcm1: KernelPlan.long_context_min_splits_per_kv_head 1, no floor; lcm32, lcm64: a floor of 32 or
 # 64, for the 7B decode attention that ncu found latency-bound at 16: 40 us a layer, occupancy 21%); for the bulk prefill's flash
-# attention (bench csr --kernel-variants), its hoisted copies (fah, the default; nofah: the copies of
-# attention_flash_kvo.cu) and with them 64-entry tiles (fat64). A float
+# attention (bench csr --kernel-variants), its hoisted copies with 64-entry tiles (fat64, the default), with
+# 32-entry tiles (fah) or neither (nofah: the copies of attention_flash_kvo.cu). A float
 # backend runs the INT4
 # variants as plain, and the mode in effect then drops their names.
 # A variant left unnamed keeps the base plan's choice.
@@ -65,7 +65,7 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "i4mma": {"int4_decode_tensor_cores": True},
                    **{f"lcs{n}": {"long_context_blocks_per_sm": n} for n in (1, 2, 4)},
                    **{f"lcm{n}": {"long_context_min_splits_per_kv_head": n} for n in (1, 32, 64)},
-                   "fah": {"bulk_attention_hoisted_copies": True},
+                   "fah": {"bulk_attention_hoisted_copies": True, "bulk_attention_tile_entries": 32},
                    "nofah": {"bulk_attention_hoisted_copies": False, "bulk_attention_tile_entries": 32},
                    "fat64": {"bulk_attention_hoisted_copies": True, "bulk_attention_tile_entries": 64},
                    "g1": {"decode_attention_one_head_entry": True},

@@ -183,9 +183,10 @@ class KernelPlan:
     # online softmax rescales per tile), within the reference bound. Models with more than 6 query heads per KV
     # head keep 32 (the entries' two-blocks-per-SM bound). Measured on the H200 (2026-12-03, ninth session,
     # bulk_probe --kv-dtype bfloat16): the recompute of 16384 tokens 343.2 -> 323.9 ms (parts 1: 246.3 -> 232.9),
-    # its tests within the reference bound; 32 until `vla-edge verify --kernel-variants fat64` holds it to HF on the
-    # GPU. Lab "+fat64".
-    bulk_attention_tile_entries: int = 32
+    # its tests within the reference bound. `vla-edge verify --kernel-variants fat64 --bulk-prefill-min-rows 1` on
+    # the 1.5B bf16 shape (2026-12-04, tenth session): logits cosine 0.9999999996, teacher-forced top-1 100%, PASS.
+    # 64; lab "+fat64" / "+fah" (32 entries with the hoisted copies).
+    bulk_attention_tile_entries: int = 64
 
     def __post_init__(self):
         if not isinstance(self.staged_int4_prefill_projections, bool):
