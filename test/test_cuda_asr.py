@@ -119,7 +119,7 @@ class CudaRig:
                                      "cycle.deterministic": True, "kv.capacity_tokens": CAPACITY, **overrides})
         primary_backend, recon_backend = _backends(model, own)
         self.primary = Engine(self.cfg, primary_backend, tokenizer)
-        recon_state = FrameState(self.cfg, recon_backend, tokenizer)        # the reconciler: no control cycle
+        recon_state = FrameState(self.cfg, recon_backend, tokenizer, takes_swaps=False)   # the reconciler: no cycle
         recon_state.kv_export = DeviceKvExporter(recon_backend)
         self.rec = StateReconciler(self.cfg, recon_state)
         self.driver = InProcessAsr(self.primary, self.rec, work=work)

@@ -38,7 +38,7 @@ def reconciler(model_dir, model, camera: Camera, **overrides) -> StateReconciler
     spec, weights, tokenizer = model
     cfg = C.load(overrides={"model.path": str(model_dir), "model.backend": "numpy", "kv.capacity_tokens": CAPACITY,
                             **overrides})
-    state = FrameState(cfg, create_backend_from_weights("numpy", spec, weights, CAPACITY), tokenizer)
+    state = FrameState(cfg, create_backend_from_weights("numpy", spec, weights, CAPACITY), tokenizer, takes_swaps=False)
     return StateReconciler(cfg, state, clock=camera)
 
 

@@ -60,7 +60,8 @@ class Rig:
             return Engine(self.cfg, create_backend_from_weights("numpy", spec, weights, 384), tokenizer)
 
         def state():                      # the reconciler owns a frame state and a backend, no cycle
-            return FrameState(self.cfg, create_backend_from_weights("numpy", spec, weights, 384), tokenizer)
+            return FrameState(self.cfg, create_backend_from_weights("numpy", spec, weights, 384), tokenizer,
+                              takes_swaps=False)
 
         self.primary = engine()
         self.now = 0.0
@@ -544,6 +545,8 @@ def test_an_offer_without_vision_rows_takes_them_from_the_frames_the_primary_adm
     c = rig.cycle(new=False)
     assert c.swap is not None and set(released) <= set(rig.held()) and rig.primary.state.state_exact
     assert all(rig.primary.state.frames[f].tokens is not None for f in rig.held())
+    if not snapshot_rows:                # the released frames' rows come lent from the store reserved up front
+        assert not any(rig.primary.state.frames[f].tokens.flags.writeable for f in released)
     held = rig.held()
     keep, dropped, _ = rig.primary.state.recompute_retained()
     assert keep == held and dropped == []

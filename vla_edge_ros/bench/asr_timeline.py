@@ -329,7 +329,7 @@ class _Engines:
         from ..core.engine_state import FrameState
         from ..core.engine_factory import reconciler_encoder, reconciler_step_rows
         backend = self._backend(cfg, self.kind == "pycuda" and self.reconciler_backend)
-        state = FrameState(cfg, backend, self.tokenizer, reconciler_encoder(cfg, backend.spec))
+        state = FrameState(cfg, backend, self.tokenizer, reconciler_encoder(cfg, backend.spec), takes_swaps=False)
         state.kv_export = self.exporter if self.kind == "pycuda" else None
         state.backend.prepare_forward(reconciler_step_rows(cfg))      # as the reconciler node: no capture in a gap
         return state

@@ -46,7 +46,8 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
                              device=device, kernel_options=backend_options(cfg), kv_dtype=cfg.kv.dtype,
                              weights=cfg.model.weights)
     try:
-        state = FrameState(cfg, backend, load_tokenizer(cfg.model.path), reconciler_encoder(cfg, backend.spec))
+        state = FrameState(cfg, backend, load_tokenizer(cfg.model.path), reconciler_encoder(cfg, backend.spec),
+                           takes_swaps=False)
         backend.prepare_forward(reconciler_step_rows(cfg))
         if backend.device is not None:
             from ..model.cuda_state_transfer import DeviceKvExporter

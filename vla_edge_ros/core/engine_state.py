@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +30,7 @@ from ..config import VlaConfig
 from .frames import Frame
 from .kv_slots import KVCapacityError, KVSlotManager, make_policy
 from .prompt import encode_text, prefix_text
+from .released_rows import ReleasedRows
 from .sample_window import SampleWindow
 from .state_snapshot import SnapshotError, SnapshotFrame, StateChunk, StateSnapshot
 from .vision_encoder import VisionEncoder
@@ -107,7 +107,10 @@ class FrameState:
     Built on a backend whose arena is empty: the static prefix is computed here, once.
     """
 
-    def __init__(self, cfg: VlaConfig, backend, tokenizer, encoder: VisionEncoder | None = None):
+    def __init__(self, cfg: VlaConfig, backend, tokenizer, encoder: VisionEncoder | None = None,
+                 takes_swaps: bool = True):
+        """takes_swaps: False for a reconciler's state, which exports states and imports none (it keeps no
+        released rows)."""
         self.cfg = cfg
         self.backend = backend
         self.encoder = encoder or VisionEncoder(cfg.vision, backend.spec.hidden_size, backend)
@@ -140,12 +143,15 @@ class FrameState:
         # How export_state packs the KV rows: None reads them to the host (numpy array); a callable
         # (backend, slots) -> KV holder keeps them on the device (model/cuda_state_transfer.DeviceKvExporter).
         self.kv_export = None
+        self._prefill_prefix(tokenizer)
         # asr.snapshot_rows false: offers come without vision rows, and a swap takes them from the frames it holds
         # or from here: the rows of the frames its policy evicted, the newest frame_capacity of them. Enough: a
         # round's frames were all held here at its trigger or admitted since, the policy evicts at most one frame
-        # per frame admitted, and a round is aborted before more than frame_capacity frames are admitted.
-        self._released_rows: OrderedDict | None = None if cfg.asr.snapshot_rows else OrderedDict()
-        self._prefill_prefix(tokenizer)
+        # per frame admitted, and a round is aborted before more than frame_capacity frames are admitted. In
+        # memory reserved now (core/released_rows.py says why).
+        self._released_rows: ReleasedRows | None = (
+            None if cfg.asr.snapshot_rows or not takes_swaps or self.frame_capacity <= 0
+            else ReleasedRows(self.frame_capacity, cfg.vision.tokens_per_frame, backend.spec.hidden_size))
 
     def append_frame(self, frame: Frame) -> list[int]:
         """Add a frame to the state exactly (no action decode): the reconciler's mirror path.
@@ -445,20 +451,18 @@ class FrameState:
         raise SnapshotError(f"snapshot v{snap.version}: {exc}") from exc
 
     def _release(self, record: FrameRecord | None) -> None:
-        """A frame the policy evicted: its vision rows are kept for a swap whose offer comes without them."""
+        """A frame the policy evicted: its vision rows are kept (copied) for a swap whose offer comes without them."""
         if self._released_rows is None or record is None or record.tokens is None:
             return
-        self._released_rows[record.frame_id] = record.tokens
-        self._released_rows.move_to_end(record.frame_id)
-        while len(self._released_rows) > self.frame_capacity:
-            self._released_rows.popitem(last=False)
+        self._released_rows.keep(record.frame_id, record.tokens)
 
     def _released_tokens(self, frame_id: int) -> np.ndarray | None:
-        """A frame's vision rows from the released ones (None when not kept: the frame keeps its exact KV, but
-        a later re-base cannot recompute it and forgets it, recompute_retained)."""
+        """A frame's vision rows from the released ones, lent to the record a swap builds for it (None when not
+        kept: the frame keeps its exact KV, but a later re-base cannot recompute it and forgets it,
+        recompute_retained)."""
         if self._released_rows is None:
             return None
-        tokens = self._released_rows.get(frame_id)
+        tokens = self._released_rows.lend(frame_id)
         if tokens is None:
             log.debug("swap: no vision rows kept for frame %d", frame_id)
         return tokens
