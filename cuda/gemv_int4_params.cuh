@@ -1,6 +1,6 @@
-// gemv_int4_params.cuh: the kernel parameters every one-row INT4 projection entry takes (gemv_int4.cu's CUDA-core
-// entries, gemv_int4_mma.cu's tensor-core one), so the host launches any of them with the same arguments
-// (cuda_int4_launchers.py), and their names for the entries that forward them.
+// gemv_int4_params.cuh: the kernel parameters every one-row INT4 projection entry takes (gemv_int4.cu's entries),
+// so the host launches any of them with the same arguments (cuda_int4_launchers.py), and their names for the
+// entries that forward them.
 //
 // cuda_kernels.py pastes this text in place of `#include "gemv_int4_params.cuh"`.
 #pragma once

@@ -27,7 +27,7 @@
 #define INT4_BLOCK_STEPS 4          // 32-column steps per 16-byte load of a row (a 128-column block)
 
 // Nibbles at bits 0-3 and 16-19 of w as a bf16 pair (low half: bits 0-3) of 128 + nibble, exact: 0x4300 | n is
-// the bf16 of 128 + n. gemv_int4_mma.cu multiplies these as they are and removes the bias once per group.
+// the bf16 of 128 + n.
 __device__ __forceinline__ uint32_t biased_nibbles_to_bf16x2(uint32_t w) { return (w & 0x000F000Fu) | 0x43004300u; }
 
 // The same pair as q = nibble - 8, exact: 128 + n - 136 = q is a bf16 too.

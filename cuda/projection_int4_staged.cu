@@ -51,9 +51,6 @@
 //            same way. Against a reference on bf16-rounded activations it is fp32 rounding apart.
 //            Measured on the H200 (2026-12-03, eighth/ninth sessions, 7B): 0.6 ms faster a cycle, but `vla-edge verify`
 //            fails it (teacher-forced top-1 96.6% on the 1.5B shape): off.
-// Weight ring (_w4, _w8; KernelPlan.int4_prefill_weight_stages, off): the default entry with 3 or 7 chunks of
-//            weights in flight through shared memory (cp.async) instead of one in registers; 102 registers, 32 / 64
-//            KB of dynamic shared memory. Written 2026-12-03 (ninth session); compiled, not yet run on a GPU.
 #include "common.cuh"
 #include "mma_int4.cuh"
 #include "mma_tiles.cuh"
@@ -122,14 +119,6 @@ __device__ __forceinline__ void split_int4_chunk(const float4* raw, uint32_t* hi
     }
 }
 
-// WSTAGES > 1: chunk blk's 16 bytes of one row (load_int4_block's, zeros where it gives zeros) copied into this lane's
-// ring slot without passing through registers.
-__device__ __forceinline__ void copy_int4_block_async(uint4* slot, const uint8_t* q_row, bool ok, int blk, int t,
-                                                      int n_steps) {
-    const bool in = ok && blk * INT4_BLOCK_STEPS + t < n_steps;
-    cp_async16(slot, in ? q_row + 64 * blk + 16 * t : q_row, in ? 16 : 0);
-}
-
 // One 32-column step with the activations' hi parts alone: int4_mma_step less its lo products.
 __device__ __forceinline__ void int4_mma_step_hi(float (&part)[4], const uint32_t (&pa)[4], const uint32_t (&pb)[4],
                                                  const uint32_t (&hi)[4]) {
@@ -142,14 +131,7 @@ __device__ __forceinline__ void int4_mma_step_hi(float (&part)[4], const uint32_
 // are; without it a block loads each chunk's activations from L2 after the barrier that ends the chunk before, so
 // every chunk waits that latency once. Dynamic shared memory: the hi / lo buffers, then the raw one (16 KB).
 // The same values and order: the same bits as the entries without it.
-// WSTAGES > 1 (the _w entries; KernelPlan.int4_prefill_weight_stages, not yet run on a GPU): the weights of the next
-// WSTAGES - 1 chunks in flight (cp.async into a per-lane ring of WSTAGES 16-byte pairs, 8 KB a chunk per block, in
-// dynamic shared memory) instead of one chunk in registers. Why: a block keeps 8 KB of weights in flight per chunk,
-// and 2 blocks per SM (127 registers) put ~16 KB per SM in flight where the copy bandwidth needs ~64 KB (4.2 TB/s x
-// ~2 us over 132 SMs): the 7B prefill's projections streamed at ~0.4 TB/s (8.6 ms a cycle, 2026-12-03 ninth
-// session). Each lane copies and later reads only its own slots, so its own cp.async.wait_group orders them. The
-// same values in ma / mb: the same bits.
-template <int PARTS, bool PREFETCH, int WSTAGES = 1>
+template <int PARTS, bool PREFETCH>
 __device__ __forceinline__ void projection_int4_staged_body(
         const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group, const float* __restrict__ x,
         const float* __restrict__ bias, float* out, int rows, int K, int n_tokens, int x_stride, int out_stride,
@@ -160,9 +142,7 @@ __device__ __forceinline__ void projection_int4_staged_body(
     __shared__ __align__(16) uint32_t hi_s[PREFETCH ? 1 : 2][PREFETCH ? 4 : W];
     __shared__ __align__(16) uint32_t lo_s[PARTS == 2 && !PREFETCH ? 2 : 1][PARTS == 2 && !PREFETCH ? W : 4];
     extern __shared__ __align__(16) uint32_t stg4_dynamic[];
-    static_assert(!(PREFETCH && WSTAGES > 1), "the weight ring and the activation prefetch share the dynamic memory");
     float4* raw = reinterpret_cast<float4*>(stg4_dynamic + 2 * PARTS * W);
-    uint4* ring = reinterpret_cast<uint4*>(stg4_dynamic);        // WSTAGES > 1: [chunk % WSTAGES][thread][row a, b]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2;                                     // range [0, 8): row in tile / token in tile
     const int t = lane & 3;                                      // range [0, 4): quad lane (k slot / token pair)
@@ -188,19 +168,8 @@ __device__ __forceinline__ void projection_int4_staged_body(
         for (int e = 0; e < 4; ++e) acc[nt][e] = partial[nt][e] = 0.f;
 
     uint32_t ma[4], mb[4];
-    if (WSTAGES > 1) {                                           // chunks b_begin .. b_begin + WSTAGES - 2 in flight
-#pragma unroll
-        for (int d = 0; d < WSTAGES - 1; ++d) {
-            const int c = b_begin + d;
-            uint4* slot = ring + (c % WSTAGES) * (2 * STG4_THREADS) + 2 * threadIdx.x;
-            copy_int4_block_async(slot, qa_row, ok_a && c < b_end, c, t, n_steps);
-            copy_int4_block_async(slot + 1, qb_row, ok_b && c < b_end, c, t, n_steps);
-            cp_async_commit();
-        }
-    } else {
-        load_int4_block(qa_row, ok_a, b_begin, t, n_steps, ma);
-        load_int4_block(qb_row, ok_b, b_begin, t, n_steps, mb);
-    }
+    load_int4_block(qa_row, ok_a, b_begin, t, n_steps, ma);
+    load_int4_block(qb_row, ok_b, b_begin, t, n_steps, mb);
     if (PREFETCH && b_begin < b_end) {
         copy_int4_chunk_async(raw, x, x_stride, n_tokens, n_tok8, b_begin, s_end);
         cp_async_commit();
@@ -208,16 +177,8 @@ __device__ __forceinline__ void projection_int4_staged_body(
     for (int blk = b_begin; blk < b_end; ++blk) {                // block-uniform
         const int buf = (blk - b_begin) & 1;
         uint32_t na[4], nb[4];                                   // the next block's weights: in flight from here
-        if (WSTAGES > 1) {                                       // chunk blk + WSTAGES - 1 into the slot blk - 1 left
-            const int c = blk + WSTAGES - 1;
-            uint4* slot = ring + (c % WSTAGES) * (2 * STG4_THREADS) + 2 * threadIdx.x;
-            copy_int4_block_async(slot, qa_row, ok_a && c < b_end, c, t, n_steps);
-            copy_int4_block_async(slot + 1, qb_row, ok_b && c < b_end, c, t, n_steps);
-            cp_async_commit();
-        } else {
-            load_int4_block(qa_row, ok_a && blk + 1 < b_end, blk + 1, t, n_steps, na);
-            load_int4_block(qb_row, ok_b && blk + 1 < b_end, blk + 1, t, n_steps, nb);
-        }
+        load_int4_block(qa_row, ok_a && blk + 1 < b_end, blk + 1, t, n_steps, na);
+        load_int4_block(qb_row, ok_b && blk + 1 < b_end, blk + 1, t, n_steps, nb);
         float sa[INT4_BLOCK_STEPS], sb[INT4_BLOCK_STEPS];        // the scale of each step that ends a group here
 #pragma unroll
         for (int s = 0; s < INT4_BLOCK_STEPS; ++s) {
@@ -239,13 +200,6 @@ __device__ __forceinline__ void projection_int4_staged_body(
             stage_int4_chunk<PARTS>(hi_buf, lo_buf, x, x_stride, n_tokens, n_tok8, blk, s_end);
         }
         __syncthreads();                                         // chunk blk staged (and buffer buf^1 read by all)
-        if (WSTAGES > 1) {
-            cp_async_wait<WSTAGES - 1>();                        // this lane's copies of chunk blk have landed
-            const uint4* slot = ring + (blk % WSTAGES) * (2 * STG4_THREADS) + 2 * threadIdx.x;
-            const uint4 a = slot[0], b = slot[1];
-            ma[0] = a.x; ma[1] = a.y; ma[2] = a.z; ma[3] = a.w;
-            mb[0] = b.x; mb[1] = b.y; mb[2] = b.z; mb[3] = b.w;
-        }
         if (active) {
             quad_transpose(ma, t);
             quad_transpose(mb, t);
@@ -273,34 +227,28 @@ __device__ __forceinline__ void projection_int4_staged_body(
                 if (int4_flush_here(step, steps_per_group, s_end)) flush_group<4>(acc, partial, sa[s], sb[s]);
             }
         }
-        if (WSTAGES == 1) {
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                ma[u] = na[u];
-                mb[u] = nb[u];
-            }
+        for (int u = 0; u < 4; ++u) {
+            ma[u] = na[u];
+            mb[u] = nb[u];
         }
     }
-    if (WSTAGES > 1) cp_async_wait<0>();                         // the copies past b_end (zero-filled) land too
 
     if (active)
         store_mma_tile<4>(acc, out, out_stride, bias, rows, out_cols, n_tokens, 0, tile, g, t, mode, ksplit > 1);
 }
 
 // Entries: bf16 hi + lo activations (the default), hi alone (_p1), each with the next chunk's activations copied
-// under the products (_pf); the default with WSTAGES - 1 chunks of weights in flight (_w4, _w8).
-#define PROJECTION_INT4_STAGED_ENTRY(PARTS, PREFETCH, WSTAGES, SUFFIX)                                         \
+// under the products (_pf).
+#define PROJECTION_INT4_STAGED_ENTRY(PARTS, PREFETCH, SUFFIX)                                                  \
     extern "C" __global__ void __launch_bounds__(STG4_THREADS) projection_int4_staged##SUFFIX(                 \
             const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group,                    \
             const float* __restrict__ x, const float* __restrict__ bias, float* out, int rows, int K,          \
             int n_tokens, int x_stride, int out_stride, int out_cols, int mode, int ksplit) {                  \
-        projection_int4_staged_body<PARTS, PREFETCH, WSTAGES>(Wq, scales, group, x, bias, out, rows, K,       \
-                                                              n_tokens, x_stride, out_stride, out_cols, mode,  \
-                                                              ksplit);                                         \
+        projection_int4_staged_body<PARTS, PREFETCH>(Wq, scales, group, x, bias, out, rows, K, n_tokens,      \
+                                                     x_stride, out_stride, out_cols, mode, ksplit);            \
     }
-PROJECTION_INT4_STAGED_ENTRY(2, false, 1, )
-PROJECTION_INT4_STAGED_ENTRY(1, false, 1, _p1)
-PROJECTION_INT4_STAGED_ENTRY(2, true, 1, _pf)
-PROJECTION_INT4_STAGED_ENTRY(1, true, 1, _p1_pf)
-PROJECTION_INT4_STAGED_ENTRY(2, false, 4, _w4)
-PROJECTION_INT4_STAGED_ENTRY(2, false, 8, _w8)
+PROJECTION_INT4_STAGED_ENTRY(2, false, )
+PROJECTION_INT4_STAGED_ENTRY(1, false, _p1)
+PROJECTION_INT4_STAGED_ENTRY(2, true, _pf)
+PROJECTION_INT4_STAGED_ENTRY(1, true, _p1_pf)

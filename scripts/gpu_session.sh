@@ -3,8 +3,8 @@
 # `vla-edge verify` against HuggingFace on tiny / llama-tiny / the Qwen2.5-1.5B-shaped random model
 # (bf16 and fp32), kernel probes, the cycle benchmark, then the CSR and ASR benchmarks. Logs go to $OUT.
 #   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (the default, in that order); more
-#   stages: int4-lab (issue 23's unrun INT4 kernel choices: their tests, then the 7B and 1.5B INT4 cycle bench over
-#   INT4_MODES), profile (decode launch modes + ncu per kernel), ncu-gemv, ncu-decode and ncu-prefill (stall reasons of
+#   stages: int4-lab (issue 23's INT4 lab: the 7B and 1.5B INT4 cycle bench over INT4_MODES), profile (decode
+#   launch modes + ncu per kernel), ncu-gemv, ncu-decode and ncu-prefill (stall reasons of
 #   layer 0's kernels, NCU_MODE's variants), ncu-flash (the bulk flash attention's variants), graph-vs-bench (the
 #   cycle bench and a soak of the graph on one machine, issue 21's comparison), probes, csr (= csr-hf), asr (= asr-4k), asr-shared, asr-32k, asr-32k-approx,
 #   asr-2gpu (the reconciler on GPU 1: bench asr at 4096 and 32768 and the ROS soak; needs two GPUs),
@@ -229,13 +229,9 @@ PYEOF
              /^  attention_flash|launched|Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc Active/' \
             "$OUT/ncu_flash.txt" | head -200 ;;
     int4-lab)
-        # Issue 23's INT4 kernel choices that have not yet run (the tensor-core decode gemv_int4_mma.cu, the staged
-        # prefill's weight ring, more long-context splits): their GPU tests first, then the 7B and the 1.5B INT4
-        # cycle bench over INT4_MODES (default below; the bench draws its own weights), HF eager beside them. ~5 min.
-        echo "== INT4 lab tests"
-        $PY -m pytest -q -rs test/test_cuda_gemv_int4_mma.py test/test_cuda_projection_int4_staged.py \
-            -k "mma or ring" 2>&1 | tee "$OUT/int4_lab_tests.log" | tail -15 || status=1
-        modes=${INT4_MODES:-"plain plain+i4mma plain+i4ws4 plain+i4ws8 plain+lcm32 plain+lcm64 plain+i4mma+i4ws8+lcm32"}
+        # Issue 23's INT4 lab (more long-context splits for the 7B decode attention): the 7B and the 1.5B INT4
+        # cycle bench over INT4_MODES (default below; the bench draws its own weights), HF eager beside them.
+        modes=${INT4_MODES:-"plain plain+lcm32 plain+lcm64"}
         for shape in llama-2-7b qwen2.5-1.5b; do
             echo "== $shape INT4 at 4064 cached: $modes"
             $PY -m vla_edge_ros.bench.pycuda_cycle --shape $shape --weights int4 --cached 4064 --cycles 10 \

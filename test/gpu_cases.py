@@ -14,9 +14,8 @@ cycles_match_host_greedy: three device cycles (graphs captured once, replayed af
 qkv_rope_case:  one decode GEMV in QKV_ROPE mode (bf16 or INT4 weights) against RMSNorm -> the natural q|k|v
                 projection + bias -> rope_store_ref: q in the output, k and v in their arena slots.
 int4_quantized, int4_device: a random matrix quantized by model/int4.py (packed, scales, w_hat), and its upload.
-int4_gemv_modes_case: one-row INT4 decode GEMVs (STORE with bias, ADD, a row slice, SWIGLU on the interleaved
-                gate/up) against kernel_reference on w_hat, with or without the RMSNorm prologue, for any of the
-                launcher's INT4 entries (gemv_int4.cu, gemv_int4_mma.cu).
+int4_gemv_modes_case: one-row INT4 decode GEMVs (gemv_int4.cu: STORE with bias, ADD, a row slice, SWIGLU on the
+                interleaved gate/up) against kernel_reference on w_hat, with or without the RMSNorm prologue.
 items_loop_case: a decode GEMV's looped-items launch against a block per item, bit for bit, in STORE (norm,
                 bias), ADD and SWIGLU (norm, ragged out_cols), for any weight format the launcher takes.
 """
@@ -148,12 +147,11 @@ def items_loop_case(kn, gpu, W, rows, k, rng, blocks_per_sm):
         np.testing.assert_array_equal(got[1], got[0], err_msg=f"{what}: looped items differ from a block per item")
 
 
-def qkv_rope_case(kn, gpu, W, w_ref, hq, kvh, hd, rng, norm, case, close, **launch):
+def qkv_rope_case(kn, gpu, W, w_ref, hq, kvh, hd, rng, norm, case, close):
     """CudaKernels.gemv in QKV_ROPE mode with `W` (the device weights, rows in qkv_rope_row_order) on a fresh
     bias, activation row, positions and slots drawn from `rng`, against kernel_reference on `w_ref` (the same
     weights as float32, natural row order [q|k|v rows, hidden]): q in the output (its other columns untouched),
-    k and v stored after RoPE in their arena slots. close(got, expected, what): the calling file's bound. launch:
-    the launcher's entry choices (e.g. tensor_cores=True)."""
+    k and v stored after RoPE in their arena slots. close(got, expected, what): the calling file's bound."""
     from vla_edge_ros.model import weight_layouts as layouts
     from vla_edge_ros.model.cuda_kernels import MODE_QKV_ROPE, MODE_STORE
     from vla_edge_ros.model.cuda_projection_launchers import RopeTarget
@@ -173,7 +171,7 @@ def qkv_rope_case(kn, gpu, W, w_ref, hq, kvh, hd, rng, norm, case, close, **laun
     rope = RopeTarget(ga.to_gpu(pos), ga.to_gpu(slots), ga.to_gpu(ctl), ga.to_gpu(inv), int(k_d.gpudata),
                       int(v_d.gpudata), hq, kvh, hd, cap)
     kn.gemv(W, ga.to_gpu(x), out, MODE_QKV_ROPE, stream, norm_w=ga.to_gpu(norm_w) if norm else None, eps=1e-6,
-            bias=ga.to_gpu(bias), rope=rope, **launch)
+            bias=ga.to_gpu(bias), rope=rope)
     stream.synchronize()
     pre = ref.folded_projection_ref(w_ref, x, MODE_STORE, norm_w=norm_w, eps=1e-6, bias=bias)   # [1, q+2kv]
     e_qkv, e_k, e_v = ref.rope_store_ref(pre, pos, slots, ctl, inv, k0, k0.copy(), hq, kvh, hd)
@@ -198,11 +196,11 @@ def int4_device(ga, packed, scales, group):
                       group)
 
 
-def int4_gemv_modes_case(kn, gpu, rows, k, group, norm, rng, case, close, **launch):
-    """CudaKernels.gemv on a random INT4 [rows, k] matrix in groups of `group` (launch: the launcher's entry
-    choices), activation row 1 of 3, with the RMSNorm prologue if `norm`, against kernel_reference on w_hat: STORE
-    with a bias, ADD onto a random row, STORE of the row slice [17, 17 + rows / 2), and where rows % 16 == 0
-    SWIGLU on gate / up interleaved with a ragged last tile. close(got, expected, what): the calling file's bound."""
+def int4_gemv_modes_case(kn, gpu, rows, k, group, norm, rng, case, close):
+    """CudaKernels.gemv on a random INT4 [rows, k] matrix in groups of `group`, activation row 1 of 3, with the
+    RMSNorm prologue if `norm`, against kernel_reference on w_hat: STORE with a bias, ADD onto a random row, STORE
+    of the row slice [17, 17 + rows / 2), and where rows % 16 == 0 SWIGLU on gate / up interleaved with a ragged
+    last tile. close(got, expected, what): the calling file's bound."""
     from vla_edge_ros.model import weight_layouts as layouts
     from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
     ga, stream = gpu
@@ -218,21 +216,21 @@ def int4_gemv_modes_case(kn, gpu, rows, k, group, norm, rng, case, close, **laun
         return ga.to_gpu(np.full(shape, np.nan, np.float32))
 
     out = nan((1, rows))
-    kn.gemv(W, x_dev, out, MODE_STORE, stream, norm_w=nw, eps=eps, bias=ga.to_gpu(bias), x_row0=1, **launch)
+    kn.gemv(W, x_dev, out, MODE_STORE, stream, norm_w=nw, eps=eps, bias=ga.to_gpu(bias), x_row0=1)
     stream.synchronize()
     close(out.get(), ref.folded_projection_ref(w_hat, x[1:2], MODE_STORE, norm_w=norm_w, eps=eps, bias=bias),
           f"{case} STORE")
 
     base = rng.standard_normal((1, rows)).astype(np.float32)
     acc = ga.to_gpu(base)
-    kn.gemv(W, x_dev, acc, MODE_ADD, stream, norm_w=nw, eps=eps, x_row0=1, **launch)
+    kn.gemv(W, x_dev, acc, MODE_ADD, stream, norm_w=nw, eps=eps, x_row0=1)
     stream.synchronize()
     close(acc.get(), ref.folded_projection_ref(w_hat, x[1:2], MODE_ADD, out=base, norm_w=norm_w, eps=eps),
           f"{case} ADD")
 
     lo, n = 17, rows // 2                                                # a slice of rows [w_row0, w_row0 + n)
     out = nan((1, n))
-    kn.gemv(W, x_dev, out, MODE_STORE, stream, norm_w=nw, eps=eps, w_row0=lo, rows=n, x_row0=1, **launch)
+    kn.gemv(W, x_dev, out, MODE_STORE, stream, norm_w=nw, eps=eps, w_row0=lo, rows=n, x_row0=1)
     stream.synchronize()
     close(out.get(), ref.folded_projection_ref(w_hat[lo:lo + n], x[1:2], MODE_STORE, norm_w=norm_w, eps=eps),
           f"{case} STORE rows [{lo}, {lo + n})")
@@ -244,7 +242,7 @@ def int4_gemv_modes_case(kn, gpu, rows, k, group, norm, rng, case, close, **laun
         gu_packed, gu_scales = layouts.interleave_gate_up_int4(gate, up)
         act = nan((1, inter))
         kn.gemv(int4_device(ga, gu_packed, gu_scales, group), x_dev, act, MODE_SWIGLU, stream, norm_w=nw, eps=eps,
-                out_cols=inter, x_row0=1, **launch)
+                out_cols=inter, x_row0=1)
         stream.synchronize()
         w_gu = layouts.interleave_gate_up(w_hat[:inter], w_hat[rows // 2: rows // 2 + inter])
         close(act.get(), ref.folded_projection_ref(w_gu, x[1:2], MODE_SWIGLU, norm_w=norm_w, eps=eps,

@@ -226,17 +226,6 @@ def test_the_activation_prefetch_gives_the_same_bits(kn, gpu, rows, k, n, group,
                                  dict(parts=parts, prefetch=False), dict(parts=parts, prefetch=True))
 
 
-@pytest.mark.parametrize("stages", [4, 8])
-@pytest.mark.parametrize("rows,k,n,group", CASES + [(512, 4096, 32, 128), (256, 11008, 32, 128)])
-def test_the_weight_ring_gives_the_same_bits(kn, gpu, rows, k, n, group, stages):
-    """weight_stages (KernelPlan.int4_prefill_weight_stages, the _w entries: 3 or 7 chunks of weights in flight
-    through a shared-memory ring; written 2026-12-03, ninth session, not yet run) gives the default entry's bits,
-    on the test shapes and the 7B widths (K 4096, 11008: more chunks than the ring holds)."""
-    _variant_gives_the_same_bits(kn, gpu, rows, k, n, group, np.random.default_rng(rows * 5 + k + n + group + stages),
-                                 f"projection_int4_staged_w{stages} {rows}x{k} n={n} G{group}",
-                                 dict(weight_stages=1), dict(weight_stages=stages))
-
-
 def test_staged_int4_reads_rows_of_a_wider_activation_buffer(kn, gpu):
     """x_row0 and an x row stride wider than K (the backend's buffers): rows [5, 5 + 20) of x[:, :K]."""
     ga, stream = gpu
@@ -321,22 +310,6 @@ def test_an_int4_backend_with_the_activation_prefetch_gives_the_same_tokens(int4
     b.close()
 
 
-def test_an_int4_backend_with_the_weight_ring_gives_the_same_tokens(int4_model):
-    """int4_prefill_weight_stages (lab "+i4ws8") in a whole cycle: the tokens of the cycle without it; the lab mode
-    says it took effect."""
-    from vla_edge_ros.bench import kernel_lab
-    from vla_edge_ros.model.cuda_backend import CudaBackend
-    spec, path = int4_model
-    b = CudaBackend(spec, path, 300, "bfloat16")
-    without = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
-    assert kernel_lab.apply_launch_mode(b, "plain+i4ws8") == "plain+i4ws8"
-    assert b.kernel_plan.int4_prefill_weight_stages == 8
-    ring = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
-    np.testing.assert_array_equal(ring[0], without[0])
-    assert rel_norm(ring[1], without[1]) < 1e-5           # the residual adds split K: the same parts, any order
-    b.close()
-
-
 def test_an_int4_backend_on_one_activation_part_stays_near_the_two_part_cycle(int4_model):
     """int4_prefill_activation_parts 1 (lab "+i4p1") in a whole cycle: its prefill logits within bf16 rounding of
     the two-part cycle's and not equal to them; the lab mode says it took effect, "plain" switches back."""
@@ -366,8 +339,6 @@ def test_a_float_backend_runs_the_flag_as_plain(tiny_weights):
     assert b.kernel_plan.int4_prefill_activation_parts == 2
     assert kernel_lab.apply_launch_mode(b, "plain+i4pf") == "plain"        # so is the activation prefetch
     assert b.kernel_plan.int4_prefill_activation_prefetch is False
-    assert kernel_lab.apply_launch_mode(b, "plain+i4ws8") == "plain"       # and the weight ring
-    assert b.kernel_plan.int4_prefill_weight_stages == 1
     b.close()
 
 

@@ -1,9 +1,8 @@
 """The INT4 decode grid (KernelPlan.int4_gemv_items_per_block / int4_gemv_rows_per_warp, off by default, measured
-slower) and the tensor-core decode entry (KernelPlan.int4_decode_tensor_cores, off, not yet run on a GPU), checked on
-the CPU (no nvcc, PyCUDA or device; test_cuda_gemv_int4.py and test_cuda_gemv_int4_mma.py run the kernels):
-gemv_int4_items2 and gemv_int4_mma are registered like the other entries, the launcher's grid, entry and shared
-memory for each choice on the 1.5B and 7B decode projections, the same arguments whatever the choice, its refusals,
-and the layer code hands the choices to INT4 weights only.
+slower), checked on the CPU (no nvcc, PyCUDA or device; test_cuda_gemv_int4.py runs it bit for bit against a
+block per item): gemv_int4_items2 is registered like the other entries, the launcher's grid and entry for each
+choice on the 1.5B decode projections, the same arguments whatever the grid, its refusals, and the layer code hands
+the choice to INT4 weights only.
 """
 import re
 from pathlib import Path
@@ -38,14 +37,12 @@ class _Recorder(c4.Int4Launchers):
 
     def __init__(self):
         self.launches = []
-        self._shared_limits = {name: 227 * 1024 for name in (*ck.FAMILIES["gemv_int4"], *ck.FAMILIES["gemv_int4_mma"])}
-        self.shared = []
+        self._shared_limits = {name: 227 * 1024 for name in ck.FAMILIES["gemv_int4"]}
 
     def _function(self, name):
         assert name in self._shared_limits, name
 
     def _launch(self, name, grid, block, stream, *args, shared=0):
-        self.shared.append(shared)
         self.launches.append((name, tuple(grid), [int(a) if not isinstance(a, np.floating) else float(a)
                                                   for a in args]))
 
@@ -100,45 +97,6 @@ def test_the_launcher_refuses_an_impossible_grid():
     assert kn.launches == []
 
 
-def test_the_tensor_core_entry_is_registered_as_the_others():
-    assert ck.FAMILIES["gemv_int4_mma"] == {"gemv_int4_mma": ck.FAMILIES["gemv_int4"]["gemv_int4"]}   # one argument list
-    assert "gemv_int4_mma" in PDL_KERNELS and "gemv_int4_mma" in ck.DYNAMIC_SHARED_KERNELS
-    assert "gemv_int4_mma" in ck.KV_FAMILIES and "gemv_int4_mma" in ck.ON_DEMAND_FAMILIES
-    assert "gemv_int4_mma" in ck.COLD_START_SKIPS                        # serves no plan yet
-    source = (CUDA / "gemv_int4_mma.cu").read_text()
-    assert re.findall(r"^GEMV_INT4_ENTRY\((\w+)\)", source, re.MULTILINE) == ["gemv_int4_mma"]
-
-
-# The 7B decode projections (rows, K, mode, items) besides the 1.5B ones: K 4096 and 11008 (86 groups).
-PROJECTIONS_7B = [(12288, 4096, kc.MODE_STORE, 1536), (4096, 4096, kc.MODE_ADD, 512),
-                  (22016, 4096, kc.MODE_SWIGLU, 2752), (4096, 11008, kc.MODE_ADD, 512)]
-
-
-@pytest.mark.parametrize("rows,k,mode,items", PROJECTIONS + PROJECTIONS_7B)
-@pytest.mark.parametrize("blocks_per_sm,items_per_block", [(4, 0), (0, 0), (4, 4)])
-def test_the_tensor_core_entry_takes_a_block_per_item_and_the_same_arguments(rows, k, mode, items, blocks_per_sm,
-                                                                             items_per_block):
-    kn = _Recorder()
-    W, x, out = _int4(rows, k), _array((1, k), np.float32, 1 << 34), _array((1, rows), np.float32, 1 << 36)
-    kw = dict(out_cols=rows // 2) if mode == kc.MODE_SWIGLU else {}
-    kn.gemv(W, x, out, mode, None, blocks_per_sm=0, **kw)
-    kn.gemv(W, x, out, mode, None, blocks_per_sm=blocks_per_sm, items_per_block=items_per_block, tensor_cores=True,
-            **kw)
-    (_, _, base_args), (name, grid, args) = kn.launches
-    assert (name, grid) == ("gemv_int4_mma", (items,)) and args == base_args
-    # the bf16 hi / lo pairs (4 bytes a column) and 4 fp32 sums a 128-column group, against gemv_int4's fp32 staging
-    assert kn.shared == [4 * k, 4 * k + 16 * (k // 128)]
-
-
-@pytest.mark.parametrize("k,group", [(1536, 64), (352, 32), (1600, 32)])
-def test_the_tensor_core_entry_refuses_other_groups_by_name(k, group):
-    kn = _Recorder()
-    W, x, out = _int4(64, k, group), _array((1, k), np.float32), _array((1, 64), np.float32)
-    with pytest.raises(KernelError, match=rf"gemv_int4_mma: K {k} in groups of {group}: it takes groups of 128"):
-        kn.gemv(W, x, out, kc.MODE_STORE, None, tensor_cores=True)
-    assert kn.launches == []
-
-
 class _Kernels:
     """What LayerEnqueue._enqueue_layer_fused calls: each gemv's weight and keyword arguments."""
 
@@ -150,8 +108,7 @@ class _Kernels:
 
 
 @pytest.mark.parametrize("plan", [MEASURED_BEST, KernelPlan(int4_gemv_items_per_block=4),
-                                  KernelPlan(int4_gemv_items_per_block=2, int4_gemv_rows_per_warp=2),
-                                  KernelPlan(int4_decode_tensor_cores=True)])
+                                  KernelPlan(int4_gemv_items_per_block=2, int4_gemv_rows_per_warp=2)])
 @pytest.mark.parametrize("weights", ["int4", "bf16"])
 def test_the_layer_code_hands_the_grid_to_int4_weights_only(plan, weights):
     from vla_edge_ros.model.cuda_layer_enqueue import LayerEnqueue
@@ -167,7 +124,7 @@ def test_the_layer_code_hands_the_grid_to_int4_weights_only(plan, weights):
     for _, kw in calls:
         assert kw["blocks_per_sm"] == plan.decode_gemv_blocks_per_sm
         if weights == "int4":
-            assert (kw["items_per_block"], kw["rows_per_warp"], kw["tensor_cores"]) == (
-                plan.int4_gemv_items_per_block, plan.int4_gemv_rows_per_warp, plan.int4_decode_tensor_cores)
-        else:                                                           # gemv.cu takes none of them
-            assert not {"items_per_block", "rows_per_warp", "tensor_cores"} & set(kw)
+            assert (kw["items_per_block"], kw["rows_per_warp"]) == (plan.int4_gemv_items_per_block,
+                                                                    plan.int4_gemv_rows_per_warp)
+        else:                                                           # gemv.cu takes neither
+            assert "items_per_block" not in kw and "rows_per_warp" not in kw

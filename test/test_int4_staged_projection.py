@@ -29,10 +29,9 @@ def _defines(name: str) -> dict:
 def test_the_family_is_registered_on_demand_with_projection_int4s_arguments():
     assert ck.FAMILIES["projection_int4_staged"] == {name: "PPiPPPiiiiiiii" for name in (   # one part; prefetch
         "projection_int4_staged", "projection_int4_staged_p1", "projection_int4_staged_pf",
-        "projection_int4_staged_p1_pf", "projection_int4_staged_w4", "projection_int4_staged_w8")}   # weight rings
+        "projection_int4_staged_p1_pf")}
     dynamic = {n for n in ck.FAMILIES["projection_int4_staged"] if n in ck.DYNAMIC_SHARED_KERNELS}
-    assert dynamic == {"projection_int4_staged_pf", "projection_int4_staged_p1_pf", "projection_int4_staged_w4",
-                       "projection_int4_staged_w8"}
+    assert dynamic == {"projection_int4_staged_pf", "projection_int4_staged_p1_pf"}
     assert set(ck.FAMILIES["projection_int4"].values()) == {"PPiPPPiiiiiiii"}
     assert "projection_int4_staged" in ck.ON_DEMAND_FAMILIES
     assert "projection_int4_staged" not in ck.KV_FAMILIES and "projection_int4_staged" not in ck.ARCH_SPECIFIC_FAMILIES
@@ -76,19 +75,14 @@ def test_int4_helpers_are_defined_in_mma_int4_cuh_only():
 
 
 class _Recorder(c4.Int4Launchers):
-    """The INT4 launchers without a device: every launch recorded as (kernel, grid, block, arguments), and its
-    dynamic shared memory."""
+    """The INT4 launchers without a device: every launch recorded as (kernel, grid, block, arguments)."""
     num_sms = 132
 
     def __init__(self):
-        self.launches, self.shared = [], []
-
-    def _check_shared(self, name, shared, what):
-        assert shared <= 227 * 1024 - 40960, (name, shared)             # the H200's opt-in less the static buffers
+        self.launches = []
 
     def _launch(self, name, grid, block, stream, *args, shared=0):
         self.launches.append((name, tuple(grid), block, args))
-        self.shared.append(shared)
 
 
 def _array(shape, dtype, address):
@@ -124,23 +118,6 @@ def test_the_staged_launcher_passes_projection_int4s_arguments_and_parts(rows, k
     assert int(args[3]) == (1 << 34) + 2 * (k + 64) * 4                  # x from row x_row0, its own stride
 
 
-@pytest.mark.parametrize("rows,k,group,n,mode,ksplit", LAUNCHES[:4])
-@pytest.mark.parametrize("stages", [4, 8])
-def test_the_weight_ring_takes_the_same_grid_and_arguments(rows, k, group, n, mode, ksplit, stages):
-    """weight_stages (KernelPlan.int4_prefill_weight_stages): the _w entry, the default entry's grid and arguments,
-    8 KB of dynamic shared memory a chunk of the ring."""
-    kn = _Recorder()
-    W = _int4(rows, k, group)
-    x, out = _array((40, k + 64), np.float32, 1 << 34), _array((40, rows), np.float32, 1 << 36)
-    cols = rows // 2 if mode == kc.MODE_SWIGLU else rows
-    for weight_stages in (1, stages):
-        kn.projection_int4_staged(W, x, out, n, mode, None, out_cols=cols, ksplit=ksplit, weight_stages=weight_stages)
-    (base, base_grid, _, base_args), (name, grid, _, args) = kn.launches
-    assert (base, name) == ("projection_int4_staged", f"projection_int4_staged_w{stages}")
-    assert grid == base_grid and [int(a) for a in args] == [int(a) for a in base_args]
-    assert kn.shared == [0, stages * 8192]
-
-
 def test_the_staged_launcher_refuses_what_the_kernel_cannot_do():
     kn = _Recorder()
     W = _int4(64, 256, 32)
@@ -151,12 +128,6 @@ def test_the_staged_launcher_refuses_what_the_kernel_cannot_do():
         kn.projection_int4_staged(W, x, out, 4, kc.MODE_STORE, None, ksplit=2)
     with pytest.raises(KernelError, match=r"ksplit 3 outside \[1, 2\]"):
         kn.projection_int4_staged(W, x, out, 4, kc.MODE_ADD, None, ksplit=3)
-    with pytest.raises(KernelError, match=r"weight_stages 2 not in \(1, 4, 8\)"):
-        kn.projection_int4_staged(W, x, out, 4, kc.MODE_STORE, None, weight_stages=2)
-    with pytest.raises(KernelError, match="weight_stages 4 are entries of two activation parts without the activation"):
-        kn.projection_int4_staged(W, x, out, 4, kc.MODE_STORE, None, weight_stages=4, parts=1)
-    with pytest.raises(KernelError, match="weight_stages 8 are entries of two activation parts without the activation"):
-        kn.projection_int4_staged(W, x, out, 4, kc.MODE_STORE, None, weight_stages=8, prefetch=True)
     with pytest.raises(KernelError, match="an Int4Matrix expected"):
         kn.projection_int4_staged(_array((64, 256), np.uint16, 1), x, out, 4, kc.MODE_STORE, None)
     assert kn.launches == []

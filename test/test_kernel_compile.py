@@ -1,4 +1,4 @@
-"""The INT4 kernel families (projection_int4_staged.cu and gemv_int4_mma.cu too, and gemv, whose header they share), gemm_tma.cu (sm_90a),
+"""The INT4 kernel families (projection_int4_staged.cu too, and gemv, whose header they share), gemm_tma.cu (sm_90a),
 prefill_bulk.cu (its one-part and two-heads-per-warp entries), attention_flash_kvo.cu (the same template with the
 K/V overlap) and attention_flash_tiles.cu (with hoisted copies and 64-entry tiles) compile with nvcc for sm_90, as PyCUDA would
 compile them on the device (scripts/compile_kernels.py: the pasted source, the family's KV options), for
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 
 
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", ["gemv_int4", "gemv_int4_mma", "projection_int4", "projection_int4_staged", "gemv", "gemm_tma",
+@pytest.mark.parametrize("family", ["gemv_int4", "projection_int4", "projection_int4_staged", "gemv", "gemm_tma",
                                     "prefill_bulk", "attention_flash_kvo", "attention_flash_tiles"])
 def test_family_compiles_for_sm_90(family, kv_dtype, tmp_path):
     done = compile_kernels.compile_family(family, "sm_90", tmp_path, kv_dtype)

@@ -35,8 +35,6 @@ def test_the_measured_best_plan_is_the_default():
     # verified against HF on the GPU in the tenth session.
     assert (MEASURED_BEST.bulk_attention_hoisted_copies, MEASURED_BEST.bulk_attention_tile_entries) == (True, 64)
     assert MEASURED_BEST.int4_prefill_activation_parts == 2          # one INT4 prefill part: fails verify (ninth)
-    assert MEASURED_BEST.int4_decode_tensor_cores is False           # gemv_int4_mma.cu: not yet run on a GPU
-    assert MEASURED_BEST.int4_prefill_weight_stages == 1             # the staged INT4 weight ring: not yet run
     assert MEASURED_BEST.int4_prefill_activation_prefetch is False   # the INT4 activation prefetch: not yet measured
     assert MEASURED_BEST.decode_attention_one_head_entry is True
     assert (MEASURED_BEST.long_context_blocks_per_sm, MEASURED_BEST.long_context_min_splits_per_kv_head) == (1, 16)
@@ -61,13 +59,6 @@ def test_the_measured_best_plan_is_the_default():
     ({"bulk_attention_kv_overlap": True, "bulk_attention_stages": 2}, "bulk_attention_kv_overlap runs one K/V stage"),
     ({"bulk_attention_kv_overlap": 1}, "bulk_attention_kv_overlap must be True or False"),
     ({"bulk_attention_hoisted_copies": 1}, "bulk_attention_hoisted_copies must be True or False"),
-    ({"int4_decode_tensor_cores": 1}, "int4_decode_tensor_cores must be True or False"),
-    ({"int4_prefill_weight_stages": 2}, r"int4_prefill_weight_stages must be one of \(1, 4, 8\)"),
-    ({"int4_prefill_weight_stages": True}, r"int4_prefill_weight_stages must be one of \(1, 4, 8\)"),
-    ({"int4_prefill_weight_stages": 4, "int4_prefill_activation_parts": 1},
-     "int4_prefill_weight_stages > 1 are entries of the staged INT4 projections with two activation parts"),
-    ({"int4_prefill_weight_stages": 8, "int4_prefill_activation_prefetch": True},
-     "int4_prefill_weight_stages > 1 are entries of the staged INT4 projections with two activation parts"),
     ({"bulk_attention_hoisted_copies": True, "bulk_attention_kv_overlap": False},
      "bulk_attention_hoisted_copies are entries of the K/V overlap"),
     ({"bulk_attention_hoisted_copies": True, "bulk_attention_heads_per_warp": 2},
@@ -135,14 +126,10 @@ def test_the_lab_names_the_staged_int4_prefill_projections():
     assert KERNEL_VARIANTS["int4staged"] == {"staged_int4_prefill_projections": True}
     assert KERNEL_VARIANTS["int4unstaged"] == {"staged_int4_prefill_projections": False,
                                                "int4_prefill_activation_parts": 2,    # one part and the prefetch
-                                               "int4_prefill_activation_prefetch": False,    # are staged entries,
-                                               "int4_prefill_weight_stages": 1}              # as is the ring
+                                               "int4_prefill_activation_prefetch": False}    # are staged entries
     assert mode_plan("plain+int4unstaged") == dataclasses.replace(MEASURED_BEST, staged_int4_prefill_projections=False)
     assert mode_plan("plain").staged_int4_prefill_projections is True
     assert mode_plan("plain+i4p1") == dataclasses.replace(MEASURED_BEST, int4_prefill_activation_parts=1)
-    assert mode_plan("plain+i4mma") == dataclasses.replace(MEASURED_BEST, int4_decode_tensor_cores=True)
-    for n in (4, 8):
-        assert mode_plan(f"plain+i4ws{n}") == dataclasses.replace(MEASURED_BEST, int4_prefill_weight_stages=n)
 
 
 @pytest.mark.parametrize("items, rows", [(1, 1), (2, 2), (8, 1), (64, 2)])

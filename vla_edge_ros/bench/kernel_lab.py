@@ -9,9 +9,8 @@ compare another choice, the lab builds a variant plan and switches a backend to 
   * kernel variants a mode may add with '+': the prefill attention (tiled, mma, mma2), the decode attention (its
     warps per slot group h1, h2; mmadec: on the tensor cores), the decode projections' grid (noloop, loop2,
     loop4), an INT4 model's decode projections (i4ipb2, i4ipb4, i4ipb8: every one looped, ~2 / 4 / 8 items per
-    block; i4x2: two items in flight per warp of those; i4mma: on the tensor cores), its prefill projections (int4staged:
-    projection_int4_staged.cu; i4p1: its one-part entry; i4pf: its activation prefetch; i4ws4, i4ws8: its weights
-    in a 4- or 8-chunk ring), the decode attention's
+    block; i4x2: two items in flight per warp of those), its prefill projections (int4staged:
+    projection_int4_staged.cu; i4p1: its one-part entry; i4pf: its activation prefetch), the decode attention's
     one-head entry for a group of 1
     (g1 on, the default; nog1 off) and the long-context attention's blocks per SM (lcs1, lcs2, lcs4) and its floor
     of splits per KV head (lcm1: none; lcm32, lcm64: 32 or 64);
@@ -31,8 +30,7 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # attention_mma.cu at 1 / 2 blocks per SM), the decode attention (h1 / h2: attention_decode.cu with 1 / 2 warps per
 # 8-slot group; mmadec: attention_mma.cu for the decode row too), the decode projections' grid (noloop: a block per 8-row item; loop2 / loop4: 2 / 4 blocks per SM
 # looping over the items), an INT4 model's decode projections (i4ipbN: every one on ceil(items / N) blocks, ~N items
-# each; i4x2: each warp of those streams two items' rows at once, with an i4ipbN of N >= 2; i4mma: gemv_int4_mma.cu,
-# the products on the tensor cores) and its prefill projections
+# each; i4x2: each warp of those streams two items' rows at once, with an i4ipbN of N >= 2) and its prefill projections
 # (int4staged: projection_int4_staged.cu, the activations staged once per block, the default;
 # int4unstaged: projection_int4.cu; i4p1: the staged kernel on the activations' bf16 hi alone; i4pf: its next
 # chunk's activations copied under the products), the decode
@@ -56,13 +54,11 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "loop4": {"decode_gemv_blocks_per_sm": 4},
                    "int4staged": {"staged_int4_prefill_projections": True},
                    "int4unstaged": {"staged_int4_prefill_projections": False, "int4_prefill_activation_parts": 2,
-                                    "int4_prefill_activation_prefetch": False, "int4_prefill_weight_stages": 1},
+                                    "int4_prefill_activation_prefetch": False},
                    "i4p1": {"staged_int4_prefill_projections": True, "int4_prefill_activation_parts": 1},
                    "i4pf": {"int4_prefill_activation_prefetch": True},
-                   **{f"i4ws{n}": {"int4_prefill_weight_stages": n} for n in (4, 8)},
                    **{f"i4ipb{n}": {"int4_gemv_items_per_block": n} for n in (2, 4, 8)},
                    "i4x2": {"int4_gemv_rows_per_warp": 2},
-                   "i4mma": {"int4_decode_tensor_cores": True},
                    **{f"lcs{n}": {"long_context_blocks_per_sm": n} for n in (1, 2, 4)},
                    **{f"lcm{n}": {"long_context_min_splits_per_kv_head": n} for n in (1, 32, 64)},
                    "fah": {"bulk_attention_hoisted_copies": True, "bulk_attention_tile_entries": 32},

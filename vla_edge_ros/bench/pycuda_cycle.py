@@ -88,11 +88,10 @@ def add_arguments(p) -> None:
                         "(on the tensor cores), a decode projection grid +noloop|+loop2|+loop4 (blocks per SM "
                         "looping over items), +int4staged|+int4unstaged|+i4p1 (INT4 weights: prefill projections "
                         "through projection_int4_staged.cu, the default, projection_int4.cu, or the staged kernel "
-                        "on one activation part) and +i4pf (its activation prefetch) or +i4ws4|+i4ws8 (its weights in a 4- or 8-chunk "
-                        "ring), +i4ipb2|+i4ipb4|+i4ipb8 (INT4 "
+                        "on one activation part) and +i4pf (its activation prefetch), +i4ipb2|+i4ipb4|+i4ipb8 (INT4 "
                         "weights: every decode "
                         "projection looped, ~2/4/8 items per block) with optionally +i4x2 (two items in flight "
-                        "per warp), +i4mma (INT4 weights: the decode projections on the tensor cores), +g1|+nog1 (a model without grouped queries: the decode attention's one-head "
+                        "per warp), +g1|+nog1 (a model without grouped queries: the decode attention's one-head "
                         "entry, on by default, or off), "
                         "the long-context attention's blocks per SM +lcs1|+lcs2|+lcs4 (the splits "
                         "per KV head: that many x SMs / KV heads, at least 16) and +lcm1|+lcm32|+lcm64 (no floor, or 32 or 64), the bulk "
@@ -114,7 +113,7 @@ def launch_mode(text: str) -> str:
     """argparse type of a decode launch mode with optional kernel variants:
     plain | pdl | persistent[:blocks[:MiB]], then at most one of +tiled +mma +mma2, one of +h1 +h2, one of
     +noloop +loop2 +loop4, +mmadec, one of +int4staged +int4unstaged +i4p1, one of +i4ipb2 +i4ipb4 +i4ipb8, +i4x2
-    (with an +i4ipbN), +i4mma
+    (with an +i4ipbN)
     (KERNEL_VARIANTS: variants that set the same switch exclude each other) and one of +kv32 +kv16 (KV_VARIANTS)."""
     mode, *variants = text.split("+")
     kind, *opts = mode.split(":")

@@ -56,7 +56,6 @@ from .spec import ModelSpec
 from .weight_stream import tensor_source
 from .cuda_bulk_launchers import BULK_GEMMS, FLASH_BKV, FLASH_HEAD_DIMS, FLASH_WIDE_MAX_GROUP
 from .cuda_device_memory import MAX_CYCLE_TOKENS, DeviceMemory
-from .cuda_int4_launchers import GEMV4_MMA_GROUP, int4_mma_fits
 from .cuda_kv_transfer import KvTransfer, on_device
 from .cuda_kernel_plan import MEASURED_BEST, KernelPlan
 from .cuda_layer_enqueue import LayerEnqueue
@@ -394,18 +393,10 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
                      else "projection_f32.cu")
         if staged_int4:
             self.kernels.load_family("projection_int4_staged")   # as projection_staged, before any capture
-        int4_grid = {"int4_gemv_items_per_block": 0, "int4_gemv_rows_per_warp": 1, "int4_decode_tensor_cores": False}
+        int4_grid = {"int4_gemv_items_per_block": 0, "int4_gemv_rows_per_warp": 1}
         if not self.int4 and any(getattr(plan, k) != v for k, v in int4_grid.items()):
-            log.info("the INT4 decode grid (int4_gemv_items_per_block, int4_gemv_rows_per_warp, "
-                     "int4_decode_tensor_cores) applies to INT4 weights only: %s decode projections keep gemv.cu",
-                     self._weights_kind())
-        int4_mma = plan.int4_decode_tensor_cores and self.int4 and self._int4_mma_fits()
-        if plan.int4_decode_tensor_cores and self.int4 and not int4_mma:
-            log.info("the tensor-core INT4 decode (gemv_int4_mma.cu) takes groups of %d and widths that are "
-                     "multiples of it; this model has groups of %d and widths %s: gemv_int4.cu", GEMV4_MMA_GROUP,
-                     self.int4_group, self._projection_widths())
-        if int4_mma:
-            self.kernels.load_family("gemv_int4_mma")       # on demand, but its first launch is in a capture
+            log.info("the INT4 decode grid (int4_gemv_items_per_block, int4_gemv_rows_per_warp) applies to INT4 "
+                     "weights only: %s decode projections keep gemv.cu's grid", self._weights_kind())
         group = self.spec.num_heads // self.spec.num_kv_heads      # query heads per KV head
         heads_per_warp = plan.bulk_attention_heads_per_warp
         if heads_per_warp == 2 and group % 2:
@@ -421,16 +412,14 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
             # on demand, but a first launch may be in a capture
             self.kernels.load_family("attention_flash_tiles" if plan.bulk_attention_hoisted_copies
                                      else "attention_flash_kvo")
-        if (plan.int4_prefill_activation_parts != 2 or plan.int4_prefill_activation_prefetch
-                or plan.int4_prefill_weight_stages != 1) and not staged_int4:
-            log.info("one activation part, the activation prefetch and the weight ring are entries of the staged "
-                     "INT4 projections; %s prefill projections take none of them", self._weights_kind())
+        if (plan.int4_prefill_activation_parts != 2 or plan.int4_prefill_activation_prefetch) and not staged_int4:
+            log.info("one activation part and the activation prefetch are entries of the staged INT4 projections; "
+                     "%s prefill projections take neither", self._weights_kind())
         in_effect = {"staged_prefill_projections": staged, "staged_int4_prefill_projections": staged_int4,
                      "int4_prefill_activation_parts": plan.int4_prefill_activation_parts if staged_int4 else 2,
                      "int4_prefill_activation_prefetch": plan.int4_prefill_activation_prefetch and staged_int4,
-                     "int4_prefill_weight_stages": plan.int4_prefill_weight_stages if staged_int4 else 1,
                      "bulk_attention_heads_per_warp": heads_per_warp, "bulk_attention_tile_entries": tile_entries,
-                     **({"int4_decode_tensor_cores": int4_mma} if self.int4 else int4_grid),
+                     **({} if self.int4 else int4_grid),
                      **self._attention_in_effect(plan),
                      "persistent_decode": self._persistent_in_effect(plan), "bulk_gemm": self._bulk_gemm_in_effect(plan)}
         # Last, once every family of the plan is loaded: the programmatic launcher copies their shared-memory limits.
@@ -520,15 +509,6 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if self.bulk_min_rows:
             self.kernels.load_family(BULK_GEMMS[gemm].family)
         return gemm
-
-    def _projection_widths(self) -> tuple[int, ...]:
-        """The K of every decode projection: q|k|v and gate/up (hidden), o (query width), down (intermediate)."""
-        sp = self.spec
-        return sp.hidden_size, sp.num_heads * sp.head_dim, sp.intermediate_size
-
-    def _int4_mma_fits(self) -> bool:
-        """Whether gemv_int4_mma.cu takes every decode projection of this INT4 model."""
-        return all(int4_mma_fits(K, self.int4_group) for K in self._projection_widths())
 
     def _weights_kind(self) -> str:
         """What the projections are, for the log: 'INT4', 'bfloat16' or 'float32'."""

@@ -27,16 +27,8 @@ PROJ4_MIN_BLOCKS_PER_SPLIT = 2   # ... each split still streaming at least this 
 STG4_WARPS = 8                   # projection_int4_staged.cu: warps per block, one 16-row tile each, one K part
 STAGED_INT4_MAX_TOKENS = 32      # projection_int4_staged.cu: activation rows staged per block
 STG4_ROW_WORDS = 80              # projection_int4_staged.cu: words per staged token row (STG4_ROW)
-STG4_WEIGHT_STAGES = (1, 4, 8)   # projection_int4_staged.cu: chunks of weights a block holds (1: registers; _w4, _w8)
-STG4_WEIGHT_CHUNK_BYTES = 16 * 2 * 256   # ... a chunk's ring slots: 16 bytes of two rows for each of 256 threads
 GEMV4_MAX_ITEMS_PER_BLOCK = 64   # gemv_int4_items: 8-row items per block asked for, at most (int4_gemv_items_per_block)
 GEMV4_ROWS_PER_WARP = (1, 2)     # gemv_int4_items / gemv_int4_items2: items a warp streams at once (int4_gemv_rows_per_warp)
-GEMV4_MMA_GROUP = 128            # gemv_int4_mma.cu: the one group size it takes (4 quad lanes x 32 columns)
-
-
-def int4_mma_fits(K: int, group: int) -> bool:
-    """Whether gemv_int4_mma.cu takes a matrix of K columns in groups of `group`."""
-    return group == GEMV4_MMA_GROUP and K % GEMV4_MMA_GROUP == 0
 
 
 def staged_int4_prefetch_shared(parts: int) -> int:
@@ -97,16 +89,13 @@ class Int4Launchers(ProjectionLaunchers):
 
     def gemv_int4(self, W: Int4Matrix, x, out, mode: int, stream, norm_w=None, eps: float = 0.0, bias=None,
                   out_cols: int | None = None, w_row0: int = 0, rows: int | None = None, x_row0: int = 0,
-                  rope=None, blocks_per_sm: int = 0, items_per_block: int = 0, rows_per_warp: int = 1,
-                  tensor_cores: bool = False):
+                  rope=None, blocks_per_sm: int = 0, items_per_block: int = 0, rows_per_warp: int = 1):
         """gemv_int4.cu: what gemv() computes (every mode, the RMSNorm prologue, rows [w_row0, w_row0 + rows))
         from INT4 weights, the same bits whatever the grid. Grid: a block per 8-row item (gemv_int4), or looped
         (gemv_int4_items) over blocks_per_sm per SM where there are more items than that; items_per_block > 0
         instead loops every projection over ceil(items / items_per_block) blocks (KernelPlan
         .int4_gemv_items_per_block, measured slower: off). rows_per_warp 2: the looped entry with two items in flight
-        per warp (gemv_int4_items2; KernelPlan.int4_gemv_rows_per_warp, measured no help: off). tensor_cores:
-        gemv_int4_mma.cu instead, the products on the tensor cores, a block per item whatever the grid choices (groups
-        of 128 only, int4_mma_fits; KernelPlan.int4_decode_tensor_cores, not yet measured: off)."""
+        per warp (gemv_int4_items2; KernelPlan.int4_gemv_rows_per_warp, measured no help: off)."""
         total_rows, K, groups = check_int4("gemv_int4 weight", W)
         _check_array("gemv_int4 x", x, np.float32, 2)
         _check_array("gemv_int4 out", out, np.float32, 2)
@@ -128,20 +117,14 @@ class Int4Launchers(ProjectionLaunchers):
         name, grid = ("gemv_int4_items", cap) if 0 < cap < items else ("gemv_int4", items)
         if name == "gemv_int4_items" and rows_per_warp == 2:
             name = "gemv_int4_items2"
-        shared = 4 * K                                       # the staged fp32 activations
-        if tensor_cores:
-            _check(int4_mma_fits(K, W.group), f"gemv_int4_mma: K {K} in groups of {W.group}: it takes groups of "
-                                              f"{GEMV4_MMA_GROUP} and K a multiple of {GEMV4_MMA_GROUP}")
-            # bf16 hi / lo pairs (4 bytes a column) and 4 sums a group
-            name, grid, shared = "gemv_int4_mma", items, 4 * K + 16 * (K // GEMV4_MMA_GROUP)
         self._function(name)                                 # on demand: loads the family and its shared limits
         limit = self._shared_limits[name]
-        _check(shared <= limit, f"{name}: K {K} needs {shared} bytes of shared memory > {limit}")
+        _check(4 * K <= limit, f"gemv_int4: K {K} needs {4 * K} bytes of shared memory > {limit}")
         out_cols, rope_args = one_row_epilogue("gemv_int4", mode, rows, K, out_cols, out, norm_w, bias, rope)
         self._launch(name, (grid,), GEMV_THREADS, stream, ptr(W.packed, w_row0 * (K // 2)),
                      ptr(W.scales, w_row0 * groups), np.int32(W.group), ptr(x, x_row0 * x.shape[1]), ptr(norm_w),
                      np.float32(eps), ptr(bias), ptr(out), np.int32(out_cols), np.int32(rows), np.int32(K),
-                     np.int32(mode), *rope_args, shared=shared)
+                     np.int32(mode), *rope_args, shared=4 * K)
 
     def projection_int4(self, W: Int4Matrix, x, out, n_tokens: int, mode: int, stream, bias=None,
                         out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
@@ -159,8 +142,7 @@ class Int4Launchers(ProjectionLaunchers):
 
     def projection_int4_staged(self, W: Int4Matrix, x, out, n_tokens: int, mode: int, stream, bias=None,
                                out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
-                               ksplit: int | None = None, x_row0: int = 0, parts: int = 2, prefetch: bool = False,
-                               weight_stages: int = 1):
+                               ksplit: int | None = None, x_row0: int = 0, parts: int = 2, prefetch: bool = False):
         """projection_int4_staged.cu (KernelPlan.staged_int4_prefill_projections, the default for INT4
         weights: measured faster): what projection_int4() computes, the same bits (ADD with ksplit > 1: the same parts, added in
         another order), for n_tokens <= STAGED_INT4_MAX_TOKENS, each 128-column chunk of the activations split
@@ -168,25 +150,16 @@ class Int4Launchers(ProjectionLaunchers):
         same ~PROJ4_TARGET_WARPS warps (8 per block here), the same parts. parts 1 (KernelPlan
         .int4_prefill_activation_parts): the activations' bf16 hi alone, half the products (not those bits).
         prefetch (KernelPlan.int4_prefill_activation_prefetch): the _pf entries, each chunk's activations copied while
-        the chunk before is multiplied (the same bits). weight_stages 4 or 8 (KernelPlan.int4_prefill_weight_stages,
-        not yet run on a GPU): the _w entries, that many chunks of weights in a shared-memory ring, 3 or 7 in flight
-        instead of 1 (the same bits; two activation parts, no activation prefetch)."""
+        the chunk before is multiplied (the same bits)."""
         rows, K, groups, out_cols, ksplit = self._projection_int4_checks(
             "projection_int4_staged", W, x, out, n_tokens, mode, bias, out_cols, w_row0, rows, ksplit, x_row0)
         _check(n_tokens <= STAGED_INT4_MAX_TOKENS,
                f"projection_int4_staged: {n_tokens} tokens > {STAGED_INT4_MAX_TOKENS} (the rows a block stages)")
         _check(parts in (1, 2), f"projection_int4_staged: parts {parts} not 1 or 2")
-        _check(weight_stages in STG4_WEIGHT_STAGES,
-               f"projection_int4_staged: weight_stages {weight_stages} not in {STG4_WEIGHT_STAGES}")
-        _check(weight_stages == 1 or (parts == 2 and not prefetch),
-               f"projection_int4_staged: weight_stages {weight_stages} are entries of two activation parts without "
-               f"the activation prefetch (parts {parts}, prefetch {prefetch})")
         grid = (ceil_div(ceil_div(rows, 16), STG4_WARPS) * ksplit,)
         name = "projection_int4_staged" + ("_p1" if parts == 1 else "") + ("_pf" if prefetch else "")
         shared = staged_int4_prefetch_shared(parts) if prefetch else 0
-        if weight_stages > 1:
-            name, shared = f"projection_int4_staged_w{weight_stages}", weight_stages * STG4_WEIGHT_CHUNK_BYTES
-        if shared:                                           # the _pf and _w entries' shared memory is dynamic
+        if prefetch:                                         # the _pf entries' shared memory is dynamic
             self._check_shared(name, shared, "projection_int4_staged")
         self._launch(name, grid, STG4_WARPS * 32, stream,
                      *_projection_int4_args(W, x, bias, out, rows, K, groups, n_tokens, out_cols, mode, ksplit,

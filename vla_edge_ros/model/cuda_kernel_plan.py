@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cuda_attention_launchers import ATTN_DECODE_HEAD_SPLITS
-from .cuda_int4_launchers import GEMV4_MAX_ITEMS_PER_BLOCK, GEMV4_ROWS_PER_WARP, STG4_WEIGHT_STAGES
+from .cuda_int4_launchers import GEMV4_MAX_ITEMS_PER_BLOCK, GEMV4_ROWS_PER_WARP
 from .cuda_bulk_launchers import BULK_GEMMS
 from .cuda_projection_launchers import GEMV_MAX_BLOCKS_PER_SM
 
@@ -59,13 +59,6 @@ class KernelPlan:
     # "+i4pf"): prefill projections 8.64 -> 9.46 ms (its 56 KB of dynamic shared memory leave fewer blocks per SM
     # than the wait it hides). Off; kept for the lab.
     int4_prefill_activation_prefetch: bool = False
-    # Chunks of 128 columns of weights each block of those staged INT4 projections holds: 1 (the next chunk in
-    # registers) or 4 / 8 (a ring in shared memory, cp.async: 3 / 7 chunks in flight; the same bits). Why: a block
-    # has 8 KB of weights in flight per chunk and 2 blocks fit an SM, ~16 KB per SM where the copy bandwidth needs
-    # ~64 KB; the 7B prefill's projections streamed ~0.4 TB/s (8.59 ms of a 46.5 ms cycle, 2026-12-03 ninth
-    # session). Two activation parts, no activation prefetch. Not yet run on a GPU (written 2026-12-03, ninth
-    # session): 1; lab "+i4ws4", "+i4ws8".
-    int4_prefill_weight_stages: int = 1
     # attention_mma.cu (K, V, q and the softmax weights as bf16 hi/lo pairs, ~1e-5 relative) for bf16 prefill
     # attention; off: attention_tiled.cu's fp32 products. 2.28 -> 0.71 ms per 32-row prefill at 4064 cached.
     tensor_core_attention: bool = True
@@ -122,14 +115,6 @@ class KernelPlan:
     # two items' rows at once (gemv_int4_items2), 1: one. Bit-identical. Measured no help (lab "plain+i4ipb4+i4x2":
     # decode projections 1.866 ms against i4ipb4's 1.833). Off; kept for the lab.
     int4_gemv_rows_per_warp: int = 1
-    # INT4 decode projections only: gemv_int4_mma.cu (the products on the tensor cores, a block per item) instead of
-    # gemv_int4.cu's CUDA-core entries; bf16 hi + lo activations, not fp32 ones (within ~1e-5 relative). Why: ncu on
-    # the 7B decode (2026-12-03, ninth session) found gemv_int4 bound by instruction issue (DRAM 19-26% of peak, SM
-    # throughput 53-62%, stalls "not selected" and math pipe; q|k|v 24.4 us, gate/up 39.4, down 19.9 against
-    # 6.3 / 11 / 5.6 at the copy bandwidth), ~4 instructions a weight; the mma entry spends under 1. Groups of
-    # 128 only (a model in other groups keeps gemv_int4, said at info level). Not yet run on a GPU (written
-    # 2026-12-03, ninth session): off; lab "+i4mma".
-    int4_decode_tensor_cores: bool = False
     # Programmatic dependent launch of the decode kernels (sm_90+, cuda_pdl.py): each starts streaming its
     # weights while the one before finishes. Measured 0.1 ms per decode step slower with gemv.cu: off.
     programmatic_launch: bool = False
@@ -205,8 +190,6 @@ class KernelPlan:
         if type(self.int4_gemv_rows_per_warp) is not int or self.int4_gemv_rows_per_warp not in GEMV4_ROWS_PER_WARP:
             raise ValueError(f"int4_gemv_rows_per_warp must be one of {GEMV4_ROWS_PER_WARP}, got "
                              f"{self.int4_gemv_rows_per_warp!r}")
-        if not isinstance(self.int4_decode_tensor_cores, bool):
-            raise ValueError(f"int4_decode_tensor_cores must be True or False, got {self.int4_decode_tensor_cores!r}")
         if self.int4_gemv_rows_per_warp > 1 and self.int4_gemv_items_per_block < 2:
             raise ValueError(f"int4_gemv_rows_per_warp {self.int4_gemv_rows_per_warp} needs "
                              f"int4_gemv_items_per_block >= 2 (a block of one item has no second row to stream), "
@@ -236,14 +219,6 @@ class KernelPlan:
         if self.int4_prefill_activation_prefetch and not self.staged_int4_prefill_projections:
             raise ValueError("int4_prefill_activation_prefetch is an entry of the staged INT4 projections; "
                              "staged_int4_prefill_projections is off")
-        if type(self.int4_prefill_weight_stages) is not int or self.int4_prefill_weight_stages not in STG4_WEIGHT_STAGES:
-            raise ValueError(f"int4_prefill_weight_stages must be one of {STG4_WEIGHT_STAGES}, got "
-                             f"{self.int4_prefill_weight_stages!r}")
-        if self.int4_prefill_weight_stages > 1 and not (self.staged_int4_prefill_projections
-                                                       and self.int4_prefill_activation_parts == 2
-                                                       and not self.int4_prefill_activation_prefetch):
-            raise ValueError("int4_prefill_weight_stages > 1 are entries of the staged INT4 projections with two "
-                             "activation parts and no activation prefetch")
         if not isinstance(self.decode_attention_one_head_entry, bool):
             raise ValueError(f"decode_attention_one_head_entry must be True or False, got "
                              f"{self.decode_attention_one_head_entry!r}")

@@ -59,10 +59,9 @@ FAMILIES = {
     "projection_f32": {"projection_f32": "PPPPiiiiiii"},
     "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii", "gemv_bf16_items": "PPPfPPiiiiPPPPPPiiii"},
     "gemv_int4": {name: "PPiPPfPPiiiiPPPPPPiiii" for name in ("gemv_int4", "gemv_int4_items", "gemv_int4_items2")},
-    "gemv_int4_mma": {"gemv_int4_mma": "PPiPPfPPiiiiPPPPPPiiii"},
     "projection_int4": {f"projection_int4_nt{nt}": "PPiPPPiiiiiiii" for nt in (1, 2, 4)},
-    "projection_int4_staged": {f"projection_int4_staged{suffix}": "PPiPPPiiiiiiii"
-                               for suffix in ("", "_p1", "_pf", "_p1_pf", "_w4", "_w8")},
+    "projection_int4_staged": {f"projection_int4_staged{p}{pf}": "PPiPPPiiiiiiii" for p in ("", "_p1")
+                               for pf in ("", "_pf")},
     "projection_staged": {"projection_staged": "PPPPiiiiiiii"},
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_merge": "PPPPiiii", "attention_merge_prefetch": "PPPPiiii"},
@@ -96,29 +95,26 @@ FAMILIES = {
 # decoder never launches these (vision: the GPU vision path; projection_staged, attention_mma, decode_persistent: only
 # where the backend's KernelPlan (cuda_kernel_plan.py) names them; gemm_bulk, gemm_wgmma and prefill_bulk: only with
 # model.bulk_prefill_min_rows; gemv_int4 and projection_int4: INT4 weights only, loaded by such a backend;
-# gemv_int4_mma: an INT4 backend whose plan names the tensor-core decode;
 # projection_int4_staged: an INT4 backend whose plan names it; attention_flash_kvo: a bulk prefill whose plan
 # names the K/V overlap; attention_flash_tiles: one whose plan names hoisted copies), so it should not pay their
 # compile time.
 ON_DEMAND_FAMILIES = frozenset({"vision", "projection_staged", "decode_persistent", "attention_mma", "gemm_bulk",
                                 "gemm_wgmma", "gemm_tma", "prefill_bulk", "attention_flash_kvo",
-                                "attention_flash_tiles", "gemv_int4", "gemv_int4_mma", "projection_int4",
-                                "projection_int4_staged"})
+                                "attention_flash_tiles", "gemv_int4", "projection_int4", "projection_int4_staged"})
 # Families a fresh process leaves out of its side-by-side compile (CudaKernels: fill_disk_cache): kernels no plan in
 # serving use launches (KernelPlan.persistent_decode is off, measured slower), compiled at their first use like any
 # on-demand family. decode_persistent was the slowest build of the cold start's 9.8 s on the H200 (8.7 s; the next,
 # attention_mma, takes half as long on the development machine); attention_flash_kvo's entries gave way to
-# attention_flash_tiles' hoisted ones (KernelPlan.bulk_attention_hoisted_copies, on); gemv_int4_mma serves no plan
-# yet (KernelPlan.int4_decode_tensor_cores, off until measured). vla-edge compile-kernels
+# attention_flash_tiles' hoisted ones (KernelPlan.bulk_attention_hoisted_copies, on). vla-edge compile-kernels
 # still builds them all.
-COLD_START_SKIPS = frozenset({"decode_persistent", "attention_flash_kvo", "gemv_int4_mma"})
+COLD_START_SKIPS = frozenset({"decode_persistent", "attention_flash_kvo"})
 # Families built for an architecture's own instruction set (the "a" target, e.g. sm_90a for wgmma), which no
 # other architecture runs: family_arch() says where they can be built.
 ARCH_SPECIFIC_FAMILIES = {"gemm_wgmma": ("sm_90",), "gemm_tma": ("sm_90",)}
 # Families that read or write the KV arena (they include kv_store.cuh; test_kernel_sources.py checks the
 # list): compiled with -DKV_BF16 for a bf16 arena (kv.dtype), so a module serves one arena type.
 KV_FAMILIES = frozenset({"rope", "attention_tiled", "attention_mma", "attention_decode", "kv_slots", "gemv",
-                         "gemv_int4", "gemv_int4_mma", "decode_persistent", "prefill_bulk", "attention_flash_kvo",
+                         "gemv_int4", "decode_persistent", "prefill_bulk", "attention_flash_kvo",
                          "attention_flash_tiles"})
 # kv.dtype -> (numpy type of the arena's elements on the device, the compile options of KV_FAMILIES).
 KV_ARENA_TYPES = {"float32": (np.float32, ()), "bfloat16": (np.uint16, ("-DKV_BF16",))}
@@ -138,12 +134,12 @@ class KernelLaunchError(RuntimeError):
 
 # Kernels whose dynamic shared memory may exceed the default 48 KB (opted in at load).
 DYNAMIC_SHARED_KERNELS = ("attention_partial_tiled", *FAMILIES["attention_decode"], *FAMILIES["gemv"],
-                          *FAMILIES["gemv_int4"], *FAMILIES["gemv_int4_mma"],
+                          *FAMILIES["gemv_int4"],
                           *FAMILIES["attention_mma"], *FAMILIES["gemm_bulk"], *FAMILIES["gemm_wgmma"],
                           *FAMILIES["gemm_tma"],
                           *(name for name in FAMILIES["prefill_bulk"] if name.startswith("attention_flash_hd")),
                           *FAMILIES["attention_flash_kvo"], *FAMILIES["attention_flash_tiles"],
-                          *(name for name in FAMILIES["projection_int4_staged"] if name.endswith(("_pf", "_w4", "_w8"))))
+                          *(name for name in FAMILIES["projection_int4_staged"] if name.endswith("_pf")))
 DECODE_LAYER_POINTERS = 9       # decode_persistent.cu: pointers per DecodeLayer entry of the layer table
 
 

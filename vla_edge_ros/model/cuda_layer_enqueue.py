@@ -48,10 +48,8 @@ class LayerEnqueue:
         q|k|v and gate/up projections, RoPE and the K/V store in the q|k|v epilogue, SwiGLU in the gate/up one,
         residual adds in the o/down ones."""
         sp, s, plan = self.spec, self.stream, self.kernel_plan
-        # The INT4 decode choices (off by default: the looped grids measured slower, the tensor-core entry not yet
-        # run) go to INT4 weights only: gemv.cu takes none of them.
-        int4_grid = dict(items_per_block=plan.int4_gemv_items_per_block, rows_per_warp=plan.int4_gemv_rows_per_warp,
-                         tensor_cores=plan.int4_decode_tensor_cores)
+        # The INT4 grid choices (off by default, measured slower) go to INT4 weights only: gemv.cu takes neither.
+        int4_grid = dict(items_per_block=plan.int4_gemv_items_per_block, rows_per_warp=plan.int4_gemv_rows_per_warp)
 
         def gemv(W, *args, **kw):
             self.kernels.gemv(W, *args, blocks_per_sm=plan.decode_gemv_blocks_per_sm,
@@ -143,8 +141,7 @@ class LayerEnqueue:
               and n <= STAGED_INT4_MAX_TOKENS):
             self.kernels.projection_int4_staged(W, x, out, n, mode, self.stream,
                                                 parts=self.kernel_plan.int4_prefill_activation_parts,
-                                                prefetch=self.kernel_plan.int4_prefill_activation_prefetch,
-                                                weight_stages=self.kernel_plan.int4_prefill_weight_stages, **kw)
+                                                prefetch=self.kernel_plan.int4_prefill_activation_prefetch, **kw)
         else:
             self.kernels.projection(W, x, out, n, mode, self.stream, **kw)
 
