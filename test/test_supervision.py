@@ -199,9 +199,13 @@ def test_demo_ends_at_once_when_reasoning_dies_and_counts_the_lost_cycles(tiny_m
     proc, out = _start(["demo", "--seconds", str(seconds), "--params", str(CPU_DEMO), "--model", str(tiny_model_dir),
                         "--json", str(report_path)], env)
     try:
-        # The demo's window opens at the first action; kill the policy about 2 s into it.
-        H.wait_until(lambda: len(tokens) > 0 or proc.poll() is not None, H.GRAPH_START_TIMEOUT_S + 30, "an action")
-        time.sleep(2.0)
+        # The demo's window opens at the first action; kill the policy about 2 s into it. Timed from the demo's own
+        # "measuring" line, printed as the window opens: an action seen by the listener beside it can come seconds
+        # later (its DDS discovery; CI, 2026-12-04: 130 cycles counted before the kill where ~60 were meant).
+        out.wait_for("measuring", H.GRAPH_START_TIMEOUT_S + 30, proc)
+        t_open = time.monotonic()
+        H.wait_until(lambda: len(tokens) > 0 or proc.poll() is not None, 30, "an action beside the demo")
+        time.sleep(max(0.0, t_open + 2.0 - time.monotonic()))
         t_kill = time.monotonic()
         os.kill(H.node_pid(proc.pid, "reasoning"), signal.SIGKILL)
         proc.wait(timeout=60)
