@@ -7,9 +7,11 @@ ticks at all: a slow one) so every scenario is deterministic; the thread mode
 is exercised where it matters (the reconciler dying).
 """
 import contextlib
+import re
 import time
 
 import numpy as np
+
 import pytest
 
 from engine_oracle import cosine, oracle_logits
@@ -554,7 +556,8 @@ def test_an_offer_without_vision_rows_takes_them_from_the_frames_the_primary_adm
     assert cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary)) >= COS_EXACT
 
 
-def test_a_round_that_cannot_catch_up_is_aborted_once_and_the_next_is_sized_to_finish(tiny_model_dir, model, clip):
+def test_a_round_that_cannot_catch_up_is_aborted_once_and_the_next_is_sized_to_finish(tiny_model_dir, model, clip,
+                                                                                         caplog):
     """The reconciler rebuilds 2 frames per camera period while 1 arrives: semantic mode's round of rebuild_fill 0.75
     (6 of 9 frames) outgrows the arena before it catches up, so it is aborted (no_longer_fits). Its warm-up measured 6
     frames in 2 periods from the trigger (the first step ran in the trigger's own period), so the next round keeps at
@@ -577,6 +580,10 @@ def test_a_round_that_cannot_catch_up_is_aborted_once_and_the_next_is_sized_to_f
             break
     assert len(first_round) == int(0.75 * cap) == 6
     assert st.aborts["no_longer_fits"] == 1 and st.rounds_sized_to_fit == 1
+    # The abort's log line says where the round stood: still catching up, what it rebuilt, never offered.
+    abort_line = next(r.getMessage() for r in caplog.records if "aborted (no_longer_fits)" in r.getMessage())
+    assert re.search(r"catching_up \d+ ms after its semantic_fill trigger, rebuilt \d+ of \d+ frames \(6 kept at the "
+                     r"trigger\), never offered", abort_line), abort_line
     assert at_second["arrival_frames_per_s"] == pytest.approx(rig.cfg.cycle.camera_hz)
     assert at_second["rebuild_frames_per_s"] == pytest.approx(3 * rig.cfg.cycle.camera_hz)
     assert at_second["round_frame_limit"] == 4 and rec._round.warm == 4 and len(rec._round.frame_ids) <= cap

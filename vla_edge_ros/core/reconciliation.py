@@ -534,7 +534,8 @@ class StateReconciler:
             self.budget.round_measured(r.done, self.clock() - r.started_s)
 
     def _abort(self, reason: str, detail: str) -> None:
-        log.warning("ASR round v%d aborted (%s): %s", self._round.version, reason, detail)
+        log.warning("ASR round v%d aborted (%s): %s; %s", self._round.version, reason, detail,
+                    self._round_history(self._round))
         self._measure_round(self._round)
         self._count_abort(reason)
         if self._round.ready_s is not None:       # an offer of it may be on its way to the primary still
@@ -547,6 +548,16 @@ class StateReconciler:
         self._round = None
         self.phase = Phase.IDLE
         self._prune_chunks()
+
+    def _round_history(self, r: Round) -> str:
+        """Where a round stood when it ended: what makes an abort diagnosable from the node's log (a round that
+        never caught up, against one whose offers the primary did not take in time)."""
+        now = self.clock()
+        offered = ("never offered" if r.ready_s is None else
+                   f"first offered {(now - r.ready_s) * 1e3:.0f} ms ago, {r.version - r.first_version} re-offers, "
+                   f"{r.offered} frames in the newest offer")
+        return (f"{self.phase.value} {(now - r.started_s) * 1e3:.0f} ms after its {r.trigger} trigger, rebuilt "
+                f"{r.done} of {len(r.frame_ids)} frames ({r.warm} kept at the trigger), {offered}")
 
     def _count_abort(self, reason: str) -> None:
         self.stats.rounds_aborted += 1
