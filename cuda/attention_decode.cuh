@@ -66,7 +66,9 @@ __device__ __forceinline__ float warp_sum_spread(float (&v)[N]) {
 // MAX_GROUP: the largest group the caller launches it for; each warp holds query and accumulator registers for
 // ceil(MAX_GROUP / HEAD_SPLIT) heads. ATTN_MAX_GROUP serves every model; 1 (attention_decode.cu's _g1 entries) a
 // model without grouped queries, with the registers of one head (Llama-2-7B: 32 KV heads of one query head each).
-template <int VPL, int HEAD_SPLIT, int MAX_GROUP = ATTN_MAX_GROUP>
+// PREFETCH (attention_decode.cu's _pf entries): the next pass's K/V loads are in flight while a pass is computed;
+// the same passes in the same order, so the same bits.
+template <int VPL, int HEAD_SPLIT, int MAX_GROUP = ATTN_MAX_GROUP, bool PREFETCH = false>
 __device__ void decode_partial_body(const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache,
                                     const int* attend_list, const int* ctl, float* part_o, float* part_ml,
                                     int n_q_heads, int n_kv_heads, int head_dim, int capacity, int n_splits,
@@ -123,55 +125,113 @@ __device__ void decode_partial_body(const float* qkv, int qkv_stride, const kv_t
 
     const kv_t* k_head = k_cache + (size_t)kvh * capacity * head_dim;
     const kv_t* v_head = v_cache + (size_t)kvh * capacity * head_dim;
-    // The split's chunks in turn; in each, warp w takes the 8-slot group w. The softmax state carries over.
-    for (int c0 = j0; c0 < j_end; c0 += ATTN_CHUNK) {
-        const int w0 = c0 + warp * DEC_SLOTS_PER_WARP;          // first list entry of this slot group
-        for (int b0 = w0; b0 < min(j_end, w0 + DEC_SLOTS_PER_WARP); b0 += BATCH) {
-            const int n_b = min(BATCH, j_end - b0);             // warp-uniform, range [1, BATCH]
-            const int my_slot = lane < n_b ? attend_list[b0 + lane] : 0;
-            float4 kf[BATCH][VPL], vf[BATCH][VPL];
+
+    // One pass: list entries [b0, b0 + n_b) of this warp's slot group, their K and V rows (widened, or zeros
+    // past n_b) in kf / vf, folded into every head's online softmax.
+    auto fold_pass = [&](const float4 (&kf)[BATCH][VPL], const float4 (&vf)[BATCH][VPL], int n_b) {
 #pragma unroll
-            for (int u = 0; u < BATCH; ++u) {                   // every K and V load of the pass in flight
+        for (int j = 0; j < HEADS; ++j) {
+            if (part + HEAD_SPLIT * j >= group) break;          // warp-uniform: skipped, not predicated
+            float d[BATCH];
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u) {
+                d[u] = 0.f;
+#pragma unroll
+                for (int v = 0; v < VPL; ++v) d[u] += dot4(q[j][v], kf[u][v]);
+            }
+            float sc = warp_sum_spread(d);                      // slot my_u's score, log2 units
+            sc = my_u < n_b ? sc : -INFINITY;
+            float mx = sc;
+#pragma unroll
+            for (int off = LANES_PER_SLOT; off < 32; off <<= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            mx = fmaxf(mx, m[j]);                               // finite: entry b0 is in the pass
+            const float corr = fast_exp2(m[j] - mx);            // 0 on the first pass (m = -inf)
+            const float p = fast_exp2(sc - mx);                 // 0 for positions past n_b
+            l[j] = l[j] * corr + p;
+#pragma unroll
+            for (int v = 0; v < VPL; ++v) scale4(acc[j][v], corr);
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u) {
+                const float pu = __shfl_sync(0xffffffffu, p, u * LANES_PER_SLOT);
+#pragma unroll
+                for (int v = 0; v < VPL; ++v) axpy4(acc[j][v], pu, vf[u][v]);
+            }
+            m[j] = mx;
+        }
+    };
+
+    if constexpr (!PREFETCH) {
+        // The split's chunks in turn; in each, warp w takes the 8-slot group w. The softmax state carries over.
+        for (int c0 = j0; c0 < j_end; c0 += ATTN_CHUNK) {
+            const int w0 = c0 + warp * DEC_SLOTS_PER_WARP;      // first list entry of this slot group
+            for (int b0 = w0; b0 < min(j_end, w0 + DEC_SLOTS_PER_WARP); b0 += BATCH) {
+                const int n_b = min(BATCH, j_end - b0);         // warp-uniform, range [1, BATCH]
+                const int my_slot = lane < n_b ? attend_list[b0 + lane] : 0;
+                float4 kf[BATCH][VPL], vf[BATCH][VPL];
+#pragma unroll
+                for (int u = 0; u < BATCH; ++u) {               // every K and V load of the pass in flight
+                    const int slot = __shfl_sync(0xffffffffu, my_slot, u);
+#pragma unroll
+                    for (int v = 0; v < VPL; ++v) {
+                        const int c = lane + 32 * v;
+                        const bool ok = u < n_b && c < vec;
+                        const size_t off = (size_t)slot * head_dim + 4 * c;
+                        kf[u][v] = ok ? load_kv4(k_head + off) : make_float4(0.f, 0.f, 0.f, 0.f);
+                        vf[u][v] = ok ? load_kv4(v_head + off) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    }
+                }
+                fold_pass(kf, vf, n_b);
+            }
+        }
+    } else {
+        // The same passes in the same order, software-pipelined: pass p + 1's K/V loads are issued (as loaded,
+        // kv4_raw_t) before pass p is folded, and pass p + 2's list entries before that, so a warp keeps a
+        // pass of loads in flight while it computes instead of waiting for each pass's after the one before
+        // (ncu on the H200: long-scoreboard stalls, 9 cycles per issue, at 21% occupancy on the 7B's decode).
+        // Pass p of this warp starts at entry j0 + (p / VPL) ATTN_CHUNK + w DEC_SLOTS_PER_WARP + (p % VPL) BATCH
+        // (VPL passes per 8-slot group); these rise with p, so the passes before j_end are the loop above's.
+        auto pass_start = [&](int p) {
+            return j0 + (p / VPL) * ATTN_CHUNK + warp * DEC_SLOTS_PER_WARP + (p % VPL) * BATCH;
+        };
+        auto list_entry = [&](int b0) {                         // this lane's slot of the pass at b0 (0: none)
+            return b0 < j_end && lane < min(BATCH, j_end - b0) ? attend_list[b0 + lane] : 0;
+        };
+        kv4_raw_t kr[BATCH][VPL], vr[BATCH][VPL];
+        auto issue_pass = [&](int b0, int my_slot) {            // b0 < j_end
+            const int n_b = min(BATCH, j_end - b0);
+#pragma unroll
+            for (int u = 0; u < BATCH; ++u) {
                 const int slot = __shfl_sync(0xffffffffu, my_slot, u);
 #pragma unroll
                 for (int v = 0; v < VPL; ++v) {
                     const int c = lane + 32 * v;
                     const bool ok = u < n_b && c < vec;
                     const size_t off = (size_t)slot * head_dim + 4 * c;
-                    kf[u][v] = ok ? load_kv4(k_head + off) : make_float4(0.f, 0.f, 0.f, 0.f);
-                    vf[u][v] = ok ? load_kv4(v_head + off) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    kr[u][v] = ok ? load_kv4_raw(k_head + off) : zero_kv4_raw();
+                    vr[u][v] = ok ? load_kv4_raw(v_head + off) : zero_kv4_raw();
                 }
             }
+        };
+        int b0 = pass_start(0), b1 = pass_start(1);
+        if (b0 < j_end) issue_pass(b0, list_entry(b0));
+        int slot1 = list_entry(b1);
+        for (int p = 0; b0 < j_end; ++p) {
+            float4 kf[BATCH][VPL], vf[BATCH][VPL];
 #pragma unroll
-            for (int j = 0; j < HEADS; ++j) {
-                if (part + HEAD_SPLIT * j >= group) break;      // warp-uniform: skipped, not predicated
-                float d[BATCH];
+            for (int u = 0; u < BATCH; ++u)
 #pragma unroll
-                for (int u = 0; u < BATCH; ++u) {
-                    d[u] = 0.f;
-#pragma unroll
-                    for (int v = 0; v < VPL; ++v) d[u] += dot4(q[j][v], kf[u][v]);
+                for (int v = 0; v < VPL; ++v) {
+                    kf[u][v] = widen_kv4(kr[u][v]);
+                    vf[u][v] = widen_kv4(vr[u][v]);
                 }
-                float sc = warp_sum_spread(d);                  // slot my_u's score, log2 units
-                sc = my_u < n_b ? sc : -INFINITY;
-                float mx = sc;
-#pragma unroll
-                for (int off = LANES_PER_SLOT; off < 32; off <<= 1)
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-                mx = fmaxf(mx, m[j]);                           // finite: entry b0 is in the pass
-                const float corr = fast_exp2(m[j] - mx);        // 0 on the first pass (m = -inf)
-                const float p = fast_exp2(sc - mx);             // 0 for positions past n_b
-                l[j] = l[j] * corr + p;
-#pragma unroll
-                for (int v = 0; v < VPL; ++v) scale4(acc[j][v], corr);
-#pragma unroll
-                for (int u = 0; u < BATCH; ++u) {
-                    const float pu = __shfl_sync(0xffffffffu, p, u * LANES_PER_SLOT);
-#pragma unroll
-                    for (int v = 0; v < VPL; ++v) axpy4(acc[j][v], pu, vf[u][v]);
-                }
-                m[j] = mx;
-            }
+            if (b1 < j_end) issue_pass(b1, slot1);              // warp-uniform
+            const int b2 = pass_start(p + 2);
+            const int slot2 = list_entry(b2);
+            fold_pass(kf, vf, min(BATCH, j_end - b0));
+            b0 = b1;
+            b1 = b2;
+            slot1 = slot2;
         }
     }
 

@@ -45,14 +45,26 @@ __device__ __forceinline__ float4 widen_bf16x4(uint2 w) {
     return make_float4(bf16_low(w.x), bf16_high(w.x), bf16_low(w.y), bf16_high(w.y));
 }
 
-// Arena values p[0..3] as a float4; p is 4-element aligned (8 bytes bf16, 16 bytes fp32).
-__device__ __forceinline__ float4 load_kv4(const kv_t* p) {
+// Four arena values as loaded, before widening: two words of bf16 pairs, or the float4 itself. A kernel that
+// keeps the next loads in flight while it computes (attention_decode.cuh's PREFETCH) holds them this way, half
+// the registers of the widened values on a bf16 arena.
 #ifdef KV_BF16
-    return widen_bf16x4(LOAD_GRID_WRITTEN(reinterpret_cast<const uint2*>(p)));
+typedef uint2 kv4_raw_t;
+__device__ __forceinline__ float4 widen_kv4(kv4_raw_t r) { return widen_bf16x4(r); }
+__device__ __forceinline__ kv4_raw_t zero_kv4_raw() { return make_uint2(0u, 0u); }     // widens to +0.0f
 #else
-    return LOAD_GRID_WRITTEN(reinterpret_cast<const float4*>(p));
+typedef float4 kv4_raw_t;
+__device__ __forceinline__ float4 widen_kv4(kv4_raw_t r) { return r; }
+__device__ __forceinline__ kv4_raw_t zero_kv4_raw() { return make_float4(0.f, 0.f, 0.f, 0.f); }
 #endif
+
+// Arena values p[0..3] as loaded (kv4_raw_t); p is 4-element aligned (8 bytes bf16, 16 bytes fp32).
+__device__ __forceinline__ kv4_raw_t load_kv4_raw(const kv_t* p) {
+    return LOAD_GRID_WRITTEN(reinterpret_cast<const kv4_raw_t*>(p));
 }
+
+// Arena values p[0..3] as a float4.
+__device__ __forceinline__ float4 load_kv4(const kv_t* p) { return widen_kv4(load_kv4_raw(p)); }
 
 // As load_kv4, through the read-only data cache: for kernels that only read the arena (it was written
 // before their launch).

@@ -52,6 +52,13 @@ def kn(cuda_device):
 
 
 @pytest.fixture(scope="session")
+def kn16(cuda_device):
+    """The kernels compiled for a bf16 KV arena, in the session's context."""
+    from vla_edge_ros.model.cuda_kernels import CudaKernels
+    return CudaKernels(cuda_device, kv_dtype="bfloat16")
+
+
+@pytest.fixture(scope="session")
 def gpu(cuda_device):
     """(pycuda.gpuarray, a stream of the session's context) for tests that build device arrays."""
     from pycuda import gpuarray

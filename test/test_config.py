@@ -120,7 +120,7 @@ def test_cpu_demo_preset_changes_only_what_it_says():
     preset = C.load(C.default_config_path().parent / "cpu_demo.yaml")
     base = C.load()
     changed = {k for k, v in preset.flat().items() if base.flat()[k] != v}
-    assert changed == {"kv.capacity_tokens", "asr.threshold", "vision.grid_cols", "asr.late_frames_per_forward"}
+    assert changed == {"kv.capacity_tokens", "asr.threshold", "vision.grid_cols"}
     assert preset.asr.threshold < base.asr.threshold
     assert preset.vision.tokens_per_frame < base.vision.tokens_per_frame     # fewer rows per cycle
     assert preset.kv.capacity_tokens // preset.vision.tokens_per_frame >= 16   # still a real history of frames

@@ -93,6 +93,40 @@ def test_the_one_head_entry_gives_the_same_bits_without_grouped_queries(kn, gpu,
                  what="attention_decode, one-head entry")
 
 
+@pytest.mark.parametrize("arena", ["float32", "bfloat16"])
+@pytest.mark.parametrize("max_splits", [None, 1, 3])
+@pytest.mark.parametrize("hq,kvh,hd,ctx,n,cap", [CASES[0], CASES[1], CASES[4], CASES[7], CASES[9],
+                                                 (32, 32, 128, 700, 1, 768), (8, 8, 64, 95, 1, 200)])
+def test_the_prefetching_entries_give_the_same_bits(kn, kn16, gpu, hq, kvh, hd, ctx, n, cap, max_splits, arena):
+    """The _pf entries (KernelPlan.decode_attention_prefetch: the next pass's K/V loads issued before a pass is
+    computed) walk the same passes in the same order as the entries without: every output and partial sum equal,
+    on both arena types, with splits of one chunk and splits walking many (max_splits 1: one split takes the whole
+    list), head_dim 256 (two float4s a lane, two passes per 8-slot group) and 2 rows; the one-head entry for a
+    model without grouped queries too."""
+    from vla_edge_ros.model.weights import float32_to_bf16_bits
+    ga, stream = gpu
+    args, arena_f32, expected = decode_case(ga, hq, kvh, hd, ctx, n, cap)
+    kernels = kn
+    if arena == "bfloat16":
+        kernels = kn16
+        k16, v16 = (ga.to_gpu(float32_to_bf16_bits(a.get())) for a in arena_f32)
+        args = (args[0], int(k16.gpudata), int(v16.gpudata), *args[3:])
+    entries = [dict(one_head=False)] + ([dict(one_head=True)] if hq == kvh else [])
+    for entry in entries:
+        outs = []
+        for prefetch in (False, True):
+            for a in (args[5], args[6], args[7]):
+                a.fill(np.float32(np.nan))
+            kernels.attention_decode(*args, stream, head_split=1, max_splits=max_splits, prefetch=prefetch, **entry)
+            stream.synchronize()
+            outs.append((args[7].get(), args[5].get(), args[6].get()))
+        for what, a, b in zip(("out", "part_o", "part_ml"), *outs):
+            assert np.array_equal(a, b, equal_nan=True), f"{what}: the prefetching entry ({entry}) differs"
+    if arena == "float32":
+        assert_close(outs[1][0], expected, rtol=1e-5, atol=2e-6 * max(1.0, np.abs(expected).max()),
+                     what="attention_decode, prefetching entry")
+
+
 def test_a_model_without_grouped_queries_takes_the_one_head_entry(tmp_path):
     """KernelPlan.decode_attention_one_head_entry (the default; lab "+nog1" turns it off): llama-tiny-mha (group 1)
     takes the one-head entry with one warp per slot group, and its captured cycle picks the tokens the entries for

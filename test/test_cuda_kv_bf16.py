@@ -21,13 +21,6 @@ pytestmark = pytest.mark.gpu
 CASES = [(12, 2, 128, 300, 1), (12, 2, 128, 130, 9), (4, 1, 32, 61, 13), (8, 1, 64, 100, 2)]
 
 
-@pytest.fixture(scope="module")
-def kn16(cuda_device):
-    """The kernels compiled for a bf16 arena, in the session's context."""
-    from vla_edge_ros.model.cuda_kernels import CudaKernels
-    return CudaKernels(cuda_device, kv_dtype="bfloat16")
-
-
 def _bf16_arena(ga, args, arena):
     """The attention arguments twice over the same bf16-representable K/V: an fp32 arena and a bf16 one.
     -> (fp32 args, bf16 args, keep-alive arrays, host K, host V)."""

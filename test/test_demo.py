@@ -25,7 +25,7 @@ def test_demo_reports_every_cycle_of_its_window(tiny_model_dir, tmp_path):
     params = default_config_path().parent / "cpu_demo.yaml"
     cmd = [sys.executable, "-m", "vla_edge_ros.cli", "demo", "--seconds", str(SECONDS), "--params", str(params),
            "--model", str(tiny_model_dir), "--json", str(tmp_path / "demo.json"), "--png", str(tmp_path / "demo.png"),
-           "--set", f"cycle.deadline_ms={H.PLUMBING_DEADLINE_MS}"]
+           "--set", f"cycle.deadline_ms={H.PLUMBING_DEADLINE_MS}", "--set", "memory.heap_trim_interval_s=0.5"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "camera start -> first action" in done.stdout and "cycles" in done.stdout
@@ -56,5 +56,8 @@ def test_demo_reports_every_cycle_of_its_window(tiny_model_dir, tmp_path):
     assert set(steps) == {"backend", "engine", "warm-up", "interfaces and gc freeze"}, steps
     assert all(v >= 0 for v in steps.values()) and sum(steps.values()) <= report["lifecycle_transition_s"]["reasoning"]
     assert "reasoning configure steps" in done.stdout
+    # The reasoning node handed its free heap back between cycles (every 0.5 s here), timed in the phase table.
+    assert report["phases_ms"]["heap_trim"]["n"] >= 1, report["phases_ms"]
+    assert "heap_trim" in done.stdout
     # Every skipped boundary names the part of the work that overran it.
     assert sum(report["boundaries_skipped_in"].values()) == report["boundaries_skipped"], report["boundaries_skipped_in"]

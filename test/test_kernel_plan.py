@@ -37,6 +37,9 @@ def test_the_measured_best_plan_is_the_default():
     assert MEASURED_BEST.int4_prefill_activation_parts == 2          # one INT4 prefill part: fails verify (ninth)
     assert MEASURED_BEST.int4_prefill_activation_prefetch is False   # the INT4 activation prefetch: not yet measured
     assert MEASURED_BEST.decode_attention_one_head_entry is True
+    # 2026-12-04, eleventh session: the decode attention's prefetching entries faster on the 7B (the same bits);
+    # a model with grouped queries keeps two warps per slot group, which have no such entry.
+    assert MEASURED_BEST.decode_attention_prefetch is True
     assert (MEASURED_BEST.long_context_blocks_per_sm, MEASURED_BEST.long_context_min_splits_per_kv_head) == (1, 16)
 
 

@@ -197,10 +197,11 @@ def test_chunks_arriving_between_ready_and_applied_survive_the_swap_exactly(tiny
 
 
 def test_late_frames_are_recomputed_one_frame_per_forward(tiny_model_dir, model, clip):
-    """The late recompute at the boundary runs forwards of one frame's rows only: the shape Engine.warm_up
-    prepared (on the GPU a captured graph), never a row count first seen at a swap (on the H200 such a
-    forward over the late frames took a swap to 49.7 ms, capturing a graph)."""
-    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo"})
+    """asr.late_frames_per_forward 1: the late recompute at the boundary runs forwards of one frame's rows only:
+    the shape Engine.warm_up prepared (on the GPU a captured graph), never a row count first seen at a swap (on
+    the H200 such a forward over the late frames took a swap to 49.7 ms, capturing a graph)."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
+                                              "asr.late_frames_per_forward": 1})
     while rig.rec.phase is not Phase.READY:
         rig.cycle()
     snap = rig.rec.take_offer()
@@ -244,7 +245,8 @@ def test_a_copy_found_torn_after_the_late_recompute_was_queued_forgets_every_fra
     with recording(state.backend, "forward", lambda *a, **k: torn.order.append("recompute")):
         with pytest.raises(SnapshotError, match="torn KV"):
             state.import_state(snap)
-    assert torn.order == ["copy queued", "recompute", "recompute", "copy finished"], torn.order
+    # asr.late_frames_per_forward 2 (the default): the two late frames in one forward
+    assert torn.order == ["copy queued", "recompute", "copy finished"], torn.order
     assert len(late) == 2 and rig.held() == [] and not state.frames
     assert state.next_position == state.prefix_tokens and state.state_exact
     rig.cycle(reconcile=False)                                      # the node goes on from the empty state

@@ -255,9 +255,19 @@ class MemoryConfig:
                                             "memory step up by a 24 MiB swap snapshot and stay. Above a camera frame, "
                                             "below a snapshot; 0 leaves glibc's default. Read at process start",
                                             default=4.0)
+    heap_trim_interval_s: float = _doc("the reasoning node hands its free heap memory back to the OS (glibc "
+                                       "malloc_trim, core/heap_trim.py) at most this often, from its cycle thread "
+                                       "after a cycle's boundary work; 0: never. Without it a burst of extra live "
+                                       "buffers (a round that ran late) stays resident as free heap: +5.8 MiB in "
+                                       "an H200 soak, which failed its memory-growth bound", default=10.0)
+    heap_trim_min_slack_ms: float = _doc("... and only with at least this many ms left before the next cycle "
+                                         "boundary", default=8.0)
 
     def __post_init__(self):
         _positive(self, "vram_ceiling_gib", "memory")
+        if self.heap_trim_interval_s < 0 or self.heap_trim_min_slack_ms < 0:
+            raise ConfigError(f"memory.heap_trim_interval_s and memory.heap_trim_min_slack_ms must be >= 0, got "
+                              f"{self.heap_trim_interval_s} and {self.heap_trim_min_slack_ms}")
         _positive(self, "sample_period_ms", "memory")
         if not 0.0 <= self.malloc_mmap_threshold_mib <= 32.0:
             raise ConfigError(f"memory.malloc_mmap_threshold_mib must be in 0..32 (0 leaves glibc's dynamic "
@@ -376,11 +386,13 @@ class ASRConfig:
                                 "after the snapshot (late) and any the reconciler never saw. An offer with more late frames is not "
                                 "applied but deferred (the reconciler keeps catching up and offers a fresher "
                                 "version); never-seen frames beyond it are forgotten, oldest first", default=2)
-    late_frames_per_forward: int = _doc("frames of a swap's recompute at the boundary per forward. 1 (the default): the "
-                                        "shape of the re-base step, prepared in warm-up; more: fewer launches and less "
-                                        "device time for a swap with several late frames, each batch size up to "
-                                        "max_late_chunks prepared in warm-up too. Measured on the CPU only (tested "
-                                        "against HF there), so off", default=1)
+    late_frames_per_forward: int = _doc("frames of a swap's recompute at the boundary per forward, each batch size up "
+                                        "to max_late_chunks prepared in warm-up. 1: the shape of the re-base step, "
+                                        "one forward per frame; 2 (the default): a swap's two late frames in one "
+                                        "forward, fewer launches and less device time. The late recompute's p99 at "
+                                        "a swap: on the H200 (4-minute soaks, 2026-12-04) 1.23 ms against 1.43-1.46 "
+                                        "with 1; on a 2-core CPU (tiny model, 20 s demos, 2026-12-02) 3.0-3.6 ms "
+                                        "against 4.4 (notes/cuda_notes.md, notes/cpu_notes.md)", default=2)
     swap_poll_ms: float = _doc("how often the reasoning node asks the reconciler for a fresher state (a service call; "
                                "none while one is loading or waiting for its boundary). Every ms of the wait is a late "
                                "frame sooner: polled every 100 ms, offers waited 1.5 cycles on average before they "

@@ -8,8 +8,9 @@ The cycle's attention at each cached length, 28 layers each on its own K/V arena
 replayed: microseconds per layer for
 
   * the decode row (attention_decode.cu + the merge) with the splits covering the arena (one 64-entry chunk
-    each, the baseline) and with at most S splits per KV head, each walking several chunks; and the same row
-    through attention_mma.cu (KernelPlan.decode_attention_tensor_cores: one 16-row tile of the group's heads);
+    each, the baseline) and with at most S splits per KV head, each walking several chunks, with two warps per
+    8-slot group (the cycle's) or one, without and with the next pass's loads in flight (its _pf entries); and the
+    same row through attention_mma.cu (KernelPlan.decode_attention_tensor_cores: one 16-row tile of the group's heads);
   * the prefill's 32 rows (attention_mma.cu + the merge) in several launch shapes, the same way;
   * the merge alone for each, and the K/V read floor (the layer's K/V bytes at the copy bandwidth measured
     in the same run).
@@ -32,6 +33,9 @@ from .gemv_probe import _time_graph
 
 DEFAULT_CACHED = (4064, 8192, 16384, 32000)
 DECODE_SPLITS = (None, 128, 66, 64)
+# (label, attention_decode entry) of the decode row at <= 66 splits besides the cycle's two warps per slot group: one
+# warp per group, and its prefetching entry (KernelPlan.decode_attention_prefetch)
+DECODE_ENTRIES = (("h1 <= 66", dict(head_split=1)), ("h1 prefetch <= 66", dict(head_split=1, prefetch=True)))
 # (label, attention() launch shape): blocks per SM of attention_mma.cu's entry, query rows per block, max_splits
 PREFILL_VARIANTS = [("b2 r16", dict(blocks_per_sm=2, rows_per_block=16)),
                     ("b2 r16 <= 128", dict(blocks_per_sm=2, rows_per_block=16, max_splits=128)),
@@ -97,6 +101,15 @@ def probe(cached_list: list, replays: int, kv_dtype: str = "float32") -> dict:
                 base = result[:1] if base is None else base
                 rows.append(_row(cached, "decode 1 row", "arena" if max_splits is None else f"<= {max_splits}",
                                  us, merge_us, floor_us, result[:1], base))
+            for label, entry in DECODE_ENTRIES:              # one warp per slot group, with and without prefetch
+                def decode_entry(li, entry=entry):
+                    kn.attention_decode(qkv, int(k[li].gpudata), int(v[li].gpudata), attend, ctl, part_o, part_ml,
+                                        out, 1, HQ, KVH, HD, capacity, n_splits, HD ** -0.5, stream, max_splits=66,
+                                        **entry)
+                us, result = timed(decode_entry)
+                merge_us, _ = timed(lambda li: kn._merge(part_o, part_ml, ctl, out, 1, HQ, HD, min(n_splits, 66),
+                                                         stream))
+                rows.append(_row(cached, "decode 1 row", label, us, merge_us, floor_us, result[:1], base))
             for blocks in (2, 1):                            # the decode row on the tensor cores
                 def decode_mma(li, b=blocks):
                     kn.attention(qkv, int(k[li].gpudata), int(v[li].gpudata), attend, ctl, part_o, part_ml, out, 1,

@@ -13,6 +13,7 @@ The phases, in the order a cycle meets them (all in ms):
                 else lands there: a garbage-collection pause, a preemption)
     publish     the result as ROS messages (after the deadline check: it is not in elapsed_ms)
     between     at the boundary after a cycle: a new instruction, a reconciled state swapped in
+    heap_trim   after `between`, now and then: free heap memory handed back to the OS (core/heap_trim.py)
     frame_decode  per received frame, on the executor thread: a ROS Image -> RGB pixels
     vision_ahead  per frame encoded ahead of the boundary (vision.encode_ahead, core/vision_prefetch.py), on its
                 worker thread; a cycle that finds its frame encoded has a vision phase of ~0
@@ -43,7 +44,7 @@ import numpy as np
 from .sched_stats import host_steal_s, run_queue_s
 
 IN_CYCLE = ("wake", "rebase", "admission", "vision", "slots", "prefill", "decode", "finish")
-AFTER_CYCLE = ("publish", "between")
+AFTER_CYCLE = ("publish", "between", "heap_trim")
 PER_FRAME = ("frame_decode", "vision_ahead")
 OVERLAPPING = ("off_cpu", "run_queue", "stolen")
 PHASES = IN_CYCLE + AFTER_CYCLE + PER_FRAME + OVERLAPPING
@@ -135,7 +136,7 @@ class PhaseStats:
             self._late_cycles += bool(late)
 
     def record(self, name: str, ms: float) -> None:
-        """One duration outside a cycle's own record (publish, between, frame_decode, vision_ahead)."""
+        """One duration outside a cycle's own record (publish, between, heap_trim, frame_decode, vision_ahead)."""
         with self._lock:
             self._all[name].add(float(ms))
 

@@ -124,14 +124,17 @@ class AttentionLaunchers:
 
     def attention_decode(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
                          n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float,
-                         stream, head_split: int = 1, max_splits: int | None = None, one_head: bool = False):
+                         stream, head_split: int = 1, max_splits: int | None = None, one_head: bool = False,
+                         prefetch: bool = False):
         """attention_decode.cu: the same function as attention() for a few query rows (decode), partial sums
         from registers, same split layout and merge. head_split: warps sharing each 8-entry group of a block,
         each taking that share of the query heads (1 or 2; same results). max_splits: launch at most this many
         splits per KV head (None: n_splits, one ATTN_CHUNK each over the arena); fewer splits each walk several
         chunks (common.cuh's split_span), so the merge reads fewer partial sums at long context. The sums are
         the same up to the order of the softmax's additions. one_head: the _g1 entry, registers for one query head
-        per warp (a model without grouped queries: group 1, head_split 1; the same bits)."""
+        per warp (a model without grouped queries: group 1, head_split 1; the same bits). prefetch: the _pf entry of
+        the one chosen (head_split 1 only), the next pass's K/V loads in flight while a pass is computed (the same
+        bits; KernelPlan.decode_attention_prefetch)."""
         _check(n_splits * ATTN_CHUNK >= capacity, f"attention decode: {n_splits} splits do not cover {capacity} slots")
         if max_splits is not None:
             _check(max_splits >= 1, f"attention decode: max_splits {max_splits} < 1")
@@ -144,10 +147,13 @@ class AttentionLaunchers:
         _check(not one_head or (group == 1 and head_split == 1),
                f"attention decode: the one-head entry serves a group of 1 with head_split 1, got group {group} and "
                f"head_split {head_split}")
+        _check(not prefetch or head_split == 1,
+               f"attention decode: the prefetching entries have one warp per 8-entry group (head_split 1), got "
+               f"head_split {head_split}")
         shared = (ATTN_DECODE_THREADS // 32) * group * (8 + 4 * head_dim)   # per 8-entry group: m, l, o of each head
         _check(shared <= self.max_shared, f"attention decode: {shared} bytes of shared memory > {self.max_shared}")
         name = ("attention_decode_partial_v" + ("1" if head_dim <= 128 else "2") + ("_h2" if head_split == 2 else "")
-                + ("_g1" if one_head else ""))
+                + ("_g1" if one_head else "") + ("_pf" if prefetch else ""))
         self._launch(name, (n_splits, n_kv_heads, n_rows), ATTN_DECODE_THREADS * head_split, stream, ptr(qkv),
                      np.int32(qkv.shape[1]), np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl),
                      ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim),

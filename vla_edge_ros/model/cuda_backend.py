@@ -480,10 +480,15 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
             log.debug("the one-head decode attention entry serves models without grouped queries; this one has %d "
                       "query heads per KV head", self.spec.num_heads // self.spec.num_kv_heads)
             one_head = False
+        head_split = 1 if one_head else plan.decode_attention_head_split
+        prefetch = plan.decode_attention_prefetch and not decode_tensor_cores and head_split == 1
+        if plan.decode_attention_prefetch and not prefetch:      # debug: the default plan asks for it
+            log.debug("the decode attention's prefetching entries have one warp per 8-entry group; this plan takes %s: "
+                     "no prefetch", "the tensor cores" if decode_tensor_cores else f"head_split {head_split}")
         return {"tensor_core_attention": tensor_cores, "attention_blocks_per_sm": blocks,
                 "decode_attention_tensor_cores": decode_tensor_cores,
-                "decode_attention_one_head_entry": one_head,
-                **({"decode_attention_head_split": 1} if one_head else {})}
+                "decode_attention_one_head_entry": one_head, "decode_attention_head_split": head_split,
+                "decode_attention_prefetch": prefetch}
 
     def _persistent_in_effect(self, plan: KernelPlan) -> bool:
         """Whether decode steps run as one persistent kernel, decode_persistent.cu prepared where they do."""

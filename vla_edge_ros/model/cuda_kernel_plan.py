@@ -98,6 +98,16 @@ class KernelPlan:
     # at 4064 cached, lab "+g1"): decode attention 2.28 -> 1.87 ms per step, cycle p50 55.9 -> 52.5 ms. Lab "+nog1"
     # turns it off.
     decode_attention_one_head_entry: bool = True
+    # attention_decode.cu's _pf entries: a warp issues its next pass's K/V loads before it computes the current one
+    # (attention_decode.cuh's PREFETCH), for the one-warp-per-group entries only (head_split 1: a model without
+    # grouped queries through the one-head entry, or the lab's "+h1"; the two-warp entries' 128-register bound
+    # would spill, so a model with grouped queries keeps its two warps per group and no prefetch). The same bits
+    # (test_cuda_attention_decode.py). Written from ncu's reading of the 7B's decode attention (long-scoreboard
+    # stalls, 9 cycles per issue, at 21% occupancy). Measured on the H200 (2026-12-04, eleventh session, lab
+    # "+dpf"): 7B INT4 at 4064 cached, decode attention 1.320 -> 1.058 ms per step, cycle p50 46.39 -> 44.14 ms; the
+    # 1.5B (lab "+h1+dpf") 14.87 ms p50 against 14.71 with two warps per group and no prefetch (long_context_probe,
+    # bf16 arena, 32000 cached: 47.3 us a layer against 49.1). On; lab "+nodpf" turns it off.
+    decode_attention_prefetch: bool = True
     # A decode projection with more 8-row items than this many blocks per SM (gate/up: 2240 items) loops them
     # over a grid of that size, staging the activations once (gemv_bf16_items); 0: a block per item.
     # Bit-identical; decode projections 1.100 -> 1.029 ms per step at 4 (2: 1.165).
@@ -222,6 +232,8 @@ class KernelPlan:
         if not isinstance(self.decode_attention_one_head_entry, bool):
             raise ValueError(f"decode_attention_one_head_entry must be True or False, got "
                              f"{self.decode_attention_one_head_entry!r}")
+        if not isinstance(self.decode_attention_prefetch, bool):
+            raise ValueError(f"decode_attention_prefetch must be True or False, got {self.decode_attention_prefetch!r}")
         if not isinstance(self.bulk_attention_kv_overlap, bool):
             raise ValueError(f"bulk_attention_kv_overlap must be True or False, got {self.bulk_attention_kv_overlap!r}")
         if self.bulk_attention_kv_overlap and self.bulk_attention_stages != 1:

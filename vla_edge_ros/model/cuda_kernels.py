@@ -69,7 +69,7 @@ FAMILIES = {
     "attention_mma": {f"attention_partial_mma_hd{hd}_b{b}": "PiPPPPPPiiiifii"        # merged as attention_tiled
                       for hd, b in ((32, 1), (64, 1), (128, 1), (128, 2))},
     "attention_decode": {f"attention_decode_partial_v{vpl}{h}": "PiPPPPPPiiiiif"   # merged by attention.cu's kernel
-                         for vpl in (1, 2) for h in ("", "_h2", "_g1")},
+                         for vpl in (1, 2) for h in ("", "_h2", "_g1", "_pf", "_g1_pf")},
     "argmax": {"argmax_bins": "PiiPPi"},
     "kv_slots": {"kv_gather": "PPPPiiiii", "kv_scatter": "PPPPiiiii", "kv_count_nonfinite": "PqP"},
     "vision": {"patch_embed": "PiiiPPPi", "pool_rows": "PiiP", "adjacent_cosine": "PiP"},

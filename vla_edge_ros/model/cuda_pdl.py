@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 # Kernels whose code waits (griddep_wait) before reading or writing anything an earlier kernel touches.
 PDL_KERNELS = frozenset({
     "gemv_bf16", "gemv_bf16_items", "gemv_int4", "gemv_int4_items", "gemv_int4_items2",
-    "attention_decode_partial_v1", "attention_decode_partial_v2", "attention_decode_partial_v1_h2",
-    "attention_decode_partial_v2_h2", "attention_merge", "attention_merge_prefetch",
+    *(f"attention_decode_partial_v{vpl}{entry}" for vpl in (1, 2) for entry in ("", "_h2", "_g1", "_pf", "_g1_pf")),
+    "attention_merge", "attention_merge_prefetch",
     "embed_gather_bf16", "embed_gather_f32", "argmax_bins",
 })
 _CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float, "q": ctypes.c_longlong}

@@ -46,6 +46,7 @@ from std_msgs.msg import String
 
 from ..config import ConfigError
 from ..core import gc_pauses
+from ..core.heap_trim import HeapTrim
 from ..core import swap_protocol as swap
 from ..core.boundary_overrun import OVERRUN_PARTS, BoundaryWork, overran_in
 from ..core.clock import CycleGrid, hybrid_sleep_until
@@ -92,6 +93,7 @@ class Reasoning(EngineNode):
         self._cycle_thread: threading.Thread | None = None
         self._ipc_mapper = None
         self._cycle_clock = None                           # core/cycle_clock.py: cycle timing for the reconciler
+        self._heap_trim = HeapTrim(0.0, 0.0)               # core/heap_trim.py; built from memory.* at activate
         self.prefetch = None                               # core/vision_prefetch.py while active (vision.encode_ahead)
         self.warmup: dict = {}
         super().__init__("reasoning")
@@ -165,6 +167,10 @@ class Reasoning(EngineNode):
         self._stop.clear()
         if self.params.config.vision.encode_ahead:
             self._start_prefetch()
+        mem = self.params.config.memory
+        self._heap_trim = HeapTrim(mem.heap_trim_interval_s, mem.heap_trim_min_slack_ms)
+        if self._heap_trim.why_off:
+            self.get_logger().info(f"free heap memory stays with the process: {self._heap_trim.why_off}")
         self._cycle_thread = threading.Thread(target=self._cycle_loop, name="vla-cycle", daemon=True)
         self._cycle_thread.start()
         self._swap_timer = self.create_timer(self.params.config.asr.swap_poll_ms / 1000.0, self._maybe_request_swap)
@@ -312,10 +318,14 @@ class Reasoning(EngineNode):
             t_between = time.perf_counter()
             self._between_cycles(result.cycle_id, boundary.perf_s + cfg.cycle.period_s)
             t_end = time.perf_counter()
-            self._last_work = BoundaryWork(t_publish, t_between, t_end)
             phases = self.engine.phases
             phases.record("publish", (t_between - t_publish) * 1e3)
             phases.record("between", (t_end - t_between) * 1e3)
+            trim_ms = self._heap_trim.maybe_trim((boundary.perf_s + cfg.cycle.period_s - t_end) * 1e3)
+            if trim_ms is not None:                      # counted as the boundary's work if it ever overran
+                phases.record("heap_trim", trim_ms)
+                t_end = time.perf_counter()
+            self._last_work = BoundaryWork(t_publish, t_between, t_end)
             if self._cycle_clock is not None:            # the reconciler may use the GPU until the next boundary
                 self._cycle_clock.cycle_ended(int((boundary.perf_s + cfg.cycle.period_s) * 1e9))
 
