@@ -79,3 +79,21 @@ def test_interval_zero_turns_it_off_and_says_so():
         HeapTrim(interval_s=-1.0, min_slack_ms=0.0)
     with pytest.raises(C.ConfigError, match="heap_trim_interval_s"):
         C.load().replace({"memory.heap_trim_interval_s": -1.0})
+
+
+def test_the_reconciler_worker_trims_while_no_round_runs(tiny_model_dir, tmp_path):
+    """The reconciler's worker (its own thread, as in the node) trims the heap while idle: no frame ever arrives,
+    so no round runs, and at an interval of 50 ms it has trimmed within a second; at 0 it never does."""
+    import time
+    from vla_edge_ros.core.engine_factory import reconciler_state
+    from vla_edge_ros.core.reconciliation import StateReconciler
+    from vla_edge_ros.core.swap_protocol import ReconcilerWorker, SnapshotStore
+    for interval, trims in ((0.05, lambda n: n >= 2), (0.0, lambda n: n == 0)):
+        cfg = C.load(overrides={"model.path": str(tiny_model_dir), "memory.heap_trim_interval_s": interval})
+        worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / f"s{interval}"))
+        worker.start()
+        try:
+            time.sleep(1.0)
+        finally:
+            worker.stop()
+        assert trims(worker.summary()["heap_trims"]), (interval, worker.summary()["heap_trims"])

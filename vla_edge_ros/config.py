@@ -255,13 +255,14 @@ class MemoryConfig:
                                             "memory step up by a 24 MiB swap snapshot and stay. Above a camera frame, "
                                             "below a snapshot; 0 leaves glibc's default. Read at process start",
                                             default=4.0)
-    heap_trim_interval_s: float = _doc("the reasoning node hands its free heap memory back to the OS (glibc "
-                                       "malloc_trim, core/heap_trim.py) at most this often, from its cycle thread "
-                                       "after a cycle's boundary work; 0: never. Without it a burst of extra live "
+    heap_trim_interval_s: float = _doc("the model nodes hand their free heap memory back to the OS (glibc "
+                                       "malloc_trim, core/heap_trim.py) at most this often: the reasoning node from "
+                                       "its cycle thread after a cycle's boundary work, the reconciler from its "
+                                       "worker while no round runs; 0: never. Without it a burst of extra live "
                                        "buffers (a round that ran late) stays resident as free heap: +5.8 MiB in "
                                        "an H200 soak, which failed its memory-growth bound", default=10.0)
-    heap_trim_min_slack_ms: float = _doc("... and only with at least this many ms left before the next cycle "
-                                         "boundary", default=8.0)
+    heap_trim_min_slack_ms: float = _doc("... the reasoning node's only with at least this many ms left before the "
+                                         "next cycle boundary", default=8.0)
 
     def __post_init__(self):
         _positive(self, "vram_ceiling_gib", "memory")

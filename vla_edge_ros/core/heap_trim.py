@@ -11,8 +11,9 @@ soak's growth bound of 5 MiB although nothing was kept.
 malloc_trim(0) returns every free page of every arena (madvise), so resident memory follows what is live.
 It walks the arenas under their locks; the reasoning node calls it from its cycle thread after a cycle's
 boundary work, only when the next boundary is at least `min_slack_ms` away and at most once per
-`interval_s`, and times it (the report's `heap_trim` phase). Pages it returned fault back in when reused
-(a few us per 4 KiB page).
+`interval_s`, and times it (the report's `heap_trim` phase); the reconciler's worker while no round runs
+(core/swap_protocol.py; counted in its diagnostics as heap_trims). Pages it returned fault back in when
+reused (a few us per 4 KiB page).
 """
 from __future__ import annotations
 

@@ -70,6 +70,7 @@ from ..model.cuda_device import bound
 from .engine_state import DEFER_NO_SLACK, DEFER_STALE, SwapDeferred, SwapReport
 from .frames import Frame
 from .gap_ledger import GapLedger
+from .heap_trim import HeapTrim
 from .metrics import percentile
 from .slack_scheduler import SlackScheduler
 from .stale_snapshots import remove_stale_snapshot_dirs, snapshot_dir_prefix
@@ -185,6 +186,9 @@ class ReconcilerWorker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Free heap back to the OS while no round runs (core/heap_trim.py; memory.heap_trim_interval_s): nothing of
+        # the reconciler's waits on it then, and the primary's GPU work does not either.
+        self.heap_trim = HeapTrim(reconciler.cfg.memory.heap_trim_interval_s, 0.0)
 
     # -- subscription thread -------------------------------------------------
 
@@ -257,6 +261,7 @@ class ReconcilerWorker:
         return {**self.reconciler.summary(), "offered_version": offer.version if offer else 0,
                 "offered_frames": offer.frames if offer else 0, "offers_handed_out": self.handouts,
                 "offers_withdrawn": self.withdrawn, "worker_error": repr(self.error) if self.error else "",
+                "heap_trims": self.heap_trim.count,
                 "schedule": "slack" if self.scheduler is not None else "free", **sched}
 
     def _run(self) -> None:
@@ -285,6 +290,7 @@ class ReconcilerWorker:
                 rec.stop()
                 return
             if not worked and not rec.busy:
+                self.heap_trim.maybe_trim(slack_ms=float("inf"))
                 self._wake.wait(IDLE_WAIT_S)
                 self._wake.clear()
 
