@@ -484,7 +484,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         prefetch = plan.decode_attention_prefetch and not decode_tensor_cores and head_split == 1
         if plan.decode_attention_prefetch and not prefetch:      # debug: the default plan asks for it
             log.debug("the decode attention's prefetching entries have one warp per 8-entry group; this plan takes %s: "
-                     "no prefetch", "the tensor cores" if decode_tensor_cores else f"head_split {head_split}")
+                      "no prefetch", "the tensor cores" if decode_tensor_cores else f"head_split {head_split}")
         return {"tensor_core_attention": tensor_cores, "attention_blocks_per_sm": blocks,
                 "decode_attention_tensor_cores": decode_tensor_cores,
                 "decode_attention_one_head_entry": one_head, "decode_attention_head_split": head_split,
