@@ -194,3 +194,34 @@ def test_a_reconciler_thread_keeps_swapping_exact_states(tiny_model_dir, model, 
     rig.cycle(new=False)                 # applies an offer left ready, if any
     assert rig.primary.state.state_exact
     assert cosine(rig.primary.last_prefill_logits, oracle_logits(load_hf_model(tiny_model_dir), rig.primary)) >= COS_EXACT
+
+
+def test_late_frames_left_to_the_next_cycle_are_computed_by_its_device_prefill_exactly(
+        tiny_model_dir, model, own_context, clip):
+    """asr.swap_finish next_cycle on the CUDA backend: a swap's two late frames ride in the next cycle's prefill
+    (a row count set_instruction captured) and the state after it is the one HF computes from scratch."""
+    from vla_edge_ros.core.reconciliation import Phase
+    from vla_edge_ros.model.hf_oracle import load_hf_model
+
+    rig = CudaRig(tiny_model_dir, model, own_context, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
+                                                              "asr.swap_finish": "next_cycle"})
+    while rig.rec.phase is not Phase.READY:
+        rig.cycle()
+        rig.drain()
+    snap = rig.rec.take_offer()
+    eng = rig.primary
+    late = []
+    for _ in range(2):                   # admitted after the offer: late for it
+        rig.i += 1
+        r = eng.run_cycle(Frame(clip[(rig.i - 1) % len(clip)], float(rig.i - 1), rig.i - 1), float(rig.i - 1))
+        assert r.is_action and r.new_frame
+        rig.rec.mirror_encoded(rig.driver.primary_chunk(rig.i - 1))
+        late.append(r.frame_id)
+    eng.state.import_state(snap, None, eng.next_cycle_late_room())
+    assert eng.state.last_swap.late == late and eng.state.last_swap.in_next_cycle == 2
+    assert eng.state.last_swap.recompute_ms == 0.0
+    rig.i += 1
+    r = eng.run_cycle(Frame(clip[(rig.i - 1) % len(clip)], float(rig.i - 1), rig.i - 1), float(rig.i - 1))
+    assert r.is_action and r.swap_frames == 2 and eng.state.state_exact
+    assert [f.frame_id for f in eng.state.kv.retained()][-3:] == late + [r.frame_id]
+    assert cosine(eng.last_prefill_logits, oracle_logits(load_hf_model(tiny_model_dir), eng)) >= COS_EXACT

@@ -5,10 +5,10 @@ from vla_edge_ros.tools import soak
 MIB = 2 ** 20
 
 
-def _samples(rss_by_minute: dict, pid_change_at: float | None = None) -> list:
-    """Samples every 10 s for 3 minutes; rss_by_minute: node -> function(t_s) -> MiB."""
+def _samples(rss_by_minute: dict, pid_change_at: float | None = None, minutes: float = 3.0) -> list:
+    """Samples every 10 s for `minutes`; rss_by_minute: node -> function(t_s) -> MiB."""
     out = []
-    for i in range(19):
+    for i in range(int(minutes * 60 / soak.SAMPLE_PERIOD_S) + 1):
         t = i * soak.SAMPLE_PERIOD_S
         out.append({"t_s": t, "rss_bytes": {n: int(f(t) * MIB) for n, f in rss_by_minute.items()},
                     "pid": {n: (2 if pid_change_at is not None and t >= pid_change_at else 1) for n in rss_by_minute}})
@@ -23,10 +23,22 @@ def test_growth_in_the_first_minute_is_not_judged_growth_after_it_is():
     warm = _samples({"reasoning": lambda t: 100 + min(t, 60) * 0.5})           # +30 MiB while warming up, flat after
     result = soak.verdict(_report(), warm)
     assert result["passed"] and result["checks"]["rss_growth_reasoning"]["value"] == 0
-    leak = _samples({"reasoning": lambda t: 100 + t / 20})                      # 3 MiB a minute, for ever
+    leak = _samples({"reasoning": lambda t: 100 + t / 20}, minutes=4)          # 3 MiB a minute, for ever
     result = soak.verdict(_report(), leak)
-    assert not result["passed"] and result["checks"]["rss_growth_reasoning"]["value"] == int(109 * MIB) - int(103 * MIB)   # t = 180 s against t = 60 s
+    # The peak of the last minute (t = 240 s) against the peak of the first after the warm-up (t = 110 s).
+    assert not result["passed"] and result["checks"]["rss_growth_reasoning"]["value"] == int(112 * MIB) - int(105.5 * MIB)
     assert "FAIL rss_growth_reasoning" in soak.format_verdict(result)
+
+
+def test_a_heap_that_swings_within_a_bound_is_no_growth_wherever_the_last_sample_falls():
+    """A sawtooth of 40 MiB every 50 s (the 7B soak's reasoning node): its peaks stay; a leak on top of it shows."""
+    def swing(t):
+        return 470 + 40 * ((t % 50) / 50)
+    for shift in (0, 20, 40):
+        result = soak.verdict(_report(), _samples({"reasoning": lambda t: swing(t + shift)}, minutes=4))
+        assert result["passed"], (shift, result["checks"]["rss_growth_reasoning"])
+    leaking = _samples({"reasoning": lambda t: swing(t) + t / 20}, minutes=4)
+    assert not soak.verdict(_report(), leaking)["passed"]
 
 
 def test_gaps_lost_cycles_misses_and_a_restart_fail_the_soak():

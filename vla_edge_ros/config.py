@@ -53,6 +53,7 @@ RELIABILITIES = ("best_effort", "reliable")
 TF_FRAME_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*")
 ASR_MODES = ("csr", "semantic")
 ASR_SCHEDULES = ("auto", "slack", "free")
+SWAP_FINISHES = ("boundary", "next_cycle")
 SEMANTIC_TRIGGERS = ("evictions", "fill")
 EXECUTORS = ("events", "single_threaded")
 MIN_EXPORT_BUFFERS = 3        # asr.export_buffers: the newest offer, the one being copied, one to export into
@@ -394,6 +395,15 @@ class ASRConfig:
                                         "a swap: on the H200 (4-minute soaks, 2026-12-04) 1.23 ms against 1.43-1.46 "
                                         "with 1; on a 2-core CPU (tiny model, 20 s demos, 2026-12-02) 3.0-3.6 ms "
                                         "against 4.4 (notes/cuda_notes.md, notes/cpu_notes.md)", default=2)
+    swap_finish: str = _doc("where a swap's device work ends. boundary: at the boundary itself, which waits for the "
+                            "snapshot's KV copy (and checks it was not torn) and recomputes the late frames. "
+                            "next_cycle: the boundary only queues the copy and admits the late frames' slots; the "
+                            "next cycle, at its start and before its admission decision, checks the copy and writes "
+                            "the late frames (the same forwards), so the boundary is host bookkeeping only. As many "
+                            "late frames go to the next cycle as its planned cost leaves room for (the rest are "
+                            "recomputed at the boundary). A copy found torn empties the state (exact) before "
+                            "anything reads it. boundary by default (notes/cuda_notes.md, 2026-12-04 twelfth)",
+                            default="boundary")
     swap_poll_ms: float = _doc("how often the reasoning node asks the reconciler for a fresher state (a service call; "
                                "none while one is loading or waiting for its boundary). Every ms of the wait is a late "
                                "frame sooner: polled every 100 ms, offers waited 1.5 cycles on average before they "
@@ -466,6 +476,8 @@ class ASRConfig:
         _non_negative(self, "max_late_chunks", "asr")
         _positive(self, "late_frames_per_forward", "asr")
         _positive(self, "swap_poll_ms", "asr")
+        if self.swap_finish not in SWAP_FINISHES:
+            raise ConfigError(f"asr.swap_finish must be one of {SWAP_FINISHES}, got {self.swap_finish!r}")
         if self.export_buffers < MIN_EXPORT_BUFFERS:
             raise ConfigError(f"asr.export_buffers must be >= {MIN_EXPORT_BUFFERS} (the newest offer, the one being "
                               f"copied, and one to export into), got {self.export_buffers}")

@@ -3,6 +3,8 @@
 The phases, in the order a cycle meets them (all in ms):
 
     wake        boundary -> the cycle starts (the sleep's overshoot, taking the frame, reading the clock)
+    swap_finish what a swap at the last boundary left to this cycle (asr.swap_finish next_cycle; only in the
+                cycle after such a swap): the check of its queued KV copy and the forward of its late frames
     rebase      RoPE re-base of the state (rare; recomputes frames)
     admission   the admission decision
     vision      frame pixels -> 32 vision tokens (the vision encoder)
@@ -43,7 +45,7 @@ import numpy as np
 
 from .sched_stats import host_steal_s, run_queue_s
 
-IN_CYCLE = ("wake", "rebase", "admission", "vision", "slots", "prefill", "decode", "finish")
+IN_CYCLE = ("wake", "swap_finish", "rebase", "admission", "vision", "slots", "prefill", "decode", "finish")
 AFTER_CYCLE = ("publish", "between", "heap_trim")
 PER_FRAME = ("frame_decode", "vision_ahead")
 OVERLAPPING = ("off_cpu", "run_queue", "stolen")

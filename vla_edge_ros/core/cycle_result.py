@@ -24,6 +24,8 @@ class CycleResult:
     frame_id: int | None = None               # frame answered (None when there was none)
     frame_stamp_s: float | None = None        # its capture stamp: the action's header stamp
     new_frame: bool = False                   # the frame was appended to the state this cycle
+    swap_frames: int = 0                      # a swap's late frames this cycle wrote at its start (asr.swap_finish)
+    swap_settle_ms: float | None = None       # this cycle's start waited this long for a swap's KV copy check
     estimate_ms: float = 0.0                  # admission's cost estimate
     budget_ms: float = 0.0                    # deadline - elapsed - margin at admission
     elapsed_ms: float = 0.0                   # cycle start to result

@@ -165,6 +165,9 @@ class Engine:
         clock.lap("wake")
         result = CycleResult(cycle_id=self.cycle_id)
         self.cycle_id += 1
+        torn = self._finish_swap(result)
+        if result.swap_settle_ms is not None or result.swap_frames:
+            clock.lap("swap_finish")
         rebased = self.state.rebase_positions_if_needed(self._rebase_budget_frames())
         if rebased:
             clock.lap("rebase")
@@ -198,6 +201,9 @@ class Engine:
             rb = self.state.last_rebase
             result.detail = (result.detail + "; " if result.detail else "") + (
                 f"RoPE positions re-based (state recomputed: {rb['kept']} frames kept, {rb['forgotten']} forgotten)")
+        if torn:
+            result.detail = (result.detail + "; " if result.detail else "") + (
+                "the last swap's KV copy was torn: every frame forgotten before this cycle read it")
         self.metrics.record(result)
         return result
 
@@ -377,6 +383,39 @@ class Engine:
         per_frame = max(per_frame * self.admission.tail_factor, tail)
         per_frame *= self.cfg.kv.recompute_headroom
         return int(room_ms // per_frame)
+
+    def _finish_swap(self, result: CycleResult) -> bool:
+        """At the cycle's start, what the swap at the last boundary left to it (asr.swap_finish next_cycle):
+        its KV copy checked, then its late frames written (FrameState.write_pending), before anything reads
+        the state; in result.swap_settle_ms and result.swap_frames. True when the copy was found torn (every
+        frame forgotten). A failure writing the late frames forgets them and is reported, never raised: the
+        cycle goes on, on an exact state without them."""
+        st = self.state
+        torn_before = st.torn_after_apply
+        result.swap_settle_ms = st.settle_swap_copy()
+        try:
+            result.swap_frames = st.write_pending()
+        except Exception as exc:  # noqa: BLE001 - the cycle must still end in an action or a fallback
+            self._failures.report(f"cycle {result.cycle_id}: a swap's late frames", exc)
+        return st.torn_after_apply > torn_before
+
+    def next_cycle_late_room(self) -> int:
+        """How many of a swap's late frames the next cycle may write at its start (asr.swap_finish next_cycle):
+        0 with asr.swap_finish boundary; else at most asr.max_late_chunks, and with something measured (and not in
+        deterministic mode) only as many as leave the cycle's own admission estimate inside the deadline less the
+        safety margin, at the planned cost of a frame's recompute (_frame_recompute_ms times the admission's tail
+        factor and kv.recompute_headroom, as a swap at the boundary is planned)."""
+        asr, cyc, adm = self.cfg.asr, self.cfg.cycle, self.admission
+        if asr.swap_finish != "next_cycle":
+            return 0
+        per_frame = self._frame_recompute_ms()
+        if per_frame is None:
+            return asr.max_late_chunks
+        tpf, decode = self.cfg.vision.tokens_per_frame, max(self.cfg.action.num_tokens - 1, 1)
+        cycle_ms = adm.mean_ms(tpf + int(self.suffix.size), decode) * adm.tail_factor
+        room_ms = cyc.deadline_ms - cyc.safety_margin_ms - cycle_ms
+        per_frame *= adm.tail_factor * self.cfg.kv.recompute_headroom
+        return max(0, min(asr.max_late_chunks, int(room_ms // per_frame)))
 
     def _rebase_budget_frames(self) -> int | None:
         """Frames a re-base may recompute in this cycle without making it late: the slack the admission

@@ -78,12 +78,15 @@ class SwapReport:
     evicted: list                # frames the policy evicted while the late ones were appended
     next_position: int
     unseen: list = ()            # frame ids the snapshot's author never saw: kept, recomputed after its frames
-    kv_copy_ms: float = 0.0      # writing the snapshot's KV into the arena (device to device on a GPU)
+    kv_copy_ms: float = 0.0      # writing the snapshot's KV into the arena (device to device on a GPU); with
+                                 # asr.swap_finish next_cycle only queuing it (the next cycle checks it)
     recompute_ms: float = 0.0    # recomputing the late and unseen frames over it (asr.late_frames_per_forward at once)
     check_ms: float = 0.0        # checking it before anything changed (_check_snapshot)
     place_ms: float = 0.0        # the snapshot's frames into the slot bookkeeping (host only, before the KV copy)
     place_off_cpu_ms: float = 0.0  # of place_ms, the thread not running (preempted, or waiting for the interpreter lock)
     unseen_forgotten: list = ()  # never-seen frames beyond asr.max_late_chunks: forgotten (oldest first), in dropped
+    in_next_cycle: int = 0       # of late + unseen, frames admitted for the next cycle's prefill (asr.swap_finish)
+    copy_pending: bool = False   # the KV copy is queued, checked by the next cycle (asr.swap_finish next_cycle)
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,14 @@ class FrameState:
         self.frames: dict[int, FrameRecord] = {}
         self.last_frame_id: int | None = None
         self.in_cycle = False                   # set by the cycle around its work: state changes wait for the boundary
-        self._unwritten_frame: int | None = None
+        self._unwritten: list[int] = []         # frames admitted by this cycle whose KV its prefill has not written yet
+        # asr.swap_finish next_cycle: the latest swap's late frames, admitted (slots, positions, rows) but their KV
+        # not written: the next cycle writes them at its start (write_pending), oldest first.
+        self._pending: list[int] = []
+        # asr.swap_finish next_cycle: the latest swap's KV copy, queued and not yet checked (version, KvWrite);
+        # settle_swap_copy waits for it and checks it was not torn before anything reads the state.
+        self._swap_copy: tuple | None = None
+        self.torn_after_apply = 0               # swaps whose copy settle_swap_copy found torn (state emptied)
         self.state_version = 0                  # bumped by every applied swap
         self.approximate_evictions = 0          # policy evictions since the state was last exact
         # Rows written to the KV arena per segment since construction (CSR accounting).
@@ -181,6 +191,8 @@ class FrameState:
         Returns the frame ids evicted to make room.
         """
         self._require_boundary("append_chunks")
+        if self._pending:      # they are the newest and unwritten: a forward here would attend to garbage KV
+            raise RuntimeError(f"append_chunks: frames {self._pending} wait for the next cycle's prefill")
         chunks = list(chunks)
         if not chunks:
             return []
@@ -224,6 +236,7 @@ class FrameState:
         self._require_boundary("reset_frames")
         self.kv.evict_all()
         self.frames.clear()
+        self._pending = []
         self.next_position = self.prefix_tokens
         self.approximate_evictions = 0
 
@@ -269,7 +282,7 @@ class FrameState:
         return StateSnapshot(version=version, frames=frames, kv=kv, next_position=self.next_position,
                              prefix_ids=self.prefix_ids.copy(), rows=rows)
 
-    def import_state(self, snap: StateSnapshot, max_recompute: int | None = None) -> list[int]:
+    def import_state(self, snap: StateSnapshot, max_recompute: int | None = None, next_cycle_room: int = 0) -> list[int]:
         """Replace the frame state with `snap` at a cycle boundary (the swap); returns the frame ids dropped.
 
         The snapshot's frames, KV and positions are taken as they are (a
@@ -292,6 +305,11 @@ class FrameState:
         the most frames the time left before the next cycle boundary can
         recompute (None: no bound but asr.max_late_chunks); a swap needing more
         raises SwapDeferred (no_slack) rather than delay the next cycle.
+        `next_cycle_room` (asr.swap_finish next_cycle; Engine.next_cycle_late_room):
+        how many of those frames, the newest, the next cycle's prefill may
+        compute instead; they are admitted here (slots, positions) and counted
+        against no boundary budget. With next_cycle the KV copy is only queued
+        here too, and checked by settle_swap_copy before anything reads it.
 
         Three steps: check (nothing changes yet), place the snapshot's frames and
         queue its KV copy, recompute the late frames over them (queued behind
@@ -299,15 +317,21 @@ class FrameState:
         then wait for the copy alone and check it was not torn.
         """
         self._require_boundary("import_state")
+        self.settle_swap_copy()                         # the previous swap's copy, if no cycle has checked it
         t_check = time.perf_counter()
-        plan = self._check_snapshot(snap, max_recompute)
+        plan = self._check_snapshot(snap, max_recompute, next_cycle_room)
         check_ms = (time.perf_counter() - t_check) * 1e3
         place_ms, place_off_cpu_ms, queue_ms, copy = self._place_snapshot(snap)
+        deferred_copy = False
         try:
             # Queued behind the KV copy on the device's stream: the copy runs while the host launches this.
-            evicted, recompute_ms = self._recompute_over_snapshot(plan)
+            evicted, recompute_ms, in_next_cycle = self._recompute_over_snapshot(plan, next_cycle_room)
+            deferred_copy = self.cfg.asr.swap_finish == "next_cycle" and copy is not FINISHED
         finally:
-            kv_copy_ms = queue_ms + self._finish_copy(snap, copy)
+            if deferred_copy:                           # the next cycle (or state change) checks it first
+                self._swap_copy, kv_copy_ms = (snap.version, copy), queue_ms
+            else:
+                kv_copy_ms = queue_ms + self._finish_copy(snap, copy)
         self._note_swap_fixed(check_ms + place_ms + kv_copy_ms)
         if self.frames and (self.last_frame_id is None or max(self.frames) > self.last_frame_id):
             self.last_frame_id = max(self.frames)
@@ -319,12 +343,14 @@ class FrameState:
                                     unseen=[c.frame_id for c in plan.chunks if c.frame_id in unseen_ids],
                                     kv_copy_ms=kv_copy_ms, recompute_ms=recompute_ms, check_ms=check_ms,
                                     place_ms=place_ms, place_off_cpu_ms=place_off_cpu_ms,
-                                    unseen_forgotten=plan.unseen_forgotten)
+                                    unseen_forgotten=plan.unseen_forgotten, in_next_cycle=in_next_cycle,
+                                    copy_pending=deferred_copy)
         log.debug("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
                   len(plan.dropped), len(plan.chunks))
         return plan.dropped
 
-    def _check_snapshot(self, snap: StateSnapshot, max_recompute: int | None) -> "_RecomputePlan":
+    def _check_snapshot(self, snap: StateSnapshot, max_recompute: int | None,
+                        next_cycle_room: int = 0) -> "_RecomputePlan":
         """Everything a swap to `snap` needs, checked before anything changes: SnapshotError when it cannot
         be applied at all, SwapDeferred when a fresher offer or more slack would do; else the recompute plan."""
         if snap.version <= self.state_version:
@@ -344,8 +370,9 @@ class FrameState:
         plan = self._plan_recompute(snap)
         if len(plan.late) > self.cfg.asr.max_late_chunks:
             raise SwapDeferred(snap.version, len(plan.late), self.cfg.asr.max_late_chunks)
-        if max_recompute is not None and len(plan.chunks) > max_recompute:
-            raise SwapDeferred(snap.version, len(plan.chunks), max_recompute, DEFER_NO_SLACK)
+        at_boundary = len(plan.chunks) - min(len(plan.chunks), max(0, next_cycle_room))
+        if max_recompute is not None and at_boundary > max_recompute:
+            raise SwapDeferred(snap.version, at_boundary, max_recompute, DEFER_NO_SLACK)
         if plan.late_lost:
             log.warning("swap v%d: late or unseen frames %s have no vision rows and are dropped", snap.version,
                         plan.late_lost)
@@ -395,6 +422,7 @@ class FrameState:
             self.kv.install(placement, reserve=self.suffix_reserve)
         # Frames the swap drops are forgotten on purpose: no later offer holds them, so their rows are not kept.
         held, self.frames = self.frames, {}
+        self._pending = []                              # frames still waiting for a cycle: in the plan, or dropped
         t_queue, cpu_queue = time.perf_counter(), time.thread_time()
         copy = FINISHED
         if placement.slots.size:
@@ -467,19 +495,104 @@ class FrameState:
             log.debug("swap: no vision rows kept for frame %d", frame_id)
         return tokens
 
-    def _recompute_over_snapshot(self, plan: "_RecomputePlan") -> tuple[list, float]:
-        """The plan's late and unseen frames appended over the placed snapshot, asr.late_frames_per_forward
-        frames per forward (shapes warm_up prepared); returns (the frames the policy evicted meanwhile, the ms
-        it took)."""
+    def _recompute_over_snapshot(self, plan: "_RecomputePlan", next_cycle_room: int = 0) -> tuple[list, float, int]:
+        """The plan's late and unseen frames over the placed snapshot: the newest next_cycle_room of them admitted
+        for the next cycle's prefill (_admit_pending), the others appended now, asr.late_frames_per_forward
+        frames per forward (shapes warm_up prepared); returns (the frames the policy evicted meanwhile, the ms the
+        forwards took, how many frames wait for the next cycle)."""
         if not plan.chunks:
-            return [], 0.0
-        t_recompute = time.perf_counter()
-        evicted, per = [], self.cfg.asr.late_frames_per_forward
-        for i in range(0, len(plan.chunks), per):
-            evicted += self.append_chunks(plan.chunks[i:i + per], allow_evict=True)
-        recompute_ms = (time.perf_counter() - t_recompute) * 1e3
-        self.note_recompute(recompute_ms, len(plan.chunks))
-        return evicted, recompute_ms
+            return [], 0.0, 0
+        split = len(plan.chunks) - min(len(plan.chunks), max(0, next_cycle_room))
+        now, later = plan.chunks[:split], plan.chunks[split:]
+        evicted, per, recompute_ms = [], self.cfg.asr.late_frames_per_forward, 0.0
+        if now:
+            t_recompute = time.perf_counter()
+            for i in range(0, len(now), per):
+                evicted += self.append_chunks(now[i:i + per], allow_evict=True)
+            recompute_ms = (time.perf_counter() - t_recompute) * 1e3
+            self.note_recompute(recompute_ms, len(now))
+        return evicted + self._admit_pending(later), recompute_ms, len(later)
+
+    def _admit_pending(self, chunks) -> list[int]:
+        """Slots, positions and rows for frames whose KV the next cycle writes at its start (write_pending); returns
+        the frames the policy evicted to make room (a frame of this very batch among them stays unwritten and
+        simply is not)."""
+        evicted: list[int] = []
+        for c in chunks:
+            _slots, out = self.admit_chunk(c, self.next_position)
+            evicted += out
+            self.next_position += self.cfg.vision.tokens_per_frame
+        held = {r.frame_id for r in self.kv.retained()}
+        self._pending = [c.frame_id for c in chunks if c.frame_id in held]
+        return evicted
+
+    @property
+    def pending_frames(self) -> int:
+        """Frames admitted by the latest swap whose KV waits for the next cycle (write_pending)."""
+        return len(self._pending)
+
+    def write_pending(self) -> int:
+        """The next cycle's side of asr.swap_finish next_cycle, at its start: the late frames the swap admitted,
+        written over the swapped-in state in forwards of asr.late_frames_per_forward frames (shapes the warm-up
+        prepared; a forward of 64 rows or more takes the bulk prefill on the GPU). They are the newest frames, so
+        each forward attends to the state before them, as at the boundary. A forward that fails forgets the frames
+        not yet written (an exact, shorter state) and raises. Returns how many were written; the time goes into
+        the recompute samples a swap's budget is planned on."""
+        if not self._pending:
+            return 0
+        self._require_boundary("write_pending")
+        ids, self._pending = set(self._pending), []
+        todo = [r for r in self.kv.retained() if r.frame_id in ids]
+        t_write, per, written = time.perf_counter(), self.cfg.asr.late_frames_per_forward, 0
+        tpf = self.cfg.vision.tokens_per_frame
+        try:
+            for i in range(0, len(todo), per):
+                batch = todo[i:i + per]
+                rows = np.concatenate([self.frames[r.frame_id].tokens for r in batch])       # [k * tpf, hidden]
+                positions = np.concatenate([np.arange(r.position_start, r.position_start + tpf) for r in batch])
+                slots = np.concatenate([r.slots for r in batch])
+                # The frames after this batch are unwritten too: left out of what it attends to.
+                self.backend.forward(rows, positions.astype(np.int64), slots,
+                                     self.context_without_newest(len(todo) - i), logits="none")
+                written += len(batch)
+                self.computed_tokens["frames"] += rows.shape[0]
+        finally:
+            if written < len(todo):         # garbage KV from here on: forget those frames rather than attend to it
+                gone = self.kv.evict_frames([r.frame_id for r in todo[written:]])
+                for r in todo[written:]:
+                    self.frames.pop(r.frame_id, None)
+                self.next_position = min(g.position_start for g in gone)
+                self.last_frame_id = max(self.frames) if self.frames else None
+        self.note_recompute((time.perf_counter() - t_write) * 1e3, written)
+        return written
+
+    @property
+    def swap_copy_pending(self) -> bool:
+        """A swap's KV copy is queued and not yet checked (asr.swap_finish next_cycle)."""
+        return self._swap_copy is not None
+
+    def settle_swap_copy(self) -> float | None:
+        """Wait for the latest swap's queued KV copy and check it (asr.swap_finish next_cycle): the ms waited, or
+        None when none was pending. A copy found torn forgets every frame (an exact, empty state, as at the
+        boundary) and counts in torn_after_apply; nothing had read that KV yet. Called before anything reads or
+        changes the state: the cycle's start, a swap, a state change at a boundary."""
+        if self._swap_copy is None:
+            return None
+        (version, copy), self._swap_copy = self._swap_copy, None
+        t_wait = time.perf_counter()
+        try:
+            copy.finish()
+        except DeviceKVUnavailable as exc:
+            self.torn_after_apply += 1
+            log.error("swap v%d: %s (found by the next cycle's check); all frames forgotten, the state stays exact",
+                      version, exc)
+            self.kv.evict_all()
+            self.frames.clear()
+            self._pending = []
+            self.last_frame_id = None
+            self.next_position = self.prefix_tokens
+            self.approximate_evictions = 0
+        return (time.perf_counter() - t_wait) * 1e3
 
     def note_recompute(self, ms: float, frames: int) -> None:
         """Fold a measured recompute of `frames` frames into `recompute_ms_per_frame`, the cost a swap's
@@ -626,14 +739,17 @@ class FrameState:
         return admission.slots, evicted
 
     def drop_unwritten_frame(self) -> None:
-        """A frame whose prefill failed has garbage KV: forget it rather than attend to it later."""
-        fid, self._unwritten_frame = self._unwritten_frame, None
-        if fid is not None:
-            (gone,) = self.kv.evict_frames([fid])
+        """Frames whose prefill failed (the cycle's frame, a swap's late frames it carried) have garbage KV:
+        forget them rather than attend to them later. The state stays exact, just shorter."""
+        ids, self._unwritten = self._unwritten, []
+        held = {r.frame_id for r in self.kv.retained()}
+        gone = self.kv.evict_frames([f for f in ids if f in held]) if ids else []
+        for fid in ids:
             self.frames.pop(fid, None)
+        if gone:
             self.last_frame_id = None
-            # It was the newest frame: give its positions back so the next one follows without a gap.
-            self.next_position = gone.position_start
+            # They were the newest frames: give their positions back so the next one follows without a gap.
+            self.next_position = min(g.position_start for g in gone)
 
     def _pooled_of(self, frame_id: int) -> np.ndarray:
         return next(r.pooled for r in self.kv.retained() if r.frame_id == frame_id)
@@ -644,10 +760,10 @@ class FrameState:
 
     def mark_unwritten(self, frame_id: int) -> None:
         """The frame's KV is not written until the cycle's prefill succeeds (drop_unwritten_frame forgets it)."""
-        self._unwritten_frame = frame_id
+        self._unwritten.append(frame_id)
 
     def mark_written(self) -> None:
-        self._unwritten_frame = None
+        self._unwritten = []
 
     def _prefill_prefix(self, tokenizer) -> None:
         ids = encode_text(tokenizer, prefix_text(self.cfg.prompt))

@@ -167,7 +167,7 @@ class InProcessAsr:
         if snap is None:
             return None
         try:
-            self.primary.state.import_state(snap, budget)
+            self.primary.state.import_state(snap, budget, self.primary.next_cycle_late_room())
         except SwapDeferred as exc:          # too stale: the round goes on and offers a fresher version
             log.debug("%s", exc)
             self.deferred[exc.reason] += 1

@@ -84,7 +84,9 @@ TIMING_SAMPLES = 256      # swap timings kept for the diagnostics' percentiles
 # bookkeeping_ms: the whole apply without its KV copy and late recompute (the device work on a GPU): the checks,
 # the slots and the rest, the host work that issue 20 bounds apart from the copy.
 SWAP_TIMINGS = ("apply_ms", "check_ms", "place_ms", "place_off_cpu_ms", "kv_copy_ms", "recompute_ms", "rest_ms",
-                "bookkeeping_ms")
+                "bookkeeping_ms", "settle_ms", "next_cycle_ms")
+# With asr.swap_finish next_cycle, what the swap left to the cycle after it (not parts of apply_ms): settle_ms, that
+# cycle's wait for the KV copy's check; next_cycle_ms, the whole of that cycle when it wrote late frames first.
 SWAP_PARTS = ("check_ms", "place_ms", "kv_copy_ms", "recompute_ms")   # what apply_ms is made of, besides the rest
 STARVED_LOG_PERIOD_S = 30.0   # slack schedule: how often a starved reconciler says so
 WINDOW_POLL_S = 0.0005   # slack schedule: how often the worker looks for the primary's next cycle end
@@ -443,6 +445,7 @@ class SwapClient:
         self._loading_version = 0
         self._ready: StateSnapshot | None = None
         self._applying = 0                    # version taken at a boundary and not yet applied / refused
+        self._copy_unchecked = False          # applied, but its KV copy not yet checked (asr.swap_finish next_cycle)
         self._rejected: set = set()
         self._deferred_through = 0            # offers up to this version are too stale by now
         self._applied_round = 0               # the round of the state in force: its other versions are moot
@@ -561,16 +564,18 @@ class SwapClient:
                 self._applying = snap.version
             return snap
 
-    def apply_ready(self, state, cycle_id: int, max_recompute: int | None = None) -> SwapOutcome | None:
+    def apply_ready(self, state, cycle_id: int, max_recompute: int | None = None,
+                    next_cycle_room: int = 0) -> SwapOutcome | None:
         """At the boundary after cycle `cycle_id`: apply the loaded offer to `state` (a FrameState), if any,
         and account for it: the swap timed whole and in parts (KV copy, recompute of the late frames, the
-        rest). None when no offer was ready. max_recompute: FrameState.import_state's bound from the slack."""
+        rest). None when no offer was ready. max_recompute, next_cycle_room: FrameState.import_state's bounds
+        (from the slack; the late frames the next cycle may compute)."""
         snap = self.take_ready()
         if snap is None:
             return None
         t = time.perf_counter()
         try:
-            dropped = state.import_state(snap, max_recompute)
+            dropped = state.import_state(snap, max_recompute, next_cycle_room)
         except SwapDeferred as exc:
             self.mark_deferred(snap.version, exc.reason)
             return SwapOutcome(snap.version, DEFERRED, detail=exc.reason)
@@ -588,6 +593,9 @@ class SwapClient:
                           check_ms=report.check_ms, place_ms=report.place_ms,
                           place_off_cpu_ms=report.place_off_cpu_ms,
                           round_id=snap.round, unseen_forgotten=len(report.unseen_forgotten))
+        if report.copy_pending:
+            with self._lock:               # what the copy reads must stay: no request until it is checked
+                self._applying, self._copy_unchecked = snap.version, True
         return SwapOutcome(snap.version, APPLIED, apply_ms=apply_ms, dropped=len(dropped), report=report)
 
     def mark_applied(self, version: int, cycle_id: int, dropped: int, late: int, unseen: int = 0,
@@ -618,6 +626,19 @@ class SwapClient:
             for key, value in parts.items():
                 if value is not None:
                     self.timings[key].append(float(value))
+
+    def after_cycle(self, result) -> None:
+        """The cycle thread, after each cycle: what a swap left to it (asr.swap_finish next_cycle). Its check of
+        the KV copy is done once the cycle ran (the copy is read no more: requests may go again), and its wait
+        and, where its prefill computed late frames, its whole time are kept with the swap's timings."""
+        settle_ms = result.swap_settle_ms
+        with self._lock:
+            if self._copy_unchecked:
+                self._copy_unchecked, self._applying = False, 0
+            if settle_ms is not None:
+                self.timings["settle_ms"].append(float(settle_ms))
+            if result.swap_frames:
+                self.timings["next_cycle_ms"].append(float(result.elapsed_ms))
 
     def mark_rejected(self, version: int) -> None:
         """The engine refused the snapshot (it does not fit): never load this version again."""

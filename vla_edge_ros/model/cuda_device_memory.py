@@ -239,6 +239,11 @@ class DeviceMemory:
             self.decode_layer_table = self._to_device(self._layer_pointers())
             self.decode_counters = self._alloc((2,), np.uint32)                      # zero: the barrier's start
         self.kv_slots_buf = self._alloc((cap,), np.int32)                             # slot lists of KV moves
+        # The whole-state moves' slot lists go up from page-locked memory (cuda_kv_transfer._put_slot_list says
+        # why); the event says when the last upload has read it.
+        self.kv_slots_host = self._drv.pagelocked_empty(cap, np.int32)
+        self.kv_slots_host_read = self._drv.Event(self._drv.event_flags.DISABLE_TIMING)
+        self.kv_slots_host_read.record(self.stream)
         if self.bulk_min_rows:
             for name, (shape, dtype) in self._bulk_plan().items():
                 setattr(self, name, self._alloc(shape, dtype, zero=name == "bulk_stage"))

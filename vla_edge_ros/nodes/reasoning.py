@@ -313,6 +313,7 @@ class Reasoning(EngineNode):
             with self._engine_lock:
                 result = self.engine.run_cycle(frame, now_s, cycle_start_perf=boundary.perf_s)
             t_publish = time.perf_counter()
+            self.swap.after_cycle(result)               # what a swap left to this cycle (asr.swap_finish)
             if not self._answer(result, frame):
                 return
             t_between = time.perf_counter()
@@ -379,7 +380,8 @@ class Reasoning(EngineNode):
             budget = self.engine.swap_recompute_budget_frames((next_boundary_perf - time.perf_counter()) * 1e3)
             if budget == NO_SWAP_ROOM:          # a loaded offer waits for the next boundary
                 return
-            outcome = self.swap.apply_ready(self.engine.state, cycle_id, max_recompute=budget)
+            outcome = self.swap.apply_ready(self.engine.state, cycle_id, max_recompute=budget,
+                                            next_cycle_room=self.engine.next_cycle_late_room())
         if outcome is not None:
             self._log_swap(outcome, cycle_id)
 
@@ -394,9 +396,10 @@ class Reasoning(EngineNode):
             return
         r = outcome.report
         log.debug(f"state v{outcome.version} applied after cycle {cycle_id} in {outcome.apply_ms:.2f} ms (KV copy "
-                  f"{r.kv_copy_ms:.2f} ms, recompute {r.recompute_ms:.2f} ms): {r.frames} reconciled frames, "
-                  f"{len(r.late)} late and {len(r.unseen)} unseen by the reconciler recomputed, {outcome.dropped} "
-                  f"dropped")
+                  f"{r.kv_copy_ms:.2f} ms{', checked by the next cycle' if r.copy_pending else ''}, recompute "
+                  f"{r.recompute_ms:.2f} ms): {r.frames} reconciled frames, {len(r.late)} late and {len(r.unseen)} "
+                  f"unseen by the reconciler recomputed ({r.in_next_cycle} of them by the next cycle's prefill), "
+                  f"{outcome.dropped} dropped")
         # Routine: each swap at DEBUG above, a running total at INFO at most every health.log_summary_s.
         total = self.swap.summary()
         log.info(f"{total['swaps']} reconciled states applied so far (latest v{outcome.version} after cycle "
