@@ -51,3 +51,37 @@ def test_gaps_lost_cycles_misses_and_a_restart_fail_the_soak():
     restarted = _samples({"reconciler": lambda t: 80}, pid_change_at=120.0)     # a new process: growth unknown
     result = soak.verdict(_report(), restarted)
     assert result["checks"]["rss_growth_reconciler"]["value"] is None and not result["passed"]
+
+
+def test_the_growth_is_split_by_kind_from_the_real_proc_status_of_a_process():
+    """The sampler reads VmRSS and its parts of a live process; a process that maps 32 MiB of anonymous memory
+    between two samples shows it as anon growth, and the verdict prints the split."""
+    import subprocess
+    import sys
+
+    class Procs:
+        def __init__(self, proc):
+            self.procs = {"worker": proc}
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys, numpy as np\n"
+                              "sys.stdin.readline(); a = np.ones(32 * 2**20, np.uint8); print('ok', flush=True)\n"
+                              "sys.stdin.readline()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        sampler = soak.MemorySampler()
+        sampler.maybe_sample(Procs(child))
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "ok"
+        sampler._next = 0.0                                      # take the next sample now
+        sampler.maybe_sample(Procs(child))
+    finally:
+        child.stdin.write("\n")
+        child.stdin.flush()
+        child.wait(timeout=10)
+    first, last = sampler.samples
+    assert set(first["rss_kinds"]["worker"]) == {"anon", "file", "shmem"}
+    kinds = soak.rss_growth_by_kind([dict(first, t_s=soak.WARMUP_S), dict(last, t_s=soak.WARMUP_S + 10)])["worker"]
+    assert kinds["anon"] >= 30 * MIB and abs(kinds["shmem"]) < MIB, kinds
+    assert last["rss_bytes"]["worker"] - first["rss_bytes"]["worker"] >= 30 * MIB
+    result = soak.verdict(_report(), [dict(first, t_s=soak.WARMUP_S), dict(last, t_s=soak.WARMUP_S + 10)])
+    assert "by kind: anon +" in soak.format_verdict(result)

@@ -13,9 +13,9 @@ verdict, printed and in the JSON, checks what a long run must show:
                                       PEAK_WINDOW_S at or after WARMUP_S
 
 Peaks, not two points: a process whose heap swings within a bound (the 7B soak's reasoning node on the
-H200, 2026-12-04: 471 to 511 MiB and back every ~50 s, for 4 minutes) read +36 MiB or -4 MiB point to
-point depending on where the last sample fell in the swing; its peaks moved +0.3 MiB. A leak moves the
-peaks as much as it moves any point.
+H200, 2026-12-04: 471 to 511 MiB and back every ~50 s, for 4 minutes) read +36 MiB point to point, the
+last sample at the top of a swing and the first judged one near its bottom; its peaks moved +0.3 MiB. A
+leak moves the peaks as much as it moves any point.
 
 Exit code 0 when every check passes, 1 otherwise (2 for bad arguments).
 """
@@ -98,11 +98,11 @@ class MemorySampler:
         if now - self._t0 < self._next:
             return
         self._next += SAMPLE_PERIOD_S
-        rss, pids = {}, {}
+        rss, pids, kinds = {}, {}, {}
         for name, proc in procs.procs.items():
             pids[name] = proc.pid
-            rss[name] = _vm_rss_bytes(proc.pid)
-        self.samples.append({"t_s": round(now - self._t0, 3), "rss_bytes": rss, "pid": pids})
+            rss[name], kinds[name] = _rss_of(proc.pid)
+        self.samples.append({"t_s": round(now - self._t0, 3), "rss_bytes": rss, "pid": pids, "rss_kinds": kinds})
 
 
 def verdict(report: dict, samples: list) -> dict:
@@ -120,6 +120,7 @@ def verdict(report: dict, samples: list) -> dict:
                                         "ok": value is not None and value < MAX_RSS_GROWTH_BYTES}
     return {"checks": checks, "passed": all(c["ok"] for c in checks.values()),
             "rss_growth_from_s": _baseline(samples)["t_s"] if samples else None,
+            "rss_growth_by_kind": rss_growth_by_kind(samples),
             # Reported beside the verdict, not judged: whether the state stayed exact depends on the reconciler's
             # hardware (on one GPU with the cycles it may be slow), not on the run staying healthy.
             "exact_forgetting": report.get("exactness", {}).get("verdict", "n/a")}
@@ -144,6 +145,21 @@ def rss_growth(samples: list) -> dict:
     return out
 
 
+def rss_growth_by_kind(samples: list) -> dict:
+    """{node: {kind: last - first at or after WARMUP_S}} for the parts of VmRSS (/proc/<pid>/status RssAnon: heap
+    and anonymous maps; RssFile: mapped files such as libraries; RssShmem: shared memory), not judged: where a
+    growth lives says what to look for (nodes restarted in between, or samples without kinds, are left out)."""
+    if not samples:
+        return {}
+    base, last = _baseline(samples), samples[-1]
+    out = {}
+    for name, kinds in last.get("rss_kinds", {}).items():
+        start = base.get("rss_kinds", {}).get(name)
+        if kinds and start and base["pid"].get(name) == last["pid"].get(name):
+            out[name] = {k: kinds[k] - start[k] for k in kinds if k in start}
+    return out
+
+
 def format_verdict(soak: dict) -> str:
     lines = [f"soak verdict: {'PASS' if soak['passed'] else 'FAIL'} (RSS growth from t = {soak['rss_growth_from_s']} s)"]
     for name, c in soak["checks"].items():
@@ -156,6 +172,11 @@ def format_verdict(soak: dict) -> str:
         else:
             bound = f"== {bound!r}" if bound == "" else f"<= {bound}"
         lines.append(f"  {'ok  ' if c['ok'] else 'FAIL'} {name:<28} {value}  ({bound})")
+        kinds = soak.get("rss_growth_by_kind", {}).get(name[len("rss_growth_"):]) if name.startswith("rss_growth_") \
+            else None
+        if kinds:
+            lines.append("       last sample against the first judged, by kind: " + ", ".join(
+                f"{k} {v / 2**20:+.2f} MiB" for k, v in kinds.items()))
     lines.append(f"  info exact forgetting: {soak.get('exact_forgetting', 'n/a')} (not judged; the table above has "
                  f"the numbers)")
     return "\n".join(lines)
@@ -189,11 +210,19 @@ def _baseline(samples: list) -> dict:
     return next((s for s in samples if s["t_s"] >= WARMUP_S), samples[-1])
 
 
-def _vm_rss_bytes(pid: int) -> int | None:
+RSS_KINDS = {"RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
+
+
+def _rss_of(pid: int) -> tuple:
+    """(VmRSS bytes or None, {anon, file, shmem: bytes}) of a process, from /proc/<pid>/status."""
+    rss, kinds = None, {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024          # "VmRSS:    123456 kB"
+            key = line.split(":", 1)[0] + ":"
+            if key == "VmRSS:":
+                rss = int(line.split()[1]) * 1024          # "VmRSS:    123456 kB"
+            elif key in RSS_KINDS:
+                kinds[RSS_KINDS[key]] = int(line.split()[1]) * 1024
     except OSError:
-        return None
-    return None
+        return None, {}
+    return rss, kinds
