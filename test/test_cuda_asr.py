@@ -196,10 +196,11 @@ def test_a_reconciler_thread_keeps_swapping_exact_states(tiny_model_dir, model, 
     assert cosine(rig.primary.last_prefill_logits, oracle_logits(load_hf_model(tiny_model_dir), rig.primary)) >= COS_EXACT
 
 
-def test_late_frames_left_to_the_next_cycle_are_computed_by_its_device_prefill_exactly(
+def test_late_frames_left_to_the_next_cycle_are_written_on_the_device_exactly(
         tiny_model_dir, model, own_context, clip):
-    """asr.swap_finish next_cycle on the CUDA backend: a swap's two late frames ride in the next cycle's prefill
-    (a row count set_instruction captured) and the state after it is the one HF computes from scratch."""
+    """asr.swap_finish next_cycle on the CUDA backend: a swap's two late frames are written at the next cycle's
+    start (one 64-row forward over the swapped-in state) and the state after that cycle is the one HF computes
+    from scratch."""
     from vla_edge_ros.core.reconciliation import Phase
     from vla_edge_ros.model.hf_oracle import load_hf_model
 

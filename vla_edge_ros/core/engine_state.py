@@ -85,7 +85,7 @@ class SwapReport:
     place_ms: float = 0.0        # the snapshot's frames into the slot bookkeeping (host only, before the KV copy)
     place_off_cpu_ms: float = 0.0  # of place_ms, the thread not running (preempted, or waiting for the interpreter lock)
     unseen_forgotten: list = ()  # never-seen frames beyond asr.max_late_chunks: forgotten (oldest first), in dropped
-    in_next_cycle: int = 0       # of late + unseen, frames admitted for the next cycle's prefill (asr.swap_finish)
+    in_next_cycle: int = 0       # of late + unseen, frames admitted for the next cycle to write (asr.swap_finish)
     copy_pending: bool = False   # the KV copy is queued, checked by the next cycle (asr.swap_finish next_cycle)
 
 
@@ -125,7 +125,7 @@ class FrameState:
         self.frames: dict[int, FrameRecord] = {}
         self.last_frame_id: int | None = None
         self.in_cycle = False                   # set by the cycle around its work: state changes wait for the boundary
-        self._unwritten: list[int] = []         # frames admitted by this cycle whose KV its prefill has not written yet
+        self._unwritten_frame: int | None = None
         # asr.swap_finish next_cycle: the latest swap's late frames, admitted (slots, positions, rows) but their KV
         # not written: the next cycle writes them at its start (write_pending), oldest first.
         self._pending: list[int] = []
@@ -192,7 +192,7 @@ class FrameState:
         """
         self._require_boundary("append_chunks")
         if self._pending:      # they are the newest and unwritten: a forward here would attend to garbage KV
-            raise RuntimeError(f"append_chunks: frames {self._pending} wait for the next cycle's prefill")
+            raise RuntimeError(f"append_chunks: frames {self._pending} wait for the next cycle (write_pending)")
         chunks = list(chunks)
         if not chunks:
             return []
@@ -306,8 +306,8 @@ class FrameState:
         recompute (None: no bound but asr.max_late_chunks); a swap needing more
         raises SwapDeferred (no_slack) rather than delay the next cycle.
         `next_cycle_room` (asr.swap_finish next_cycle; Engine.next_cycle_late_room):
-        how many of those frames, the newest, the next cycle's prefill may
-        compute instead; they are admitted here (slots, positions) and counted
+        how many of those frames, the newest, the next cycle may write at its
+        start instead; they are admitted here (slots, positions) and counted
         against no boundary budget. With next_cycle the KV copy is only queued
         here too, and checked by settle_swap_copy before anything reads it.
 
@@ -497,7 +497,7 @@ class FrameState:
 
     def _recompute_over_snapshot(self, plan: "_RecomputePlan", next_cycle_room: int = 0) -> tuple[list, float, int]:
         """The plan's late and unseen frames over the placed snapshot: the newest next_cycle_room of them admitted
-        for the next cycle's prefill (_admit_pending), the others appended now, asr.late_frames_per_forward
+        for the next cycle to write (_admit_pending), the others appended now, asr.late_frames_per_forward
         frames per forward (shapes warm_up prepared); returns (the frames the policy evicted meanwhile, the ms the
         forwards took, how many frames wait for the next cycle)."""
         if not plan.chunks:
@@ -739,17 +739,14 @@ class FrameState:
         return admission.slots, evicted
 
     def drop_unwritten_frame(self) -> None:
-        """Frames whose prefill failed (the cycle's frame, a swap's late frames it carried) have garbage KV:
-        forget them rather than attend to them later. The state stays exact, just shorter."""
-        ids, self._unwritten = self._unwritten, []
-        held = {r.frame_id for r in self.kv.retained()}
-        gone = self.kv.evict_frames([f for f in ids if f in held]) if ids else []
-        for fid in ids:
+        """A frame whose prefill failed has garbage KV: forget it rather than attend to it later."""
+        fid, self._unwritten_frame = self._unwritten_frame, None
+        if fid is not None:
+            (gone,) = self.kv.evict_frames([fid])
             self.frames.pop(fid, None)
-        if gone:
             self.last_frame_id = None
-            # They were the newest frames: give their positions back so the next one follows without a gap.
-            self.next_position = min(g.position_start for g in gone)
+            # It was the newest frame: give its positions back so the next one follows without a gap.
+            self.next_position = gone.position_start
 
     def _pooled_of(self, frame_id: int) -> np.ndarray:
         return next(r.pooled for r in self.kv.retained() if r.frame_id == frame_id)
@@ -760,10 +757,10 @@ class FrameState:
 
     def mark_unwritten(self, frame_id: int) -> None:
         """The frame's KV is not written until the cycle's prefill succeeds (drop_unwritten_frame forgets it)."""
-        self._unwritten.append(frame_id)
+        self._unwritten_frame = frame_id
 
     def mark_written(self) -> None:
-        self._unwritten = []
+        self._unwritten_frame = None
 
     def _prefill_prefix(self, tokenizer) -> None:
         ids = encode_text(tokenizer, prefix_text(self.cfg.prompt))

@@ -569,7 +569,7 @@ class SwapClient:
         """At the boundary after cycle `cycle_id`: apply the loaded offer to `state` (a FrameState), if any,
         and account for it: the swap timed whole and in parts (KV copy, recompute of the late frames, the
         rest). None when no offer was ready. max_recompute, next_cycle_room: FrameState.import_state's bounds
-        (from the slack; the late frames the next cycle may compute)."""
+        (from the slack; the late frames the next cycle may write)."""
         snap = self.take_ready()
         if snap is None:
             return None
@@ -630,7 +630,7 @@ class SwapClient:
     def after_cycle(self, result) -> None:
         """The cycle thread, after each cycle: what a swap left to it (asr.swap_finish next_cycle). Its check of
         the KV copy is done once the cycle ran (the copy is read no more: requests may go again), and its wait
-        and, where its prefill computed late frames, its whole time are kept with the swap's timings."""
+        and, where it wrote the swap's late frames at its start, its whole time are kept with the swap's timings."""
         settle_ms = result.swap_settle_ms
         with self._lock:
             if self._copy_unchecked:

@@ -112,10 +112,12 @@ class KvTransfer:
 
     def _put_slot_list(self, slots: np.ndarray) -> None:
         """A whole-state move's slot list into kv_slots_buf through page-locked memory, so that queuing the move
-        does not wait for the device: from pageable memory CUDA may run an "async" copy synchronously with the
-        host (its API synchronization notes), and a swap's copy queued at the boundary (asr.swap_finish
-        next_cycle) still took 0.36 ms p50 / 0.66 p99 to queue in an H200 soak of 2026-12-04, as long as the copy
-        itself. The host buffer is rewritten only once the previous upload has read it (its event)."""
+        cannot wait for the device: from pageable memory CUDA may run an "async" copy synchronously with the host
+        (its API synchronization notes). Written when a swap's copy queued at the boundary (asr.swap_finish
+        next_cycle) took 0.36 ms p50 / 0.66 p99 to queue in an H200 soak of 2026-12-04, as long as the copy
+        itself; the one soak since (another, noisier machine) still showed 0.47 / 0.93 ms, so that wait is
+        elsewhere (notes/cuda_notes.md, twelfth session). The host buffer is rewritten only once the previous
+        upload has read it (its event)."""
         self.kv_slots_host_read.synchronize()
         n = slots.size
         self.kv_slots_host[:n] = slots

@@ -398,7 +398,7 @@ class Reasoning(EngineNode):
         log.debug(f"state v{outcome.version} applied after cycle {cycle_id} in {outcome.apply_ms:.2f} ms (KV copy "
                   f"{r.kv_copy_ms:.2f} ms{', checked by the next cycle' if r.copy_pending else ''}, recompute "
                   f"{r.recompute_ms:.2f} ms): {r.frames} reconciled frames, {len(r.late)} late and {len(r.unseen)} "
-                  f"unseen by the reconciler recomputed ({r.in_next_cycle} of them by the next cycle's prefill), "
+                  f"unseen by the reconciler recomputed ({r.in_next_cycle} of them left to the next cycle), "
                   f"{outcome.dropped} dropped")
         # Routine: each swap at DEBUG above, a running total at INFO at most every health.log_summary_s.
         total = self.swap.summary()
