@@ -317,6 +317,7 @@ def test_in_the_nodes_order_the_swap_follows_the_cycle_and_recomputes_the_frame_
             swaps.append(c)
             assert c.swap.late == [rig.i - 1] and c.swap.recompute_ms > 0 and c.swap_ms >= c.swap.recompute_ms
             assert 0.0 <= c.swap.place_off_cpu_ms <= c.swap.place_ms < c.swap_ms
+            assert 0.0 <= c.swap.queue_off_cpu_ms <= c.swap.kv_copy_ms < c.swap_ms
             assert rig.primary.state.state_exact and contiguous(rig.primary)
             c = node_cycle(10.0)                       # the next cycle attends to the swapped state: as from scratch
             assert cosine(rig.primary.last_prefill_logits, oracle_logits(hf, rig.primary)) >= COS_EXACT

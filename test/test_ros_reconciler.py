@@ -212,8 +212,8 @@ def test_swap_applied_at_a_cycle_boundary(model, harness, tmp_path):
     assert 0 < int(status["total.exact_actions"]) <= int(status["total.actions"]), status
     assert float(status["total.exact_action_share"]) > 0
     assert int(status["swap.swap_deferred_stale"]) >= 0 and status["swap.swap_rejections"] == "0", status
-    for part in ("apply_ms", "check_ms", "place_ms", "place_off_cpu_ms", "kv_copy_ms", "recompute_ms", "rest_ms",
-                 "bookkeeping_ms"):
+    for part in ("apply_ms", "check_ms", "place_ms", "place_off_cpu_ms", "kv_copy_ms", "queue_off_cpu_ms",
+                 "recompute_ms", "rest_ms", "bookkeeping_ms"):
         assert float(status[f"swap.swap_{part}_p50"]) <= float(status[f"swap.swap_{part}_p99"]) \
             <= float(status[f"swap.swap_{part}_max"]), (part, status)
     assert float(status["swap.swap_kv_copy_ms_max"]) <= float(status["swap.swap_apply_ms_max"])

@@ -265,7 +265,8 @@ def test_client_never_asks_while_it_may_still_read_an_offer_and_ignores_abandone
     snap = client.take_ready()
     assert snap.version == 3 and not client.want_request(now=3.0)           # being applied
     client.mark_applied(3, cycle_id=9, dropped=0, late=1, apply_ms=4.0, kv_copy_ms=1.0, recompute_ms=2.2,
-                        round_id=snap.round, check_ms=0.1, place_ms=0.2, place_off_cpu_ms=0.05)
+                        round_id=snap.round, check_ms=0.1, place_ms=0.2, place_off_cpu_ms=0.05,
+                        queue_off_cpu_ms=0.3)
     assert client.want_request(now=3.0)
     # Round 3 is applied: its fresher versions are moot; a new round is not.
     assert client.on_response(SwapAnswer(SwapOffer(4, str(path), 0, -1, round=3))) is None
@@ -275,6 +276,7 @@ def test_client_never_asks_while_it_may_still_read_an_offer_and_ignores_abandone
             summary["swap_kv_copy_ms_max"], summary["swap_recompute_ms_p99"]) == (4.0, 0.1, 0.2, 1.0, 2.2)
     assert summary["swap_rest_ms_max"] == pytest.approx(0.5)             # what the four parts leave of the whole
     assert summary["swap_place_off_cpu_ms_p50"] == 0.05                   # a share of place_ms, not a fifth part
+    assert summary["swap_queue_off_cpu_ms_p50"] == 0.3                    # a share of kv_copy_ms, likewise
     # The apply without its KV copy and recompute (the device work on a GPU): the host part, never above the whole.
     assert summary["swap_bookkeeping_ms_max"] == pytest.approx(4.0 - 1.0 - 2.2)
     assert summary["swap_bookkeeping_ms_p50"] <= summary["swap_apply_ms_p50"]

@@ -84,6 +84,8 @@ class SwapReport:
     check_ms: float = 0.0        # checking it before anything changed (_check_snapshot)
     place_ms: float = 0.0        # the snapshot's frames into the slot bookkeeping (host only, before the KV copy)
     place_off_cpu_ms: float = 0.0  # of place_ms, the thread not running (preempted, or waiting for the interpreter lock)
+    queue_off_cpu_ms: float = 0.0  # of queuing the KV copy (in kv_copy_ms), the thread not running: the interpreter
+                                   # lock taken back after a driver call, or a blocking wait (a driver's spin is CPU)
     unseen_forgotten: list = ()  # never-seen frames beyond asr.max_late_chunks: forgotten (oldest first), in dropped
     in_next_cycle: int = 0       # of late + unseen, frames admitted for the next cycle to write (asr.swap_finish)
     copy_pending: bool = False   # the KV copy is queued, checked by the next cycle (asr.swap_finish next_cycle)
@@ -321,7 +323,7 @@ class FrameState:
         t_check = time.perf_counter()
         plan = self._check_snapshot(snap, max_recompute, next_cycle_room)
         check_ms = (time.perf_counter() - t_check) * 1e3
-        place_ms, place_off_cpu_ms, queue_ms, copy = self._place_snapshot(snap)
+        place_ms, place_off_cpu_ms, queue_ms, queue_off_cpu_ms, copy = self._place_snapshot(snap)
         deferred_copy = False
         try:
             # Queued behind the KV copy on the device's stream: the copy runs while the host launches this.
@@ -343,7 +345,7 @@ class FrameState:
                                     unseen=[c.frame_id for c in plan.chunks if c.frame_id in unseen_ids],
                                     kv_copy_ms=kv_copy_ms, recompute_ms=recompute_ms, check_ms=check_ms,
                                     place_ms=place_ms, place_off_cpu_ms=place_off_cpu_ms,
-                                    unseen_forgotten=plan.unseen_forgotten, in_next_cycle=in_next_cycle,
+                                    queue_off_cpu_ms=queue_off_cpu_ms, unseen_forgotten=plan.unseen_forgotten, in_next_cycle=in_next_cycle,
                                     copy_pending=deferred_copy)
         log.debug("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
                   len(plan.dropped), len(plan.chunks))
@@ -409,8 +411,8 @@ class FrameState:
         """The snapshot's frames into the slots (the layout prepare_swap planned, or planned now) and the copy of
         its KV into the arena queued (a checked snapshot fits: no policy involved); returns the ms the slot
         bookkeeping took, the ms of it this thread did not run (host-only work: what is not CPU time is waiting
-        for a core or the interpreter lock), the ms queuing the copy took, and the queued copy (KvWrite:
-        _finish_copy waits for it)."""
+        for a core or the interpreter lock), the ms queuing the copy took and the ms of that this thread did not
+        run, and the queued copy (KvWrite: _finish_copy waits for it)."""
         t_place, cpu_place = time.perf_counter(), time.thread_time()
         placement = snap.placement
         if placement is None:                           # no loader planned it (a swap applied in process)
@@ -440,7 +442,7 @@ class FrameState:
         place_off_cpu_ms = min(place_ms, max(0.0, place_ms - place_cpu_ms))
         self.next_position = snap.next_position
         self.approximate_evictions = 0
-        return place_ms, place_off_cpu_ms, queue_ms, copy
+        return place_ms, place_off_cpu_ms, queue_ms, min(queue_ms, max(0.0, queue_ms - queue_cpu_ms)), copy
 
     def _records_after_swap(self, snap: StateSnapshot, held: dict) -> dict:
         """The frame records of a swapped-in state: with the snapshot's vision rows when it brings them, else the

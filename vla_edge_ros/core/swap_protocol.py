@@ -80,11 +80,12 @@ log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 TIMING_SAMPLES = 256      # swap timings kept for the diagnostics' percentiles
-# A swap at the boundary timed whole and in parts (place_off_cpu_ms is a share of place_ms, not a part of its own).
+# A swap at the boundary timed whole and in parts (place_off_cpu_ms is a share of place_ms, queue_off_cpu_ms one of
+# kv_copy_ms, not parts of their own).
 # bookkeeping_ms: the whole apply without its KV copy and late recompute (the device work on a GPU): the checks,
 # the slots and the rest, the host work that issue 20 bounds apart from the copy.
-SWAP_TIMINGS = ("apply_ms", "check_ms", "place_ms", "place_off_cpu_ms", "kv_copy_ms", "recompute_ms", "rest_ms",
-                "bookkeeping_ms", "settle_ms", "next_cycle_ms")
+SWAP_TIMINGS = ("apply_ms", "check_ms", "place_ms", "place_off_cpu_ms", "kv_copy_ms", "queue_off_cpu_ms",
+                "recompute_ms", "rest_ms", "bookkeeping_ms", "settle_ms", "next_cycle_ms")
 # With asr.swap_finish next_cycle, what the swap left to the cycle after it (not parts of apply_ms): settle_ms, that
 # cycle's wait for the KV copy's check; next_cycle_ms, the whole of that cycle when it wrote late frames first.
 SWAP_PARTS = ("check_ms", "place_ms", "kv_copy_ms", "recompute_ms")   # what apply_ms is made of, besides the rest
@@ -591,7 +592,7 @@ class SwapClient:
         self.mark_applied(snap.version, cycle_id, len(dropped), len(report.late), len(report.unseen),
                           apply_ms=apply_ms, kv_copy_ms=report.kv_copy_ms, recompute_ms=report.recompute_ms,
                           check_ms=report.check_ms, place_ms=report.place_ms,
-                          place_off_cpu_ms=report.place_off_cpu_ms,
+                          place_off_cpu_ms=report.place_off_cpu_ms, queue_off_cpu_ms=report.queue_off_cpu_ms,
                           round_id=snap.round, unseen_forgotten=len(report.unseen_forgotten))
         if report.copy_pending:
             with self._lock:               # what the copy reads must stay: no request until it is checked
@@ -602,12 +603,12 @@ class SwapClient:
                      apply_ms: float | None = None, kv_copy_ms: float | None = None,
                      recompute_ms: float | None = None, round_id: int = 0, unseen_forgotten: int = 0,
                      check_ms: float | None = None, place_ms: float | None = None,
-                     place_off_cpu_ms: float | None = None) -> None:
+                     place_off_cpu_ms: float | None = None, queue_off_cpu_ms: float | None = None) -> None:
         """apply_ms: the whole swap at the boundary; check_ms / place_ms / kv_copy_ms / recompute_ms: its checks
         before anything changed, the slot and frame bookkeeping, its KV copy and the recompute of the late (and
         unseen) frames; the rest is what is left of apply_ms (none of those: the calls around them);
-        place_off_cpu_ms: of place_ms, the cycle thread not running. bookkeeping_ms (derived): apply_ms less
-        the KV copy and the recompute."""
+        place_off_cpu_ms: of place_ms, the cycle thread not running; queue_off_cpu_ms: likewise of queuing the KV
+        copy (its share of kv_copy_ms). bookkeeping_ms (derived): apply_ms less the KV copy and the recompute."""
         with self._lock:
             self.applied_version = version
             self.applied_at_cycle = cycle_id
@@ -619,7 +620,8 @@ class SwapClient:
             self.unseen_frames += unseen
             self.unseen_forgotten += unseen_forgotten
             parts = {"apply_ms": apply_ms, "check_ms": check_ms, "place_ms": place_ms,
-                     "place_off_cpu_ms": place_off_cpu_ms, "kv_copy_ms": kv_copy_ms, "recompute_ms": recompute_ms}
+                     "place_off_cpu_ms": place_off_cpu_ms, "kv_copy_ms": kv_copy_ms, "queue_off_cpu_ms": queue_off_cpu_ms,
+                     "recompute_ms": recompute_ms}
             if apply_ms is not None:
                 parts["rest_ms"] = max(0.0, apply_ms - sum(parts[k] or 0.0 for k in SWAP_PARTS))
                 parts["bookkeeping_ms"] = max(0.0, apply_ms - (kv_copy_ms or 0.0) - (recompute_ms or 0.0))

@@ -279,6 +279,7 @@ def _state_rows(report: dict) -> list:
             f"{label} " + "/".join(_ms(swaps[f"{part}_{q}"]) for q in ("p50", "p99", "max")) + " ms"
             for label, part in (("whole", "apply_ms"), ("checks", "check_ms"), ("slots", "place_ms"),
                                 ("of which off CPU", "place_off_cpu_ms"), ("KV copy", "kv_copy_ms"),
+                                ("its queuing off CPU", "queue_off_cpu_ms"),
                                 ("late recompute", "recompute_ms"), ("rest", "rest_ms"),
                                 ("without KV copy and recompute", "bookkeeping_ms")))),
         ("left to the next cycle p50/p99/max", "; ".join(       # asr.swap_finish next_cycle ("-" otherwise)
