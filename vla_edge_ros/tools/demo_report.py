@@ -282,7 +282,7 @@ def _state_rows(report: dict) -> list:
                                 ("its queuing off CPU", "queue_off_cpu_ms"),
                                 ("late recompute", "recompute_ms"), ("rest", "rest_ms"),
                                 ("without KV copy and recompute", "bookkeeping_ms")))),
-        ("left to the next cycle p50/p99/max", "; ".join(       # asr.swap_finish next_cycle ("-" otherwise)
+        ("left to the next cycle p50/p99/max", "; ".join(       # asr.swap_finish next_cycle (n/a otherwise)
             f"{label} " + "/".join(_ms(swaps[f"{part}_{q}"]) for q in ("p50", "p99", "max")) + " ms"
             for label, part in (("copy check", "settle_ms"), ("cycle with late frames", "next_cycle_ms")))),
         ("reconciler work", ", ".join(f"{k} {v}" for k, v in report["reconciler_work"].items() if v != "") or "-"),
