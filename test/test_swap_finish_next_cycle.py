@@ -41,7 +41,8 @@ def hf(tiny_model_dir):
 
 
 def frames_in(x, positions, write_slots, context_slots, *args, **kwargs):
-    """What a forward writes and what it attends to, in frames of 32 rows: (written, attended beside the prefix)."""
+    """What a forward writes and what it attends to besides itself, in whole 32-row frames (the prefix's slots
+    counted in with the frames, rounded down)."""
     return x.shape[0] // 32, context_slots.size // 32
 
 
