@@ -474,10 +474,7 @@ class FrameState:
         """The reconciler rewrote the buffer under the copy: this KV is mixed. Forget every frame, the late ones
         recomputed over it too (an exact, empty state), rather than attend to it; the next offer brings them back."""
         log.error("swap v%d: %s; all frames forgotten, the state stays exact", snap.version, exc)
-        self.kv.evict_all()
-        self.frames.clear()
-        self.next_position = self.prefix_tokens
-        self.approximate_evictions = 0
+        self.reset_frames()
         raise SnapshotError(f"snapshot v{snap.version}: {exc}") from exc
 
     def _release(self, record: FrameRecord | None) -> None:
@@ -560,10 +557,7 @@ class FrameState:
                 self.computed_tokens["frames"] += rows.shape[0]
         finally:
             if written < len(todo):         # garbage KV from here on: forget those frames rather than attend to it
-                gone = self.kv.evict_frames([r.frame_id for r in todo[written:]])
-                for r in todo[written:]:
-                    self.frames.pop(r.frame_id, None)
-                self.next_position = min(g.position_start for g in gone)
+                self._forget_newest([r.frame_id for r in todo[written:]])
                 self.last_frame_id = max(self.frames) if self.frames else None
         self.note_recompute((time.perf_counter() - t_write) * 1e3, written)
         return written
@@ -588,12 +582,8 @@ class FrameState:
             self.torn_after_apply += 1
             log.error("swap v%d: %s (found by the next cycle's check); all frames forgotten, the state stays exact",
                       version, exc)
-            self.kv.evict_all()
-            self.frames.clear()
-            self._pending = []
+            self.reset_frames()
             self.last_frame_id = None
-            self.next_position = self.prefix_tokens
-            self.approximate_evictions = 0
         return (time.perf_counter() - t_wait) * 1e3
 
     def note_recompute(self, ms: float, frames: int) -> None:
@@ -744,11 +734,16 @@ class FrameState:
         """A frame whose prefill failed has garbage KV: forget it rather than attend to it later."""
         fid, self._unwritten_frame = self._unwritten_frame, None
         if fid is not None:
-            (gone,) = self.kv.evict_frames([fid])
-            self.frames.pop(fid, None)
+            self._forget_newest([fid])
             self.last_frame_id = None
-            # It was the newest frame: give its positions back so the next one follows without a gap.
-            self.next_position = gone.position_start
+
+    def _forget_newest(self, frame_ids: list) -> None:
+        """Forget these frames, the newest retained ones, whose KV was never written (a failed forward): their
+        slots and records go, and their positions are given back so the next frame follows without a gap."""
+        gone = self.kv.evict_frames(frame_ids)
+        for fid in frame_ids:
+            self.frames.pop(fid, None)
+        self.next_position = min(g.position_start for g in gone)
 
     def _pooled_of(self, frame_id: int) -> np.ndarray:
         return next(r.pooled for r in self.kv.retained() if r.frame_id == frame_id)
