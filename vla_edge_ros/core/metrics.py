@@ -206,12 +206,12 @@ def read_vm_rss_bytes() -> int | None:
     return read_memory_bytes()["VmRSS"]
 
 
-def read_memory_bytes() -> dict:
-    """{'VmHWM': bytes, 'VmRSS': bytes} from one read of /proc/self/status (so VmHWM >= VmRSS holds)."""
-    keys = ("VmHWM", "VmRSS")
+def read_memory_bytes(status: Path = PROC_STATUS, keys: tuple = ("VmHWM", "VmRSS")) -> dict:
+    """{key: bytes} of these kB lines from one read of a process's status file (this process's by default: VmHWM
+    and VmRSS, so VmHWM >= VmRSS holds); all None where the file cannot be read (no /proc, a process gone)."""
     try:
-        text = PROC_STATUS.read_text()
-    except FileNotFoundError:
+        text = status.read_text()
+    except OSError:
         return dict.fromkeys(keys)
     found = dict.fromkeys(keys)
     for line in text.splitlines():
@@ -220,11 +220,11 @@ def read_memory_bytes() -> dict:
         if name in found:
             number, unit = rest.split()
             if unit != "kB":
-                raise ValueError(f"{PROC_STATUS}: unexpected unit {unit!r} for {name}")
+                raise ValueError(f"{status}: unexpected unit {unit!r} for {name}")
             found[name] = int(number) * 1024
     for key in keys:
         if found[key] is None:
-            log.warning("%s has no %s line", PROC_STATUS, key)
+            log.warning("%s has no %s line", status, key)
     return found
 
 

@@ -210,19 +210,11 @@ def _baseline(samples: list) -> dict:
     return next((s for s in samples if s["t_s"] >= WARMUP_S), samples[-1])
 
 
-RSS_KINDS = {"RssAnon:": "anon", "RssFile:": "file", "RssShmem:": "shmem"}
+RSS_KINDS = {"RssAnon": "anon", "RssFile": "file", "RssShmem": "shmem"}
 
 
 def _rss_of(pid: int) -> tuple:
     """(VmRSS bytes or None, {anon, file, shmem: bytes}) of a process, from /proc/<pid>/status."""
-    rss, kinds = None, {}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key = line.split(":", 1)[0] + ":"
-            if key == "VmRSS:":
-                rss = int(line.split()[1]) * 1024          # "VmRSS:    123456 kB"
-            elif key in RSS_KINDS:
-                kinds[RSS_KINDS[key]] = int(line.split()[1]) * 1024
-    except OSError:
-        return None, {}
-    return rss, kinds
+    from ..core.metrics import read_memory_bytes
+    found = read_memory_bytes(Path(f"/proc/{pid}/status"), ("VmRSS",) + tuple(RSS_KINDS))
+    return found["VmRSS"], {kind: found[key] for key, kind in RSS_KINDS.items() if found[key] is not None}
