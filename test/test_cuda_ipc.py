@@ -39,8 +39,11 @@ def test_kv_rows_cross_processes_bit_exactly_and_a_rewritten_buffer_is_refused(t
         kv = mapper.open(descriptor)
         assert kv.shape == expected.shape and np.isfinite(kv).all()
         dst = np.arange(CAPACITY - 1, CAPACITY - 151, -1)             # other slots, reversed
-        kv.write_into(primary, dst)
+        write = kv.start_write(primary, dst)
+        write.finish()
         np.testing.assert_array_equal(primary.read_kv(dst), expected)
+        # The queuing's parts a swap reports: the scatter's launch, and of that its slot list's upload.
+        assert 0.0 <= write.slot_upload_ms <= write.scatter_queue_ms <= kv.last_copy_ms
         assert descriptor["element"] == np.dtype(primary.kv_rows_dtype()).name
         other = dict(descriptor, element="float32" if kv_dtype == "bfloat16" else "uint16")
         with pytest.raises(ValueError, match="kv.dtype differs"):

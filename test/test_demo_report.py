@@ -3,9 +3,11 @@ the controller receives them (strings): one word a reader can trust at a glance,
 from vla_edge_ros.tools.demo_report import EXACT_SHARE_WORKED, exactness, format_table
 
 
-def _diagnostics(actions=100, exact=100, swaps=0, started=0, applied=0, aborted_fits=0, deferred=0):
+def _diagnostics(actions=100, exact=100, swaps=0, started=0, applied=0, aborted_fits=0, deferred=0, no_slack=0,
+                 no_room=0):
     reasoning = {"total.actions": str(actions), "total.exact_actions": str(exact), "swap.swaps": str(swaps),
-                 "swap.swap_deferred_stale": str(deferred), "state.approximate_evictions": "0"}
+                 "swap.swap_deferred_stale": str(deferred), "swap.swap_deferred_no_slack": str(no_slack),
+                 "swap.swap_waits_no_room": str(no_room), "state.approximate_evictions": "0"}
     reconciler = {"rounds_started": str(started), "rounds_applied": str(applied),
                   "rounds_aborted": str(aborted_fits), "rounds_aborted_by.no_longer_fits": str(aborted_fits),
                   "trigger_to_applied_ms_p50": "420.5" if applied else "",
@@ -31,7 +33,8 @@ def test_the_verdict_says_whether_exact_forgetting_worked():
 
 def test_the_table_puts_the_verdict_and_the_swap_parts_on_their_own_lines():
     from vla_edge_ros.tools.demo_report import build_report
-    reasoning, reconciler = _diagnostics(exact=97, swaps=4, started=5, applied=4, aborted_fits=1, deferred=3)
+    reasoning, reconciler = _diagnostics(exact=97, swaps=4, started=5, applied=4, aborted_fits=1, deferred=3,
+                                         no_slack=7, no_room=2)
     reasoning.update({"swap.swap_apply_ms_p50": "2.5", "swap.swap_apply_ms_p99": "4.0", "swap.swap_apply_ms_max": "4.1",
                       "swap.swap_kv_copy_ms_p50": "0.7", "swap.swap_recompute_ms_max": "3.0"})
     meta = {"seconds": 1.0, "camera_hz": 60.0, "deadline_ms": 33.0, "camera_to_first_action_s": 0.1,
@@ -40,5 +43,7 @@ def test_the_table_puts_the_verdict_and_the_swap_parts_on_their_own_lines():
     line = next(x for x in table.splitlines() if x.startswith("exact forgetting"))
     assert "YES: 97.0% of actions on an exact state" in line and "no_longer_fits 1" in line
     assert "3 stale offers deferred" in line and "trigger -> swap p50 420.50 ms" in line
+    # Why offers were not applied when they came: no slack for their late frames, no room for a swap at all.
+    assert "7 deferred without slack for their late frames" in line and "2 boundaries an offer waited" in line
     parts = next(x for x in table.splitlines() if x.startswith("swap at the boundary"))
     assert "whole 2.50/4.00/4.10 ms" in parts and "KV copy 0.70/n/a/n/a ms" in parts

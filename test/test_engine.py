@@ -288,6 +288,31 @@ def test_a_swap_recompute_is_planned_on_the_slow_end_of_recent_cycles(tiny_model
     assert eng.swap_recompute_budget_frames(margin + fixed - 0.1) == NO_SWAP_ROOM
 
 
+def test_recomputes_cheaper_than_the_cycles_rate_are_planned_on_once_enough_are_measured(tiny_model_dir):
+    """On the H200 a swap's late frames go through the bulk prefill (~0.4 ms a frame) while the cycle's short
+    prefill prices a frame at ~8.8 ms: with the cycles' rate as a floor, the boundary's room took at most one late
+    frame, and offers with two were deferred. A few cheap samples do not lift the floor (TAIL_MIN_SAMPLES: the
+    cycles' rate is all that is known); once that many are in, their own cost is what a swap, a re-base and the
+    next cycle's late room are planned on."""
+    from vla_edge_ros.core.sample_window import TAIL_MIN_SAMPLES
+    eng = make_engine(tiny_model_dir, **{"asr.swap_finish": "next_cycle", "asr.max_late_chunks": 4})
+    adm, tpf = eng.admission, eng.cfg.vision.tokens_per_frame
+    adm.observe(0.25 * tpf + 1.0, tpf, 1.0, 1)                     # cycles: 0.25 ms per prefill token
+    cycle_frame_ms, cheap_ms = 0.25 * tpf, 0.02 * tpf
+    headroom, margin = eng.cfg.kv.recompute_headroom, eng.cfg.cycle.safety_margin_ms
+    for _ in range(TAIL_MIN_SAMPLES - 1):
+        eng.state.note_recompute(cheap_ms, 1)
+    floor_budget = eng.swap_recompute_budget_frames(30.0)
+    assert floor_budget == int((30.0 - margin) // (cycle_frame_ms * adm.tail_factor * headroom))
+    floor_plans = (floor_budget, eng._rebase_budget_frames(), eng.next_cycle_late_room())
+    eng.state.note_recompute(cheap_ms, 1)
+    assert eng.state.recompute_ms_per_frame_tail == pytest.approx(cheap_ms)
+    assert eng.swap_recompute_budget_frames(30.0) == int((30.0 - margin) // (cheap_ms * adm.tail_factor * headroom))
+    measured_plans = (eng.swap_recompute_budget_frames(30.0), eng._rebase_budget_frames(), eng.next_cycle_late_room())
+    assert all(m > f for m, f in zip(measured_plans[:2], floor_plans[:2])), (floor_plans, measured_plans)
+    assert measured_plans[2] >= floor_plans[2] and measured_plans[2] == eng.cfg.asr.max_late_chunks
+
+
 def test_one_slow_recompute_cannot_price_every_later_swap_and_rebase_out_of_the_slack(tiny_model_dir):
     """Recomputes are measured only when one runs: a single hiccup (86 ms once in a CPU soak) folded into an average
     left every later swap and re-base a budget of 0 frames, so no new sample ever came. The plan takes the median

@@ -431,19 +431,26 @@ class Engine:
         return max(0, int(slack_ms // (self.cfg.kv.recompute_headroom * per_frame)))
 
     def _frame_recompute_ms(self) -> float | None:
-        """What recomputing one frame (one frame per forward) is planned to cost: the larger of the admission
-        estimate of a frame's prefill and the measured recomputes (their median), these at most
-        kv.recompute_estimate_cap x that estimate. Recomputes are measured only when one runs, so an estimate
-        that prices every swap and re-base out of the slack never gets a sample to correct it (a 10-minute CPU
-        soak: one 86 ms swap folded into an average, then 1056 rounds aborted and every re-base forgot all its
-        frames); the median ignores one such sample, and the cap bounds what slow samples alone can do, against
-        the cycles' estimate that every cycle refreshes. None in deterministic mode or with no cycle measured
-        (then recomputes are not bounded by time)."""
+        """What recomputing one frame (one frame per forward) is planned to cost: the measured recomputes
+        (their median) once TAIL_MIN_SAMPLES of them are in, before that the larger of those and the admission
+        estimate of a frame's prefill; measured recomputes count at most kv.recompute_estimate_cap x that
+        estimate. Recomputes are measured only when one runs, so an estimate that prices every swap and re-base
+        out of the slack never gets a sample to correct it (a 10-minute CPU soak: one 86 ms swap folded into an
+        average, then 1056 rounds aborted and every re-base forgot all its frames); the median ignores one such
+        sample, and the cap bounds what slow samples alone can do, against the cycles' estimate that every cycle
+        refreshes. Why the cycles' estimate stops being a floor: on a GPU the two run different kernels. The
+        cycle's short prefill is mostly fixed cost (1.5B shape on the H200: 0.27 ms per token, 8.8 ms for a
+        32-token frame) while a swap's late frames go through the bulk prefill (~0.4 ms a frame: 216 late frames
+        in 0.75 ms p50 per swap of ~2), so with the tail factor and kv.recompute_headroom the floor planned each
+        late frame at ~12.6 ms, about all the room a boundary has after a 16.5 ms cycle; on a CPU the recomputes measure dearer than the cycles' rate and are what was planned on anyway. None in
+        deterministic mode or with no cycle measured (then recomputes are not bounded by time)."""
         adm = self.admission
         if self.cfg.cycle.deterministic or not adm.has_sample or adm.ema_prefill_ms_per_token <= 0:
             return None
-        return max(adm.ema_prefill_ms_per_token * self.cfg.vision.tokens_per_frame,
-                   min(self.state.recompute_ms_per_frame or 0.0, self._recompute_cap_ms()))
+        measured = min(self.state.recompute_ms_per_frame or 0.0, self._recompute_cap_ms())
+        if self.state.recompute_ms_per_frame_tail is not None:     # enough recomputes measured: their own cost
+            return measured
+        return max(adm.ema_prefill_ms_per_token * self.cfg.vision.tokens_per_frame, measured)
 
     def _recompute_cap_ms(self) -> float:
         """The most a measured recompute of one frame counts for in a plan (see _frame_recompute_ms)."""

@@ -86,6 +86,8 @@ class SwapReport:
     place_off_cpu_ms: float = 0.0  # of place_ms, the thread not running (preempted, or waiting for the interpreter lock)
     queue_off_cpu_ms: float = 0.0  # of queuing the KV copy (in kv_copy_ms), the thread not running: the interpreter
                                    # lock taken back after a driver call, or a blocking wait (a driver's spin is CPU)
+    queue_scatter_ms: float | None = None  # of queuing the KV copy, the kv_scatter's launch (a device copy only)
+    slot_upload_ms: float | None = None    # of that, its slot list's upload
     unseen_forgotten: list = ()  # never-seen frames beyond asr.max_late_chunks: forgotten (oldest first), in dropped
     in_next_cycle: int = 0       # of late + unseen, frames admitted for the next cycle to write (asr.swap_finish)
     copy_pending: bool = False   # the KV copy is queued, checked by the next cycle (asr.swap_finish next_cycle)
@@ -345,8 +347,10 @@ class FrameState:
                                     unseen=[c.frame_id for c in plan.chunks if c.frame_id in unseen_ids],
                                     kv_copy_ms=kv_copy_ms, recompute_ms=recompute_ms, check_ms=check_ms,
                                     place_ms=place_ms, place_off_cpu_ms=place_off_cpu_ms,
-                                    queue_off_cpu_ms=queue_off_cpu_ms, unseen_forgotten=plan.unseen_forgotten, in_next_cycle=in_next_cycle,
-                                    copy_pending=deferred_copy)
+                                    queue_off_cpu_ms=queue_off_cpu_ms, unseen_forgotten=plan.unseen_forgotten,
+                                    in_next_cycle=in_next_cycle, copy_pending=deferred_copy,
+                                    queue_scatter_ms=getattr(copy, "scatter_queue_ms", None),
+                                    slot_upload_ms=getattr(copy, "slot_upload_ms", None))
         log.debug("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
                   len(plan.dropped), len(plan.chunks))
         return plan.dropped

@@ -85,7 +85,8 @@ TIMING_SAMPLES = 256      # swap timings kept for the diagnostics' percentiles
 # bookkeeping_ms: the whole apply without its KV copy and late recompute (the device work on a GPU): the checks,
 # the slots and the rest, the host work that issue 20 bounds apart from the copy.
 SWAP_TIMINGS = ("apply_ms", "check_ms", "place_ms", "place_off_cpu_ms", "kv_copy_ms", "queue_off_cpu_ms",
-                "recompute_ms", "rest_ms", "bookkeeping_ms", "settle_ms", "next_cycle_ms")
+                "queue_scatter_ms", "slot_upload_ms", "recompute_ms", "rest_ms", "bookkeeping_ms", "settle_ms",
+                "next_cycle_ms")
 # With asr.swap_finish next_cycle, what the swap left to the cycle after it (not parts of apply_ms): settle_ms, that
 # cycle's wait for the KV copy's check; next_cycle_ms, the whole of that cycle when it wrote late frames first.
 SWAP_PARTS = ("check_ms", "place_ms", "kv_copy_ms", "recompute_ms")   # what apply_ms is made of, besides the rest
@@ -459,6 +460,7 @@ class SwapClient:
         self.load_failures = 0
         self.rejections = 0
         self.deferrals: dict = {DEFER_STALE: 0, DEFER_NO_SLACK: 0}   # SwapDeferred.reason -> offers not applied
+        self.waits_no_room = 0        # boundaries where a loaded offer waited: not even a swap fitted the slack
         self.swaps = 0
         self.dropped_frames = 0
         self.late_frames = 0
@@ -565,6 +567,14 @@ class SwapClient:
                 self._applying = snap.version
             return snap
 
+    def wait_for_room(self) -> None:
+        """The cycle thread, at a boundary whose slack takes no swap (Engine.swap_recompute_budget_frames said
+        NO_SWAP_ROOM): a loaded offer, if any, stays for the next boundary; counted, as a deferral is, so that a
+        report can tell an offer that waited from one that never came."""
+        with self._lock:
+            if self._ready is not None:
+                self.waits_no_room += 1
+
     def apply_ready(self, state, cycle_id: int, max_recompute: int | None = None,
                     next_cycle_room: int = 0) -> SwapOutcome | None:
         """At the boundary after cycle `cycle_id`: apply the loaded offer to `state` (a FrameState), if any,
@@ -593,6 +603,7 @@ class SwapClient:
                           apply_ms=apply_ms, kv_copy_ms=report.kv_copy_ms, recompute_ms=report.recompute_ms,
                           check_ms=report.check_ms, place_ms=report.place_ms,
                           place_off_cpu_ms=report.place_off_cpu_ms, queue_off_cpu_ms=report.queue_off_cpu_ms,
+                          queue_scatter_ms=report.queue_scatter_ms, slot_upload_ms=report.slot_upload_ms,
                           round_id=snap.round, unseen_forgotten=len(report.unseen_forgotten))
         if report.copy_pending:
             with self._lock:               # what the copy reads must stay: no request until it is checked
@@ -603,12 +614,15 @@ class SwapClient:
                      apply_ms: float | None = None, kv_copy_ms: float | None = None,
                      recompute_ms: float | None = None, round_id: int = 0, unseen_forgotten: int = 0,
                      check_ms: float | None = None, place_ms: float | None = None,
-                     place_off_cpu_ms: float | None = None, queue_off_cpu_ms: float | None = None) -> None:
+                     place_off_cpu_ms: float | None = None, queue_off_cpu_ms: float | None = None,
+                     queue_scatter_ms: float | None = None, slot_upload_ms: float | None = None) -> None:
         """apply_ms: the whole swap at the boundary; check_ms / place_ms / kv_copy_ms / recompute_ms: its checks
         before anything changed, the slot and frame bookkeeping, its KV copy and the recompute of the late (and
         unseen) frames; the rest is what is left of apply_ms (none of those: the calls around them);
         place_off_cpu_ms: of place_ms, the cycle thread not running; queue_off_cpu_ms: likewise of queuing the KV
-        copy (its share of kv_copy_ms). bookkeeping_ms (derived): apply_ms less the KV copy and the recompute."""
+        copy (its share of kv_copy_ms); queue_scatter_ms, slot_upload_ms: of queuing a device copy, the kv_scatter's
+        launch and, of that, its slot list's upload. bookkeeping_ms (derived): apply_ms less the KV copy and the
+        recompute."""
         with self._lock:
             self.applied_version = version
             self.applied_at_cycle = cycle_id
@@ -621,6 +635,7 @@ class SwapClient:
             self.unseen_forgotten += unseen_forgotten
             parts = {"apply_ms": apply_ms, "check_ms": check_ms, "place_ms": place_ms,
                      "place_off_cpu_ms": place_off_cpu_ms, "kv_copy_ms": kv_copy_ms, "queue_off_cpu_ms": queue_off_cpu_ms,
+                     "queue_scatter_ms": queue_scatter_ms, "slot_upload_ms": slot_upload_ms,
                      "recompute_ms": recompute_ms}
             if apply_ms is not None:
                 parts["rest_ms"] = max(0.0, apply_ms - sum(parts[k] or 0.0 for k in SWAP_PARTS))
@@ -666,7 +681,7 @@ class SwapClient:
                     "swap_late_answers": self.late_answers, "swap_not_ready": self.not_ready,
                     "swap_load_failures": self.load_failures, "swap_rejections": self.rejections,
                     **{f"swap_deferred_{reason}": n for reason, n in self.deferrals.items()},
-                    "swap_deferred": sum(self.deferrals.values()),
+                    "swap_deferred": sum(self.deferrals.values()), "swap_waits_no_room": self.waits_no_room,
                     "swap_dropped_frames": self.dropped_frames, "swap_late_frames": self.late_frames,
                     "swap_unseen_frames": self.unseen_frames, "swap_unseen_forgotten": self.unseen_forgotten,
                     **self._timing_summary()}

@@ -244,6 +244,7 @@ class DeviceMemory:
         self.kv_slots_host = self._drv.pagelocked_empty(cap, np.int32)
         self.kv_slots_host_read = self._drv.Event(self._drv.event_flags.DISABLE_TIMING)
         self.kv_slots_host_read.record(self.stream)
+        self.last_slot_upload_ms: float | None = None                                 # the latest upload's queuing
         if self.bulk_min_rows:
             for name, (shape, dtype) in self._bulk_plan().items():
                 setattr(self, name, self._alloc(shape, dtype, zero=name == "bulk_stage"))

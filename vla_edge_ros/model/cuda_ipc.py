@@ -175,13 +175,19 @@ class IpcKV:
         try:
             with dev.bound():
                 drv.memcpy_dtoh_async(before, word_at, backend.stream)
+            t_scatter = time.perf_counter()
             backend.scatter_kv_rows(base, slots)
+            scatter_ms = (time.perf_counter() - t_scatter) * 1e3
             with dev.bound():
                 drv.memcpy_dtoh_async(after, word_at, backend.stream)
                 done.record(backend.stream)
         except drv.Error as exc:          # e.g. the reconciler's process went away under the mapping
             raise DeviceKVUnavailable(f"copying the reconciler's KV failed: {exc}") from exc
-        return IpcWrite(self, done, t)
+        write = IpcWrite(self, done, t)
+        # Where the queuing's time goes (it took as long as the copy in the H200 soaks, all calls asynchronous):
+        # the scatter's share, and of that its slot list's upload (CudaBackend.last_slot_upload_ms).
+        write.scatter_queue_ms, write.slot_upload_ms = scatter_ms, getattr(backend, "last_slot_upload_ms", None)
+        return write
 
     def _header(self) -> int:
         base = self.mapper.address(self.descriptor["handle"])
@@ -202,6 +208,8 @@ class IpcWrite:
         self.kv = kv
         self.done = done                 # pycuda Event recorded after the copy and the word's second read
         self.t_start = t_start
+        self.scatter_queue_ms: float | None = None    # of queuing: the kv_scatter's (start_write sets both)
+        self.slot_upload_ms: float | None = None      # of that: its slot list's upload
 
     def finish(self) -> None:
         kv = self.kv

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 
 import numpy as np
 
@@ -118,11 +119,13 @@ class KvTransfer:
         itself; the one soak since (another, noisier machine) still showed 0.47 / 0.93 ms, so that wait is
         elsewhere (notes/cuda_notes.md, twelfth session). The host buffer is rewritten only once the previous
         upload has read it (its event)."""
+        t = time.perf_counter()
         self.kv_slots_host_read.synchronize()
         n = slots.size
         self.kv_slots_host[:n] = slots
         self._drv.memcpy_htod_async(int(self.kv_slots_buf.gpudata), self.kv_slots_host[:n], self.stream)
         self.kv_slots_host_read.record(self.stream)
+        self.last_slot_upload_ms = (time.perf_counter() - t) * 1e3     # a swap's report times its queuing's parts
 
     @on_device
     def synchronize(self) -> None:

@@ -379,6 +379,7 @@ class Reasoning(EngineNode):
                 self.engine.set_instruction(text)
             budget = self.engine.swap_recompute_budget_frames((next_boundary_perf - time.perf_counter()) * 1e3)
             if budget == NO_SWAP_ROOM:          # a loaded offer waits for the next boundary
+                self.swap.wait_for_room()
                 return
             outcome = self.swap.apply_ready(self.engine.state, cycle_id, max_recompute=budget,
                                             next_cycle_room=self.engine.next_cycle_late_room())
@@ -405,7 +406,8 @@ class Reasoning(EngineNode):
         log.info(f"{total['swaps']} reconciled states applied so far (latest v{outcome.version} after cycle "
                  f"{cycle_id}, applied in {outcome.apply_ms:.2f} ms); frames recomputed: {total['swap_late_frames']} "
                  f"late, {total['swap_unseen_frames']} unseen; dropped {total['swap_dropped_frames']}; "
-                 f"{total['swap_deferred']} stale offers deferred",
+                 f"{total['swap_deferred']} offers deferred ({total['swap_deferred_stale']} stale, "
+                 f"{total['swap_deferred_no_slack']} without slack for their late frames)",
                  throttle_duration_sec=self.params.config.health.log_summary_s)
 
     # ------------------------------------------------------------- resources

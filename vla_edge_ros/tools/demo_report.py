@@ -18,7 +18,9 @@ The deadline-miss rate counts them as missed (a controller waited in vain);
 numbers behind it: the share of actions served on an exact state (no
 approximate eviction since the last reconciled swap; the reasoning node's
 count since it was activated), the reconciler's rounds started / applied /
-aborted by reason, the stale offers the reasoning node deferred, and the time
+aborted by reason, the offers the reasoning node deferred (too stale, or no
+slack at the boundary for their late frames) or held for a later boundary
+(no room even for a swap without late frames), and the time
 from a round's trigger to its swap (the reconciler learns of a swap from the
 next state chunk, one cycle later).
 """
@@ -188,6 +190,8 @@ def exactness(reasoning: dict, reconciler: dict) -> dict:
             "rounds_aborted": _int(reconciler.get("rounds_aborted")),
             "rounds_aborted_by": {r: _int(reconciler.get(f"rounds_aborted_by.{r}")) for r in ABORT_REASONS},
             "offers_deferred_stale": _int(reasoning.get("swap.swap_deferred_stale")),
+            "offers_deferred_no_slack": _int(reasoning.get("swap.swap_deferred_no_slack")),
+            "offer_waits_no_room": _int(reasoning.get("swap.swap_waits_no_room")),
             "reoffers": _int(reconciler.get("reoffers")),
             "rounds_sized_to_fit": _int(reconciler.get("rounds_sized_to_fit")),
             "round_frame_limit": _int(reconciler.get("round_frame_limit")),
@@ -280,6 +284,7 @@ def _state_rows(report: dict) -> list:
             for label, part in (("whole", "apply_ms"), ("checks", "check_ms"), ("slots", "place_ms"),
                                 ("of which off CPU", "place_off_cpu_ms"), ("KV copy", "kv_copy_ms"),
                                 ("its queuing off CPU", "queue_off_cpu_ms"),
+                                ("its scatter's launch", "queue_scatter_ms"), ("its slot upload", "slot_upload_ms"),
                                 ("late recompute", "recompute_ms"), ("rest", "rest_ms"),
                                 ("without KV copy and recompute", "bookkeeping_ms")))),
         ("left to the next cycle p50/p99/max", "; ".join(       # asr.swap_finish next_cycle (n/a otherwise)
@@ -309,7 +314,9 @@ def _exactness_line(e: dict) -> str:
     return (f"{e['verdict']}: {share} of actions on an exact state ({e['exact_actions']} of {e['actions']}); "
             f"rounds {e['rounds_started']} started / {e['rounds_applied']} applied / {e['rounds_aborted']} aborted "
             f"({aborted}); {e['swaps_applied']} swaps, {e['reoffers']} fresher re-offers, "
-            f"{e['offers_deferred_stale']} stale offers deferred; trigger -> swap p50 "
+            f"{e['offers_deferred_stale']} stale offers deferred, {e['offers_deferred_no_slack']} deferred without "
+            f"slack for their late frames, {e['offer_waits_no_room']} boundaries an offer waited for room; "
+            f"trigger -> swap p50 "
             f"{_ms(e['trigger_to_swap_ms_p50'])} ms, max {_ms(e['trigger_to_swap_ms_max'])} ms; {_sizing(e)}")
 
 
