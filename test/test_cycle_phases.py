@@ -83,3 +83,25 @@ def test_phase_names_are_checked_and_stats_are_bounded():
     s = stats.summary()
     assert s["decode"]["n"] == 4 and s["decode"]["max"] == 9.0 and s["late_cycles"] == 2
     assert s["decode"]["late_p50"] == pytest.approx(8.5)
+
+
+def test_the_phase_record_is_resident_from_the_start_and_recording_adds_no_memory():
+    """A node runs forever: its phase record is allocated and written when it is made, so filling it touches no
+    new page (a record that grew as it filled read as a leak in the soaks' memory check)."""
+    from vla_edge_ros.core.cycle_phases import DEFAULT_SAMPLES, PHASES
+    from vla_edge_ros.core.metrics import read_memory_bytes
+
+    def rss():
+        return read_memory_bytes()["VmRSS"]
+
+    before = rss()
+    stats = PhaseStats()
+    made = rss() - before
+    reserved = 2 * len(PHASES) * DEFAULT_SAMPLES * 8                 # every ring, all cycles and late ones
+    assert made >= 0.9 * reserved, (made, reserved)
+    filled_from = rss()
+    for i in range(DEFAULT_SAMPLES):
+        stats.record_cycle({name: float(i % 17) for name in PHASES}, late=i % 2 == 0)
+    grown = rss() - filled_from
+    assert grown < 0.1 * reserved, (grown, reserved)
+    assert stats.summary()["decode"]["n"] == DEFAULT_SAMPLES
