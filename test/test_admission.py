@@ -194,3 +194,48 @@ def test_tail_settings_are_validated():
         AdmissionConfig(tail_quantile=1.0)
     with pytest.raises(config.ConfigError, match="tail_window"):
         AdmissionConfig(tail_window=0)
+
+
+def _seed_refusing(ctl: AdmissionController, cost_ms: float, context: int) -> None:
+    """One learned cycle of `cost_ms` (one prefill token, seven decode steps) with `context` tokens held."""
+    ctl.observe(1.0, 1, cost_ms - 1.0, 7, context_tokens=context)
+
+
+def test_a_probe_replaces_the_estimate_it_was_admitted_to_check():
+    """While admission refuses, a probe is the only fresh cost: taken at ema_alpha, a cost that halved would need
+    several probes (15 refusals each) to be believed; taken whole, the next cycle is admitted."""
+    ctl = make()
+    budget = CFG.cycle.deadline_ms - CFG.cycle.safety_margin_ms
+    _seed_refusing(ctl, 1.2 * budget, 30_000)
+    decisions = [ctl.decide(0.0, 1, 7) for _ in range(CFG.admission.probe_after_refusals + 1)]
+    assert not any(d.admit for d in decisions[:-1]) and decisions[-1].probe
+    ctl.observe(1.0, 1, 0.5 * budget - 1.0, 7, probe=True)          # the cost halved meanwhile
+    after = ctl.decide(0.0, 1, 7)
+    assert after.admit and not after.probe and after.estimate_ms == pytest.approx(0.5 * budget)
+    # The same cycle learned as an ordinary one moves the estimate by ema_alpha only: still refused.
+    nudged = make()
+    _seed_refusing(nudged, 1.2 * budget, 30_000)
+    nudged.observe(1.0, 1, 0.5 * budget - 1.0, 7)
+    assert not nudged.decide(0.0, 1, 7).admit
+
+
+def test_a_state_that_shrank_gets_a_probe_at_once_and_only_one():
+    """A swap that leaves the state with fewer tokens than the estimate was learned with makes it too high (a cycle
+    attends to every token held): the first cycle it refuses is admitted as a probe instead, once per shrink."""
+    ctl = make()
+    budget = CFG.cycle.deadline_ms - CFG.cycle.safety_margin_ms
+    shrink = CFG.admission.probe_on_context_shrink
+    assert 0.0 < shrink < 1.0
+    _seed_refusing(ctl, 1.2 * budget, 30_000)
+    assert not ctl.decide(0.0, 1, 7, context_tokens=30_000).admit
+    assert not ctl.decide(0.0, 1, 7, context_tokens=int(30_000 * (1 - shrink)) + 64).admit   # not shrunk enough
+    first = ctl.decide(0.0, 1, 7, context_tokens=int(30_000 * (1 - shrink)))
+    assert first.admit and first.probe and ctl.shrink_probes == 1 and ctl.refusals_in_a_row == 0
+    # Its measurement never came (the cycle failed before it): the same smaller state is not probed again.
+    assert not ctl.decide(0.0, 1, 7, context_tokens=int(30_000 * (1 - shrink))).admit
+    # Without context (a caller that does not know it), or with the rule off, only the run of refusals probes.
+    off = AdmissionController(CFG.cycle, AdmissionConfig(probe_on_context_shrink=0.0))
+    _seed_refusing(off, 1.2 * budget, 30_000)
+    assert not off.decide(0.0, 1, 7, context_tokens=1_000).admit and off.shrink_probes == 0
+    with pytest.raises(config.ConfigError, match="probe_on_context_shrink"):
+        AdmissionConfig(probe_on_context_shrink=1.0)

@@ -376,3 +376,26 @@ def test_a_cycle_that_will_be_late_gives_up_between_decode_steps_and_keeps_its_f
                                          "cycle.stale_frame_ms": 1e9, "cycle.deterministic": True})
     r = det.run_cycle(frame(clip[0], 0), now_s=0.0)
     assert r.is_action and len(r.tokens) == steps + 1 and r.overran
+
+
+def test_a_cycle_after_the_state_shrank_is_probed_not_refused(tiny_model_dir, clip):
+    """The engine gives admission the tokens its state holds: after the state shrank (here every frame forgotten,
+    as a torn swap does; a swap to a smaller state is the usual case), a cycle the estimate learned on the larger
+    state would refuse runs as a probe, and its cost is the estimate from then on."""
+    eng = make_engine(tiny_model_dir)
+    for i in range(8):
+        assert eng.run_cycle(frame(clip[i], i), now_s=float(i)).is_action
+    from vla_edge_ros.core.admission import AdmissionController
+
+    held = eng.state.kv.used_slots
+    budget = eng.cfg.cycle.deadline_ms - eng.cfg.cycle.safety_margin_ms
+    adm = eng.admission = AdmissionController(eng.cfg.cycle, eng.cfg.admission)   # as warm_up re-seeds it:
+    adm.observe(1.0, 1, 2.0 * budget, 7, context_tokens=held)       # an estimate, on this state, that refuses
+    refused = eng.run_cycle(frame(clip[8], 8), now_s=8.0)
+    assert refused.reason == R.REFUSED_BUDGET and refused.context_tokens == held
+    eng.state.reset_frames()
+    probe = eng.run_cycle(frame(clip[9], 9), now_s=9.0)
+    assert probe.is_action and probe.probe and adm.shrink_probes == 1
+    assert probe.context_tokens <= (1 - eng.cfg.admission.probe_on_context_shrink) * held
+    after = eng.run_cycle(frame(clip[10], 10), now_s=10.0)
+    assert after.is_action and not after.probe and after.estimate_ms < budget

@@ -129,11 +129,16 @@ class AdmissionConfig:
     tail_quantile: float = _doc("admit on this quantile of the recent cycles' actual / predicted cost, not on the "
                                 "mean (core/admission.py); 0 = on the mean", default=0.95)
     tail_window: int = _doc("cycles whose actual / predicted ratio the tail is taken over", default=90)
+    probe_on_context_shrink: float = _doc("a cycle refused with its state holding at most (1 - this) of the tokens "
+                                          "the estimate was learned with (a swap or re-base shrank it) is admitted "
+                                          "as a probe at once (core/admission.py); 0 = never", default=0.25)
 
     def __post_init__(self):
         if not 0.0 <= self.tail_quantile < 1.0:
             raise ConfigError(f"admission.tail_quantile must be in [0, 1), got {self.tail_quantile}")
         _positive(self, "tail_window", "admission")
+        if not 0.0 <= self.probe_on_context_shrink < 1.0:
+            raise ConfigError(f"admission.probe_on_context_shrink must be in [0, 1), got {self.probe_on_context_shrink}")
         if not 0.0 < self.ema_alpha <= 1.0:
             raise ConfigError(f"admission.ema_alpha must be in (0, 1], got {self.ema_alpha}")
         _positive(self, "probe_after_refusals", "admission")

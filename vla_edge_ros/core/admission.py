@@ -38,7 +38,20 @@ Refused cycles measure nothing, so an estimate inflated by one slow spell
 (another process on the core, a page fault storm) would refuse forever. After
 `admission.probe_after_refusals` refusals in a row one cycle is admitted as a
 probe to re-measure; if it is late, the engine reports it as deadline_missed,
-so the cost of recovering is one explained fallback, not silence. `cycle.deterministic` is applied by the
+so the cost of recovering is one explained fallback, not silence. A probe's
+measurement replaces the averages (as the first cycle's seeds them) instead of
+moving them by ema_alpha: it is the only fresh cost while admission refuses, and
+nudged 20% at a time, one probe per 16 cycles, a high estimate takes many probes
+to come down (H200, `bench asr --capacity 32768`, 2026-12-04: after a swap had
+halved the state, 15 refusals and one action alternated for 300 cycles).
+
+The context. A cycle attends to every token the state holds, so its cost grows
+with the state (1.5B shape on the H200: 16 ms with 2K tokens held, 31 ms with
+32K), and a swap or re-base that shrinks the state makes the estimate, learned
+on the larger one, too high. A cycle refused with the state at most
+(1 - admission.probe_on_context_shrink) of the tokens the estimate was last
+learned with is admitted as a probe at once, one per shrink: fewer tokens cannot
+cost more to attend to. `cycle.deterministic` is applied by the
 caller, so a decision always reports the honest estimate and budget.
 """
 from __future__ import annotations
@@ -66,8 +79,11 @@ class AdmissionController:
         self.probe_after = admission_cfg.probe_after_refusals
         self.spike_factor = admission_cfg.spike_factor
         self.spikes_to_adopt = admission_cfg.spikes_to_adopt
+        self.probe_on_shrink = admission_cfg.probe_on_context_shrink
         self.refusals_in_a_row = 0
         self.spikes_in_a_row = 0
+        self.shrink_probes = 0          # probes admitted because the context shrank (see the module docstring)
+        self._learned_context: int | None = None    # context tokens of the last learned cycle (or shrink probe)
         self.spikes = 0                 # cycles not learned from (too slow to be the engine's own cost)
         self.ema_prefill_ms_per_token = 0.0
         self.ema_decode_ms_per_token = 0.0
@@ -94,11 +110,15 @@ class AdmissionController:
         tail = self._ratios.tail(self.tail_quantile) if self.tail_quantile else None
         self._tail = 1.0 if tail is None else max(1.0, tail)
 
-    def decide(self, elapsed_ms: float, prefill_tokens: int, decode_tokens: int) -> AdmissionDecision:
-        """Admit or refuse a cycle that has already spent `elapsed_ms` and would run these tokens."""
+    def decide(self, elapsed_ms: float, prefill_tokens: int, decode_tokens: int,
+               context_tokens: int | None = None) -> AdmissionDecision:
+        """Admit or refuse a cycle that has already spent `elapsed_ms` and would run these tokens; context_tokens:
+        the tokens its state holds (None: unknown, no probe on a shrink)."""
         _check_finite_non_negative("elapsed_ms", elapsed_ms)
         _check_token_count("prefill_tokens", prefill_tokens)
         _check_token_count("decode_tokens", decode_tokens)
+        if context_tokens is not None:
+            _check_token_count("context_tokens", context_tokens)
         budget = self.deadline_ms - elapsed_ms - self.safety_margin_ms
         if not self.has_sample:
             return AdmissionDecision(admit=True, estimate_ms=0.0, budget_ms=budget)
@@ -106,16 +126,28 @@ class AdmissionController:
         if estimate <= budget:
             self.refusals_in_a_row = 0
             return AdmissionDecision(admit=True, estimate_ms=estimate, budget_ms=budget)
+        if self._context_shrank(context_tokens):
+            self._learned_context = context_tokens      # one probe per shrink, even if it is not learned
+            self.refusals_in_a_row = 0
+            self.shrink_probes += 1
+            return AdmissionDecision(admit=True, estimate_ms=estimate, budget_ms=budget, probe=True)
         self.refusals_in_a_row += 1
         if self.refusals_in_a_row > self.probe_after:
             self.refusals_in_a_row = 0
             return AdmissionDecision(admit=True, estimate_ms=estimate, budget_ms=budget, probe=True)
         return AdmissionDecision(admit=False, estimate_ms=estimate, budget_ms=budget)
 
+    def _context_shrank(self, context_tokens: int | None) -> bool:
+        learned = self._learned_context
+        return (self.probe_on_shrink > 0.0 and context_tokens is not None and learned is not None
+                and context_tokens <= (1.0 - self.probe_on_shrink) * learned)
+
     def observe(self, prefill_ms: float, prefill_tokens: int, decode_ms: float, decode_tokens: int,
-                other_ms: float = 0.0) -> bool:
-        """Fold one measured cycle into the EMAs (the first one seeds them) and its actual / predicted ratio
-        into the tail; a spike (see the module docstring) is not folded in. Returns True when learned."""
+                other_ms: float = 0.0, context_tokens: int | None = None, probe: bool = False) -> bool:
+        """Fold one measured cycle into the EMAs (the first one, and a probe, seed them) and its actual /
+        predicted ratio into the tail; a spike (see the module docstring) is not folded in. context_tokens: the
+        tokens its state held; probe: it was admitted to re-measure (AdmissionDecision.probe). Returns True when
+        learned."""
         _check_finite_non_negative("prefill_ms", prefill_ms)
         _check_finite_non_negative("decode_ms", decode_ms)
         _check_finite_non_negative("other_ms", other_ms)
@@ -126,10 +158,7 @@ class AdmissionController:
         prefill_rate = prefill_ms / prefill_tokens
         decode_rate = decode_ms / decode_tokens
         if not self.has_sample:
-            self.ema_prefill_ms_per_token = prefill_rate
-            self.ema_decode_ms_per_token = decode_rate
-            self.ema_other_ms = other_ms
-            self.has_sample = True
+            self._seed(prefill_rate, decode_rate, other_ms, context_tokens)
             return True
         predicted = self.mean_ms(prefill_tokens, decode_tokens)
         actual = prefill_ms + decode_ms + other_ms
@@ -140,14 +169,27 @@ class AdmissionController:
                 return False
         else:
             self.spikes_in_a_row = 0
+        if predicted > 0.0:
+            self._ratios.append(actual / predicted)
+            self._update_tail()
+        if probe:
+            self._seed(prefill_rate, decode_rate, other_ms, context_tokens)
+            return True
         a = self.alpha
         self.ema_prefill_ms_per_token = (1.0 - a) * self.ema_prefill_ms_per_token + a * prefill_rate
         self.ema_decode_ms_per_token = (1.0 - a) * self.ema_decode_ms_per_token + a * decode_rate
         self.ema_other_ms = (1.0 - a) * self.ema_other_ms + a * other_ms
-        if predicted > 0.0:
-            self._ratios.append(actual / predicted)
-            self._update_tail()
+        if context_tokens is not None:
+            self._learned_context = context_tokens
         return True
+
+    def _seed(self, prefill_rate: float, decode_rate: float, other_ms: float, context_tokens: int | None) -> None:
+        self.ema_prefill_ms_per_token = prefill_rate
+        self.ema_decode_ms_per_token = decode_rate
+        self.ema_other_ms = other_ms
+        self.has_sample = True
+        if context_tokens is not None:
+            self._learned_context = context_tokens
 
 
 def _check_finite_non_negative(name: str, value: float) -> None:

@@ -33,7 +33,8 @@ class CycleResult:
     decode_ms: float = 0.0
     prefill_tokens: int = 0
     evicted_frame_ids: list = field(default_factory=list)
-    probe: bool = False                       # admitted only to re-measure after a run of refusals
+    probe: bool = False                       # admitted only to re-measure (refusals in a row, a shrunk state)
+    context_tokens: int = 0                   # KV slots the state held at admission (its context, before this cycle)
     overran: bool = False                     # finished after the deadline (deterministic mode still acts)
     state_exact: bool = True                  # served on an exact state: no approximate eviction since the last
                                               # reconciled swap (FrameState.state_exact after this cycle's admission)

@@ -226,7 +226,9 @@ class Engine:
         tpf = self.cfg.vision.tokens_per_frame
         prefill_tokens = (tpf if new else 0) + int(self.suffix.size)
         decode_steps = self.cfg.action.num_tokens - 1
-        decision = self.admission.decide((time.perf_counter() - t0) * 1000.0, prefill_tokens, decode_steps)
+        result.context_tokens = st.kv.used_slots
+        decision = self.admission.decide((time.perf_counter() - t0) * 1000.0, prefill_tokens, decode_steps,
+                                         result.context_tokens)
         result.estimate_ms, result.budget_ms, result.probe = decision.estimate_ms, decision.budget_ms, decision.probe
         clock.lap("admission")
         if not decision.admit and not (cyc.deterministic or self._force_admit):
@@ -292,7 +294,8 @@ class Engine:
             # estimate and admission starts refusing, as it would after late cycles.
             per_step = result.decode_ms / steps_done if steps_done else self.admission.ema_decode_ms_per_token
             whole_decode_ms += (decode_steps - steps_done) * per_step
-        self.admission.observe(result.prefill_ms, prefill_tokens, whole_decode_ms, max(decode_steps, 1), other_ms)
+        self.admission.observe(result.prefill_ms, prefill_tokens, whole_decode_ms, max(decode_steps, 1), other_ms,
+                               context_tokens=result.context_tokens, probe=result.probe)
         if given_up:                                    # never acted on
             return self._fail(result, R.DEADLINE_MISSED,
                               f"given up after {steps_done + 1} of {decode_steps + 1} action tokens at "
