@@ -112,6 +112,10 @@ def test_bench_asr_runs_the_three_modes_through_the_rounds(asr_run):
         # Rounds are counted from the timeline: swaps (asr) or rebuilds (sync) marked on their cycles.
         assert s["rounds"] == sum(1 for c in s["timeline"] if c["event"])
         assert s["refused"] == s["outcomes"].get("refused_budget", 0)
+        # Each cycle carries what admission decided on; a refused one was estimated over its budget.
+        refused = [c for c in s["timeline"] if c["reason"] == "refused_budget"]
+        assert all(c["estimate_ms"] > c["budget_ms"] for c in refused), refused[:3]
+        assert all(c["tail_factor"] >= 1.0 for c in s["timeline"])
     asr, sync, approx = (data["modes"][m] for m in ("asr", "sync", "approx"))
     assert asr["rounds"] == asr["reconciler"]["rounds_applied"] >= 3
     assert asr["timeline"][-1]["rounds_started"] >= asr["rounds"]

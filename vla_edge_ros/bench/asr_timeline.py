@@ -455,8 +455,13 @@ class _Runner:
             c = self.driver.cycle(frame, now_s, start_perf=boundary, next_boundary_perf=next_boundary)
             latency, phase, swap_ms = c.latency_ms, c.phase, c.swap_ms
             event = "swap" if c.swap is not None else ""
-        s = self.primary.state
+        s, r = self.primary.state, c.result
+        # What admission decided on (estimate against budget, its tail factor after this cycle, a probe): at 32K
+        # slots on the H200 refusals came in runs of 15 between single actions; these say which part refused.
+        admission = {"estimate_ms": r.estimate_ms, "budget_ms": r.budget_ms, "probe": r.probe,
+                     "tail_factor": self.primary.admission.tail_factor}
         return {"i": i, "t_s": now_s, "latency_ms": latency, "reason": c.result.reason or "action", "phase": phase,
+                **admission,
                 "event": event, "swap_ms": swap_ms, "evicted": len(c.result.evicted_frame_ids), "frames": len(s.frames),
                 "state_version": s.state_version, "approximate_evictions": s.approximate_evictions,
                 "state_exact": s.state_exact}
