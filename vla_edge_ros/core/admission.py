@@ -41,9 +41,8 @@ probe to re-measure; if it is late, the engine reports it as deadline_missed,
 so the cost of recovering is one explained fallback, not silence. A probe's
 measurement replaces the averages (as the first cycle's seeds them) instead of
 moving them by ema_alpha: it is the only fresh cost while admission refuses, and
-nudged 20% at a time, one probe per 16 cycles, a high estimate takes many probes
-to come down (H200, `bench asr --capacity 32768`, 2026-12-04: after a swap had
-halved the state, 15 refusals and one action alternated for 300 cycles).
+nudged 20% at a time, one probe per 16 cycles, an estimate twice the real cost
+took eight probes (128 cycles) to come within 20% of it.
 
 The context. A cycle attends to every token the state holds, so its cost grows
 with the state (1.5B shape on the H200: 16 ms with 2K tokens held, 31 ms with

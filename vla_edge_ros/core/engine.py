@@ -451,7 +451,7 @@ class Engine:
         if self.cfg.cycle.deterministic or not adm.has_sample or adm.ema_prefill_ms_per_token <= 0:
             return None
         measured = min(self.state.recompute_ms_per_frame or 0.0, self._recompute_cap_ms())
-        if self.state.recompute_ms_per_frame_tail is not None:     # enough recomputes measured: their own cost
+        if self.state.recompute_ms_per_frame_tail is not None and measured > 0.0:   # enough measured: their cost
             return measured
         return max(adm.ema_prefill_ms_per_token * self.cfg.vision.tokens_per_frame, measured)
 
