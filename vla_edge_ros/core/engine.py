@@ -445,8 +445,9 @@ class Engine:
         cycle's short prefill is mostly fixed cost (1.5B shape on the H200: 0.27 ms per token, 8.8 ms for a
         32-token frame) while a swap's late frames go through the bulk prefill (~0.4 ms a frame: 216 late frames
         in 0.75 ms p50 per swap of ~2), so with the tail factor and kv.recompute_headroom the floor planned each
-        late frame at ~12.6 ms, about all the room a boundary has after a 16.5 ms cycle; on a CPU the recomputes measure dearer than the cycles' rate and are what was planned on anyway. None in
-        deterministic mode or with no cycle measured (then recomputes are not bounded by time)."""
+        late frame at ~12.6 ms, about all the room a boundary has after a 16.5 ms cycle; on a CPU the recomputes
+        measure dearer than the cycles' rate and are what was planned on anyway. None in deterministic mode or
+        with no cycle measured (then recomputes are not bounded by time)."""
         adm = self.admission
         if self.cfg.cycle.deterministic or not adm.has_sample or adm.ema_prefill_ms_per_token <= 0:
             return None
