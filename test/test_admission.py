@@ -140,7 +140,67 @@ def test_spikes_in_a_row_are_a_lasting_change_and_are_learned():
     assert learned[:n - 1] == [False] * (n - 1) and all(learned[n - 1:])
     estimate = ctl.ema_prefill_ms_per_token * 44 + ctl.ema_decode_ms_per_token * 7
     assert estimate == pytest.approx(60.0, rel=1e-3)           # the new cost, fully learned
+    assert ctl.adoptions == 1
     assert not ctl.decide(0.0, 44, 7).admit                   # which no longer fits the deadline
+
+
+def test_adopted_spikes_seed_the_estimate_so_the_tail_learns_no_lag():
+    """bench asr at 32K slots on the H200: the warm-up seeded 15.8 ms on a short state, the warm-started state's
+    cycles cost 26.6 ms. Nudged toward it by ema_alpha, ten cycles went into the tail at 1.3-1.7 and it refused
+    170 of the next 200 cycles; seeded by the adopting spike, the estimate is the new cost at once and the
+    cycles after it are ratios of 1."""
+    ctl = make()
+    ctl.observe(10.84, 32, 5.0, 7)                             # 15.84 ms: the warm-up's seed
+    n = CFG.admission.spikes_to_adopt
+    for i in range(n + 15):
+        d = ctl.decide(0.2, 32, 7)
+        assert d.admit, f"cycle {i} refused: estimate {d.estimate_ms:.2f} > budget {d.budget_ms:.2f}"
+        ctl.observe(18.2, 32, 8.4, 7)                          # 26.6 ms, 1.68x the seed: a spike until adopted
+        if i == n - 1:
+            assert ctl.mean_ms(32, 7) == pytest.approx(26.6) and ctl.adoptions == 1
+    assert len(ctl._ratios) == 15 and ctl.tail_factor == pytest.approx(1.0)
+    d = ctl.decide(0.2, 32, 7)
+    assert d.admit and d.estimate_ms == pytest.approx(26.6)
+
+
+def test_the_tail_is_of_recent_cycles_and_expires_while_admission_refuses():
+    """Ratios age by decisions, not by learned cycles: while admission refuses, only a probe learns, so a tail
+    counted in learned cycles kept one slow spell for hundreds of cycles (~190 at 32K slots). After tail_window
+    decisions the spell's ratios are gone and the mean alone (re-seeded by the probes) decides."""
+    ctl = make()
+    window, probe_after = CFG.admission.tail_window, CFG.admission.probe_after_refusals
+    budget = CFG.cycle.deadline_ms - CFG.cycle.safety_margin_ms
+    base = 0.75 * budget
+    ctl.observe(1.0, 1, base - 1.0, 7)
+    for i in range(30):                                        # a slow spell within the spike factor: 1.45x
+        ctl.observe(1.0, 1, (1.45 if i % 3 == 0 else 1.0) * base - 1.0, 7)
+    assert ctl.mean_ms(1, 7) < budget < ctl.mean_ms(1, 7) * ctl.tail_factor    # refused from here on the tail
+    decisions = []
+    for _ in range(window + 1):                                # the spell was learned before decision 1
+        d = ctl.decide(0.0, 1, 7)
+        decisions.append(d)
+        if d.admit and d.probe:                                # at the estimate's mean: a ratio of 1
+            ctl.observe(1.0, 1, ctl.mean_ms(1, 7) - 1.0, 7, probe=True)
+    probes = (window + 1) // (probe_after + 1)
+    assert sum(d.probe for d in decisions) == probes
+    assert sum(not d.admit for d in decisions) == window - probes   # refused until the spell expired ...
+    assert decisions[-1].admit and not decisions[-1].probe    # ... then admitted on the mean
+    assert ctl.tail_factor == 1.0 and len(ctl._ratios) == probes
+
+
+def test_in_steady_state_the_tail_holds_the_last_window_of_cycles():
+    ctl = make()
+    rng = np.random.default_rng(11)
+    ctl.observe(10.0, 32, 5.0, 7)
+    ratios = []
+    for _ in range(3 * CFG.admission.tail_window):
+        assert ctl.decide(0.0, 32, 7).admit
+        predicted, f = ctl.mean_ms(32, 7), float(rng.uniform(0.95, 1.1))
+        ctl.observe(10.0 * f, 32, 5.0 * f, 7)
+        ratios.append(15.0 * f / predicted)
+    window = ratios[-CFG.admission.tail_window:]
+    assert list(ctl._ratios) == pytest.approx(window)
+    assert ctl.tail_factor == pytest.approx(max(1.0, float(np.quantile(window, CFG.admission.tail_quantile))))
 
 
 def test_spike_settings_are_validated():

@@ -36,3 +36,22 @@ def test_sorted_quantile_is_np_quantile_on_sorted_values():
 def test_window_size_must_be_positive():
     with pytest.raises(ValueError, match="size must be > 0"):
         SampleWindow(0)
+
+
+def test_dropping_the_oldest_keeps_the_statistics_of_what_is_left():
+    """Admission expires ratios by age (core/admission.py): the oldest leaves without a new one arriving."""
+    rng = np.random.default_rng(5)
+    w = SampleWindow(12)
+    values = list(rng.normal(1.0, 0.2, 12))
+    for v in values:
+        w.append(v)
+    assert w.size == 12
+    for n in range(11, 0, -1):
+        w.drop_oldest()
+        left = values[-n:]
+        assert list(w) == left and len(w) == n
+        assert w.median() == np.median(left) and w.max() == max(left)
+    w.drop_oldest()
+    assert len(w) == 0 and w.tail(0.95) is None
+    w.append(2.0)                                   # and it fills again as before
+    assert list(w) == [2.0]

@@ -124,11 +124,12 @@ class AdmissionConfig:
     spike_factor: float = _doc("a cycle costing more than this times the estimate is a spike (interference, e.g. the "
                                "reconciler's rebuild): it does not move the estimate, so it cannot make the next "
                                "second refuse", default=1.5)
-    spikes_to_adopt: int = _doc("this many spikes in a row are a lasting change of cost, not interference: from "
-                                "then on they are learned", default=5)
+    spikes_to_adopt: int = _doc("this many spikes in a row are a lasting change of cost, not interference: the "
+                                "last of them seeds the estimate", default=5)
     tail_quantile: float = _doc("admit on this quantile of the recent cycles' actual / predicted cost, not on the "
                                 "mean (core/admission.py); 0 = on the mean", default=0.95)
-    tail_window: int = _doc("cycles whose actual / predicted ratio the tail is taken over", default=90)
+    tail_window: int = _doc("the tail is taken over the actual / predicted ratios learned in the last this many "
+                            "cycles (refused ones counted: a ratio expires while admission refuses)", default=90)
     probe_on_context_shrink: float = _doc("a cycle refused with its state holding at most (1 - this) of the tokens "
                                           "the estimate was learned with (a swap or re-base shrank it) is admitted "
                                           "as a probe at once (core/admission.py); 0 = never", default=0.25)

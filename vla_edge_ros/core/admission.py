@@ -32,7 +32,21 @@ reconciler's rebuild made three cycles in a row take ~50 ms instead of ~24,
 and the inflated estimate then refused for half a second after each of its
 11 rebuilds in 30 s). Such a cycle is still reported (late if it was), but it
 does not move the estimate, unless `admission.spikes_to_adopt` of them come in
-a row: then the cost has really changed and is learned from there on.
+a row: then the cost has really changed, and the cycle that proves it seeds the
+averages (as a probe does) instead of moving them by ema_alpha. Nudged, the
+mean climbed toward the new cost over ~10 cycles and each of them went into the
+tail as a ratio of 1.3-1.7: the lag of the average, not the spread of the
+cycles (`bench asr --capacity 32768` on the H200, 2026-12-04: a warm start at
+766 frames met an estimate seeded at 15.8 ms by the warm-up's short state,
+cycles cost 26.6 ms, and the tail learned 1.58 and refused 170 of the next 200
+cycles).
+
+The tail is of recent cycles in time, not of the last learned ones. Refused
+cycles learn nothing, so a tail counted in learned cycles stayed as it was
+while admission refused (only a probe per probe_after_refusals added a ratio):
+in the run above, ~190 cycles. Each ratio is dropped `admission.tail_window`
+decisions after it was learned, whatever came between; a tail left with fewer
+than TAIL_MIN_SAMPLES ratios is 1 (the mean alone) until cycles refill it.
 
 Refused cycles measure nothing, so an estimate inflated by one slow spell
 (another process on the core, a page fault storm) would refuse forever. After
@@ -57,6 +71,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import deque
 from dataclasses import dataclass
 
 from ..config import AdmissionConfig, CycleConfig
@@ -84,6 +99,7 @@ class AdmissionController:
         self.shrink_probes = 0          # probes admitted because the context shrank (see the module docstring)
         self._learned_context: int | None = None    # context tokens of the last learned cycle (or shrink probe)
         self.spikes = 0                 # cycles not learned from (too slow to be the engine's own cost)
+        self.adoptions = 0              # runs of spikes_to_adopt spikes taken as the new cost (seeded from)
         self.ema_prefill_ms_per_token = 0.0
         self.ema_decode_ms_per_token = 0.0
         self.ema_other_ms = 0.0
@@ -92,6 +108,8 @@ class AdmissionController:
         # actual / predicted of recent learned cycles, kept sorted too: the tail is taken as each cycle ends,
         # before its action is published (core/sample_window.py)
         self._ratios = SampleWindow(admission_cfg.tail_window)
+        self._ratio_decided_at: deque[int] = deque()   # self.decisions when each ratio in _ratios was learned
+        self.decisions = 0
         self._tail = 1.0
 
     def mean_ms(self, prefill_tokens: int, decode_tokens: int) -> float:
@@ -119,6 +137,8 @@ class AdmissionController:
         if context_tokens is not None:
             _check_token_count("context_tokens", context_tokens)
         budget = self.deadline_ms - elapsed_ms - self.safety_margin_ms
+        self.decisions += 1
+        self._expire_ratios()
         if not self.has_sample:
             return AdmissionDecision(admit=True, estimate_ms=0.0, budget_ms=budget)
         estimate = self.mean_ms(prefill_tokens, decode_tokens) * self.tail_factor
@@ -135,6 +155,16 @@ class AdmissionController:
             self.refusals_in_a_row = 0
             return AdmissionDecision(admit=True, estimate_ms=estimate, budget_ms=budget, probe=True)
         return AdmissionDecision(admit=False, estimate_ms=estimate, budget_ms=budget)
+
+    def _expire_ratios(self) -> None:
+        """Drop the ratios learned tail_window or more decisions ago (see the module docstring); O(1) when
+        none is due, as on every cycle that learns."""
+        stamps, oldest_kept = self._ratio_decided_at, self.decisions - self._ratios.size
+        if stamps and stamps[0] < oldest_kept:
+            while stamps and stamps[0] < oldest_kept:
+                stamps.popleft()
+                self._ratios.drop_oldest()
+            self._update_tail()
 
     def _context_shrank(self, context_tokens: int | None) -> bool:
         learned = self._learned_context
@@ -166,11 +196,13 @@ class AdmissionController:
             if self.spikes_in_a_row < self.spikes_to_adopt:
                 self.spikes += 1
                 return False
-        else:
-            self.spikes_in_a_row = 0
+            self.spikes_in_a_row = 0        # a lasting change: seeded from, not a ratio (the module docstring)
+            self.adoptions += 1
+            self._seed(prefill_rate, decode_rate, other_ms, context_tokens)
+            return True
+        self.spikes_in_a_row = 0
         if predicted > 0.0:
-            self._ratios.append(actual / predicted)
-            self._update_tail()
+            self._add_ratio(actual / predicted)
         if probe:
             self._seed(prefill_rate, decode_rate, other_ms, context_tokens)
             return True
@@ -181,6 +213,13 @@ class AdmissionController:
         if context_tokens is not None:
             self._learned_context = context_tokens
         return True
+
+    def _add_ratio(self, ratio: float) -> None:
+        if len(self._ratios) == self._ratios.size:      # the window drops its oldest: so do the stamps
+            self._ratio_decided_at.popleft()
+        self._ratios.append(ratio)
+        self._ratio_decided_at.append(self.decisions)
+        self._update_tail()
 
     def _seed(self, prefill_rate: float, decode_rate: float, other_ms: float, context_tokens: int | None) -> None:
         self.ema_prefill_ms_per_token = prefill_rate

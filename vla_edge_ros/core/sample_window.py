@@ -56,6 +56,15 @@ class SampleWindow:
         self._recent.append(value)
         insort(self._sorted, value)
 
+    def drop_oldest(self) -> None:
+        """Remove the oldest sample (the window non-empty): for samples that expire by age, not by count."""
+        del self._sorted[bisect_left(self._sorted, self._recent.popleft())]
+
+    @property
+    def size(self) -> int:
+        """The most samples the window keeps."""
+        return self._recent.maxlen
+
     def __len__(self) -> int:
         return len(self._recent)
 
