@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import traceback
+from functools import partial
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
@@ -58,6 +59,7 @@ from ..core.engine import NO_SWAP_ROOM, EngineConfigError
 from ..core.engine_factory import describe_choice, primary_engine, swap_kv_mapper
 from ..core.frame_ids import FrameIdEpochs
 from ..core.health import HealthLog, ReasoningHealth
+from ..core.swap_profile import SwapProfile
 from ..core.vision_prefetch import VisionPrefetch
 from ..model.cuda_device import bound
 from ..model.spec import ModelFormatError
@@ -91,6 +93,7 @@ class Reasoning(EngineNode):
         self._swap_client = None
         self._swap_timer = None
         self._cycle_thread: threading.Thread | None = None
+        self._swap_profile = SwapProfile.from_env()      # VLA_EDGE_PROFILE_SWAPS (core/swap_profile.py); None: off
         self._ipc_mapper = None
         self._cycle_clock = None                           # core/cycle_clock.py: cycle timing for the reconciler
         self._heap_trim = HeapTrim(0.0, 0.0)               # core/heap_trim.py; built from memory.* at activate
@@ -381,8 +384,10 @@ class Reasoning(EngineNode):
             if budget == NO_SWAP_ROOM:          # a loaded offer waits for the next boundary
                 self.swap.wait_for_room()
                 return
-            outcome = self.swap.apply_ready(self.engine.state, cycle_id, max_recompute=budget,
-                                            next_cycle_room=self.engine.next_cycle_late_room())
+            apply = self.swap.apply_ready if self._swap_profile is None else partial(self._swap_profile.call,
+                                                                                       self.swap.apply_ready)
+            outcome = apply(self.engine.state, cycle_id, max_recompute=budget,
+                            next_cycle_room=self.engine.next_cycle_late_room())
         if outcome is not None:
             self._log_swap(outcome, cycle_id)
 
@@ -464,6 +469,8 @@ class Reasoning(EngineNode):
             if self._cycle_thread.is_alive():
                 self.get_logger().error("the cycle thread did not stop within 5 s")
             self._cycle_thread = None
+        if self._swap_profile is not None and (written := self._swap_profile.write()) is not None:
+            self.get_logger().info(f"profile of {self._swap_profile.calls} swaps written to {written}")
         self._stop_prefetch()
         if self._cycle_clock is not None:
             self._cycle_clock.close()
