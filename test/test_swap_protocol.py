@@ -452,3 +452,27 @@ def test_a_snapshot_with_a_nan_pooled_embedding_is_rejected_before_the_state_cha
     with pytest.raises(SnapshotError, match="must be vectors of"):
         primary.state.import_state(short)
     assert primary.state.state_version == 0 and [r.frame_id for r in primary.state.kv.retained()] == held
+
+
+def test_summary_sorts_the_timings_outside_the_lock_the_boundary_takes(monkeypatch):
+    """The diagnostics call summary() on the executor thread; the swap at the boundary takes the same lock to
+    account for itself (mark_applied). The ~30 percentiles are taken on copies, after the lock is let go."""
+    client = SwapClient(poll_period_s=0.0, request_timeout_s=2.0)
+    for i in range(5):
+        client.mark_applied(i + 1, cycle_id=10 * i, dropped=1, late=2, apply_ms=1.0 + i, kv_copy_ms=0.5,
+                            recompute_ms=0.1 * i, check_ms=0.2, place_ms=0.1)
+    held = []
+    real = swap_protocol.percentile
+
+    def spy(values, q):
+        held.append(client._lock.locked())
+        return real(values, q)
+
+    monkeypatch.setattr(swap_protocol, "percentile", spy)
+    summary = client.summary()
+    assert held and not any(held)
+    assert summary["swap_apply_ms_p50"] == 3.0 and summary["swap_apply_ms_max"] == 5.0
+    assert summary["swap_apply_ms_last"] == 5.0 and summary["swaps"] == 5
+    counts = client.counts()                        # the counters alone, as the boundary's log line takes them
+    assert counts == {k: v for k, v in summary.items() if k in counts}
+    assert not any(k.endswith(("_p50", "_p99", "_max", "_last")) for k in counts)

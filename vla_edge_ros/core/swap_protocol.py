@@ -673,31 +673,43 @@ class SwapClient:
             self.deferrals[reason] = self.deferrals.get(reason, 0) + 1
             self._applying = 0
 
-    def summary(self) -> dict:
+    def counts(self) -> dict:
+        """The protocol's counters, without the timings' percentiles: cheap (the swap log line after a boundary)."""
         with self._lock:
-            return {"state_version": self.applied_version, "swaps": self.swaps,
-                    "swap_applied_at_cycle": "" if self.applied_at_cycle is None else self.applied_at_cycle,
-                    "swap_requests": self.requests, "swap_timeouts": self.timeouts,
-                    "swap_late_answers": self.late_answers, "swap_not_ready": self.not_ready,
-                    "swap_load_failures": self.load_failures, "swap_rejections": self.rejections,
-                    **{f"swap_deferred_{reason}": n for reason, n in self.deferrals.items()},
-                    "swap_deferred": sum(self.deferrals.values()), "swap_waits_no_room": self.waits_no_room,
-                    "swap_dropped_frames": self.dropped_frames, "swap_late_frames": self.late_frames,
-                    "swap_unseen_frames": self.unseen_frames, "swap_unseen_forgotten": self.unseen_forgotten,
-                    **self._timing_summary()}
+            return self._counts()
 
-    def _timing_summary(self) -> dict:
-        """swap_<part>_p50 / _p99 / _max over the newest TIMING_SAMPLES swaps, for the whole apply and each part,
-        and the latest apply and KV copy (_last)."""
-        out = {}
-        for key, values in self.timings.items():
-            values = list(values)
-            for q in (50, 99):
-                out[f"swap_{key}_p{q}"] = round(percentile(values, q), 3) if values else ""
-            out[f"swap_{key}_max"] = round(max(values), 3) if values else ""
-            if key in ("apply_ms", "kv_copy_ms"):
-                out[f"swap_{key}_last"] = round(values[-1], 3) if values else ""
-        return out
+    def summary(self) -> dict:
+        """The counters and the timings' percentiles. The timings are copied under the lock and sorted outside it
+        (~30 sorts of up to TIMING_SAMPLES values): sorted under it, a diagnostics call held the lock that the
+        swap at the boundary takes to account for itself (mark_applied), for as long as the sorting took."""
+        with self._lock:
+            counts = self._counts()
+            timings = {key: list(values) for key, values in self.timings.items()}
+        return {**counts, **_timing_summary(timings)}
+
+    def _counts(self) -> dict:
+        return {"state_version": self.applied_version, "swaps": self.swaps,
+                "swap_applied_at_cycle": "" if self.applied_at_cycle is None else self.applied_at_cycle,
+                "swap_requests": self.requests, "swap_timeouts": self.timeouts,
+                "swap_late_answers": self.late_answers, "swap_not_ready": self.not_ready,
+                "swap_load_failures": self.load_failures, "swap_rejections": self.rejections,
+                **{f"swap_deferred_{reason}": n for reason, n in self.deferrals.items()},
+                "swap_deferred": sum(self.deferrals.values()), "swap_waits_no_room": self.waits_no_room,
+                "swap_dropped_frames": self.dropped_frames, "swap_late_frames": self.late_frames,
+                "swap_unseen_frames": self.unseen_frames, "swap_unseen_forgotten": self.unseen_forgotten}
+
+
+def _timing_summary(timings: dict) -> dict:
+    """swap_<part>_p50 / _p99 / _max over the newest TIMING_SAMPLES swaps, for the whole apply and each part,
+    and the latest apply and KV copy (_last); timings: part -> its samples, oldest first."""
+    out = {}
+    for key, values in timings.items():
+        for q in (50, 99):
+            out[f"swap_{key}_p{q}"] = round(percentile(values, q), 3) if values else ""
+        out[f"swap_{key}_max"] = round(max(values), 3) if values else ""
+        if key in ("apply_ms", "kv_copy_ms"):
+            out[f"swap_{key}_last"] = round(values[-1], 3) if values else ""
+    return out
 
 
 def start_loader(client: SwapClient, offer: SwapOffer) -> threading.Thread:

@@ -51,6 +51,7 @@ from .backend import ForwardResult
 from .errors import NonFiniteLogitsError
 from .forward_inputs import check_forward_inputs, slot_array, token_id_array
 from .cuda_device import primary_device
+from .cuda_gil_held import SHORT_COPY_BYTES, copy_dtoh, copy_htod_async
 from .cuda_launch_common import ATTN_MAX_GROUP
 from .spec import ModelSpec
 from .weight_stream import tensor_source
@@ -546,17 +547,28 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         return graph
 
     def _put(self, dst, host: np.ndarray) -> None:
-        """Copy a host array into the start of a device buffer, ordered on self.stream."""
+        """Copy a host array into the start of a device buffer, ordered on self.stream. The driver stages a
+        pageable array before it returns; up to SHORT_COPY_BYTES the call keeps the interpreter lock
+        (cuda_gil_held.py), so a cycle's input uploads never wait for another thread of the node to give it back."""
         host = np.ascontiguousarray(host, dtype=dst.dtype)
         if host.size > dst.size:
             raise ValueError(f"{host.size} values do not fit a device buffer of {dst.size}")
-        if host.size:
+        if host.nbytes > SHORT_COPY_BYTES:
             self._drv.memcpy_htod_async(int(dst.gpudata), host, self.stream)
+        elif host.size:
+            copy_htod_async(int(dst.gpudata), host, self.stream)
 
     def _get(self, src, n_rows: int) -> np.ndarray:
-        """Synchronize and copy the first n_rows of a device buffer to the host."""
+        """Synchronize and copy the first n_rows of a device buffer to the host. The wait gives the interpreter
+        lock up (it lasts the cycle's device work); a copy of up to SHORT_COPY_BYTES after it keeps it
+        (cuda_gil_held.py), so that the cycle thread, once it has the lock back, does not queue for it again."""
         self.stream.synchronize()
-        return src[:n_rows].get()
+        view = src[:n_rows]
+        if view.nbytes > SHORT_COPY_BYTES:
+            return view.get()
+        out = np.empty(view.shape, view.dtype)
+        copy_dtoh(out, int(view.gpudata))
+        return out
 
     def _check_inputs(self, x, positions, write_slots, context_slots, logits):
         return check_forward_inputs(self.spec.hidden_size, self._slot_marks, x, positions, write_slots,

@@ -39,6 +39,7 @@ import time
 
 import numpy as np
 
+from .cuda_gil_held import DriverCallError, copy_dtoh, copy_dtoh_async, wait_event
 from .errors import DeviceKVUnavailable
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,13 @@ class IpcKV:
         self.finite = bool(descriptor["finite"])
         self.generation = int(descriptor["generation"])
         self.last_copy_ms: float | None = None
+        # What start_write compares the arena with, made here (the loader thread): numpy's dtype.name is a
+        # Python-level property, 36 us a call under the H200 swap profile of 2026-12-04, on the cycle thread.
+        self._arena_shape = tuple(int(n) for n in descriptor["shape"])
+        try:
+            self._element = np.dtype(descriptor["element"])
+        except TypeError as exc:
+            raise ValueError(f"IPC KV descriptor: element {descriptor['element']!r} is not a numpy dtype") from exc
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if ufunc is np.isfinite and method == "__call__":
@@ -159,12 +167,12 @@ class IpcKV:
         slots = np.asarray(slots)
         if slots.size != self.shape[2]:
             raise ValueError(f"IpcKV.write_into: {slots.size} slots for {self.shape[2]} KV rows")
-        if tuple(backend.kv_rows_shape()) != tuple(self.descriptor["shape"]):
+        if tuple(backend.kv_rows_shape()) != self._arena_shape:
             raise ValueError(f"IpcKV.write_into: arena layout {backend.kv_rows_shape()} differs from the reconciler's "
-                             f"{tuple(self.descriptor['shape'])} (capacity or model shape differ)")
-        if np.dtype(backend.kv_rows_dtype()).name != self.descriptor["element"]:
+                             f"{self._arena_shape} (capacity or model shape differ)")
+        if backend.kv_rows_dtype() != self._element:
             raise ValueError(f"IpcKV.write_into: this arena holds {np.dtype(backend.kv_rows_dtype()).name}, the "
-                             f"reconciler's rows {self.descriptor['element']} (kv.dtype differs between the nodes)")
+                             f"reconciler's rows {self._element.name} (kv.dtype differs between the nodes)")
         t = time.perf_counter()
         dev = self.mapper.device
         drv = dev.drv
@@ -172,16 +180,16 @@ class IpcKV:
         word_at = base + int(self.descriptor["header_offset"])
         before, after = self.mapper.header_words()
         done = self.mapper.copy_event()
-        try:
+        try:                              # the word reads keep the interpreter lock (cuda_gil_held.py)
             with dev.bound():
-                drv.memcpy_dtoh_async(before, word_at, backend.stream)
+                copy_dtoh_async(before, word_at, backend.stream)
             t_scatter = time.perf_counter()
             backend.scatter_kv_rows(base, slots)
             scatter_ms = (time.perf_counter() - t_scatter) * 1e3
             with dev.bound():
-                drv.memcpy_dtoh_async(after, word_at, backend.stream)
+                copy_dtoh_async(after, word_at, backend.stream)
                 done.record(backend.stream)
-        except drv.Error as exc:          # e.g. the reconciler's process went away under the mapping
+        except (drv.Error, DriverCallError) as exc:   # e.g. the reconciler's process went away under the mapping
             raise DeviceKVUnavailable(f"copying the reconciler's KV failed: {exc}") from exc
         write = IpcWrite(self, done, t)
         # Where the queuing's time goes (it took as long as the copy in the H200 soaks, all calls asynchronous):
@@ -193,10 +201,10 @@ class IpcKV:
         base = self.mapper.address(self.descriptor["handle"])
         word = np.zeros(1, np.int32)
         dev = self.mapper.device
-        try:
+        try:                              # at a boundary: keeps the interpreter lock (cuda_gil_held.py)
             with dev.bound():
-                dev.drv.memcpy_dtoh(word, base + int(self.descriptor["header_offset"]))
-        except dev.drv.Error as exc:
+                copy_dtoh(word, base + int(self.descriptor["header_offset"]))
+        except (dev.drv.Error, DriverCallError) as exc:
             raise DeviceKVUnavailable(f"reading the reconciler's buffer failed: {exc}") from exc
         return int(word[0])
 
@@ -216,7 +224,7 @@ class IpcWrite:
         dev = kv.mapper.device
         try:
             with dev.bound():
-                self.done.synchronize()
+                wait_event(self.done)
         except dev.drv.Error as exc:
             raise DeviceKVUnavailable(f"copying the reconciler's KV failed: {exc}") from exc
         kv.last_copy_ms = (time.perf_counter() - self.t_start) * 1e3

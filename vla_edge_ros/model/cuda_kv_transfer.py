@@ -10,9 +10,12 @@ import time
 
 import numpy as np
 
+from .cuda_gil_held import copy_htod_async, wait_event
 from .weights import bf16_bits_to_float32, float32_to_bf16_bits
 
 log = logging.getLogger(__name__)
+
+ROWS_VIEWS_KEPT = 16      # whole-state buffer views kept by address (_rows_view)
 
 
 def on_device(method):
@@ -118,12 +121,13 @@ class KvTransfer:
         next_cycle) took 0.36 ms p50 / 0.66 p99 to queue in an H200 soak of 2026-12-04, as long as the copy
         itself; the one soak since (another, noisier machine) still showed 0.47 / 0.93 ms, so that wait is
         elsewhere (notes/cuda_notes.md, twelfth session). The host buffer is rewritten only once the previous
-        upload has read it (its event)."""
+        upload has read it (its event). The wait and the copy keep the interpreter lock (cuda_gil_held.py): given
+        up, getting it back took up to the switch interval (this upload 0.04 / 0.51 ms p50 / p99)."""
         t = time.perf_counter()
-        self.kv_slots_host_read.synchronize()
+        wait_event(self.kv_slots_host_read)             # done long ago: a query, the interpreter lock kept
         n = slots.size
         self.kv_slots_host[:n] = slots
-        self._drv.memcpy_htod_async(int(self.kv_slots_buf.gpudata), self.kv_slots_host[:n], self.stream)
+        copy_htod_async(int(self.kv_slots_buf.gpudata), self.kv_slots_host[:n], self.stream)
         self.kv_slots_host_read.record(self.stream)
         self.last_slot_upload_ms = (time.perf_counter() - t) * 1e3     # a swap's report times its queuing's parts
 
@@ -151,8 +155,15 @@ class KvTransfer:
 
     def _rows_view(self, ptr: int):
         """A GPUArray view (no allocation) of a [2, layers, capacity, kv_dim] buffer of arena elements at a device
-        address."""
-        return self._gpuarray.GPUArray(self.kv_rows_shape(), self.kv_element, gpudata=int(ptr))
+        address; kept per address (a view owns nothing: one made anew for the same address is the same view),
+        since PyCUDA builds one in Python, ~30 us of a swap's KV copy queuing at the boundary."""
+        views = self.__dict__.setdefault("_rows_views", {})
+        view = views.get(int(ptr))
+        if view is None:
+            if len(views) >= ROWS_VIEWS_KEPT:          # the reconciler's few export buffers, and the landing one
+                views.clear()
+            view = views[int(ptr)] = self._gpuarray.GPUArray(self.kv_rows_shape(), self.kv_element, gpudata=int(ptr))
+        return view
 
     def _kv_move(self, direction: str, n: int) -> None:
         sp = self.spec

@@ -21,6 +21,8 @@ import threading
 
 import numpy as np
 
+from .cuda_gil_held import copy_dtoh_async, copy_htod_async
+
 
 class CudaPatchProjection:
     """image [grid_rows * patch, grid_cols * patch, 3] uint8 -> (tokens [grid_rows * grid_cols, hidden] float32,
@@ -53,13 +55,13 @@ class CudaPatchProjection:
             raise ValueError(f"CudaPatchProjection: image must be uint8 {self.image_shape}, got {image.dtype} "
                              f"{image.shape}")
         backend = self.backend
-        kernels, device, drv = backend.kernels, backend.device, backend.device.drv
-        with self._lock, device.bound():
-            drv.memcpy_htod_async(int(self.image.gpudata), np.ascontiguousarray(image), self.stream)
+        kernels, device = backend.kernels, backend.device
+        with self._lock, device.bound():          # the copies keep the interpreter lock (cuda_gil_held.py)
+            copy_htod_async(int(self.image.gpudata), np.ascontiguousarray(image), self.stream)
             kernels.patch_embed(self.image, self.grid_cols, self.grid_rows, self.patch, self.weight, self.bias,
                                 self.tokens, self.stream)
             kernels.pool_rows(self.tokens, self.pooled, self.stream)
-            drv.memcpy_dtoh_async(self.host_tokens, int(self.tokens.gpudata), self.stream)
-            drv.memcpy_dtoh_async(self.host_pooled, int(self.pooled.gpudata), self.stream)
+            copy_dtoh_async(self.host_tokens, int(self.tokens.gpudata), self.stream)
+            copy_dtoh_async(self.host_pooled, int(self.pooled.gpudata), self.stream)
             self.stream.synchronize()
             return self.host_tokens.copy(), self.host_pooled[0].copy()

@@ -406,8 +406,9 @@ class Reasoning(EngineNode):
                   f"{r.recompute_ms:.2f} ms): {r.frames} reconciled frames, {len(r.late)} late and {len(r.unseen)} "
                   f"unseen by the reconciler recomputed ({r.in_next_cycle} of them left to the next cycle), "
                   f"{outcome.dropped} dropped")
-        # Routine: each swap at DEBUG above, a running total at INFO at most every health.log_summary_s.
-        total = self.swap.summary()
+        # Routine: each swap at DEBUG above, a running total at INFO at most every health.log_summary_s. The counts
+        # only: on the cycle thread, between a swap and the next boundary (summary() sorts every timing too).
+        total = self.swap.counts()
         log.info(f"{total['swaps']} reconciled states applied so far (latest v{outcome.version} after cycle "
                  f"{cycle_id}, applied in {outcome.apply_ms:.2f} ms); frames recomputed: {total['swap_late_frames']} "
                  f"late, {total['swap_unseen_frames']} unseen; dropped {total['swap_dropped_frames']}; "
