@@ -36,6 +36,11 @@ def _backends(model, dtype, capacity=300, **kw):
 
 
 TOL = {"float32": 1e-5, "bfloat16": 1e-4}
+# Elementwise bound on the KV the forward wrote (absolute; relative 1e-4 on top). With bf16 weights one element of
+# 53760 (llama-tiny-mha, |k| = 0.047) was 1.16e-4 off on the H200 on 2026-12-04, with this session's code and with
+# the code before it alike: consistent with fp32 rounding through two layers in the reference's and the kernels'
+# different summation orders, not with a slot or hole error (which would be of the order of the values).
+KV_ATOL = {"float32": 1e-4, "bfloat16": 2e-4}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -58,7 +63,7 @@ def test_forward_with_holes_matches_numpy(model, dtype):
     ctx = np.delete(slots[:40], [3, 17, 18])
     second = [b.forward(x[40:], pos[40:], slots[40:70], ctx, logits="all") for b in (cuda, ref)]
     assert rel_norm(second[0].logits, second[1].logits) < TOL[dtype]
-    np.testing.assert_allclose(cuda.read_kv(slots[:70]), ref_kv(ref, slots[:70]), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(cuda.read_kv(slots[:70]), ref_kv(ref, slots[:70]), rtol=1e-4, atol=KV_ATOL[dtype])
 
 
 def ref_kv(ref, slots):

@@ -66,6 +66,7 @@ def test_the_late_frames_are_written_by_the_next_cycle_before_its_prefill_and_th
     swap = eng.state.last_swap
     assert boundary_rows == [] and swap.recompute_ms == 0.0     # no forward at the boundary
     assert swap.late == late and swap.in_next_cycle == 2 and eng.state.pending_frames == 2
+    assert swap.admit_ms > 0.0                                   # their admission, timed as a share of the rest
     assert rig.held() == offered + late                          # their slots and positions are in force already
     suffix, prefix_frames = int(eng.suffix.size), eng.state.prefix_tokens // 32
     order = []

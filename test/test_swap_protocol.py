@@ -266,7 +266,7 @@ def test_client_never_asks_while_it_may_still_read_an_offer_and_ignores_abandone
     assert snap.version == 3 and not client.want_request(now=3.0)           # being applied
     client.mark_applied(3, cycle_id=9, dropped=0, late=1, apply_ms=4.0, kv_copy_ms=1.0, recompute_ms=2.2,
                         round_id=snap.round, check_ms=0.1, place_ms=0.2, place_off_cpu_ms=0.05,
-                        queue_off_cpu_ms=0.3, queue_scatter_ms=0.25, slot_upload_ms=0.1)
+                        queue_off_cpu_ms=0.3, queue_scatter_ms=0.25, slot_upload_ms=0.1, admit_ms=0.15)
     assert client.want_request(now=3.0)
     # Round 3 is applied: its fresher versions are moot; a new round is not.
     assert client.on_response(SwapAnswer(SwapOffer(4, str(path), 0, -1, round=3))) is None
@@ -278,6 +278,7 @@ def test_client_never_asks_while_it_may_still_read_an_offer_and_ignores_abandone
     assert summary["swap_place_off_cpu_ms_p50"] == 0.05                   # a share of place_ms, not a fifth part
     assert summary["swap_queue_off_cpu_ms_p50"] == 0.3                    # a share of kv_copy_ms, likewise
     assert (summary["swap_queue_scatter_ms_p50"], summary["swap_slot_upload_ms_max"]) == (0.25, 0.1)   # and these
+    assert summary["swap_admit_ms_p50"] == 0.15 and summary["swap_rest_ms_max"] > 0.15  # a share of the rest
     # The apply without its KV copy and recompute (the device work on a GPU): the host part, never above the whole.
     assert summary["swap_bookkeeping_ms_max"] == pytest.approx(4.0 - 1.0 - 2.2)
     assert summary["swap_bookkeeping_ms_p50"] <= summary["swap_apply_ms_p50"]

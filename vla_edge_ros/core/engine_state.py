@@ -90,6 +90,7 @@ class SwapReport:
     slot_upload_ms: float | None = None    # of that, its slot list's upload
     unseen_forgotten: list = ()  # never-seen frames beyond asr.max_late_chunks: forgotten (oldest first), in dropped
     in_next_cycle: int = 0       # of late + unseen, frames admitted for the next cycle to write (asr.swap_finish)
+    admit_ms: float = 0.0        # their admission (slots, positions, records): part of the swap's rest
     copy_pending: bool = False   # the KV copy is queued, checked by the next cycle (asr.swap_finish next_cycle)
 
 
@@ -329,7 +330,7 @@ class FrameState:
         deferred_copy = False
         try:
             # Queued behind the KV copy on the device's stream: the copy runs while the host launches this.
-            evicted, recompute_ms, in_next_cycle = self._recompute_over_snapshot(plan, next_cycle_room)
+            evicted, recompute_ms, in_next_cycle, admit_ms = self._recompute_over_snapshot(plan, next_cycle_room)
             deferred_copy = self.cfg.asr.swap_finish == "next_cycle" and copy is not FINISHED
         finally:
             if deferred_copy:                           # the next cycle (or state change) checks it first
@@ -348,7 +349,7 @@ class FrameState:
                                     kv_copy_ms=kv_copy_ms, recompute_ms=recompute_ms, check_ms=check_ms,
                                     place_ms=place_ms, place_off_cpu_ms=place_off_cpu_ms,
                                     queue_off_cpu_ms=queue_off_cpu_ms, unseen_forgotten=plan.unseen_forgotten,
-                                    in_next_cycle=in_next_cycle, copy_pending=deferred_copy,
+                                    in_next_cycle=in_next_cycle, admit_ms=admit_ms, copy_pending=deferred_copy,
                                     queue_scatter_ms=getattr(copy, "scatter_queue_ms", None),
                                     slot_upload_ms=getattr(copy, "slot_upload_ms", None))
         log.debug("state v%d applied: %d frames, %d dropped, %d late recomputed", snap.version, len(snap.frames),
@@ -498,13 +499,14 @@ class FrameState:
             log.debug("swap: no vision rows kept for frame %d", frame_id)
         return tokens
 
-    def _recompute_over_snapshot(self, plan: "_RecomputePlan", next_cycle_room: int = 0) -> tuple[list, float, int]:
+    def _recompute_over_snapshot(self, plan: "_RecomputePlan",
+                                 next_cycle_room: int = 0) -> tuple[list, float, int, float]:
         """The plan's late and unseen frames over the placed snapshot: the newest next_cycle_room of them admitted
         for the next cycle to write (_admit_pending), the others appended now, asr.late_frames_per_forward
         frames per forward (shapes warm_up prepared); returns (the frames the policy evicted meanwhile, the ms the
-        forwards took, how many frames wait for the next cycle)."""
+        forwards took, how many frames wait for the next cycle, the ms their admission took)."""
         if not plan.chunks:
-            return [], 0.0, 0
+            return [], 0.0, 0, 0.0
         split = len(plan.chunks) - min(len(plan.chunks), max(0, next_cycle_room))
         now, later = plan.chunks[:split], plan.chunks[split:]
         evicted, per, recompute_ms = [], self.cfg.asr.late_frames_per_forward, 0.0
@@ -514,7 +516,9 @@ class FrameState:
                 evicted += self.append_chunks(now[i:i + per], allow_evict=True)
             recompute_ms = (time.perf_counter() - t_recompute) * 1e3
             self.note_recompute(recompute_ms, len(now))
-        return evicted + self._admit_pending(later), recompute_ms, len(later)
+        t_admit = time.perf_counter()
+        evicted += self._admit_pending(later)
+        return evicted, recompute_ms, len(later), (time.perf_counter() - t_admit) * 1e3
 
     def _admit_pending(self, chunks) -> list[int]:
         """Slots, positions and rows for frames whose KV the next cycle writes at its start (write_pending); returns

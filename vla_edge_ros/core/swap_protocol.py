@@ -85,8 +85,8 @@ TIMING_SAMPLES = 256      # swap timings kept for the diagnostics' percentiles
 # bookkeeping_ms: the whole apply without its KV copy and late recompute (the device work on a GPU): the checks,
 # the slots and the rest, the host work that issue 20 bounds apart from the copy.
 SWAP_TIMINGS = ("apply_ms", "check_ms", "place_ms", "place_off_cpu_ms", "kv_copy_ms", "queue_off_cpu_ms",
-                "queue_scatter_ms", "slot_upload_ms", "recompute_ms", "rest_ms", "bookkeeping_ms", "settle_ms",
-                "next_cycle_ms")
+                "queue_scatter_ms", "slot_upload_ms", "recompute_ms", "rest_ms", "admit_ms", "bookkeeping_ms",
+                "settle_ms", "next_cycle_ms")
 # With asr.swap_finish next_cycle, what the swap left to the cycle after it (not parts of apply_ms): settle_ms, that
 # cycle's wait for the KV copy's check; next_cycle_ms, the whole of that cycle when it wrote late frames first.
 SWAP_PARTS = ("check_ms", "place_ms", "kv_copy_ms", "recompute_ms")   # what apply_ms is made of, besides the rest
@@ -604,6 +604,7 @@ class SwapClient:
                           check_ms=report.check_ms, place_ms=report.place_ms,
                           place_off_cpu_ms=report.place_off_cpu_ms, queue_off_cpu_ms=report.queue_off_cpu_ms,
                           queue_scatter_ms=report.queue_scatter_ms, slot_upload_ms=report.slot_upload_ms,
+                          admit_ms=report.admit_ms,
                           round_id=snap.round, unseen_forgotten=len(report.unseen_forgotten))
         if report.copy_pending:
             with self._lock:               # what the copy reads must stay: no request until it is checked
@@ -615,13 +616,15 @@ class SwapClient:
                      recompute_ms: float | None = None, round_id: int = 0, unseen_forgotten: int = 0,
                      check_ms: float | None = None, place_ms: float | None = None,
                      place_off_cpu_ms: float | None = None, queue_off_cpu_ms: float | None = None,
-                     queue_scatter_ms: float | None = None, slot_upload_ms: float | None = None) -> None:
+                     queue_scatter_ms: float | None = None, slot_upload_ms: float | None = None,
+                     admit_ms: float | None = None) -> None:
         """apply_ms: the whole swap at the boundary; check_ms / place_ms / kv_copy_ms / recompute_ms: its checks
         before anything changed, the slot and frame bookkeeping, its KV copy and the recompute of the late (and
         unseen) frames; the rest is what is left of apply_ms (none of those: the calls around them);
         place_off_cpu_ms: of place_ms, the cycle thread not running; queue_off_cpu_ms: likewise of queuing the KV
         copy (its share of kv_copy_ms); queue_scatter_ms, slot_upload_ms: of queuing a device copy, the kv_scatter's
-        launch and, of that, its slot list's upload. bookkeeping_ms (derived): apply_ms less the KV copy and the
+        launch and, of that, its slot list's upload; admit_ms: of the rest, admitting the late frames the next cycle
+        writes (asr.swap_finish next_cycle). bookkeeping_ms (derived): apply_ms less the KV copy and the
         recompute."""
         with self._lock:
             self.applied_version = version
@@ -635,7 +638,7 @@ class SwapClient:
             self.unseen_forgotten += unseen_forgotten
             parts = {"apply_ms": apply_ms, "check_ms": check_ms, "place_ms": place_ms,
                      "place_off_cpu_ms": place_off_cpu_ms, "kv_copy_ms": kv_copy_ms, "queue_off_cpu_ms": queue_off_cpu_ms,
-                     "queue_scatter_ms": queue_scatter_ms, "slot_upload_ms": slot_upload_ms,
+                     "queue_scatter_ms": queue_scatter_ms, "slot_upload_ms": slot_upload_ms, "admit_ms": admit_ms,
                      "recompute_ms": recompute_ms}
             if apply_ms is not None:
                 parts["rest_ms"] = max(0.0, apply_ms - sum(parts[k] or 0.0 for k in SWAP_PARTS))

@@ -286,6 +286,7 @@ def _state_rows(report: dict) -> list:
                                 ("its queuing off CPU", "queue_off_cpu_ms"),
                                 ("its scatter's launch", "queue_scatter_ms"), ("its slot upload", "slot_upload_ms"),
                                 ("late recompute", "recompute_ms"), ("rest", "rest_ms"),
+                                ("of which admitting late frames", "admit_ms"),
                                 ("without KV copy and recompute", "bookkeeping_ms")))),
         ("left to the next cycle p50/p99/max", "; ".join(       # asr.swap_finish next_cycle (n/a otherwise)
             f"{label} " + "/".join(_ms(swaps[f"{part}_{q}"]) for q in ("p50", "p99", "max")) + " ms"
