@@ -427,3 +427,34 @@ def test_evictions_with_kept_cosines_match_the_policy_computing_them():
         plain.append(m.retained()[-1])
         assert [f.frame_id for f in adm.evicted] == want
     assert m.evictions > 300
+
+
+@pytest.mark.parametrize("policy", ["fifo", "semantic"])
+def test_readmitting_frames_held_before_a_swap_equals_adding_them_anew(policy):
+    """A swap's late frames are re-admitted from the records the manager held before the swap (readmit: their
+    embedding's checks and unit vector not redone). The state after must be the one add_frame builds: the same
+    slots, positions, order, unit vectors to the bit, kept cosines and evictions, also when the policy evicts."""
+    rng = np.random.default_rng(9)
+    pooled = rng.standard_normal((12, HID)).astype(np.float32)
+    before = manager(policy, frames=8)
+    for i in range(10):                                        # fills and evicts
+        before.add_frame(i, pooled[i], i * TPF, reserve=0)
+    late = {f.frame_id: f for f in before.retained()[-2:]}     # the frames newer than the snapshot
+    placement = [(i, pooled[i], i * TPF) for i in (2, 4, 5, 6, 7)]
+    results = []
+    for readmit in (False, True):
+        m = manager(policy, frames=8)
+        m.install(m.plan_placement(placement), reserve=0)
+        for fid in (8, 9, 10, 11):                             # late ones, then two new frames that evict
+            if readmit and fid in late:
+                got = m.readmit(late[fid], 100 + fid * TPF, reserve=TPF)
+            else:
+                got = m.add_frame(fid, pooled[fid], 100 + fid * TPF, reserve=TPF)
+            assert m.holds(fid) and not m.holds(fid + 100)
+            results.append((got.slots.tolist(), [f.frame_id for f in got.evicted]))
+        check_bookkeeping(m)
+        results.append([(f.frame_id, f.slots.tolist(), f.position_start, f.added_seq, f.unit.tobytes())
+                        for f in m.retained()])
+    assert results[:5] == results[5:]
+    with pytest.raises(ValueError, match="already retained"):
+        m.readmit(late[9], 0, reserve=0)

@@ -28,7 +28,7 @@ from ..model.backend import FINISHED, kv_payload
 from ..model.errors import DeviceKVUnavailable
 from ..config import VlaConfig
 from .frames import Frame
-from .kv_slots import KVCapacityError, KVSlotManager, make_policy
+from .kv_slots import KVCapacityError, KVSlotManager, RetainedFrame, make_policy
 from .prompt import encode_text, prefix_text
 from .released_rows import ReleasedRows
 from .sample_window import SampleWindow
@@ -517,20 +517,20 @@ class FrameState:
             recompute_ms = (time.perf_counter() - t_recompute) * 1e3
             self.note_recompute(recompute_ms, len(now))
         t_admit = time.perf_counter()
-        evicted += self._admit_pending(later)
+        evicted += self._admit_pending(later, {r.frame_id: r for r in plan.unseen + plan.late})
         return evicted, recompute_ms, len(later), (time.perf_counter() - t_admit) * 1e3
 
-    def _admit_pending(self, chunks) -> list[int]:
+    def _admit_pending(self, chunks, held_before: dict) -> list[int]:
         """Slots, positions and rows for frames whose KV the next cycle writes at its start (write_pending); returns
         the frames the policy evicted to make room (a frame of this very batch among them stays unwritten and
-        simply is not)."""
+        simply is not). held_before: the records the slot manager kept for these frames before the swap, by frame
+        id: re-admitted as they are (KVSlotManager.readmit: embedding checks and unit vector not redone)."""
         evicted: list[int] = []
         for c in chunks:
-            _slots, out = self.admit_chunk(c, self.next_position)
+            _slots, out = self.admit_chunk(c, self.next_position, held_before.get(c.frame_id))
             evicted += out
             self.next_position += self.cfg.vision.tokens_per_frame
-        held = {r.frame_id for r in self.kv.retained()}
-        self._pending = [c.frame_id for c in chunks if c.frame_id in held]
+        self._pending = [c.frame_id for c in chunks if self.kv.holds(c.frame_id)]
         return evicted
 
     @property
@@ -727,9 +727,15 @@ class FrameState:
 
     # --------------------------------------------------------------- helpers
 
-    def admit_chunk(self, chunk: StateChunk, position_start: int) -> tuple[np.ndarray, list[int]]:
-        """Slots for a new frame starting at `position_start` (the policy evicts if full); remembers its rows."""
-        admission = self.kv.add_frame(chunk.frame_id, chunk.pooled, position_start, reserve=self.suffix_reserve)
+    def admit_chunk(self, chunk: StateChunk, position_start: int,
+                    held_before: RetainedFrame | None = None) -> tuple[np.ndarray, list[int]]:
+        """Slots for a new frame starting at `position_start` (the policy evicts if full); remembers its rows.
+        held_before: the slot manager's record of the same frame from before a swap (its pooled embedding is the
+        chunk's), re-admitted without redoing its checks."""
+        if held_before is not None:
+            admission = self.kv.readmit(held_before, position_start, reserve=self.suffix_reserve)
+        else:
+            admission = self.kv.add_frame(chunk.frame_id, chunk.pooled, position_start, reserve=self.suffix_reserve)
         evicted = [f.frame_id for f in admission.evicted]
         for fid in evicted:
             self._release(self.frames.pop(fid, None))

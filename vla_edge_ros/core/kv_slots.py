@@ -280,6 +280,23 @@ class KVSlotManager:
             raise ValueError(f"add_frame({frame_id}): pooled must be a non-empty 1-D float array, got {pooled.dtype} {pooled.shape}")
         if not np.isfinite(pooled).all():
             raise ValueError(f"add_frame({frame_id}): pooled embedding contains NaN or Inf")
+        pooled = pooled.astype(np.float32)
+        return self._admit(int(frame_id), pooled, unit_vector(pooled), position_start, reserve)
+
+    def readmit(self, frame: RetainedFrame, position_start: int, reserve: int) -> FrameAdmission:
+        """add_frame for a frame this manager held before a swap replaced its frames (FrameState's late frames,
+        admitted for the next cycle to write): its pooled embedding was checked and its unit vector computed
+        when it was first added, and neither is done again; its slots, position and admission order are new.
+        On the H200 the swap's admission of its late frames (~1.6 a swap) was 0.33 ms p50 of the boundary's 0.44
+        ms "rest" (2026-12-04, fourteenth session)."""
+        return self._admit(frame.frame_id, frame.pooled, frame.unit, position_start, reserve)
+
+    def holds(self, frame_id: int) -> bool:
+        """Whether the frame is retained (a set lookup, not a pass over the frames)."""
+        return frame_id in self._ids
+
+    def _admit(self, frame_id: int, pooled: np.ndarray, unit: np.ndarray, position_start: int,
+               reserve: int) -> FrameAdmission:
         if self._frames and pooled.shape != self._frames[0].pooled.shape:
             raise ValueError(f"add_frame({frame_id}): pooled shape {pooled.shape} differs from retained frames' {self._frames[0].pooled.shape}")
         if reserve < 0:
@@ -308,8 +325,7 @@ class KVSlotManager:
 
         slots = self._pop(self.tokens_per_frame)
         slots.flags.writeable = False            # shared with the caller; the bookkeeping depends on it
-        frame = RetainedFrame(frame_id=int(frame_id), slots=slots, pooled=pooled.astype(np.float32),
-                              position_start=int(position_start), added_seq=self._added)
+        frame = RetainedFrame.placed(frame_id, slots, pooled, int(position_start), self._added, unit)
         if self._adjacent is not None:
             self._adjacent.appended(self._frames, frame.unit)
         self._frames.append(frame)
