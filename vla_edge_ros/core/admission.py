@@ -157,8 +157,8 @@ class AdmissionController:
         return AdmissionDecision(admit=False, estimate_ms=estimate, budget_ms=budget)
 
     def _expire_ratios(self) -> None:
-        """Drop the ratios learned tail_window or more decisions ago (see the module docstring); O(1) when
-        none is due, as on every cycle that learns."""
+        """Drop the ratios learned more than tail_window decisions ago (see the module docstring): in steady state,
+        where every decision learns, the window's own count drops them first. O(1) when none is due."""
         stamps, oldest_kept = self._ratio_decided_at, self.decisions - self._ratios.size
         if stamps and stamps[0] < oldest_kept:
             while stamps and stamps[0] < oldest_kept:
