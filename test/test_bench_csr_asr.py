@@ -15,6 +15,7 @@ import math
 import pytest
 
 from vla_edge_ros import cli
+from vla_edge_ros import config as C
 from vla_edge_ros.bench import asr_timeline, csr_ttft
 from vla_edge_ros.config import load as load_config
 
@@ -82,6 +83,16 @@ def test_bench_csr_refuses_cuda_kernel_choices_without_the_cuda_backend(tiny_mod
         assert "--kernel-variants choose the CUDA kernels of bench csr" in capsys.readouterr().out
 
 
+ASR_THRESHOLD = 0.7          # the run's trigger, through --set (the package default is 0.75)
+
+
+def test_bench_asr_refuses_to_set_what_its_own_options_set(tiny_model_dir):
+    with pytest.raises(ValueError, match="kv.capacity_tokens"):
+        asr_timeline.main(["--model", str(tiny_model_dir), "--set", "kv.capacity_tokens=512"])
+    with pytest.raises(C.ConfigError, match="unknown configuration key"):
+        asr_timeline.main(["--model", str(tiny_model_dir), "--set", "asr.thresold=0.5"])
+
+
 @pytest.fixture(scope="module")
 def asr_run(tiny_model_dir, tmp_path_factory):
     """One small run of the three modes (CPU defaults: 15 Hz, warm start, reconciler thread): (JSON, PNG, stdout)."""
@@ -91,7 +102,8 @@ def asr_run(tiny_model_dir, tmp_path_factory):
     with contextlib.redirect_stdout(printed):
         # --max-cycles: room for a slow shared CI machine (rounds abort and start over); a run stops at its rounds.
         rc = asr_timeline.main(["--model", str(tiny_model_dir), "--capacity", "384", "--eviction-cycles", "3",
-                                "--max-cycles", "300", "--json", str(json_path), "--png", str(png)])
+                                "--max-cycles", "300", "--json", str(json_path), "--png", str(png),
+                                "--set", f"asr.threshold={ASR_THRESHOLD}"])
     assert rc == 0
     return json.loads(json_path.read_text()), png, printed.getvalue()
 
@@ -132,9 +144,11 @@ def test_bench_asr_runs_the_three_modes_through_the_rounds(asr_run):
 
 
 def test_bench_asr_starts_warm_one_frame_below_the_trigger(asr_run):
+    """...the trigger of the configuration as --set changed it (the run's JSON says what was set)."""
     data, _, _ = asr_run
-    threshold = load_config().asr.threshold
-    assert data["warm_start"] and data["warm_start_frames"] == math.ceil(threshold * data["frame_capacity"]) - 1
+    assert load_config().asr.threshold != ASR_THRESHOLD
+    assert data["threshold"] == ASR_THRESHOLD and data["overrides"] == {"asr.threshold": ASR_THRESHOLD}
+    assert data["warm_start"] and data["warm_start_frames"] == math.ceil(ASR_THRESHOLD * data["frame_capacity"]) - 1
     # The first cycle adds the frame that reaches the trigger (a fresh engine admits its first cycle): the
     # synchronous mode, which checks the trigger at each cycle's start, rebuilds at the second cycle.
     for mode in ("asr", "sync"):

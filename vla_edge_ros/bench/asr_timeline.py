@@ -79,6 +79,7 @@ import numpy as np
 
 from ..config import ASR_MODES
 from ..config import load as load_config
+from ..tools.bringup import parse_sets
 from ..resources import config_dir
 from ..core.cpu_threads import limit_cpu_threads
 from .asr_report import load_runs, plot_fig6, print_summary, summarize
@@ -128,6 +129,9 @@ def add_arguments(p) -> None:
                    "the config; -1 the primary's)")
     add_input_arguments(p)
     p.add_argument("--png", help="write Fig. 6 (latency per cycle through the rounds) here")
+    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                   help="override one configuration key (repeatable), e.g. --set asr.threshold=0.5; keys the "
+                        "benchmark sets from its own options (--capacity, --hz, the model, ...) are refused")
 
 
 def main(argv=None) -> int:
@@ -175,7 +179,12 @@ def _run(args) -> int:
             overrides["asr.device"] = args.reconciler_device
     if getattr(args, "asr_mode", None):
         overrides["asr.mode"] = args.asr_mode
-    cfg = base.replace(overrides)
+    sets = parse_sets(getattr(args, "set", None) or [])
+    clash = sorted(k for k in sets if k in overrides)
+    if clash:
+        raise ValueError(f"bench asr: --set {', '.join(clash)}: the benchmark sets these from its own options "
+                         f"(--capacity, --hz, --asr-mode, --model, --backend, --reconciler-device)")
+    cfg = base.replace({**overrides, **sets})
     if cfg.cycle.safety_margin_ms >= cfg.cycle.deadline_ms:
         raise ValueError(f"bench asr: --hz {hz} leaves no room for the {cfg.cycle.safety_margin_ms} ms safety margin")
 
@@ -192,6 +201,7 @@ def _run(args) -> int:
     settings = {"suite": "asr", "backend": kind, "model": engines.describe(), "machine": machine, "footage": source,
                 "capacity_tokens": capacity, "hz": hz, "deadline_ms": cfg.cycle.deadline_ms, "asr_mode": cfg.asr.mode,
                 "threshold": cfg.asr.threshold, "evict_fraction": cfg.asr.evict_fraction, "work": work,
+                "overrides": sets,
                 "eviction_policy": cfg.kv.eviction_policy, "rounds_wanted": rounds, "warm_start": warm,
                 "config": config_path or "package defaults"}
     runs, cycles = {}, baseline_cycles

@@ -85,6 +85,8 @@ def add_arguments(p) -> None:
     csr.add_argument("--modes", nargs="+", choices=["asr", "sync", "approx"], help="asr: which modes to run")
     csr.add_argument("--no-warm-start", action="store_true", help="asr: start every mode from an empty state")
     csr.add_argument("--from-json", nargs="+", help="asr: run nothing, table and plot from these result files")
+    csr.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                     help="asr: override one configuration key (repeatable), e.g. --set asr.threshold=0.5")
 
 
 def run(args) -> int:
@@ -94,6 +96,9 @@ def run(args) -> int:
         return 2
     if args.weights != ["float"] and key != ("cycle", "pycuda"):
         print(f"vla-edge bench: --weights {' '.join(args.weights)} is the pycuda cycle's (bench --backend pycuda)")
+        return 2
+    if args.set and args.suite != "asr":
+        print("vla-edge bench: --set overrides configuration keys of bench asr; the other suites take --config")
         return 2
     cuda_choices = (args.bulk_gemm, args.bulk_parts, args.bulk_kv_overlap, args.kernel_variants)
     if any(c is not None for c in cuda_choices) and key != ("csr", "pycuda"):
