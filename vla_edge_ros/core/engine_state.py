@@ -626,24 +626,32 @@ class FrameState:
         return self._recompute_tail
 
     def _plan_recompute(self, snap: StateSnapshot) -> "_RecomputePlan":
-        """Which of this engine's frames a swap to `snap` keeps by recomputing them, and which it drops."""
-        newest = snap.newest_frame_id
-        mine = self.kv.retained()
-        taken = set(snap.frame_ids)
-        late = [r for r in mine if r.frame_id > newest]
+        """Which of this engine's frames a swap to `snap` keeps by recomputing them, and which it drops. One pass
+        over the ~125 records at the boundary (it was four, and two over the snapshot's frames)."""
+        ids = [f.frame_id for f in snap.frames]
+        taken, newest = set(ids), max(ids, default=-1)
+        late, missing = [], []                   # newer than the snapshot; older and not in it
+        for r in self.kv.retained():
+            if r.frame_id > newest:
+                late.append(r)
+            elif r.frame_id not in taken:
+                missing.append(r)
         # Frames the author never saw (its mirror had a gap) were not dropped on purpose: keep them too,
         # recomputed over the snapshot like the late ones (after its frames, so out of capture order), as
         # many as the bound leaves room for, the newest of them.
-        unseen = [r for r in mine if r.frame_id not in taken and r.frame_id <= newest and snap.never_saw(r.frame_id)]
+        unseen = [r for r in missing if snap.never_saw(r.frame_id)] if snap.unseen else []
         cut = len(unseen) - min(len(unseen), max(0, self.cfg.asr.max_late_chunks - len(late)))
         forgotten, unseen = unseen[:cut], unseen[cut:]
         recompute = unseen + late
-        chunks = [StateChunk(r.frame_id, self.frames[r.frame_id].stamp_s, self.frames[r.frame_id].tokens, r.pooled)
-                  for r in recompute if self.frames[r.frame_id].tokens is not None]
-        late_lost = [r.frame_id for r in recompute if self.frames[r.frame_id].tokens is None]
+        chunks, late_lost = [], []
+        for r in recompute:
+            record = self.frames[r.frame_id]
+            if record.tokens is None:
+                late_lost.append(r.frame_id)
+            else:
+                chunks.append(StateChunk(r.frame_id, record.stamp_s, record.tokens, r.pooled))
         kept = {r.frame_id for r in recompute}
-        dropped = [r.frame_id for r in mine if r.frame_id not in taken and r.frame_id <= newest
-                   and r.frame_id not in kept] + late_lost
+        dropped = [r.frame_id for r in missing if r.frame_id not in kept] + late_lost
         return _RecomputePlan(late=late, unseen=unseen, unseen_forgotten=[r.frame_id for r in forgotten],
                               chunks=chunks, late_lost=late_lost, dropped=dropped)
 
