@@ -245,6 +245,7 @@ class DeviceMemory:
         self.kv_slots_host_read = self._drv.Event(self._drv.event_flags.DISABLE_TIMING)
         self.kv_slots_host_read.record(self.stream)
         self.last_slot_upload_ms: float | None = None                                 # the latest upload's queuing
+        self._rows_views: dict = {}               # device address -> GPUArray view (cuda_kv_transfer._rows_view)
         if self.bulk_min_rows:
             for name, (shape, dtype) in self._bulk_plan().items():
                 setattr(self, name, self._alloc(shape, dtype, zero=name == "bulk_stage"))

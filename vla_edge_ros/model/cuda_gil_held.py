@@ -19,6 +19,8 @@ import functools
 
 import numpy as np
 
+from .cuda_param_launch import check
+
 
 # Copies up to this size are made here by the backend's generic helpers (CudaBackend._put / _get): a cycle's
 # inputs are ~0.2 MB, its tokens a few bytes. Larger ones (a reconciler's 1024-row forward, verify's logits, up
@@ -36,11 +38,7 @@ def _libcuda():
 
 
 def _check(status: int, what: str) -> None:
-    if status == 0:
-        return
-    name = ctypes.c_char_p()
-    _libcuda().cuGetErrorName(int(status), ctypes.byref(name))
-    raise DriverCallError(f"{what} failed: {(name.value or b'?').decode()} ({status})")
+    check(status, what, DriverCallError)         # the error's name, as the parameter-array launches report it
 
 
 def _host(array: np.ndarray, what: str, writable: bool = False) -> tuple:

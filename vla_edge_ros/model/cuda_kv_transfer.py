@@ -157,7 +157,7 @@ class KvTransfer:
         """A GPUArray view (no allocation) of a [2, layers, capacity, kv_dim] buffer of arena elements at a device
         address; kept per address (a view owns nothing: one made anew for the same address is the same view),
         since PyCUDA builds one in Python, ~30 us of a swap's KV copy queuing at the boundary."""
-        views = self.__dict__.setdefault("_rows_views", {})
+        views = self._rows_views
         view = views.get(int(ptr))
         if view is None:
             if len(views) >= ROWS_VIEWS_KEPT:          # the reconciler's few export buffers, and the landing one

@@ -28,13 +28,13 @@ def libcuda():
     return ctypes.CDLL("libcuda.so.1")
 
 
-def check(status: int, what: str) -> None:
-    """Raise KernelError naming the call and the driver's error name for a failed CUresult."""
+def check(status: int, what: str, error: type[Exception] = KernelError) -> None:
+    """Raise `error` naming the call and the driver's error name for a failed CUresult."""
     if status == 0:
         return
     name = ctypes.c_char_p()
     libcuda().cuGetErrorName(int(status), ctypes.byref(name))
-    raise KernelError(f"{what} failed: {(name.value or b'?').decode()} ({status})")
+    raise error(f"{what} failed: {(name.value or b'?').decode()} ({status})")
 
 
 class ParamLauncher:
