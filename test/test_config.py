@@ -20,7 +20,8 @@ def test_shipped_yaml_holds_the_design_defaults():
     assert cfg.kv.dtype == "float32"             # the KV arena in fp32 unless a config asks for bf16
     # What a robot chooses of the pycuda backend, as CudaBackend takes it: the bulk prefill from 64 rows (where it
     # draws even). Its kernels are no setting: the measured-best KernelPlan.
-    assert cfg.model.kernel_options() == {"bulk_prefill_min_rows": 64, "bulk_prefill_max_rows": 1024}
+    assert cfg.model.kernel_options() == {"bulk_prefill_min_rows": 64, "bulk_prefill_max_rows": 1024,
+                                          "bulk_prefill_precision": "split"}
 
 
 def test_yaml_and_dataclass_defaults_agree_so_there_is_one_truth():
@@ -43,6 +44,7 @@ def test_every_key_has_a_description():
     ({"admission.ema_alpha": 0.0}, "admission.ema_alpha"),
     ({"action.dim_names": ["a", "b"]}, "action.dim_names"),
     ({"model.backend": "tpu"}, "model.backend"),
+    ({"model.bulk_prefill_precision": "fp8"}, "model.bulk_prefill_precision"),
     ({"camera.reliability": "sometimes"}, "camera.reliability"),
     ({"asr.evict_fraction": 1.0}, "asr.evict_fraction"),
     ({"asr.backend": "gpu"}, "asr.backend"),

@@ -409,6 +409,16 @@ def test_bulk_forward_in_bf16_products_stays_near_numpy(model):
         assert rel_norm(kv, two_part.read_kv(slots)) > 1e-5, f"{gemm} p1 computed the two-part K/V"
 
 
+def test_the_configured_bf16_precision_runs_the_one_part_products(model):
+    """model.bulk_prefill_precision bf16 reaches the plan as one activation part (the kernels of the test above),
+    a split backend keeps two, and an unknown name is refused before anything is allocated."""
+    spec, weights = model
+    assert _backend(model, 400, bulk_prefill_precision="bf16").kernel_plan.bulk_activation_parts == 1
+    assert _backend(model, 400, bulk_prefill_precision="split").kernel_plan.bulk_activation_parts == 2
+    with pytest.raises(ValueError, match="bulk_prefill_precision must be one of"):
+        _backend(model, 400, bulk_prefill_precision="fp8")
+
+
 @pytest.mark.parametrize("kernel", [None, "mma", "wgmma128"])
 def test_bulk_graph_replays_serve_other_offsets_and_contexts(model, kernel):
     """The graph of a bulk pass reads its offsets, lengths and slots from device tables: the second forward

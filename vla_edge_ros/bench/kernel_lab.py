@@ -42,7 +42,8 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # splits per KV head (lcm1: KernelPlan.long_context_min_splits_per_kv_head 1, no floor; lcm32, lcm64: a floor of 32 or
 # 64, for the 7B decode attention that ncu found latency-bound at 16: 40 us a layer, occupancy 21%); for the bulk prefill's flash
 # attention (bench csr --kernel-variants), its hoisted copies with 64-entry tiles (fat64, the default), with
-# 32-entry tiles (fah) or neither (nofah: the copies of attention_flash_kvo.cu). A float
+# 32-entry tiles (fah) or neither (nofah: the copies of attention_flash_kvo.cu); its operands as one bf16 part (bp1:
+# model.bulk_prefill_precision bf16, e.g. `verify --kernel-variants bp1 --bulk-prefill-min-rows 1`) or two (bp2). A float
 # backend runs the INT4
 # variants as plain, and the mode in effect then drops their names.
 # A variant left unnamed keeps the base plan's choice.
@@ -67,6 +68,8 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "fah": {"bulk_attention_hoisted_copies": True, "bulk_attention_tile_entries": 32},
                    "nofah": {"bulk_attention_hoisted_copies": False, "bulk_attention_tile_entries": 32},
                    "fat64": {"bulk_attention_hoisted_copies": True, "bulk_attention_tile_entries": 64},
+                   "bp1": {"bulk_activation_parts": 1},
+                   "bp2": {"bulk_activation_parts": 2},
                    "g1": {"decode_attention_one_head_entry": True},
                    "nog1": {"decode_attention_one_head_entry": False},
                    "dpf": {"decode_attention_prefetch": True},

@@ -97,8 +97,9 @@ def add_arguments(p) -> None:
                         "off), "
                         "the long-context attention's blocks per SM +lcs1|+lcs2|+lcs4 (the splits "
                         "per KV head: that many x SMs / KV heads, at least 16) and +lcm1|+lcm32|+lcm64 (no floor, or 32 or 64), the bulk "
-                        "prefill's flash attention +nofah|+fah|+fat64 (the copies before, hoisted copies, with 64-entry tiles; the cycle never "
-                        "runs the bulk prefill: for bench csr --kernel-variants), and a KV "
+                        "prefill's flash attention +nofah|+fah|+fat64 (the copies before, hoisted copies, with 64-entry tiles) and its "
+                        "operands +bp1|+bp2 (one bf16 part, as model.bulk_prefill_precision bf16, or two; the cycle never "
+                        "runs the bulk prefill: for bench csr and verify --kernel-variants), and a KV "
                         "arena type +kv32|+kv16 (a backend of its own: float32 or bf16 K/V), e.g. "
                         "plain+tiled for the kernel before attention_mma.cu; the first is "
                         "the one the summary reports (default: the three launch modes with the configured kernels)")

@@ -71,6 +71,9 @@ DEFAULT_MAX_ROWS = 128          # rows per kernel pass: a frame (32) + the longe
 # sums: cuda_device_memory.BULK_PARTIAL_ROWS).
 DEFAULT_BULK_MIN_ROWS = 64      # even with the cycle's kernels there on the H200 (5.5 vs 5.3 ms), ahead from 128
 DEFAULT_BULK_MAX_ROWS = 1024
+DEFAULT_BULK_PRECISION = "split"
+# model.bulk_prefill_precision -> KernelPlan.bulk_activation_parts (config.BULK_PRECISIONS).
+BULK_PRECISION_PARTS = {"split": 2, "bf16": 1}
 
 
 class DeviceMemoryError(MemoryError):
@@ -92,15 +95,18 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
     element, float32 or bfloat16 (K and V rounded to nearest even as they are stored: half the arena,
     attention bytes and swap bytes); bulk_prefill_min_rows: a forward() over at least this many rows runs
     the bulk prefill (gemm_bulk.cu, prefill_bulk.cu: tensor-core GEMMs and flash attention, passes of
-    bulk_prefill_max_rows rows; bf16 models), 0: never. An INT4 snapshot (weights: its directory) computes
+    bulk_prefill_max_rows rows; bf16 models), 0: never; bulk_prefill_precision: its products' operands, "split"
+    (bf16 hi + lo pairs) or "bf16" (one bf16 operand, as HF: the plan's bulk_activation_parts 1). An INT4 snapshot (weights: its directory) computes
     every forward from its INT4 projections (w_hat = q * scale, as the numpy backend); its long forwards take
     the cycle's kernels in passes of max_rows (_bulk_rows says why)."""
 
     def __init__(self, spec: ModelSpec, weights, capacity: int, dtype: str = "bfloat16",
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
                  plan: KernelPlan = MEASURED_BEST, device=None, kv_dtype: str = "float32",
-                 bulk_prefill_min_rows: int = DEFAULT_BULK_MIN_ROWS, bulk_prefill_max_rows: int = DEFAULT_BULK_MAX_ROWS):
+                 bulk_prefill_min_rows: int = DEFAULT_BULK_MIN_ROWS, bulk_prefill_max_rows: int = DEFAULT_BULK_MAX_ROWS,
+                 bulk_prefill_precision: str = DEFAULT_BULK_PRECISION):
         _check_plan_type(plan)
+        plan = _with_bulk_precision(plan, bulk_prefill_precision)
         self.spec = spec
         self.kernel_plan: KernelPlan | None = None        # use_kernel_plan() sets it once the kernels are built
         self.capacity = int(capacity)
@@ -582,6 +588,14 @@ def _check_plan_type(plan) -> None:
     """A plan is a KernelPlan, whose own checks ran when it was made (a dict of switches would be read as nothing)."""
     if not isinstance(plan, KernelPlan):
         raise ValueError(f"CudaBackend needs a cuda_kernel_plan.KernelPlan, got {type(plan).__name__} {plan!r}")
+
+
+def _with_bulk_precision(plan: KernelPlan, precision: str) -> KernelPlan:
+    """`plan` with the bulk prefill's activation parts that model.bulk_prefill_precision names: the robot's choice
+    of precision, not a kernel choice, so it is configured (the lab's use_kernel_plan may still vary it)."""
+    if precision not in BULK_PRECISION_PARTS:
+        raise ValueError(f"bulk_prefill_precision must be one of {tuple(BULK_PRECISION_PARTS)}, got {precision!r}")
+    return dataclasses.replace(plan, bulk_activation_parts=BULK_PRECISION_PARTS[precision])
 
 
 def _check_model(spec: ModelSpec, capacity: int, max_rows: int) -> None:
