@@ -90,6 +90,17 @@ class CycleConfig:
                                          "how long the cycle thread can wait for the interpreter lock while another "
                                          "thread of the node (the executor: frames, diagnostics; the swap loader) runs "
                                          "Python. Python's default is 5 ms, a sixth of a cycle", default=0.5)
+    boundary_switch_interval_ms: float = _doc("while the cycle thread applies a reconciled state at a boundary, the "
+                                              "process's switch interval is raised to this, so that a thread asking "
+                                              "for the interpreter lock mid-swap waits for the swap (~1 ms) instead "
+                                              "of taking the lock between its steps (core/interpreter_hold.py). 0: "
+                                              "off, the interval stays gil_switch_interval_ms. Why: on the H200 the "
+                                              "swap's whole-state KV scatter queued in 0.045 ms p50 in an idle "
+                                              "process and in 0.19 ms p50 (0.32 p99) inside the graph (2026-12-04, "
+                                              "fifteenth session). For asr.swap_finish next_cycle, whose boundary "
+                                              "makes no call that gives the lock up: a boundary that waits for the "
+                                              "device gives it up there and may then wait this long to get it back. "
+                                              "Not yet measured in the graph: off", default=0.0)
     executor: str = _doc("the rclpy executor of every node's callbacks, chosen once when the node process starts: "
                          "events (rclpy.experimental.EventsExecutor: callbacks dispatched from C++) | "
                          "single_threaded (rclpy's SingleThreadedExecutor, which rebuilds its wait set in Python on "
@@ -103,6 +114,9 @@ class CycleConfig:
             raise ConfigError(f"cycle.executor must be one of {EXECUTORS}, got {self.executor!r}")
         if not 0.0 < self.gil_switch_interval_ms <= 10.0:
             raise ConfigError(f"cycle.gil_switch_interval_ms must be in (0, 10], got {self.gil_switch_interval_ms}")
+        if not 0.0 <= self.boundary_switch_interval_ms <= 10.0:
+            raise ConfigError(f"cycle.boundary_switch_interval_ms must be in [0, 10] (0: off), got "
+                              f"{self.boundary_switch_interval_ms}")
         if not 0 <= self.realtime_priority <= 99:
             raise ConfigError(f"cycle.realtime_priority must be in 0..99 (0 = ordinary scheduling), got "
                               f"{self.realtime_priority}")
@@ -306,12 +320,17 @@ class ModelConfig:
     bulk_prefill_max_rows: int = _doc("pycuda: rows per pass of the bulk prefill; its buffers are sized for it "
                                       "(~50 KB per row on the Qwen2.5-1.5B shape)", default=1024)
     bulk_prefill_precision: str = _doc("pycuda, bf16: the operands of the bulk prefill's products. split: each "
-                                       "activation, q and softmax weight as a bf16 pair hi + lo (~16 mantissa bits, "
-                                       "the cycle's own precision: the KV a reconciler rebuilds is what the primary "
-                                       "would compute, to ~1e-5). bf16: one bf16 operand, as HF's bf16 model and "
-                                       "SDPA compute (half the tensor-core products; the rebuilt KV differs from the "
-                                       "primary's by bf16 rounding, ~1e-3 relative, and vla-edge verify judges it at "
-                                       "the bf16 thresholds as before)", default="split")
+                                       "activation, q and softmax weight as a bf16 pair hi + lo (~16 mantissa bits, the "
+                                       "cycle's own precision: the KV a reconciler rebuilds is what the primary would "
+                                       "compute, to ~1e-5). bf16: one bf16 operand, as HF's bf16 model and SDPA compute "
+                                       "(half the tensor-core products; the rebuilt KV differs from the primary's by "
+                                       "bf16 rounding, ~1e-3 relative). Measured on the H200 (2026-12-04, fifteenth "
+                                       "session): bench csr's recompute 1.26-1.40x faster than the day before's split "
+                                       "run (50.2 against 65.3 ms at 4K, 697 against 971 at 32K; HF 31.5 and 358), bench"
+                                       " asr at 32K slots 38 refused cycles in 2400 against 296; but vla-edge verify on "
+                                       "the 1.5B shape FAILS its teacher-forced top-1 bound (97.99% with every forward "
+                                       "on it, 97.32% with the prompts on it and the decode split; >= 99% required), so "
+                                       "split is the default", default="split")
     weights: str = _doc("float | int4: how model.path stores the seven projection matrices of every layer. int4: "
                         "symmetric INT4 in groups along the input dimension with one fp16 scale per group (model/int4.py; "
                         "`vla-edge quantize` writes such a snapshot, compressed-tensors W4A16 pack-quantized ones are "

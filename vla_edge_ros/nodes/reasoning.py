@@ -59,6 +59,7 @@ from ..core.engine import NO_SWAP_ROOM, EngineConfigError
 from ..core.engine_factory import describe_choice, primary_engine, swap_kv_mapper
 from ..core.frame_ids import FrameIdEpochs
 from ..core.health import HealthLog, ReasoningHealth
+from ..core.interpreter_hold import interpreter_held
 from ..core.swap_profile import SwapProfile
 from ..core.vision_prefetch import VisionPrefetch
 from ..model.cuda_device import bound
@@ -386,8 +387,9 @@ class Reasoning(EngineNode):
                 return
             apply = self.swap.apply_ready if self._swap_profile is None else partial(self._swap_profile.call,
                                                                                        self.swap.apply_ready)
-            outcome = apply(self.engine.state, cycle_id, max_recompute=budget,
-                            next_cycle_room=self.engine.next_cycle_late_room())
+            with interpreter_held(self.engine.cfg.cycle.boundary_switch_interval_ms):
+                outcome = apply(self.engine.state, cycle_id, max_recompute=budget,
+                                next_cycle_room=self.engine.next_cycle_late_room())
         if outcome is not None:
             self._log_swap(outcome, cycle_id)
 
