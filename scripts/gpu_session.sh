@@ -8,6 +8,7 @@
 #   layer 0's kernels, NCU_MODE's variants), ncu-flash (the bulk flash attention's variants), graph-vs-bench (the
 #   cycle bench and a soak of the graph on one machine, issue 21's comparison), probes, csr (= csr-hf), asr (= asr-4k), asr-shared, asr-32k, asr-32k-approx,
 #   asr-2gpu (the reconciler on GPU 1: bench asr at 4096 and 32768 and the ROS soak; needs two GPUs),
+#   soak-captures (a soak with its node logs: graph captures against resident memory; SOAK_SET, SOAK_MINUTES),
 #   suite (the whole test suite, needs prepare.sh --ros) and demo
 #   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each), pack (all but the tables, the suite
 #   log and one timeline into results.tgz: the device tool returns 8 files). Run from the repo root after
@@ -213,6 +214,30 @@ bench, soak = (json.load(open(path)) for path in sys.argv[1:3])
 b, g = bench["latency_ms"]["p99"], soak["latency_ms"]["p99"]
 print(f"cycle p99: bench {b:.2f} ms, graph {g:.2f} ms, graph - bench {g - b:+.2f} ms (issue 21: <= +1.50): "
       f"{'PASS' if g <= b + 1.5 else 'FAIL'}")
+PYEOF
+        ;;
+    soak-captures)
+        # One soak of the GPU graph (SOAK_MINUTES, default 4; SOAK_SET: one --set, e.g.
+        # cycle.boundary_switch_interval_ms=2, the swap's interpreter-lock experiment) with its node logs kept, then
+        # the CUDA graphs each node captured (CudaBackend logs every capture: time, graph, count held) beside the
+        # resident memory every 10 s: whether late captures are the RSS steps of the fifteenth session's soaks.
+        make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
+        rm -rf "$OUT/logs/soak"
+        echo "== soak ${SOAK_MINUTES:-4} min ${SOAK_SET:-}"
+        VLA_EDGE_LOG_DIR="$OUT/logs/soak" ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST $PY -m vla_edge_ros.cli soak \
+            --minutes "${SOAK_MINUTES:-4}" --params config/gpu_demo.yaml --model "$MODELS/qwen15" \
+            ${SOAK_SET:+--set "$SOAK_SET"} --json "$OUT/soak.json" 2>&1 | grep -v " INFO " \
+            | tee "$OUT/soak.txt" || status=1
+        for node in reasoning reconciler; do
+            echo "== $node: CUDA graphs captured (the last 40)"
+            grep -h "CUDA graph .* captured" "$OUT/logs/soak/$node.log" | tail -40
+        done
+        $PY - "$OUT/soak.json" <<'PYEOF'
+import json, sys
+samples = json.load(open(sys.argv[1]))["memory_samples"]
+for node in ("reasoning", "reconciler"):
+    print(node, "RSS MiB:", " ".join(f"{s['t_s']:.0f}:{s['rss_bytes'][node] / 2**20:.1f}" for s in samples
+                                     if node in s["rss_bytes"]))
 PYEOF
         ;;
     ncu-flash)
