@@ -8,6 +8,8 @@ parameter file, with the table's restart policy (as tools/supervisor.py
 applies it without launch):
   - the parameter file is checked first (config.load): a bad file or value
     ends the launch with one line naming it, before any node starts;
+  - Fast DDS shared-memory files left by processes that died are removed
+    before any node starts (tools/dds_shm.py; a process that lives keeps its);
   - a node whose row says `respawn` is restarted after
     supervisor.restart_backoff_s (launch's respawn has a fixed delay, no
     doubling); any other node's exit shuts the launch down;
@@ -20,6 +22,7 @@ from ament_index_python.packages import get_package_share_directory
 from launch import LaunchDescription
 from launch.actions import DeclareLaunchArgument
 from launch.actions import EmitEvent
+from launch.actions import LogInfo
 from launch.actions import OpaqueFunction
 from launch.actions import RegisterEventHandler
 from launch.actions import Shutdown
@@ -37,6 +40,7 @@ from vla_edge_ros.config import load
 from vla_edge_ros.nodes.graph import NODES
 from vla_edge_ros.nodes.graph import PACKAGE
 from vla_edge_ros.nodes.graph import PARAMS_FILE
+from vla_edge_ros.tools.dds_shm import clean_before_start
 
 
 def _node_action(spec, params: str, cfg):
@@ -70,7 +74,10 @@ def graph_actions(context):
         cfg = load(params)
     except ConfigError as exc:
         raise RuntimeError(f"vla_edge_ros: {exc}") from None      # launch prints it as one line
-    entities = []
+    # Fast DDS files that killed or crashed processes left in /dev/shm stall a new graph's publishers
+    # (vla_edge_ros/tools/dds_shm.py): removed before any node starts, live ones kept, and said.
+    found = clean_before_start()
+    entities = [LogInfo(msg=f"vla_edge_ros: {found.describe()}")] if found.segments or found.ports else []
     for spec in NODES:
         action = _node_action(spec, params, cfg)
         entities.append(action)

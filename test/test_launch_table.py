@@ -45,7 +45,8 @@ class _Recorder:
 def _stub_modules(share_dir: str) -> dict:
     names = {
         "launch": ["LaunchDescription"],
-        "launch.actions": ["DeclareLaunchArgument", "EmitEvent", "RegisterEventHandler", "OpaqueFunction", "Shutdown"],
+        "launch.actions": ["DeclareLaunchArgument", "EmitEvent", "LogInfo", "RegisterEventHandler", "OpaqueFunction",
+                           "Shutdown"],
         "launch.event_handlers": ["OnProcessStart"],
         "launch.substitutions": ["LaunchConfiguration"],
         "launch_ros.actions": ["Node", "LifecycleNode"],
@@ -143,3 +144,19 @@ def test_lifecycle_service_names():
         graph.lifecycle_service(graph.node("camera_ingest"), "change_state")
     with pytest.raises(KeyError, match="no node 'camera'"):
         graph.node("camera")
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm on this machine")
+def test_launch_removes_a_dead_processes_fast_dds_files_before_any_node_and_says_so(monkeypatch, tmp_path):
+    shm = Path("/dev/shm")
+    dead = shm / "fastrtps_vlaedgelaunch001"            # laid out as a participant's segment: 16 characters
+    for path in (dead, shm / (dead.name + "_el")):
+        path.write_bytes(b"")                           # its lock file held by nobody: its process is gone
+    try:
+        entities = _launch(monkeypatch, tmp_path, ROOT / "config" / graph.PARAMS_FILE)
+        assert not dead.exists() and not (shm / (dead.name + "_el")).exists()
+        first = entities[0]
+        assert type(first).__name__ == "LogInfo" and "Fast DDS shared-memory segments" in first.kwargs["msg"]
+    finally:
+        for path in (dead, shm / (dead.name + "_el")):
+            path.unlink(missing_ok=True)

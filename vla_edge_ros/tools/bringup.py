@@ -31,6 +31,7 @@ import yaml
 
 from .. import config as C
 from ..nodes.parent_death import PARENT_PID_ENV
+from .dds_shm import clean_before_start
 from .node_processes import STOP_TIMEOUT_S, BringupError, stop_process   # noqa: F401 (BringupError: this module's API)
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,9 @@ class GraphProcesses:
         return [spec.name for spec in self.nodes]
 
     def start(self) -> None:
+        # Fast DDS files that killed or crashed processes left in /dev/shm stall a new graph's publishers (tools/
+        # dds_shm.py): removed first, live ones kept.
+        clean_before_start()
         for spec in self.nodes:
             self.spawn(spec)
 
