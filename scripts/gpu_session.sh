@@ -219,8 +219,9 @@ PYEOF
     soak-captures)
         # One soak of the GPU graph (SOAK_MINUTES, default 4; SOAK_SET: one --set, e.g.
         # cycle.boundary_switch_interval_ms=2, the swap's interpreter-lock experiment) with its node logs kept, then
-        # the CUDA graphs each node captured (CudaBackend logs every capture: time, graph, count held) beside the
-        # resident memory every 10 s: whether late captures are the RSS steps of the fifteenth session's soaks.
+        # the CUDA graphs each node captured while serving (CudaBackend logs those at INFO: time, graph, count held;
+        # the ones a prepare call captured ahead at DEBUG) beside the resident memory every 10 s: whether late
+        # captures are the RSS steps of the fifteenth session's soaks.
         make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
         rm -rf "$OUT/logs/soak"
         echo "== soak ${SOAK_MINUTES:-4} min ${SOAK_SET:-}"
@@ -229,7 +230,7 @@ PYEOF
             ${SOAK_SET:+--set "$SOAK_SET"} --json "$OUT/soak.json" 2>&1 | grep -v " INFO " \
             | tee "$OUT/soak.txt" || status=1
         for node in reasoning reconciler; do
-            echo "== $node: CUDA graphs captured (the last 40)"
+            echo "== $node: CUDA graphs captured while serving (the last 40)"
             grep -h "CUDA graph .* captured" "$OUT/logs/soak/$node.log" | tail -40
         done
         $PY - "$OUT/soak.json" <<'PYEOF'

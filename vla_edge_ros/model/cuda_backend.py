@@ -97,9 +97,9 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
     attention bytes and swap bytes); bulk_prefill_min_rows: a forward() over at least this many rows runs
     the bulk prefill (gemm_bulk.cu, prefill_bulk.cu: tensor-core GEMMs and flash attention, passes of
     bulk_prefill_max_rows rows; bf16 models), 0: never; bulk_prefill_precision: its products' operands, "split"
-    (bf16 hi + lo pairs) or "bf16" (one bf16 operand, as HF: the plan's bulk_activation_parts 1). An INT4 snapshot (weights: its directory) computes
-    every forward from its INT4 projections (w_hat = q * scale, as the numpy backend); its long forwards take
-    the cycle's kernels in passes of max_rows (_bulk_rows says why)."""
+    (bf16 hi + lo pairs) or "bf16" (one bf16 operand, as HF: the plan's bulk_activation_parts 1). An INT4
+    snapshot (weights: its directory) computes every forward from its INT4 projections (w_hat = q * scale, as
+    the numpy backend); its long forwards take the cycle's kernels in passes of max_rows (_bulk_rows says why)."""
 
     def __init__(self, spec: ModelSpec, weights, capacity: int, dtype: str = "bfloat16",
                  max_rows: int = DEFAULT_MAX_ROWS, vram_ceiling_bytes: int | None = 8 * GIB, use_graphs: bool = True,
@@ -542,20 +542,23 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if not self.use_graphs:
             record()
             return
-        self._graph(key, record).launch(self.stream)
+        self._graph(key, record, ahead=False).launch(self.stream)
 
-    def _graph(self, key, record):
-        """The captured graph for `key`, capturing it now if needed (capture records, it runs nothing)."""
+    def _graph(self, key, record, ahead: bool = True):
+        """The captured graph for `key`, capturing it now if needed (capture records, it runs nothing). ahead:
+        asked for by a prepare call (configure, an instruction change) rather than met by a forward."""
         graph = self._graphs.get(key)
         if graph is None:
             from .cuda_graphs import capture
             t = time.perf_counter()
             graph = capture("-".join(map(str, key)), self.stream, record)
             self._graphs[key] = graph
-            # At INFO: a capture after the warm-up costs its cycle a few ms and keeps host memory in the driver
-            # for good (the GPU soaks' RSS steps of a few MiB were not explained: this says when graphs appear).
-            log.info("CUDA graph %s captured in %.1f ms (%d nodes); %d graphs held", graph.name,
-                     (time.perf_counter() - t) * 1e3, graph.n_nodes, len(self._graphs))
+            # A capture met by a forward costs that forward a few ms and keeps host memory in the driver for good
+            # (the GPU soaks' RSS steps of a few MiB were not explained): said at INFO, with the count held.
+            log.log(logging.DEBUG if ahead else logging.INFO,
+                    "CUDA graph %s captured %s in %.1f ms (%d nodes); %d graphs held", graph.name,
+                    "ahead" if ahead else "while serving", (time.perf_counter() - t) * 1e3, graph.n_nodes,
+                    len(self._graphs))
         return graph
 
     def _put(self, dst, host: np.ndarray) -> None:
