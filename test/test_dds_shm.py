@@ -1,7 +1,8 @@
 """tools/dds_shm.py: Fast DDS shared-memory files of dead processes removed before a graph starts, live ones kept.
 
-The rule is the lock files' flock(2), so the first tests hold real locks from real processes over files laid out
-as Fast DDS lays them out; the last one kills a real rclpy participant with SIGKILL and removes what it left.
+The rules are the lock files' flock(2) and, for ports, the live processes' mappings, so the first tests hold real
+locks and real mappings from real processes over files laid out as Fast DDS lays them out; the last ones kill a
+real rclpy participant with SIGKILL and remove what it left, and check the bringup and launch file call it.
 """
 import os
 import signal
@@ -21,6 +22,12 @@ HOLD = ("import fcntl, sys, time\n"
         "for f in files: fcntl.flock(f, fcntl.LOCK_EX if f.name.endswith('_el') else fcntl.LOCK_SH)\n"
         "print('held', flush=True)\n"
         "time.sleep(60)\n")
+MAP = ("import mmap, sys, time\n"
+       "f = open(sys.argv[1], 'r+b')\n"
+       "m = mmap.mmap(f.fileno(), 0)\n"
+       "f.close()\n"                                       # mapped, no longer open: only /proc/<pid>/maps shows it
+       "print('held', flush=True)\n"
+       "time.sleep(60)\n")
 
 
 def _touch(d: Path, *names):
@@ -52,6 +59,18 @@ def test_a_dead_segment_goes_and_a_live_one_stays(tmp_path, holder):
     assert sorted(os.listdir(tmp_path)) == sorted([OTHER_SEGMENT, OTHER_SEGMENT + "_el", "unrelated_file"])
 
 
+def test_a_segment_without_its_lock_file_goes_only_when_nobody_maps_it(tmp_path):
+    (tmp_path / SEGMENT).write_bytes(bytes(4096))
+    proc = subprocess.Popen([sys.executable, "-c", MAP, str(tmp_path / SEGMENT)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert remove_dead_shm_files(tmp_path) == DeadShmFiles(segments=0, ports=0, in_use=1)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert remove_dead_shm_files(tmp_path) == DeadShmFiles(segments=1, ports=0, in_use=0)
+
+
 def test_a_port_goes_with_its_semaphore_only_when_none_of_its_locks_is_held(tmp_path, holder):
     dead, shared = "fastrtps_port7411", "fastrtps_port7413"
     _touch(tmp_path, dead, dead + "_el", f"sem.{dead}_mutex", shared, shared + "_el", shared + "_sl",
@@ -59,6 +78,24 @@ def test_a_port_goes_with_its_semaphore_only_when_none_of_its_locks_is_held(tmp_
     holder(tmp_path / (shared + "_sl"))              # a reader holds the shared lock; the exclusive one is free
     assert remove_dead_shm_files(tmp_path) == DeadShmFiles(segments=0, ports=1, in_use=1)
     assert sorted(os.listdir(tmp_path)) == sorted([shared, shared + "_el", shared + "_sl", f"sem.{shared}_mutex"])
+
+
+def test_a_port_without_lock_files_goes_unless_a_live_process_maps_it(tmp_path):
+    # A writer killed mid-send leaves a port with no lock file at all, and its semaphore possibly still taken.
+    mapped, dead = "fastrtps_port7415", "fastrtps_port7417"
+    for name in (mapped, dead):
+        (tmp_path / name).write_bytes(bytes(4096))
+        (tmp_path / f"sem.{name}_mutex").write_bytes(bytes(32))
+    proc = subprocess.Popen([sys.executable, "-c", MAP, str(tmp_path / mapped)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert remove_dead_shm_files(tmp_path) == DeadShmFiles(segments=0, ports=1, in_use=1)
+        assert sorted(os.listdir(tmp_path)) == sorted([mapped, f"sem.{mapped}_mutex"])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert remove_dead_shm_files(tmp_path) == DeadShmFiles(segments=0, ports=1, in_use=0)
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_lock_released_by_a_killed_process_counts_as_dead(tmp_path, holder):

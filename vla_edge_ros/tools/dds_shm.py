@@ -1,18 +1,20 @@
 """Fast DDS shared-memory files left behind by processes that died, found and removed before a graph starts.
 
 Fast DDS (the ROS 2 middleware these wheels ship) moves data between processes of one machine through files in
-/dev/shm: a segment per participant (fastrtps_<16 characters>) and a file per port (fastrtps_port<N>), each with a
-lock file beside it (<name>_el; a port's may be <name>_sl) that the owning process holds with flock(2) for as long
-as it lives, plus a port's semaphore (sem.fastrtps_port<N>_mutex). A process killed with SIGKILL, or one that
-crashed, never removes them. On the 2-vCPU development machine those of a day of test runs that kill nodes on
+/dev/shm: a segment per participant (fastrtps_<16 characters>, with a lock file <name>_el its owner holds with
+flock(2) while it lives) and a port per receiver, found by number (fastrtps_port<N>, its lock files <name>_el or
+_sl while a receiver has it, and its semaphore sem.fastrtps_port<N>_mutex). A process killed with SIGKILL, or one
+that crashed, never removes them. On the 2-vCPU development machine those of a day of test runs that kill nodes on
 purpose made the camera node's publish call stall for 320-334 ms once in each 20 s demo, three stale_frame
-fallbacks each time; the same came back with the files of processes killed while they published images (145
-segments, 11 ports), not with those of 120 idle ones, and went with them: slowest publish 6 ms
-(notes/cpu_notes.md, 2026-12-04).
+fallbacks each time. Reproduced with processes killed while they published images: removing the segments and ports
+whose locks were free (the rule of eProsima's `fastdds shm clean`) still left a 328 ms stall; removing too the ports
+left without any lock file that no live process maps (a writer killed mid-send can leave the port's semaphore
+taken, and the next process given that port number waits on it) gave 0 fallbacks and 4 ms (notes/cpu_notes.md,
+2026-12-04).
 
-A file whose lock nobody holds belongs to a dead process: that is the rule eProsima's `fastdds shm clean` applies;
-the pip wheels do not ship that tool, so the bringup (tools/bringup.py) and the launch file apply it before they
-start the nodes. A lock held by a live process is never taken, so a running graph's files stay.
+So: a segment goes when its lock is free; a port goes when none of its files is mapped or open in a live process
+(/proc/<pid>/maps and fd) and none of its locks is held. Only this user's files. The pip wheels do not ship
+`fastdds shm clean`; the bringup (tools/bringup.py) and the launch file call this before they start the nodes.
 """
 from __future__ import annotations
 
@@ -26,20 +28,48 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
-# A participant's segment lock, and a port's (two kinds of lock file).
-SEGMENT_LOCK = re.compile(r"^fastrtps_[0-9a-z]{16}_el$")
-PORT_LOCK = re.compile(r"^fastrtps_port\d{1,5}_(el|sl)$")
+PROC = Path("/proc")
+# A participant's segment (with its lock file), and a port (its lock files and its semaphore).
+SEGMENT = re.compile(r"^(fastrtps_[0-9a-z]{16})(_el)?$")
+PORT = re.compile(r"^(?:sem\.)?(fastrtps_port\d{1,5})(?:_el|_sl|_mutex)?$")
 
 
 @dataclass(frozen=True)
 class DeadShmFiles:
     segments: int                 # dead participants' segments removed
     ports: int                    # dead ports removed
-    in_use: int                   # lock files a live process holds (left alone)
+    in_use: int                   # segments and ports a live process maps, holds open or locked, or another user's
 
     def describe(self) -> str:
         return (f"removed {self.segments} Fast DDS shared-memory segments and {self.ports} ports left by processes "
-                f"that died ({self.in_use} in use)")
+                f"that died ({self.in_use} in use or not ours)")
+
+
+def files_in_use(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> set[str]:
+    """Names of the files in shm_dir that some process maps or holds open (/proc/<pid>/maps and fd). A process
+    this one may not inspect is passed over: another user's uses its own files (the caller removes only this
+    user's), and a supervisor that hides its maps (a sandbox's init) runs no participant."""
+    prefix = str(shm_dir) + "/"
+    used: set[str] = set()
+    for pid in os.listdir(proc):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(proc / pid / "maps") as maps:
+                for line in maps:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and fields[5].startswith(prefix):
+                        used.add(fields[5][len(prefix):].split(" (deleted)")[0].strip())
+            for fd in os.listdir(proc / pid / "fd"):
+                try:
+                    target = os.readlink(proc / pid / "fd" / fd)
+                except OSError:
+                    continue                        # closed meanwhile
+                if target.startswith(prefix):
+                    used.add(target[len(prefix):])
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue                                # ended meanwhile, or not ours to inspect
+    return used
 
 
 def _take_if_free(path: Path) -> int | None:
@@ -57,56 +87,67 @@ def _take_if_free(path: Path) -> int | None:
     return fd
 
 
-def _remove(path: Path) -> None:
+def _remove_group(shm_dir: Path, names: list[str], used: set[str] | None) -> bool:
+    """Remove one segment's or port's files when every lock file among them is free (taken while the files go, so
+    no process can take one over in between) and, given `used`, no process maps or holds any of them; whether it
+    did."""
+    if used is not None and any(name in used for name in names):
+        return False
     try:
-        path.unlink()
+        if any(os.stat(shm_dir / name).st_uid != os.getuid() for name in names):
+            return False                            # another user's graph: its files, its cleanup
     except FileNotFoundError:
-        pass
+        return False                                # removed meanwhile (another cleanup, its owner)
+    locks = [name for name in names if name.endswith(("_el", "_sl"))]
+    fds = [_take_if_free(shm_dir / name) for name in locks]
+    try:
+        if any(fd is None and (shm_dir / name).exists() for fd, name in zip(fds, locks)):
+            return False
+        for name in sorted(names, key=lambda n: n in locks):     # the data files first, their locks last
+            try:
+                (shm_dir / name).unlink()
+            except FileNotFoundError:
+                pass
+        return True
+    finally:
+        for fd in fds:
+            if fd is not None:
+                os.close(fd)
 
 
-def remove_dead_shm_files(shm_dir: Path = SHM_DIR) -> DeadShmFiles:
-    """Remove every Fast DDS segment and port in shm_dir whose lock files no live process holds (with its lock
-    files and, for a port, its semaphore); keep the rest. The files go while we hold their locks, so a process
-    cannot take one over in between; one that opens a dead port by number in that instant can still lose it, as
-    with `fastdds shm clean`: call this before the graph's nodes start. A directory that does not exist (not
-    Linux) has nothing to remove."""
+def remove_dead_shm_files(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> DeadShmFiles:
+    """Remove every Fast DDS segment whose lock file no live process holds, and every port that no live process
+    maps, holds open or holds locked (with its lock files and its semaphore); keep the rest. A port left without lock files by a
+    process killed while it wrote counts too: its semaphore may still be held by the dead writer, and the next
+    process given that port number waits on it. Only this user's files are removed; nothing when shm_dir does
+    not exist (not Linux). Call it before the graph's nodes start: a process opening a dead
+    port by number in the same instant could still lose it, as with `fastdds shm clean`."""
     try:
         names = os.listdir(shm_dir)
     except OSError:
         return DeadShmFiles(0, 0, 0)
-    segments = ports = in_use = 0
-    port_locks: dict[str, list[Path]] = {}
-    for name in sorted(names):
-        if SEGMENT_LOCK.match(name):
-            lock = shm_dir / name
-            fd = _take_if_free(lock)
-            if fd is None:
-                in_use += lock.exists()
-                continue
-            try:
-                _remove(shm_dir / name[:-3])        # the segment, then its lock
-                _remove(lock)
-            finally:
-                os.close(fd)
-            segments += 1
-        elif PORT_LOCK.match(name):
-            port_locks.setdefault(name[:-3], []).append(shm_dir / name)
-    # A port goes only when none of its lock files is held (one opened by readers in both modes has both).
-    for port, locks in port_locks.items():
-        fds = [_take_if_free(lock) for lock in locks]
-        try:
-            held = sum(fd is None and lock.exists() for fd, lock in zip(fds, locks))
-            if held:
-                in_use += held
-                continue
-            for path in (shm_dir / port, shm_dir / f"sem.{port}_mutex", *locks):
-                _remove(path)
-            ports += 1
-        finally:
-            for fd in fds:
-                if fd is not None:
-                    os.close(fd)
-    return DeadShmFiles(segments, ports, in_use)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name in names:
+        if match := SEGMENT.match(name):
+            groups.setdefault(("segment", match.group(1)), []).append(name)
+        elif match := PORT.match(name):
+            groups.setdefault(("port", match.group(1)), []).append(name)
+    if not groups:
+        return DeadShmFiles(0, 0, 0)
+    used = files_in_use(shm_dir, proc)
+    removed = {"segment": 0, "port": 0}
+    in_use = 0
+    for (kind, _), group in sorted(groups.items()):
+        # A dead participant's segment goes by its lock alone, as Fast DDS's own tool has it: a live peer that
+        # read from it keeps its mapping (unlinking a file leaves mappings alone) and no one opens it again. A port
+        # is a rendezvous by number: one a live process still maps or holds stays, or a writer would go on writing
+        # into a file the port's next owner no longer sees.
+        by_lock = kind == "segment" and any(name.endswith("_el") for name in group)   # else as a port
+        if _remove_group(shm_dir, group, None if by_lock else used):
+            removed[kind] += 1
+        else:
+            in_use += 1
+    return DeadShmFiles(removed["segment"], removed["port"], in_use)
 
 
 def clean_before_start(shm_dir: Path = SHM_DIR) -> DeadShmFiles:
