@@ -4,17 +4,20 @@ Fast DDS (the ROS 2 middleware these wheels ship) moves data between processes o
 /dev/shm: a segment per participant (fastrtps_<16 characters>, with a lock file <name>_el its owner holds with
 flock(2) while it lives) and a port per receiver, found by number (fastrtps_port<N>, its lock files <name>_el or
 _sl while a receiver has it, and its semaphore sem.fastrtps_port<N>_mutex). A process killed with SIGKILL, or one
-that crashed, never removes them. On the 2-vCPU development machine those of a day of test runs that kill nodes on
-purpose made the camera node's publish call stall for 320-334 ms once in each 20 s demo, three stale_frame
-fallbacks each time. Reproduced with processes killed while they published images: removing the segments and ports
-whose locks were free (the rule of eProsima's `fastdds shm clean`) still left a 328 ms stall; removing too the ports
-left without any lock file that no live process maps (a writer killed mid-send can leave the port's semaphore
-taken, and the next process given that port number waits on it) gave 0 fallbacks and 4 ms (notes/cpu_notes.md,
-2026-12-04).
+that crashed, never removes them, and /dev/shm is memory: processes killed while they published images left 8.5 MB
+there for 15 participants on the development machine, kept until reboot; a node that crash-loops under the
+supervisor's respawn adds to it at every restart. A writer killed mid-send can also leave a port with no lock file
+and its semaphore taken, which the next process given that port number finds.
 
-So: a segment goes when its lock is free; a port goes when none of its files is mapped or open in a live process
-(/proc/<pid>/maps and fd) and none of its locks is held. Only this user's files. The pip wheels do not ship
-`fastdds shm clean`; the bringup (tools/bringup.py) and the launch file call this before they start the nodes.
+The rule: a segment goes when its lock is free (as eProsima's `fastdds shm clean` has it; the pip wheels do not ship
+that tool); a port goes when none of its files is mapped or open in a live process (/proc/<pid>/maps and fd) and
+none of its locks is held. Only this user's files. The bringup (tools/bringup.py) and the launch file call it before
+they start the nodes.
+
+What this does not fix (notes/cpu_notes.md, 2026-12-04): the 20 s CPU demos' camera publish call that stalls for
+~330 ms once, ~2.5 s after the camera starts (three stale_frame fallbacks). It came in 7 of 9 demos with leftovers
+in /dev/shm and in 5 of 13 with none, so it is not these files, or not only; with UDP alone
+(FASTDDS_BUILTIN_TRANSPORTS=UDPv4) it came in none of 10, so the shared-memory transport is where to look.
 """
 from __future__ import annotations
 
