@@ -120,11 +120,11 @@ def _remove_group(shm_dir: Path, names: list[str], used: set[str] | None) -> boo
 
 def remove_dead_shm_files(shm_dir: Path = SHM_DIR, proc: Path = PROC) -> DeadShmFiles:
     """Remove every Fast DDS segment whose lock file no live process holds, and every port that no live process
-    maps, holds open or holds locked (with its lock files and its semaphore); keep the rest. A port left without lock files by a
-    process killed while it wrote counts too: its semaphore may still be held by the dead writer, and the next
-    process given that port number waits on it. Only this user's files are removed; nothing when shm_dir does
-    not exist (not Linux). Call it before the graph's nodes start: a process opening a dead
-    port by number in the same instant could still lose it, as with `fastdds shm clean`."""
+    maps, holds open or holds locked (with its lock files and its semaphore); keep the rest. A port a process
+    killed while it wrote left without lock files counts too (its semaphore may still be taken by the dead
+    writer). Only this user's files are removed; nothing when shm_dir does not exist (not Linux). Call it before
+    the graph's nodes start: a process opening a dead port by number in the same instant could still lose it, as
+    with `fastdds shm clean`."""
     try:
         names = os.listdir(shm_dir)
     except OSError:
