@@ -254,8 +254,7 @@ class FrameState:
         """
         self._require_boundary("rebuild_in_place")
         keep = [int(f) for f in keep_ids]
-        held = {r.frame_id for r in self.kv.retained()}
-        missing = [f for f in keep if f not in held]
+        missing = [f for f in keep if not self.kv.holds(f)]
         if missing:
             raise KeyError(f"rebuild_in_place: frames {missing} are not retained")
         no_rows = [f for f in keep if self.frames[f].tokens is None]
