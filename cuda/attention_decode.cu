@@ -42,30 +42,44 @@
 // one query head instead of ATTN_MAX_GROUP's: 90 instead of 171 (ptxas, hd <= 128), two blocks per SM instead of
 // one; KernelPlan.decode_attention_one_head_entry, serving since the 7B's decode attention took 1.87 ms per step
 // with it against 2.28). The same results bit for bit.
-#define DECODE_PARTIAL_ENTRY(VPL, HS, MAXG, PF, SUFFIX)                                                        \
+#define DECODE_PARTIAL_ENTRY(VPL, HS, MAXG, PF, SUFFIX, EXACT)                                                 \
     extern "C" __global__ void __launch_bounds__(DEC_THREADS * HS) attention_decode_partial_v##VPL##SUFFIX(   \
             const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache,                        \
             const int* attend_list, const int* ctl, float* part_o, float* part_ml, int n_q_heads,              \
             int n_kv_heads, int head_dim, int capacity, int n_splits, float scale) {                           \
         griddep_wait();                   /* q and this step's K/V come from the q|k|v kernel */               \
         griddep_launch_dependents();                                                                           \
-        decode_partial_body<VPL, HS, MAXG, PF>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl, part_o,   \
-                                               part_ml, n_q_heads, n_kv_heads, head_dim, capacity, n_splits,  \
-                                               scale, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.z);          \
+        decode_partial_body<VPL, HS, MAXG, PF, EXACT>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl,     \
+                                                      part_o, part_ml, n_q_heads, n_kv_heads, head_dim, capacity, \
+                                                      n_splits, scale, blockIdx.x, blockIdx.y, blockIdx.z,        \
+                                                      gridDim.z);                                                 \
     }
 
-DECODE_PARTIAL_ENTRY(1, 1, ATTN_MAX_GROUP, false, )
-DECODE_PARTIAL_ENTRY(2, 1, ATTN_MAX_GROUP, false, )
-DECODE_PARTIAL_ENTRY(1, 2, ATTN_MAX_GROUP, false, _h2)
-DECODE_PARTIAL_ENTRY(2, 2, ATTN_MAX_GROUP, false, _h2)
-DECODE_PARTIAL_ENTRY(1, 1, 1, false, _g1)
-DECODE_PARTIAL_ENTRY(2, 1, 1, false, _g1)
+DECODE_PARTIAL_ENTRY(1, 1, ATTN_MAX_GROUP, false, , false)
+DECODE_PARTIAL_ENTRY(2, 1, ATTN_MAX_GROUP, false, , false)
+DECODE_PARTIAL_ENTRY(1, 2, ATTN_MAX_GROUP, false, _h2, false)
+DECODE_PARTIAL_ENTRY(2, 2, ATTN_MAX_GROUP, false, _h2, false)
+DECODE_PARTIAL_ENTRY(1, 1, 1, false, _g1, false)
+DECODE_PARTIAL_ENTRY(2, 1, 1, false, _g1, false)
 
 // _pf: the one-warp-per-group entries with the next pass's loads in flight while a pass is computed
 // (attention_decode.cuh's PREFETCH; KernelPlan.decode_attention_prefetch: on, measured faster on the 7B's decode
 // attention, 1.32 -> 1.06 ms per step). The same bits as the entry without _pf. ptxas (sm_90, bf16 / fp32 arena): _v1_g1_pf 105 / 161 registers (_v1_g1: 90 /
 // 97), _v1_pf 206 / 240 (171 / 172); no _h2_pf, whose 128-register bound spilled 412 / 776 bytes.
-DECODE_PARTIAL_ENTRY(1, 1, ATTN_MAX_GROUP, true, _pf)
-DECODE_PARTIAL_ENTRY(2, 1, ATTN_MAX_GROUP, true, _pf)
-DECODE_PARTIAL_ENTRY(1, 1, 1, true, _g1_pf)
-DECODE_PARTIAL_ENTRY(2, 1, 1, true, _g1_pf)
+DECODE_PARTIAL_ENTRY(1, 1, ATTN_MAX_GROUP, true, _pf, false)
+DECODE_PARTIAL_ENTRY(2, 1, ATTN_MAX_GROUP, true, _pf, false)
+DECODE_PARTIAL_ENTRY(1, 1, 1, true, _g1_pf, false)
+DECODE_PARTIAL_ENTRY(2, 1, 1, true, _g1_pf, false)
+
+// _x<G>: the entries for a group of exactly G query heads per KV head (attention_decode.cuh's EXACT; the host picks one
+// only for that group, KernelPlan.decode_attention_exact_group): every warp's heads folded in one straight run,
+// their dependent chains interleaved. The same bits as the entries for any group. Two warps per slot group for
+// the even groups of the models here (tiny 2, llama-tiny 4, Qwen2.5-1.5B 6); one warp with the prefetch for those
+// and SmolLM2's 3. head_dim <= 128 only (VPL 1).
+DECODE_PARTIAL_ENTRY(1, 2, 2, false, _h2_x2, true)
+DECODE_PARTIAL_ENTRY(1, 2, 4, false, _h2_x4, true)
+DECODE_PARTIAL_ENTRY(1, 2, 6, false, _h2_x6, true)
+DECODE_PARTIAL_ENTRY(1, 1, 2, true, _pf_x2, true)
+DECODE_PARTIAL_ENTRY(1, 1, 3, true, _pf_x3, true)
+DECODE_PARTIAL_ENTRY(1, 1, 4, true, _pf_x4, true)
+DECODE_PARTIAL_ENTRY(1, 1, 6, true, _pf_x6, true)

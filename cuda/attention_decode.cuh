@@ -68,7 +68,12 @@ __device__ __forceinline__ float warp_sum_spread(float (&v)[N]) {
 // model without grouped queries, with the registers of one head (Llama-2-7B: 32 KV heads of one query head each).
 // PREFETCH (attention_decode.cu's _pf entries): the next pass's K/V loads are in flight while a pass is computed;
 // the same passes in the same order, so the same bits.
-template <int VPL, int HEAD_SPLIT, int MAX_GROUP = ATTN_MAX_GROUP, bool PREFETCH = false>
+// EXACT (attention_decode.cu's _x<G> entries): the model's group is exactly MAX_GROUP (the host checks), so each warp
+// folds all of its heads with no test between them. With the test (a group known only at run time, which may stop
+// before MAX_GROUP), each head's chain of shuffles and exponentials is a branch of its own and waits for the one
+// before it; without, the heads' chains are one straight run of code the compiler interleaves. Each head's
+// arithmetic is unchanged, so the same bits.
+template <int VPL, int HEAD_SPLIT, int MAX_GROUP = ATTN_MAX_GROUP, bool PREFETCH = false, bool EXACT = false>
 __device__ void decode_partial_body(const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache,
                                     const int* attend_list, const int* ctl, float* part_o, float* part_ml,
                                     int n_q_heads, int n_kv_heads, int head_dim, int capacity, int n_splits,
@@ -77,9 +82,10 @@ __device__ void decode_partial_body(const float* qkv, int qkv_stride, const kv_t
     constexpr int BATCH = DEC_SLOTS_PER_WARP / VPL;
     constexpr int LANES_PER_SLOT = 32 / BATCH;                  // warp_sum_spread leaves slot u in these lanes
     constexpr int HEADS = (MAX_GROUP + HEAD_SPLIT - 1) / HEAD_SPLIT;   // most heads one warp takes
+    static_assert(!EXACT || MAX_GROUP % HEAD_SPLIT == 0, "an exact group gives every warp as many heads");
     extern __shared__ float4 dec_smem[];
 
-    const int group = n_q_heads / n_kv_heads;
+    const int group = EXACT ? MAX_GROUP : n_q_heads / n_kv_heads;
     const int len = list_length(ctl, i);
     const int span = split_span(ctl, n_rows, n_splits);         // whole chunks, >= ATTN_CHUNK
     const int j0 = split * span;
@@ -131,7 +137,9 @@ __device__ void decode_partial_body(const float* qkv, int qkv_stride, const kv_t
     auto fold_pass = [&](const float4 (&kf)[BATCH][VPL], const float4 (&vf)[BATCH][VPL], int n_b) {
 #pragma unroll
         for (int j = 0; j < HEADS; ++j) {
-            if (part + HEAD_SPLIT * j >= group) break;          // warp-uniform: skipped, not predicated
+            if constexpr (!EXACT) {
+                if (part + HEAD_SPLIT * j >= group) break;      // warp-uniform: skipped, not predicated
+            }
             float d[BATCH];
 #pragma unroll
             for (int u = 0; u < BATCH; ++u) {

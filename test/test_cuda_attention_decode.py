@@ -127,6 +127,68 @@ def test_the_prefetching_entries_give_the_same_bits(kn, kn16, gpu, hq, kvh, hd, 
                      what="attention_decode, prefetching entry")
 
 
+@pytest.mark.parametrize("arena", ["float32", "bfloat16"])
+@pytest.mark.parametrize("max_splits", [None, 1, 3])
+@pytest.mark.parametrize("hq,kvh,hd,ctx,n,cap", [CASES[0], CASES[1], (4, 2, 32, 130, 1, 256), CASES[3], CASES[4],
+                                                 (8, 2, 64, 700, 1, 768), (9, 3, 64, 200, 2, 512)])
+def test_the_exact_group_entries_give_the_same_bits(kn, kn16, gpu, hq, kvh, hd, ctx, n, cap, max_splits, arena):
+    """The _x<G> entries (KernelPlan.decode_attention_exact_group: no test between a warp's heads, so their chains
+    interleave) fold each head with the arithmetic of the entries for any group: every output and partial sum
+    equal, with two warps per slot group (even groups: 6 as the 1.5B's, 2, 4) and with one warp and the prefetch
+    (also 3, SmolLM2's), on both arena types, splits of one chunk and splits walking many, one and two rows."""
+    from vla_edge_ros.model.cuda_attention_launchers import exact_group_entry
+    from vla_edge_ros.model.weights import float32_to_bf16_bits
+    ga, stream = gpu
+    args, arena_f32, expected = decode_case(ga, hq, kvh, hd, ctx, n, cap)
+    kernels = kn
+    if arena == "bfloat16":
+        kernels = kn16
+        k16, v16 = (ga.to_gpu(float32_to_bf16_bits(a.get())) for a in arena_f32)
+        args = (args[0], int(k16.gpudata), int(v16.gpudata), *args[3:])
+    compared = 0
+    for head_split, prefetch in ((2, False), (1, True)):
+        if not exact_group_entry(hq // kvh, hd, head_split, prefetch):
+            continue
+        outs = []
+        for exact in (False, True):
+            for a in (args[5], args[6], args[7]):
+                a.fill(np.float32(np.nan))
+            kernels.attention_decode(*args, stream, head_split=head_split, max_splits=max_splits, prefetch=prefetch,
+                                     exact_group=exact)
+            stream.synchronize()
+            outs.append((args[7].get(), args[5].get(), args[6].get()))
+        for what, a, b in zip(("out", "part_o", "part_ml"), *outs):
+            assert np.array_equal(a, b, equal_nan=True), \
+                f"{what}: the exact-group entry (head_split {head_split}, prefetch {prefetch}) differs"
+        compared += 1
+        if arena == "float32":
+            assert_close(outs[1][0], expected, rtol=1e-5, atol=2e-6 * max(1.0, np.abs(expected).max()),
+                         what=f"attention_decode, exact-group entry, head_split {head_split}")
+    assert compared == (1 if hq // kvh == 3 else 2)
+
+
+def test_a_cycle_with_the_exact_group_entries_picks_the_same_tokens(tmp_path):
+    """Lab "+xg" on tiny (group 2: the _v1_h2_x2 entry) and llama-tiny (group 4: _v1_h2_x4): the captured cycle picks
+    the tokens the entries for any group pick, and the plan in effect names the entry; llama-tiny-mha (group 1) keeps
+    its one-head entry whatever the plan asks."""
+    from vla_edge_ros.bench import kernel_lab
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.make_model import make_model
+    from vla_edge_ros.model.spec import ModelSpec
+    from vla_edge_ros.model.weights import load_weights
+    for kind, takes_it in (("tiny", True), ("llama-tiny", True), ("llama-tiny-mha", False)):
+        path = make_model(kind, tmp_path / kind, seed=13)
+        spec = ModelSpec.from_dir(path)
+        b = CudaBackend(spec, load_weights(path, spec), 300, "bfloat16")
+        assert b.kernel_plan.decode_attention_exact_group is False           # the default: off until measured
+        default = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=8)
+        assert kernel_lab.apply_launch_mode(b, "plain+xg") == ("plain+xg" if takes_it else "plain")
+        assert b.kernel_plan.decode_attention_exact_group is takes_it
+        exact = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=8)
+        np.testing.assert_array_equal(default[0], exact[0], err_msg=kind)
+        b.close()
+
+
 def test_a_model_without_grouped_queries_takes_the_one_head_entry(tmp_path):
     """KernelPlan.decode_attention_one_head_entry (the default; lab "+nog1" turns it off): llama-tiny-mha (group 1)
     takes the one-head entry with one warp per slot group, and its captured cycle picks the tokens the entries for

@@ -26,14 +26,16 @@ CUDA = Path(__file__).resolve().parents[1] / "cuda"
 
 def test_the_prefetching_entries_are_registered_and_compiled_from_the_same_body():
     entries = ck.FAMILIES["attention_decode"]
-    prefetching = {name for name in entries if name.endswith("_pf")}
+    prefetching = {name for name in entries if name.endswith("_pf") or "_pf_x" in name}   # _x: exact groups
     assert prefetching == {"attention_decode_partial_v1_pf", "attention_decode_partial_v2_pf",
-                           "attention_decode_partial_v1_g1_pf", "attention_decode_partial_v2_g1_pf"}
+                           "attention_decode_partial_v1_g1_pf", "attention_decode_partial_v2_g1_pf",
+                           *(f"attention_decode_partial_v1_pf_x{g}" for g in ca.ATTN_DECODE_EXACT_GROUPS[(1, True)])}
     assert len(set(entries.values())) == 1                               # one argument list: the launcher's
     assert all(name in PDL_KERNELS and name in ck.DYNAMIC_SHARED_KERNELS for name in entries)
     source = (CUDA / "attention_decode.cu").read_text()
     declared = {f"attention_decode_partial_v{vpl}{suffix}": pf == "true" for vpl, pf, suffix in
-                re.findall(r"^DECODE_PARTIAL_ENTRY\((\d), \d, \w+, (true|false), (\w*)\)", source, re.MULTILINE)}
+                re.findall(r"^DECODE_PARTIAL_ENTRY\((\d), \d, \w+, (true|false), (\w*), (?:true|false)\)", source,
+                           re.MULTILINE)}
     assert set(declared) == set(entries)
     assert {name for name, pf in declared.items() if pf} == prefetching
 

@@ -13,7 +13,8 @@ compare another choice, the lab builds a variant plan and switches a backend to 
     projection_int4_staged.cu; i4p1: its one-part entry; i4pf: its activation prefetch), the decode attention's
     one-head entry for a group of 1
     (g1 on, the default; nog1 off), its prefetching entries (dpf, the default, with g1 or
-    h1; nodpf off) and the long-context attention's blocks per SM (lcs1, lcs2, lcs4) and its floor
+    h1; nodpf off), its entries for exactly the model's group (xg; noxg off, the default) and the long-context
+    attention's blocks per SM (lcs1, lcs2, lcs4) and its floor
     of splits per KV head (lcm1: none; lcm32, lcm64: 32 or 64);
   * a copy of the device state a decode step starts from, so that decode modes are compared from one prefill (two
     prefills differ in the last bits: their split-K projections add with atomics);
@@ -37,7 +38,7 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # chunk's activations copied under the products), the decode
 # attention's one-head entry for a model without grouped queries (g1, the default; nog1: off), its next pass's loads
 # in flight (dpf: the _pf entries, the default, with one warp per slot group: g1, or h1 for a model with grouped
-# queries; nodpf: off), and the
+# queries; nodpf: off), its entries for exactly the model's group (xg on; noxg off, the default), and the
 # long-context attention's blocks per SM (lcs1, lcs2, lcs4: KernelPlan.long_context_blocks_per_sm) and floor of
 # splits per KV head (lcm1: KernelPlan.long_context_min_splits_per_kv_head 1, no floor; lcm32, lcm64: a floor of 32 or
 # 64, for the 7B decode attention that ncu found latency-bound at 16: 40 us a layer, occupancy 21%); for the bulk prefill's flash
@@ -73,7 +74,9 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "g1": {"decode_attention_one_head_entry": True},
                    "nog1": {"decode_attention_one_head_entry": False},
                    "dpf": {"decode_attention_prefetch": True},
-                   "nodpf": {"decode_attention_prefetch": False}}
+                   "nodpf": {"decode_attention_prefetch": False},
+                   "xg": {"decode_attention_exact_group": True},
+                   "noxg": {"decode_attention_exact_group": False}}
 # Device state a decode step reads or writes: what decode_state() / restore_decode_state() copy. The cycle's tables
 # (positions, slots, attend list) stay as begin_cycle wrote them.
 DECODE_STATE = ("k_cache", "v_cache", "resid", "ctl", "tokens_out")

@@ -9,7 +9,8 @@ replayed: microseconds per layer for
 
   * the decode row (attention_decode.cu + the merge) with the splits covering the arena (one 64-entry chunk
     each, the baseline) and with at most S splits per KV head, each walking several chunks, with two warps per
-    8-slot group (the cycle's) or one, without and with the next pass's loads in flight (its _pf entries); and the
+    8-slot group (the cycle's) or one, without and with the next pass's loads in flight (its _pf entries), and the
+    entries compiled for exactly the group (its _x6 entries: the heads' chains interleaved); and the
     same row through attention_mma.cu (KernelPlan.decode_attention_tensor_cores: one 16-row tile of the group's heads);
   * the prefill's 32 rows (attention_mma.cu + the merge) in several launch shapes, the same way;
   * the merge alone for each, and the K/V read floor (the layer's K/V bytes at the copy bandwidth measured
@@ -34,8 +35,11 @@ from .gemv_probe import _time_graph
 DEFAULT_CACHED = (4064, 8192, 16384, 32000)
 DECODE_SPLITS = (None, 128, 66, 64)
 # (label, attention_decode entry) of the decode row at <= 66 splits besides the cycle's two warps per slot group: one
-# warp per group, and its prefetching entry (KernelPlan.decode_attention_prefetch)
-DECODE_ENTRIES = (("h1 <= 66", dict(head_split=1)), ("h1 prefetch <= 66", dict(head_split=1, prefetch=True)))
+# warp per group, and its prefetching entry (KernelPlan.decode_attention_prefetch); the entries for exactly this
+# shape's group of 6 (KernelPlan.decode_attention_exact_group) with two warps per group and with one and the prefetch
+DECODE_ENTRIES = (("h1 <= 66", dict(head_split=1)), ("h1 prefetch <= 66", dict(head_split=1, prefetch=True)),
+                  ("h2 exact <= 66", dict(head_split=2, exact_group=True)),
+                  ("h1 prefetch exact <= 66", dict(head_split=1, prefetch=True, exact_group=True)))
 # (label, attention() launch shape): blocks per SM of attention_mma.cu's entry, query rows per block, max_splits
 PREFILL_VARIANTS = [("b2 r16", dict(blocks_per_sm=2, rows_per_block=16)),
                     ("b2 r16 <= 128", dict(blocks_per_sm=2, rows_per_block=16, max_splits=128)),

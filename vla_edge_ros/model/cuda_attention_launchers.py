@@ -19,6 +19,14 @@ ATTN_TILED_THREADS = 256
 ATTN_MERGE_MAX_SPLITS = 4096
 ATTN_DECODE_THREADS = 256       # attention_decode.cu: 8 warps x 8 list entries = one ATTN_CHUNK
 ATTN_DECODE_HEAD_SPLITS = (1, 2)   # ... times this many warps per 8-entry group: its entries _v1, _v1_h2
+# attention_decode.cu's _x<G> entries for a group of exactly G (head_dim <= 128), by (warps per 8-entry group, prefetch):
+# two warps per group for even groups, one warp with the prefetch (KernelPlan.decode_attention_exact_group)
+ATTN_DECODE_EXACT_GROUPS = {(2, False): (2, 4, 6), (1, True): (2, 3, 4, 6)}
+
+
+def exact_group_entry(group: int, head_dim: int, head_split: int, prefetch: bool) -> bool:
+    """Whether attention_decode.cu has an entry for exactly this group with this head_split and prefetch."""
+    return head_dim <= 128 and group in ATTN_DECODE_EXACT_GROUPS.get((head_split, bool(prefetch)), ())
 # attention_mma.cu: the head_dims with an entry point; the query vectors (row x head) one block serves by
 # default (one 16-row mma tile per warp), and at most (the warps loop over the tiles).
 ATTN_MMA_HEAD_DIMS = (32, 64, 128)
@@ -125,7 +133,7 @@ class AttentionLaunchers:
     def attention_decode(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
                          n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float,
                          stream, head_split: int = 1, max_splits: int | None = None, one_head: bool = False,
-                         prefetch: bool = False):
+                         prefetch: bool = False, exact_group: bool = False):
         """attention_decode.cu: the same function as attention() for a few query rows (decode), partial sums
         from registers, same split layout and merge. head_split: warps sharing each 8-entry group of a block,
         each taking that share of the query heads (1 or 2; same results). max_splits: launch at most this many
@@ -134,7 +142,9 @@ class AttentionLaunchers:
         the same up to the order of the softmax's additions. one_head: the _g1 entry, registers for one query head
         per warp (a model without grouped queries: group 1, head_split 1; the same bits). prefetch: the _pf entry of
         the one chosen (head_split 1 only), the next pass's K/V loads in flight while a pass is computed (the same
-        bits; KernelPlan.decode_attention_prefetch)."""
+        bits; KernelPlan.decode_attention_prefetch). exact_group: the _x<group> entry of that head_split and prefetch,
+        compiled for exactly this group (ATTN_DECODE_EXACT_GROUPS; the same bits; KernelPlan.
+        decode_attention_exact_group)."""
         _check(n_splits * ATTN_CHUNK >= capacity, f"attention decode: {n_splits} splits do not cover {capacity} slots")
         if max_splits is not None:
             _check(max_splits >= 1, f"attention decode: max_splits {max_splits} < 1")
@@ -150,10 +160,14 @@ class AttentionLaunchers:
         _check(not prefetch or head_split == 1,
                f"attention decode: the prefetching entries have one warp per 8-entry group (head_split 1), got "
                f"head_split {head_split}")
+        _check(not exact_group or not one_head, "attention decode: the one-head entry already serves its group exactly")
+        _check(not exact_group or exact_group_entry(group, head_dim, head_split, prefetch),
+               f"attention decode: no entry for exactly group {group} with head_dim {head_dim}, head_split "
+               f"{head_split}, prefetch {prefetch} (those compiled: {ATTN_DECODE_EXACT_GROUPS}, head_dim <= 128)")
         shared = (ATTN_DECODE_THREADS // 32) * group * (8 + 4 * head_dim)   # per 8-entry group: m, l, o of each head
         _check(shared <= self.max_shared, f"attention decode: {shared} bytes of shared memory > {self.max_shared}")
         name = ("attention_decode_partial_v" + ("1" if head_dim <= 128 else "2") + ("_h2" if head_split == 2 else "")
-                + ("_g1" if one_head else "") + ("_pf" if prefetch else ""))
+                + ("_g1" if one_head else "") + ("_pf" if prefetch else "") + (f"_x{group}" if exact_group else ""))
         self._launch(name, (n_splits, n_kv_heads, n_rows), ATTN_DECODE_THREADS * head_split, stream, ptr(qkv),
                      np.int32(qkv.shape[1]), np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl),
                      ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads), np.int32(head_dim),

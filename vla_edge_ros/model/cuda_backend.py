@@ -493,10 +493,17 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if plan.decode_attention_prefetch and not prefetch:      # debug: the default plan asks for it
             log.debug("the decode attention's prefetching entries have one warp per 8-entry group; this plan takes %s: "
                       "no prefetch", "the tensor cores" if decode_tensor_cores else f"head_split {head_split}")
+        group = self.spec.num_heads // self.spec.num_kv_heads
+        exact = (plan.decode_attention_exact_group and not decode_tensor_cores and not one_head
+                 and ca.exact_group_entry(group, self.spec.head_dim, head_split, prefetch))
+        if plan.decode_attention_exact_group and not exact:
+            log.info("no decode attention entry for exactly group %d (head_dim %d, head_split %d, prefetch %s%s): the "
+                     "entry for any group serves", group, self.spec.head_dim, head_split, prefetch,
+                     ", the tensor cores" if decode_tensor_cores else ", the one-head entry" if one_head else "")
         return {"tensor_core_attention": tensor_cores, "attention_blocks_per_sm": blocks,
                 "decode_attention_tensor_cores": decode_tensor_cores,
                 "decode_attention_one_head_entry": one_head, "decode_attention_head_split": head_split,
-                "decode_attention_prefetch": prefetch}
+                "decode_attention_prefetch": prefetch, "decode_attention_exact_group": exact}
 
     def _persistent_in_effect(self, plan: KernelPlan) -> bool:
         """Whether decode steps run as one persistent kernel, decode_persistent.cu prepared where they do."""

@@ -108,6 +108,16 @@ class KernelPlan:
     # 1.5B (lab "+h1+dpf") 14.87 ms p50 against 14.71 with two warps per group and no prefetch (long_context_probe,
     # bf16 arena, 32000 cached: 47.3 us a layer against 49.1). On; lab "+nodpf" turns it off.
     decode_attention_prefetch: bool = True
+    # attention_decode.cu's _x<G> entries, compiled for a group of exactly G query heads per KV head
+    # (cuda_attention_launchers.ATTN_DECODE_EXACT_GROUPS: two warps per slot group for G in 2, 4, 6; one warp with
+    # the prefetch for 2, 3, 4, 6; head_dim <= 128), where this model's group and the choices above have one. The
+    # entry for any group tests, before each of a warp's heads, whether the group has it, so each head's chain of
+    # shuffles and exponentials (the decode attention's latency at long context: 49 us a layer at 32000 cached on
+    # the 1.5B's bf16 arena, 6.3x its K/V floor) waits for the one before; for an exact group there is no test and
+    # the compiler interleaves the heads. The same bits (test_cuda_attention_decode.py). ptxas (sm_90, bf16 / fp32
+    # arena): _v1_h2_x6 128 / 128 registers (16 bytes spilled on fp32), _v1_pf_x6 220 / 255; the entries for any
+    # group 128 / 128 and 206 / 240. Off: not yet measured on the GPU; lab "+xg".
+    decode_attention_exact_group: bool = False
     # A decode projection with more 8-row items than this many blocks per SM (gate/up: 2240 items) loops them
     # over a grid of that size, staging the activations once (gemv_bf16_items); 0: a block per item.
     # Bit-identical; decode projections 1.100 -> 1.029 ms per step at 4 (2: 1.165).
@@ -234,6 +244,9 @@ class KernelPlan:
                              f"{self.decode_attention_one_head_entry!r}")
         if not isinstance(self.decode_attention_prefetch, bool):
             raise ValueError(f"decode_attention_prefetch must be True or False, got {self.decode_attention_prefetch!r}")
+        if not isinstance(self.decode_attention_exact_group, bool):
+            raise ValueError(f"decode_attention_exact_group must be True or False, got "
+                             f"{self.decode_attention_exact_group!r}")
         if not isinstance(self.bulk_attention_kv_overlap, bool):
             raise ValueError(f"bulk_attention_kv_overlap must be True or False, got {self.bulk_attention_kv_overlap!r}")
         if self.bulk_attention_kv_overlap and self.bulk_attention_stages != 1:

@@ -35,7 +35,8 @@ import numpy as np
 
 from ..resources import kernel_dir
 from . import kernel_constants as kc
-from .cuda_attention_launchers import ATTN_CHUNK, ATTN_DECODE_THREADS, ATTN_MERGE_MAX_SPLITS, AttentionLaunchers
+from .cuda_attention_launchers import (ATTN_CHUNK, ATTN_DECODE_EXACT_GROUPS, ATTN_DECODE_THREADS, ATTN_MERGE_MAX_SPLITS,
+                                       AttentionLaunchers)
 from .cuda_bulk_launchers import BulkPrefillLaunchers
 from .cuda_int4_launchers import Int4Launchers
 from .cuda_projection_launchers import GEMV_THREADS
@@ -68,8 +69,10 @@ FAMILIES = {
     "attention_tiled": {"attention_partial_tiled": "PiPPPPPPiiiiifii"},   # merged by attention.cu's kernel
     "attention_mma": {f"attention_partial_mma_hd{hd}_b{b}": "PiPPPPPPiiiifii"        # merged as attention_tiled
                       for hd, b in ((32, 1), (64, 1), (128, 1), (128, 2))},
-    "attention_decode": {f"attention_decode_partial_v{vpl}{h}": "PiPPPPPPiiiiif"   # merged by attention.cu's kernel
-                         for vpl in (1, 2) for h in ("", "_h2", "_g1", "_pf", "_g1_pf")},
+    "attention_decode": {**{f"attention_decode_partial_v{vpl}{h}": "PiPPPPPPiiiiif"   # merged by attention.cu's kernel
+                            for vpl in (1, 2) for h in ("", "_h2", "_g1", "_pf", "_g1_pf")},
+                         **{f"attention_decode_partial_v1{'_h2' if hs == 2 else '_pf'}_x{g}": "PiPPPPPPiiiiif"
+                            for (hs, _pf), groups in ATTN_DECODE_EXACT_GROUPS.items() for g in groups}},
     "argmax": {"argmax_bins": "PiiPPi"},
     "kv_slots": {"kv_gather": "PPPPiiiii", "kv_scatter": "PPPPiiiii", "kv_count_nonfinite": "PqP"},
     "vision": {"patch_embed": "PiiiPPPi", "pool_rows": "PiiP", "adjacent_cosine": "PiP"},

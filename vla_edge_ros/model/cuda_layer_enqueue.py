@@ -162,7 +162,8 @@ class LayerEnqueue:
                                           self.capacity, self.n_splits, self._scale, self.stream,
                                           head_split=plan.decode_attention_head_split, max_splits=splits,
                                           one_head=plan.decode_attention_one_head_entry,
-                                          prefetch=plan.decode_attention_prefetch)
+                                          prefetch=plan.decode_attention_prefetch,
+                                          exact_group=plan.decode_attention_exact_group)
             return
         self.kernels.attention(self.qkv, k_ptr, v_ptr, self.attend_list, self.ctl, self.part_o, self.part_ml, self.attn,
                                n, sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, self.n_splits,
