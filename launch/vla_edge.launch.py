@@ -10,6 +10,9 @@ applies it without launch):
     ends the launch with one line naming it, before any node starts;
   - Fast DDS shared-memory files left by processes that died are removed
     before any node starts (tools/dds_shm.py; a process that lives keeps its);
+  - the nodes run with the Fast DDS profile of dds.shm_health_check_ms
+    (tools/dds_profile.py: a first send to a port waits ~a third of it, not
+    333 ms), unless the environment already chooses the transports;
   - a node whose row says `respawn` is restarted after
     supervisor.restart_backoff_s (launch's respawn has a fixed delay, no
     doubling); any other node's exit shuts the launch down;
@@ -25,6 +28,7 @@ from launch.actions import EmitEvent
 from launch.actions import LogInfo
 from launch.actions import OpaqueFunction
 from launch.actions import RegisterEventHandler
+from launch.actions import SetEnvironmentVariable
 from launch.actions import Shutdown
 from launch.event_handlers import OnProcessStart
 from launch.events import matches_action
@@ -40,6 +44,8 @@ from vla_edge_ros.config import load
 from vla_edge_ros.nodes.graph import NODES
 from vla_edge_ros.nodes.graph import PACKAGE
 from vla_edge_ros.nodes.graph import PARAMS_FILE
+from vla_edge_ros.tools.dds_profile import PROFILE_ENV
+from vla_edge_ros.tools.dds_profile import use_profile
 from vla_edge_ros.tools.dds_shm import clean_before_start
 
 
@@ -74,10 +80,16 @@ def graph_actions(context):
         cfg = load(params)
     except ConfigError as exc:
         raise RuntimeError(f"vla_edge_ros: {exc}") from None      # launch prints it as one line
-    # Fast DDS files that killed or crashed processes left in /dev/shm stall a new graph's publishers
+    # Fast DDS files that killed or crashed processes left in /dev/shm hold memory until reboot
     # (vla_edge_ros/tools/dds_shm.py): removed before any node starts, live ones kept, and said.
     found = clean_before_start()
     entities = [LogInfo(msg=f"vla_edge_ros: {found.describe()}")] if found.segments or found.ports else []
+    # The nodes' Fast DDS profile (vla_edge_ros/tools/dds_profile.py), named in the environment they start with
+    # unless the one launch runs in already chooses the transports.
+    profile = use_profile(cfg.dds.shm_health_check_ms, dict(os.environ))
+    if profile.path and os.environ.get(PROFILE_ENV) != profile.path:
+        entities.append(SetEnvironmentVariable(PROFILE_ENV, profile.path))
+    entities.append(LogInfo(msg=f"vla_edge_ros: DDS: {profile.describe()}"))
     for spec in NODES:
         action = _node_action(spec, params, cfg)
         entities.append(action)

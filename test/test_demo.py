@@ -45,6 +45,11 @@ def test_demo_reports_every_cycle_of_its_window(tiny_model_dir, tmp_path):
     print(H.assert_acts_or_explains_load_counts(report["actions"], report["fallback_reasons"], report["cycles"],
                                                 min_actions=1, quiet_share=0.2))
     assert 0 < report["camera_to_first_action_s"] < 30
+    # The graph's Fast DDS profile (tools/dds_profile.py) is said, and is ours unless the environment chose.
+    from vla_edge_ros.tools.dds_profile import USER_CHOICE_ENVS, written_here
+    chosen = [v for v in USER_CHOICE_ENVS if env.get(v) and not written_here(env[v])]
+    assert "dds transport" in done.stdout
+    assert ("kept" if chosen else "shared-memory ports checked for 150 ms") in report["dds_profile"], report["dds_profile"]
     # Whether exact forgetting worked is said at a glance, with its numbers.
     exact = report["exactness"]
     assert "exact forgetting" in done.stdout and exact["verdict"].split()[0] in ("YES", "PARTLY", "NO", "not"), exact

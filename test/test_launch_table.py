@@ -46,7 +46,7 @@ def _stub_modules(share_dir: str) -> dict:
     names = {
         "launch": ["LaunchDescription"],
         "launch.actions": ["DeclareLaunchArgument", "EmitEvent", "LogInfo", "RegisterEventHandler", "OpaqueFunction",
-                           "Shutdown"],
+                           "SetEnvironmentVariable", "Shutdown"],
         "launch.event_handlers": ["OnProcessStart"],
         "launch.substitutions": ["LaunchConfiguration"],
         "launch_ros.actions": ["Node", "LifecycleNode"],
@@ -160,3 +160,35 @@ def test_launch_removes_a_dead_processes_fast_dds_files_before_any_node_and_says
     finally:
         for path in (dead, shm / (dead.name + "_el")):
             path.unlink(missing_ok=True)
+
+
+def test_the_nodes_start_with_the_fast_dds_profile_unless_the_environment_chooses(monkeypatch, tmp_path):
+    """dds.shm_health_check_ms (tools/dds_profile.py): the profile is named in the environment before the first node
+    and said; a profile the launching shell already names is kept, and 0 leaves Fast DDS alone."""
+    from vla_edge_ros.tools.dds_profile import PROFILE_ENV
+    for var in ("FASTRTPS_DEFAULT_PROFILES_FILE", "FASTDDS_DEFAULT_PROFILES_FILE", "FASTDDS_BUILTIN_TRANSPORTS",
+                "RMW_IMPLEMENTATION"):
+        monkeypatch.delenv(var, raising=False)
+    entities = _launch(monkeypatch, tmp_path, ROOT / "config" / graph.PARAMS_FILE)
+    kinds = [type(e).__name__ for e in entities]
+    (set_env,) = [e for e in entities if type(e).__name__ == "SetEnvironmentVariable"]
+    assert kinds.index("SetEnvironmentVariable") < min(kinds.index(k) for k in ("Node", "LifecycleNode"))
+    assert set_env.args[0] == PROFILE_ENV
+    text = Path(set_env.args[1]).read_text()
+    assert f"<healthy_check_timeout_ms>{C.load().dds.shm_health_check_ms}</healthy_check_timeout_ms>" in text
+    said = [e.kwargs["msg"] for e in entities if type(e).__name__ == "LogInfo"]
+    assert any("DDS: Fast DDS profile" in m and set_env.args[1] in m for m in said), said
+
+    own = tmp_path / "robot_profile.xml"
+    own.write_text("<profiles/>")
+    monkeypatch.setenv(PROFILE_ENV, str(own))
+    entities = _launch(monkeypatch, tmp_path, ROOT / "config" / graph.PARAMS_FILE)
+    assert not [e for e in entities if type(e).__name__ == "SetEnvironmentVariable"]
+    said = [e.kwargs["msg"] for e in entities if type(e).__name__ == "LogInfo"]
+    assert any(str(own) in m and "kept" in m for m in said), said
+
+    monkeypatch.delenv(PROFILE_ENV)
+    off = tmp_path / "off.yaml"
+    off.write_text("/**:\n  ros__parameters:\n    dds: {shm_health_check_ms: 0}\n")
+    entities = _launch(monkeypatch, tmp_path, off)
+    assert not [e for e in entities if type(e).__name__ == "SetEnvironmentVariable"]

@@ -588,6 +588,27 @@ class SupervisorConfig:
 
 
 @dataclass(frozen=True)
+class DdsConfig:
+    shm_health_check_ms: int = _doc(
+        "`vla-edge bringup` / `demo` / `soak` and the launch file give every node process, and themselves, a Fast DDS "
+        "profile whose shared-memory transport checks a port's listeners for this long (0: no profile, Fast DDS's own "
+        "1000 ms; a profile already named by FASTRTPS_DEFAULT_PROFILES_FILE is kept). Why: a process that first sends "
+        "to a port that another process made more than ~1 s earlier checks it first, and a check that meets an idle "
+        "listener between two of its wake-ups sleeps a third of this before it looks again, with the participant's "
+        "sends held: Fast DDS's 1000 ms held the demo's camera publish 320-336 ms (3 of 10 8-second demos on the 2-core "
+        "machine, 3 stale_frame fallbacks each); 150 ms, 0 of 10 (slowest publish 7.2 ms). The bound is set by whoever "
+        "made the port, so it covers sends to this graph's processes, not to a foreign subscriber's. Lower wakes each "
+        "idle listener more often (every third of it) and calls a port dead when its listener has not run for this "
+        "long while another process opens it", default=150)
+
+    def __post_init__(self):
+        if type(self.shm_health_check_ms) is not int or not (self.shm_health_check_ms == 0
+                                                              or 30 <= self.shm_health_check_ms <= 10000):
+            raise ConfigError(f"dds.shm_health_check_ms must be 0 (Fast DDS's default) or in [30, 10000] ms, got "
+                              f"{self.shm_health_check_ms!r}")
+
+
+@dataclass(frozen=True)
 class VlaConfig:
     cycle: CycleConfig = field(default_factory=CycleConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
@@ -602,6 +623,7 @@ class VlaConfig:
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+    dds: DdsConfig = field(default_factory=DdsConfig)
 
     def __post_init__(self):
         # A frame plus one cycle's suffix (prompt + decoded actions) must fit at least once.

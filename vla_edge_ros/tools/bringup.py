@@ -31,6 +31,7 @@ import yaml
 
 from .. import config as C
 from ..nodes.parent_death import PARENT_PID_ENV
+from .dds_profile import use_profile
 from .dds_shm import clean_before_start
 from .node_processes import STOP_TIMEOUT_S, BringupError, stop_process   # noqa: F401 (BringupError: this module's API)
 
@@ -126,7 +127,16 @@ class GraphProcesses:
         if not self.params_file.is_file():
             raise BringupError(f"parameter file {self.params_file} not found")
         self.overrides = dict(overrides or {})
-        self.env = dict(os.environ if env is None else env)
+        # The Fast DDS profile (tools/dds_profile.py) for the node processes, and for this process's own participants
+        # (the demo's camera and controller, the lifecycle client) when its environment is theirs: before any of them
+        # is made, since Fast DDS reads the profile at a process's first participant.
+        own = os.environ if env is None else dict(env)
+        try:
+            health_check_ms = self.config().dds.shm_health_check_ms
+        except C.ConfigError:                       # the nodes refuse the file and say why; the default meanwhile
+            health_check_ms = C.DdsConfig().shm_health_check_ms
+        self.dds_profile = use_profile(health_check_ms, own)
+        self.env = dict(own)
         self.nodes = tuple(nodes) if nodes is not None else NODES
         self.log_dir = Path(log_dir) if log_dir else None
         self.procs: dict = {}                      # node name -> Popen (the newest process of a restarted node)
@@ -138,9 +148,10 @@ class GraphProcesses:
         return [spec.name for spec in self.nodes]
 
     def start(self) -> None:
-        # Fast DDS files that killed or crashed processes left in /dev/shm stall a new graph's publishers (tools/
-        # dds_shm.py): removed first, live ones kept.
+        # Fast DDS files that killed or crashed processes left in /dev/shm hold memory until reboot (tools/dds_shm.py):
+        # removed first, live ones kept.
         clean_before_start()
+        log.info("DDS: %s", self.dds_profile.describe())
         for spec in self.nodes:
             self.spawn(spec)
 

@@ -271,6 +271,7 @@ def _state_rows(report: dict) -> list:
     dropped = frames["dropped_by_double_buffer"]
     return [
         ("camera frames published", f"{frames['camera_published']} (slowest publish call after the first {report['max_publish_ms']:.2f} ms)"),
+        ("dds transport", report.get("dds_profile") or "n/a"),
         ("frames dropped (double buffer)", f"{dropped['total']} (camera_ingest {dropped['camera_ingest']}, "
                                            f"reasoning {dropped['reasoning']})"),
         ("images rejected", str(frames["rejected_by_ingest"])),
