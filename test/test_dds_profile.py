@@ -81,8 +81,10 @@ def test_graph_processes_give_the_nodes_the_profile(monkeypatch):
     assert P.PROFILE_ENV not in procs.env
     procs.stop()
     # Without an environment of its own, the graph's is this process's: named here too, for the demo's participants.
+    # (setenv first, so that the test's end takes the name out of this process's environment again)
     for var in P.USER_CHOICE_ENVS:
-        monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
     procs = GraphProcesses(params_file=ROOT / "config" / "vla_edge.yaml")
     assert os.environ[P.PROFILE_ENV] == procs.env[P.PROFILE_ENV] == procs.dds_profile.path
     procs.stop()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import ros_helpers as H
 from vla_edge_ros.tools.dds_shm import DeadShmFiles, SHM_DIR, remove_dead_shm_files
 
 SEGMENT = "fastrtps_0123456789abcdef"
@@ -135,7 +136,9 @@ def _fastdds_files():
 @pytest.mark.skipif(not SHM_DIR.is_dir(), reason="no /dev/shm on this machine")
 def test_a_killed_participants_files_are_removed_and_a_live_ones_kept():
     pytest.importorskip("rclpy")
-    env = {**os.environ, "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST"}
+    # A domain of this test's own: a participant of another test or tool on the machine that discovered the killed
+    # one would map its ports, and a port a live process maps stays.
+    env = {**os.environ, "ROS_AUTOMATIC_DISCOVERY_RANGE": "LOCALHOST", "ROS_DOMAIN_ID": str(H.ros_domain(__name__))}
     before = _fastdds_files()
     killed = _participant(env)
     after_first = _fastdds_files()
