@@ -168,3 +168,20 @@ def test_fast_dds_takes_the_profile_and_its_ports_carry_the_check(tmp_path):
     got, headers, err = _talk(dict(CLEAN))
     assert "over shared memory" in got, err
     assert headers and all(struct.pack("<II", 1000, 333) in h for h in headers)
+
+
+def test_the_command_prints_the_line_that_names_the_profile(tmp_path):
+    """`vla-edge dds-profile`: for a process the graph does not start (a controller, rviz, `ros2 run`)."""
+    def command(*args):
+        return subprocess.run([sys.executable, "-m", "vla_edge_ros.cli", "dds-profile", *args], env=dict(CLEAN),
+                              capture_output=True, text=True, timeout=60)
+    done = command("--set", "dds.shm_health_check_ms=120")
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    name, _, path = line.removeprefix("export ").partition("=")
+    assert name == P.PROFILE_ENV and "<healthy_check_timeout_ms>120<" in Path(path).read_text()
+    assert "checked for 120 ms" in done.stderr
+    done = command("--set", "dds.shm_health_check_ms=0")
+    assert done.returncode == 0 and done.stdout == "" and "own transport settings" in done.stderr
+    done = command("--set", "dds.shm_health_check_ms=5")
+    assert done.returncode == 2 and "dds.shm_health_check_ms must be 0" in done.stderr

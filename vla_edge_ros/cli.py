@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "retention": ("retention", "which clips the eviction policies keep on real footage"),
     "record": ("record", "write the footage as a rosbag2 (mcap)"),
     "replay": ("replay", "publish a bag's images with their recorded timing"),
+    "dds-profile": ("dds_profile", "print the shell line that gives a process the graph's Fast DDS profile"),
 }
 
 

@@ -16,10 +16,14 @@ processes. It leaves the environment alone where the user chose already: a profi
 FASTDDS_DEFAULT_PROFILES_FILE, Fast DDS 3.x's), built-in transports chosen with FASTDDS_BUILTIN_TRANSPORTS, an RMW
 other than Fast DDS, or dds.shm_health_check_ms 0. The bound covers ports this graph's processes make (a camera
 driver sending to camera_ingest, the nodes to one another); a foreign subscriber's port keeps its own maker's.
+`vla-edge dds-profile` prints the line that gives any other process the same profile (a controller, rviz, a node
+started with `ros2 run`): `eval "$(vla-edge dds-profile)"` in its shell first.
 """
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,3 +119,29 @@ def use_profile(health_check_ms: int, env, directory: str | os.PathLike | None =
     path = write_profile(health_check_ms, directory)
     env[PROFILE_ENV] = str(path)
     return DdsProfile(str(path), f"Fast DDS profile {path}: shared-memory ports checked for {health_check_ms} ms")
+
+
+def add_arguments(parser) -> None:
+    parser.description = ("write the Fast DDS profile the graph runs with (dds.shm_health_check_ms) and print the "
+                          "shell line naming it, for a process the graph does not start: eval \"$(vla-edge "
+                          "dds-profile)\" before starting it")
+    parser.add_argument("--params", metavar="FILE", help="ROS parameter file (default: config/vla_edge.yaml)")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                        help="override one configuration key, YAML value (repeatable)")
+
+
+def run(args) -> int:
+    from ..config import ConfigError, load
+    from .bringup import parse_sets
+    try:
+        cfg = load(args.params, parse_sets(args.set))
+    except ConfigError as exc:
+        print(f"vla-edge dds-profile: {exc}", file=sys.stderr)
+        return 2
+    env = {k: v for k, v in os.environ.items() if k not in USER_CHOICE_ENVS}   # what the graph would write
+    chosen = use_profile(cfg.dds.shm_health_check_ms, env)
+    print(f"# vla-edge dds-profile: {chosen.describe()}", file=sys.stderr)
+    if chosen.path is None:
+        return 0                                   # nothing to name: the shell keeps what it has
+    print(f"export {PROFILE_ENV}={shlex.quote(chosen.path)}")
+    return 0
