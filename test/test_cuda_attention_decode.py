@@ -29,6 +29,16 @@ CASES = [(12, 2, 128, 4064, 1, 4104), (12, 2, 128, 300, 2, 512), (12, 2, 128, 0,
          (8, 8, 64, 95, 1, 200), (16, 2, 256, 127, 1, 300)]
 
 
+def on_arena(ga, kn, kn16, args, arena_f32, arena):
+    """(kernels, args, arrays to keep alive) of a decode_case on an arena of `arena`'s type: for bfloat16 the
+    kernels built for it and the case's K/V rounded to bf16 in arrays of their own (held by the caller)."""
+    if arena == "float32":
+        return kn, args, ()
+    from vla_edge_ros.model.weights import float32_to_bf16_bits
+    k16, v16 = (ga.to_gpu(float32_to_bf16_bits(a.get())) for a in arena_f32)
+    return kn16, (args[0], int(k16.gpudata), int(v16.gpudata), *args[3:]), (k16, v16)
+
+
 def decode_case(ga, hq, kvh, hd, ctx, n, cap):
     """gpu_cases.attention_inputs for one attention_decode call, the split partial sums poisoned too."""
     return attention_inputs(ga, hq, kvh, hd, ctx, n, cap, seed=ctx * 7 + n + hd, row_offset=3, poison_partials=True)
@@ -103,14 +113,9 @@ def test_the_prefetching_entries_give_the_same_bits(kn, kn16, gpu, hq, kvh, hd, 
     on both arena types, with splits of one chunk and splits walking many (max_splits 1: one split takes the whole
     list), head_dim 256 (two float4s a lane, two passes per 8-slot group) and 2 rows; the one-head entry for a
     model without grouped queries too."""
-    from vla_edge_ros.model.weights import float32_to_bf16_bits
     ga, stream = gpu
     args, arena_f32, expected = decode_case(ga, hq, kvh, hd, ctx, n, cap)
-    kernels = kn
-    if arena == "bfloat16":
-        kernels = kn16
-        k16, v16 = (ga.to_gpu(float32_to_bf16_bits(a.get())) for a in arena_f32)
-        args = (args[0], int(k16.gpudata), int(v16.gpudata), *args[3:])
+    kernels, args, _kv16 = on_arena(ga, kn, kn16, args, arena_f32, arena)
     entries = [dict(one_head=False)] + ([dict(one_head=True)] if hq == kvh else [])
     for entry in entries:
         outs = []
@@ -137,14 +142,9 @@ def test_the_exact_group_entries_give_the_same_bits(kn, kn16, gpu, hq, kvh, hd, 
     equal, with two warps per slot group (even groups: 6 as the 1.5B's, 2, 4) and with one warp and the prefetch
     (also 3, SmolLM2's), on both arena types, splits of one chunk and splits walking many, one and two rows."""
     from vla_edge_ros.model.cuda_attention_launchers import exact_group_entry
-    from vla_edge_ros.model.weights import float32_to_bf16_bits
     ga, stream = gpu
     args, arena_f32, expected = decode_case(ga, hq, kvh, hd, ctx, n, cap)
-    kernels = kn
-    if arena == "bfloat16":
-        kernels = kn16
-        k16, v16 = (ga.to_gpu(float32_to_bf16_bits(a.get())) for a in arena_f32)
-        args = (args[0], int(k16.gpudata), int(v16.gpudata), *args[3:])
+    kernels, args, _kv16 = on_arena(ga, kn, kn16, args, arena_f32, arena)
     compared = 0
     for head_split, prefetch in ((2, False), (1, True)):
         if not exact_group_entry(hq // kvh, hd, head_split, prefetch):

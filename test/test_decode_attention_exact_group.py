@@ -8,14 +8,12 @@ import dataclasses
 import logging
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
+from attention_decode_host import Recorder, decode, in_effect
 from vla_edge_ros.model import cuda_attention_launchers as ca
 from vla_edge_ros.model import cuda_kernels as ck
-from vla_edge_ros.model.cuda_backend import CudaBackend
 from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST
 from vla_edge_ros.model.cuda_launch_common import KernelError
 from vla_edge_ros.model.cuda_pdl import PDL_KERNELS
@@ -39,30 +37,6 @@ def test_each_exact_entry_is_declared_for_its_group_warps_and_prefetch():
     assert all(g % 2 == 0 for g in ca.ATTN_DECODE_EXACT_GROUPS[(2, False)])
 
 
-class _Recorder(ca.AttentionLaunchers):
-    """The attention launchers without a device: every launch recorded as (kernel, grid, block)."""
-    num_sms = 132
-    max_shared = 227 * 1024
-
-    def __init__(self):
-        self.launches = []
-
-    def _launch(self, name, grid, block, stream, *args, shared=0):
-        self.launches.append((name, tuple(grid), block))
-
-
-def _array(shape, dtype=np.float32):
-    return SimpleNamespace(shape=tuple(shape), dtype=np.dtype(dtype), size=int(np.prod(shape)), gpudata=1 << 20)
-
-
-def _decode(kn, hq, kvh, hd=128, **kw):
-    cap, n_splits = 4096, 64
-    kn.attention_decode(_array((1, (hq + 2 * kvh) * hd)), 0, 0, _array((cap,), np.int32), _array((4,), np.int32),
-                        _array((1, hq, n_splits, hd)), _array((1, hq, n_splits, 2)), _array((1, hq * hd)), 1, hq, kvh,
-                        hd, cap, n_splits, hd ** -0.5, None, **kw)
-    return kn.launches[-2]                                  # the partial sums' launch; the merge's follows
-
-
 @pytest.mark.parametrize("hq, kvh, hd, kw, entry", [
     (12, 2, 128, dict(head_split=2), "attention_decode_partial_v1_h2_x6"),
     (12, 2, 128, dict(head_split=1, prefetch=True), "attention_decode_partial_v1_pf_x6"),
@@ -71,10 +45,10 @@ def _decode(kn, hq, kvh, hd=128, **kw):
     (4, 1, 32, dict(head_split=2), "attention_decode_partial_v1_h2_x4"),
 ])
 def test_the_launcher_picks_the_exact_entry_on_the_same_grid(hq, kvh, hd, kw, entry):
-    kn = _Recorder()
-    name, grid, block = _decode(kn, hq, kvh, hd, max_splits=16, exact_group=True, **kw)
+    kn = Recorder()
+    name, grid, block = decode(kn, hq, kvh, hd, max_splits=16, exact_group=True, **kw)
     assert name == entry
-    same = _decode(kn, hq, kvh, hd, max_splits=16, **kw)   # the entry for any group: same grid and block
+    same = decode(kn, hq, kvh, hd, max_splits=16, **kw)   # the entry for any group: same grid and block
     assert same[0] == entry.rsplit("_x", 1)[0] and same[1:] == (grid, block)
 
 
@@ -87,7 +61,7 @@ def test_the_launcher_picks_the_exact_entry_on_the_same_grid(hq, kvh, hd, kw, en
 ])
 def test_the_launcher_refuses_an_exact_entry_it_does_not_have(hq, kvh, hd, kw, why):
     with pytest.raises(KernelError, match=why):
-        _decode(_Recorder(), hq, kvh, hd, exact_group=True, **kw)
+        decode(Recorder(), hq, kvh, hd, exact_group=True, **kw)
 
 
 def test_the_lab_names_the_switch_and_the_plan_checks_it():
@@ -99,26 +73,18 @@ def test_the_lab_names_the_switch_and_the_plan_checks_it():
         dataclasses.replace(MEASURED_BEST, decode_attention_exact_group=1)
 
 
-def _in_effect(plan, num_heads, num_kv_heads, head_dim=128, dtype="bfloat16"):
-    """CudaBackend._attention_in_effect of a model of that grouping (nothing else of a backend is read)."""
-    fake = SimpleNamespace(dtype=dtype, spec=SimpleNamespace(num_heads=num_heads, num_kv_heads=num_kv_heads,
-                                                             head_dim=head_dim),
-                           kernels=SimpleNamespace(load_family=lambda family: None))
-    return CudaBackend._attention_in_effect(fake, plan)
-
-
 def test_a_backend_keeps_the_exact_entry_only_where_its_group_has_one(caplog):
     xg = dataclasses.replace(MEASURED_BEST, decode_attention_exact_group=True)
-    assert _in_effect(MEASURED_BEST, 12, 2)["decode_attention_exact_group"] is False     # not asked: never
-    assert _in_effect(xg, 12, 2)["decode_attention_exact_group"] is True                 # the 1.5B's 6, two warps
+    assert in_effect(MEASURED_BEST, 12, 2)["decode_attention_exact_group"] is False     # not asked: never
+    assert in_effect(xg, 12, 2)["decode_attention_exact_group"] is True                 # the 1.5B's 6, two warps
     h1 = dataclasses.replace(xg, decode_attention_head_split=1)
-    assert _in_effect(h1, 12, 2)["decode_attention_exact_group"] is True                 # one warp, prefetched
-    assert _in_effect(h1, 12, 2)["decode_attention_prefetch"] is True
+    assert in_effect(h1, 12, 2)["decode_attention_exact_group"] is True                 # one warp, prefetched
+    assert in_effect(h1, 12, 2)["decode_attention_prefetch"] is True
     with caplog.at_level(logging.INFO, logger="vla_edge_ros.model.cuda_backend"):
-        assert _in_effect(xg, 9, 3, head_dim=64)["decode_attention_exact_group"] is False  # 3 with two warps
-        assert _in_effect(xg, 32, 32)["decode_attention_exact_group"] is False         # group 1: the one-head entry
-        assert _in_effect(xg, 12, 2, head_dim=256)["decode_attention_exact_group"] is False
+        assert in_effect(xg, 9, 3, head_dim=64)["decode_attention_exact_group"] is False  # 3 with two warps
+        assert in_effect(xg, 32, 32)["decode_attention_exact_group"] is False         # group 1: the one-head entry
+        assert in_effect(xg, 12, 2, head_dim=256)["decode_attention_exact_group"] is False
     assert "no decode attention entry for exactly group 3" in caplog.text
     assert "the one-head entry" in caplog.text and "head_dim 256" in caplog.text
     mma = dataclasses.replace(xg, decode_attention_tensor_cores=True)
-    assert _in_effect(mma, 12, 2)["decode_attention_exact_group"] is False              # not attention_decode.cu
+    assert in_effect(mma, 12, 2)["decode_attention_exact_group"] is False              # not attention_decode.cu

@@ -9,14 +9,12 @@ import dataclasses
 import logging
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
+from attention_decode_host import Recorder, decode, in_effect
 from vla_edge_ros.model import cuda_attention_launchers as ca
 from vla_edge_ros.model import cuda_kernels as ck
-from vla_edge_ros.model.cuda_backend import CudaBackend
 from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST
 from vla_edge_ros.model.cuda_launch_common import KernelError
 from vla_edge_ros.model.cuda_pdl import PDL_KERNELS
@@ -40,30 +38,6 @@ def test_the_prefetching_entries_are_registered_and_compiled_from_the_same_body(
     assert {name for name, pf in declared.items() if pf} == prefetching
 
 
-class _Recorder(ca.AttentionLaunchers):
-    """The attention launchers without a device: every launch recorded as (kernel, grid, block)."""
-    num_sms = 132
-    max_shared = 227 * 1024
-
-    def __init__(self):
-        self.launches = []
-
-    def _launch(self, name, grid, block, stream, *args, shared=0):
-        self.launches.append((name, tuple(grid), block))
-
-
-def _array(shape, dtype=np.float32):
-    return SimpleNamespace(shape=tuple(shape), dtype=np.dtype(dtype), size=int(np.prod(shape)), gpudata=1 << 20)
-
-
-def _decode(kn, hq, kvh, hd=128, **kw):
-    cap, n_splits = 4096, 64
-    kn.attention_decode(_array((1, (hq + 2 * kvh) * hd)), 0, 0, _array((cap,), np.int32), _array((4,), np.int32),
-                        _array((1, hq, n_splits, hd)), _array((1, hq, n_splits, 2)), _array((1, hq * hd)), 1, hq, kvh,
-                        hd, cap, n_splits, hd ** -0.5, None, **kw)
-    return kn.launches[-2]                                  # the partial sums' launch; the merge's follows
-
-
 @pytest.mark.parametrize("hq, kvh, hd, kw, entry", [
     (12, 2, 128, dict(head_split=1, prefetch=True), "attention_decode_partial_v1_pf"),
     (12, 2, 256, dict(head_split=1, prefetch=True), "attention_decode_partial_v2_pf"),
@@ -72,8 +46,8 @@ def _decode(kn, hq, kvh, hd=128, **kw):
     (12, 2, 128, dict(head_split=2), "attention_decode_partial_v1_h2"),
 ])
 def test_the_launcher_picks_the_entry_on_the_same_grid(hq, kvh, hd, kw, entry):
-    kn = _Recorder()
-    name, grid, block = _decode(kn, hq, kvh, hd, max_splits=16, **kw)
+    kn = Recorder()
+    name, grid, block = decode(kn, hq, kvh, hd, max_splits=16, **kw)
     assert name == entry
     assert grid == (16, kvh, 1)
     assert block == ca.ATTN_DECODE_THREADS * kw["head_split"]
@@ -81,7 +55,7 @@ def test_the_launcher_picks_the_entry_on_the_same_grid(hq, kvh, hd, kw, entry):
 
 def test_the_launcher_refuses_a_prefetch_with_two_warps_per_slot_group():
     with pytest.raises(KernelError, match="one warp per 8-entry group"):
-        _decode(_Recorder(), 12, 2, head_split=2, prefetch=True)
+        decode(Recorder(), 12, 2, head_split=2, prefetch=True)
 
 
 def test_the_lab_names_the_prefetch_on_and_off():
@@ -94,30 +68,22 @@ def test_the_lab_names_the_prefetch_on_and_off():
         dataclasses.replace(MEASURED_BEST, decode_attention_prefetch=1)
 
 
-def _in_effect(plan, num_heads, num_kv_heads, dtype="bfloat16"):
-    """CudaBackend._attention_in_effect of a model of that grouping (nothing else of a backend is read)."""
-    fake = SimpleNamespace(dtype=dtype, spec=SimpleNamespace(num_heads=num_heads, num_kv_heads=num_kv_heads,
-                                                             head_dim=128),
-                           kernels=SimpleNamespace(load_family=lambda family: None))
-    return CudaBackend._attention_in_effect(fake, plan)
-
-
 def test_a_backend_keeps_the_prefetch_only_where_it_has_an_entry(caplog):
     pf = MEASURED_BEST                                     # asks for the prefetch
     # Llama-2-7B's grouping: the one-head entry, one warp per slot group: prefetched.
-    assert _in_effect(pf, 32, 32)["decode_attention_prefetch"] is True
-    assert _in_effect(pf, 32, 32)["decode_attention_head_split"] == 1
+    assert in_effect(pf, 32, 32)["decode_attention_prefetch"] is True
+    assert in_effect(pf, 32, 32)["decode_attention_head_split"] == 1
     # The 1.5B's (6 query heads per KV head) with the default two warps per group: no such entry, said (at debug
     # level: the default plan asks for it on every model).
     with caplog.at_level(logging.DEBUG, logger="vla_edge_ros.model.cuda_backend"):
-        assert _in_effect(pf, 12, 2)["decode_attention_prefetch"] is False
+        assert in_effect(pf, 12, 2)["decode_attention_prefetch"] is False
     assert "no prefetch" in caplog.text and "head_split 2" in caplog.text
     # ... and with one warp per group (lab "+h1+dpf"): prefetched.
     h1 = dataclasses.replace(pf, decode_attention_head_split=1)
-    assert _in_effect(h1, 12, 2)["decode_attention_prefetch"] is True
+    assert in_effect(h1, 12, 2)["decode_attention_prefetch"] is True
     # The decode row on the tensor cores is not attention_decode.cu at all.
     mma = dataclasses.replace(h1, decode_attention_tensor_cores=True)
-    assert _in_effect(mma, 12, 2)["decode_attention_prefetch"] is False
+    assert in_effect(mma, 12, 2)["decode_attention_prefetch"] is False
     # Without the plan asking, never.
     off = dataclasses.replace(MEASURED_BEST, decode_attention_prefetch=False)
-    assert _in_effect(off, 32, 32)["decode_attention_prefetch"] is False
+    assert in_effect(off, 32, 32)["decode_attention_prefetch"] is False
