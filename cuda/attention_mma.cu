@@ -191,7 +191,12 @@ struct TileState {
 // chunk's slots row r sees (0: none, and its state is left as it was). FIRST: the split's first chunk,
 // st not yet set: it is written, not rescaled, so the P.V sums are not live while S is computed (the
 // registers of a one-chunk split, the common case, are those of a kernel without a running state).
-template <int HD, bool FIRST>
+// MASKED_ARGS (the _ma entries): a slot the row does not see enters the maximum as -inf and the exponential
+// as expf(-inf), which is +0 exactly, instead of being skipped by a test. The same values, so the same bits;
+// without the tests the 32 exponentials per thread are one straight run of code. With them, nvcc makes each
+// test a branch around its expf (the _b2 entry's SASS on the bf16 arena: a BRA before each of the 32 MUFU.EX2 of
+// the softmax, spills stored between them), so a chunk's softmax runs one exponential after another.
+template <int HD, bool FIRST, bool MASKED_ARGS = false>
 __device__ __forceinline__ void tile_chunk(TileState<HD>& st, const float* const (&q_src)[2], const int (&lim)[2],
                                            float scale, const uint32_t* kh32, const uint32_t* kl32,
                                            const uint32_t* vh32, const uint32_t* vl32, int g, int t) {
@@ -225,8 +230,11 @@ __device__ __forceinline__ void tile_chunk(TileState<HD>& st, const float* const
 #pragma unroll
         for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt)
 #pragma unroll
-            for (int j = 0; j < 2; ++j)
-                if (nt * 8 + 2 * t + j < lim[r]) mx = fmaxf(mx, s[nt][2 * r + j]);
+            for (int j = 0; j < 2; ++j) {
+                const bool seen = nt * 8 + 2 * t + j < lim[r];
+                if (MASKED_ARGS) mx = fmaxf(mx, seen ? s[nt][2 * r + j] : -INFINITY);
+                else if (seen) mx = fmaxf(mx, s[nt][2 * r + j]);
+            }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_old = FIRST ? -INFINITY : st.m[r];
@@ -237,7 +245,9 @@ __device__ __forceinline__ void tile_chunk(TileState<HD>& st, const float* const
         for (int nt = 0; nt < ATTN_CHUNK / 8; ++nt)
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-                const float p = nt * 8 + 2 * t + j < lim[r] ? expf(s[nt][2 * r + j] - m_new) : 0.f;
+                const bool seen = nt * 8 + 2 * t + j < lim[r];
+                const float p = MASKED_ARGS ? expf(seen ? s[nt][2 * r + j] - m_new : -INFINITY)
+                                            : seen ? expf(s[nt][2 * r + j] - m_new) : 0.f;
                 s[nt][2 * r + j] = p;
                 sum += p;
             }
@@ -273,7 +283,7 @@ __device__ __forceinline__ void tile_chunk(TileState<HD>& st, const float* const
     }
 }
 
-template <int HD>
+template <int HD, bool MASKED_ARGS>
 __device__ __forceinline__ void attention_partial_mma(
         const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache, const int* attend_list,
         const int* ctl, float* part_o, float* part_ml, int n_q_heads, int n_kv_heads, int capacity, int n_splits,
@@ -336,9 +346,9 @@ __device__ __forceinline__ void attention_partial_mma(
             if (!has_tile) continue;
             const int lim[2] = {min(n_here, len[0] - c0), min(n_here, len[1] - c0)};   // visible slots
             if (c0 == j0)
-                tile_chunk<HD, true>(st, q_src, lim, scale, kh32, kl32, vh32, vl32, g, t);
+                tile_chunk<HD, true, MASKED_ARGS>(st, q_src, lim, scale, kh32, kl32, vh32, vl32, g, t);
             else
-                tile_chunk<HD, false>(st, q_src, lim, scale, kh32, kl32, vh32, vl32, g, t);
+                tile_chunk<HD, false, MASKED_ARGS>(st, q_src, lim, scale, kh32, kl32, vh32, vl32, g, t);
         }
 
         if (!has_tile) continue;
@@ -355,15 +365,23 @@ __device__ __forceinline__ void attention_partial_mma(
 // Entries by head_dim and blocks per SM: _b1 keeps every accumulator in registers (169 of them at
 // hd 128: one block of 8 warps per SM); _b2 caps registers at 128 for two blocks per SM (a little of
 // the state spilled), so one block's gather overlaps another's products.
-#define ATTENTION_MMA_ENTRY(HD, MINB)                                                                        \
-    extern "C" __global__ void __launch_bounds__(AM_THREADS, MINB) attention_partial_mma_hd##HD##_b##MINB(   \
+// _ma: the same with the softmax's unseen slots masked in its arguments (tile_chunk's MASKED_ARGS; KernelPlan.
+// attention_masked_softmax, off until measured), the same bits; head_dim 128 only. ptxas (sm_90, bf16 / fp32
+// arena): _hd128_b2_ma 128 / 128 registers, 312 / 380 bytes spilled (_hd128_b2: 292 / 420); the SASS of the bf16
+// arena's _b2 entries: 22 BRA against 86, 85 spill loads against 60 (the exponentials' arguments live at once).
+#define ATTENTION_MMA_ENTRY(HD, MINB, MASKED, SUFFIX)                                                        \
+    extern "C" __global__ void __launch_bounds__(AM_THREADS, MINB)                                           \
+    attention_partial_mma_hd##HD##_b##MINB##SUFFIX(                                                          \
             const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache,                      \
             const int* attend_list, const int* ctl, float* part_o, float* part_ml, int n_q_heads,            \
             int n_kv_heads, int capacity, int n_splits, float scale, int n_rows, int rows_per_block) {      \
-        attention_partial_mma<HD>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl, part_o, part_ml,       \
-                                  n_q_heads, n_kv_heads, capacity, n_splits, scale, n_rows, rows_per_block); \
+        attention_partial_mma<HD, MASKED>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl, part_o,       \
+                                          part_ml, n_q_heads, n_kv_heads, capacity, n_splits, scale, n_rows, \
+                                          rows_per_block);                                                  \
     }
-ATTENTION_MMA_ENTRY(32, 1)
-ATTENTION_MMA_ENTRY(64, 1)
-ATTENTION_MMA_ENTRY(128, 1)
-ATTENTION_MMA_ENTRY(128, 2)
+ATTENTION_MMA_ENTRY(32, 1, false, )
+ATTENTION_MMA_ENTRY(64, 1, false, )
+ATTENTION_MMA_ENTRY(128, 1, false, )
+ATTENTION_MMA_ENTRY(128, 2, false, )
+ATTENTION_MMA_ENTRY(128, 1, true, _ma)
+ATTENTION_MMA_ENTRY(128, 2, true, _ma)

@@ -9,8 +9,8 @@
 #   cycle bench and a soak of the graph on one machine, issue 21's comparison), probes, csr (= csr-hf), asr (= asr-4k), asr-shared, asr-32k, asr-32k-approx,
 #   asr-2gpu (the reconciler on GPU 1: bench asr at 4096 and 32768 and the ROS soak; needs two GPUs),
 #   soak-captures (a soak with its node logs: graph captures against resident memory; SOAK_SET, SOAK_MINUTES),
-#   exact-group (the decode attention's _x<G> entries: their bit tests, the long-context probe on both arenas, the
-#   1.5B cycle bench at 4064 and 32000 cached with and without them),
+#   attention-variants (the decode attention's _x<G> entries and attention_mma.cu's _ma entries: their bit tests,
+#   the long-context probe on both arenas, the 1.5B cycle bench at 4064 and 32000 cached with and without them),
 #   suite (the whole test suite, needs prepare.sh --ros) and demo
 #   (the ROS graph on the GPU: DEMO_RECONCILER modes, DEMO_SECONDS each), pack (all but the tables, the suite
 #   log and one timeline into results.tgz: the device tool returns 8 files). Run from the repo root after
@@ -218,22 +218,26 @@ print(f"cycle p99: bench {b:.2f} ms, graph {g:.2f} ms, graph - bench {g - b:+.2f
       f"{'PASS' if g <= b + 1.5 else 'FAIL'}")
 PYEOF
         ;;
-    exact-group)
-        # KernelPlan.decode_attention_exact_group (off until this stage has run): whether the entries compiled for
-        # exactly the 1.5B's group of 6 (no test between a warp's heads, so their chains interleave) are the same
-        # bits as the entries for any group, and faster where the decode attention is latency-bound (49 us a layer
-        # at 32000 cached on the bf16 arena, 6.3x its K/V floor).
-        echo "== exact-group entries: tests"
+    attention-variants)
+        # KernelPlan.decode_attention_exact_group and attention_masked_softmax (off until this stage has run): whether
+        # the decode entries compiled for exactly the 1.5B's group of 6 (no test between a warp's heads, so their
+        # chains interleave) and the prefill attention's entries with the softmax masked in its arguments (no branch
+        # per exponential) are the same bits as the others, and faster where each is latency-bound (decode: 49 us a
+        # layer at 32000 cached on the bf16 arena, 6.3x its K/V floor; the 32-row prefill: 100 us, ~4x its products).
+        echo "== attention variants: tests"
         ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST $PY -m pytest -q -x test/test_decode_attention_exact_group.py \
-            test/test_cuda_attention_decode.py -k "exact or holes or bit_for_bit or one_head" 2>&1 | tail -4 || status=1
+            test/test_attention_masked_softmax.py test/test_cuda_attention_decode.py test/test_cuda_attention_mma.py \
+            -k "exact or holes or bit_for_bit or one_head or masked or refuses" 2>&1 | tail -4 || status=1
         for kv in bfloat16 float32; do
-            echo "== long_context_probe, $kv arena (decode rows)"
+            echo "== long_context_probe, $kv arena (decode and prefill rows)"
             $PY -m vla_edge_ros.bench.long_context_probe --cached 4064 32000 --kv-dtype $kv \
-                --json "$OUT/long_context_xg_$kv.json" 2>&1 | grep "decode\|attention per layer" || status=1
+                --json "$OUT/long_context_variants_$kv.json" 2>&1 | grep "decode\|prefill\|attention per layer" \
+                || status=1
         done
         echo "== cycle bench, 1.5B bf16 at 4064 and 32000 cached"
         $PY -m vla_edge_ros.bench.pycuda_cycle --cached 4064 32000 --cycles 30 --hf-cycles 2 --no-hf-compiled \
-            --launch-modes plain plain+xg plain+h1+xg plain+kv16 plain+kv16+xg --json "$OUT/cycle_xg.json" 2>&1 \
+            --launch-modes plain plain+xg plain+h1+xg plain+ma plain+xg+ma plain+kv16 plain+kv16+xg+ma \
+            --json "$OUT/cycle_variants.json" 2>&1 \
             | grep -v " INFO " | tail -40 || status=1 ;;
     soak-captures)
         # One soak of the GPU graph (SOAK_MINUTES, default 4; SOAK_SET: one --set, e.g.

@@ -47,6 +47,16 @@ def attention_inputs(ga, hq, kvh, hd, ctx, n, cap, seed, row_offset, poison_part
     return args, (k_d, v_d), ref.attention_ref(qkv, k, v, attend, ctl, hq, kvh, hd, scale)
 
 
+def on_arena(ga, kn, kn16, args, arena_f32, arena):
+    """(kernels, args, arrays to keep alive) of attention_inputs' case on an arena of `arena`'s type: for bfloat16 the
+    kernels built for it and the case's K/V rounded to bf16 in arrays of their own (held by the caller)."""
+    if arena == "float32":
+        return kn, args, ()
+    from vla_edge_ros.model.weights import float32_to_bf16_bits
+    k16, v16 = (ga.to_gpu(float32_to_bf16_bits(a.get())) for a in arena_f32)
+    return kn16, (args[0], int(k16.gpudata), int(v16.gpudata), *args[3:]), (k16, v16)
+
+
 def attention_case(kn, gpu, hq, kvh, hd, ctx, n, seed, **variant):
     ga, stream = gpu
     args, _arena, expected = attention_inputs(ga, hq, kvh, hd, ctx, n, cap=512, seed=seed, row_offset=2)

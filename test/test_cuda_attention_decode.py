@@ -8,7 +8,7 @@ permutations of the arena (holes everywhere, order unrelated to slot numbers), l
 import numpy as np
 import pytest
 
-from gpu_cases import attention_inputs, one_cycle
+from gpu_cases import attention_inputs, on_arena, one_cycle
 
 pytestmark = pytest.mark.gpu
 
@@ -27,16 +27,6 @@ def assert_close(got, expected, rtol, atol, what):
 CASES = [(12, 2, 128, 4064, 1, 4104), (12, 2, 128, 300, 2, 512), (12, 2, 128, 0, 1, 512), (4, 1, 32, 60, 1, 512),
          (4, 1, 32, 61, 2, 512), (8, 1, 64, 65, 1, 512), (4, 1, 24, 70, 2, 512), (4, 2, 256, 200, 2, 512),
          (8, 8, 64, 95, 1, 200), (16, 2, 256, 127, 1, 300)]
-
-
-def on_arena(ga, kn, kn16, args, arena_f32, arena):
-    """(kernels, args, arrays to keep alive) of a decode_case on an arena of `arena`'s type: for bfloat16 the
-    kernels built for it and the case's K/V rounded to bf16 in arrays of their own (held by the caller)."""
-    if arena == "float32":
-        return kn, args, ()
-    from vla_edge_ros.model.weights import float32_to_bf16_bits
-    k16, v16 = (ga.to_gpu(float32_to_bf16_bits(a.get())) for a in arena_f32)
-    return kn16, (args[0], int(k16.gpudata), int(v16.gpudata), *args[3:]), (k16, v16)
 
 
 def decode_case(ga, hq, kvh, hd, ctx, n, cap):

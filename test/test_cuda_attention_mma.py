@@ -11,7 +11,7 @@ rows that see only part of a chunk (causal within the call), partial 16-row tile
 import numpy as np
 import pytest
 
-from gpu_cases import attention_case, one_cycle
+from gpu_cases import attention_case, attention_inputs, on_arena, one_cycle
 from kernel_compare import assert_close, peak
 
 pytestmark = pytest.mark.gpu
@@ -39,6 +39,32 @@ def test_tensor_core_attention_matches_the_reference(kn, gpu, hq, kvh, hd, ctx, 
         assert_close(got, expected, rtol=1e-4, atol=2e-4 * peak(expected), what=what, norm_rtol=1e-4)
 
 
+@pytest.mark.parametrize("arena", ["float32", "bfloat16"])
+@pytest.mark.parametrize("hq,kvh,hd,ctx,n", [c for c in CASES if c[2] == 128])
+def test_the_masked_softmax_entries_give_the_same_bits(kn, kn16, gpu, hq, kvh, hd, ctx, n, arena):
+    """attention_mma.cu's _ma entries (KernelPlan.attention_masked_softmax: unseen slots enter the softmax as -inf
+    instead of being tested) give every output and partial sum of the entries without, on both arenas, both blocks
+    per SM, rows that see part of a chunk, and splits walking several chunks."""
+    ga, stream = gpu
+    args, arena_f32, expected = attention_inputs(ga, hq, kvh, hd, ctx, n, cap=512, seed=ctx + n, row_offset=2,
+                                                 poison_partials=True)
+    kernels, args, _kv16 = on_arena(ga, kn, kn16, args, arena_f32, arena)
+    for variant in ({}, {"blocks_per_sm": 2}, {"max_splits": 3}, {"blocks_per_sm": 2, "max_splits": 2,
+                                                                   "rows_per_block": 3}):
+        outs = []
+        for masked in (False, True):
+            for a in (args[5], args[6], args[7]):
+                a.fill(np.float32(np.nan))
+            kernels.attention(*args, stream, tensor_cores=True, masked_softmax=masked, **variant)
+            stream.synchronize()
+            outs.append((args[7].get(), args[5].get(), args[6].get()))
+        for what, a, b in zip(("out", "part_o", "part_ml"), *outs):
+            assert np.array_equal(a, b, equal_nan=True), f"{what} differs with the masked softmax ({variant})"
+        if arena == "float32":
+            assert_close(outs[1][0], expected, rtol=1e-4, atol=2e-4 * peak(expected), what=f"masked {variant}",
+                         norm_rtol=1e-4)
+
+
 def test_tensor_core_attention_refuses_what_it_has_no_entry_for(kn, gpu):
     from vla_edge_ros.model.cuda_kernels import KernelError
     with pytest.raises(KernelError, match="head_dim 24 not in"):
@@ -49,6 +75,10 @@ def test_tensor_core_attention_refuses_what_it_has_no_entry_for(kn, gpu):
         _run(kn, gpu, 12, 2, 128, 10, 48, tensor_cores=True, rows_per_block=48)   # 288 query vectors
     with pytest.raises(KernelError, match="max_splits needs tensor_cores"):
         _run(kn, gpu, 12, 2, 128, 10, 4, max_splits=2)
+    with pytest.raises(KernelError, match="no entry attention_partial_mma_hd64_b1_ma"):
+        _run(kn, gpu, 8, 1, 64, 10, 4, tensor_cores=True, masked_softmax=True)
+    with pytest.raises(KernelError, match="masked_softmax is an entry of attention_mma.cu"):
+        _run(kn, gpu, 12, 2, 128, 10, 4, masked_softmax=True)
 
 
 def _cycles_under(tiny_weights, field: str, seed: int) -> list:

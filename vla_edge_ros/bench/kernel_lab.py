@@ -6,7 +6,8 @@ compare another choice, the lab builds a variant plan and switches a backend to 
 
   * launch modes: plain (ordinary launches, the serving default), pdl (programmatic dependent launch) and
     persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (every layer of a decode step in one cooperative kernel);
-  * kernel variants a mode may add with '+': the prefill attention (tiled, mma, mma2), the decode attention (its
+  * kernel variants a mode may add with '+': the prefill attention (tiled, mma, mma2; ma: attention_mma.cu's
+    masked-softmax entries, noma off, the default), the decode attention (its
     warps per slot group h1, h2; mmadec: on the tensor cores), the decode projections' grid (noloop, loop2,
     loop4), an INT4 model's decode projections (i4ipb2, i4ipb4, i4ipb8: every one looped, ~2 / 4 / 8 items per
     block; i4x2: two items in flight per warp of those), its prefill projections (int4staged:
@@ -29,7 +30,7 @@ from ..model.cuda_layer_enqueue import LAYER_GROUPS
 
 LAUNCH_MODES = ("plain", "pdl", "persistent")
 # Kernel variants by name, as KernelPlan fields: the prefill attention (tiled: attention_tiled.cu; mma / mma2:
-# attention_mma.cu at 1 / 2 blocks per SM), the decode attention (h1 / h2: attention_decode.cu with 1 / 2 warps per
+# attention_mma.cu at 1 / 2 blocks per SM; ma / noma: its masked-softmax entries on / off), the decode attention (h1 / h2: attention_decode.cu with 1 / 2 warps per
 # 8-slot group; mmadec: attention_mma.cu for the decode row too), the decode projections' grid (noloop: a block per 8-row item; loop2 / loop4: 2 / 4 blocks per SM
 # looping over the items), an INT4 model's decode projections (i4ipbN: every one on ceil(items / N) blocks, ~N items
 # each; i4x2: each warp of those streams two items' rows at once, with an i4ipbN of N >= 2) and its prefill projections
@@ -75,6 +76,8 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "nog1": {"decode_attention_one_head_entry": False},
                    "dpf": {"decode_attention_prefetch": True},
                    "nodpf": {"decode_attention_prefetch": False},
+                   "ma": {"attention_masked_softmax": True},
+                   "noma": {"attention_masked_softmax": False},
                    "xg": {"decode_attention_exact_group": True},
                    "noxg": {"decode_attention_exact_group": False}}
 # Device state a decode step reads or writes: what decode_state() / restore_decode_state() copy. The cycle's tables

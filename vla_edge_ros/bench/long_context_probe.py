@@ -12,7 +12,8 @@ replayed: microseconds per layer for
     8-slot group (the cycle's) or one, without and with the next pass's loads in flight (its _pf entries), and the
     entries compiled for exactly the group (its _x6 entries: the heads' chains interleaved); and the
     same row through attention_mma.cu (KernelPlan.decode_attention_tensor_cores: one 16-row tile of the group's heads);
-  * the prefill's 32 rows (attention_mma.cu + the merge) in several launch shapes, the same way;
+  * the prefill's 32 rows (attention_mma.cu + the merge) in several launch shapes, and with its masked-softmax
+    entry (KernelPlan.attention_masked_softmax), the same way;
   * the merge alone for each, and the K/V read floor (the layer's K/V bytes at the copy bandwidth measured
     in the same run).
 
@@ -44,6 +45,8 @@ DECODE_ENTRIES = (("h1 <= 66", dict(head_split=1)), ("h1 prefetch <= 66", dict(h
 PREFILL_VARIANTS = [("b2 r16", dict(blocks_per_sm=2, rows_per_block=16)),
                     ("b2 r16 <= 128", dict(blocks_per_sm=2, rows_per_block=16, max_splits=128)),
                     ("b2 r16 <= 66", dict(blocks_per_sm=2, rows_per_block=16, max_splits=66)),
+                    ("b2 r16 <= 66 masked", dict(blocks_per_sm=2, rows_per_block=16, max_splits=66,
+                                                 masked_softmax=True)),
                     ("b1 r16 <= 66", dict(blocks_per_sm=1, rows_per_block=16, max_splits=66)),
                     ("b1 r32 <= 66", dict(blocks_per_sm=1, rows_per_block=32, max_splits=66)),
                     ("b1 r32", dict(blocks_per_sm=1, rows_per_block=32))]

@@ -53,14 +53,16 @@ class AttentionLaunchers:
     def attention(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
                   n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float, stream,
                   tensor_cores: bool = False, blocks_per_sm: int = 1, rows_per_block: int | None = None,
-                  max_splits: int | None = None):
+                  max_splits: int | None = None, masked_softmax: bool = False):
         """out[i, h*hd:(h+1)*hd] = softmax(q k^T * scale) v over attend_list[:len_i]: the partial sums of each
         ATTN_CHUNK-slot split, then the merge. Partial sums by attention_tiled.cu (fp32, K/V chunk in shared
         memory, shared by up to 8 rows), or with tensor_cores by attention_mma.cu (bf16 hi/lo products, ~1e-5
         relative; head_dim in ATTN_MMA_HEAD_DIMS; blocks_per_sm 1 or 2 (hd 128) picks its entry;
         rows_per_block defaults to the fewest blocks of at most ATTN_MMA_TARGET_QV query vectors). max_splits
         (tensor cores only): launch at most this many splits per KV head, each walking several chunks
-        (attention_decode's max_splits)."""
+        (attention_decode's max_splits). masked_softmax (tensor cores, head_dim 128): attention_mma.cu's _ma entry,
+        the softmax's unseen slots masked in its arguments instead of tested (the same bits; KernelPlan.
+        attention_masked_softmax)."""
         _check(n_splits * ATTN_CHUNK >= capacity, f"attention: {n_splits} splits do not cover {capacity} slots")
         if max_splits is not None:
             _check(tensor_cores, "attention: max_splits needs tensor_cores (attention_tiled.cu takes one chunk per split)")
@@ -71,8 +73,10 @@ class AttentionLaunchers:
         _check(head_dim <= ATTN_MAX_HEAD_DIM, f"attention: head_dim {head_dim} > {ATTN_MAX_HEAD_DIM}")
         args = (ptr(qkv), np.int32(qkv.shape[1]), np.uintp(k_layer), np.uintp(v_layer), ptr(attend_list), ptr(ctl),
                 ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads))
+        _check(not masked_softmax or tensor_cores, "attention: masked_softmax is an entry of attention_mma.cu "
+                                                    "(tensor_cores)")
         if tensor_cores:
-            name = f"attention_partial_mma_hd{head_dim}_b{blocks_per_sm}"
+            name = f"attention_partial_mma_hd{head_dim}_b{blocks_per_sm}" + ("_ma" if masked_softmax else "")
             _check(head_dim in ATTN_MMA_HEAD_DIMS, f"attention (tensor cores): head_dim {head_dim} not in "
                                                    f"{ATTN_MMA_HEAD_DIMS}")
             _check(name in self.attention_mma_entries(), f"attention (tensor cores): no entry {name}")

@@ -481,6 +481,10 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if tensor_cores:
             self.kernels.load_family("attention_mma")
         blocks = plan.attention_blocks_per_sm if self.spec.head_dim == 128 else 1   # the 2-block entry: hd 128 only
+        masked = plan.attention_masked_softmax and tensor_cores and self.spec.head_dim == 128   # _ma: hd 128 only
+        if plan.attention_masked_softmax and not masked:
+            log.info("attention_mma.cu's masked-softmax entries serve bf16 models with head_dim 128 on the tensor "
+                     "cores; this one (%s, head_dim %d) keeps the entry it has", self.dtype, self.spec.head_dim)
         # The decode row follows: on the tensor cores only where the prefill attention is.
         decode_tensor_cores = plan.decode_attention_tensor_cores and tensor_cores
         one_head = plan.decode_attention_one_head_entry and not decode_tensor_cores   # an attention_decode.cu entry
@@ -501,6 +505,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
                      "entry for any group serves", group, self.spec.head_dim, head_split, prefetch,
                      ", the tensor cores" if decode_tensor_cores else ", the one-head entry" if one_head else "")
         return {"tensor_core_attention": tensor_cores, "attention_blocks_per_sm": blocks,
+                "attention_masked_softmax": masked,
                 "decode_attention_tensor_cores": decode_tensor_cores,
                 "decode_attention_one_head_entry": one_head, "decode_attention_head_split": head_split,
                 "decode_attention_prefetch": prefetch, "decode_attention_exact_group": exact}

@@ -65,6 +65,14 @@ class KernelPlan:
     # attention_mma.cu's head_dim-128 entry: 2 blocks per SM (capped at 128 registers, a little spilled) took
     # 0.71 ms where 1 (every accumulator in registers) took 0.82. Other head_dims have the 1-block entry only.
     attention_blocks_per_sm: int = 2
+    # attention_mma.cu's _ma entries (head_dim 128): a slot a row does not see enters the softmax as -inf (its
+    # exponential +0 exactly) instead of being skipped by a test, which nvcc compiles to a branch around each of the
+    # 32 exponentials a thread takes per chunk (SASS of the bf16 arena's _b2 entry: 86 BRA against 22 with the
+    # mask; its spill loads 60 against 85). The same bits (test_cuda_attention_mma.py). The 32-row prefill's
+    # attention over 32000 cached runs ~4x under its tensor-core work (100 us a layer on the bf16 arena; most of
+    # the CSR M=32 row at 32K, issue 20's 80x), and the softmax is the part of each chunk that is neither products
+    # nor copies. Off: not yet measured on the GPU; lab "+ma".
+    attention_masked_softmax: bool = False
 
     # Blocks per SM of the cycle's long-context attention launches (attention_decode.cu, attention_mma.cu):
     # long_context_splits gives each KV head this many x SMs / KV heads splits, each walking its share of the
@@ -244,6 +252,8 @@ class KernelPlan:
                              f"{self.decode_attention_one_head_entry!r}")
         if not isinstance(self.decode_attention_prefetch, bool):
             raise ValueError(f"decode_attention_prefetch must be True or False, got {self.decode_attention_prefetch!r}")
+        if not isinstance(self.attention_masked_softmax, bool):
+            raise ValueError(f"attention_masked_softmax must be True or False, got {self.attention_masked_softmax!r}")
         if not isinstance(self.decode_attention_exact_group, bool):
             raise ValueError(f"decode_attention_exact_group must be True or False, got "
                              f"{self.decode_attention_exact_group!r}")

@@ -67,8 +67,9 @@ FAMILIES = {
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_merge": "PPPPiiii", "attention_merge_prefetch": "PPPPiiii"},
     "attention_tiled": {"attention_partial_tiled": "PiPPPPPPiiiiifii"},   # merged by attention.cu's kernel
-    "attention_mma": {f"attention_partial_mma_hd{hd}_b{b}": "PiPPPPPPiiiifii"        # merged as attention_tiled
-                      for hd, b in ((32, 1), (64, 1), (128, 1), (128, 2))},
+    "attention_mma": {f"attention_partial_mma_hd{hd}_b{b}{ma}": "PiPPPPPPiiiifii"    # merged as attention_tiled
+                      for hd, b, ma in ((32, 1, ""), (64, 1, ""), (128, 1, ""), (128, 2, ""), (128, 1, "_ma"),
+                                        (128, 2, "_ma"))},
     "attention_decode": {**{f"attention_decode_partial_v{vpl}{h}": "PiPPPPPPiiiiif"   # merged by attention.cu's kernel
                             for vpl in (1, 2) for h in ("", "_h2", "_g1", "_pf", "_g1_pf")},
                          **{f"attention_decode_partial_v1{'_h2' if hs == 2 else '_pf'}_x{g}": "PiPPPPPPiiiiif"

@@ -169,7 +169,8 @@ class LayerEnqueue:
                                n, sp.num_heads, sp.num_kv_heads, sp.head_dim, self.capacity, self.n_splits,
                                self._scale, self.stream, tensor_cores=plan.tensor_core_attention,
                                blocks_per_sm=plan.attention_blocks_per_sm,
-                               max_splits=splits if plan.tensor_core_attention else None)
+                               max_splits=splits if plan.tensor_core_attention else None,
+                               masked_softmax=plan.attention_masked_softmax)
 
     def _rope_target(self, li: int) -> RopeTarget:
         sp = self.spec
