@@ -2,12 +2,27 @@
 (test_decode_attention_prefetch.py, test_decode_attention_exact_group.py): launches recorded instead of made, and
 CudaBackend._attention_in_effect asked about a model of a given grouping.
 """
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
 from vla_edge_ros.model import cuda_attention_launchers as ca
 from vla_edge_ros.model.cuda_backend import CudaBackend
+
+
+CUDA = Path(__file__).resolve().parents[1] / "cuda"
+
+
+def declared_decode_entries() -> dict:
+    """attention_decode.cu's DECODE_PARTIAL_ENTRY lines: {kernel name: (warps per slot group, MAX_GROUP as written,
+    prefetch, exact group)}."""
+    source = (CUDA / "attention_decode.cu").read_text()
+    return {f"attention_decode_partial_v{vpl}{suffix}": (int(hs), group, pf == "true", exact == "true")
+            for vpl, hs, group, pf, suffix, exact in
+            re.findall(r"^DECODE_PARTIAL_ENTRY\((\d), (\d), (\w+), (true|false), (\w*), (true|false)\)", source,
+                       re.MULTILINE)}
 
 
 class Recorder(ca.AttentionLaunchers):

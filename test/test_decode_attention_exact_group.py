@@ -6,27 +6,19 @@ switch, and a backend keeps the plan's choice only for a model whose group has a
 """
 import dataclasses
 import logging
-import re
-from pathlib import Path
 
 import pytest
 
-from attention_decode_host import Recorder, decode, in_effect
+from attention_decode_host import Recorder, decode, declared_decode_entries, in_effect
 from vla_edge_ros.model import cuda_attention_launchers as ca
 from vla_edge_ros.model import cuda_kernels as ck
 from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST
 from vla_edge_ros.model.cuda_launch_common import KernelError
 from vla_edge_ros.model.cuda_pdl import PDL_KERNELS
 
-CUDA = Path(__file__).resolve().parents[1] / "cuda"
-
 
 def test_each_exact_entry_is_declared_for_its_group_warps_and_prefetch():
-    source = (CUDA / "attention_decode.cu").read_text()
-    declared = {f"attention_decode_partial_v{vpl}{suffix}": (int(hs), group, pf == "true", exact == "true")
-                for vpl, hs, group, pf, suffix, exact in
-                re.findall(r"^DECODE_PARTIAL_ENTRY\((\d), (\d), (\w+), (true|false), (\w*), (true|false)\)", source,
-                           re.MULTILINE)}
+    declared = declared_decode_entries()
     assert set(declared) == set(ck.FAMILIES["attention_decode"])
     exact = {name: d for name, d in declared.items() if d[3]}
     want = {f"attention_decode_partial_v1{'_h2' if hs == 2 else '_pf'}_x{g}": (hs, str(g), pf, True)

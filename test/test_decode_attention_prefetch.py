@@ -7,19 +7,15 @@ entry (one warp per slot group, not on the tensor cores).
 """
 import dataclasses
 import logging
-import re
-from pathlib import Path
 
 import pytest
 
-from attention_decode_host import Recorder, decode, in_effect
+from attention_decode_host import Recorder, decode, declared_decode_entries, in_effect
 from vla_edge_ros.model import cuda_attention_launchers as ca
 from vla_edge_ros.model import cuda_kernels as ck
 from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST
 from vla_edge_ros.model.cuda_launch_common import KernelError
 from vla_edge_ros.model.cuda_pdl import PDL_KERNELS
-
-CUDA = Path(__file__).resolve().parents[1] / "cuda"
 
 
 def test_the_prefetching_entries_are_registered_and_compiled_from_the_same_body():
@@ -30,10 +26,7 @@ def test_the_prefetching_entries_are_registered_and_compiled_from_the_same_body(
                            *(f"attention_decode_partial_v1_pf_x{g}" for g in ca.ATTN_DECODE_EXACT_GROUPS[(1, True)])}
     assert len(set(entries.values())) == 1                               # one argument list: the launcher's
     assert all(name in PDL_KERNELS and name in ck.DYNAMIC_SHARED_KERNELS for name in entries)
-    source = (CUDA / "attention_decode.cu").read_text()
-    declared = {f"attention_decode_partial_v{vpl}{suffix}": pf == "true" for vpl, pf, suffix in
-                re.findall(r"^DECODE_PARTIAL_ENTRY\((\d), \d, \w+, (true|false), (\w*), (?:true|false)\)", source,
-                           re.MULTILINE)}
+    declared = {name: pf for name, (_hs, _group, pf, _exact) in declared_decode_entries().items()}
     assert set(declared) == set(entries)
     assert {name for name, pf in declared.items() if pf} == prefetching
 

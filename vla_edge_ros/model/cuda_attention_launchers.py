@@ -24,6 +24,14 @@ ATTN_DECODE_HEAD_SPLITS = (1, 2)   # ... times this many warps per 8-entry group
 ATTN_DECODE_EXACT_GROUPS = {(2, False): (2, 4, 6), (1, True): (2, 3, 4, 6)}
 
 
+# Every entry of attention_decode.cu: by float4s a lane (1: head_dim <= 128, 2: <= 256) and the choices above, and the
+# exact groups' (head_dim <= 128); the kernel table and the programmatic-launch list both take this one.
+ATTN_DECODE_ENTRIES = (
+    *(f"attention_decode_partial_v{vpl}{suffix}" for vpl in (1, 2) for suffix in ("", "_h2", "_g1", "_pf", "_g1_pf")),
+    *(f"attention_decode_partial_v1{'_h2' if head_split == 2 else '_pf'}_x{group}"
+      for (head_split, _prefetch), groups in ATTN_DECODE_EXACT_GROUPS.items() for group in groups))
+
+
 def exact_group_entry(group: int, head_dim: int, head_split: int, prefetch: bool) -> bool:
     """Whether attention_decode.cu has an entry for exactly this group with this head_split and prefetch."""
     return head_dim <= 128 and group in ATTN_DECODE_EXACT_GROUPS.get((head_split, bool(prefetch)), ())

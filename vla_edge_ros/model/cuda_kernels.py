@@ -35,7 +35,7 @@ import numpy as np
 
 from ..resources import kernel_dir
 from . import kernel_constants as kc
-from .cuda_attention_launchers import (ATTN_CHUNK, ATTN_DECODE_EXACT_GROUPS, ATTN_DECODE_THREADS, ATTN_MERGE_MAX_SPLITS,
+from .cuda_attention_launchers import (ATTN_CHUNK, ATTN_DECODE_ENTRIES, ATTN_DECODE_THREADS, ATTN_MERGE_MAX_SPLITS,
                                        AttentionLaunchers)
 from .cuda_bulk_launchers import BulkPrefillLaunchers
 from .cuda_int4_launchers import Int4Launchers
@@ -70,10 +70,7 @@ FAMILIES = {
     "attention_mma": {f"attention_partial_mma_hd{hd}_b{b}{ma}": "PiPPPPPPiiiifii"    # merged as attention_tiled
                       for hd, b, ma in ((32, 1, ""), (64, 1, ""), (128, 1, ""), (128, 2, ""), (128, 1, "_ma"),
                                         (128, 2, "_ma"))},
-    "attention_decode": {**{f"attention_decode_partial_v{vpl}{h}": "PiPPPPPPiiiiif"   # merged by attention.cu's kernel
-                            for vpl in (1, 2) for h in ("", "_h2", "_g1", "_pf", "_g1_pf")},
-                         **{f"attention_decode_partial_v1{'_h2' if hs == 2 else '_pf'}_x{g}": "PiPPPPPPiiiiif"
-                            for (hs, _pf), groups in ATTN_DECODE_EXACT_GROUPS.items() for g in groups}},
+    "attention_decode": {name: "PiPPPPPPiiiiif" for name in ATTN_DECODE_ENTRIES},   # merged by attention.cu's kernel
     "argmax": {"argmax_bins": "PiiPPi"},
     "kv_slots": {"kv_gather": "PPPPiiiii", "kv_scatter": "PPPPiiiii", "kv_count_nonfinite": "PqP"},
     "vision": {"patch_embed": "PiiiPPPi", "pool_rows": "PiiP", "adjacent_cosine": "PiP"},

@@ -19,7 +19,7 @@ import ctypes
 import logging
 import threading
 
-from .cuda_attention_launchers import ATTN_DECODE_EXACT_GROUPS
+from .cuda_attention_launchers import ATTN_DECODE_ENTRIES
 from .cuda_graphs import _driver, _ok
 
 log = logging.getLogger(__name__)
@@ -27,9 +27,7 @@ log = logging.getLogger(__name__)
 # Kernels whose code waits (griddep_wait) before reading or writing anything an earlier kernel touches.
 PDL_KERNELS = frozenset({
     "gemv_bf16", "gemv_bf16_items", "gemv_int4", "gemv_int4_items", "gemv_int4_items2",
-    *(f"attention_decode_partial_v{vpl}{entry}" for vpl in (1, 2) for entry in ("", "_h2", "_g1", "_pf", "_g1_pf")),
-    *(f"attention_decode_partial_v1{'_h2' if hs == 2 else '_pf'}_x{g}" for (hs, _pf), groups in
-      ATTN_DECODE_EXACT_GROUPS.items() for g in groups),
+    *ATTN_DECODE_ENTRIES,
     "attention_merge", "attention_merge_prefetch",
     "embed_gather_bf16", "embed_gather_f32", "argmax_bins",
 })

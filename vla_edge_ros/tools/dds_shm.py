@@ -14,10 +14,10 @@ that tool); a port goes when none of its files is mapped or open in a live proce
 none of its locks is held. Only this user's files. The bringup (tools/bringup.py) and the launch file call it before
 they start the nodes.
 
-What this does not fix (notes/cpu_notes.md, 2026-12-04): the 20 s CPU demos' camera publish call that stalls for
-~330 ms once, ~2.5 s after the camera starts (three stale_frame fallbacks). It came in 7 of 9 demos with leftovers
-in /dev/shm and in 5 of 13 with none, so it is not these files, or not only; with UDP alone
-(FASTDDS_BUILTIN_TRANSPORTS=UDPv4) it came in none of 10, so the shared-memory transport is where to look.
+What this does not fix: the CPU demos' camera publish call that stalled for ~330 ms once, ~2.5 s after the camera
+started (three stale_frame fallbacks; 5 of 13 demos with no leftovers at all). That was Fast DDS's check of a port
+it opens, sleeping a third of the port's 1000 ms health-check time; tools/dds_profile.py bounds it
+(notes/cpu_notes.md, 2026-12-04 fifteenth and sixteenth sessions).
 """
 from __future__ import annotations
 
