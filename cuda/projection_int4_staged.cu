@@ -51,6 +51,10 @@
 //            same way. Against a reference on bf16-rounded activations it is fp32 rounding apart.
 //            Measured on the H200 (2026-12-03, eighth/ninth sessions, 7B): 0.6 ms faster a cycle, but `vla-edge verify`
 //            fails it (teacher-forced top-1 96.6% on the 1.5B shape): off.
+// Lean (projection_int4_staged_lean; KernelPlan.int4_prefill_lean_loop, off, not yet run on a GPU): each step's
+//            scale group by a shift and its flush by a mask (groups of 32 x a power of two) instead of an integer
+//            division and remainder by the run-time steps per group: a warp's loop over one 128-column block
+//            1069 -> 900 SASS instructions, the same values in the same order (the same bits).
 #include "common.cuh"
 #include "mma_int4.cuh"
 #include "mma_tiles.cuh"
@@ -126,12 +130,26 @@ __device__ __forceinline__ void int4_mma_step_hi(float (&part)[4], const uint32_
     mma_bf16_16816(part, pa[2], pb[2], pa[3], pb[3], hi[2], hi[3]);
 }
 
+// The group of a 32-column step and whether a group's partial is flushed after it (int4_flush_here). LEAN: a
+// shift and a mask, for groups of 32 x a power of two; otherwise an integer division and remainder by the run-time
+// steps per group (~20 SASS instructions each, several per 128-column block of a warp's loop).
+template <bool LEAN>
+__device__ __forceinline__ int step_group(int step, int steps_per_group, int spg_shift) {
+    return LEAN ? step >> spg_shift : step / steps_per_group;
+}
+
+template <bool LEAN>
+__device__ __forceinline__ bool step_flushes(int step, int steps_per_group, int s_end) {
+    return LEAN ? ((step + 1) & (steps_per_group - 1)) == 0 || step + 1 == s_end
+                : int4_flush_here(step, steps_per_group, s_end);
+}
+
 // PREFETCH (the _pf entries; KernelPlan.int4_prefill_activation_prefetch, not yet measured): chunk blk + 1's
 // activations are copied (cp.async, into a raw buffer) while the warps multiply chunk blk, as its weights already
 // are; without it a block loads each chunk's activations from L2 after the barrier that ends the chunk before, so
 // every chunk waits that latency once. Dynamic shared memory: the hi / lo buffers, then the raw one (16 KB).
 // The same values and order: the same bits as the entries without it.
-template <int PARTS, bool PREFETCH>
+template <int PARTS, bool PREFETCH, bool LEAN>
 __device__ __forceinline__ void projection_int4_staged_body(
         const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group, const float* __restrict__ x,
         const float* __restrict__ bias, float* out, int rows, int K, int n_tokens, int x_stride, int out_stride,
@@ -153,6 +171,7 @@ __device__ __forceinline__ void projection_int4_staged_body(
     const int row_a = tile * 16 + g, row_b = row_a + 8;
     const bool ok_a = row_a < rows, ok_b = row_b < rows;
     const int groups = K / group, steps_per_group = group >> 5, n_steps = K >> 5;
+    const int spg_shift = 31 - __clz(steps_per_group);           // LEAN: log2(steps per group)
     const uint8_t* qa_row = Wq + (size_t)(ok_a ? row_a : 0) * (K >> 1);
     const uint8_t* qb_row = Wq + (size_t)(ok_b ? row_b : 0) * (K >> 1);
     const uint16_t* sa_row = scales + (size_t)(ok_a ? row_a : 0) * groups;
@@ -183,9 +202,10 @@ __device__ __forceinline__ void projection_int4_staged_body(
 #pragma unroll
         for (int s = 0; s < INT4_BLOCK_STEPS; ++s) {
             const int step = blk * INT4_BLOCK_STEPS + s;
-            const bool flush = step < s_end && int4_flush_here(step, steps_per_group, s_end);
-            sa[s] = int4_scale(sa_row, ok_a && flush, step / steps_per_group);
-            sb[s] = int4_scale(sb_row, ok_b && flush, step / steps_per_group);
+            const bool flush = step < s_end && step_flushes<LEAN>(step, steps_per_group, s_end);
+            const int grp = step_group<LEAN>(step, steps_per_group, spg_shift);
+            sa[s] = int4_scale(sa_row, ok_a && flush, grp);
+            sb[s] = int4_scale(sb_row, ok_b && flush, grp);
         }
         uint32_t* hi_buf = PREFETCH ? stg4_dynamic + buf * W : hi_s[buf];
         uint32_t* lo_buf = PREFETCH ? stg4_dynamic + (2 + buf) * W : lo_s[PARTS == 2 ? buf : 0];
@@ -224,7 +244,7 @@ __device__ __forceinline__ void projection_int4_staged_body(
                         int4_mma_step_hi(partial[nt], pa, pb, hi);
                     }
                 }
-                if (int4_flush_here(step, steps_per_group, s_end)) flush_group<4>(acc, partial, sa[s], sb[s]);
+                if (step_flushes<LEAN>(step, steps_per_group, s_end)) flush_group<4>(acc, partial, sa[s], sb[s]);
             }
         }
 #pragma unroll
@@ -239,16 +259,18 @@ __device__ __forceinline__ void projection_int4_staged_body(
 }
 
 // Entries: bf16 hi + lo activations (the default), hi alone (_p1), each with the next chunk's activations copied
-// under the products (_pf).
-#define PROJECTION_INT4_STAGED_ENTRY(PARTS, PREFETCH, SUFFIX)                                                  \
+// under the products (_pf); the default's steps grouped by a shift and a mask (_lean, KernelPlan.
+// int4_prefill_lean_loop: groups of 32 x a power of two; the same bits).
+#define PROJECTION_INT4_STAGED_ENTRY(PARTS, PREFETCH, LEAN, SUFFIX)                                            \
     extern "C" __global__ void __launch_bounds__(STG4_THREADS) projection_int4_staged##SUFFIX(                 \
             const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group,                    \
             const float* __restrict__ x, const float* __restrict__ bias, float* out, int rows, int K,          \
             int n_tokens, int x_stride, int out_stride, int out_cols, int mode, int ksplit) {                  \
-        projection_int4_staged_body<PARTS, PREFETCH>(Wq, scales, group, x, bias, out, rows, K, n_tokens,      \
-                                                     x_stride, out_stride, out_cols, mode, ksplit);            \
+        projection_int4_staged_body<PARTS, PREFETCH, LEAN>(Wq, scales, group, x, bias, out, rows, K, n_tokens, \
+                                                           x_stride, out_stride, out_cols, mode, ksplit);      \
     }
-PROJECTION_INT4_STAGED_ENTRY(2, false, )
-PROJECTION_INT4_STAGED_ENTRY(1, false, _p1)
-PROJECTION_INT4_STAGED_ENTRY(2, true, _pf)
-PROJECTION_INT4_STAGED_ENTRY(1, true, _p1_pf)
+PROJECTION_INT4_STAGED_ENTRY(2, false, false, )
+PROJECTION_INT4_STAGED_ENTRY(1, false, false, _p1)
+PROJECTION_INT4_STAGED_ENTRY(2, true, false, _pf)
+PROJECTION_INT4_STAGED_ENTRY(1, true, false, _p1_pf)
+PROJECTION_INT4_STAGED_ENTRY(2, false, true, _lean)

@@ -3,7 +3,8 @@
 # `vla-edge verify` against HuggingFace on tiny / llama-tiny / the Qwen2.5-1.5B-shaped random model
 # (bf16 and fp32), kernel probes, the cycle benchmark, then the CSR and ASR benchmarks. Logs go to $OUT.
 #   STAGES="tests verify-small verify-1.5b-bf16 bench verify-1.5b-fp32" (the default, in that order); more
-#   stages: int4-lab (issue 23's INT4 lab: the 7B and 1.5B INT4 cycle bench over INT4_MODES), profile (decode
+#   stages: int4-lab (issue 23's INT4 lab: the lean INT4 decode entries' bit tests, the 7B and 1.5B INT4 cycle
+#   bench over INT4_MODES), profile (decode
 #   launch modes + ncu per kernel), ncu-gemv, ncu-decode and ncu-prefill (stall reasons of
 #   layer 0's kernels, NCU_MODE's variants), ncu-flash (the bulk flash attention's variants), graph-vs-bench (the
 #   cycle bench and a soak of the graph on one machine, issue 21's comparison), probes, csr (= csr-hf), asr (= asr-4k), asr-shared, asr-32k, asr-32k-approx,
@@ -278,9 +279,16 @@ PYEOF
              /^  attention_flash|launched|Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc Active/' \
             "$OUT/ncu_flash.txt" | head -200 ;;
     int4-lab)
-        # Issue 23's INT4 lab (more long-context splits for the 7B decode attention): the 7B and the 1.5B INT4
-        # cycle bench over INT4_MODES (default below; the bench draws its own weights), HF eager beside them.
-        modes=${INT4_MODES:-"plain plain+lcm32 plain+lcm64"}
+        # Issue 23's INT4 lab (the lean entries of gemv_int4.cu and projection_int4_staged.cu, KernelPlan.
+        # int4_decode_lean_loop and int4_prefill_lean_loop, off until this stage has run: the same bits in fewer
+        # instructions per weight, where ncu found the decode projections issue-bound): their bit tests, then the 7B
+        # and the 1.5B INT4 cycle bench over INT4_MODES (default below; the bench draws its own weights), HF eager
+        # beside them.
+        echo "== INT4 lean entries: tests"
+        $PY -m pytest -q -x test/test_int4_gemv_grid.py test/test_int4_staged_projection.py test/test_cuda_gemv_int4.py \
+            test/test_cuda_int4_backend.py test/test_cuda_projection_int4_staged.py \
+            -k "lean or same_bits or plan_variants or refuses or rejects or float_backend" 2>&1 | tail -4 || status=1
+        modes=${INT4_MODES:-"plain plain+i4lean plain+i4plean plain+i4lean+i4plean"}
         for shape in llama-2-7b qwen2.5-1.5b; do
             echo "== $shape INT4 at 4064 cached: $modes"
             $PY -m vla_edge_ros.bench.pycuda_cycle --shape $shape --weights int4 --cached 4064 --cycles 10 \

@@ -67,39 +67,41 @@ def test_gemv_int4_items_loop_gives_the_same_sums(kn, gpu, blocks_per_sm):
 
 # (items_per_block, rows_per_warp): KernelPlan.int4_gemv_items_per_block / int4_gemv_rows_per_warp. Odd counts leave
 # blocks with fewer items and, with two rows per warp, a last step holding one; 64 leaves a grid of a few blocks.
-ITEM_GRIDS = [(2, 1), (3, 1), (8, 1), (2, 2), (3, 2), (8, 2), (64, 2)]
+ITEM_GRIDS = [dict(items_per_block=ipb, rows_per_warp=rpw)
+              for ipb, rpw in [(2, 1), (3, 1), (8, 1), (2, 2), (3, 2), (8, 2), (64, 2)]]
+# KernelPlan.int4_decode_lean_loop: the _lean entry of each grid (a block per item, the plan's looped gate/up, every
+# projection looped with one and two rows per warp).
+LEAN_GRIDS = [dict(lean=True), dict(lean=True, blocks_per_sm=1), dict(lean=True, items_per_block=3),
+              dict(lean=True, items_per_block=3, rows_per_warp=2)]
 
 
-def _int4_grid_outputs(kn, stream, launch, out_init, grids):
-    """What `launch(out, items_per_block, rows_per_warp)` leaves in a fresh copy of out_init (a list of device
-    arrays and host arrays to copy there) for a block per item and for each of `grids`."""
+def _int4_grid_outputs(kn, stream, launch, out_init, variants):
+    """What `launch(outs, **variant)` leaves in a fresh copy of out_init (a list of device arrays and host arrays
+    to copy there) for a block per item of the plain entry (no keywords) and for each of `variants`."""
     results = []
-    for ipb, rpw in [(0, 1), *grids]:
+    for variant in [{}, *variants]:
         outs = [init() for init in out_init]
-        launch(outs, ipb, rpw)
+        launch(outs, **variant)
         stream.synchronize()
-        results.append(((ipb, rpw), [o.get() for o in outs]))
+        results.append((variant, [o.get() for o in outs]))
     return results
 
 
 def _assert_same_bits(results, what):
     (_, base), *others = results
-    for (ipb, rpw), got in others:
+    for variant, got in others:
         for i, (g, b) in enumerate(zip(got, base)):
-            np.testing.assert_array_equal(g, b, err_msg=f"{what} output {i}: {ipb} items per block, {rpw} rows "
-                                                        f"per warp differ from a block per item")
+            np.testing.assert_array_equal(g, b, err_msg=f"{what} output {i}: {variant} differs from a block per "
+                                                        f"item of the plain entry")
 
 
-@pytest.mark.parametrize("k", [1536, 8960])
-def test_gemv_int4_items_per_block_gives_the_same_bits(kn, gpu, k):
-    """int4_gemv_items_per_block N (every projection looped over ceil(items / N) blocks) and
-    int4_gemv_rows_per_warp 2 (gemv_int4_items2) write what a block per item writes, bit for bit, in STORE (norm,
-    bias), ADD, SWIGLU (norm, ragged out_cols): each row's sum is gemv_int4_row's whatever the grid, one writer
-    per output. K 8960 (down) streams several batches per row, so gemv_int4_items2's second row waits in flight."""
+def _modes_same_bits(kn, gpu, k, group, variants, seed):
+    """STORE (norm, bias), ADD, SWIGLU (norm, ragged out_cols) on 75 items (odd, a last one half empty) through
+    each of `variants`: the same bits as a block per item of the plain entry."""
     ga, stream = gpu
     from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
-    rows, group = 16 * 37 + 8, 128                                     # 75 items: odd, a last one half empty
-    rng = np.random.default_rng(k)
+    rows = 16 * 37 + 8
+    rng = np.random.default_rng(seed)
     packed, scales, _ = int4_quantized(rng, rows, k, group)
     W = int4_device(ga, packed, scales, group)
     x = ga.to_gpu((rng.standard_normal((2, k)) * 2).astype(np.float32))
@@ -110,19 +112,36 @@ def test_gemv_int4_items_per_block_gives_the_same_bits(kn, gpu, k):
              ("ADD", MODE_ADD, dict(rows=rows), base),
              ("SWIGLU", MODE_SWIGLU, dict(norm_w=norm_w, eps=1e-6, out_cols=(rows - 8) // 2 - 3, rows=rows - 8), None)]
     for what, mode, kw, init in cases:
-        def launch(outs, ipb, rpw):
-            kn.gemv(W, x, outs[0], mode, stream, x_row0=1, items_per_block=ipb, rows_per_warp=rpw, **kw)
+        def launch(outs, **variant):
+            kn.gemv(W, x, outs[0], mode, stream, x_row0=1, **variant, **kw)
         out_init = [lambda: ga.to_gpu(init.copy()) if init is not None else _nan(ga, (1, rows))]
-        results = _int4_grid_outputs(kn, stream, launch, out_init, ITEM_GRIDS)
+        results = _int4_grid_outputs(kn, stream, launch, out_init, variants)
         n_out = kw.get("out_cols", kw["rows"])
         assert np.isfinite(results[0][1][0][:, :n_out]).all(), f"{what}: outputs left unwritten"
-        _assert_same_bits(results, f"{what} K {k}")
+        _assert_same_bits(results, f"{what} K {k} G{group}")
+
+
+@pytest.mark.parametrize("k", [1536, 8960])
+def test_gemv_int4_items_per_block_gives_the_same_bits(kn, gpu, k):
+    """int4_gemv_items_per_block N (every projection looped over ceil(items / N) blocks) and
+    int4_gemv_rows_per_warp 2 (gemv_int4_items2) write what a block per item writes, bit for bit, in STORE (norm,
+    bias), ADD, SWIGLU (norm, ragged out_cols): each row's sum is gemv_int4_row's whatever the grid, one writer
+    per output. K 8960 (down) streams several batches per row, so gemv_int4_items2's second row waits in flight."""
+    _modes_same_bits(kn, gpu, k, 128, ITEM_GRIDS, k)
+
+
+@pytest.mark.parametrize("k,group", [(1536, 128), (8960, 128), (4096, 128), (11008, 128), (640, 64), (96, 32)])
+def test_gemv_int4_lean_entries_give_the_same_bits(kn, gpu, k, group):
+    """KernelPlan.int4_decode_lean_loop: the _lean entries (each chunk's scale by a shift, each nibble by one LOP3)
+    write what the plain entries write, bit for bit, on every grid, in STORE, ADD and SWIGLU: the 1.5B's and the
+    7B's widths (K 11008 leaves a last batch partly past the row) and the tiny models' groups of 32 and 64."""
+    _modes_same_bits(kn, gpu, k, group, LEAN_GRIDS, k + group)
 
 
 @pytest.mark.parametrize("norm", [False, True])
 def test_gemv_int4_items_per_block_qkv_rope_gives_the_same_bits(kn, gpu, norm):
     """QKV_ROPE (q written, K/V stored into the cache slot) on the 1.5B q|k|v shape (256 items) through every
-    grid of ITEM_GRIDS: the same bits as a block per item in q and in both caches."""
+    grid of ITEM_GRIDS and the lean entries: the same bits as a block per item in q and in both caches."""
     ga, stream = gpu
     from vla_edge_ros.model.cuda_kernels import MODE_QKV_ROPE
     from vla_edge_ros.model.cuda_projection_launchers import RopeTarget
@@ -140,13 +159,12 @@ def test_gemv_int4_items_per_block_qkv_rope_gives_the_same_bits(kn, gpu, norm):
                                      np.array([3, 0, 0, -1], np.int32), layouts.rope_inv_freq(1e6, hd))]
     k0 = np.full((kvh, cap, hd), 7.0, np.float32)
 
-    def launch(outs, ipb, rpw):
+    def launch(outs, **variant):
         out, k_d, v_d = outs
         rope = RopeTarget(*tables, int(k_d.gpudata), int(v_d.gpudata), hq, kvh, hd, cap)
-        kn.gemv(W, x, out, MODE_QKV_ROPE, stream, norm_w=norm_w, eps=1e-6, bias=bias, rope=rope,
-                items_per_block=ipb, rows_per_warp=rpw)
+        kn.gemv(W, x, out, MODE_QKV_ROPE, stream, norm_w=norm_w, eps=1e-6, bias=bias, rope=rope, **variant)
     out_init = [lambda: _nan(ga, (1, qkv_rows)), lambda: ga.to_gpu(k0.copy()), lambda: ga.to_gpu(k0.copy())]
-    results = _int4_grid_outputs(kn, stream, launch, out_init, ITEM_GRIDS)
+    results = _int4_grid_outputs(kn, stream, launch, out_init, ITEM_GRIDS + LEAN_GRIDS)
     q, k_cache, _ = results[0][1]
     assert np.isfinite(q[:, :hq * hd]).all() and (k_cache != 7.0).any(), "q or the K slot left unwritten"
     _assert_same_bits(results, f"QKV_ROPE norm={norm}")
@@ -163,3 +181,6 @@ def test_gemv_int4_refuses_what_it_cannot_take(kn, gpu):
     huge = Int4Matrix(ga.to_gpu(np.zeros((8, 40000), np.uint8)), ga.to_gpu(np.zeros((8, 625), np.uint16)), 128)
     with pytest.raises(KernelError, match="bytes of shared memory"):
         kn.gemv(huge, ga.zeros((1, 80000), np.float32), out, MODE_STORE, stream)
+    odd = Int4Matrix(ga.to_gpu(np.zeros((8, 48), np.uint8)), ga.to_gpu(np.zeros((8, 1), np.uint16)), 96)
+    with pytest.raises(KernelError, match="group 96 is not 32 x a power of two"):
+        kn.gemv(odd, ga.zeros((1, 96), np.float32), out, MODE_STORE, stream, lean=True)

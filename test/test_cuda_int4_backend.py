@@ -114,8 +114,8 @@ def test_int4_long_forwards_match_numpy(int4_model):
 def test_int4_kernel_plan_variants(int4_model):
     """MEASURED_BEST runs INT4 with staged projections and the persistent decode forced off (no INT4 kernel);
     asking for the persistent decode changes nothing; the decode variants INT4 has (the looped items, two
-    warps per attention group, programmatic launch, int4_gemv_items_per_block with one or two rows per warp) pick
-    the tokens of the plain plan."""
+    warps per attention group, programmatic launch, int4_gemv_items_per_block with one or two rows per warp, the
+    lean entries) pick the tokens of the plain plan."""
     from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST, KernelPlan
     spec = int4_model[0]
     cuda, _ = _backends(int4_model, "bfloat16")
@@ -127,12 +127,17 @@ def test_int4_kernel_plan_variants(int4_model):
                 dataclasses.replace(MEASURED_BEST, programmatic_launch=True),
                 # The INT4 decode grid (off by default, not measured): every projection looped, two rows per warp.
                 dataclasses.replace(MEASURED_BEST, int4_gemv_items_per_block=4),
-                dataclasses.replace(MEASURED_BEST, int4_gemv_items_per_block=3, int4_gemv_rows_per_warp=2)]
+                dataclasses.replace(MEASURED_BEST, int4_gemv_items_per_block=3, int4_gemv_rows_per_warp=2),
+                # gemv_int4.cu's lean entries (off by default, not measured): groups of 32 take them.
+                dataclasses.replace(MEASURED_BEST, int4_decode_lean_loop=True),
+                dataclasses.replace(MEASURED_BEST, int4_decode_lean_loop=True, int4_gemv_items_per_block=3,
+                                    int4_gemv_rows_per_warp=2)]
     for plan in variants:
         in_effect = cuda.use_kernel_plan(plan)
         assert not in_effect.persistent_decode and not in_effect.staged_prefill_projections
-        assert (in_effect.int4_gemv_items_per_block, in_effect.int4_gemv_rows_per_warp) == \
-            (plan.int4_gemv_items_per_block, plan.int4_gemv_rows_per_warp), "an INT4 backend keeps its grid"
+        assert (in_effect.int4_gemv_items_per_block, in_effect.int4_gemv_rows_per_warp,
+                in_effect.int4_decode_lean_loop) == (plan.int4_gemv_items_per_block, plan.int4_gemv_rows_per_warp,
+                                                     plan.int4_decode_lean_loop), "an INT4 backend keeps its grid"
         tokens, logits = one_cycle(cuda, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
         np.testing.assert_array_equal(tokens, base[0], err_msg=str(plan))
         assert rel_norm(logits, base[1]) < 1e-5, plan        # split-K atomics may order sums differently

@@ -226,6 +226,31 @@ def test_the_activation_prefetch_gives_the_same_bits(kn, gpu, rows, k, n, group,
                                  dict(parts=parts, prefetch=False), dict(parts=parts, prefetch=True))
 
 
+@pytest.mark.parametrize("rows,k,n,group", CASES)
+def test_the_lean_entry_gives_the_same_bits(kn, gpu, rows, k, n, group):
+    """lean (KernelPlan.int4_prefill_lean_loop, the _lean entry: each step's group by a shift, its flush by a mask)
+    gives the bits of the entry without it."""
+    _variant_gives_the_same_bits(kn, gpu, rows, k, n, group, np.random.default_rng(rows * 5 + k + n + group),
+                                 f"projection_int4_staged lean {rows}x{k} n={n} G{group}", dict(), dict(lean=True))
+
+
+def test_an_int4_backend_with_the_lean_entries_gives_the_same_tokens(int4_model):
+    """int4_prefill_lean_loop and int4_decode_lean_loop (lab "+i4plean+i4lean") in a whole cycle: the tokens and
+    logits of the cycle without them, bit for bit but for the residual adds' split-K atomics; the lab mode says both
+    took effect (the tiny models' groups of 32 are 32 x a power of two)."""
+    from vla_edge_ros.bench import kernel_lab
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    spec, path = int4_model
+    b = CudaBackend(spec, path, 300, "bfloat16")
+    without = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+    assert kernel_lab.apply_launch_mode(b, "plain+i4plean+i4lean") == "plain+i4plean+i4lean"
+    assert b.kernel_plan.int4_prefill_lean_loop is True and b.kernel_plan.int4_decode_lean_loop is True
+    lean = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
+    np.testing.assert_array_equal(lean[0], without[0])
+    assert rel_norm(lean[1], without[1]) < 1e-5
+    b.close()
+
+
 def test_staged_int4_reads_rows_of_a_wider_activation_buffer(kn, gpu):
     """x_row0 and an x row stride wider than K (the backend's buffers): rows [5, 5 + 20) of x[:, :K]."""
     ga, stream = gpu
@@ -339,6 +364,8 @@ def test_a_float_backend_runs_the_flag_as_plain(tiny_weights):
     assert b.kernel_plan.int4_prefill_activation_parts == 2
     assert kernel_lab.apply_launch_mode(b, "plain+i4pf") == "plain"        # so is the activation prefetch
     assert b.kernel_plan.int4_prefill_activation_prefetch is False
+    assert kernel_lab.apply_launch_mode(b, "plain+i4plean+i4lean") == "plain"   # and the lean INT4 entries
+    assert not b.kernel_plan.int4_prefill_lean_loop and not b.kernel_plan.int4_decode_lean_loop
     b.close()
 
 

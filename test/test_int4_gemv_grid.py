@@ -1,9 +1,11 @@
 """The INT4 decode grid (KernelPlan.int4_gemv_items_per_block / int4_gemv_rows_per_warp, off by default, measured
-slower), checked on the CPU (no nvcc, PyCUDA or device; test_cuda_gemv_int4.py runs it bit for bit against a
-block per item): gemv_int4_items2 is registered like the other entries, the launcher's grid and entry for each
-choice on the 1.5B decode projections, the same arguments whatever the grid, its refusals, and the layer code hands
-the choice to INT4 weights only.
+slower) and lean entries (KernelPlan.int4_decode_lean_loop, off by default, not yet measured), checked on the CPU
+(no nvcc, PyCUDA or device; test_cuda_gemv_int4.py runs them bit for bit against a block per item of the plain
+entry): every entry is registered like the others, the launcher's grid and entry for each choice on the 1.5B decode
+projections, the same arguments whatever the grid or entry, its refusals, the layer code hands the choices to INT4
+weights only, and a backend keeps the lean entries only for groups they index.
 """
+import logging
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,9 +24,10 @@ CUDA = Path(__file__).resolve().parents[1] / "cuda"
 SMS = 132
 
 
-def test_the_two_row_entry_is_registered_as_the_others():
+def test_every_entry_is_registered_as_the_others():
     entries = ck.FAMILIES["gemv_int4"]
-    assert set(entries) == {"gemv_int4", "gemv_int4_items", "gemv_int4_items2"}
+    plain = {"gemv_int4", "gemv_int4_items", "gemv_int4_items2"}
+    assert set(entries) == plain | {name + "_lean" for name in plain}
     assert len(set(entries.values())) == 1                              # one argument list: the launcher's
     assert all(name in PDL_KERNELS and name in ck.DYNAMIC_SHARED_KERNELS for name in entries)
     source = (CUDA / "gemv_int4.cu").read_text()
@@ -87,6 +90,25 @@ def test_the_grid_and_entry_of_each_choice(rows, k, mode, items, blocks_per_sm, 
         assert (name, grid) == ("gemv_int4", (items,))
 
 
+@pytest.mark.parametrize("rows,k,mode,items", PROJECTIONS)
+@pytest.mark.parametrize("grid", [dict(), dict(blocks_per_sm=4), dict(items_per_block=3),
+                                  dict(items_per_block=3, rows_per_warp=2)])
+def test_the_lean_entry_takes_the_same_grid_and_arguments(rows, k, mode, items, grid):
+    kn = _Recorder()
+    W, x, out = _int4(rows, k), _array((1, k), np.float32, 1 << 34), _array((1, rows), np.float32, 1 << 36)
+    kw = dict(out_cols=rows // 2) if mode == kc.MODE_SWIGLU else {}
+    kn.gemv(W, x, out, mode, None, **grid, **kw)
+    kn.gemv(W, x, out, mode, None, lean=True, **grid, **kw)
+    (name, grid_dims, args), (lean_name, lean_grid, lean_args) = kn.launches
+    assert lean_name == name + "_lean" and lean_grid == grid_dims and lean_args == args
+
+
+@pytest.mark.parametrize("group,ok", [(32, True), (64, True), (128, True), (256, True), (1024, True), (96, False),
+                                      (160, False), (384, False), (16, False), (0, False)])
+def test_the_lean_entries_take_groups_of_32_times_a_power_of_two(group, ok):
+    assert c4.lean_int4_group(group) is ok
+
+
 def test_the_launcher_refuses_an_impossible_grid():
     kn = _Recorder()
     W, x, out = _int4(64, 256, 32), _array((1, 256), np.float32), _array((1, 64), np.float32)
@@ -94,6 +116,9 @@ def test_the_launcher_refuses_an_impossible_grid():
         kn.gemv(W, x, out, kc.MODE_STORE, None, items_per_block=65)
     with pytest.raises(KernelError, match=r"rows_per_warp 3 not in \(1, 2\)"):
         kn.gemv(W, x, out, kc.MODE_STORE, None, items_per_block=2, rows_per_warp=3)
+    odd = _int4(64, 384, 96)
+    with pytest.raises(KernelError, match="group 96 is not 32 x a power of two"):
+        kn.gemv(odd, _array((1, 384), np.float32), out, kc.MODE_STORE, None, lean=True)
     assert kn.launches == []
 
 
@@ -108,7 +133,8 @@ class _Kernels:
 
 
 @pytest.mark.parametrize("plan", [MEASURED_BEST, KernelPlan(int4_gemv_items_per_block=4),
-                                  KernelPlan(int4_gemv_items_per_block=2, int4_gemv_rows_per_warp=2)])
+                                  KernelPlan(int4_gemv_items_per_block=2, int4_gemv_rows_per_warp=2),
+                                  KernelPlan(int4_decode_lean_loop=True)])
 @pytest.mark.parametrize("weights", ["int4", "bf16"])
 def test_the_layer_code_hands_the_grid_to_int4_weights_only(plan, weights):
     from vla_edge_ros.model.cuda_layer_enqueue import LayerEnqueue
@@ -124,7 +150,45 @@ def test_the_layer_code_hands_the_grid_to_int4_weights_only(plan, weights):
     for _, kw in calls:
         assert kw["blocks_per_sm"] == plan.decode_gemv_blocks_per_sm
         if weights == "int4":
-            assert (kw["items_per_block"], kw["rows_per_warp"]) == (plan.int4_gemv_items_per_block,
-                                                                    plan.int4_gemv_rows_per_warp)
-        else:                                                           # gemv.cu takes neither
-            assert "items_per_block" not in kw and "rows_per_warp" not in kw
+            assert (kw["items_per_block"], kw["rows_per_warp"], kw["lean"]) == (
+                plan.int4_gemv_items_per_block, plan.int4_gemv_rows_per_warp, plan.int4_decode_lean_loop)
+        else:                                                           # gemv.cu takes none of them
+            assert not {"items_per_block", "rows_per_warp", "lean"} & set(kw)
+
+
+def _int4_in_effect(plan, int4, group=128, staged=True):
+    """CudaBackend._int4_in_effect of a backend with or without INT4 weights in groups of `group`."""
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    fake = SimpleNamespace(int4=int4, int4_group=group if int4 else 0, dtype="bfloat16",
+                           _weights_kind=lambda: "INT4" if int4 else "bfloat16")
+    return CudaBackend._int4_in_effect(fake, plan, staged and int4)
+
+
+def test_a_backend_keeps_the_lean_entries_for_groups_they_index(caplog):
+    lean = KernelPlan(int4_decode_lean_loop=True, int4_prefill_lean_loop=True)
+    assert _int4_in_effect(MEASURED_BEST, True)["int4_decode_lean_loop"] is False          # not asked: never
+    assert _int4_in_effect(MEASURED_BEST, True)["int4_prefill_lean_loop"] is False
+    for group in (32, 64, 128):
+        got = _int4_in_effect(lean, True, group)
+        assert got["int4_decode_lean_loop"] is True and got["int4_prefill_lean_loop"] is True
+    assert _int4_in_effect(lean, True, staged=False)["int4_prefill_lean_loop"] is False   # no staged projections
+    grid = KernelPlan(int4_gemv_items_per_block=3, int4_gemv_rows_per_warp=2, int4_decode_lean_loop=True)
+    assert _int4_in_effect(grid, True) == {"int4_gemv_items_per_block": 3, "int4_gemv_rows_per_warp": 2,
+                                           "int4_decode_lean_loop": True, "int4_prefill_lean_loop": False}
+    with caplog.at_level(logging.INFO, logger="vla_edge_ros.model.cuda_backend"):
+        got = _int4_in_effect(lean, True, 96)
+        assert got["int4_decode_lean_loop"] is False and got["int4_prefill_lean_loop"] is False
+        assert "groups of 96 keep the other entries" in caplog.text
+        caplog.clear()
+        assert _int4_in_effect(lean, False) == {"int4_gemv_items_per_block": 0, "int4_gemv_rows_per_warp": 1,
+                                                "int4_decode_lean_loop": False, "int4_prefill_lean_loop": False}
+        assert "apply to INT4 weights only" in caplog.text
+
+
+def test_the_lab_names_the_lean_switch_and_the_plan_checks_it():
+    from vla_edge_ros.bench.kernel_lab import mode_plan
+    assert MEASURED_BEST.int4_decode_lean_loop is False                                  # off until measured
+    assert mode_plan("plain+i4lean").int4_decode_lean_loop is True
+    assert mode_plan("plain+i4lean+noi4lean").int4_decode_lean_loop is False
+    with pytest.raises(ValueError, match="int4_decode_lean_loop must be True or False"):
+        KernelPlan(int4_decode_lean_loop=1)

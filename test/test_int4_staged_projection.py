@@ -2,7 +2,9 @@
 it, test_cuda_projection_int4_staged.py runs it): the family is registered on demand with projection_int4.cu's
 arguments, the mirrored limits equal the kernel's #defines, the shared-memory layout is conflict-free as its header
 says, the INT4 helpers live in mma_int4.cuh alone, the launcher gives the same arguments and K parts as
-projection_int4's, and the layer code takes it only where the plan asks, for INT4 weights and up to 32 rows.
+projection_int4's, the lean entry (KernelPlan.int4_prefill_lean_loop, off by default, not yet measured) the same
+arguments and grid and its refusals, and the layer code takes it only where the plan asks, for INT4 weights and up to
+32 rows.
 """
 import re
 from pathlib import Path
@@ -29,7 +31,10 @@ def _defines(name: str) -> dict:
 def test_the_family_is_registered_on_demand_with_projection_int4s_arguments():
     assert ck.FAMILIES["projection_int4_staged"] == {name: "PPiPPPiiiiiiii" for name in (   # one part; prefetch
         "projection_int4_staged", "projection_int4_staged_p1", "projection_int4_staged_pf",
-        "projection_int4_staged_p1_pf")}
+        "projection_int4_staged_p1_pf", "projection_int4_staged_lean")}
+    source = (CUDA / "projection_int4_staged.cu").read_text()
+    declared = re.findall(r"^PROJECTION_INT4_STAGED_ENTRY\(\d, \w+, \w+, (\w*)\)", source, re.MULTILINE)
+    assert {"projection_int4_staged" + suffix for suffix in declared} == set(ck.FAMILIES["projection_int4_staged"])
     dynamic = {n for n in ck.FAMILIES["projection_int4_staged"] if n in ck.DYNAMIC_SHARED_KERNELS}
     assert dynamic == {"projection_int4_staged_pf", "projection_int4_staged_p1_pf"}
     assert set(ck.FAMILIES["projection_int4"].values()) == {"PPiPPPiiiiiiii"}
@@ -118,6 +123,19 @@ def test_the_staged_launcher_passes_projection_int4s_arguments_and_parts(rows, k
     assert int(args[3]) == (1 << 34) + 2 * (k + 64) * 4                  # x from row x_row0, its own stride
 
 
+@pytest.mark.parametrize("rows,k,group,n,mode,ksplit", LAUNCHES)
+def test_the_lean_entry_takes_the_same_arguments_and_grid(rows, k, group, n, mode, ksplit):
+    kn = _Recorder()
+    W = _int4(rows, k, group)
+    x, out = _array((40, k + 64), np.float32, 1 << 34), _array((40, rows), np.float32, 1 << 36)
+    cols = rows // 2 if mode == kc.MODE_SWIGLU else rows
+    for lean in (False, True):
+        kn.projection_int4_staged(W, x, out, n, mode, None, out_cols=cols, ksplit=ksplit, x_row0=2, lean=lean)
+    (name, grid, block, args), (lean_name, lean_grid, lean_block, lean_args) = kn.launches
+    assert lean_name == "projection_int4_staged_lean" and (lean_grid, lean_block) == (grid, block)
+    assert [int(a) for a in lean_args] == [int(a) for a in args]
+
+
 def test_the_staged_launcher_refuses_what_the_kernel_cannot_do():
     kn = _Recorder()
     W = _int4(64, 256, 32)
@@ -130,18 +148,39 @@ def test_the_staged_launcher_refuses_what_the_kernel_cannot_do():
         kn.projection_int4_staged(W, x, out, 4, kc.MODE_ADD, None, ksplit=3)
     with pytest.raises(KernelError, match="an Int4Matrix expected"):
         kn.projection_int4_staged(_array((64, 256), np.uint16, 1), x, out, 4, kc.MODE_STORE, None)
+    with pytest.raises(KernelError, match="lean entry takes two parts without the prefetch, not parts 1"):
+        kn.projection_int4_staged(W, x, out, 4, kc.MODE_STORE, None, parts=1, lean=True)
+    with pytest.raises(KernelError, match="lean entry takes two parts without the prefetch, not parts 2, prefetch True"):
+        kn.projection_int4_staged(W, x, out, 4, kc.MODE_STORE, None, prefetch=True, lean=True)
+    with pytest.raises(KernelError, match="group 96 is not 32 x a power of two"):
+        kn.projection_int4_staged(_int4(64, 384, 96), _array((40, 384), np.float32, 1 << 34), out, 4, kc.MODE_STORE,
+                                  None, lean=True)
     assert kn.launches == []
 
 
+def test_the_plan_and_the_lab_name_the_prefill_lean_entry():
+    from vla_edge_ros.bench.kernel_lab import mode_plan
+    from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST
+    assert MEASURED_BEST.int4_prefill_lean_loop is False                                 # off until measured
+    assert mode_plan("plain+i4plean").int4_prefill_lean_loop is True
+    assert mode_plan("plain+i4plean+int4unstaged").int4_prefill_lean_loop is False    # unstaged: no lean entry
+    for fields in (dict(int4_prefill_activation_parts=1), dict(int4_prefill_activation_prefetch=True),
+                   dict(staged_int4_prefill_projections=False)):
+        with pytest.raises(ValueError, match="int4_prefill_lean_loop is an entry of the staged INT4 projections"):
+            KernelPlan(int4_prefill_lean_loop=True, **fields)
+    with pytest.raises(ValueError, match="int4_prefill_lean_loop must be True or False"):
+        KernelPlan(int4_prefill_lean_loop="yes")
+
+
 class _Kernels:
-    """What LayerEnqueue._project calls: the kernel each projection goes to."""
+    """What LayerEnqueue._project calls: the kernel each projection goes to (and its keywords, in `keywords`)."""
 
     def __init__(self):
-        self.calls = []
+        self.calls, self.keywords = [], []
 
     def __getattr__(self, name):
         if name.startswith("projection"):
-            return lambda W, x, out, n, mode, stream, **kw: self.calls.append(name)
+            return lambda W, x, out, n, mode, stream, **kw: (self.calls.append(name), self.keywords.append(kw))
         raise AttributeError(name)
 
 
@@ -153,6 +192,7 @@ class _Kernels:
     (KernelPlan(staged_int4_prefill_projections=False), "int4", 32, "projection"),     # lab +int4unstaged
     (KernelPlan(staged_int4_prefill_projections=True), "bf16", 32, "projection_staged"),
     (KernelPlan(staged_prefill_projections=False, staged_int4_prefill_projections=True), "bf16", 32, "projection"),
+    (KernelPlan(int4_prefill_lean_loop=True), "int4", 32, "projection_int4_staged"),
 ])
 def test_the_layer_code_takes_the_staged_int4_kernel_only_where_asked(plan, weights, n, kernel):
     from vla_edge_ros.model.cuda_layer_enqueue import LayerEnqueue
@@ -160,3 +200,5 @@ def test_the_layer_code_takes_the_staged_int4_kernel_only_where_asked(plan, weig
     layer = SimpleNamespace(kernel_plan=plan, kernels=_Kernels(), stream=None)
     LayerEnqueue._project(layer, W, None, None, n, kc.MODE_ADD)
     assert layer.kernels.calls == [kernel]
+    if kernel == "projection_int4_staged":
+        assert layer.kernels.keywords[0]["lean"] is plan.int4_prefill_lean_loop

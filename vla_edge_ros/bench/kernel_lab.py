@@ -10,8 +10,10 @@ compare another choice, the lab builds a variant plan and switches a backend to 
     masked-softmax entries, noma off, the default), the decode attention (its
     warps per slot group h1, h2; mmadec: on the tensor cores), the decode projections' grid (noloop, loop2,
     loop4), an INT4 model's decode projections (i4ipb2, i4ipb4, i4ipb8: every one looped, ~2 / 4 / 8 items per
-    block; i4x2: two items in flight per warp of those), its prefill projections (int4staged:
-    projection_int4_staged.cu; i4p1: its one-part entry; i4pf: its activation prefetch), the decode attention's
+    block; i4x2: two items in flight per warp of those; i4lean: the lean entries, noi4lean off, the default), its
+    prefill projections (int4staged:
+    projection_int4_staged.cu; i4p1: its one-part entry; i4pf: its activation prefetch; i4plean: its lean entry,
+    noi4plean off, the default), the decode attention's
     one-head entry for a group of 1
     (g1 on, the default; nog1 off), its prefetching entries (dpf, the default, with g1 or
     h1; nodpf off), its entries for exactly the model's group (xg; noxg off, the default) and the long-context
@@ -33,10 +35,11 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # attention_mma.cu at 1 / 2 blocks per SM; ma / noma: its masked-softmax entries on / off), the decode attention (h1 / h2: attention_decode.cu with 1 / 2 warps per
 # 8-slot group; mmadec: attention_mma.cu for the decode row too), the decode projections' grid (noloop: a block per 8-row item; loop2 / loop4: 2 / 4 blocks per SM
 # looping over the items), an INT4 model's decode projections (i4ipbN: every one on ceil(items / N) blocks, ~N items
-# each; i4x2: each warp of those streams two items' rows at once, with an i4ipbN of N >= 2) and its prefill projections
+# each; i4x2: each warp of those streams two items' rows at once, with an i4ipbN of N >= 2; i4lean / noi4lean:
+# gemv_int4.cu's entries with fewer instructions per weight on / off, the default) and its prefill projections
 # (int4staged: projection_int4_staged.cu, the activations staged once per block, the default;
 # int4unstaged: projection_int4.cu; i4p1: the staged kernel on the activations' bf16 hi alone; i4pf: its next
-# chunk's activations copied under the products), the decode
+# chunk's activations copied under the products; i4plean / noi4plean: its lean entry on / off, the default), the decode
 # attention's one-head entry for a model without grouped queries (g1, the default; nog1: off), its next pass's loads
 # in flight (dpf: the _pf entries, the default, with one warp per slot group: g1, or h1 for a model with grouped
 # queries; nodpf: off), its entries for exactly the model's group (xg on; noxg off, the default), and the
@@ -60,11 +63,16 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "loop4": {"decode_gemv_blocks_per_sm": 4},
                    "int4staged": {"staged_int4_prefill_projections": True},
                    "int4unstaged": {"staged_int4_prefill_projections": False, "int4_prefill_activation_parts": 2,
+                                    "int4_prefill_lean_loop": False,
                                     "int4_prefill_activation_prefetch": False},
                    "i4p1": {"staged_int4_prefill_projections": True, "int4_prefill_activation_parts": 1},
                    "i4pf": {"int4_prefill_activation_prefetch": True},
                    **{f"i4ipb{n}": {"int4_gemv_items_per_block": n} for n in (2, 4, 8)},
                    "i4x2": {"int4_gemv_rows_per_warp": 2},
+                   "i4lean": {"int4_decode_lean_loop": True},
+                   "noi4lean": {"int4_decode_lean_loop": False},
+                   "i4plean": {"int4_prefill_lean_loop": True},
+                   "noi4plean": {"int4_prefill_lean_loop": False},
                    **{f"lcs{n}": {"long_context_blocks_per_sm": n} for n in (1, 2, 4)},
                    **{f"lcm{n}": {"long_context_min_splits_per_kv_head": n} for n in (1, 32, 64)},
                    "fah": {"bulk_attention_hoisted_copies": True, "bulk_attention_tile_entries": 32},

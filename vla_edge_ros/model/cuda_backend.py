@@ -53,6 +53,7 @@ from .errors import NonFiniteLogitsError
 from .forward_inputs import check_forward_inputs, slot_array, token_id_array
 from .cuda_device import primary_device
 from .cuda_gil_held import SHORT_COPY_BYTES, copy_dtoh, copy_htod_async
+from .cuda_int4_launchers import lean_int4_group
 from .cuda_launch_common import ATTN_MAX_GROUP
 from .spec import ModelSpec
 from .weight_stream import tensor_source
@@ -401,10 +402,6 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
                      else "projection_f32.cu")
         if staged_int4:
             self.kernels.load_family("projection_int4_staged")   # as projection_staged, before any capture
-        int4_grid = {"int4_gemv_items_per_block": 0, "int4_gemv_rows_per_warp": 1}
-        if not self.int4 and any(getattr(plan, k) != v for k, v in int4_grid.items()):
-            log.info("the INT4 decode grid (int4_gemv_items_per_block, int4_gemv_rows_per_warp) applies to INT4 "
-                     "weights only: %s decode projections keep gemv.cu's grid", self._weights_kind())
         group = self.spec.num_heads // self.spec.num_kv_heads      # query heads per KV head
         heads_per_warp = plan.bulk_attention_heads_per_warp
         if heads_per_warp == 2 and group % 2:
@@ -427,7 +424,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
                      "int4_prefill_activation_parts": plan.int4_prefill_activation_parts if staged_int4 else 2,
                      "int4_prefill_activation_prefetch": plan.int4_prefill_activation_prefetch and staged_int4,
                      "bulk_attention_heads_per_warp": heads_per_warp, "bulk_attention_tile_entries": tile_entries,
-                     **({} if self.int4 else int4_grid),
+                     **self._int4_in_effect(plan, staged_int4),
                      **self._attention_in_effect(plan),
                      "persistent_decode": self._persistent_in_effect(plan), "bulk_gemm": self._bulk_gemm_in_effect(plan)}
         # Last, once every family of the plan is loaded: the programmatic launcher copies their shared-memory limits.
@@ -470,6 +467,24 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         return freed
 
     # ------------------------------------------------------------------ Internal helpers
+
+    def _int4_in_effect(self, plan: KernelPlan, staged_int4: bool) -> dict:
+        """The INT4 decode projections' grid and entries of `plan` this backend runs (gemv_int4.cu), and whether
+        its staged prefill projections take their lean entry: as asked for INT4 weights, except the lean entries for
+        a group they cannot index (said at info level); off for float weights, whose kernels take none of them (said
+        too when asked), and the prefill's lean entry off without the staged INT4 projections."""
+        asked = {name: getattr(plan, name) for name in INT4_DECODE_OFF}
+        if not self.int4:
+            if asked != INT4_DECODE_OFF or plan.int4_prefill_lean_loop:
+                log.info("the INT4 decode grid and entries (%s) and int4_prefill_lean_loop apply to INT4 weights only: "
+                         "%s projections keep their kernels", ", ".join(INT4_DECODE_OFF), self._weights_kind())
+            return {**INT4_DECODE_OFF, "int4_prefill_lean_loop": False}
+        indexable = lean_int4_group(self.int4_group)
+        if (plan.int4_decode_lean_loop or plan.int4_prefill_lean_loop) and not indexable:
+            log.info("the lean INT4 entries find a chunk's scale group by a shift (groups of 32 x a power of two); "
+                     "this snapshot's groups of %d keep the other entries", self.int4_group)
+        return {**asked, "int4_decode_lean_loop": plan.int4_decode_lean_loop and indexable,
+                "int4_prefill_lean_loop": plan.int4_prefill_lean_loop and indexable and staged_int4}
 
     def _attention_in_effect(self, plan: KernelPlan) -> dict:
         """The attention fields of `plan` this model can run, attention_mma.cu loaded where it is chosen."""
@@ -635,6 +650,10 @@ def _check_model(spec: ModelSpec, capacity: int, max_rows: int) -> None:
                          f"{ca.ATTN_MAX_HEAD_DIM}; got group {group}, head_dim {spec.head_dim}")
     if not math.isfinite(spec.rope_theta) or spec.rope_theta <= 0:
         raise ValueError(f"rope_theta must be a positive number, got {spec.rope_theta}")
+
+
+# The INT4 decode projections' choices (KernelPlan) as a float backend runs them: off.
+INT4_DECODE_OFF = {"int4_gemv_items_per_block": 0, "int4_gemv_rows_per_warp": 1, "int4_decode_lean_loop": False}
 
 
 def _check_int4_group(group: int) -> None:

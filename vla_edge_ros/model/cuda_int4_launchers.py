@@ -29,6 +29,16 @@ STAGED_INT4_MAX_TOKENS = 32      # projection_int4_staged.cu: activation rows st
 STG4_ROW_WORDS = 80              # projection_int4_staged.cu: words per staged token row (STG4_ROW)
 GEMV4_MAX_ITEMS_PER_BLOCK = 64   # gemv_int4_items: 8-row items per block asked for, at most (int4_gemv_items_per_block)
 GEMV4_ROWS_PER_WARP = (1, 2)     # gemv_int4_items / gemv_int4_items2: items a warp streams at once (int4_gemv_rows_per_warp)
+GEMV4_ENTRIES = ("gemv_int4", "gemv_int4_items", "gemv_int4_items2")
+GEMV4_LEAN_SUFFIX = "_lean"      # gemv_int4.cu's entries with fewer instructions per weight (int4_decode_lean_loop)
+GEMV4_ALL_ENTRIES = GEMV4_ENTRIES + tuple(name + GEMV4_LEAN_SUFFIX for name in GEMV4_ENTRIES)
+
+
+def lean_int4_group(group: int) -> bool:
+    """Whether the lean entries (gemv_int4.cu's, projection_int4_staged.cu's) take INT4 groups of `group` columns:
+    32 x a power of two (they find a 32-column chunk's group by a shift)."""
+    chunks = group // INT4_CHUNK_COLUMNS
+    return group % INT4_CHUNK_COLUMNS == 0 and chunks > 0 and chunks & (chunks - 1) == 0
 
 
 def staged_int4_prefetch_shared(parts: int) -> int:
@@ -89,13 +99,15 @@ class Int4Launchers(ProjectionLaunchers):
 
     def gemv_int4(self, W: Int4Matrix, x, out, mode: int, stream, norm_w=None, eps: float = 0.0, bias=None,
                   out_cols: int | None = None, w_row0: int = 0, rows: int | None = None, x_row0: int = 0,
-                  rope=None, blocks_per_sm: int = 0, items_per_block: int = 0, rows_per_warp: int = 1):
+                  rope=None, blocks_per_sm: int = 0, items_per_block: int = 0, rows_per_warp: int = 1,
+                  lean: bool = False):
         """gemv_int4.cu: what gemv() computes (every mode, the RMSNorm prologue, rows [w_row0, w_row0 + rows))
         from INT4 weights, the same bits whatever the grid. Grid: a block per 8-row item (gemv_int4), or looped
         (gemv_int4_items) over blocks_per_sm per SM where there are more items than that; items_per_block > 0
         instead loops every projection over ceil(items / items_per_block) blocks (KernelPlan
         .int4_gemv_items_per_block, measured slower: off). rows_per_warp 2: the looped entry with two items in flight
-        per warp (gemv_int4_items2; KernelPlan.int4_gemv_rows_per_warp, measured no help: off)."""
+        per warp (gemv_int4_items2; KernelPlan.int4_gemv_rows_per_warp, measured no help: off). lean: the same
+        grid's `_lean` entry (KernelPlan.int4_decode_lean_loop; the same bits), for groups lean_int4_group takes."""
         total_rows, K, groups = check_int4("gemv_int4 weight", W)
         _check_array("gemv_int4 x", x, np.float32, 2)
         _check_array("gemv_int4 out", out, np.float32, 2)
@@ -117,6 +129,10 @@ class Int4Launchers(ProjectionLaunchers):
         name, grid = ("gemv_int4_items", cap) if 0 < cap < items else ("gemv_int4", items)
         if name == "gemv_int4_items" and rows_per_warp == 2:
             name = "gemv_int4_items2"
+        if lean:
+            _check(lean_int4_group(W.group), f"gemv_int4: the lean entries index scales by a shift; group {W.group} "
+                                             f"is not {INT4_CHUNK_COLUMNS} x a power of two")
+            name += GEMV4_LEAN_SUFFIX
         self._function(name)                                 # on demand: loads the family and its shared limits
         limit = self._shared_limits[name]
         _check(4 * K <= limit, f"gemv_int4: K {K} needs {4 * K} bytes of shared memory > {limit}")
@@ -142,7 +158,8 @@ class Int4Launchers(ProjectionLaunchers):
 
     def projection_int4_staged(self, W: Int4Matrix, x, out, n_tokens: int, mode: int, stream, bias=None,
                                out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
-                               ksplit: int | None = None, x_row0: int = 0, parts: int = 2, prefetch: bool = False):
+                               ksplit: int | None = None, x_row0: int = 0, parts: int = 2, prefetch: bool = False,
+                               lean: bool = False):
         """projection_int4_staged.cu (KernelPlan.staged_int4_prefill_projections, the default for INT4
         weights: measured faster): what projection_int4() computes, the same bits (ADD with ksplit > 1: the same parts, added in
         another order), for n_tokens <= STAGED_INT4_MAX_TOKENS, each 128-column chunk of the activations split
@@ -150,7 +167,9 @@ class Int4Launchers(ProjectionLaunchers):
         same ~PROJ4_TARGET_WARPS warps (8 per block here), the same parts. parts 1 (KernelPlan
         .int4_prefill_activation_parts): the activations' bf16 hi alone, half the products (not those bits).
         prefetch (KernelPlan.int4_prefill_activation_prefetch): the _pf entries, each chunk's activations copied while
-        the chunk before is multiplied (the same bits)."""
+        the chunk before is multiplied (the same bits). lean (KernelPlan.int4_prefill_lean_loop): the _lean entry,
+        each step's group by a shift and a mask (the same bits), for two parts without the prefetch and groups
+        lean_int4_group takes."""
         rows, K, groups, out_cols, ksplit = self._projection_int4_checks(
             "projection_int4_staged", W, x, out, n_tokens, mode, bias, out_cols, w_row0, rows, ksplit, x_row0)
         _check(n_tokens <= STAGED_INT4_MAX_TOKENS,
@@ -158,6 +177,12 @@ class Int4Launchers(ProjectionLaunchers):
         _check(parts in (1, 2), f"projection_int4_staged: parts {parts} not 1 or 2")
         grid = (ceil_div(ceil_div(rows, 16), STG4_WARPS) * ksplit,)
         name = "projection_int4_staged" + ("_p1" if parts == 1 else "") + ("_pf" if prefetch else "")
+        if lean:
+            _check(parts == 2 and not prefetch, f"projection_int4_staged: the lean entry takes two parts without the "
+                                                f"prefetch, not parts {parts}, prefetch {prefetch}")
+            _check(lean_int4_group(W.group), f"projection_int4_staged: the lean entry groups steps by a shift; group "
+                                             f"{W.group} is not {INT4_CHUNK_COLUMNS} x a power of two")
+            name += "_lean"
         shared = staged_int4_prefetch_shared(parts) if prefetch else 0
         if prefetch:                                         # the _pf entries' shared memory is dynamic
             self._check_shared(name, shared, "projection_int4_staged")

@@ -15,7 +15,9 @@ prefill with bulk_gemm (its GEMMs stage bf16 weight tiles; an INT4 model's long 
 projection_int4.cu in passes of max_rows, cuda_backend._bulk_rows). The attention choices apply unchanged, and
 MEASURED_BEST runs INT4 with staged_int4_prefill_projections, the INT4 counterpart of the staged projections
 (projection_int4_staged.cu), forced off for float weights; so are int4_gemv_items_per_block and
-int4_gemv_rows_per_warp (gemv_int4.cu's looped grid for every INT4 decode projection, measured slower: off).
+int4_gemv_rows_per_warp (gemv_int4.cu's looped grid for every INT4 decode projection, measured slower: off), and
+int4_decode_lean_loop and int4_prefill_lean_loop (gemv_int4.cu's and projection_int4_staged.cu's entries with fewer
+instructions per weight: not yet measured, off).
 
 This module imports no pycuda: a plan can be built and checked on a machine without a GPU.
 """
@@ -59,6 +61,14 @@ class KernelPlan:
     # "+i4pf"): prefill projections 8.64 -> 9.46 ms (its 56 KB of dynamic shared memory leave fewer blocks per SM
     # than the wait it hides). Off; kept for the lab.
     int4_prefill_activation_prefetch: bool = False
+    # Those staged INT4 projections through their _lean entry: each 32-column step's scale group found by a shift and
+    # its flush by a mask instead of an integer division and remainder by the run-time steps per group (groups of 32
+    # x a power of two; use_kernel_plan keeps the other entry for the rest). The same bits
+    # (test_cuda_projection_int4_staged.py). SASS (sm_90, cuobjdump 13.5) of a warp's loop over one 128-column block:
+    # 1069 -> 900 instructions (123 registers, 127 before; no spills); the entries without it compile to the same SASS
+    # as before. The 7B INT4 prefill's projections ran at ~0.4 TB/s (8.59 ms, ninth session). Needs the staged
+    # projections with two parts and no prefetch. Off: not yet measured on the GPU; lab "+i4plean".
+    int4_prefill_lean_loop: bool = False
     # attention_mma.cu (K, V, q and the softmax weights as bf16 hi/lo pairs, ~1e-5 relative) for bf16 prefill
     # attention; off: attention_tiled.cu's fp32 products. 2.28 -> 0.71 ms per 32-row prefill at 4064 cached.
     tensor_core_attention: bool = True
@@ -143,6 +153,16 @@ class KernelPlan:
     # two items' rows at once (gemv_int4_items2), 1: one. Bit-identical. Measured no help (lab "plain+i4ipb4+i4x2":
     # decode projections 1.866 ms against i4ipb4's 1.833). Off; kept for the lab.
     int4_gemv_rows_per_warp: int = 1
+    # INT4 decode projections only: gemv_int4.cu's _lean entries, the same loads and arithmetic (so the same bits,
+    # test_cuda_gemv_int4.py) in fewer instructions per weight: each chunk's scale indexed by a shift instead of an
+    # integer division by the run-time group (~30 SASS instructions per 32 columns; groups of 32 x a power of two
+    # only, use_kernel_plan keeps the other entries for the rest), and each nibble made a float by one LOP3 instead
+    # of an AND and an OR. SASS (sm_90, cuobjdump 13.5) of gemv_int4's inner loop, 128 weights a lane: 861 -> 627
+    # instructions (LOP3 303 -> 167, the division's IMAD/ISETP/I2F/MUFU gone); the entries without it compile to
+    # the same SASS as before. The ninth session's ncu found these projections issue-bound (7B decode projections
+    # 2.80 ms a token, 3.5x their byte floor; warps stalled "not selected"). Off: not yet measured on the GPU; lab
+    # "+i4lean".
+    int4_decode_lean_loop: bool = False
     # Programmatic dependent launch of the decode kernels (sm_90+, cuda_pdl.py): each starts streaming its
     # weights while the one before finishes. Measured 0.1 ms per decode step slower with gemv.cu: off.
     programmatic_launch: bool = False
@@ -252,6 +272,15 @@ class KernelPlan:
                              f"{self.decode_attention_one_head_entry!r}")
         if not isinstance(self.decode_attention_prefetch, bool):
             raise ValueError(f"decode_attention_prefetch must be True or False, got {self.decode_attention_prefetch!r}")
+        if not isinstance(self.int4_prefill_lean_loop, bool):
+            raise ValueError(f"int4_prefill_lean_loop must be True or False, got {self.int4_prefill_lean_loop!r}")
+        if self.int4_prefill_lean_loop and not (self.staged_int4_prefill_projections
+                                                and self.int4_prefill_activation_parts == 2
+                                                and not self.int4_prefill_activation_prefetch):
+            raise ValueError("int4_prefill_lean_loop is an entry of the staged INT4 projections with two activation "
+                             "parts and no prefetch")
+        if not isinstance(self.int4_decode_lean_loop, bool):
+            raise ValueError(f"int4_decode_lean_loop must be True or False, got {self.int4_decode_lean_loop!r}")
         if not isinstance(self.attention_masked_softmax, bool):
             raise ValueError(f"attention_masked_softmax must be True or False, got {self.attention_masked_softmax!r}")
         if not isinstance(self.decode_attention_exact_group, bool):

@@ -49,7 +49,8 @@ class LayerEnqueue:
         residual adds in the o/down ones."""
         sp, s, plan = self.spec, self.stream, self.kernel_plan
         # The INT4 grid choices (off by default, measured slower) go to INT4 weights only: gemv.cu takes neither.
-        int4_grid = dict(items_per_block=plan.int4_gemv_items_per_block, rows_per_warp=plan.int4_gemv_rows_per_warp)
+        int4_grid = dict(items_per_block=plan.int4_gemv_items_per_block, rows_per_warp=plan.int4_gemv_rows_per_warp,
+                         lean=plan.int4_decode_lean_loop)
 
         def gemv(W, *args, **kw):
             self.kernels.gemv(W, *args, blocks_per_sm=plan.decode_gemv_blocks_per_sm,
@@ -141,7 +142,8 @@ class LayerEnqueue:
               and n <= STAGED_INT4_MAX_TOKENS):
             self.kernels.projection_int4_staged(W, x, out, n, mode, self.stream,
                                                 parts=self.kernel_plan.int4_prefill_activation_parts,
-                                                prefetch=self.kernel_plan.int4_prefill_activation_prefetch, **kw)
+                                                prefetch=self.kernel_plan.int4_prefill_activation_prefetch,
+                                                lean=self.kernel_plan.int4_prefill_lean_loop, **kw)
         else:
             self.kernels.projection(W, x, out, n, mode, self.stream, **kw)
 

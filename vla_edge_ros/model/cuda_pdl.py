@@ -20,13 +20,14 @@ import logging
 import threading
 
 from .cuda_attention_launchers import ATTN_DECODE_ENTRIES
+from .cuda_int4_launchers import GEMV4_ALL_ENTRIES
 from .cuda_graphs import _driver, _ok
 
 log = logging.getLogger(__name__)
 
 # Kernels whose code waits (griddep_wait) before reading or writing anything an earlier kernel touches.
 PDL_KERNELS = frozenset({
-    "gemv_bf16", "gemv_bf16_items", "gemv_int4", "gemv_int4_items", "gemv_int4_items2",
+    "gemv_bf16", "gemv_bf16_items", *GEMV4_ALL_ENTRIES,
     *ATTN_DECODE_ENTRIES,
     "attention_merge", "attention_merge_prefetch",
     "embed_gather_bf16", "embed_gather_f32", "argmax_bins",
