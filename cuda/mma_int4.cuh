@@ -15,6 +15,8 @@
 // int4_mma_step:     one 32-column step of a 16-row x 8-token tile: 4 mma (hi and lo of each 16-column half).
 // int4_part_blocks / int4_flush_here: a K part's 128-column blocks, and the steps where a group's partial is
 //                    scaled into the accumulator (a group's last step, or the part's last).
+// int4_step_group / int4_group_starts / int4_step_flushes: a step's group, whether it starts one, whether it
+//                    flushes one; LEAN (the _lean entries) by shifts and masks for groups of 32 x a power of two.
 // flush_group:       acc += s * part per row, part = 0.
 //
 // cuda_kernels.py pastes this text in place of `#include "mma_int4.cuh"` (as it does mma_bf16.cuh).
@@ -102,6 +104,26 @@ __device__ __forceinline__ void int4_part_blocks(int part, int ksplit, int n_ste
 // Whether the group partial is scaled into the accumulator after `step`: the group's last step, or the part's.
 __device__ __forceinline__ bool int4_flush_here(int step, int steps_per_group, int s_end) {
     return (step + 1) % steps_per_group == 0 || step + 1 == s_end;
+}
+
+// The group of a 32-column step, whether it is a group's first and whether the group's partial is flushed after
+// it. LEAN: a shift and masks, for groups of 32 x a power of two; otherwise integer divisions and remainders by
+// the run-time steps per group (~20 SASS instructions each, several per 128-column block of a warp's loop: why
+// the _lean entries exist).
+template <bool LEAN>
+__device__ __forceinline__ int int4_step_group(int step, int steps_per_group, int spg_shift) {
+    return LEAN ? step >> spg_shift : step / steps_per_group;
+}
+
+template <bool LEAN>
+__device__ __forceinline__ bool int4_group_starts(int step, int steps_per_group) {
+    return LEAN ? (step & (steps_per_group - 1)) == 0 : step % steps_per_group == 0;
+}
+
+template <bool LEAN>
+__device__ __forceinline__ bool int4_step_flushes(int step, int steps_per_group, int s_end) {
+    return LEAN ? ((step + 1) & (steps_per_group - 1)) == 0 || step + 1 == s_end
+                : int4_flush_here(step, steps_per_group, s_end);
 }
 
 // The fp16 scale (as fp32, exact) of row `row_scales` for group grp, 0 outside the matrix.

@@ -61,7 +61,7 @@ __device__ __forceinline__ void int4_step(float (&part)[NT][4], uint32_t wa, uin
     }
 }
 
-template <int NT>
+template <int NT, bool LEAN>
 __device__ void projection_int4_body(const uint8_t* __restrict__ Wq, const uint16_t* __restrict__ scales, int group,
                                      const float* __restrict__ x, const float* __restrict__ bias, float* out,
                                      int rows, int K, int n_tokens, int x_stride, int out_stride, int out_cols,
@@ -76,6 +76,7 @@ __device__ void projection_int4_body(const uint8_t* __restrict__ Wq, const uint1
     const int row_a = tile * 16 + g, row_b = row_a + 8;
     const bool ok_a = row_a < rows, ok_b = row_b < rows;
     const int groups = K / group, steps_per_group = group >> 5, n_steps = K >> 5;
+    const int spg_shift = 31 - __clz(steps_per_group);           // LEAN: log2(steps per group)
     const uint8_t* qa_row = Wq + (size_t)(ok_a ? row_a : 0) * (K >> 1);
     const uint8_t* qb_row = Wq + (size_t)(ok_b ? row_b : 0) * (K >> 1);
     const uint16_t* sa_row = scales + (size_t)(ok_a ? row_a : 0) * groups;
@@ -103,13 +104,13 @@ __device__ void projection_int4_body(const uint8_t* __restrict__ Wq, const uint1
         for (int s = 0; s < INT4_BLOCK_STEPS; ++s) {
             const int step = blk * INT4_BLOCK_STEPS + s;        // range [0, K / 32)
             if (step >= s_end) continue;                         // warp-uniform (the block's tail past K)
-            const int grp = step / steps_per_group;
-            if (step % steps_per_group == 0 || step == b_begin * INT4_BLOCK_STEPS) {   // a group's first step here
+            const int grp = int4_step_group<LEAN>(step, steps_per_group, spg_shift);
+            if (int4_group_starts<LEAN>(step, steps_per_group) || step == b_begin * INT4_BLOCK_STEPS) {   // a group's first step here
                 sa = int4_scale(sa_row, ok_a, grp);
                 sb = int4_scale(sb_row, ok_b, grp);
             }
             int4_step<NT>(part, ma[s], mb[s], x, x_stride, tok_base, g, n_tokens, step * 32 + t * 8);
-            if (int4_flush_here(step, steps_per_group, s_end)) flush_group<NT>(acc, part, sa, sb);
+            if (int4_step_flushes<LEAN>(step, steps_per_group, s_end)) flush_group<NT>(acc, part, sa, sb);
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -120,14 +121,19 @@ __device__ void projection_int4_body(const uint8_t* __restrict__ Wq, const uint1
     store_mma_tile<NT>(acc, out, out_stride, bias, rows, out_cols, n_tokens, tok_base, tile, g, t, mode, ksplit > 1);
 }
 
-#define PROJECTION_INT4_ENTRY(NT)                                                                                \
-    extern "C" __global__ void __launch_bounds__(PROJ4_WARPS * 32) projection_int4_nt##NT(                     \
+// Entries: 8, 16 or 32 tokens per block column; _lean (KernelPlan.int4_prefill_lean_loop: groups of 32 x a power
+// of two) finds each step's group by a shift and masks, the same values in the same order (the same bits).
+#define PROJECTION_INT4_ENTRY(NT, LEAN, SUFFIX)                                                                  \
+    extern "C" __global__ void __launch_bounds__(PROJ4_WARPS * 32) projection_int4_nt##NT##SUFFIX(             \
         const uint8_t* Wq, const uint16_t* scales, int group, const float* x, const float* bias, float* out,   \
         int rows, int K, int n_tokens, int x_stride, int out_stride, int out_cols, int mode, int ksplit) {     \
-        projection_int4_body<NT>(Wq, scales, group, x, bias, out, rows, K, n_tokens, x_stride, out_stride,      \
-                                 out_cols, mode, ksplit);                                                       \
+        projection_int4_body<NT, LEAN>(Wq, scales, group, x, bias, out, rows, K, n_tokens, x_stride,            \
+                                       out_stride, out_cols, mode, ksplit);                                     \
     }
 
-PROJECTION_INT4_ENTRY(1)
-PROJECTION_INT4_ENTRY(2)
-PROJECTION_INT4_ENTRY(4)
+PROJECTION_INT4_ENTRY(1, false, )
+PROJECTION_INT4_ENTRY(2, false, )
+PROJECTION_INT4_ENTRY(4, false, )
+PROJECTION_INT4_ENTRY(1, true, _lean)
+PROJECTION_INT4_ENTRY(2, true, _lean)
+PROJECTION_INT4_ENTRY(4, true, _lean)

@@ -130,20 +130,6 @@ __device__ __forceinline__ void int4_mma_step_hi(float (&part)[4], const uint32_
     mma_bf16_16816(part, pa[2], pb[2], pa[3], pb[3], hi[2], hi[3]);
 }
 
-// The group of a 32-column step and whether a group's partial is flushed after it (int4_flush_here). LEAN: a
-// shift and a mask, for groups of 32 x a power of two; otherwise an integer division and remainder by the run-time
-// steps per group (~20 SASS instructions each, several per 128-column block of a warp's loop).
-template <bool LEAN>
-__device__ __forceinline__ int step_group(int step, int steps_per_group, int spg_shift) {
-    return LEAN ? step >> spg_shift : step / steps_per_group;
-}
-
-template <bool LEAN>
-__device__ __forceinline__ bool step_flushes(int step, int steps_per_group, int s_end) {
-    return LEAN ? ((step + 1) & (steps_per_group - 1)) == 0 || step + 1 == s_end
-                : int4_flush_here(step, steps_per_group, s_end);
-}
-
 // PREFETCH (the _pf entries; KernelPlan.int4_prefill_activation_prefetch, not yet measured): chunk blk + 1's
 // activations are copied (cp.async, into a raw buffer) while the warps multiply chunk blk, as its weights already
 // are; without it a block loads each chunk's activations from L2 after the barrier that ends the chunk before, so
@@ -202,8 +188,8 @@ __device__ __forceinline__ void projection_int4_staged_body(
 #pragma unroll
         for (int s = 0; s < INT4_BLOCK_STEPS; ++s) {
             const int step = blk * INT4_BLOCK_STEPS + s;
-            const bool flush = step < s_end && step_flushes<LEAN>(step, steps_per_group, s_end);
-            const int grp = step_group<LEAN>(step, steps_per_group, spg_shift);
+            const bool flush = step < s_end && int4_step_flushes<LEAN>(step, steps_per_group, s_end);
+            const int grp = int4_step_group<LEAN>(step, steps_per_group, spg_shift);
             sa[s] = int4_scale(sa_row, ok_a && flush, grp);
             sb[s] = int4_scale(sb_row, ok_b && flush, grp);
         }
@@ -244,7 +230,7 @@ __device__ __forceinline__ void projection_int4_staged_body(
                         int4_mma_step_hi(partial[nt], pa, pb, hi);
                     }
                 }
-                if (step_flushes<LEAN>(step, steps_per_group, s_end)) flush_group<4>(acc, partial, sa[s], sb[s]);
+                if (int4_step_flushes<LEAN>(step, steps_per_group, s_end)) flush_group<4>(acc, partial, sa[s], sb[s]);
             }
         }
 #pragma unroll

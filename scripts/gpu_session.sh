@@ -279,14 +279,14 @@ PYEOF
              /^  attention_flash|launched|Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc Active/' \
             "$OUT/ncu_flash.txt" | head -200 ;;
     int4-lab)
-        # Issue 23's INT4 lab (the lean entries of gemv_int4.cu and projection_int4_staged.cu, KernelPlan.
+        # Issue 23's INT4 lab (the lean entries of gemv_int4.cu, projection_int4_staged.cu and projection_int4.cu, KernelPlan.
         # int4_decode_lean_loop and int4_prefill_lean_loop, off until this stage has run: the same bits in fewer
         # instructions per weight, where ncu found the decode projections issue-bound): their bit tests, then the 7B
         # and the 1.5B INT4 cycle bench over INT4_MODES (default below; the bench draws its own weights), HF eager
         # beside them.
         echo "== INT4 lean entries: tests"
         $PY -m pytest -q -x test/test_int4_gemv_grid.py test/test_int4_staged_projection.py test/test_cuda_gemv_int4.py \
-            test/test_cuda_int4_backend.py test/test_cuda_projection_int4_staged.py \
+            test/test_cuda_int4_backend.py test/test_cuda_projection_int4_staged.py test/test_cuda_projection_int4.py \
             -k "lean or same_bits or plan_variants or refuses or rejects or float_backend" 2>&1 | tail -4 || status=1
         modes=${INT4_MODES:-"plain plain+i4lean plain+i4plean plain+i4lean+i4plean"}
         for shape in llama-2-7b qwen2.5-1.5b; do

@@ -131,13 +131,17 @@ def test_int4_kernel_plan_variants(int4_model):
                 # gemv_int4.cu's lean entries (off by default, not measured): groups of 32 take them.
                 dataclasses.replace(MEASURED_BEST, int4_decode_lean_loop=True),
                 dataclasses.replace(MEASURED_BEST, int4_decode_lean_loop=True, int4_gemv_items_per_block=3,
-                                    int4_gemv_rows_per_warp=2)]
+                                    int4_gemv_rows_per_warp=2),
+                # The lean entries of the projections of many rows (off by default, not measured): staged, unstaged.
+                dataclasses.replace(MEASURED_BEST, int4_prefill_lean_loop=True),
+                dataclasses.replace(MEASURED_BEST, int4_prefill_lean_loop=True, staged_int4_prefill_projections=False)]
     for plan in variants:
         in_effect = cuda.use_kernel_plan(plan)
         assert not in_effect.persistent_decode and not in_effect.staged_prefill_projections
         assert (in_effect.int4_gemv_items_per_block, in_effect.int4_gemv_rows_per_warp,
-                in_effect.int4_decode_lean_loop) == (plan.int4_gemv_items_per_block, plan.int4_gemv_rows_per_warp,
-                                                     plan.int4_decode_lean_loop), "an INT4 backend keeps its grid"
+                in_effect.int4_decode_lean_loop, in_effect.int4_prefill_lean_loop) == (
+            plan.int4_gemv_items_per_block, plan.int4_gemv_rows_per_warp, plan.int4_decode_lean_loop,
+            plan.int4_prefill_lean_loop), "an INT4 backend keeps its grid and entries"
         tokens, logits = one_cycle(cuda, spec.vocab_size, n_ctx=100, n_prefill=32, seed=6)
         np.testing.assert_array_equal(tokens, base[0], err_msg=str(plan))
         assert rel_norm(logits, base[1]) < 1e-5, plan        # split-K atomics may order sums differently

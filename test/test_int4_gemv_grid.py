@@ -156,12 +156,12 @@ def test_the_layer_code_hands_the_grid_to_int4_weights_only(plan, weights):
             assert not {"items_per_block", "rows_per_warp", "lean"} & set(kw)
 
 
-def _int4_in_effect(plan, int4, group=128, staged=True):
+def _int4_in_effect(plan, int4, group=128):
     """CudaBackend._int4_in_effect of a backend with or without INT4 weights in groups of `group`."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
     fake = SimpleNamespace(int4=int4, int4_group=group if int4 else 0, dtype="bfloat16",
                            _weights_kind=lambda: "INT4" if int4 else "bfloat16")
-    return CudaBackend._int4_in_effect(fake, plan, staged and int4)
+    return CudaBackend._int4_in_effect(fake, plan)
 
 
 def test_a_backend_keeps_the_lean_entries_for_groups_they_index(caplog):
@@ -171,7 +171,8 @@ def test_a_backend_keeps_the_lean_entries_for_groups_they_index(caplog):
     for group in (32, 64, 128):
         got = _int4_in_effect(lean, True, group)
         assert got["int4_decode_lean_loop"] is True and got["int4_prefill_lean_loop"] is True
-    assert _int4_in_effect(lean, True, staged=False)["int4_prefill_lean_loop"] is False   # no staged projections
+    unstaged = KernelPlan(staged_int4_prefill_projections=False, int4_prefill_lean_loop=True)
+    assert _int4_in_effect(unstaged, True)["int4_prefill_lean_loop"] is True           # projection_int4.cu's entries
     grid = KernelPlan(int4_gemv_items_per_block=3, int4_gemv_rows_per_warp=2, int4_decode_lean_loop=True)
     assert _int4_in_effect(grid, True) == {"int4_gemv_items_per_block": 3, "int4_gemv_rows_per_warp": 2,
                                            "int4_decode_lean_loop": True, "int4_prefill_lean_loop": False}

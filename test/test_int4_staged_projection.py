@@ -21,6 +21,7 @@ from vla_edge_ros.model.cuda_launch_common import KernelError
 
 CUDA = Path(__file__).resolve().parents[1] / "cuda"
 INT4_HELPERS = ("biased_nibbles_to_bf16x2", "nibbles_to_bf16x2", "int4_pairs", "split_activations_int4", "quad_transpose", "load_int4_block",
+                "int4_step_group", "int4_group_starts", "int4_step_flushes",
                 "int4_mma_step", "int4_part_blocks", "int4_flush_here", "int4_scale", "flush_group")
 
 
@@ -29,6 +30,10 @@ def _defines(name: str) -> dict:
 
 
 def test_the_family_is_registered_on_demand_with_projection_int4s_arguments():
+    lean = re.findall(r"^PROJECTION_INT4_ENTRY\((\d), (\w+), (\w*)\)", (CUDA / "projection_int4.cu").read_text(),
+                      re.MULTILINE)
+    assert {f"projection_int4_nt{nt}{suffix}" for nt, _, suffix in lean} == set(ck.FAMILIES["projection_int4"])
+    assert len(ck.FAMILIES["projection_int4"]) == 6                                      # nt 1, 2, 4; lean or not
     assert ck.FAMILIES["projection_int4_staged"] == {name: "PPiPPPiiiiiiii" for name in (   # one part; prefetch
         "projection_int4_staged", "projection_int4_staged_p1", "projection_int4_staged_pf",
         "projection_int4_staged_p1_pf", "projection_int4_staged_lean")}
@@ -123,16 +128,21 @@ def test_the_staged_launcher_passes_projection_int4s_arguments_and_parts(rows, k
     assert int(args[3]) == (1 << 34) + 2 * (k + 64) * 4                  # x from row x_row0, its own stride
 
 
-@pytest.mark.parametrize("rows,k,group,n,mode,ksplit", LAUNCHES)
-def test_the_lean_entry_takes_the_same_arguments_and_grid(rows, k, group, n, mode, ksplit):
+# Both tensor-core launchers on LAUNCHES; projection_int4.cu also on a reconciler step of 15 frames (480 rows).
+LEAN_LAUNCHES = [(launcher, *case) for launcher in ("projection_int4_staged", "projection_int4") for case in LAUNCHES]
+LEAN_LAUNCHES.append(("projection_int4", 2048, 1536, 128, 480, kc.MODE_ADD, None))
+
+
+@pytest.mark.parametrize("launcher,rows,k,group,n,mode,ksplit", LEAN_LAUNCHES)
+def test_the_lean_entry_takes_the_same_arguments_and_grid(launcher, rows, k, group, n, mode, ksplit):
     kn = _Recorder()
     W = _int4(rows, k, group)
-    x, out = _array((40, k + 64), np.float32, 1 << 34), _array((40, rows), np.float32, 1 << 36)
+    x, out = _array((n + 8, k + 64), np.float32, 1 << 34), _array((n + 8, rows), np.float32, 1 << 36)
     cols = rows // 2 if mode == kc.MODE_SWIGLU else rows
     for lean in (False, True):
-        kn.projection_int4_staged(W, x, out, n, mode, None, out_cols=cols, ksplit=ksplit, x_row0=2, lean=lean)
+        getattr(kn, launcher)(W, x, out, n, mode, None, out_cols=cols, ksplit=ksplit, x_row0=2, lean=lean)
     (name, grid, block, args), (lean_name, lean_grid, lean_block, lean_args) = kn.launches
-    assert lean_name == "projection_int4_staged_lean" and (lean_grid, lean_block) == (grid, block)
+    assert lean_name == name + "_lean" and (lean_grid, lean_block) == (grid, block)
     assert [int(a) for a in lean_args] == [int(a) for a in args]
 
 
@@ -152,9 +162,10 @@ def test_the_staged_launcher_refuses_what_the_kernel_cannot_do():
         kn.projection_int4_staged(W, x, out, 4, kc.MODE_STORE, None, parts=1, lean=True)
     with pytest.raises(KernelError, match="lean entry takes two parts without the prefetch, not parts 2, prefetch True"):
         kn.projection_int4_staged(W, x, out, 4, kc.MODE_STORE, None, prefetch=True, lean=True)
-    with pytest.raises(KernelError, match="group 96 is not 32 x a power of two"):
-        kn.projection_int4_staged(_int4(64, 384, 96), _array((40, 384), np.float32, 1 << 34), out, 4, kc.MODE_STORE,
-                                  None, lean=True)
+    for launcher in (kn.projection_int4_staged, kn.projection_int4):
+        with pytest.raises(KernelError, match="group 96 is not 32 x a power of two"):
+            launcher(_int4(64, 384, 96), _array((40, 384), np.float32, 1 << 34), out, 4, kc.MODE_STORE, None,
+                     lean=True)
     assert kn.launches == []
 
 
@@ -163,10 +174,10 @@ def test_the_plan_and_the_lab_name_the_prefill_lean_entry():
     from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST
     assert MEASURED_BEST.int4_prefill_lean_loop is False                                 # off until measured
     assert mode_plan("plain+i4plean").int4_prefill_lean_loop is True
-    assert mode_plan("plain+i4plean+int4unstaged").int4_prefill_lean_loop is False    # unstaged: no lean entry
-    for fields in (dict(int4_prefill_activation_parts=1), dict(int4_prefill_activation_prefetch=True),
-                   dict(staged_int4_prefill_projections=False)):
-        with pytest.raises(ValueError, match="int4_prefill_lean_loop is an entry of the staged INT4 projections"):
+    unstaged = mode_plan("plain+i4plean+int4unstaged")                              # projection_int4.cu's lean
+    assert unstaged.int4_prefill_lean_loop is True and unstaged.staged_int4_prefill_projections is False
+    for fields in (dict(int4_prefill_activation_parts=1), dict(int4_prefill_activation_prefetch=True)):
+        with pytest.raises(ValueError, match="lean entry for two activation parts without the prefetch only"):
             KernelPlan(int4_prefill_lean_loop=True, **fields)
     with pytest.raises(ValueError, match="int4_prefill_lean_loop must be True or False"):
         KernelPlan(int4_prefill_lean_loop="yes")
@@ -193,6 +204,9 @@ class _Kernels:
     (KernelPlan(staged_int4_prefill_projections=True), "bf16", 32, "projection_staged"),
     (KernelPlan(staged_prefill_projections=False, staged_int4_prefill_projections=True), "bf16", 32, "projection"),
     (KernelPlan(int4_prefill_lean_loop=True), "int4", 32, "projection_int4_staged"),
+    (KernelPlan(int4_prefill_lean_loop=True), "int4", 33, "projection"),               # projection_int4.cu's lean
+    (KernelPlan(staged_int4_prefill_projections=False, int4_prefill_lean_loop=True), "int4", 32, "projection"),
+    (KernelPlan(int4_prefill_lean_loop=True), "bf16", 40, "projection"),               # a float weight: no lean
 ])
 def test_the_layer_code_takes_the_staged_int4_kernel_only_where_asked(plan, weights, n, kernel):
     from vla_edge_ros.model.cuda_layer_enqueue import LayerEnqueue
@@ -200,5 +214,7 @@ def test_the_layer_code_takes_the_staged_int4_kernel_only_where_asked(plan, weig
     layer = SimpleNamespace(kernel_plan=plan, kernels=_Kernels(), stream=None)
     LayerEnqueue._project(layer, W, None, None, n, kc.MODE_ADD)
     assert layer.kernels.calls == [kernel]
-    if kernel == "projection_int4_staged":
+    if weights == "int4" and kernel != "projection_staged":
         assert layer.kernels.keywords[0]["lean"] is plan.int4_prefill_lean_loop
+    else:                                                              # bf16 kernels take no such keyword
+        assert "lean" not in layer.kernels.keywords[0]

@@ -129,9 +129,8 @@ def test_the_lab_names_the_staged_int4_prefill_projections():
     assert KERNEL_VARIANTS["int4staged"] == {"staged_int4_prefill_projections": True}
     assert KERNEL_VARIANTS["int4unstaged"] == {"staged_int4_prefill_projections": False,
                                                "int4_prefill_activation_parts": 2,
-                                               "int4_prefill_lean_loop": False,      # one part, the lean entry
-                                               "int4_prefill_activation_prefetch": False}    # and the prefetch are
-                                                                                             # staged entries
+                                               "int4_prefill_activation_prefetch": False}    # one part and the
+                                                                                             # prefetch are staged entries
     assert mode_plan("plain+int4unstaged") == dataclasses.replace(MEASURED_BEST, staged_int4_prefill_projections=False)
     assert mode_plan("plain").staged_int4_prefill_projections is True
     assert mode_plan("plain+i4p1") == dataclasses.replace(MEASURED_BEST, int4_prefill_activation_parts=1)

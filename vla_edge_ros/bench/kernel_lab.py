@@ -12,8 +12,8 @@ compare another choice, the lab builds a variant plan and switches a backend to 
     loop4), an INT4 model's decode projections (i4ipb2, i4ipb4, i4ipb8: every one looped, ~2 / 4 / 8 items per
     block; i4x2: two items in flight per warp of those; i4lean: the lean entries, noi4lean off, the default), its
     prefill projections (int4staged:
-    projection_int4_staged.cu; i4p1: its one-part entry; i4pf: its activation prefetch; i4plean: its lean entry,
-    noi4plean off, the default), the decode attention's
+    projection_int4_staged.cu; i4p1: its one-part entry; i4pf: its activation prefetch; i4plean: the lean entries
+    of it and projection_int4.cu, noi4plean off, the default), the decode attention's
     one-head entry for a group of 1
     (g1 on, the default; nog1 off), its prefetching entries (dpf, the default, with g1 or
     h1; nodpf off), its entries for exactly the model's group (xg; noxg off, the default) and the long-context
@@ -39,7 +39,8 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # gemv_int4.cu's entries with fewer instructions per weight on / off, the default) and its prefill projections
 # (int4staged: projection_int4_staged.cu, the activations staged once per block, the default;
 # int4unstaged: projection_int4.cu; i4p1: the staged kernel on the activations' bf16 hi alone; i4pf: its next
-# chunk's activations copied under the products; i4plean / noi4plean: its lean entry on / off, the default), the decode
+# chunk's activations copied under the products; i4plean / noi4plean: the lean entries of the INT4 projections of
+# many rows, staged or not, on / off, the default), the decode
 # attention's one-head entry for a model without grouped queries (g1, the default; nog1: off), its next pass's loads
 # in flight (dpf: the _pf entries, the default, with one warp per slot group: g1, or h1 for a model with grouped
 # queries; nodpf: off), its entries for exactly the model's group (xg on; noxg off, the default), and the
@@ -63,7 +64,6 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "loop4": {"decode_gemv_blocks_per_sm": 4},
                    "int4staged": {"staged_int4_prefill_projections": True},
                    "int4unstaged": {"staged_int4_prefill_projections": False, "int4_prefill_activation_parts": 2,
-                                    "int4_prefill_lean_loop": False,
                                     "int4_prefill_activation_prefetch": False},
                    "i4p1": {"staged_int4_prefill_projections": True, "int4_prefill_activation_parts": 1},
                    "i4pf": {"int4_prefill_activation_prefetch": True},

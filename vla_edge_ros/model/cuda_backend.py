@@ -424,7 +424,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
                      "int4_prefill_activation_parts": plan.int4_prefill_activation_parts if staged_int4 else 2,
                      "int4_prefill_activation_prefetch": plan.int4_prefill_activation_prefetch and staged_int4,
                      "bulk_attention_heads_per_warp": heads_per_warp, "bulk_attention_tile_entries": tile_entries,
-                     **self._int4_in_effect(plan, staged_int4),
+                     **self._int4_in_effect(plan),
                      **self._attention_in_effect(plan),
                      "persistent_decode": self._persistent_in_effect(plan), "bulk_gemm": self._bulk_gemm_in_effect(plan)}
         # Last, once every family of the plan is loaded: the programmatic launcher copies their shared-memory limits.
@@ -468,11 +468,11 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
 
     # ------------------------------------------------------------------ Internal helpers
 
-    def _int4_in_effect(self, plan: KernelPlan, staged_int4: bool) -> dict:
+    def _int4_in_effect(self, plan: KernelPlan) -> dict:
         """The INT4 decode projections' grid and entries of `plan` this backend runs (gemv_int4.cu), and whether
-        its staged prefill projections take their lean entry: as asked for INT4 weights, except the lean entries for
+        its projections of many rows take their lean entries: as asked for INT4 weights, except the lean entries for
         a group they cannot index (said at info level); off for float weights, whose kernels take none of them (said
-        too when asked), and the prefill's lean entry off without the staged INT4 projections."""
+        too when asked)."""
         asked = {name: getattr(plan, name) for name in INT4_DECODE_OFF}
         if not self.int4:
             if asked != INT4_DECODE_OFF or plan.int4_prefill_lean_loop:
@@ -484,7 +484,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
             log.info("the lean INT4 entries find a chunk's scale group by a shift (groups of 32 x a power of two); "
                      "this snapshot's groups of %d keep the other entries", self.int4_group)
         return {**asked, "int4_decode_lean_loop": plan.int4_decode_lean_loop and indexable,
-                "int4_prefill_lean_loop": plan.int4_prefill_lean_loop and indexable and staged_int4}
+                "int4_prefill_lean_loop": plan.int4_prefill_lean_loop and indexable}
 
     def _attention_in_effect(self, plan: KernelPlan) -> dict:
         """The attention fields of `plan` this model can run, attention_mma.cu loaded where it is chosen."""

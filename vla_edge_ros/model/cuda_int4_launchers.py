@@ -35,7 +35,8 @@ GEMV4_ALL_ENTRIES = GEMV4_ENTRIES + tuple(name + GEMV4_LEAN_SUFFIX for name in G
 
 
 def lean_int4_group(group: int) -> bool:
-    """Whether the lean entries (gemv_int4.cu's, projection_int4_staged.cu's) take INT4 groups of `group` columns:
+    """Whether the lean entries (gemv_int4.cu's, projection_int4.cu's, projection_int4_staged.cu's) take INT4 groups
+    of `group` columns:
     32 x a power of two (they find a 32-column chunk's group by a shift)."""
     chunks = group // INT4_CHUNK_COLUMNS
     return group % INT4_CHUNK_COLUMNS == 0 and chunks > 0 and chunks & (chunks - 1) == 0
@@ -144,15 +145,19 @@ class Int4Launchers(ProjectionLaunchers):
 
     def projection_int4(self, W: Int4Matrix, x, out, n_tokens: int, mode: int, stream, bias=None,
                         out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,
-                        ksplit: int | None = None, x_row0: int = 0):
+                        ksplit: int | None = None, x_row0: int = 0, lean: bool = False):
         """projection_int4.cu: what projection() computes (STORE / ADD / SWIGLU over n_tokens rows of x) from INT4
         weights on the tensor cores. ksplit (ADD only) splits K, in 128-column blocks, over warps that add
-        atomically; by default enough for ~PROJ4_TARGET_WARPS warps."""
+        atomically; by default enough for ~PROJ4_TARGET_WARPS warps. lean (KernelPlan.int4_prefill_lean_loop): the
+        _lean entry, each step's group by a shift and masks (the same bits), for groups lean_int4_group takes."""
         rows, K, groups, out_cols, ksplit = self._projection_int4_checks(
             "projection_int4", W, x, out, n_tokens, mode, bias, out_cols, w_row0, rows, ksplit, x_row0)
         nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
         grid = (ceil_div(ceil_div(rows, 16) * ksplit, PROJ4_WARPS), ceil_div(n_tokens, 8 * nt))
-        self._launch(f"projection_int4_nt{nt}", grid, PROJ4_WARPS * 32, stream,
+        if lean:
+            _check(lean_int4_group(W.group), f"projection_int4: the lean entries group steps by a shift; group "
+                                             f"{W.group} is not {INT4_CHUNK_COLUMNS} x a power of two")
+        self._launch(f"projection_int4_nt{nt}" + ("_lean" if lean else ""), grid, PROJ4_WARPS * 32, stream,
                      *_projection_int4_args(W, x, bias, out, rows, K, groups, n_tokens, out_cols, mode, ksplit,
                                             w_row0, x_row0))
 

@@ -61,13 +61,16 @@ class KernelPlan:
     # "+i4pf"): prefill projections 8.64 -> 9.46 ms (its 56 KB of dynamic shared memory leave fewer blocks per SM
     # than the wait it hides). Off; kept for the lab.
     int4_prefill_activation_prefetch: bool = False
-    # Those staged INT4 projections through their _lean entry: each 32-column step's scale group found by a shift and
-    # its flush by a mask instead of an integer division and remainder by the run-time steps per group (groups of 32
-    # x a power of two; use_kernel_plan keeps the other entry for the rest). The same bits
-    # (test_cuda_projection_int4_staged.py). SASS (sm_90, cuobjdump 13.5) of a warp's loop over one 128-column block:
-    # 1069 -> 900 instructions (123 registers, 127 before; no spills); the entries without it compile to the same SASS
-    # as before. The 7B INT4 prefill's projections ran at ~0.4 TB/s (8.59 ms, ninth session). Needs the staged
-    # projections with two parts and no prefetch. Off: not yet measured on the GPU; lab "+i4plean".
+    # An INT4 model's projections of many rows (the staged ones above, two parts without the prefetch, and
+    # projection_int4.cu's: the unstaged prefill, long forwards such as the reconciler's steps) through their _lean
+    # entries: each 32-column step's scale group found by a shift and its flush by a mask instead of integer divisions
+    # and remainders by the run-time steps per group (groups of 32 x a power of two; use_kernel_plan keeps the other
+    # entries for the rest). The same bits (test_cuda_projection_int4_staged.py, test_cuda_projection_int4.py). SASS
+    # (sm_90, cuobjdump 13.5) of a warp's loop over one 128-column block: staged 1069 -> 900 instructions (123
+    # registers, 127 before; no spills), projection_int4_nt1 895 -> 753, _nt4 2308 -> 2166; the entries without it
+    # compile to the same SASS as before. The 7B INT4 prefill's projections ran at ~0.4 TB/s (8.59 ms, ninth session).
+    # The staged projections' one-part and prefetch entries have no lean form. Off: not yet measured on the GPU; lab
+    # "+i4plean".
     int4_prefill_lean_loop: bool = False
     # attention_mma.cu (K, V, q and the softmax weights as bf16 hi/lo pairs, ~1e-5 relative) for bf16 prefill
     # attention; off: attention_tiled.cu's fp32 products. 2.28 -> 0.71 ms per 32-row prefill at 4064 cached.
@@ -274,11 +277,10 @@ class KernelPlan:
             raise ValueError(f"decode_attention_prefetch must be True or False, got {self.decode_attention_prefetch!r}")
         if not isinstance(self.int4_prefill_lean_loop, bool):
             raise ValueError(f"int4_prefill_lean_loop must be True or False, got {self.int4_prefill_lean_loop!r}")
-        if self.int4_prefill_lean_loop and not (self.staged_int4_prefill_projections
-                                                and self.int4_prefill_activation_parts == 2
-                                                and not self.int4_prefill_activation_prefetch):
-            raise ValueError("int4_prefill_lean_loop is an entry of the staged INT4 projections with two activation "
-                             "parts and no prefetch")
+        if self.int4_prefill_lean_loop and self.staged_int4_prefill_projections and (
+                self.int4_prefill_activation_parts != 2 or self.int4_prefill_activation_prefetch):
+            raise ValueError("int4_prefill_lean_loop: the staged INT4 projections have a lean entry for two activation "
+                             "parts without the prefetch only")
         if not isinstance(self.int4_decode_lean_loop, bool):
             raise ValueError(f"int4_decode_lean_loop must be True or False, got {self.int4_decode_lean_loop!r}")
         if not isinstance(self.attention_masked_softmax, bool):

@@ -60,7 +60,7 @@ FAMILIES = {
     "projection_f32": {"projection_f32": "PPPPiiiiiii"},
     "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii", "gemv_bf16_items": "PPPfPPiiiiPPPPPPiiii"},
     "gemv_int4": {name: "PPiPPfPPiiiiPPPPPPiiii" for name in GEMV4_ALL_ENTRIES},
-    "projection_int4": {f"projection_int4_nt{nt}": "PPiPPPiiiiiiii" for nt in (1, 2, 4)},
+    "projection_int4": {f"projection_int4_nt{nt}{v}": "PPiPPPiiiiiiii" for nt in (1, 2, 4) for v in ("", "_lean")},
     "projection_int4_staged": {f"projection_int4_staged{v}": "PPiPPPiiiiiiii"
                                for v in ("", "_p1", "_pf", "_p1_pf", "_lean")},
     "projection_staged": {"projection_staged": "PPPPiiiiiiii"},

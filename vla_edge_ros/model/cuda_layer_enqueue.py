@@ -135,7 +135,8 @@ class LayerEnqueue:
     def _project(self, W, x, out, n: int, mode: int, **kw) -> None:
         """A projection of the split pipeline: projection_staged.cu where the kernel plan asks for it (bf16, up to
         32 rows; the measured-best plan does), projection_int4_staged.cu where it asks for that (INT4, up to 32
-        rows; the measured-best plan does), else projection_bf16.cu / projection_f32.cu / projection_int4.cu."""
+        rows; the measured-best plan does), else projection_bf16.cu / projection_f32.cu / projection_int4.cu (INT4
+        with the plan's int4_prefill_lean_loop: its lean entries, as the staged kernel's)."""
         if self.kernel_plan.staged_prefill_projections and W.dtype == np.uint16 and n <= STAGED_MAX_TOKENS:
             self.kernels.projection_staged(W, x, out, n, mode, self.stream, **kw)
         elif (self.kernel_plan.staged_int4_prefill_projections and isinstance(W, Int4Matrix)
@@ -144,6 +145,8 @@ class LayerEnqueue:
                                                 parts=self.kernel_plan.int4_prefill_activation_parts,
                                                 prefetch=self.kernel_plan.int4_prefill_activation_prefetch,
                                                 lean=self.kernel_plan.int4_prefill_lean_loop, **kw)
+        elif isinstance(W, Int4Matrix):
+            self.kernels.projection(W, x, out, n, mode, self.stream, lean=self.kernel_plan.int4_prefill_lean_loop, **kw)
         else:
             self.kernels.projection(W, x, out, n, mode, self.stream, **kw)
 
