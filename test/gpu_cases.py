@@ -206,6 +206,46 @@ def int4_device(ga, packed, scales, group):
                       group)
 
 
+def int4_projection_variant_case(gpu, launch, rows, k, n, group, rng, case, base, variant):
+    """An INT4 projection of many rows with the launcher keywords `variant` against `base` (launch(W, x, out, n,
+    mode, stream, **keywords): CudaKernels.projection or projection_int4_staged) on a random [rows, k] matrix in
+    groups of `group` and n activation rows: STORE with a bias, ADD in one K part and SWIGLU (gate / up interleaved,
+    ragged) bit for bit; ADD over the default K split to rounding (its atomics land in any order)."""
+    from kernel_compare import assert_close, peak
+    from vla_edge_ros.model import weight_layouts as layouts
+    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
+    ga, stream = gpu
+    packed, scales, _ = int4_quantized(rng, rows, k, group)
+    W = int4_device(ga, packed, scales, group)
+    x_dev = ga.to_gpu(rng.standard_normal((n, k)).astype(np.float32))
+    bias = ga.to_gpu(rng.standard_normal(rows).astype(np.float32))
+    out_base = rng.standard_normal((n, rows)).astype(np.float32)
+
+    def both(W, out_like, mode, **kw):
+        outs = []
+        for choice in (base, variant):
+            out = ga.to_gpu(out_like)
+            launch(W, x_dev, out, n, mode, stream, **choice, **kw)
+            stream.synchronize()
+            outs.append(out.get())
+        return outs
+
+    plain, other = both(W, np.full((n, rows), np.nan, np.float32), MODE_STORE, bias=bias)
+    assert np.isfinite(plain).all(), f"{case}: STORE left outputs unwritten"
+    np.testing.assert_array_equal(other, plain, err_msg=f"{case} STORE")
+    plain, other = both(W, out_base, MODE_ADD, ksplit=1)
+    np.testing.assert_array_equal(other, plain, err_msg=f"{case} ADD ksplit=1")
+    plain, other = both(W, out_base, MODE_ADD)
+    assert_close(other, plain, rtol=1e-6, atol=1e-6 * peak(plain), what=f"{case} ADD, default split")
+    if rows % 16 == 0:
+        inter, half = rows // 2 - 3, rows // 2
+        gu_packed, gu_scales = layouts.interleave_gate_up_int4((packed[:inter], scales[:inter]),
+                                                               (packed[half:half + inter], scales[half:half + inter]))
+        plain, other = both(int4_device(ga, gu_packed, gu_scales, group), np.full((n, inter), np.nan, np.float32),
+                            MODE_SWIGLU, out_cols=inter)
+        np.testing.assert_array_equal(other, plain, err_msg=f"{case} SWIGLU")
+
+
 def int4_gemv_modes_case(kn, gpu, rows, k, group, norm, rng, case, close):
     """CudaKernels.gemv on a random INT4 [rows, k] matrix in groups of `group`, activation row 1 of 3, with the
     RMSNorm prologue if `norm`, against kernel_reference on w_hat: STORE with a bias, ADD onto a random row, STORE

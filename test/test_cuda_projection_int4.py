@@ -16,6 +16,7 @@ and the product of two noisy factors).
 import numpy as np
 import pytest
 
+from gpu_cases import int4_projection_variant_case
 from kernel_compare import assert_close, peak
 from vla_edge_ros.model import int4
 from vla_edge_ros.model import kernel_reference as ref
@@ -90,39 +91,8 @@ def test_the_lean_entries_give_the_same_bits(kn, gpu, rows, k, n, group):
     flush by masks) writes what the entries without it write, bit for bit: STORE with a bias, ADD in one K part,
     SWIGLU; ADD over the default K split to rounding (its atomics land in any order). 480 rows: a reconciler step of
     15 frames, several token groups."""
-    ga, stream = gpu
-    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
-    rng = np.random.default_rng(rows * 11 + k + n + group)
-    packed, scales = int4.quantize((rng.standard_normal((rows, k)) / np.sqrt(k)).astype(np.float32), group)
-    W = _device(ga, packed, scales, group)
-    x_dev = ga.to_gpu(rng.standard_normal((n, k)).astype(np.float32))
-    bias = ga.to_gpu(rng.standard_normal(rows).astype(np.float32))
-    base = rng.standard_normal((n, rows)).astype(np.float32)
-    case = f"projection_int4 lean {rows}x{k} n={n} G{group}"
-
-    def both(W, out_like, mode, **kw):
-        outs = []
-        for lean in (False, True):
-            out = ga.to_gpu(out_like)
-            kn.projection(W, x_dev, out, n, mode, stream, lean=lean, **kw)
-            stream.synchronize()
-            outs.append(out.get())
-        return outs
-
-    plain, lean = both(W, np.full((n, rows), np.nan, np.float32), MODE_STORE, bias=bias)
-    assert np.isfinite(plain).all(), f"{case}: STORE left outputs unwritten"
-    np.testing.assert_array_equal(lean, plain, err_msg=f"{case} STORE")
-    plain, lean = both(W, base, MODE_ADD, ksplit=1)
-    np.testing.assert_array_equal(lean, plain, err_msg=f"{case} ADD ksplit=1")
-    plain, lean = both(W, base, MODE_ADD)
-    assert_close(lean, plain, rtol=1e-6, atol=1e-6 * peak(plain), what=f"{case} ADD, default split")
-    if rows % 16 == 0:
-        inter, half = rows // 2 - 3, rows // 2
-        gu_packed, gu_scales = layouts.interleave_gate_up_int4((packed[:inter], scales[:inter]),
-                                                               (packed[half:half + inter], scales[half:half + inter]))
-        plain, lean = both(_device(ga, gu_packed, gu_scales, group), np.full((n, inter), np.nan, np.float32),
-                           MODE_SWIGLU, out_cols=inter)
-        np.testing.assert_array_equal(lean, plain, err_msg=f"{case} SWIGLU")
+    int4_projection_variant_case(gpu, kn.projection, rows, k, n, group, np.random.default_rng(rows * 11 + k + n + group),
+                                 f"projection_int4 lean {rows}x{k} n={n} G{group}", dict(), dict(lean=True))
 
 
 def test_projection_int4_reads_rows_of_a_wider_activation_buffer(kn, gpu):

@@ -13,7 +13,7 @@ wider than K read from a row offset. The backend with the plan flag on picks the
 import numpy as np
 import pytest
 
-from gpu_cases import one_cycle
+from gpu_cases import int4_projection_variant_case, one_cycle
 from kernel_compare import assert_close, peak, rel_norm
 from vla_edge_ros.model import int4
 from vla_edge_ros.model import kernel_reference as ref
@@ -182,38 +182,8 @@ def test_one_activation_part_is_the_reference_on_bf16_activations(kn, gpu, rows,
 
 
 def _variant_gives_the_same_bits(kn, gpu, rows, k, n, group, rng, case, base, variant):
-    """projection_int4_staged with the launcher keywords `variant` against `base`: STORE with a bias, ADD in one K
-    part and SWIGLU bit for bit; ADD over the default K split to rounding (its atomics land in any order)."""
-    ga, stream = gpu
-    from vla_edge_ros.model.cuda_kernels import MODE_ADD, MODE_STORE, MODE_SWIGLU
-    packed, scales, _ = _matrix(rng, rows, k, group)
-    W = _device(ga, packed, scales, group)
-    x_dev = ga.to_gpu(rng.standard_normal((n, k)).astype(np.float32))
-    bias = ga.to_gpu(rng.standard_normal(rows).astype(np.float32))
-    out_base = rng.standard_normal((n, rows)).astype(np.float32)
-
-    def both(W, out_like, mode, **kw):
-        outs = []
-        for choice in (base, variant):
-            out = ga.to_gpu(out_like)
-            kn.projection_int4_staged(W, x_dev, out, n, mode, stream, **choice, **kw)
-            stream.synchronize()
-            outs.append(out.get())
-        return outs
-
-    plain, other = both(W, np.full((n, rows), np.nan, np.float32), MODE_STORE, bias=bias)
-    np.testing.assert_array_equal(other, plain, err_msg=f"{case} STORE")
-    plain, other = both(W, out_base, MODE_ADD, ksplit=1)
-    np.testing.assert_array_equal(other, plain, err_msg=f"{case} ADD ksplit=1")
-    plain, other = both(W, out_base, MODE_ADD)
-    assert_close(other, plain, rtol=1e-6, atol=1e-6 * peak(plain), what=f"{case} ADD, default split")
-    if rows % 16 == 0:
-        inter, half = rows // 2 - 3, rows // 2
-        gu_packed, gu_scales = layouts.interleave_gate_up_int4((packed[:inter], scales[:inter]),
-                                                               (packed[half:half + inter], scales[half:half + inter]))
-        plain, other = both(_device(ga, gu_packed, gu_scales, group), np.full((n, inter), np.nan, np.float32),
-                            MODE_SWIGLU, out_cols=inter)
-        np.testing.assert_array_equal(other, plain, err_msg=f"{case} SWIGLU")
+    """projection_int4_staged with the launcher keywords `variant` against `base` (gpu_cases)."""
+    int4_projection_variant_case(gpu, kn.projection_int4_staged, rows, k, n, group, rng, case, base, variant)
 
 
 @pytest.mark.parametrize("parts", [2, 1])
