@@ -112,4 +112,6 @@ def test_verify_refuses_kernel_variants_where_no_cuda_kernel_runs(tiny, capsys):
     rc = cli.main(["verify", "--model", str(tiny), "--backend", "numpy", "--kernel-variants", "i4p1"])
     assert rc == 2 and "--kernel-variants i4p1 choose CUDA kernels; they need --backend pycuda" in capsys.readouterr().err
     rc = cli.main(["verify", "--model", str(tiny), "--backend", "numpy", "--kernel-variants", "i4p9"])
-    assert rc == 2 and "vla-edge verify: kernel variant 'i4p9' unknown" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 2 and "vla-edge verify: --kernel-variants: kernel variant 'i4p9' unknown" in err
+    assert err.count("vla-edge verify") == 1, err                               # said once

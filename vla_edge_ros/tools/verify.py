@@ -155,7 +155,7 @@ def _kernel_variant_fields(backend_kind: str, names) -> dict:
     from ..bench.kernel_lab import variant_fields
     from ..model.factory import resolve_kind
 
-    fields = variant_fields(names, "vla-edge verify")
+    fields = variant_fields(names, "--kernel-variants")   # the CLI prefixes "vla-edge verify: "
     if resolve_kind(backend_kind) != "pycuda":
         raise ValueError(f"--kernel-variants {' '.join(names)} choose CUDA kernels; they need --backend pycuda")
     return fields
