@@ -19,7 +19,7 @@
 //            norm_w [K]; out [out_cols or rows] float32; rope tables as qkv_rope.cuh.
 // Launch:    as gemv.cu: grid ceil(rows / 8) (gemv_int4) or a smaller grid looping over the items
 //            (gemv_int4_items; gemv_int4_items2: two items in flight per warp), block GEMV_THREADS (8 warps),
-//            dynamic shared memory 4 K bytes. Warp w of an item streams row gemv_row(mode, item, w). Lane l
+//            dynamic shared memory 4 K bytes (the _lean entries 4.5 K: padded). Warp w of an item streams row gemv_row(mode, item, w). Lane l
 //            streams the 16-byte chunks (32 columns) l, l + 32, ... of its row, GEMV4_LANE_LOADS per batch with
 //            their scales, the next batch's loads issued before this batch's arithmetic. The activations are staged swizzled
 //            (gemv_rows.cuh staged_index) so the lanes' 128-byte-apart reads do not collide in banks.
@@ -36,9 +36,11 @@
 // Lean:      the _lean entries (KernelPlan.int4_decode_lean_loop; off, not yet run on a GPU): ncu found these
 //            projections issue-bound (ninth session), and the SASS of gemv_int4's loop spent 861 instructions on a
 //            lane's 128 weights: an integer division by the run-time group per chunk for its scale (~30) and an
-//            AND and an OR per nibble. The lean entries index the scale by a shift (groups of 32 x a power of
-//            two, the launcher checks) and make each nibble a float with one LOP3: 627 instructions, the same
-//            values in the same order, so the same bits. The other entries compile to the SASS they had.
+//            AND and an OR per nibble, and a LOP3 per activation read for the swizzle. The lean entries index the
+//            scale by a shift (groups of 32 x a power of two, the launcher checks), make each nibble a float with
+//            one LOP3 and stage the activations padded instead of swizzled (gemv_rows.cuh STAGE_PADDED: a chunk's
+//            8 reads are one register plus constants): 577 instructions, the same values in the same order, so
+//            the same bits. The other entries compile to the SASS they had.
 #include <cuda_fp16.h>
 #include "gemv_rows.cuh"
 #include "gemv_int4_params.cuh"
@@ -77,11 +79,11 @@ __device__ __forceinline__ void word_int4(uint32_t w, const float4& a, const flo
 }
 
 // sum_e q[e] * v[32 c + e] over the 32 columns of chunk c (w: its 16 bytes), the activations read from their
-// swizzled places: float4 j of chunk c sits at 8c + (j ^ (c & 7)).
+// staged places (gemv_rows.cuh staged_index): float4 j of chunk c at 8c + (j ^ (c & 7)), or for LEAN at 9c + j.
 template <bool LEAN>
 __device__ __forceinline__ float dot32_int4(const uint4& w, const float4* v_s4, int c) {
-    const float4* vc = v_s4 + 8 * c;
-    const int x = c & 7;
+    const float4* vc = v_s4 + (LEAN ? 9 : 8) * c;
+    const int x = LEAN ? 0 : c & 7;
     float lo = 0.f, hi16 = 0.f;
     word_int4<LEAN>(w.x, vc[0 ^ x], vc[1 ^ x], lo, hi16);
     word_int4<LEAN>(w.y, vc[2 ^ x], vc[3 ^ x], lo, hi16);
@@ -166,7 +168,8 @@ __device__ __forceinline__ void gemv_int4_item(uint4 (&w)[U], uint16_t (&s)[U], 
 }
 
 
-// The dynamic shared memory of every entry: [K / 4] staged activations, swizzled. Declared once here: the same
+// The dynamic shared memory of every entry: [K / 4] staged activations, swizzled ([9 K / 32] padded for the _lean
+// entries: gemv_int4_lean_shared_bytes on the host). Declared once here: the same
 // extern array declared inside the kernel and inside the looped entries' device function draws nvcc's
 // "name linkage conflicts" warning.
 extern __shared__ float4 v_s4[];
@@ -182,7 +185,7 @@ __device__ __forceinline__ void gemv_int4_block(GEMV_INT4_PARAMS) {
     int4_batch_loads<LEAN>(row, 0, K >> 5, group, w, s);
     griddep_wait();                                             // x (and the tables) come from earlier kernels
     griddep_launch_dependents();
-    const float scale = gemv_stage_activations<true>(x, norm_w, eps, K, v_s4, scratch);
+    const float scale = gemv_stage_activations<LEAN ? STAGE_PADDED : STAGE_SWIZZLE>(x, norm_w, eps, K, v_s4, scratch);
     const RopeTarget rt{pos_table, slot_table, ctl, inv_freq, k_cache, v_cache, n_q_heads, n_kv_heads, head_dim,
                         capacity};
     gemv_int4_item<LEAN>(w, s, row, K, group, v_s4, scale, mode, blockIdx.x, row_sum, bias, out, out_cols, rows, rt);
@@ -213,7 +216,7 @@ __device__ __forceinline__ void gemv_int4_loop(GEMV_INT4_PARAMS) {
     griddep_wait();                                             // x (and the tables) come from earlier kernels
     griddep_launch_dependents();
     if (b >= n_items) return;                                   // block-uniform
-    const float scale = gemv_stage_activations<true>(x, norm_w, eps, K, v_s4, scratch);
+    const float scale = gemv_stage_activations<LEAN ? STAGE_PADDED : STAGE_SWIZZLE>(x, norm_w, eps, K, v_s4, scratch);
     const RopeTarget rt{pos_table, slot_table, ctl, inv_freq, k_cache, v_cache, n_q_heads, n_kv_heads, head_dim,
                         capacity};
     for (int item = b; item < n_items; item += ROWS * g) {

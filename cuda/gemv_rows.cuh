@@ -65,18 +65,23 @@ __device__ __forceinline__ void gemv_first_loads(const uint16_t* W, int row, int
     }
 }
 
-// Where float4 i of the activations is staged: i itself, or with SWIZZLE (gemv_int4.cu) float4 j of each
-// 32-column chunk c (i = 8c + j) at 8c + (j ^ (c & 7)). Why: there lane l reads chunk c0 + l, 128 bytes after
-// its neighbour's, so the 8 lanes of one LDS.128 phase would all hit the same four banks; the XOR spreads a
-// phase's 8 chunks over the 8 four-bank groups. Needs K % 32 == 0 (whole chunks).
-template <bool SWIZZLE>
+// Where float4 i of the activations is staged: i itself (STAGE_PLAIN), or for gemv_int4.cu's lanes, which read
+// 32-column chunks c0 + l, 128 bytes apart (the 8 lanes of one LDS.128 phase would all hit the same four banks),
+// float4 j of each chunk c (i = 8c + j) at 8c + (j ^ (c & 7)) (STAGE_SWIZZLE: the XOR spreads a phase's 8 chunks
+// over the 8 four-bank groups) or at 9c + j (STAGE_PADDED: one float4 of padding after each chunk does the same, and
+// the reader's 8 addresses of a chunk are one register plus constants, where the XOR costs an instruction each;
+// 4.5 K bytes of shared memory instead of 4 K). Needs K % 32 == 0 (whole chunks).
+#define STAGE_PLAIN 0
+#define STAGE_SWIZZLE 1
+#define STAGE_PADDED 2
+template <int LAYOUT>
 __device__ __forceinline__ int staged_index(int i) {
-    return SWIZZLE ? ((i & ~7) | ((i ^ (i >> 3)) & 7)) : i;
+    return LAYOUT == STAGE_SWIZZLE ? ((i & ~7) | ((i ^ (i >> 3)) & 7)) : LAYOUT == STAGE_PADDED ? i + (i >> 3) : i;
 }
 
-// Stage v = x (or x * norm_w) in shared memory for the whole block (at staged_index<SWIZZLE>); returns the
+// Stage v = x (or x * norm_w) in shared memory for the whole block (at staged_index<LAYOUT>); returns the
 // RMSNorm factor rsqrt(mean(x^2) + eps), or 1 without norm_w. Ends with a barrier that publishes v_s4.
-template <bool SWIZZLE = false>
+template <int LAYOUT = STAGE_PLAIN>
 __device__ __forceinline__ float gemv_stage_activations(const float* x, const float* norm_w, float eps, int K,
                                                         float4* v_s4, float* scratch) {
     const float4* x4 = reinterpret_cast<const float4*>(x);
@@ -89,7 +94,7 @@ __device__ __forceinline__ float gemv_stage_activations(const float* x, const fl
             const float4 g = n4[i];
             v.x *= g.x; v.y *= g.y; v.z *= g.z; v.w *= g.w;
         }
-        v_s4[staged_index<SWIZZLE>(i)] = v;
+        v_s4[staged_index<LAYOUT>(i)] = v;
     }
     if (norm_w != nullptr) return rsqrtf(block_sum(ss, scratch) / (float)K + eps);   // barriers publish v_s4
     __syncthreads();

@@ -39,7 +39,7 @@ class _Recorder(c4.Int4Launchers):
     num_sms = SMS
 
     def __init__(self):
-        self.launches = []
+        self.launches, self.shared = [], []
         self._shared_limits = {name: 227 * 1024 for name in ck.FAMILIES["gemv_int4"]}
 
     def _function(self, name):
@@ -48,6 +48,7 @@ class _Recorder(c4.Int4Launchers):
     def _launch(self, name, grid, block, stream, *args, shared=0):
         self.launches.append((name, tuple(grid), [int(a) if not isinstance(a, np.floating) else float(a)
                                                   for a in args]))
+        self.shared.append(shared)
 
 
 def _array(shape, dtype, address=1 << 20):
@@ -101,6 +102,8 @@ def test_the_lean_entry_takes_the_same_grid_and_arguments(rows, k, mode, items, 
     kn.gemv(W, x, out, mode, None, lean=True, **grid, **kw)
     (name, grid_dims, args), (lean_name, lean_grid, lean_args) = kn.launches
     assert lean_name == name + "_lean" and lean_grid == grid_dims and lean_args == args
+    # The lean entries stage the activations with a float4 of padding after each 32-column chunk (9 K / 32 float4s).
+    assert kn.shared == [4 * k, 16 * (9 * k // 32)]
 
 
 @pytest.mark.parametrize("group,ok", [(32, True), (64, True), (128, True), (256, True), (1024, True), (96, False),
@@ -119,6 +122,12 @@ def test_the_launcher_refuses_an_impossible_grid():
     odd = _int4(64, 384, 96)
     with pytest.raises(KernelError, match="group 96 is not 32 x a power of two"):
         kn.gemv(odd, _array((1, 384), np.float32), out, kc.MODE_STORE, None, lean=True)
+    kn._shared_limits = {name: 4 * 8192 for name in kn._shared_limits}     # K 8192 fits 4 K bytes, not 4.5 K
+    wide = _int4(64, 8192)
+    kn.gemv(wide, _array((1, 8192), np.float32), out, kc.MODE_STORE, None)
+    with pytest.raises(KernelError, match="K 8192 needs 36864 bytes of shared memory > 32768"):
+        kn.gemv(wide, _array((1, 8192), np.float32), out, kc.MODE_STORE, None, lean=True)
+    kn.launches.pop()
     assert kn.launches == []
 
 

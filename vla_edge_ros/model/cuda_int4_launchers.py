@@ -34,6 +34,12 @@ GEMV4_LEAN_SUFFIX = "_lean"      # gemv_int4.cu's entries with fewer instruction
 GEMV4_ALL_ENTRIES = GEMV4_ENTRIES + tuple(name + GEMV4_LEAN_SUFFIX for name in GEMV4_ENTRIES)
 
 
+def gemv_int4_shared_bytes(K: int, lean: bool) -> int:
+    """Dynamic shared memory of a gemv_int4.cu entry: the K staged activations (fp32), with the lean entries' one
+    float4 of padding after each 32-column chunk (gemv_rows.cuh STAGE_PADDED)."""
+    return 4 * K + (K // 2 if lean else 0)          # 16 bytes of padding per 32 columns
+
+
 def lean_int4_group(group: int) -> bool:
     """Whether the lean entries (gemv_int4.cu's, projection_int4.cu's, projection_int4_staged.cu's) take INT4 groups
     of `group` columns:
@@ -136,12 +142,13 @@ class Int4Launchers(ProjectionLaunchers):
             name += GEMV4_LEAN_SUFFIX
         self._function(name)                                 # on demand: loads the family and its shared limits
         limit = self._shared_limits[name]
-        _check(4 * K <= limit, f"gemv_int4: K {K} needs {4 * K} bytes of shared memory > {limit}")
+        shared = gemv_int4_shared_bytes(K, lean)
+        _check(shared <= limit, f"gemv_int4: K {K} needs {shared} bytes of shared memory > {limit}")
         out_cols, rope_args = one_row_epilogue("gemv_int4", mode, rows, K, out_cols, out, norm_w, bias, rope)
         self._launch(name, (grid,), GEMV_THREADS, stream, ptr(W.packed, w_row0 * (K // 2)),
                      ptr(W.scales, w_row0 * groups), np.int32(W.group), ptr(x, x_row0 * x.shape[1]), ptr(norm_w),
                      np.float32(eps), ptr(bias), ptr(out), np.int32(out_cols), np.int32(rows), np.int32(K),
-                     np.int32(mode), *rope_args, shared=4 * K)
+                     np.int32(mode), *rope_args, shared=shared)
 
     def projection_int4(self, W: Int4Matrix, x, out, n_tokens: int, mode: int, stream, bias=None,
                         out_cols: int | None = None, w_row0: int = 0, rows: int | None = None,

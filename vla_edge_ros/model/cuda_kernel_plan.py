@@ -159,10 +159,11 @@ class KernelPlan:
     # INT4 decode projections only: gemv_int4.cu's _lean entries, the same loads and arithmetic (so the same bits,
     # test_cuda_gemv_int4.py) in fewer instructions per weight: each chunk's scale indexed by a shift instead of an
     # integer division by the run-time group (~30 SASS instructions per 32 columns; groups of 32 x a power of two
-    # only, use_kernel_plan keeps the other entries for the rest), and each nibble made a float by one LOP3 instead
-    # of an AND and an OR. SASS (sm_90, cuobjdump 13.5) of gemv_int4's inner loop, 128 weights a lane: 861 -> 627
-    # instructions (LOP3 303 -> 167, the division's IMAD/ISETP/I2F/MUFU gone); the entries without it compile to
-    # the same SASS as before. The ninth session's ncu found these projections issue-bound (7B decode projections
+    # only, use_kernel_plan keeps the other entries for the rest), each nibble made a float by one LOP3 instead
+    # of an AND and an OR, and the activations staged with a float4 of padding per 32 columns instead of swizzled
+    # (their reads need no address instruction each; 4.5 K bytes of shared memory instead of 4 K). SASS (sm_90,
+    # cuobjdump 13.5) of gemv_int4's inner loop, 128 weights a lane: 861 -> 577 instructions (LOP3 303 -> 128, the
+    # division's IMAD/ISETP/I2F/MUFU gone); the entries without it compile to the same SASS as before. The ninth session's ncu found these projections issue-bound (7B decode projections
     # 2.80 ms a token, 3.5x their byte floor; warps stalled "not selected"). Off: not yet measured on the GPU; lab
     # "+i4lean".
     int4_decode_lean_loop: bool = False
