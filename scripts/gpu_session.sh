@@ -244,7 +244,8 @@ PYEOF
         # One soak of the GPU graph (SOAK_MINUTES, default 4; SOAK_SET: one --set, e.g.
         # cycle.boundary_switch_interval_ms=2, the swap's interpreter-lock experiment) with its node logs kept, then
         # the CUDA graphs each node captured while serving (CudaBackend logs those at INFO: time, graph, count held;
-        # the ones a prepare call captured ahead at DEBUG) beside the resident memory every 10 s: whether late
+        # the ones a prepare call captured ahead at DEBUG) beside the resident memory (each 10 s: its lowest and highest
+        # sample; the soak samples every second): whether late
         # captures are the RSS steps of the fifteenth session's soaks.
         make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
         rm -rf "$OUT/logs/soak"
@@ -260,9 +261,12 @@ PYEOF
         $PY - "$OUT/soak.json" <<'PYEOF'
 import json, sys
 samples = json.load(open(sys.argv[1]))["memory_samples"]
-for node in ("reasoning", "reconciler"):
-    print(node, "RSS MiB:", " ".join(f"{s['t_s']:.0f}:{s['rss_bytes'][node] / 2**20:.1f}" for s in samples
-                                     if node in s["rss_bytes"]))
+for node in ("reasoning", "reconciler"):               # sampled every second: each 10 s as its lowest-highest MiB
+    bins = {}
+    for s in samples:
+        if s["rss_bytes"].get(node) is not None:
+            bins.setdefault(int(s["t_s"] // 10) * 10, []).append(s["rss_bytes"][node] / 2**20)
+    print(node, "RSS MiB per 10 s:", " ".join(f"{t}:{min(v):.1f}-{max(v):.1f}" for t, v in sorted(bins.items())))
 PYEOF
         ;;
     ncu-flash)
