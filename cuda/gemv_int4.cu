@@ -19,9 +19,10 @@
 //            norm_w [K]; out [out_cols or rows] float32; rope tables as qkv_rope.cuh.
 // Launch:    as gemv.cu: grid ceil(rows / 8) (gemv_int4) or a smaller grid looping over the items
 //            (gemv_int4_items; gemv_int4_items2: two items in flight per warp), block GEMV_THREADS (8 warps),
-//            dynamic shared memory 4 K bytes (the _lean entries 4.5 K: padded). Warp w of an item streams row gemv_row(mode, item, w). Lane l
-//            streams the 16-byte chunks (32 columns) l, l + 32, ... of its row, GEMV4_LANE_LOADS per batch with
-//            their scales, the next batch's loads issued before this batch's arithmetic. The activations are staged swizzled
+//            dynamic shared memory 4 K bytes (the _lean entries 4.5 K: padded). Warp w of an item streams row
+//            gemv_row(mode, item, w). Lane l streams the 16-byte chunks (32 columns) l, l + 32, ... of its row,
+//            GEMV4_LANE_LOADS per batch with their scales, the next batch's loads issued before this batch's
+//            arithmetic. The activations are staged swizzled (padded for the _lean entries)
 //            (gemv_rows.cuh staged_index) so the lanes' 128-byte-apart reads do not collide in banks.
 // PDL:       the first batch of weight loads is issued before griddep_wait (the weights depend on nothing).
 // Preconditions: K % 32 == 0; G % 32 == 0 and K % G == 0 (a chunk lies in one scale group, so its 32
@@ -169,7 +170,7 @@ __device__ __forceinline__ void gemv_int4_item(uint4 (&w)[U], uint16_t (&s)[U], 
 
 
 // The dynamic shared memory of every entry: [K / 4] staged activations, swizzled ([9 K / 32] padded for the _lean
-// entries: gemv_int4_lean_shared_bytes on the host). Declared once here: the same
+// entries: cuda_int4_launchers.gemv_int4_shared_bytes on the host). Declared once here: the same
 // extern array declared inside the kernel and inside the looped entries' device function draws nvcc's
 // "name linkage conflicts" warning.
 extern __shared__ float4 v_s4[];
@@ -222,12 +223,14 @@ __device__ __forceinline__ void gemv_int4_loop(GEMV_INT4_PARAMS) {
     for (int item = b; item < n_items; item += ROWS * g) {
         if (item != b) {
 #pragma unroll
-            for (int r = 0; r < ROWS; ++r) int4_batch_loads<LEAN>(row_of(item + r * g, r == 0), 0, K >> 5, group, w[r], s[r]);
+            for (int r = 0; r < ROWS; ++r)
+                int4_batch_loads<LEAN>(row_of(item + r * g, r == 0), 0, K >> 5, group, w[r], s[r]);
         }
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             if (r > 0 && item + r * g >= n_items) break;        // block-uniform: the last step may hold fewer
-            const float acc = warp_sum(gemv_int4_row<LEAN>(w[r], s[r], row_of(item + r * g, r == 0), K, group, v_s4)) * scale;
+            const Int4Row row = row_of(item + r * g, r == 0);
+            const float acc = warp_sum(gemv_int4_row<LEAN>(w[r], s[r], row, K, group, v_s4)) * scale;
             if ((threadIdx.x & 31) == 0) row_sum[r][warp] = acc;
         }
         __syncthreads();
@@ -245,8 +248,8 @@ GEMV_INT4_ENTRY(gemv_int4_items) { gemv_int4_loop<false, 1>(GEMV_INT4_ARGS); }
 GEMV_INT4_ENTRY(gemv_int4_items2) { gemv_int4_loop<false, 2>(GEMV_INT4_ARGS); }
 
 // The LEAN entries (KernelPlan.int4_decode_lean_loop): the same loads and arithmetic, so the same bits, in fewer
-// instructions per weight: each chunk's scale indexed by a shift (groups of 32 x a power of two only) and each
-// nibble made a float by one LOP3.
+// instructions per weight: each chunk's scale indexed by a shift (groups of 32 x a power of two only), each nibble
+// made a float by one LOP3, the activations staged padded (their reads need no address arithmetic each).
 GEMV_INT4_ENTRY(gemv_int4_lean) { gemv_int4_block<true>(GEMV_INT4_ARGS); }
 GEMV_INT4_ENTRY(gemv_int4_items_lean) { gemv_int4_loop<true, 1>(GEMV_INT4_ARGS); }
 GEMV_INT4_ENTRY(gemv_int4_items2_lean) { gemv_int4_loop<true, 2>(GEMV_INT4_ARGS); }

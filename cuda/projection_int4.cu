@@ -105,7 +105,8 @@ __device__ void projection_int4_body(const uint8_t* __restrict__ Wq, const uint1
             const int step = blk * INT4_BLOCK_STEPS + s;        // range [0, K / 32)
             if (step >= s_end) continue;                         // warp-uniform (the block's tail past K)
             const int grp = int4_step_group<LEAN>(step, steps_per_group, spg_shift);
-            if (int4_group_starts<LEAN>(step, steps_per_group) || step == b_begin * INT4_BLOCK_STEPS) {   // a group's first step here
+            // A group's first step here: where the group starts, or where this part starts.
+            if (int4_group_starts<LEAN>(step, steps_per_group) || step == b_begin * INT4_BLOCK_STEPS) {
                 sa = int4_scale(sa_row, ok_a, grp);
                 sb = int4_scale(sb_row, ok_b, grp);
             }

@@ -283,8 +283,8 @@ PYEOF
              /^  attention_flash|launched|Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc Active/' \
             "$OUT/ncu_flash.txt" | head -200 ;;
     int4-lab)
-        # Issue 23's INT4 lab (the lean entries of gemv_int4.cu, projection_int4_staged.cu and projection_int4.cu, KernelPlan.
-        # int4_decode_lean_loop and int4_prefill_lean_loop, off until this stage has run: the same bits in fewer
+        # Issue 23's INT4 lab (the lean entries of gemv_int4.cu, projection_int4_staged.cu and projection_int4.cu,
+        # KernelPlan.int4_decode_lean_loop and int4_prefill_lean_loop, off until this stage has run: the same bits in fewer
         # instructions per weight, where ncu found the decode projections issue-bound): their bit tests, then the 7B
         # and the 1.5B INT4 cycle bench over INT4_MODES (default below; the bench draws its own weights), HF eager
         # beside them.

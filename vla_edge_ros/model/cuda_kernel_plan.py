@@ -16,8 +16,8 @@ projection_int4.cu in passes of max_rows, cuda_backend._bulk_rows). The attentio
 MEASURED_BEST runs INT4 with staged_int4_prefill_projections, the INT4 counterpart of the staged projections
 (projection_int4_staged.cu), forced off for float weights; so are int4_gemv_items_per_block and
 int4_gemv_rows_per_warp (gemv_int4.cu's looped grid for every INT4 decode projection, measured slower: off), and
-int4_decode_lean_loop and int4_prefill_lean_loop (gemv_int4.cu's and projection_int4_staged.cu's entries with fewer
-instructions per weight: not yet measured, off).
+int4_decode_lean_loop and int4_prefill_lean_loop (the lean entries of gemv_int4.cu, and of projection_int4_staged.cu
+and projection_int4.cu: fewer instructions per weight, the same bits; not yet measured, off).
 
 This module imports no pycuda: a plan can be built and checked on a machine without a GPU.
 """
@@ -163,9 +163,9 @@ class KernelPlan:
     # of an AND and an OR, and the activations staged with a float4 of padding per 32 columns instead of swizzled
     # (their reads need no address instruction each; 4.5 K bytes of shared memory instead of 4 K). SASS (sm_90,
     # cuobjdump 13.5) of gemv_int4's inner loop, 128 weights a lane: 861 -> 577 instructions (LOP3 303 -> 128, the
-    # division's IMAD/ISETP/I2F/MUFU gone); the entries without it compile to the same SASS as before. The ninth session's ncu found these projections issue-bound (7B decode projections
-    # 2.80 ms a token, 3.5x their byte floor; warps stalled "not selected"). Off: not yet measured on the GPU; lab
-    # "+i4lean".
+    # division's IMAD/ISETP/I2F/MUFU gone); the entries without it compile to the same SASS as before. The ninth
+    # session's ncu found these projections issue-bound (7B decode projections 2.80 ms a token, 3.5x their byte
+    # floor; warps stalled "not selected"). Off: not yet measured on the GPU; lab "+i4lean".
     int4_decode_lean_loop: bool = False
     # Programmatic dependent launch of the decode kernels (sm_90+, cuda_pdl.py): each starts streaming its
     # weights while the one before finishes. Measured 0.1 ms per decode step slower with gemv.cu: off.

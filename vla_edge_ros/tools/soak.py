@@ -28,8 +28,8 @@ from pathlib import Path
 # Every second: the model nodes hand their free heap back every memory.heap_trim_interval_s (10 s), so their RSS is
 # a sawtooth of a few MiB with a period near 10 s (23-25 trims in a 240 s H200 soak). Sampled every 10 s, the part of
 # each tooth a sample saw drifted through the run (10 s against ~10.4 s), and a window's highest sample depended on
-# that phase rather than on the peaks: up to the tooth's height of apparent growth or shrinkage
-# (test_soak.py). Every second, each 60 s window holds whole teeth and their peaks.
+# that phase rather than on the peaks: up to a tooth's height of apparent growth or shrinkage (test_soak.py).
+# Every second, each 60 s window holds whole teeth and their peaks.
 SAMPLE_PERIOD_S = 1.0
 WARMUP_S = 60.0                        # allocations settle (arena, caches, DDS history) in the first minute
 PEAK_WINDOW_S = 60.0                   # longer than the swings of a bounded heap seen so far (~50 s)
