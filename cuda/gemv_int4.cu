@@ -35,12 +35,12 @@
 //            projections take 1.03 ms per step, as bf16's do, for a quarter of the bytes (notes/cuda_notes.md);
 //            the looped variants were measured slower (KernelPlan, off).
 // Lean:      the _lean entries (KernelPlan.int4_decode_lean_loop; off, not yet run on a GPU): ncu found these
-//            projections issue-bound (ninth session), and the SASS of gemv_int4's loop spent 861 instructions on a
+//            projections issue-bound (ninth session), and the SASS of gemv_int4's loop spent 862 instructions on a
 //            lane's 128 weights: an integer division by the run-time group per chunk for its scale (~30) and an
 //            AND and an OR per nibble, and a LOP3 per activation read for the swizzle. The lean entries index the
 //            scale by a shift (groups of 32 x a power of two, the launcher checks), make each nibble a float with
 //            one LOP3 and stage the activations padded instead of swizzled (gemv_rows.cuh STAGE_PADDED: a chunk's
-//            8 reads are one register plus constants): 577 instructions, the same values in the same order, so
+//            8 reads are one register plus constants): 578 instructions, the same values in the same order, so
 //            the same bits. The other entries compile to the SASS they had.
 #include <cuda_fp16.h>
 #include "gemv_rows.cuh"
