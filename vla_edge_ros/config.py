@@ -596,9 +596,8 @@ class DdsConfig:
         "to a port that another process made more than ~1 s earlier checks it first, and a check that meets an idle "
         "listener between two of its wake-ups sleeps a third of this before it looks again, with the participant's "
         "sends held: Fast DDS's 1000 ms held the demo's camera publish 320-336 ms (3 of 10 8-second demos on the 2-core "
-        "machine, 3 stale_frame fallbacks each); 150 ms, 0 of 10 (slowest publish 7.2 ms; later 0 of 10 against 3 of 10, one "
-        "publish of 50.5 ms, a third of 150). The bound is set by whoever "
-        "made the port, so it covers sends to this graph's processes, not to a foreign subscriber's. Lower wakes each "
+        "machine, 3 stale_frame fallbacks each); 150 ms, 0 of 10 (slowest publish 7.2 ms; later 0 of 10 against 3 of "
+        "10, one publish of 50.5 ms, a third of 150). The bound is set by whoever made the port, so it covers sends to this graph's processes, not to a foreign subscriber's. Lower wakes each "
         "idle listener more often (every third of it) and calls a port dead when its listener has not run for this "
         "long while another process opens it", default=150)
 

@@ -32,9 +32,10 @@ from ..model.cuda_layer_enqueue import LAYER_GROUPS
 
 LAUNCH_MODES = ("plain", "pdl", "persistent")
 # Kernel variants by name, as KernelPlan fields: the prefill attention (tiled: attention_tiled.cu; mma / mma2:
-# attention_mma.cu at 1 / 2 blocks per SM; ma / noma: its masked-softmax entries on / off), the decode attention (h1 / h2: attention_decode.cu with 1 / 2 warps per
-# 8-slot group; mmadec: attention_mma.cu for the decode row too), the decode projections' grid (noloop: a block per 8-row item; loop2 / loop4: 2 / 4 blocks per SM
-# looping over the items), an INT4 model's decode projections (i4ipbN: every one on ceil(items / N) blocks, ~N items
+# attention_mma.cu at 1 / 2 blocks per SM; ma / noma: its masked-softmax entries on / off), the decode attention
+# (h1 / h2: attention_decode.cu with 1 / 2 warps per 8-slot group; mmadec: attention_mma.cu for the decode row too),
+# the decode projections' grid (noloop: a block per 8-row item; loop2 / loop4: 2 / 4 blocks per SM looping over the
+# items), an INT4 model's decode projections (i4ipbN: every one on ceil(items / N) blocks, ~N items
 # each; i4x2: each warp of those streams two items' rows at once, with an i4ipbN of N >= 2; i4lean / noi4lean:
 # gemv_int4.cu's entries with fewer instructions per weight on / off, the default) and its prefill projections
 # (int4staged: projection_int4_staged.cu, the activations staged once per block, the default;

@@ -29,9 +29,9 @@ STAGED_INT4_MAX_TOKENS = 32      # projection_int4_staged.cu: activation rows st
 STG4_ROW_WORDS = 80              # projection_int4_staged.cu: words per staged token row (STG4_ROW)
 GEMV4_MAX_ITEMS_PER_BLOCK = 64   # gemv_int4_items: 8-row items per block asked for, at most (int4_gemv_items_per_block)
 GEMV4_ROWS_PER_WARP = (1, 2)     # gemv_int4_items / gemv_int4_items2: items a warp streams at once (int4_gemv_rows_per_warp)
+LEAN_SUFFIX = "_lean"            # the INT4 kernels' lean entries (int4_*_lean_loop): the same bits, fewer instructions
 GEMV4_ENTRIES = ("gemv_int4", "gemv_int4_items", "gemv_int4_items2")
-GEMV4_LEAN_SUFFIX = "_lean"      # gemv_int4.cu's entries with fewer instructions per weight (int4_decode_lean_loop)
-GEMV4_ALL_ENTRIES = GEMV4_ENTRIES + tuple(name + GEMV4_LEAN_SUFFIX for name in GEMV4_ENTRIES)
+GEMV4_ALL_ENTRIES = GEMV4_ENTRIES + tuple(name + LEAN_SUFFIX for name in GEMV4_ENTRIES)
 
 
 def gemv_int4_shared_bytes(K: int, lean: bool) -> int:
@@ -42,10 +42,18 @@ def gemv_int4_shared_bytes(K: int, lean: bool) -> int:
 
 def lean_int4_group(group: int) -> bool:
     """Whether the lean entries (gemv_int4.cu's, projection_int4.cu's, projection_int4_staged.cu's) take INT4 groups
-    of `group` columns:
-    32 x a power of two (they find a 32-column chunk's group by a shift)."""
+    of `group` columns: 32 x a power of two (they find a 32-column chunk's group by a shift)."""
     chunks = group // INT4_CHUNK_COLUMNS
     return group % INT4_CHUNK_COLUMNS == 0 and chunks > 0 and chunks & (chunks - 1) == 0
+
+
+def _lean_suffix(what: str, W: "Int4Matrix", lean: bool) -> str:
+    """The entry-name suffix of an INT4 launch: LEAN_SUFFIX when asked, KernelError for a group it cannot index."""
+    if not lean:
+        return ""
+    _check(lean_int4_group(W.group), f"{what}: the lean entries find a chunk's group by a shift; group {W.group} "
+                                     f"is not {INT4_CHUNK_COLUMNS} x a power of two")
+    return LEAN_SUFFIX
 
 
 def staged_int4_prefetch_shared(parts: int) -> int:
@@ -136,10 +144,7 @@ class Int4Launchers(ProjectionLaunchers):
         name, grid = ("gemv_int4_items", cap) if 0 < cap < items else ("gemv_int4", items)
         if name == "gemv_int4_items" and rows_per_warp == 2:
             name = "gemv_int4_items2"
-        if lean:
-            _check(lean_int4_group(W.group), f"gemv_int4: the lean entries index scales by a shift; group {W.group} "
-                                             f"is not {INT4_CHUNK_COLUMNS} x a power of two")
-            name += GEMV4_LEAN_SUFFIX
+        name += _lean_suffix("gemv_int4", W, lean)
         self._function(name)                                 # on demand: loads the family and its shared limits
         limit = self._shared_limits[name]
         shared = gemv_int4_shared_bytes(K, lean)
@@ -161,10 +166,8 @@ class Int4Launchers(ProjectionLaunchers):
             "projection_int4", W, x, out, n_tokens, mode, bias, out_cols, w_row0, rows, ksplit, x_row0)
         nt = 1 if n_tokens <= 8 else (2 if n_tokens <= 16 else 4)
         grid = (ceil_div(ceil_div(rows, 16) * ksplit, PROJ4_WARPS), ceil_div(n_tokens, 8 * nt))
-        if lean:
-            _check(lean_int4_group(W.group), f"projection_int4: the lean entries group steps by a shift; group "
-                                             f"{W.group} is not {INT4_CHUNK_COLUMNS} x a power of two")
-        self._launch(f"projection_int4_nt{nt}" + ("_lean" if lean else ""), grid, PROJ4_WARPS * 32, stream,
+        name = f"projection_int4_nt{nt}" + _lean_suffix("projection_int4", W, lean)
+        self._launch(name, grid, PROJ4_WARPS * 32, stream,
                      *_projection_int4_args(W, x, bias, out, rows, K, groups, n_tokens, out_cols, mode, ksplit,
                                             w_row0, x_row0))
 
@@ -189,12 +192,10 @@ class Int4Launchers(ProjectionLaunchers):
         _check(parts in (1, 2), f"projection_int4_staged: parts {parts} not 1 or 2")
         grid = (ceil_div(ceil_div(rows, 16), STG4_WARPS) * ksplit,)
         name = "projection_int4_staged" + ("_p1" if parts == 1 else "") + ("_pf" if prefetch else "")
-        if lean:
-            _check(parts == 2 and not prefetch, f"projection_int4_staged: the lean entry takes two parts without the "
-                                                f"prefetch, not parts {parts}, prefetch {prefetch}")
-            _check(lean_int4_group(W.group), f"projection_int4_staged: the lean entry groups steps by a shift; group "
-                                             f"{W.group} is not {INT4_CHUNK_COLUMNS} x a power of two")
-            name += "_lean"
+        _check(not lean or (parts == 2 and not prefetch),
+               f"projection_int4_staged: the lean entry takes two parts without the prefetch, not parts {parts}, "
+               f"prefetch {prefetch}")
+        name += _lean_suffix("projection_int4_staged", W, lean)
         shared = staged_int4_prefetch_shared(parts) if prefetch else 0
         if prefetch:                                         # the _pf entries' shared memory is dynamic
             self._check_shared(name, shared, "projection_int4_staged")

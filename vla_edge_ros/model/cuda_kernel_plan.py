@@ -66,9 +66,10 @@ class KernelPlan:
     # entries: each 32-column step's scale group found by a shift and its flush by a mask instead of integer divisions
     # and remainders by the run-time steps per group (groups of 32 x a power of two; use_kernel_plan keeps the other
     # entries for the rest). The same bits (test_cuda_projection_int4_staged.py, test_cuda_projection_int4.py). SASS
-    # (sm_90, cuobjdump 13.5, scripts/sass_loops.py) of a warp's loop over one 128-column block: staged 1070 -> 901 instructions (123
-    # registers, 127 before; no spills), projection_int4_nt1 659 -> 520, _nt4 1468 -> 1324; the entries without it
-    # compile to the same SASS as before. The 7B INT4 prefill's projections ran at ~0.4 TB/s (8.59 ms, ninth session).
+    # (sm_90, cuobjdump 13.5, scripts/sass_loops.py) of a warp's loop over one 128-column block: staged 1070 -> 901
+    # instructions (123 registers, 127 before; no spills), projection_int4_nt1 659 -> 520, _nt4 1468 -> 1324; the
+    # entries without it compile to the same SASS as before. The 7B INT4 prefill's projections ran at ~0.4 TB/s (8.59
+    # ms, ninth session).
     # The staged projections' one-part and prefetch entries have no lean form. Off: not yet measured on the GPU; lab
     # "+i4plean".
     int4_prefill_lean_loop: bool = False
@@ -162,8 +163,9 @@ class KernelPlan:
     # only, use_kernel_plan keeps the other entries for the rest), each nibble made a float by one LOP3 instead
     # of an AND and an OR, and the activations staged with a float4 of padding per 32 columns instead of swizzled
     # (their reads need no address instruction each; 4.5 K bytes of shared memory instead of 4 K). SASS (sm_90,
-    # cuobjdump 13.5, scripts/sass_loops.py) of gemv_int4's inner loop, 128 weights a lane: 862 -> 578 instructions (LOP3 300 -> 128, the
-    # division's IMAD/ISETP/I2F/MUFU gone); the entries without it compile to the same SASS as before. The ninth
+    # cuobjdump 13.5, scripts/sass_loops.py) of gemv_int4's inner loop, 128 weights a lane: 862 -> 578 instructions
+    # (LOP3 300 -> 128, the division's IMAD/ISETP/I2F/MUFU gone); the entries without it compile to the same SASS as
+    # before. The ninth
     # session's ncu found these projections issue-bound (7B decode projections 2.80 ms a token, 3.5x their byte
     # floor; warps stalled "not selected"). Off: not yet measured on the GPU; lab "+i4lean".
     int4_decode_lean_loop: bool = False

@@ -38,7 +38,7 @@ from . import kernel_constants as kc
 from .cuda_attention_launchers import (ATTN_CHUNK, ATTN_DECODE_ENTRIES, ATTN_DECODE_THREADS, ATTN_MERGE_MAX_SPLITS,
                                        AttentionLaunchers)
 from .cuda_bulk_launchers import BulkPrefillLaunchers
-from .cuda_int4_launchers import GEMV4_ALL_ENTRIES, Int4Launchers
+from .cuda_int4_launchers import GEMV4_ALL_ENTRIES, LEAN_SUFFIX, Int4Launchers
 from .cuda_projection_launchers import GEMV_THREADS
 from .cuda_launch_common import KernelError, ceil_div, ptr
 from .cuda_launch_common import check as _check, check_array as _check_array
@@ -60,9 +60,10 @@ FAMILIES = {
     "projection_f32": {"projection_f32": "PPPPiiiiiii"},
     "gemv": {"gemv_bf16": "PPPfPPiiiiPPPPPPiiii", "gemv_bf16_items": "PPPfPPiiiiPPPPPPiiii"},
     "gemv_int4": {name: "PPiPPfPPiiiiPPPPPPiiii" for name in GEMV4_ALL_ENTRIES},
-    "projection_int4": {f"projection_int4_nt{nt}{v}": "PPiPPPiiiiiiii" for nt in (1, 2, 4) for v in ("", "_lean")},
+    "projection_int4": {f"projection_int4_nt{nt}{v}": "PPiPPPiiiiiiii"
+                        for nt in (1, 2, 4) for v in ("", LEAN_SUFFIX)},
     "projection_int4_staged": {f"projection_int4_staged{v}": "PPiPPPiiiiiiii"
-                               for v in ("", "_p1", "_pf", "_p1_pf", "_lean")},
+                               for v in ("", "_p1", "_pf", "_p1_pf", LEAN_SUFFIX)},
     "projection_staged": {"projection_staged": "PPPPiiiiiiii"},
     "rope": {"rope_store": "PiPPPPPPiiii"},
     "attention": {"attention_merge": "PPPPiiii", "attention_merge_prefetch": "PPPPiiii"},

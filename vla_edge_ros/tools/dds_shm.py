@@ -5,8 +5,8 @@ Fast DDS (the ROS 2 middleware these wheels ship) moves data between processes o
 flock(2) while it lives) and a port per receiver, found by number (fastrtps_port<N>, its lock files <name>_el or
 _sl while a receiver has it, and its semaphore sem.fastrtps_port<N>_mutex). A process killed with SIGKILL, or one
 that crashed, never removes them, and /dev/shm is memory: processes killed while they published images left 8.5 MB
-there for 15 participants on the development machine (notes/cpu_notes.md, 2026-12-04), kept until reboot; a node that crash-loops under the
-supervisor's respawn adds to it at every restart. A writer killed mid-send can also leave a port with no lock file
+there for 15 participants on the development machine (notes/cpu_notes.md, 2026-12-04), kept until reboot; a node
+that crash-loops under the supervisor's respawn adds to it at every restart. A writer killed mid-send can also leave a port with no lock file
 and its semaphore taken, which the next process given that port number finds.
 
 The rule: a segment goes when its lock is free (as eProsima's `fastdds shm clean` has it; the pip wheels do not ship
