@@ -4,7 +4,7 @@ editing cuda/*.cu or its headers.
     .venv/bin/python scripts/compile_kernels.py [--arch sm_90] [--out DIR] [--kv-dtype bfloat16]
 
 Each family's pasted source (cuda_kernels.family_source: headers included) goes to
-`nvcc -arch=<arch> -cubin -O3` plus the family's options for the KV arena type
+`nvcc -arch=<arch> -cubin` with the package's COMPILE_OPTIONS plus the family's options for the KV arena type
 (cuda_kernels.family_options); the cubins land in --out (a temporary directory if not given).
 Exit status 1 when any family fails to compile.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 # This checkout's package and kernels, even where the venv's editable install points at another checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vla_edge_ros.model.cuda_kernels import (FAMILIES, KV_ARENA_TYPES, family_arch, family_options,  # noqa: E402
-                                             family_source)
+from vla_edge_ros.model.cuda_kernels import (COMPILE_OPTIONS, FAMILIES, KV_ARENA_TYPES, family_arch,  # noqa: E402
+                                             family_options, family_source)
 
 
 def compile_family(family: str, arch: str, out: Path, kv_dtype: str) -> subprocess.CompletedProcess:
@@ -26,7 +26,7 @@ def compile_family(family: str, arch: str, out: Path, kv_dtype: str) -> subproce
     source = out / f"{family}.cu"
     source.write_text(family_source(family))
     target = family_arch(family, arch) or arch        # a family this arch cannot run: let nvcc say why
-    return subprocess.run(["nvcc", f"-arch={target}", "-cubin", "-O3", *family_options(family, kv_dtype),
+    return subprocess.run(["nvcc", f"-arch={target}", "-cubin", *COMPILE_OPTIONS, *family_options(family, kv_dtype),
                            "-o", str(out / f"{family}.cubin"), str(source)], capture_output=True, text=True)
 
 

@@ -4,8 +4,8 @@ lean INT4 entries (862 -> 578 instructions per 128 weights a lane, ...) were tak
     .venv/bin/python scripts/sass_loops.py gemv_int4 gemv_int4 gemv_int4_lean [--kv-dtype bfloat16]
         [--cuobjdump PATH] [--arch sm_90]
 
-The family is compiled as the package compiles it on a device (cuda_kernels.family_source, COMPILE_OPTIONS and the
-family's KV options), disassembled with cuobjdump, and for each named entry the longest loop (a backward branch,
+The family is compiled as the package compiles it on a device (scripts/compile_kernels.py: the pasted source,
+COMPILE_OPTIONS and the family's KV options), disassembled with cuobjdump, and for each named entry the longest loop (a backward branch,
 not one returning into a loop from a cold path) is printed with its instruction count and its commonest opcodes. CUDA toolkits
 without cuobjdump (this development machine's) can take it from PyPI: `pip download --no-deps
 nvidia-cuda-cuobjdump`, unzip, and pass the binary with --cuobjdump.
@@ -21,8 +21,9 @@ from pathlib import Path
 
 # This checkout's package and kernels, even where the venv's editable install points at another checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vla_edge_ros.model.cuda_kernels import (COMPILE_OPTIONS, KV_ARENA_TYPES, family_arch,  # noqa: E402
-                                             family_options, family_source)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compile_kernels import compile_family  # noqa: E402
+from vla_edge_ros.model.cuda_kernels import KV_ARENA_TYPES  # noqa: E402
 
 # One SASS line: /*addr*/ [@P0 | @!P0] OPCODE ...; a branch's target follows BRA.
 SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)(?:\.[A-Z0-9_.]+)?\s*(.*?);")
@@ -81,16 +82,12 @@ def main() -> int:
         print("sass_loops: needs nvcc on PATH and cuobjdump (--cuobjdump; see the docstring)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="vla_sass_") as tmp:
-        source, cubin = Path(tmp) / f"{args.family}.cu", Path(tmp) / f"{args.family}.cubin"
-        source.write_text(family_source(args.family))
-        arch = family_arch(args.family, args.arch) or args.arch
-        done = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", *COMPILE_OPTIONS,
-                               *family_options(args.family, args.kv_dtype), "-o", str(cubin), str(source)],
-                              capture_output=True, text=True)
+        done = compile_family(args.family, args.arch, Path(tmp), args.kv_dtype)
         if done.returncode:
             print(done.stdout + done.stderr, file=sys.stderr)
             return 1
-        sass = subprocess.run([args.cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([args.cuobjdump, "-sass", str(Path(tmp) / f"{args.family}.cubin")],
+                              capture_output=True, text=True, check=True).stdout
     found = functions(sass)
     for entry in args.entries:
         if entry not in found:
