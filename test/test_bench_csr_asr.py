@@ -164,6 +164,11 @@ def test_bench_asr_prints_the_table_and_draws_fig6(asr_run):
     assert set(rows) == {"asr", "sync", "approx"}
     for mode, cells in rows.items():
         assert int(cells[1]) == data["modes"][mode]["cycles"] and int(cells[2]) == data["modes"][mode]["rounds"]
+    # Each mode's primary ran the capacity check after its warm-up: measured over the whole frame capacity, printed.
+    for mode, s in data["modes"].items():
+        fit = s["capacity_check"]
+        assert fit["full_frames"] == data["frame_capacity"] and fit["full_ms"] > 0 and fit["short_frames"] == 3, fit
+        assert f"{mode}: capacity check: a cycle over the full state ({fit['full_frames']} frames" in printed
 
 
 def test_bench_asr_from_json_merges_runs_made_apart(asr_run, tmp_path):

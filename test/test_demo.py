@@ -58,9 +58,13 @@ def test_demo_reports_every_cycle_of_its_window(tiny_model_dir, tmp_path):
     assert sum(exact["rounds_aborted_by"].values()) == exact["rounds_aborted"]
     # Where the reasoning node's configure went, step by step, within its measured transition time.
     steps = report["reasoning_configure_steps_s"]
-    assert set(steps) == {"backend", "engine", "warm-up", "interfaces and gc freeze"}, steps
+    assert set(steps) == {"backend", "engine", "warm-up", "capacity check", "interfaces and gc freeze"}, steps
     assert all(v >= 0 for v in steps.values()) and sum(steps.values()) <= report["lifecycle_transition_s"]["reasoning"]
     assert "reasoning configure steps" in done.stdout
+    # Whether a cycle over the full state meets the deadline, measured in the configure, is said in the report.
+    fit = report["capacity_check"]
+    assert fit is not None and fit["full_frames"] > fit["short_frames"] and fit["full_ms"] > 0, fit
+    assert "capacity check" in done.stdout and f"a cycle over the full state ({fit['full_frames']} frames" in done.stdout
     # The reasoning node handed its free heap back between cycles (every 0.5 s here), timed in the phase table.
     assert report["phases_ms"]["heap_trim"]["n"] >= 1, report["phases_ms"]
     assert "heap_trim" in done.stdout

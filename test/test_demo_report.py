@@ -47,3 +47,24 @@ def test_the_table_puts_the_verdict_and_the_swap_parts_on_their_own_lines():
     assert "7 deferred without slack for their late frames" in line and "2 boundaries an offer waited" in line
     parts = next(x for x in table.splitlines() if x.startswith("swap at the boundary"))
     assert "whole 2.50/4.00/4.10 ms" in parts and "KV copy 0.70/n/a/n/a ms" in parts
+
+
+def test_the_table_says_what_the_capacity_check_found_or_that_it_did_not_run():
+    from vla_edge_ros.tools.demo_report import build_report
+    meta = {"seconds": 1.0, "camera_hz": 60.0, "deadline_ms": 33.3, "camera_to_first_action_s": 0.1,
+            "model": "qwen", "backend": "CudaBackend", "max_publish_ms": 0.1, "camera_frames_published": 60}
+    reasoning, reconciler = _diagnostics()
+    # As the reasoning node published it after its configure (strings): 1021 frames at 31.4 ms of a 31.1 ms budget.
+    checked = {**reasoning, "capacity.short_frames": "3", "capacity.short_ms": "16", "capacity.full_frames": "1021",
+               "capacity.full_tokens": "32697", "capacity.full_ms": "31.4", "capacity.budget_ms": "31.1",
+               "capacity.budget_share": "0.9", "capacity.tokens_per_frame": "32", "capacity.fixed_tokens": "96",
+               "capacity.fill_s": "0.8", "capacity.fits": "False", "capacity.frames_that_fit": "795"}
+    report = build_report([], checked, {}, meta, reconciler)
+    assert report["capacity_check"]["full_frames"] == 1021 and report["capacity_check"]["fits"] is False
+    line = next(x for x in format_table(report).splitlines() if x.startswith("capacity check"))
+    assert "1021 frames, 32697 tokens" in line and "admission will refuse cycles" in line
+    assert f"kv.capacity_tokens <= {report['capacity_check']['capacity_tokens_that_fit']}" in line
+    unchecked = build_report([], reasoning, {}, meta, reconciler)
+    assert unchecked["capacity_check"] is None
+    line = next(x for x in format_table(unchecked).splitlines() if x.startswith("capacity check"))
+    assert "not run" in line

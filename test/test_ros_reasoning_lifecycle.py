@@ -70,6 +70,9 @@ def test_configure_activate_deactivate_cleanup_and_again(tiny_model_dir, harness
                               10.0, "the warm-up figures in the reasoning node's diagnostics")
         assert status["lifecycle_state"] == "inactive"
         assert float(status["warmup.steady_ms"]) > 0 and int(status["warmup.cycles"]) >= 2
+        # The capacity check ran in the configure too (core/capacity_check.py): its figures and verdict published.
+        assert int(status["capacity.full_frames"]) > int(status["capacity.short_frames"]) > 0, status
+        assert float(status["capacity.full_ms"]) > 0 and status["capacity.fits"] in ("True", "False")
         assert status["total.cycles"] == "0", "warm-up cycles must not count as served cycles"
 
         _transition(harness, Transition.TRANSITION_ACTIVATE)

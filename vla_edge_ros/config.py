@@ -535,6 +535,15 @@ class LifecycleConfig:
     transition_timeout_s: float = _doc("how long they wait for any other lifecycle transition", default=20.0)
     warmup_cycles: int = _doc("reasoning: cycles run on a synthetic frame during configure (the second half seeds "
                               "the admission estimate), then forgotten", default=8)
+    capacity_check_cycles: int = _doc("reasoning: cycles timed during configure with the state filled to its frame "
+                                      "capacity by synthetic frames, then forgotten (core/capacity_check.py): whether "
+                                      "a cycle over a full KV arena meets the deadline, and if not how many frames "
+                                      "do, said in the log and /diagnostics before the first live cycle; 0 = skip",
+                                      default=3)
+    capacity_budget_share: float = _doc("the capacity check counts the full state as served when its cycle takes at "
+                                        "most this share of the admission budget (deadline less safety margin); "
+                                        "the rest is left for the slow cycles admission's tail factor allows for",
+                                        default=0.9)
     parallel_configure: bool = _doc("bringup and the demo configure every lifecycle node at once, then activate them "
                                     "in order (false: configure and activate one node after the other). Meant for a "
                                     "cold GPU start, where the reconciler's configure waited for the reasoning "
@@ -547,6 +556,9 @@ class LifecycleConfig:
         _positive(self, "transition_timeout_s", "lifecycle")
         if self.warmup_cycles < 2:
             raise ConfigError(f"lifecycle.warmup_cycles must be >= 2 (a new frame and a repeat), got {self.warmup_cycles}")
+        _non_negative(self, "capacity_check_cycles", "lifecycle")
+        if not 0.0 < self.capacity_budget_share <= 1.0:
+            raise ConfigError(f"lifecycle.capacity_budget_share must be in (0, 1], got {self.capacity_budget_share}")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.capacity_check import CapacityFit
 from .common import percentiles, print_table
 
 LOG_SCALE_ABOVE = 4.0       # Fig. 6 on a log scale when the slowest cycle passes this many deadlines (a spike
@@ -73,6 +74,7 @@ def summarize(run_: dict, deadline_ms: float) -> dict:
         "p99_ratio_reconciling_vs_steady": (p_busy["p99"] / p_steady["p99"]) if busy and steady else None,
         "exact_state_fraction": float(np.mean([c["state_exact"] for c in cyc])) if cyc else None,
         "reconciler": {k: v for k, v in run_["reconciler"].items() if not isinstance(v, list)},
+        "capacity_check": run_.get("capacity_check"),           # the primary's, after its warm-up
     }
 
 
@@ -94,6 +96,9 @@ def print_summary(summaries: dict, header: list[str]) -> None:
     for mode, s in summaries.items():
         deferred = s["reconciler"].get("offers_deferred")
         print(f"  {mode}: outcomes {s['outcomes']}" + (f"; offers deferred at a boundary {deferred}" if deferred else ""))
+        fit = CapacityFit.from_values(s.get("capacity_check") or {})
+        if fit is not None:
+            print(f"  {mode}: capacity check: {fit.describe()}")
         apply = s.get("swap_apply_ms")
         if apply:
             print(f"  {mode}: swap at the boundary after a cycle, p50/p99/max {_f(apply['p50'])} / {_f(apply['p99'])} / "

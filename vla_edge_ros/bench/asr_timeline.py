@@ -353,6 +353,7 @@ class _Engines:
 
 class _Runner:
     def __init__(self, mode, cfg, engines: _Engines, work):
+        from ..core.capacity_check import check_capacity
         from ..core.in_process_asr import InProcessAsr
         from ..core.reconciliation import StateReconciler
 
@@ -362,8 +363,11 @@ class _Runner:
         self.primary = engines.primary(cfg)
         # As the reasoning node's configure: the first cycles' one-time costs (on the GPU graph captures, the
         # lone frame's forward a swap recomputes with) are paid here, and admission starts from steady costs.
-        self.primary.warm_up(cfg.lifecycle.warmup_cycles, np.random.default_rng(0).integers(
-            0, 256, (cfg.vision.image_height, cfg.vision.image_width, 3), dtype=np.uint8))
+        pixels = np.random.default_rng(0).integers(0, 256, (cfg.vision.image_height, cfg.vision.image_width, 3),
+                                                   dtype=np.uint8)
+        self.primary.warm_up(cfg.lifecycle.warmup_cycles, pixels)
+        # ... and its capacity check: whether a cycle over a full state meets the deadline (printed with the run).
+        self.capacity = check_capacity(self.primary, cfg.lifecycle.capacity_check_cycles, pixels)
         reconciler = StateReconciler(cfg, engines.reconciler(cfg)) if mode == "asr" else None
         self.driver = InProcessAsr(self.primary, reconciler, work=work)
         self.reconciler = reconciler
@@ -402,7 +406,8 @@ class _Runner:
         stats = vars(self.reconciler.stats) if self.reconciler is not None else {"trigger_to_applied_ms": self.rebuild_ms}
         if self.reconciler is not None:       # offers the boundary left for a fresher one, by reason (stale, no_slack)
             stats = {**stats, "offers_deferred": dict(self.driver.deferred)}
-        return {"cycles": records, "reconciler": dict(stats)}
+        return {"cycles": records, "reconciler": dict(stats),
+                "capacity_check": None if self.capacity is None else self.capacity.as_dict()}
 
     def _warm_start(self, frames, n: int, period: float) -> None:
         """The primary holds frames 0..n-1 of the clip, appended exactly in bulk (untimed), and the reconciler

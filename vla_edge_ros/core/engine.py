@@ -27,8 +27,10 @@ cycle; that becomes an `engine_error` fallback and the next cycle runs.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -113,18 +115,14 @@ class Engine:
         """
         if cycles < 2:
             raise ValueError(f"warm_up needs at least 2 cycles (one new frame, one repeat), got {cycles}")
-        self._force_admit = True
         elapsed = []
-        try:
+        with self.synthetic_cycles(keep_admission=True):
             for i in range(cycles):
                 if i == cycles // 2:
                     # The first half paid the one-time costs; seed admission from the second half only.
                     self.admission = AdmissionController(self.cfg.cycle, self.cfg.admission)
                 fid = -1 - i // 2               # pairs: a new frame, then the same frame again (both prefill lengths)
-                r = self.run_cycle(Frame(pixels=frame_pixels, stamp_s=0.0, frame_id=fid), now_s=0.0)
-                if r.tokens is None:         # the model did not run to the end (a late cycle still counts)
-                    raise EngineConfigError(f"warm-up cycle {i} failed: {r.reason}: {r.detail}")
-                elapsed.append(r.elapsed_ms)
+                elapsed.append(self.synthetic_cycle(frame_pixels, fid).elapsed_ms)
             # The RoPE re-base's recompute step, once, so that its first live use pays no one-time cost (on the
             # GPU, capturing forward()'s graph for one frame's rows: a first re-base that paid it ran a cycle late
             # on the H200); then WARMUP_RECOMPUTES times, timed: the first swaps' recompute budget is planned on
@@ -136,12 +134,39 @@ class Engine:
                 self.state.note_recompute((time.perf_counter() - t_recompute) * 1e3, len(kept))
             # A swap recomputing its late frames several per forward (asr.late_frames_per_forward) uses those
             # shapes too: prepared here (captured on the GPU), never first met at a boundary.
-            asr, tpf = self.cfg.asr, self.cfg.vision.tokens_per_frame
-            batch = min(asr.late_frames_per_forward, max(1, asr.max_late_chunks))
-            self.backend.prepare_forward([tpf * k for k in range(2, batch + 1)])
+            self.backend.prepare_forward([self.cfg.vision.tokens_per_frame * k
+                                          for k in range(2, self.late_frames_per_forward() + 1)])
+        return {"cycles": cycles, "first_ms": elapsed[0], "last_ms": elapsed[-1],
+                "steady_ms": float(np.median(elapsed[cycles // 2:])),
+                "estimate_prefill_ms_per_token": self.admission.ema_prefill_ms_per_token,
+                "estimate_decode_ms_per_token": self.admission.ema_decode_ms_per_token}
+
+    def late_frames_per_forward(self) -> int:
+        """Frames per forward when a swap recomputes its late frames: the shapes warm_up prepares."""
+        asr = self.cfg.asr
+        return min(asr.late_frames_per_forward, max(1, asr.max_late_chunks))
+
+    def synthetic_cycle(self, frame_pixels: np.ndarray, frame_id: int) -> CycleResult:
+        """One cycle on a synthetic frame inside synthetic_cycles(); EngineConfigError unless it ran to its end."""
+        r = self.run_cycle(Frame(pixels=frame_pixels, stamp_s=0.0, frame_id=frame_id), now_s=0.0)
+        if r.tokens is None:             # the model did not run to the end (a late cycle still counts)
+            raise EngineConfigError(f"synthetic cycle {r.cycle_id} failed: {r.reason}: {r.detail}")
+        return r
+
+    @contextmanager
+    def synthetic_cycles(self, keep_admission: bool):
+        """Cycles before serving (warm-up, the capacity check): every one is admitted, and afterwards the state
+        holds only the prefix again and the metrics, phases and cycle ids start at zero, as if none had run.
+        keep_admission: keep what they taught admission (the warm-up seeds it); else it is put back as it was."""
+        saved = None if keep_admission else copy.deepcopy(self.admission)
+        self._force_admit = True
+        try:
+            yield
         finally:
             self._force_admit = False
-            # Forced warm-up cycles are neither refusals the probe counts nor spikes of the live estimate.
+            if saved is not None:
+                self.admission = saved
+            # Forced cycles are neither refusals the probe counts nor spikes of the live estimate.
             self.admission.refusals_in_a_row = self.admission.spikes_in_a_row = 0
             self.state.reset_frames()
             self.state.last_frame_id = None
@@ -150,10 +175,6 @@ class Engine:
             self.phases = PhaseStats()
             for key in ("frames", "suffix", "decode"):
                 self.state.computed_tokens[key] = 0
-        return {"cycles": cycles, "first_ms": elapsed[0], "last_ms": elapsed[-1],
-                "steady_ms": float(np.median(elapsed[cycles // 2:])),
-                "estimate_prefill_ms_per_token": self.admission.ema_prefill_ms_per_token,
-                "estimate_decode_ms_per_token": self.admission.ema_decode_ms_per_token}
 
     def close(self) -> int:
         """Free the backend's memory now (device memory on a GPU); returns the bytes freed."""

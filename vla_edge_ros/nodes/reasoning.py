@@ -5,7 +5,9 @@ A lifecycle node, like the reconciler, because it owns the GPU:
     unconfigured --configure--> inactive: builds the engine (core/engine_factory.py: weights streamed
                                 to the device, kernels compiled, KV arena allocated, CUDA graphs of
                                 the cycle captured), runs lifecycle.warmup_cycles warm-up cycles that
-                                seed the admission estimate, subscribes /vla/frame and /vla/instruction
+                                seed the admission estimate, checks that a cycle over a full state
+                                meets the deadline (core/capacity_check.py; a WARNING with the
+                                frames that do when not), subscribes /vla/frame and /vla/instruction
     inactive --activate--> active:        starts the cycle thread and the swap requests
     active --deactivate--> inactive:      stops them after the cycle in flight (which still ends in
                                           an action or a fallback)
@@ -50,6 +52,7 @@ from ..core import gc_pauses
 from ..core.heap_trim import HeapTrim
 from ..core import swap_protocol as swap
 from ..core.boundary_overrun import OVERRUN_PARTS, BoundaryWork, overran_in
+from ..core.capacity_check import check_capacity
 from ..core.clock import CycleGrid, hybrid_sleep_until
 from ..core.cpu_priority import make_thread_realtime
 from ..core.cycle_clock import CycleClockWriter, clock_path
@@ -100,6 +103,7 @@ class Reasoning(EngineNode):
         self._heap_trim = HeapTrim(0.0, 0.0)               # core/heap_trim.py; built from memory.* at activate
         self.prefetch = None                               # core/vision_prefetch.py while active (vision.encode_ahead)
         self.warmup: dict = {}
+        self.capacity: dict = {}                     # the configure's capacity check (core/capacity_check.py)
         super().__init__("reasoning")
         self.params = NodeParameters(self, on_change=self._on_config_change, live_keys=LIVE_KEYS,
                                      fixed=lambda: self.engine is not None,
@@ -142,6 +146,10 @@ class Reasoning(EngineNode):
             t_warm = time.perf_counter()
             self.warmup = engine.warm_up(cfg.lifecycle.warmup_cycles, frame)
             steps["warm-up"] = time.perf_counter() - t_warm
+            if cfg.lifecycle.capacity_check_cycles:
+                t_check = time.perf_counter()
+                self._check_capacity(engine, cfg, frame)
+                steps["capacity check"] = time.perf_counter() - t_check
         except CONFIGURE_ERRORS as exc:
             engine.close()
             self.get_logger().error(f"configure failed in warm-up: {type(exc).__name__}: {exc}")
@@ -165,6 +173,19 @@ class Reasoning(EngineNode):
             f"steady {w['steady_ms']:.1f} ms of a {cfg.cycle.deadline_ms:g} ms deadline; {frozen} objects frozen out "
             f"of garbage collection")
         return TransitionCallbackReturn.SUCCESS
+
+    def _check_capacity(self, engine, cfg, frame: np.ndarray) -> None:
+        """Whether a cycle over a full state meets the deadline (core/capacity_check.py): said once, at INFO when
+        it does and as a WARNING when admission will refuse cycles before the state is full."""
+        fit = check_capacity(engine, cfg.lifecycle.capacity_check_cycles, frame)
+        self.capacity = {} if fit is None else fit.as_dict()
+        if fit is None:
+            self.get_logger().info(f"capacity check skipped: a frame capacity of {engine.state.frame_capacity} "
+                                   f"cannot hold the timed cycles' frames")
+        elif fit.fits:
+            self.get_logger().info(f"capacity check: {fit.describe()}")
+        else:
+            self.get_logger().warning(f"capacity check: {fit.describe()}")
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """SUCCESS -> active: cycles run, swaps are requested."""
@@ -266,7 +287,7 @@ class Reasoning(EngineNode):
                          "decode_ms_per_token": adm.ema_decode_ms_per_token, "other_ms": adm.ema_other_ms,
                          "tail_factor": adm.tail_factor, "spikes_not_learned": adm.spikes}
             values.update(conv.flatten({"window": window, "total": total, "state": state, "swap": self.swap.summary(),
-                                        "warmup": self.warmup, "admission": admission,
+                                        "warmup": self.warmup, "capacity": self.capacity, "admission": admission,
                                         "phase": self.engine.phases.summary()}))
             prefetch = self.prefetch
             if prefetch is not None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.boundary_overrun import OVERRUN_PARTS
+from ..core.capacity_check import CapacityFit
 from ..core.cycle_phases import PHASES
 from ..core.cycle_result import DEADLINE_MISSED, FALLBACK_REASONS, REFUSED_BUDGET
 from ..core.gap_ledger import SUMMARY_PREFIXES as GAP_SUMMARY_PREFIXES
@@ -38,6 +39,7 @@ from ..core.metrics import percentile
 from ..core.swap_protocol import SWAP_TIMINGS
 
 CONFIGURE_STEPS = "warmup.configure_steps_s."     # the reasoning node's /diagnostics keys of its configure steps
+CAPACITY = "capacity."                              # ... and of its capacity check
 
 ACTION = "action"
 EXACT_SHARE_WORKED = 0.95      # "exact forgetting: YES" needs at least this share of actions on an exact state
@@ -96,6 +98,7 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
         "exactness": exactness(reasoning, reconciler),
         "phases_ms": phases(reasoning),
         "warmup": {"steady_ms": _float(reasoning.get("warmup.steady_ms")), "first_ms": _float(reasoning.get("warmup.first_ms"))},
+        "capacity_check": _capacity(reasoning),
         "reasoning_configure_steps_s": {k[len(CONFIGURE_STEPS):]: _float(v) for k, v in reasoning.items()
                                         if k.startswith(CONFIGURE_STEPS)},
         "admission_spikes_not_learned": _int(reasoning.get("admission.spikes_not_learned")),
@@ -108,6 +111,12 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
                "max_full_pause_ms": _float(reasoning.get("gc.max_full_pause_ms"))},
         "reconciler_work": _reconciler_work(reconciler),
     }
+
+
+def _capacity(reasoning: dict) -> dict | None:
+    """The reasoning node's configure-time capacity check (core/capacity_check.py), None when it did not run."""
+    fit = CapacityFit.from_values({k[len(CAPACITY):]: v for k, v in reasoning.items() if k.startswith(CAPACITY)})
+    return None if fit is None else fit.as_dict()
 
 
 def _reconciler_work(reconciler: dict) -> dict:
@@ -275,6 +284,7 @@ def _state_rows(report: dict) -> list:
         ("frames dropped (double buffer)", f"{dropped['total']} (camera_ingest {dropped['camera_ingest']}, "
                                            f"reasoning {dropped['reasoning']})"),
         ("images rejected", str(frames["rejected_by_ingest"])),
+        ("capacity check", _capacity_line(report.get("capacity_check"))),
         ("evictions", f"{report['evictions']} (frames retained {report['kv']['frames_retained']})"),
         ("exact forgetting", _exactness_line(report["exactness"])),
         ("state swaps applied", f"{swaps['applied']} (state version {swaps['state_version']}; "
@@ -300,6 +310,12 @@ def _state_rows(report: dict) -> list:
         ("peak memory", f"reasoning process VmHWM {_mib(mem['reasoning_process_vm_hwm_bytes'])}, "
                         f"model + KV arena {_mib(mem['engine_model_and_kv_bytes'])}"),
     ]
+
+
+def _capacity_line(values: dict | None) -> str:
+    fit = None if not values else CapacityFit.from_values(values)
+    return ("not run (lifecycle.capacity_check_cycles 0, or a frame capacity too small to hold its cycles)"
+            if fit is None else fit.describe())
 
 
 def _estimate_line(e: dict) -> str:
