@@ -169,6 +169,9 @@ def test_bench_asr_prints_the_table_and_draws_fig6(asr_run):
         fit = s["capacity_check"]
         assert fit["full_frames"] == data["frame_capacity"] and fit["full_ms"] > 0 and fit["short_frames"] == 3, fit
         assert f"{mode}: capacity check: a cycle over the full state ({fit['full_frames']} frames" in printed
+        refused_beyond = sum(1 for c in s["timeline"] if c["reason"] == "refused_budget"
+                             and c["frames"] > fit["frames_that_fit"])
+        assert s["refused_beyond_capacity_fit"] == refused_beyond
 
 
 def test_bench_asr_from_json_merges_runs_made_apart(asr_run, tmp_path):
@@ -184,7 +187,8 @@ def test_bench_asr_from_json_merges_runs_made_apart(asr_run, tmp_path):
     merged = json.loads(merged_json.read_text())
     assert set(merged["modes"]) == {"asr", "sync", "approx"}
     for mode, s in merged["modes"].items():
-        for key in ("cycles", "rounds", "latency_ms", "refused", "exact_state_fraction", "trigger_to_swap_ms"):
+        for key in ("cycles", "rounds", "latency_ms", "refused", "exact_state_fraction", "trigger_to_swap_ms",
+                    "capacity_check", "refused_beyond_capacity_fit"):
             assert s[key] == data["modes"][mode][key], (mode, key)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -213,3 +217,22 @@ def test_asr_plan_counts_the_cycles_of_the_rounds_from_the_rule():
     assert plan["cycles_for_rounds"] == 1 + 10 * (trigger - kept)
     cold = asr_timeline._plan_cycles(SimpleNamespace(primary=SimpleNamespace(state=state), cfg=cfg), 10, warm=False)
     assert cold["warm_frames"] == 0 and cold["cycles_for_rounds"] == trigger + 10 * (trigger - kept)
+
+
+def test_bench_asr_counts_the_refusals_the_capacity_alone_explains():
+    """Of the refused cycles, those with more frames held than the capacity check found a cycle can serve: the
+    32K case on the H200, where they came with the reconciler and without it."""
+    from vla_edge_ros.bench.asr_report import summarize
+    from vla_edge_ros.core.capacity_check import CapacityFit
+    fit = CapacityFit(short_frames=3, short_ms=16.0, full_frames=1021, full_tokens=32697, full_ms=31.4, budget_ms=31.1,
+                      budget_share=0.9, tokens_per_frame=32, fixed_tokens=96, fill_s=0.8)
+    n = fit.frames_that_fit
+
+    def cycle(i, reason, frames):
+        return {"i": i, "latency_ms": 20.0, "reason": reason, "phase": "idle", "event": "", "frames": frames,
+                "state_exact": True}
+    cycles = [cycle(0, "action", n - 5), cycle(1, "refused_budget", n - 1), cycle(2, "refused_budget", n),
+              cycle(3, "refused_budget", n + 1), cycle(4, "deadline_missed", n + 50), cycle(5, "refused_budget", 1021)]
+    done = summarize({"cycles": cycles, "reconciler": {}, "capacity_check": fit.as_dict()}, 33.3)
+    assert done["refused"] == 4 and done["refused_beyond_capacity_fit"] == 2
+    assert summarize({"cycles": cycles, "reconciler": {}}, 33.3)["refused_beyond_capacity_fit"] is None

@@ -19,6 +19,7 @@ from vla_edge_ros.nodes import graph
 from vla_edge_ros.nodes.interfaces import ActionTokens
 
 pytestmark = pytest.mark.ros
+FRAMES_BEFORE_RESTART = 300          # 5 s of the 60 Hz footage
 
 
 def _action_frame_ids(tokens, since: float = -1.0) -> list:
@@ -40,6 +41,12 @@ def test_a_restarted_camera_node_does_not_stall_the_state(tiny_model_dir, tmp_pa
         camera.start()
         H.wait_until(lambda: int((H.latest_status(diagnostics, "reasoning") or {}).get("swap.swaps", 0)) >= 2,
                      H.GRAPH_START_TIMEOUT_S, "two swaps before the restart")
+        # And enough frames numbered before it that the restarted camera's first ones number below them even when
+        # the reasoning node discovers the new camera_ingest seconds late (a loaded CI machine): the frames it
+        # published before that are lost, and one numbered past the old maximum hides the restart. Two swaps alone
+        # took 63-109 frames here (1-2 s), and a CI run failed on the log line at the end: the restart went unseen.
+        H.wait_until(lambda: max(_action_frame_ids(tokens), default=0) >= FRAMES_BEFORE_RESTART, 30.0,
+                     f"actions on {FRAMES_BEFORE_RESTART} frames before the restart")
         # The footage pauses over the restart, so the reasoning node has discovered the new camera_ingest before
         # its frame numbers start over: otherwise, on a slow machine, the numbers the reasoning node first sees
         # may already be past the old ones and the restart is (harmlessly) invisible to it.

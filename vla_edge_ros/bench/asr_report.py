@@ -1,6 +1,7 @@
 """What `bench asr` reports: the per-mode summary, its table, the paper's Fig. 6, and runs read back from JSON.
 
-A run is {"cycles": [record per cycle], "reconciler": stats} (bench/asr_timeline.py
+A run is {"cycles": [record per cycle], "reconciler": stats, "capacity_check": the primary's
+core/capacity_check.CapacityFit as a dict, or None} (bench/asr_timeline.py
 makes them; its JSON keeps each mode's timeline and stats, so `--from-json`
 redraws and re-tables runs made elsewhere, e.g. the GPU's 32K modes run in
 two processes). A record: i, t_s, latency_ms, reason, phase (reconciler phase
@@ -75,7 +76,17 @@ def summarize(run_: dict, deadline_ms: float) -> dict:
         "exact_state_fraction": float(np.mean([c["state_exact"] for c in cyc])) if cyc else None,
         "reconciler": {k: v for k, v in run_["reconciler"].items() if not isinstance(v, list)},
         "capacity_check": run_.get("capacity_check"),           # the primary's, after its warm-up
+        "refused_beyond_capacity_fit": _refused_beyond(cyc, run_.get("capacity_check")),
     }
+
+
+def _refused_beyond(cycles: list, capacity_check: dict | None) -> int | None:
+    """Refused cycles that came with more frames held than the capacity check found a cycle can serve: what the
+    configured capacity refuses whether a reconciler runs or not (None: no check)."""
+    fit = CapacityFit.from_values(capacity_check or {})
+    if fit is None:
+        return None
+    return sum(1 for c in cycles if c["reason"] == REFUSED and c["frames"] > fit.frames_that_fit)
 
 
 def print_summary(summaries: dict, header: list[str]) -> None:
@@ -98,7 +109,8 @@ def print_summary(summaries: dict, header: list[str]) -> None:
         print(f"  {mode}: outcomes {s['outcomes']}" + (f"; offers deferred at a boundary {deferred}" if deferred else ""))
         fit = CapacityFit.from_values(s.get("capacity_check") or {})
         if fit is not None:
-            print(f"  {mode}: capacity check: {fit.describe()}")
+            print(f"  {mode}: capacity check: {fit.describe()}; of the {s['refused']} refused cycles "
+                  f"{s['refused_beyond_capacity_fit']} came with more than those {fit.frames_that_fit} frames held")
         apply = s.get("swap_apply_ms")
         if apply:
             print(f"  {mode}: swap at the boundary after a cycle, p50/p99/max {_f(apply['p50'])} / {_f(apply['p99'])} / "
@@ -206,5 +218,6 @@ def load_runs(paths) -> tuple[dict, dict]:
             raise ValueError(f"{p}: capacity {data['capacity_tokens']} / deadline {data['deadline_ms']} ms differ "
                              f"from the first file's {meta['capacity_tokens']} / {meta['deadline_ms']}")
         for mode, m in data["modes"].items():
-            runs[mode] = {"cycles": m["timeline"], "reconciler": m["reconciler_stats"]}
+            runs[mode] = {"cycles": m["timeline"], "reconciler": m["reconciler_stats"],
+                          "capacity_check": m.get("capacity_check")}     # None in files from before the check
     return runs, meta
