@@ -18,7 +18,8 @@ from engine_oracle import cosine, oracle_logits
 
 from vla_edge_ros import config as C
 from vla_edge_ros.core.engine import Engine
-from vla_edge_ros.core.engine_state import FrameState, SwapDeferred
+from vla_edge_ros.core.engine_state import FrameState
+from vla_edge_ros.core.state_swap import SwapDeferred
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.in_process_asr import InProcessAsr

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .cycle_result import CycleResult
 from .engine import NO_SWAP_ROOM, Engine
-from .engine_state import SwapDeferred, SwapReport
+from .state_swap import SwapDeferred, SwapReport
 from .frames import Frame
 from .reconciliation import Phase, StateReconciler
 from .slack_scheduler import SlackScheduler

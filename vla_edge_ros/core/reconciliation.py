@@ -26,7 +26,7 @@ Phases of `StateReconciler` (one "round" per trigger; its offers are versions k,
                  primary takes and applies it: each goes back to catching_up, and the caught-up state
                  is offered again as a fresher version. An offer is never withdrawn: the primary
                  applies whichever it has (recomputing the frames it admitted after it, at most
-                 asr.max_late_chunks of them; a staler offer it defers, core/engine_state.SwapDeferred),
+                 asr.max_late_chunks of them; a staler offer it defers, core/state_swap.SwapDeferred),
                  so the frames it has to recompute at its boundary stay few however long it takes
 
 Triggers (asr.mode, core/asr_modes.py):

@@ -33,6 +33,14 @@ class SnapshotError(ValueError):
     """A snapshot does not fit the engine that is asked to apply it (names the mismatch)."""
 
 
+@dataclass
+class FrameRecord:
+    """What the engine remembers about a retained frame beyond its KV slots."""
+    frame_id: int
+    stamp_s: float
+    tokens: np.ndarray | None = None     # [tokens_per_frame, hidden] float32 vision rows (None: not known here)
+
+
 @dataclass(frozen=True)
 class StateChunk:
     """One admitted frame as the state stores it: enough to recompute its KV anywhere."""

@@ -67,7 +67,7 @@ from pathlib import Path
 
 from ..model.backend import kv_payload
 from ..model.cuda_device import bound
-from .engine_state import DEFER_NO_SLACK, DEFER_STALE, SwapDeferred, SwapReport
+from .state_swap import DEFER_NO_SLACK, DEFER_STALE, SwapDeferred, SwapReport
 from .frames import Frame
 from .gap_ledger import GapLedger
 from .heap_trim import HeapTrim
