@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 from .cycle_result import CycleResult
 from .engine import NO_SWAP_ROOM, Engine
-from .state_swap import SwapDeferred, SwapReport
 from .frames import Frame
 from .reconciliation import Phase, StateReconciler
 from .slack_scheduler import SlackScheduler
 from .state_snapshot import SnapshotError, StateChunk
+from .state_swap import SwapDeferred, SwapReport
 
 log = logging.getLogger(__name__)
 

@@ -67,7 +67,6 @@ from pathlib import Path
 
 from ..model.backend import kv_payload
 from ..model.cuda_device import bound
-from .state_swap import DEFER_NO_SLACK, DEFER_STALE, SwapDeferred, SwapReport
 from .frames import Frame
 from .gap_ledger import GapLedger
 from .heap_trim import HeapTrim
@@ -75,6 +74,7 @@ from .metrics import percentile
 from .slack_scheduler import SlackScheduler
 from .stale_snapshots import remove_stale_snapshot_dirs, snapshot_dir_prefix
 from .state_snapshot import SnapshotError, StateSnapshot
+from .state_swap import DEFER_NO_SLACK, DEFER_STALE, SwapDeferred, SwapReport
 
 log = logging.getLogger(__name__)
 
