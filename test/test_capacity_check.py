@@ -130,3 +130,29 @@ def test_a_model_whose_positions_end_before_the_arena_is_filled_as_far_as_they_g
     fit = check_capacity(engine, 3, warm_frame(engine.cfg))
     assert fit.full_frames == by_positions
     assert fit.full_tokens == st.prefix_tokens + (by_positions - 1) * engine.cfg.vision.tokens_per_frame
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_check_captures_no_graph_and_leaves_no_trace(tiny_model_dir, cuda_device):
+    """On the CUDA backend the fill's forwards and the timed cycles replay graphs the warm-up captured (a capture
+    keeps driver memory for good, and the configure is the place for none but those), and the live cycles after
+    the check pick the tokens an engine that never ran it picks."""
+    def gpu_engine():
+        cfg = C.load(overrides={"model.path": str(tiny_model_dir), "model.backend": "pycuda", "model.dtype": "float32",
+                                "cycle.deterministic": True, "kv.capacity_tokens": CAPACITY})
+        engine = primary_engine(cfg)
+        engine.warm_up(4, warm_frame(cfg))
+        return engine
+    checked, untouched = gpu_engine(), gpu_engine()
+    try:
+        captured = set(checked.backend._graphs)
+        fit = check_capacity(checked, 3, warm_frame(checked.cfg))
+        assert set(checked.backend._graphs) == captured
+        assert fit.full_frames == checked.state.frame_capacity and fit.full_ms > 0
+        for i, pixels in enumerate(read_clip("bikes.mp4", max_frames=8)):
+            a, b = (e.run_cycle(Frame(pixels=pixels, stamp_s=float(i), frame_id=i), now_s=float(i))
+                    for e in (checked, untouched))
+            assert a.is_action and b.is_action and a.tokens.tolist() == b.tokens.tolist(), i
+    finally:
+        checked.close()
+        untouched.close()
