@@ -70,3 +70,21 @@ def test_demo_reports_every_cycle_of_its_window(tiny_model_dir, tmp_path):
     assert "heap_trim" in done.stdout
     # Every skipped boundary names the part of the work that overran it.
     assert sum(report["boundaries_skipped_in"].values()) == report["boundaries_skipped"], report["boundaries_skipped_in"]
+
+
+def test_a_demo_that_never_acts_stops_and_says_what_the_cycles_answered(tiny_model_dir, tmp_path):
+    """A deadline no cycle can meet (1.5 ms, 0.5 of it budget, for a cycle of ~4 ms here): every cycle is refused,
+    or admitted as a probe and late, so no action comes. The demo stops after lifecycle.first_output_timeout_s and says why: the fallbacks by reason, and
+    the reasoning node's capacity check from its configure, which already knew."""
+    env = H.graph_env(H.ros_domain(__name__ + ".never"))
+    env["VLA_EDGE_LOG_DIR"] = str(tmp_path / "logs")
+    params = default_config_path().parent / "cpu_demo.yaml"
+    cmd = [sys.executable, "-m", "vla_edge_ros.cli", "demo", "--seconds", "3", "--params", str(params),
+           "--model", str(tiny_model_dir), "--set", "cycle.deadline_ms=1.5", "--set", "cycle.safety_margin_ms=1",
+           "--set", "lifecycle.first_output_timeout_s=6"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    line = next(x for x in done.stderr.splitlines() if "no action within 6 s of camera frames" in x)
+    assert "refused_budget" in line, line
+    assert "the reasoning node's capacity check: a cycle over the full state" in line, line
+    assert "not even a nearly empty state's cycle is within 0.9 of the budget" in line, line

@@ -533,6 +533,9 @@ class LifecycleConfig:
                                       "(it loads the weights, compiles the kernels on a cold machine, captures graphs "
                                       "and warms up)", default=180.0)
     transition_timeout_s: float = _doc("how long they wait for any other lifecycle transition", default=20.0)
+    first_output_timeout_s: float = _doc("the demo and soak: how long they wait for the first cycle output once the "
+                                         "graph is active, then for the first action once the camera runs, before "
+                                         "they stop and say what the cycles answered instead", default=30.0)
     warmup_cycles: int = _doc("reasoning: cycles run on a synthetic frame during configure (the second half seeds "
                               "the admission estimate), then forgotten", default=8)
     capacity_check_cycles: int = _doc("reasoning: cycles timed during configure with the state filled to its frame "
@@ -554,6 +557,7 @@ class LifecycleConfig:
     def __post_init__(self):
         _positive(self, "configure_timeout_s", "lifecycle")
         _positive(self, "transition_timeout_s", "lifecycle")
+        _positive(self, "first_output_timeout_s", "lifecycle")
         if self.warmup_cycles < 2:
             raise ConfigError(f"lifecycle.warmup_cycles must be >= 2 (a new frame and a repeat), got {self.warmup_cycles}")
         _non_negative(self, "capacity_check_cycles", "lifecycle")

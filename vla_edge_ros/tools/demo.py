@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,7 +29,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WIDTH = 320          # camera resolution of the demo (aspect kept); 0 publishes the clips' own size
 SETTLE_S = 1.5               # after the camera stops: one more 1 Hz diagnostics round
-FIRST_OUTPUT_TIMEOUT_S = 30.0
 RECONCILER_MODES = ("active", "inactive", "off")
 TICK_S = 1.0                 # the measured window: supervisor watch between calls of run_demo's tick
 
@@ -191,6 +191,7 @@ class Controller:
         self.cycles: dict = {}
         self.joint_states = 0
         self.diagnostics: dict = {}          # status name suffix -> latest values
+        self.fallback_reasons: Counter = Counter()   # fallbacks by reason, recording or not (why_no_action)
         self._lock = threading.Lock()
         node.create_subscription(ActionTokens, graph.ACTION_TOKENS_TOPIC, self._on_tokens, 100)
         node.create_subscription(DiagnosticStatus, graph.FALLBACK_TOPIC, self._on_fallback, 100)
@@ -211,7 +212,26 @@ class Controller:
     def _on_fallback(self, msg) -> None:
         from ..nodes.conversions import status_values
         v = status_values(msg)
+        with self._lock:
+            self.fallback_reasons[msg.message] += 1
         self._add(int(v["cycle_id"]), msg.message, float(v["elapsed_ms"]), int(v.get("evictions", 0)))
+
+    def count_fallbacks_from_now(self) -> None:
+        """why_no_action counts the fallbacks from here (the camera's start: no_frame before it says nothing)."""
+        with self._lock:
+            self.fallback_reasons.clear()
+
+    def why_no_action(self) -> str:
+        """What the cycles answered instead of actions, and what the reasoning node's capacity check found at
+        configure (a cycle that cannot meet the deadline even over a nearly empty state is refused every time)."""
+        from .demo_report import capacity_check, capacity_line
+        with self._lock:
+            reasons = self.fallback_reasons.most_common()
+            reasoning = dict(self.diagnostics.get("reasoning", {}))
+        said = (f"{sum(n for _, n in reasons)} fallbacks (" + ", ".join(f"{r} {n}" for r, n in reasons) + ")"
+                if reasons else "no fallback either")
+        fit = capacity_check(reasoning)
+        return said + ("" if fit is None else f"; the reasoning node's capacity check: {capacity_line(fit)}")
 
     def _on_action(self, msg) -> None:
         if self.recording:
@@ -251,7 +271,8 @@ def run_demo(cfg, model_dir: Path, seconds: float, width: int, params_file=None,
                 t_start = time.monotonic()
                 supervisor.start(leave_inactive=("reconciler",) if reconciler == "inactive" else ())
                 start_to_active_s = time.monotonic() - t_start
-                first_action_s = _wait_for_first_action(supervisor, controller, camera)
+                first_action_s = _wait_for_first_action(supervisor, controller, camera,
+                                                        cfg.lifecycle.first_output_timeout_s)
                 steal.start()
                 controller.t0 = time.monotonic()
                 controller.recording = True
@@ -328,24 +349,26 @@ def _listening_node():
         rclpy.try_shutdown(context=context)
 
 
-def _wait_for_first_action(supervisor, controller, camera) -> float:
+def _wait_for_first_action(supervisor, controller, camera, timeout_s: float) -> float:
     """Wait for the first cycle output, start the camera, wait for the first action; returns the seconds from
     the camera's start to that action. The measured window opens there: until the camera's publisher and
     the nodes' subscriptions have discovered each other (Fast DDS re-announces every few seconds if the
     first announcements are missed) the cycles can only say no_frame. That wait is reported on its own."""
     from .bringup import BringupError
 
-    deadline = time.monotonic() + FIRST_OUTPUT_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while controller.outputs_seen == 0:
         supervisor.poll()
         if time.monotonic() > deadline:
-            raise BringupError(f"no cycle output within {FIRST_OUTPUT_TIMEOUT_S:.0f} s")
+            raise BringupError(f"no cycle output within {timeout_s:g} s (lifecycle.first_output_timeout_s)")
         time.sleep(0.05)
     camera.start()
+    controller.count_fallbacks_from_now()
     t_camera = time.monotonic()
     while controller.actions_seen == 0:
         supervisor.poll()
-        if time.monotonic() - t_camera > FIRST_OUTPUT_TIMEOUT_S:
-            raise BringupError(f"no action within {FIRST_OUTPUT_TIMEOUT_S:.0f} s of camera frames")
+        if time.monotonic() - t_camera > timeout_s:
+            raise BringupError(f"no action within {timeout_s:g} s of camera frames: "
+                               f"{controller.why_no_action()}")
         time.sleep(0.01)
     return time.monotonic() - t_camera

@@ -98,7 +98,7 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
         "exactness": exactness(reasoning, reconciler),
         "phases_ms": phases(reasoning),
         "warmup": {"steady_ms": _float(reasoning.get("warmup.steady_ms")), "first_ms": _float(reasoning.get("warmup.first_ms"))},
-        "capacity_check": _capacity(reasoning),
+        "capacity_check": capacity_check(reasoning),
         "reasoning_configure_steps_s": {k[len(CONFIGURE_STEPS):]: _float(v) for k, v in reasoning.items()
                                         if k.startswith(CONFIGURE_STEPS)},
         "admission_spikes_not_learned": _int(reasoning.get("admission.spikes_not_learned")),
@@ -113,7 +113,7 @@ def build_report(cycles: list, reasoning: dict, camera: dict, meta: dict, reconc
     }
 
 
-def _capacity(reasoning: dict) -> dict | None:
+def capacity_check(reasoning: dict) -> dict | None:
     """The reasoning node's configure-time capacity check (core/capacity_check.py), None when it did not run."""
     fit = CapacityFit.from_values({k[len(CAPACITY):]: v for k, v in reasoning.items() if k.startswith(CAPACITY)})
     return None if fit is None else fit.as_dict()
@@ -284,7 +284,7 @@ def _state_rows(report: dict) -> list:
         ("frames dropped (double buffer)", f"{dropped['total']} (camera_ingest {dropped['camera_ingest']}, "
                                            f"reasoning {dropped['reasoning']})"),
         ("images rejected", str(frames["rejected_by_ingest"])),
-        ("capacity check", _capacity_line(report.get("capacity_check"))),
+        ("capacity check", capacity_line(report.get("capacity_check"))),
         ("evictions", f"{report['evictions']} (frames retained {report['kv']['frames_retained']})"),
         ("exact forgetting", _exactness_line(report["exactness"])),
         ("state swaps applied", f"{swaps['applied']} (state version {swaps['state_version']}; "
@@ -312,7 +312,8 @@ def _state_rows(report: dict) -> list:
     ]
 
 
-def _capacity_line(values: dict | None) -> str:
+def capacity_line(values: dict | None) -> str:
+    """The capacity check (capacity_check's dict) in words."""
     fit = None if not values else CapacityFit.from_values(values)
     return ("not run (lifecycle.capacity_check_cycles 0, or a frame capacity too small to hold its cycles)"
             if fit is None else fit.describe())
