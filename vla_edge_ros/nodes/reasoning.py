@@ -140,19 +140,20 @@ class Reasoning(EngineNode):
         except CONFIGURE_ERRORS as exc:
             self.get_logger().error(f"configure failed: {type(exc).__name__}: {exc}")
             return TransitionCallbackReturn.FAILURE
+        step = "warm-up"
         try:
             frame = np.random.default_rng(WARMUP_SEED).integers(
                 0, 256, (cfg.vision.image_height, cfg.vision.image_width, 3), dtype=np.uint8)
             t_warm = time.perf_counter()
             self.warmup = engine.warm_up(cfg.lifecycle.warmup_cycles, frame)
-            steps["warm-up"] = time.perf_counter() - t_warm
+            steps[step] = time.perf_counter() - t_warm
             if cfg.lifecycle.capacity_check_cycles:
-                t_check = time.perf_counter()
+                step, t_check = "capacity check", time.perf_counter()
                 self._check_capacity(engine, cfg, frame)
-                steps["capacity check"] = time.perf_counter() - t_check
+                steps[step] = time.perf_counter() - t_check
         except CONFIGURE_ERRORS as exc:
             engine.close()
-            self.get_logger().error(f"configure failed in warm-up: {type(exc).__name__}: {exc}")
+            self.get_logger().error(f"configure failed in the {step}: {type(exc).__name__}: {exc}")
             return TransitionCallbackReturn.FAILURE
         self.engine = engine
         # A fresh state: chunk numbering starts at 1 again, which tells a running reconciler to clear its
