@@ -146,7 +146,7 @@ def most_frames(state) -> int:
 
 
 def _timed(engine, cycles: int, frame_pixels: np.ndarray, first_id: int) -> list:
-    """`cycles` cycles, each on a new synthetic frame (a frame's prefill and 8 decode steps, as a live cycle)."""
+    """`cycles` cycles, each on a new synthetic frame: its prefill and the action's decode steps, as a live cycle."""
     return [engine.synthetic_cycle(frame_pixels, first_id + i) for i in range(cycles)]
 
 
