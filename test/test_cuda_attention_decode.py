@@ -158,9 +158,9 @@ def test_the_exact_group_entries_give_the_same_bits(kn, kn16, gpu, hq, kvh, hd, 
 
 
 def test_a_cycle_with_the_exact_group_entries_picks_the_same_tokens(tmp_path):
-    """Lab "+xg" on tiny (group 2: the _v1_h2_x2 entry) and llama-tiny (group 4: _v1_h2_x4): the captured cycle picks
-    the tokens the entries for any group pick, and the plan in effect names the entry; llama-tiny-mha (group 1) keeps
-    its one-head entry whatever the plan asks."""
+    """The default (lab "+xg") on tiny (group 2: the _v1_h2_x2 entry) and llama-tiny (group 4: _v1_h2_x4): the captured
+    cycle picks the tokens the entries for any group ("+noxg") pick, and the plan in effect names the entry;
+    llama-tiny-mha (group 1) keeps its one-head entry whatever the plan asks."""
     from vla_edge_ros.bench import kernel_lab
     from vla_edge_ros.model.cuda_backend import CudaBackend
     from vla_edge_ros.model.make_model import make_model
@@ -170,12 +170,12 @@ def test_a_cycle_with_the_exact_group_entries_picks_the_same_tokens(tmp_path):
         path = make_model(kind, tmp_path / kind, seed=13)
         spec = ModelSpec.from_dir(path)
         b = CudaBackend(spec, load_weights(path, spec), 300, "bfloat16")
-        assert b.kernel_plan.decode_attention_exact_group is False           # the default: off until measured
-        default = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=8)
-        assert kernel_lab.apply_launch_mode(b, "plain+xg") == ("plain+xg" if takes_it else "plain")
-        assert b.kernel_plan.decode_attention_exact_group is takes_it
+        assert b.kernel_plan.decode_attention_exact_group is takes_it        # the default where an entry exists
         exact = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=8)
-        np.testing.assert_array_equal(default[0], exact[0], err_msg=kind)
+        assert kernel_lab.apply_launch_mode(b, "plain+noxg") == ("plain+noxg" if takes_it else "plain")
+        assert b.kernel_plan.decode_attention_exact_group is False
+        any_group = one_cycle(b, spec.vocab_size, n_ctx=100, n_prefill=32, seed=8)
+        np.testing.assert_array_equal(any_group[0], exact[0], err_msg=kind)
         b.close()
 
 

@@ -58,16 +58,17 @@ def test_the_launcher_refuses_an_exact_entry_it_does_not_have(hq, kvh, hd, kw, w
 
 def test_the_lab_names_the_switch_and_the_plan_checks_it():
     from vla_edge_ros.bench.kernel_lab import mode_plan
-    assert MEASURED_BEST.decode_attention_exact_group is False
-    assert mode_plan("plain+xg") == dataclasses.replace(MEASURED_BEST, decode_attention_exact_group=True)
-    assert mode_plan("plain+xg+noxg") == MEASURED_BEST
+    assert MEASURED_BEST.decode_attention_exact_group is True          # measured faster (eighteenth session)
+    assert mode_plan("plain+xg") == MEASURED_BEST
+    assert mode_plan("plain+noxg") == dataclasses.replace(MEASURED_BEST, decode_attention_exact_group=False)
     with pytest.raises(ValueError, match="decode_attention_exact_group must be True or False"):
         dataclasses.replace(MEASURED_BEST, decode_attention_exact_group=1)
 
 
 def test_a_backend_keeps_the_exact_entry_only_where_its_group_has_one(caplog):
     xg = dataclasses.replace(MEASURED_BEST, decode_attention_exact_group=True)
-    assert in_effect(MEASURED_BEST, 12, 2)["decode_attention_exact_group"] is False     # not asked: never
+    off = dataclasses.replace(MEASURED_BEST, decode_attention_exact_group=False)
+    assert in_effect(off, 12, 2)["decode_attention_exact_group"] is False               # not asked: never
     assert in_effect(xg, 12, 2)["decode_attention_exact_group"] is True                 # the 1.5B's 6, two warps
     h1 = dataclasses.replace(xg, decode_attention_head_split=1)
     assert in_effect(h1, 12, 2)["decode_attention_exact_group"] is True                 # one warp, prefetched

@@ -16,7 +16,7 @@ compare another choice, the lab builds a variant plan and switches a backend to 
     of it and projection_int4.cu, noi4plean off, the default), the decode attention's
     one-head entry for a group of 1
     (g1 on, the default; nog1 off), its prefetching entries (dpf, the default, with g1 or
-    h1; nodpf off), its entries for exactly the model's group (xg; noxg off, the default) and the long-context
+    h1; nodpf off), its entries for exactly the model's group (xg, the default; noxg off) and the long-context
     attention's blocks per SM (lcs1, lcs2, lcs4) and its floor
     of splits per KV head (lcm1: none; lcm32, lcm64: 32 or 64);
   * a copy of the device state a decode step starts from, so that decode modes are compared from one prefill (two
@@ -44,7 +44,7 @@ LAUNCH_MODES = ("plain", "pdl", "persistent")
 # many rows, staged or not, on / off, the default), the decode
 # attention's one-head entry for a model without grouped queries (g1, the default; nog1: off), its next pass's loads
 # in flight (dpf: the _pf entries, the default, with one warp per slot group: g1, or h1 for a model with grouped
-# queries; nodpf: off), its entries for exactly the model's group (xg on; noxg off, the default), and the
+# queries; nodpf: off), its entries for exactly the model's group (xg, the default; noxg off), and the
 # long-context attention's blocks per SM (lcs1, lcs2, lcs4: KernelPlan.long_context_blocks_per_sm) and floor of
 # splits per KV head (lcm1: KernelPlan.long_context_min_splits_per_kv_head 1, no floor; lcm32, lcm64: a floor of 32 or
 # 64, for the 7B decode attention that ncu found latency-bound at 16: 40 us a layer, occupancy 21%); for the bulk prefill's flash

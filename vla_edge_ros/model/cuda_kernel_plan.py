@@ -138,8 +138,12 @@ class KernelPlan:
     # the 1.5B's bf16 arena, 6.3x its K/V floor) waits for the one before; for an exact group there is no test and
     # the compiler interleaves the heads. The same bits (test_cuda_attention_decode.py). ptxas (sm_90, bf16 / fp32
     # arena): _v1_h2_x6 128 / 128 registers (16 bytes spilled on fp32), _v1_pf_x6 220 / 255; the entries for any
-    # group 128 / 128 and 206 / 240. Off: not yet measured on the GPU; lab "+xg".
-    decode_attention_exact_group: bool = False
+    # group 128 / 128 and 206 / 240. Measured on the H200 (2026-12-05, eighteenth session; bit tests 102 passed;
+    # long_context_probe, the 1.5B's 12 / 2 heads, us a layer for one decode row at <= 66 splits): two warps per
+    # group 11.32 -> 9.27 at 4064 and 48.31 -> 32.69 at 32000 cached on the bf16 arena, 11.72 -> 10.02 and
+    # 51.35 -> 36.94 on the fp32 one; with one warp and the prefetch (head_split 1) 9.24 / 26.83 bf16 and
+    # 10.12 / 34.15 fp32. On (head_split stays 2); lab "+noxg" turns it off.
+    decode_attention_exact_group: bool = True
     # A decode projection with more 8-row items than this many blocks per SM (gate/up: 2240 items) loops them
     # over a grid of that size, staging the activations once (gemv_bf16_items); 0: a block per item.
     # Bit-identical; decode projections 1.100 -> 1.029 ms per step at 4 (2: 1.165).
