@@ -52,7 +52,7 @@ from ..core import gc_pauses
 from ..core.heap_trim import HeapTrim
 from ..core import swap_protocol as swap
 from ..core.boundary_overrun import OVERRUN_PARTS, BoundaryWork, overran_in
-from ..core.capacity_check import check_capacity
+from ..core.capacity_check import check_capacity, most_frames
 from ..core.clock import CycleGrid, hybrid_sleep_until
 from ..core.cpu_priority import make_thread_realtime
 from ..core.cycle_clock import CycleClockWriter, clock_path
@@ -181,8 +181,8 @@ class Reasoning(EngineNode):
         fit = check_capacity(engine, cfg.lifecycle.capacity_check_cycles, frame)
         self.capacity = {} if fit is None else fit.as_dict()
         if fit is None:
-            self.get_logger().info(f"capacity check skipped: a frame capacity of {engine.state.frame_capacity} "
-                                   f"cannot hold the timed cycles' frames")
+            self.get_logger().info(f"capacity check skipped: {most_frames(engine.state)} frames (the most the state "
+                                   f"can hold) cannot hold the timed cycles' frames")
         elif fit.fits:
             self.get_logger().info(f"capacity check: {fit.describe()}")
         else:
