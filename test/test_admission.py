@@ -299,3 +299,59 @@ def test_a_state_that_shrank_gets_a_probe_at_once_and_only_one():
     assert not off.decide(0.0, 1, 7, context_tokens=1_000).admit and off.shrink_probes == 0
     with pytest.raises(config.ConfigError, match="probe_on_context_shrink"):
         AdmissionConfig(probe_on_context_shrink=1.0)
+
+
+def test_with_a_context_cost_a_state_that_grew_raises_the_estimate_before_its_first_cycle():
+    """bench asr at 32768 slots on the H200 (2026-12-05): the estimate was learned over 90 frames (~2.9K tokens),
+    a swap brought 729 (~23.4K), and the next cycle, admitted on 15.3 ms with 18.1 ms left, took 37.4. With the
+    capacity check's slope (14.0 ms over 3 frames, 28.0 over 1021: ~0.43 us a context token) the same decision
+    is a refusal (an explained fallback before the work, not a late one after it)."""
+    slope = (27.995 - 14.037) / (32665 - (81 + 3 * 32))
+    small, grown, budget_left = 81 + 90 * 32, 81 + 729 * 32, 18.06
+    elapsed = CFG.cycle.deadline_ms - CFG.cycle.safety_margin_ms - budget_left
+    blind, aware = make(), make()
+    aware.set_context_cost(slope)
+    for ctl in (blind, aware):
+        for _ in range(10):                    # a steady run over the small state: 15.3 ms a cycle
+            ctl.observe(4.0, 33, 11.3, 7, other_ms=0.0, context_tokens=small)
+    assert aware.ema_context_tokens == pytest.approx(small)
+    assert blind.decide(elapsed, 33, 7, context_tokens=grown).admit          # what happened
+    d = aware.decide(elapsed, 33, 7, context_tokens=grown)
+    assert not d.admit and d.budget_ms == pytest.approx(budget_left)
+    assert d.estimate_ms == pytest.approx((15.3 + slope * (grown - small)) * aware.tail_factor)
+    # At the context it was learned at, the estimate is the plain sum; a smaller state costs less (never < 0).
+    assert aware.decide(0.0, 33, 7, context_tokens=small).estimate_ms == pytest.approx(
+        blind.decide(0.0, 33, 7, context_tokens=small).estimate_ms)
+    assert aware.mean_ms(33, 7, context_tokens=81) == pytest.approx(15.3 - slope * (small - 81))
+    assert aware.mean_ms(33, 7, context_tokens=small - 10 ** 9) == 0.0
+    assert aware.mean_ms(33, 7) == pytest.approx(15.3)                       # context unknown: the sum
+
+
+def test_the_context_the_estimate_was_learned_at_follows_the_learned_cycles():
+    ctl = make(spike_factor=1e12)
+    ctl.set_context_cost(1e-4)
+    alpha = CFG.admission.ema_alpha
+    ref = None
+    for context in (1000, 5000, 5000, 20000, 3000):
+        ctl.observe(10.0, 32, 7.0, 7, context_tokens=context)
+        ref = context if ref is None else (1 - alpha) * ref + alpha * context
+        assert ctl.ema_context_tokens == pytest.approx(ref)
+    # The cycle's ratio against its prediction is taken at its own context: a cycle costing exactly what the
+    # averages plus the slope predict adds a ratio of 1.
+    before = ctl.ema_context_tokens
+    predicted = ctl.mean_ms(32, 7, context_tokens=30000)
+    ctl.observe(predicted - 7.0, 32, 7.0, 7, context_tokens=30000)
+    assert list(ctl._ratios)[-1] == pytest.approx(1.0)
+    assert ctl.ema_context_tokens == pytest.approx((1 - alpha) * before + alpha * 30000)
+
+
+@pytest.mark.parametrize("bad", [-1e-6, float("nan"), float("inf")])
+def test_a_context_cost_must_be_a_finite_non_negative_number(bad):
+    ctl = make()
+    with pytest.raises(ValueError, match="context ms per token"):
+        ctl.set_context_cost(bad)
+    assert ctl.context_ms_per_token == 0.0
+
+
+def test_the_context_cost_is_off_by_default():
+    assert CFG.admission.context_cost is False and make().context_ms_per_token == 0.0

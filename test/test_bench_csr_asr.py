@@ -128,6 +128,10 @@ def test_bench_asr_runs_the_three_modes_through_the_rounds(asr_run):
         refused = [c for c in s["timeline"] if c["reason"] == "refused_budget"]
         assert all(c["estimate_ms"] > c["budget_ms"] for c in refused), refused[:3]
         assert all(c["tail_factor"] >= 1.0 for c in s["timeline"])
+        # Each cycle's gap: how far it ran past the next boundary, and the reconciler work in it (interleaved
+        # runs only; on a machine of several cores the reconciler has its thread). Each fallback is described.
+        assert all(c["gap_over_ms"] >= 0.0 and isinstance(c["gap_work"], list) for c in s["timeline"])
+        assert [f["i"] for f in s["fallback_causes"]] == [c["i"] for c in s["timeline"] if c["reason"] != "action"]
     asr, sync, approx = (data["modes"][m] for m in ("asr", "sync", "approx"))
     assert asr["rounds"] == asr["reconciler"]["rounds_applied"] >= 3
     assert asr["timeline"][-1]["rounds_started"] >= asr["rounds"]
@@ -217,6 +221,28 @@ def test_asr_plan_counts_the_cycles_of_the_rounds_from_the_rule():
     assert plan["cycles_for_rounds"] == 1 + 10 * (trigger - kept)
     cold = asr_timeline._plan_cycles(SimpleNamespace(primary=SimpleNamespace(state=state), cfg=cfg), 10, warm=False)
     assert cold["warm_frames"] == 0 and cold["cycles_for_rounds"] == trigger + 10 * (trigger - kept)
+
+
+def test_bench_asr_names_what_came_before_each_fallback():
+    """The swap at the boundary before a fallback (with the frames it brought) and the gap work that ran past it:
+    the H200's 32K run of 2026-12-05 in its own records' shape (cycle 349 missed after a swap from 90 to 728 frames)."""
+    from vla_edge_ros.bench.asr_report import describe_cause, fallback_causes
+
+    def record(i, reason="action", frames=90, swap_ms=None, over=0.0, work=()):
+        return {"i": i, "reason": reason, "latency_ms": 37.4 if reason != "action" else 15.5, "estimate_ms": 15.29,
+                "budget_ms": 18.06, "frames": frames, "swap_ms": swap_ms, "gap_over_ms": over, "gap_work": list(work)}
+    cycles = [record(0), record(1, frames=728, swap_ms=4.06, over=13.2, work=[["receive", 0, 0.1],
+                                                                             ["offer", 0, 13.0]]),
+              record(2, "deadline_missed", frames=729)]
+    (cause,) = fallback_causes(cycles)
+    assert cause["i"] == 2 and cause["frames_before"] == 90 and cause["frames"] == 728
+    line = describe_cause(cause)
+    assert line.startswith("cycle 2 deadline_missed (37.40 ms; estimate 15.29 against a budget of 18.06)")
+    assert "after a swap of 4.06 ms (90 -> 728 frames)" in line
+    assert "its gap ran 13.2 ms past the boundary (receive 0.1 ms, offer 13.0 ms)" in line
+    # Records from before the gap was kept describe what they have.
+    old = [{k: v for k, v in c.items() if not k.startswith("gap_")} for c in cycles]
+    assert describe_cause(fallback_causes(old)[0]).endswith("(90 -> 728 frames)")
 
 
 def test_bench_asr_counts_the_refusals_the_capacity_alone_explains():

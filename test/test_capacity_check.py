@@ -7,6 +7,8 @@ The arithmetic of the verdict is checked on figures of the kind the H200 gave
 at 32768 slots (`bench asr`, 2026-12-04).
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -47,6 +49,7 @@ def test_the_check_times_cycles_over_the_whole_frame_capacity_and_leaves_no_trac
     assert fit.full_frames == st.frame_capacity and fit.short_frames == 3
     # The last timed cycle attended to every frame but its own: the state was full when it ended.
     assert fit.full_tokens == st.prefix_tokens + (st.frame_capacity - 1) * tpf
+    assert fit.short_tokens == st.prefix_tokens + (fit.short_frames - 1) * tpf
     assert fit.fixed_tokens == st.prefix_tokens + st.suffix_reserve
     assert fit.budget_ms == cfg.cycle.deadline_ms - cfg.cycle.safety_margin_ms and fit.budget_share == 0.9
     assert fit.full_ms > 0 and fit.short_ms > 0 and fit.fill_s > 0
@@ -113,6 +116,35 @@ def test_the_verdict_survives_the_trip_through_diagnostics_strings(short_ms, ful
     assert back is not None and back.describe() == fit.describe() and back.as_dict() == fit.as_dict()
     assert CapacityFit.from_values({k: v for k, v in values.items() if k != "full_ms"}) is None
     assert CapacityFit.from_values({**values, "full_ms": "n/a"}) is None
+
+
+def test_the_slope_between_the_two_states_is_the_cost_of_a_context_token():
+    """The H200's 32K check of 2026-12-05: 14.0 ms over 3 frames (177 tokens), 28.0 over 1021 (32665)."""
+    fit = CapacityFit(short_frames=3, short_ms=14.037, full_frames=1021, full_tokens=32665, full_ms=27.995,
+                      budget_ms=31.33, budget_share=0.9, tokens_per_frame=32, fixed_tokens=81, fill_s=2.9,
+                      short_tokens=177)
+    assert fit.ms_per_context_token == pytest.approx((27.995 - 14.037) / (32665 - 177))
+    assert fit.as_dict()["ms_per_context_token"] == fit.ms_per_context_token
+    # A cheaper full state (noise on a tiny model) is no negative cost; a record from before short_tokens was kept
+    # (bench asr JSON of earlier sessions) reads back, with no slope.
+    assert dataclasses.replace(fit, full_ms=13.0).ms_per_context_token == 0.0
+    old = {k: v for k, v in fit.as_dict().items() if k not in ("short_tokens", "ms_per_context_token")}
+    back = CapacityFit.from_values(old)
+    assert back is not None and back.short_tokens == -1 and back.ms_per_context_token == 0.0
+    assert back.describe() == fit.describe()
+
+
+def test_admission_takes_the_slope_only_where_the_configuration_asks(tiny_model_dir):
+    from vla_edge_ros.core.capacity_check import take_context_cost
+    fit = dataclasses.replace(fit_of(16.0, 27.5), short_tokens=96 + 2 * 32)
+    off = make_engine(tiny_model_dir)
+    assert take_context_cost(off, fit) == 0.0 and off.admission.context_ms_per_token == 0.0
+    cfg = C.load(overrides={"model.path": str(tiny_model_dir), "model.backend": "numpy", "cycle.deterministic": True,
+                            "kv.capacity_tokens": CAPACITY, "admission.context_cost": True})
+    on = primary_engine(cfg)
+    assert take_context_cost(on, None) == 0.0 and on.admission.context_ms_per_token == 0.0
+    assert take_context_cost(on, fit) == fit.ms_per_context_token > 0
+    assert on.admission.context_ms_per_token == fit.ms_per_context_token
 
 
 def test_a_model_whose_positions_end_before_the_arena_is_filled_as_far_as_they_go(tiny_model_dir, tmp_path):

@@ -596,3 +596,21 @@ def test_a_round_that_cannot_catch_up_is_aborted_once_and_the_next_is_sized_to_f
     rec.notify_applied(snap.version, rig.primary.state.last_swap.late)
     rec.receive()
     assert st.rounds_applied == 1 and rig.primary.state.state_exact and rec.primary_frame_ids == rig.held()
+
+
+def test_interleaved_work_says_what_each_gap_ran(tiny_model_dir, model, clip):
+    """InProcessAsr.last_gap (bench asr's timeline names what made a gap run past its boundary): the inbox first,
+    then each step with its frames and an offer when one was made, in order; the steps' frames are the work done."""
+    rig = Rig(tiny_model_dir, model, clip)
+    tpf, seen = rig.cfg.vision.tokens_per_frame, []
+    for _ in range(60):
+        rig.cycle(reconcile=False)
+        done = rig.driver.work_until(time.perf_counter() + 5.0)
+        gap = rig.driver.last_gap
+        assert gap[0][0] == "receive" and all(what in ("step", "offer") for what, _, _ in gap[1:]), gap
+        assert sum(frames for what, frames, _ in gap if what == "step") * tpf == done
+        assert all(ms >= 0.0 for _, _, ms in gap) and all(frames > 0 for what, frames, _ in gap if what == "step")
+        assert [what for what, _, _ in gap].count("offer") <= 1 and (gap[-1][0] == "offer" or "offer" not in
+                                                                     [what for what, _, _ in gap])
+        seen += [what for what, _, _ in gap]
+    assert {"receive", "step", "offer"} <= set(seen) and rig.rec.stats.rounds_applied >= 1

@@ -148,6 +148,11 @@ class AdmissionConfig:
     probe_on_context_shrink: float = _doc("a cycle refused with its state holding at most (1 - this) of the tokens "
                                           "the estimate was learned with (a swap or re-base shrank it) is admitted "
                                           "as a probe at once (core/admission.py); 0 = never", default=0.25)
+    context_cost: bool = _doc("take the capacity check's measured cost per context token into every estimate, so "
+                              "that a swap which grows the state (at 32K slots on the H200: 90 -> 729 frames, "
+                              "~9 ms more per cycle) raises the estimate before its first cycle instead of after "
+                              "a late one (core/admission.py); needs lifecycle.capacity_check_cycles > 0. Off "
+                              "until measured on the GPU", default=False)
 
     def __post_init__(self):
         if not 0.0 <= self.tail_quantile < 1.0:

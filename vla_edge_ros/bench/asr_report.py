@@ -34,6 +34,7 @@ BUSY_PHASES = ("warming", "catching_up", "ready")     # a reconciliation is in p
 REBUILD_PHASE = "rebuild"                             # the cycle that carried a synchronous rebuild (sync)
 STEADY_PHASES = ("idle", "absent")
 REFUSED = "refused_budget"
+MAX_CAUSES_PRINTED = 12     # fallbacks described one per line under the table (the JSON keeps them all)
 DEADLINE_MISSED = "deadline_missed"
 
 
@@ -77,7 +78,38 @@ def summarize(run_: dict, deadline_ms: float) -> dict:
         "reconciler": {k: v for k, v in run_["reconciler"].items() if not isinstance(v, list)},
         "capacity_check": run_.get("capacity_check"),           # the primary's, after its warm-up
         "refused_beyond_capacity_fit": _refused_beyond(cyc, run_.get("capacity_check")),
+        "fallback_causes": fallback_causes(cyc),
     }
+
+
+def fallback_causes(cycles: list) -> list[dict]:
+    """Each cycle that did not end in an action, with what came just before it: the boundary before it (a swap's
+    ms, the frames held before and after), the reconciler work in that gap and how far it ran past the boundary
+    (interleaved runs; gap_over_ms and gap_work are missing from runs made before they were kept)."""
+    out = []
+    for i, c in enumerate(cycles):
+        if c["reason"] == "action":
+            continue
+        before = cycles[i - 1] if i else {}
+        # A record's frames are counted after its cycle and the swap that followed it: the swap before cycle i
+        # took the state from record i - 2's count (give or take cycle i - 1's own frame) to record i - 1's.
+        out.append({"i": c["i"], "reason": c["reason"], "latency_ms": c["latency_ms"],
+                    "estimate_ms": c.get("estimate_ms"), "budget_ms": c.get("budget_ms"), "frames": before.get("frames"),
+                    "frames_before": cycles[i - 2]["frames"] if i >= 2 else None, "swap_before_ms": before.get("swap_ms"),
+                    "gap_over_ms": before.get("gap_over_ms"), "gap_work": before.get("gap_work")})
+    return out
+
+
+def describe_cause(f: dict) -> str:
+    """One fallback_causes entry in words."""
+    words = [f"cycle {f['i']} {f['reason']} ({_f(f['latency_ms'])} ms; estimate {_f(f['estimate_ms'])} against a "
+             f"budget of {_f(f['budget_ms'])})"]
+    if f.get("swap_before_ms") is not None:
+        words.append(f"after a swap of {_f(f['swap_before_ms'])} ms ({f['frames_before']} -> {f['frames']} frames)")
+    if f.get("gap_over_ms"):
+        work = ", ".join(f"{what}{f' {n} frames' if n else ''} {ms:.1f} ms" for what, n, ms in f.get("gap_work") or [])
+        words.append(f"its gap ran {f['gap_over_ms']:.1f} ms past the boundary ({work or 'the swap'})")
+    return "; ".join(words)
 
 
 def _refused_beyond(cycles: list, capacity_check: dict | None) -> int | None:
@@ -115,6 +147,11 @@ def print_summary(summaries: dict, header: list[str]) -> None:
         if apply:
             print(f"  {mode}: swap at the boundary after a cycle, p50/p99/max {_f(apply['p50'])} / {_f(apply['p99'])} / "
                   f"{_f(apply['max'])} ms")
+        causes = s.get("fallback_causes") or []
+        for f in causes[:MAX_CAUSES_PRINTED]:
+            print(f"  {mode}: {describe_cause(f)}")
+        if len(causes) > MAX_CAUSES_PRINTED:
+            print(f"  {mode}: ... and {len(causes) - MAX_CAUSES_PRINTED} more fallbacks (all in the JSON)")
 
 
 def _f(v) -> str:

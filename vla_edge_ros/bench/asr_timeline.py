@@ -353,7 +353,7 @@ class _Engines:
 
 class _Runner:
     def __init__(self, mode, cfg, engines: _Engines, work):
-        from ..core.capacity_check import check_capacity
+        from ..core.capacity_check import check_capacity, take_context_cost
         from ..core.in_process_asr import InProcessAsr
         from ..core.reconciliation import StateReconciler
 
@@ -368,6 +368,7 @@ class _Runner:
         self.primary.warm_up(cfg.lifecycle.warmup_cycles, pixels)
         # ... and its capacity check: whether a cycle over a full state meets the deadline (printed with the run).
         self.capacity = check_capacity(self.primary, cfg.lifecycle.capacity_check_cycles, pixels)
+        take_context_cost(self.primary, self.capacity)             # admission.context_cost, as the node
         reconciler = StateReconciler(cfg, engines.reconciler(cfg)) if mode == "asr" else None
         self.driver = InProcessAsr(self.primary, reconciler, work=work)
         self.reconciler = reconciler
@@ -389,7 +390,7 @@ class _Runner:
                 frame = Frame(pixels=frames[fid % len(frames)], stamp_s=now_s, frame_id=fid)
                 records.append(self._cycle(frame, now_s, i, boundary, boundary + period))
                 self.driver.work_until(t0 + (i + 1) * period)
-                records[-1].update(self._round_totals())
+                records[-1].update(self._round_totals(), **self._gap_record(t0 + (i + 1) * period))
                 if (i + 1) % PROGRESS_EVERY == 0:
                     self._log_progress(records)
                 if swaps_wanted is not None and self.reconciler.stats.rounds_applied >= swaps_wanted:
@@ -427,6 +428,15 @@ class _Runner:
             for c in chunks:
                 self.reconciler.mirror_encoded(c)
         log.info("%s: warm start with %d frames (%d tokens)", self.mode, n, n * self.cfg.vision.tokens_per_frame)
+
+    def _gap_record(self, next_boundary: float) -> dict:
+        """The reconciler work in this cycle's gap (interleaved: bench/asr_report.gap_work says it in words) and
+        how far the gap ran past the next boundary (0: it did not): a late start of the next cycle (a refusal
+        on a negative budget) names its cause."""
+        over_ms = max(0.0, (time.perf_counter() - next_boundary) * 1e3)
+        gap = self.driver.last_gap if self.driver.work == "interleaved" else []
+        self.driver.last_gap = []
+        return {"gap_over_ms": round(over_ms, 3), "gap_work": [[what, frames, round(ms, 3)] for what, frames, ms in gap]}
 
     def _round_totals(self) -> dict:
         """Running totals after this cycle's gap: rounds started / aborted (sync: every rebuild is one)."""

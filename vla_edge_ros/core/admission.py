@@ -66,6 +66,21 @@ on the larger one, too high. A cycle refused with the state at most
 learned with is admitted as a probe at once, one per shrink: fewer tokens cannot
 cost more to attend to. `cycle.deterministic` is applied by the
 caller, so a decision always reports the honest estimate and budget.
+
+A swap that grows the state is the other way round, and worse: the estimate,
+learned on the smaller state, is too low, and the first cycle over the larger
+one is admitted and runs late (`bench asr --capacity 32768` on the H200,
+2026-12-05: a swap took the primary from 90 frames to 729, the next cycle was
+admitted on 15.3 ms and took 37.4). With a cost per context token
+(set_context_cost: the capacity check's slope between its nearly empty and its
+full state, admission.context_cost), the estimate is
+
+    mean_ms     = (the sum above) + context_ms_per_token * (context_tokens - ema_context_tokens)
+
+where ema_context_tokens is the context of the cycles the averages were learned
+on, averaged with the same ema_alpha: the averages hold the cost at that
+context, and the term moves it to this cycle's (down as well as up; never
+below zero). Without a slope (0, the default) the estimate is the sum alone.
 """
 from __future__ import annotations
 
@@ -103,6 +118,8 @@ class AdmissionController:
         self.ema_prefill_ms_per_token = 0.0
         self.ema_decode_ms_per_token = 0.0
         self.ema_other_ms = 0.0
+        self.context_ms_per_token = 0.0     # set_context_cost; 0: the estimate does not follow the context
+        self.ema_context_tokens: float | None = None   # the context the averages were learned at (None: unknown)
         self.has_sample = False
         self.tail_quantile = admission_cfg.tail_quantile
         # actual / predicted of recent learned cycles, kept sorted too: the tail is taken as each cycle ends,
@@ -112,10 +129,20 @@ class AdmissionController:
         self.decisions = 0
         self._tail = 1.0
 
-    def mean_ms(self, prefill_tokens: int, decode_tokens: int) -> float:
-        """The mean predicted cost of a cycle of these tokens."""
-        return (self.ema_prefill_ms_per_token * prefill_tokens + self.ema_decode_ms_per_token * decode_tokens
+    def set_context_cost(self, ms_per_token: float) -> None:
+        """The cost of one more context token to a cycle (ms; the module docstring): from now on every estimate
+        follows the context it is asked about. 0 turns that off."""
+        _check_finite_non_negative("context ms per token", ms_per_token)
+        self.context_ms_per_token = float(ms_per_token)
+
+    def mean_ms(self, prefill_tokens: int, decode_tokens: int, context_tokens: int | None = None) -> float:
+        """The mean predicted cost of a cycle of these tokens, over `context_tokens` held (None: at the context
+        the averages were learned at)."""
+        mean = (self.ema_prefill_ms_per_token * prefill_tokens + self.ema_decode_ms_per_token * decode_tokens
                 + self.ema_other_ms)
+        if context_tokens is None or self.ema_context_tokens is None or not self.context_ms_per_token:
+            return mean
+        return max(0.0, mean + self.context_ms_per_token * (context_tokens - self.ema_context_tokens))
 
     @property
     def tail_factor(self) -> float:
@@ -141,7 +168,7 @@ class AdmissionController:
         self._expire_ratios()
         if not self.has_sample:
             return AdmissionDecision(admit=True, estimate_ms=0.0, budget_ms=budget)
-        estimate = self.mean_ms(prefill_tokens, decode_tokens) * self.tail_factor
+        estimate = self.mean_ms(prefill_tokens, decode_tokens, context_tokens) * self.tail_factor
         if estimate <= budget:
             self.refusals_in_a_row = 0
             return AdmissionDecision(admit=True, estimate_ms=estimate, budget_ms=budget)
@@ -189,7 +216,7 @@ class AdmissionController:
         if not self.has_sample:
             self._seed(prefill_rate, decode_rate, other_ms, context_tokens)
             return True
-        predicted = self.mean_ms(prefill_tokens, decode_tokens)
+        predicted = self.mean_ms(prefill_tokens, decode_tokens, context_tokens)
         actual = prefill_ms + decode_ms + other_ms
         if actual > self.spike_factor * predicted:
             self.spikes_in_a_row += 1
@@ -212,6 +239,8 @@ class AdmissionController:
         self.ema_other_ms = (1.0 - a) * self.ema_other_ms + a * other_ms
         if context_tokens is not None:
             self._learned_context = context_tokens
+            self.ema_context_tokens = (float(context_tokens) if self.ema_context_tokens is None
+                                       else (1.0 - a) * self.ema_context_tokens + a * context_tokens)
         return True
 
     def _add_ratio(self, ratio: float) -> None:
@@ -228,6 +257,7 @@ class AdmissionController:
         self.has_sample = True
         if context_tokens is not None:
             self._learned_context = context_tokens
+            self.ema_context_tokens = float(context_tokens)
 
 
 def _check_finite_non_negative(name: str, value: float) -> None:

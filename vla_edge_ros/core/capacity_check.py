@@ -19,16 +19,19 @@ warm-up left them). The cost between the two is taken as linear in the frames
 held (attention over the context; the 32K run above: 16.0, 18.4, 22.4, 25.0,
 29.0 ms at 50, 200, 400, 600, 850 frames), which gives the frames a cycle can
 serve within lifecycle.capacity_budget_share of the budget, and the
-kv.capacity_tokens that would hold them. It changes nothing: a robot whose
+kv.capacity_tokens that would hold them. It changes no setting: a robot whose
 state never grows that far (rounds of exact forgetting keep it near
 asr.threshold of capacity) may keep the capacity; one that does learns where
-admission will start refusing before it does.
+admission will start refusing before it does. With admission.context_cost the
+same slope becomes admission's cost per context token (take_context_cost), so
+that a swap which grows the state raises the estimate before the first cycle
+over it (core/admission.py).
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 import numpy as np
 
@@ -50,6 +53,7 @@ class CapacityFit:
     tokens_per_frame: int
     fixed_tokens: int           # the prefix and one cycle's suffix reserve: slots no frame can use
     fill_s: float               # seconds the synthetic frames' KV took to compute
+    short_tokens: int = -1      # context tokens of the short-state cycles (-1: a record from before it was kept)
 
     @property
     def allowed_ms(self) -> float:
@@ -58,6 +62,15 @@ class CapacityFit:
     @property
     def fits(self) -> bool:
         return self.full_ms <= self.allowed_ms
+
+    @property
+    def ms_per_context_token(self) -> float:
+        """What one more context token adds to a cycle: the slope between the two measurements (0 where it is not
+        positive or the short state's tokens are not known). Admission takes it (admission.context_cost)."""
+        span = self.full_tokens - self.short_tokens
+        if self.short_tokens < 0 or span <= 0:
+            return 0.0
+        return max(0.0, (self.full_ms - self.short_ms) / span)
 
     @property
     def frames_that_fit(self) -> int:
@@ -84,14 +97,16 @@ class CapacityFit:
         """Back from as_dict()'s fields as /diagnostics carries them (strings); None when any is missing."""
         kinds = {"int": int, "float": float}
         try:
-            return cls(**{f.name: kinds[f.type](float(values[f.name])) for f in fields(cls)})
+            return cls(**{f.name: kinds[f.type](float(values[f.name])) for f in fields(cls)
+                          if f.name in values or f.default is MISSING})
         except (KeyError, ValueError, TypeError):
             return None
 
     def as_dict(self) -> dict:
         """For /diagnostics and JSON: the measurements and the verdict."""
         return asdict(self) | {"fits": self.fits, "frames_that_fit": self.frames_that_fit,
-                               "capacity_tokens_that_fit": self.capacity_tokens_that_fit}
+                               "capacity_tokens_that_fit": self.capacity_tokens_that_fit,
+                               "ms_per_context_token": self.ms_per_context_token}
 
     def describe(self) -> str:
         """One line for the log and the reports."""
@@ -117,7 +132,7 @@ def check_capacity(engine, cycles: int, frame_pixels: np.ndarray) -> CapacityFit
         return None
     with engine.synthetic_cycles(keep_admission=False):
         short = _timed(engine, cycles, frame_pixels, FILL_FRAME_ID0 - 2 * cycles)
-        short_frames = len(state.frames)
+        short_frames, short_tokens = len(state.frames), short[-1].context_tokens
         state.reset_frames()
         state.last_frame_id = None
         encoded = state.encoder.encode(frame_pixels)
@@ -135,7 +150,17 @@ def check_capacity(engine, cycles: int, frame_pixels: np.ndarray) -> CapacityFit
                        full_tokens=int(full_tokens), full_ms=_median(full),
                        budget_ms=cyc.deadline_ms - cyc.safety_margin_ms,
                        budget_share=engine.cfg.lifecycle.capacity_budget_share, tokens_per_frame=tpf,
-                       fixed_tokens=state.prefix_tokens + state.suffix_reserve, fill_s=fill_s)
+                       fixed_tokens=state.prefix_tokens + state.suffix_reserve, fill_s=fill_s,
+                       short_tokens=int(short_tokens))
+
+
+def take_context_cost(engine, fit: CapacityFit | None) -> float:
+    """admission.context_cost: the fit's cost per context token into `engine`'s admission estimate; returns the
+    slope taken (0: none: the key is off, the check did not run, or its slope was not positive)."""
+    if fit is None or not engine.cfg.admission.context_cost:
+        return 0.0
+    engine.admission.set_context_cost(fit.ms_per_context_token)
+    return fit.ms_per_context_token
 
 
 def most_frames(state) -> int:

@@ -66,6 +66,9 @@ class InProcessAsr:
         self.work = work
         self.reconciler_error: BaseException | None = None
         self.deferred: Counter = Counter()        # offers not applied because too stale, by SwapDeferred.reason
+        # What the latest work_until ran, in order: (what, frames, ms) with what "receive", "step" or "offer"
+        # (frames 0 but for a step): when a gap overran its boundary, which of them did (bench asr's timeline).
+        self.last_gap: list[tuple[str, int, float]] = []
         asr = primary.cfg.asr
         self.scheduler = SlackScheduler(primary.cfg.vision.tokens_per_frame,
                                         max(asr.warmup_tokens_per_step, primary.cfg.vision.tokens_per_frame),
@@ -114,8 +117,12 @@ class InProcessAsr:
         sched = self.scheduler
         if margin_ms is not None:
             sched.margin_ms = float(margin_ms)
-        tokens = 0
-        if not self._guarded(rec.receive):
+        tokens, gap = 0, []
+        self.last_gap = gap
+        t = time.perf_counter()
+        due = self._guarded(rec.receive)
+        gap.append(("receive", 0, (time.perf_counter() - t) * 1e3))
+        if not due:
             return 0
         sched.new_window()
         while rec.frames_to_compute:
@@ -127,13 +134,17 @@ class InProcessAsr:
             if not done:
                 break
             self._guarded(rec.state.backend.synchronize)
-            sched.observe((time.perf_counter() - t) * 1e3, done)
+            step_ms = (time.perf_counter() - t) * 1e3
+            sched.observe(step_ms, done)
+            gap.append(("step", done // rec.tpf, step_ms))
             tokens += done
         if rec.offer_due and sched.offer_fits((deadline_perf - time.perf_counter()) * 1e3):
             t = time.perf_counter()
             if self._guarded(rec.make_offer):
                 self._guarded(rec.state.backend.synchronize)
-                sched.observe_offer((time.perf_counter() - t) * 1e3)
+                offer_ms = (time.perf_counter() - t) * 1e3
+                sched.observe_offer(offer_ms)
+                gap.append(("offer", 0, offer_ms))
         return tokens
 
     @property

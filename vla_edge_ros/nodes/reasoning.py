@@ -52,7 +52,7 @@ from ..core import gc_pauses
 from ..core.heap_trim import HeapTrim
 from ..core import swap_protocol as swap
 from ..core.boundary_overrun import OVERRUN_PARTS, BoundaryWork, overran_in
-from ..core.capacity_check import check_capacity, most_frames
+from ..core.capacity_check import check_capacity, most_frames, take_context_cost
 from ..core.clock import CycleGrid, hybrid_sleep_until
 from ..core.cpu_priority import make_thread_realtime
 from ..core.cycle_clock import CycleClockWriter, clock_path
@@ -187,6 +187,10 @@ class Reasoning(EngineNode):
             self.get_logger().info(f"capacity check: {fit.describe()}")
         else:
             self.get_logger().warning(f"capacity check: {fit.describe()}")
+        slope = take_context_cost(engine, fit)
+        if slope:
+            self.get_logger().info(f"admission follows the context: {slope * 1e3:.3f} ms per 1000 tokens held "
+                                   f"(admission.context_cost, from the capacity check)")
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         """SUCCESS -> active: cycles run, swaps are requested."""
