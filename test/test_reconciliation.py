@@ -614,3 +614,11 @@ def test_interleaved_work_says_what_each_gap_ran(tiny_model_dir, model, clip):
                                                                      [what for what, _, _ in gap])
         seen += [what for what, _, _ in gap]
     assert {"receive", "step", "offer"} <= set(seen) and rig.rec.stats.rounds_applied >= 1
+    # The steps' contexts reach the step costs only where asr.step_cost_follows_context asks (core/step_costs.py).
+    assert all(c is None for t in rig.driver.scheduler.costs.by_frames.values() for c in t.contexts)
+    aware = Rig(tiny_model_dir, model, clip, **{"asr.step_cost_follows_context": True})
+    for _ in range(20):
+        aware.cycle(reconcile=False)
+        aware.driver.work_until(time.perf_counter() + 5.0)
+    contexts = [c for t in aware.driver.scheduler.costs.by_frames.values() for c in t.contexts]
+    assert contexts and all(0 < c <= aware.cfg.kv.capacity_tokens for c in contexts)

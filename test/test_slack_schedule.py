@@ -296,3 +296,54 @@ def test_one_slow_step_does_not_price_its_size_out_of_the_gap():
     sched.observe(38.0, 4 * 32)                              # one slow step
     assert sched.costs.estimate(4) == pytest.approx(6.6)
     assert sched.frames_for(2.0 + HEADROOM * 6.6 + 0.1) == 4
+
+
+def _a_round_at_growing_context(sched, cost, sizes, start=100, grow=128):
+    """Steps of the given sizes through a round: the state grows by `grow` tokens a frame computed (its own 32 and
+    the primary's frames mirrored meanwhile)."""
+    context = start
+    for frames in sizes:
+        sched.observe(cost(frames, context), frames * 32, context_tokens=context)
+        context += frames * grow
+    return context
+
+
+def test_following_the_context_plans_a_late_step_at_its_own_context():
+    """A step's rows attend to the state held so far: on the 1.5B at 32K on the H200 a one-frame step cost ~3 ms
+    over an empty state and ~3x that over ~600 frames. The median of a size's samples lags that growth; moved to
+    the step's own context it does not, and a spike (one step meeting a cycle) does not bend the slope."""
+    def cost(frames, context):                               # 1 ms + 0.2 ms a frame + 0.3 us a frame per token held
+        return 1.0 + frames * (0.2 + 0.3e-3 * context)
+
+    blind = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=0.0)
+    aware = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=0.0, follow_context=True)
+    sizes = [1] + [1, 2] * 20 + [2] * 4                      # warm-ups first, then a round's steps
+    for sched in (blind, aware):
+        sched.observe(40.0, 32, context_tokens=0)            # the process's warm-up
+        end = _a_round_at_growing_context(sched, cost, sizes)
+    aware.observe(60.0, 64, context_tokens=end - 64)         # a spike, late in the round
+    blind.observe(60.0, 64, context_tokens=end - 64)
+    late = end + 64
+    assert aware.costs.ms_per_frame_context == pytest.approx(0.3e-3, rel=0.05)
+    for frames in (1, 2):
+        truth = cost(frames, late)
+        assert aware.costs.estimate(frames, late) == pytest.approx(truth, rel=0.05)
+        assert blind.costs.estimate(frames, late) < 0.75 * truth       # the median of the round so far
+    # A window that the truth fits only at one frame: the blind plan takes two and overruns, the aware one does not.
+    window = HEADROOM * blind.costs.estimate(2, late) + 0.05
+    assert HEADROOM * cost(1, late) <= window < HEADROOM * cost(2, late)
+    assert blind.frames_for(window, late) == 2 and aware.frames_for(window, late) == 1
+    # Without the context (a caller that does not give it) the plan is the samples' own median, as before.
+    assert aware.costs.estimate(1) == pytest.approx(blind.costs.estimate(1))
+    assert aware.summary()["step_ms_per_frame_context"] == aware.costs.ms_per_frame_context
+    assert blind.costs.ms_per_frame_context == 0.0
+
+
+def test_a_slope_needs_samples_spread_over_the_context():
+    """Steps all at about the same context (the CPU's small arenas) say nothing about the context: no slope."""
+    sched = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=0.0, follow_context=True)
+    sched.observe(40.0, 32, context_tokens=0)
+    for i in range(30):
+        sched.observe(3.0 + 0.01 * (i % 3), 32, context_tokens=900 + (i % 5))
+    assert sched.costs.ms_per_frame_context == 0.0
+    assert sched.costs.estimate(1, 30_000) == pytest.approx(sched.costs.estimate(1))

@@ -487,6 +487,12 @@ class ASRConfig:
                          "is on a GPU (it shares the primary's), free on the CPU (other cores do the work)",
                          default="auto")
     slack_margin_ms: float = _doc("slack schedule: kept free before the primary's next boundary", default=2.0)
+    step_cost_follows_context: bool = _doc("slack schedule: plan each step at the cost of its size moved to the "
+                                           "context it starts with (core/step_costs.py): a round grows the "
+                                           "reconciler's state, and a size's earlier samples understate its later "
+                                           "steps (at 32K slots on the H200 every other cycle started 2-3.5 ms "
+                                           "late with ~600 frames held). Off until measured on the GPU",
+                                           default=False)
     niceness: int = _doc("the reconciler process's CPU niceness (Linux nice value 0..19, applied to all its threads at "
                          "configure): where the cores are few, the primary's cycle gets the CPU first and the "
                          "reconciler the rest. 0 leaves it as started", default=10)

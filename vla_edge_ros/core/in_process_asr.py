@@ -72,7 +72,7 @@ class InProcessAsr:
         asr = primary.cfg.asr
         self.scheduler = SlackScheduler(primary.cfg.vision.tokens_per_frame,
                                         max(asr.warmup_tokens_per_step, primary.cfg.vision.tokens_per_frame),
-                                        asr.slack_margin_ms)
+                                        asr.slack_margin_ms, follow_context=asr.step_cost_follows_context)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = None
@@ -126,7 +126,8 @@ class InProcessAsr:
             return 0
         sched.new_window()
         while rec.frames_to_compute:
-            frames = sched.frames_for((deadline_perf - time.perf_counter()) * 1e3)
+            context = rec.state.kv.used_slots
+            frames = sched.frames_for((deadline_perf - time.perf_counter()) * 1e3, context)
             if frames < 1:
                 break
             t = time.perf_counter()
@@ -135,7 +136,7 @@ class InProcessAsr:
                 break
             self._guarded(rec.state.backend.synchronize)
             step_ms = (time.perf_counter() - t) * 1e3
-            sched.observe(step_ms, done)
+            sched.observe(step_ms, done, context_tokens=context)
             gap.append(("step", done // rec.tpf, step_ms))
             tokens += done
         if rec.offer_due and sched.offer_fits((deadline_perf - time.perf_counter()) * 1e3):

@@ -55,14 +55,17 @@ PROBE_MIN_SHARE = 0.5   # a step of unknown cost starts only with at least this 
 
 
 class SlackScheduler:
-    def __init__(self, tokens_per_frame: int, max_tokens_per_step: int, margin_ms: float):
+    def __init__(self, tokens_per_frame: int, max_tokens_per_step: int, margin_ms: float,
+                 follow_context: bool = False):
         if tokens_per_frame <= 0 or max_tokens_per_step < tokens_per_frame:
             raise ValueError(f"SlackScheduler: {max_tokens_per_step} tokens per step cannot hold one frame of "
                              f"{tokens_per_frame}")
         self.tpf = int(tokens_per_frame)
         self.max_frames = int(max_tokens_per_step) // self.tpf
         self.margin_ms = float(margin_ms)
-        self.costs = StepCosts()
+        # follow_context (asr.step_cost_follows_context): step costs planned at the context the step starts with
+        # (core/step_costs.py); the drivers pass it to frames_for and observe.
+        self.costs = StepCosts(follow_context)
         self.offer_cost = CostTrack()                       # exporting an offer (the first one not measured)
         self.warmup_ms_per_token: float | None = None     # the first step's cost (observe says why apart)
         self.first_offer_ms: float | None = None
@@ -85,19 +88,21 @@ class SlackScheduler:
         self._probe_allowed = True
         self._gap_ms = gap_ms
 
-    def frames_for(self, window_ms: float) -> int:
+    def frames_for(self, window_ms: float, context_tokens: int | None = None) -> int:
         """Whole frames to compute in a window of `window_ms` (0: wait for the next window): the largest step
-        size, up to the cap and the sizes eligible so far, whose estimated cost x HEADROOM fits."""
+        size, up to the cap and the sizes eligible so far, whose estimated cost x HEADROOM fits; context_tokens:
+        what the state holds now (planned with under follow_context)."""
         usable = window_ms - self.margin_ms
         if usable <= 0:
             return self._decline()
-        if not self.costs.measured():      # nothing measured (or only warm-up steps): probe one frame,
+        measured = self.costs.measured(context_tokens)
+        if not measured:                   # nothing measured (or only warm-up steps): probe one frame,
             whole = self._gap_ms is None or window_ms >= PROBE_MIN_SHARE * self._gap_ms     # in most of a gap,
             probe, self._probe_allowed = self._probe_allowed and whole, False              # as its first step
             return 1 if probe else 0
         best = 0
         for frames in range(1, self.costs.eligible(self.max_frames) + 1):
-            if HEADROOM * self.costs.estimate(frames) <= usable:
+            if HEADROOM * self.costs.estimate(frames, measured=measured) <= usable:
                 best = frames
         if best:
             self._declined_in_a_row = 0
@@ -134,7 +139,8 @@ class SlackScheduler:
 
     # ----------------------------------------------------------- measurements
 
-    def observe(self, elapsed_ms: float, tokens: int, host_ms: float | None = None) -> None:
+    def observe(self, elapsed_ms: float, tokens: int, host_ms: float | None = None,
+                context_tokens: int | None = None) -> None:
         """One step's measured cost (device work finished) for `tokens` tokens (whole frames); host_ms, where the
         caller knows it, the part before the step's device work was all queued (Python, table uploads). The first
         step is not a measurement: it pays one-time costs (the first launches of a process, a graph capture),
@@ -144,7 +150,8 @@ class SlackScheduler:
         if tokens <= 0:
             return
         self.steps += 1
-        self.costs.observe(max(1, tokens // self.tpf), elapsed_ms)   # a size's first sample is its warm-up
+        # a size's first sample is its warm-up; context_tokens: what the state held when the step started
+        self.costs.observe(max(1, tokens // self.tpf), elapsed_ms, context_tokens)
         if self.steps == 1:
             self.warmup_ms_per_token = elapsed_ms / tokens
             return
@@ -166,6 +173,7 @@ class SlackScheduler:
         return {"step_ms_per_token": self.costs.estimate(largest) / (largest * self.tpf) if largest else "",
                 "largest_step_frames": largest or "",
                 "step_ms_by_frames": {str(k): round(ms, 3) for k, ms in self.costs.measured().items()},
+                "step_ms_per_frame_context": self.costs.ms_per_frame_context,
                 "warmup_step_ms_per_token": self.warmup_ms_per_token if self.warmup_ms_per_token is not None else "",
                 **{f"step_ms_per_token_p{q}": percentile(rates, q) if rates else "" for q in (10, 50, 90)},
                 "step_host_ms_per_token_p50": percentile(hosts, 50) if hosts else "",

@@ -24,6 +24,18 @@ sample priced every step above 2 frames out of the gap for the rest of a 4-minut
 that is never planned is never measured again. For the same reason the first sample of each size is a
 warm-up (the first replay of its graph) and is not kept. The samples are also the floor a starved
 schedule relaxes toward (core/slack_scheduler.py).
+
+The context (StepCosts(follow_context=True), asr.step_cost_follows_context). A step's rows attend to every
+token the reconciler's state already holds, and a round grows that state from the prefix to every kept
+frame, so a size's cost grows through the round while the median of its samples lags behind: in `bench asr
+--capacity 32768` on the H200 (2026-12-05), with ~600 frames held, every other cycle started 2-3.5 ms late
+behind a step planned at the cost of the same size earlier in the round. With the context each step started
+at (tokens held), the samples are moved to the context of the step being planned before their median is
+taken: ms + beta * frames * (context - sample's context), beta the cost of one frame's rows per context
+token. beta is learned robustly from the samples themselves: for each size with CONTEXT_MIN_SAMPLES samples
+spread over the context, the slope between the medians of its lower and its upper half by context (a spike
+moves a median little, unlike a least-squares fit); beta is the median of those slopes, at least 0 (0, as
+without the option, until a size has such samples).
 """
 from __future__ import annotations
 
@@ -33,6 +45,8 @@ from .metrics import percentile
 
 GROWTH = 2            # untried step sizes: at most this multiple of the largest size measured
 SAMPLES_KEPT = 64     # latest samples per size: the estimate is their median
+CONTEXT_MIN_SAMPLES = 8       # a size's samples before its slope over the context is taken (follow_context)
+CONTEXT_MIN_SPREAD = 1.25     # ... and its upper half's median context at least this multiple of the lower's
 
 
 class CostTrack:
@@ -40,6 +54,7 @@ class CostTrack:
 
     def __init__(self):
         self.samples: deque = deque(maxlen=SAMPLES_KEPT)
+        self.contexts: deque = deque(maxlen=SAMPLES_KEPT)   # the context tokens of each sample (None: unknown)
         self.warmup_ms: float | None = None           # the first sample: not a measurement
         self._relaxed: float | None = None            # a lowered estimate, until the next sample
 
@@ -50,12 +65,34 @@ class CostTrack:
             return self._relaxed
         return percentile(self.samples, 50) if self.samples else None
 
-    def observe(self, ms: float) -> None:
+    def observe(self, ms: float, context: int | None = None) -> None:
         if self.warmup_ms is None:
             self.warmup_ms = float(ms)
             return
         self.samples.append(float(ms))
+        self.contexts.append(None if context is None else int(context))
         self._relaxed = None
+
+    def value_at(self, context: int, ms_per_context: float) -> float | None:
+        """The cost to plan with at `context` tokens held: each sample moved there by ms_per_context per token
+        (samples of unknown context as they are), then their median; as `value` while relaxed or without a slope."""
+        if self._relaxed is not None or not ms_per_context or not self.samples:
+            return self.value
+        return percentile([ms if c is None else ms + ms_per_context * (context - c)
+                           for ms, c in zip(self.samples, self.contexts)], 50)
+
+    def context_slope(self) -> float | None:
+        """ms per context token between the medians of the lower and upper half of the samples by context
+        (module docstring); None with too few samples of known context or too little spread."""
+        known = sorted((c, ms) for ms, c in zip(self.samples, self.contexts) if c is not None)
+        if len(known) < CONTEXT_MIN_SAMPLES:
+            return None
+        half = len(known) // 2
+        low, high = known[:half], known[len(known) - half:]
+        c_low, c_high = percentile([c for c, _ in low], 50), percentile([c for c, _ in high], 50)
+        if not c_high > CONTEXT_MIN_SPREAD * max(c_low, 1.0):
+            return None
+        return (percentile([ms for _, ms in high], 50) - percentile([ms for _, ms in low], 50)) / (c_high - c_low)
 
     def relax(self, factor: float, floor_percentile: float) -> bool:
         """Lower the estimate by `factor`, never below that percentile of the samples (a cost really measured).
@@ -73,17 +110,34 @@ class CostTrack:
 class StepCosts:
     """Measured cost per step size (frames per step) and estimates for the sizes not measured yet."""
 
-    def __init__(self):
+    def __init__(self, follow_context: bool = False):
         self.by_frames: dict[int, CostTrack] = {}
+        self.follow_context = bool(follow_context)
+        self.ms_per_frame_context = 0.0     # beta of the module docstring (follow_context), updated by observe
+        self._slopes: dict[int, float] = {}   # each size's slope per frame, where it has one
 
-    def observe(self, frames: int, ms: float) -> None:
+    def observe(self, frames: int, ms: float, context: int | None = None) -> None:
+        """A step of `frames` frames took `ms`; `context`: the tokens the state held when it started (taken only
+        with follow_context)."""
         if frames <= 0:
             raise ValueError(f"StepCosts.observe: a step of {frames} frames")
-        self.by_frames.setdefault(int(frames), CostTrack()).observe(ms)
+        track = self.by_frames.setdefault(int(frames), CostTrack())
+        track.observe(ms, context if self.follow_context else None)
+        if self.follow_context:
+            slope = track.context_slope()             # only this size's samples changed
+            if slope is None:
+                self._slopes.pop(int(frames), None)
+            else:
+                self._slopes[int(frames)] = slope / frames
+            if self._slopes:
+                self.ms_per_frame_context = max(0.0, percentile(self._slopes.values(), 50))
 
-    def measured(self) -> dict[int, float]:
-        """{frames: ms} of every size measured so far (past its warm-up sample)."""
-        return {k: t.value for k, t in sorted(self.by_frames.items()) if t.value is not None}
+    def measured(self, context: int | None = None) -> dict[int, float]:
+        """{frames: ms} of every size measured so far (past its warm-up sample), at `context` tokens held (None,
+        or without follow_context: the samples' own median)."""
+        beta = self.ms_per_frame_context if context is not None else 0.0
+        values = {k: (t.value if not beta else t.value_at(context, beta * k)) for k, t in sorted(self.by_frames.items())}
+        return {k: v for k, v in values.items() if v is not None}
 
     @property
     def largest_measured(self) -> int:
@@ -93,9 +147,11 @@ class StepCosts:
         """The largest step size that may be planned now: GROWTH x the largest measured one, at most `cap`."""
         return min(cap, max(1, GROWTH * self.largest_measured))
 
-    def estimate(self, frames: int) -> float | None:
-        """The cost (ms) to plan for a step of `frames` frames; None with nothing measured."""
-        m = self.measured()
+    def estimate(self, frames: int, context: int | None = None, measured: dict | None = None) -> float | None:
+        """The cost (ms) to plan for a step of `frames` frames starting with `context` tokens held (see
+        measured; `measured`: measured(context) already taken, for a caller that estimates many sizes at
+        once); None with nothing measured."""
+        m = self.measured(context) if measured is None else measured
         if not m:
             return None
         if frames in m:

@@ -170,7 +170,8 @@ class ReconcilerWorker:
         self.clock = clock
         asr = reconciler.cfg.asr
         self.scheduler = SlackScheduler(reconciler.tpf, max(asr.warmup_tokens_per_step, reconciler.tpf),
-                                        asr.slack_margin_ms) if clock is not None else None
+                                        asr.slack_margin_ms, follow_context=asr.step_cost_follows_context
+                                        ) if clock is not None else None
         self.gaps = GapLedger() if clock is not None else None
         self._window_seq: int | None = None       # the primary's cycle end whose slack was used last
         self._starved_logged = -float("inf")
@@ -360,7 +361,8 @@ class ReconcilerWorker:
         rec = self.reconciler
         total, spent, fitted = 0, 0.0, False
         while rec.frames_to_compute:
-            frames = self.scheduler.frames_for((end_ns - time.perf_counter_ns()) / 1e6)
+            context = rec.state.kv.used_slots         # what the step's rows attend to besides themselves
+            frames = self.scheduler.frames_for((end_ns - time.perf_counter_ns()) / 1e6, context)
             if frames == 0:
                 break
             fitted = True
@@ -370,7 +372,7 @@ class ReconcilerWorker:
             rec.state.backend.synchronize()      # the step's device work is done: time it, leave the GPU idle
             elapsed = time.perf_counter() - t0
             spent += elapsed
-            self.scheduler.observe(elapsed * 1e3, tokens, host_ms=(queued - t0) * 1e3)
+            self.scheduler.observe(elapsed * 1e3, tokens, host_ms=(queued - t0) * 1e3, context_tokens=context)
             total += tokens
             if not tokens:                        # the round was aborted
                 break
