@@ -52,7 +52,8 @@ PREFILL_VARIANTS = [("b2 r16", dict(blocks_per_sm=2, rows_per_block=16)),
                     ("b1 r32", dict(blocks_per_sm=1, rows_per_block=32))]
 
 
-def probe(cached_list: list, replays: int, kv_dtype: str = "float32") -> dict:
+def probe(cached_list: list, replays: int, kv_dtype: str = "float32", prefill_only: str | None = None) -> dict:
+    """prefill_only: measure that PREFILL_VARIANTS label alone (no decode rows): the run to put under ncu."""
     import pycuda.driver as drv
     from pycuda import gpuarray
 
@@ -96,7 +97,7 @@ def probe(cached_list: list, replays: int, kv_dtype: str = "float32") -> dict:
             floor_us = cached * KVH * HD * element * 2 / bandwidth * 1e6
             ctl = gpuarray.to_gpu(np.array([0, cached, 0, -1], np.int32))
             base = None
-            for max_splits in DECODE_SPLITS:
+            for max_splits in (DECODE_SPLITS if prefill_only is None else ()):
                 launched = n_splits if max_splits is None else min(n_splits, max_splits)
 
                 def decode(li, ms=max_splits):
@@ -108,7 +109,7 @@ def probe(cached_list: list, replays: int, kv_dtype: str = "float32") -> dict:
                 base = result[:1] if base is None else base
                 rows.append(_row(cached, "decode 1 row", "arena" if max_splits is None else f"<= {max_splits}",
                                  us, merge_us, floor_us, result[:1], base))
-            for label, entry in DECODE_ENTRIES:              # one warp per slot group, with and without prefetch
+            for label, entry in (DECODE_ENTRIES if prefill_only is None else ()):   # one warp per group, +- prefetch
                 def decode_entry(li, entry=entry):
                     kn.attention_decode(qkv, int(k[li].gpudata), int(v[li].gpudata), attend, ctl, part_o, part_ml,
                                         out, 1, HQ, KVH, HD, capacity, n_splits, HD ** -0.5, stream, max_splits=66,
@@ -117,7 +118,7 @@ def probe(cached_list: list, replays: int, kv_dtype: str = "float32") -> dict:
                 merge_us, _ = timed(lambda li: kn._merge(part_o, part_ml, ctl, out, 1, HQ, HD, min(n_splits, 66),
                                                          stream))
                 rows.append(_row(cached, "decode 1 row", label, us, merge_us, floor_us, result[:1], base))
-            for blocks in (2, 1):                            # the decode row on the tensor cores
+            for blocks in ((2, 1) if prefill_only is None else ()):    # the decode row on the tensor cores
                 def decode_mma(li, b=blocks):
                     kn.attention(qkv, int(k[li].gpudata), int(v[li].gpudata), attend, ctl, part_o, part_ml, out, 1,
                                  HQ, KVH, HD, capacity, n_splits, HD ** -0.5, stream, tensor_cores=True,
@@ -129,7 +130,7 @@ def probe(cached_list: list, replays: int, kv_dtype: str = "float32") -> dict:
                                  result[:1], base))
 
             base = None
-            for label, shape in PREFILL_VARIANTS:
+            for label, shape in (v for v in PREFILL_VARIANTS if prefill_only in (None, v[0])):
                 launched = min(n_splits, shape.get("max_splits", n_splits))
 
                 def prefill(li, shape=shape):
@@ -157,8 +158,10 @@ def main(argv=None) -> int:
     p.add_argument("--replays", type=int, default=10)
     p.add_argument("--kv-dtype", default="float32", choices=("float32", "bfloat16"), help="the arenas' element type")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--prefill-only", choices=[label for label, _ in PREFILL_VARIANTS],
+                   help="measure this prefill launch shape alone (no decode rows), e.g. under ncu")
     args = p.parse_args(argv)
-    result = probe(args.cached, args.replays, args.kv_dtype)
+    result = probe(args.cached, args.replays, args.kv_dtype, args.prefill_only)
     print_table(f"attention per layer over a long cache, {HQ}/{KVH} heads x {HD}, {args.kv_dtype} arena of "
                 f"{result['capacity']} slots, copy bandwidth {result['copy_bandwidth_gbs']:.0f} GB/s "
                 f"({result['machine'].get('gpu', 'GPU')})",
