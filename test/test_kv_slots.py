@@ -458,3 +458,36 @@ def test_readmitting_frames_held_before_a_swap_equals_adding_them_anew(policy):
     assert results[:5] == results[5:]
     with pytest.raises(ValueError, match="already retained"):
         m.readmit(late[9], 0, reserve=0)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("count", [0, 5, 9, 14])
+def test_admitting_a_whole_state_at_once_leaves_what_admitting_it_frame_by_frame_leaves(policy, count):
+    """The reconciler's shadow after an applied swap (admit_all): the same slots, order, unit vectors, cosines,
+    admission numbers, evictions and free slots as add_frame one by one, with and without evictions (9 frames
+    fit with the reserve; sliding_window's window of 6 evicts earlier), including a repeated embedding."""
+    rng = np.random.default_rng(count)
+    pooled = rng.standard_normal((count, HID)).astype(np.float32)
+    if count > 3:
+        pooled[3] = pooled[1]
+    frames = [(100 + i, p, 0) for i, p in enumerate(pooled)]
+    one_by_one, at_once = (manager(policy, frames=10, window=6, prefix=3) for _ in range(2))
+    evicted = sum(len(one_by_one.add_frame(fid, p, s, reserve=2).evicted) for fid, p, s in frames)
+    assert at_once.admit_all(frames, reserve=2) == evicted
+    assert one_by_one.evictions == at_once.evictions == evicted
+    for a, b in zip(one_by_one.retained(), at_once.retained(), strict=True):
+        assert (a.frame_id, a.added_seq) == (b.frame_id, b.added_seq)
+        assert np.array_equal(a.slots, b.slots) and np.array_equal(a.unit, b.unit)
+    if one_by_one._adjacent is not None:
+        assert one_by_one._adjacent.values == at_once._adjacent.values
+    assert np.array_equal(one_by_one.context_slots(), at_once.context_slots())
+    assert one_by_one.free_slots == at_once.free_slots
+    assert np.array_equal(one_by_one.alloc_transient(at_once.free_slots), at_once.alloc_transient(at_once.free_slots))
+    check_bookkeeping(at_once)
+
+
+def test_admit_all_fills_an_empty_manager_only():
+    m = manager("semantic", frames=10)
+    m.add_frame(1, basis(1), 0, reserve=0)
+    with pytest.raises(ValueError, match="fills an empty manager"):
+        m.admit_all([(2, basis(2), 0)], reserve=0)

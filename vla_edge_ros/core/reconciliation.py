@@ -469,15 +469,11 @@ class StateReconciler:
         if late_ids is None:        # what the primary keeps by its own rule: frames newer than the snapshot
             newest = max(offered, default=-1)
             late_ids = [f for f in self.primary_frame_ids if f > newest]
-        # The primary now holds the snapshot, then the late frames: replay that into the shadow.
+        # The primary now holds the snapshot, then the late frames: replay that into the shadow (frames this side
+        # never saw are left out: the shadow cannot model them), placed at once where no eviction is due.
         self._shadow = self._new_shadow()
-        evicted = 0
-        for fid in list(offered) + list(late_ids):
-            if fid not in self._chunks:
-                continue            # a frame this side never saw: the shadow cannot model it
-            evicted += len(self._shadow.add_frame(fid, self._chunks[fid].pooled, 0,
-                                                  reserve=self.state.suffix_reserve).evicted)
-        self._approx_evictions = evicted
+        known = [(fid, self._chunks[fid].pooled, 0) for fid in list(offered) + list(late_ids) if fid in self._chunks]
+        self._approx_evictions = self._shadow.admit_all(known, reserve=self.state.suffix_reserve)
         self.k_applied = version
         for v in [v for v in self._offers if v <= version]:
             del self._offers[v]
