@@ -491,3 +491,39 @@ def test_admit_all_fills_an_empty_manager_only():
     m.add_frame(1, basis(1), 0, reserve=0)
     with pytest.raises(ValueError, match="fills an empty manager"):
         m.admit_all([(2, basis(2), 0)], reserve=0)
+
+
+def test_unit_vectors_in_blocks_are_the_bits_of_unit_vectors_in_one_piece():
+    """unit_vectors_of: the 1.5B's width, 300 rows over several blocks (85 rows of 1536 a block), zero rows too."""
+    from vla_edge_ros.core.kv_slots import UNIT_BLOCK_BYTES, unit_vectors, unit_vectors_of
+    rng = np.random.default_rng(11)
+    pooled = rng.standard_normal((300, 1536)).astype(np.float32)
+    pooled[[0, 84, 85, 299]] = 0.0
+    assert UNIT_BLOCK_BYTES // (8 * 1536) < 300
+    whole = unit_vectors(pooled)
+    assert np.array_equal(unit_vectors_of(list(pooled)), whole) and np.array_equal(unit_vectors_of(pooled), whole)
+    assert unit_vectors_of([]).shape == (0, 1)
+    bad = list(pooled)
+    bad[200] = bad[200].copy()
+    bad[200][3] = np.nan
+    with pytest.raises(ValueError, match="finite vectors of one size"):
+        unit_vectors_of(bad)
+    with pytest.raises(ValueError, match="finite vectors of one size"):
+        unit_vectors_of(list(pooled[:150]) + [np.zeros(8, np.float32)])
+
+
+def test_a_wide_state_placed_at_once_matches_one_by_one_across_unit_blocks():
+    """admit_all at the 1.5B's width over more frames than one unit block: the semantic policy's cosines and the
+    units are the bits add_frame gives, so the reconciler's shadow and the primary evict alike."""
+    rng = np.random.default_rng(12)
+    pooled = rng.standard_normal((200, 1536)).astype(np.float32)
+    frames = [(i, p, 0) for i, p in enumerate(pooled)]
+    one_by_one = KVSlotManager(4 + 210 * TPF, TPF, make_policy("semantic", 100))
+    at_once = KVSlotManager(4 + 210 * TPF, TPF, make_policy("semantic", 100))
+    for m in (one_by_one, at_once):
+        m.reserve_prefix(4)
+    for fid, p, s in frames:
+        one_by_one.add_frame(fid, p, s, reserve=0)
+    assert at_once.admit_all(frames, reserve=0) == 0
+    assert one_by_one._adjacent.values == at_once._adjacent.values
+    assert all(np.array_equal(a.unit, b.unit) for a, b in zip(one_by_one.retained(), at_once.retained(), strict=True))

@@ -211,6 +211,35 @@ def unit_vectors(pooled: np.ndarray) -> np.ndarray:
     return np.divide(v, norms, out=np.zeros_like(v), where=norms > 0)
 
 
+# Rows per block of unit_vectors_of: a block's float64 temporaries stay near 1 MiB at the 1.5B's width, under the
+# nodes' fixed mmap threshold (memory.malloc_mmap_threshold_mib, 4), so they come from the heap, not fresh pages.
+UNIT_BLOCK_BYTES = 1 << 20
+
+
+def unit_vectors_of(rows) -> np.ndarray:
+    """unit_vectors of many pooled rows (a list of [hidden] arrays, or [n, hidden]), computed a block of rows at
+    a time into one float64 result: the same bits (each row's norm and quotient are its own), without whole-size
+    float64 temporaries. Whole-size ones were fresh mmaps at every swap at 32K slots (730 frames x 1536: three of
+    ~9 MB), and their page faults made one placement ~100 ms on the development machine's first touch. Finite
+    rows of one width only (ValueError)."""
+    n = len(rows)
+    if n == 0:
+        return np.zeros((0, 1), np.float64)
+    width = np.asarray(rows[0]).shape[-1]
+    out = np.empty((n, width), np.float64)
+    step = max(1, UNIT_BLOCK_BYTES // (8 * width))
+    for i in range(0, n, step):
+        try:
+            block = np.asarray(rows[i:i + step], dtype=np.float32)
+        except ValueError:                      # rows of different widths
+            block = None
+        if block is None or block.shape != (min(step, n - i), width) or not np.isfinite(block).all():
+            raise ValueError(f"unit_vectors_of: pooled embeddings must be finite vectors of one size (rows {i} to "
+                             f"{min(n, i + step) - 1} are not finite, or not all {width} wide)")
+        out[i:i + step] = unit_vectors(block)
+    return out
+
+
 def adjacent_cosines(units: np.ndarray) -> np.ndarray:
     """[n, hidden] unit vectors (unit_vectors) -> [n-1]: cosine of rows i and i+1."""
     return np.einsum("ij,ij->i", units[:-1], units[1:])
@@ -356,11 +385,10 @@ class KVSlotManager:
             raise KVCapacityError(f"plan_placement: {len(frames)} frames need {len(frames) * tpf} slots, "
                                   f"{free.size} exist outside the prefix")
         if units is None and frames:
-            pooled = np.asarray([p for _, p, _ in frames], dtype=np.float32)
-            if pooled.ndim != 2 or not np.isfinite(pooled).all():
-                raise ValueError(f"plan_placement: pooled embeddings must be finite vectors of one size, "
-                                 f"got {pooled.shape}")
-            units = unit_vectors(pooled)
+            try:
+                units = unit_vectors_of([p for _, p, _ in frames])
+            except ValueError as exc:
+                raise ValueError(f"plan_placement: {exc}") from None
         elif units is not None and (units.shape[0] != len(frames) or not np.isfinite(units).all()):
             raise ValueError(f"plan_placement: {units.shape} unit vectors for {len(frames)} frames, or not finite")
         slots = free[:len(frames) * tpf]
@@ -370,7 +398,10 @@ class KVSlotManager:
                                             int(start), first_seq + i, unit)
                        for i, ((_, pooled_row, start), frame_id, frame_slots, unit)
                        in enumerate(zip(frames, ids, slots.reshape(len(frames), tpf), units if frames else ())))
-        adjacent = tuple(AdjacentCosines.of(placed).values) if self.policy.uses_adjacent else None
+        # The placed frames' units are the rows of `units`: their cosines from it directly, not a stack of copies.
+        adjacent = None
+        if self.policy.uses_adjacent:
+            adjacent = tuple(adjacent_cosines(units).tolist()) if len(placed) >= 2 else ()
         # Reversed onto the stack (the top last), so the slots after the frames come out lowest first.
         return Placement(prefix=prefix, frames=placed, ids=frozenset(ids), slots=slots,
                          free_stack=free[len(frames) * tpf:][::-1].copy(), adjacent=adjacent)
