@@ -151,8 +151,8 @@ class AdmissionConfig:
     context_cost: bool = _doc("take the capacity check's measured cost per context token into every estimate, so "
                               "that a swap which grows the state (at 32K slots on the H200: 90 -> 729 frames, "
                               "~9 ms more per cycle) raises the estimate before its first cycle instead of after "
-                              "a late one (core/admission.py); needs lifecycle.capacity_check_cycles > 0. Off "
-                              "until measured on the GPU", default=False)
+                              "a late one (core/admission.py); needs lifecycle.capacity_check_cycles > 0. On in "
+                              "config/gpu_demo.yaml (measured there); off on the CPU", default=False)
 
     def __post_init__(self):
         if not 0.0 <= self.tail_quantile < 1.0:
