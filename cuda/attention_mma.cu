@@ -180,10 +180,11 @@ __device__ __forceinline__ void gather_chunk(const kv_t* k_head, const kv_t* v_h
 }
 
 // One query tile's running softmax state across the chunks of its split (rows g and g + 8 of the tile):
-// m = -inf until the row has seen a slot; o holds the unnormalised P.V sums.
-template <int HD>
+// m = -inf until the row has seen a slot; o holds the unnormalised P.V sums, of all HD dimensions (HALVES 1) or
+// of the warp's half of them (HALVES 2: the _hs entries below).
+template <int HD, int HALVES = 1>
 struct TileState {
-    float o[HD / 8][4];
+    float o[HD / 8 / HALVES][4];
     float m[2], l[2];
 };
 
@@ -191,15 +192,19 @@ struct TileState {
 // chunk's slots row r sees (0: none, and its state is left as it was). FIRST: the split's first chunk,
 // st not yet set: it is written, not rescaled, so the P.V sums are not live while S is computed (the
 // registers of a one-chunk split, the common case, are those of a kernel without a running state).
+// HALVES 2 (the _hs entries): the warp keeps the P.V sums of half of the head's dimensions, `half` saying which;
+// the scores, the softmax and each product of its half are those of a warp that keeps them all (the same bits).
 // MASKED_ARGS (the _ma entries): a slot the row does not see enters the maximum as -inf and the exponential
 // as expf(-inf), which is +0 exactly, instead of being skipped by a test. The same values, so the same bits;
 // without the tests the 32 exponentials per thread are one straight run of code. With them, nvcc makes each
 // test a branch around its expf (the _b2 entry's SASS on the bf16 arena: a BRA before each of the 32 MUFU.EX2 of
 // the softmax, spills stored between them), so a chunk's softmax runs one exponential after another.
-template <int HD, bool FIRST, bool MASKED_ARGS = false>
-__device__ __forceinline__ void tile_chunk(TileState<HD>& st, const float* const (&q_src)[2], const int (&lim)[2],
-                                           float scale, const uint32_t* kh32, const uint32_t* kl32,
-                                           const uint32_t* vh32, const uint32_t* vl32, int g, int t) {
+template <int HD, bool FIRST, bool MASKED_ARGS = false, int HALVES = 1>
+__device__ __forceinline__ void tile_chunk(TileState<HD, HALVES>& st, const float* const (&q_src)[2],
+                                           const int (&lim)[2], float scale, const uint32_t* kh32,
+                                           const uint32_t* kl32, const uint32_t* vh32, const uint32_t* vl32, int g,
+                                           int t, int half = 0) {
+    constexpr int ND = HD / 8 / HALVES;                         // the n-tiles of O this warp keeps
     using L = MmaLayout<HD>;
     // S = (q * scale) K^T: 8 n-tiles of 8 slots.
     float s[ATTN_CHUNK / 8][4];
@@ -257,9 +262,9 @@ __device__ __forceinline__ void tile_chunk(TileState<HD>& st, const float* const
         st.m[r] = m_new;
     }
 
-    // O = O corr + P V: 4 k-steps of 16 slots, hd / 8 n-tiles of 8 dimensions.
+    // O = O corr + P V: 4 k-steps of 16 slots, hd / 8 n-tiles of 8 dimensions (this warp's ND of them).
 #pragma unroll
-    for (int nd = 0; nd < HD / 8; ++nd) {
+    for (int nd = 0; nd < ND; ++nd) {
         if (FIRST) {
             st.o[nd][0] = st.o[nd][1] = st.o[nd][2] = st.o[nd][3] = 0.f;
         } else {
@@ -275,15 +280,30 @@ __device__ __forceinline__ void tile_chunk(TileState<HD>& st, const float* const
         split2(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);   // row g,     slots 16kk + 8 + 2t
         split2(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);   // row g + 8, slots 16kk + 8 + 2t
 #pragma unroll
-        for (int nd = 0; nd < HD / 8; ++nd) {
-            const int w = ((nd * 8 + g) * L::VS + 16 * kk + 2 * t) >> 1;
+        for (int nd = 0; nd < ND; ++nd) {
+            const int w = (((half * ND + nd) * 8 + g) * L::VS + 16 * kk + 2 * t) >> 1;
             mma_split(st.o[nd], ph, pl, vh32[w], vh32[w + 4], AM_KV_PARTS == 2 ? vl32[w] : 0u,
                       AM_KV_PARTS == 2 ? vl32[w + 4] : 0u);
         }
     }
 }
 
-template <int HD, bool MASKED_ARGS>
+// Row r of a warp's partial sums when it keeps half of the head's dimensions (HALVES 2): its half of o; m and l
+// (the same in both warps of the tile) by the first half's warp.
+template <int HD, int HALVES>
+__device__ __forceinline__ void store_partial_part(const float (&o)[HD / 8 / HALVES][4], int r, float m, float l,
+                                                   float* part_o, float* part_ml, size_t base, int t, int half) {
+    if (half == 0 && t == 0) {
+        part_ml[2 * base] = m;
+        part_ml[2 * base + 1] = l;
+    }
+    float* dst = part_o + base * HD + half * (HD / HALVES);
+#pragma unroll
+    for (int nd = 0; nd < HD / 8 / HALVES; ++nd)
+        *reinterpret_cast<float2*>(dst + nd * 8 + 2 * t) = make_float2(o[nd][2 * r], o[nd][2 * r + 1]);
+}
+
+template <int HD, bool MASKED_ARGS, int HALVES = 1>
 __device__ __forceinline__ void attention_partial_mma(
         const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache, const int* attend_list,
         const int* ctl, float* part_o, float* part_ml, int n_q_heads, int n_kv_heads, int capacity, int n_splits,
@@ -313,10 +333,12 @@ __device__ __forceinline__ void attention_partial_mma(
     const uint32_t* kl32 = reinterpret_cast<const uint32_t*>(kl);
     const uint32_t* vh32 = reinterpret_cast<const uint32_t*>(vh);
     const uint32_t* vl32 = reinterpret_cast<const uint32_t*>(vl);
-    const int rounds = (n_q + 16 * AM_WARPS - 1) / (16 * AM_WARPS);   // tiles per warp, block-uniform
+    constexpr int TILES = AM_WARPS / HALVES;                    // tiles a round serves (HALVES warps each)
+    const int half = warp % HALVES;                             // the head dimensions' half this warp keeps
+    const int rounds = (n_q + 16 * TILES - 1) / (16 * TILES);   // tiles per warp, block-uniform
     int gathered = -1;                                          // the chunk now in shared memory
     for (int round = 0; round < rounds; ++round) {
-        const int tile = warp + round * AM_WARPS;
+        const int tile = warp / HALVES + round * TILES;
         const bool has_tile = tile * 16 < n_q;                  // warp-uniform
         // This thread's two query vectors: rows g and g + 8 of the tile.
         int qv[2], row[2], len[2];
@@ -331,7 +353,7 @@ __device__ __forceinline__ void attention_partial_mma(
             q_src[r] = qkv + (size_t)row[r] * qkv_stride + (size_t)h * HD;
             len[r] = ok ? list_length(ctl, row[r]) : 0;
         }
-        TileState<HD> st;                                       // set by the first chunk
+        TileState<HD, HALVES> st;                               // set by the first chunk
 
         // The split's chunks in turn (one, where the splits cover the arena): each gathered into shared
         // memory once (a second round of tiles over a one-chunk split reuses it).
@@ -346,9 +368,9 @@ __device__ __forceinline__ void attention_partial_mma(
             if (!has_tile) continue;
             const int lim[2] = {min(n_here, len[0] - c0), min(n_here, len[1] - c0)};   // visible slots
             if (c0 == j0)
-                tile_chunk<HD, true, MASKED_ARGS>(st, q_src, lim, scale, kh32, kl32, vh32, vl32, g, t);
+                tile_chunk<HD, true, MASKED_ARGS, HALVES>(st, q_src, lim, scale, kh32, kl32, vh32, vl32, g, t, half);
             else
-                tile_chunk<HD, false, MASKED_ARGS>(st, q_src, lim, scale, kh32, kl32, vh32, vl32, g, t);
+                tile_chunk<HD, false, MASKED_ARGS, HALVES>(st, q_src, lim, scale, kh32, kl32, vh32, vl32, g, t, half);
         }
 
         if (!has_tile) continue;
@@ -357,7 +379,11 @@ __device__ __forceinline__ void attention_partial_mma(
             if (st.m[r] == -INFINITY) continue;                 // saw nothing: not written, the merge skips it
             const int h = kvh * group + (qv[r] - (row[r] - r_begin) * group);
             const size_t base = ((size_t)row[r] * n_q_heads + h) * n_splits + split;
-            store_partial_row<HD>(st.o, r, st.m[r], st.l[r], part_o, part_ml, base, t);
+            if (HALVES == 1)
+                store_partial_row<HD>(reinterpret_cast<const float (&)[HD / 8][4]>(st.o), r, st.m[r], st.l[r],
+                                      part_o, part_ml, base, t);
+            else
+                store_partial_part<HD, HALVES>(st.o, r, st.m[r], st.l[r], part_o, part_ml, base, t, half);
         }
     }
 }
@@ -369,19 +395,27 @@ __device__ __forceinline__ void attention_partial_mma(
 // attention_masked_softmax, off until measured), the same bits; head_dim 128 only. ptxas (sm_90, bf16 / fp32
 // arena): _hd128_b2_ma 128 / 128 registers, 312 / 380 bytes spilled (_hd128_b2: 292 / 420); the SASS of the bf16
 // arena's _b2 entries: 22 BRA against 86, 85 spill loads against 60 (the exponentials' arguments live at once).
-#define ATTENTION_MMA_ENTRY(HD, MINB, MASKED, SUFFIX)                                                        \
+// _hs (KernelPlan.attention_head_halves, off until measured): two warps per 16-row tile, each keeping the P.V
+// sums of half of the head's dimensions (both compute the tile's scores and softmax: 1.5x the products), so a
+// round serves 4 tiles instead of 8 (the launcher gives a block half the query vectors). Why: the serving _b2
+// entry caps registers at 128 and spills (ncu, H200, 32 rows over 32000 slots on the bf16 arena: 1.0 M local-memory
+// requests a launch, long-scoreboard and barrier stalls, tensor pipe 20%; notes/cuda_notes.md, 2026-12-05
+// nineteenth session). ptxas (sm_90, bf16 / fp32 arena): _hd128_b2_hs 12 / 8 bytes spilled (_hd128_b2: 292 / 420);
+// with 3 blocks per SM (85 registers) it spilled 620 / 676, so there is no such entry.
+#define ATTENTION_MMA_ENTRY(HD, MINB, MASKED, HALVES, SUFFIX)                                                \
     extern "C" __global__ void __launch_bounds__(AM_THREADS, MINB)                                           \
     attention_partial_mma_hd##HD##_b##MINB##SUFFIX(                                                          \
             const float* qkv, int qkv_stride, const kv_t* k_cache, const kv_t* v_cache,                      \
             const int* attend_list, const int* ctl, float* part_o, float* part_ml, int n_q_heads,            \
             int n_kv_heads, int capacity, int n_splits, float scale, int n_rows, int rows_per_block) {      \
-        attention_partial_mma<HD, MASKED>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl, part_o,       \
-                                          part_ml, n_q_heads, n_kv_heads, capacity, n_splits, scale, n_rows, \
-                                          rows_per_block);                                                  \
+        attention_partial_mma<HD, MASKED, HALVES>(qkv, qkv_stride, k_cache, v_cache, attend_list, ctl,       \
+                                                  part_o, part_ml, n_q_heads, n_kv_heads, capacity, n_splits, \
+                                                  scale, n_rows, rows_per_block);                           \
     }
-ATTENTION_MMA_ENTRY(32, 1, false, )
-ATTENTION_MMA_ENTRY(64, 1, false, )
-ATTENTION_MMA_ENTRY(128, 1, false, )
-ATTENTION_MMA_ENTRY(128, 2, false, )
-ATTENTION_MMA_ENTRY(128, 1, true, _ma)
-ATTENTION_MMA_ENTRY(128, 2, true, _ma)
+ATTENTION_MMA_ENTRY(32, 1, false, 1, )
+ATTENTION_MMA_ENTRY(64, 1, false, 1, )
+ATTENTION_MMA_ENTRY(128, 1, false, 1, )
+ATTENTION_MMA_ENTRY(128, 2, false, 1, )
+ATTENTION_MMA_ENTRY(128, 1, true, 1, _ma)
+ATTENTION_MMA_ENTRY(128, 2, true, 1, _ma)
+ATTENTION_MMA_ENTRY(128, 2, false, 2, _hs)

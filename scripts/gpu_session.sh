@@ -220,6 +220,8 @@ print(f"cycle p99: bench {b:.2f} ms, graph {g:.2f} ms, graph - bench {g - b:+.2f
 PYEOF
         ;;
     attention-variants)
+        # KernelPlan.attention_head_halves (the 2026-12-05 nineteenth session's _hs entry, off until this stage has
+        # run: the same bits without the _b2 entry's spills) is in the tests, the probe and the cycle bench too.
         # KernelPlan.decode_attention_exact_group and attention_masked_softmax (off until this stage has run): whether
         # the decode entries compiled for exactly the 1.5B's group of 6 (no test between a warp's heads, so their
         # chains interleave) and the prefill attention's entries with the softmax masked in its arguments (no branch
@@ -228,7 +230,7 @@ PYEOF
         echo "== attention variants: tests"
         ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST $PY -m pytest -q -x test/test_decode_attention_exact_group.py \
             test/test_attention_masked_softmax.py test/test_cuda_attention_decode.py test/test_cuda_attention_mma.py \
-            -k "exact or holes or bit_for_bit or one_head or masked or refuses" 2>&1 | tail -4 || status=1
+            -k "exact or holes or bit_for_bit or one_head or masked or head_halves or refuses" 2>&1 | tail -4 || status=1
         for kv in bfloat16 float32; do
             echo "== long_context_probe, $kv arena (decode and prefill rows)"
             $PY -m vla_edge_ros.bench.long_context_probe --cached 4064 32000 --kv-dtype $kv \
@@ -239,7 +241,7 @@ PYEOF
         # (2026-12-05, eighteenth session); the long context's cycle is bench asr --capacity 32768's.
         echo "== cycle bench, 1.5B bf16 at 4064 cached"
         $PY -m vla_edge_ros.bench.pycuda_cycle --cached 4064 --cycles 30 --hf-cycles 2 --no-hf-compiled \
-            --launch-modes plain plain+noxg plain+h1 plain+ma plain+kv16 plain+kv16+h1 \
+            --launch-modes plain plain+noxg plain+h1 plain+ma plain+hs plain+kv16 plain+kv16+h1 plain+kv16+hs \
             --json "$OUT/cycle_variants.json" 2>&1 \
             | grep -v " INFO " | tail -40 || status=1 ;;
     soak-captures)

@@ -6,7 +6,8 @@ pairs (three products per pair of operands, the lo.lo term dropped: ~2^-16 of ea
 1e-4 of the output's scale where the fp32 kernels are held to 1e-5. A kernel fed plain bf16 (q, K, V rounded
 once, ~2^-9 each) would miss that by an order of magnitude, so the bound checks the split too. Cases: holes and a permuted attend list,
 rows that see only part of a chunk (causal within the call), partial 16-row tiles, several row blocks
-(rows_per_block), both entries of head_dim 128, fewer splits than chunks (max_splits: several chunks a split).
+(rows_per_block), both entries of head_dim 128, fewer splits than chunks (max_splits: several chunks a split), and
+the _ma and _hs entries bit for bit against the entries they vary.
 """
 import numpy as np
 import pytest
@@ -65,6 +66,31 @@ def test_the_masked_softmax_entries_give_the_same_bits(kn, kn16, gpu, hq, kvh, h
                          norm_rtol=1e-4)
 
 
+@pytest.mark.parametrize("arena", ["float32", "bfloat16"])
+@pytest.mark.parametrize("hq,kvh,hd,ctx,n", [c for c in CASES if c[2] == 128])
+def test_the_head_halves_entry_gives_the_same_bits(kn, kn16, gpu, hq, kvh, hd, ctx, n, arena):
+    """attention_mma.cu's _hs entry (KernelPlan.attention_head_halves: two warps per tile, each keeping half of the
+    head's P.V sums) gives every output and partial sum of the _b2 entry it splits, on both arenas, with its own
+    row blocks and with the _b2 entry's, and with splits walking several chunks."""
+    ga, stream = gpu
+    args, arena_f32, expected = attention_inputs(ga, hq, kvh, hd, ctx, n, cap=512, seed=ctx + n + 1, row_offset=2,
+                                                 poison_partials=True)
+    kernels, args, _kv16 = on_arena(ga, kn, kn16, args, arena_f32, arena)
+    for variant in ({}, {"max_splits": 3}, {"max_splits": 1}, {"rows_per_block": 3}, {"rows_per_block": 10}):
+        outs = []
+        for halves in (False, True):
+            for a in (args[5], args[6], args[7]):
+                a.fill(np.float32(np.nan))
+            kernels.attention(*args, stream, tensor_cores=True, blocks_per_sm=2, head_halves=halves, **variant)
+            stream.synchronize()
+            outs.append((args[7].get(), args[5].get(), args[6].get()))
+        for what, a, b in zip(("out", "part_o", "part_ml"), *outs):
+            assert np.array_equal(a, b, equal_nan=True), f"{what} differs with the head halves ({variant})"
+        if arena == "float32":
+            assert_close(outs[1][0], expected, rtol=1e-4, atol=2e-4 * peak(expected), what=f"halves {variant}",
+                         norm_rtol=1e-4)
+
+
 def test_tensor_core_attention_refuses_what_it_has_no_entry_for(kn, gpu):
     from vla_edge_ros.model.cuda_kernels import KernelError
     with pytest.raises(KernelError, match="head_dim 24 not in"):
@@ -79,6 +105,8 @@ def test_tensor_core_attention_refuses_what_it_has_no_entry_for(kn, gpu):
         _run(kn, gpu, 8, 1, 64, 10, 4, tensor_cores=True, masked_softmax=True)
     with pytest.raises(KernelError, match="masked_softmax is an entry of attention_mma.cu"):
         _run(kn, gpu, 12, 2, 128, 10, 4, masked_softmax=True)
+    with pytest.raises(KernelError, match="no entry attention_partial_mma_hd128_b1_hs"):
+        _run(kn, gpu, 12, 2, 128, 10, 4, tensor_cores=True, head_halves=True)
 
 
 def _cycles_under(tiny_weights, field: str, seed: int) -> list:

@@ -32,7 +32,8 @@ from ..model.cuda_layer_enqueue import LAYER_GROUPS
 
 LAUNCH_MODES = ("plain", "pdl", "persistent")
 # Kernel variants by name, as KernelPlan fields: the prefill attention (tiled: attention_tiled.cu; mma / mma2:
-# attention_mma.cu at 1 / 2 blocks per SM; ma / noma: its masked-softmax entries on / off), the decode attention
+# attention_mma.cu at 1 / 2 blocks per SM; ma / noma: its masked-softmax entries on / off; hs / nohs: its entry with
+# two warps per tile, each keeping half of the head's P.V sums, on / off), the decode attention
 # (h1 / h2: attention_decode.cu with 1 / 2 warps per 8-slot group; mmadec: attention_mma.cu for the decode row too),
 # the decode projections' grid (noloop: a block per 8-row item; loop2 / loop4: 2 / 4 blocks per SM looping over the
 # items), an INT4 model's decode projections (i4ipbN: every one on ceil(items / N) blocks, ~N items
@@ -86,6 +87,8 @@ KERNEL_VARIANTS = {"tiled": {"tensor_core_attention": False},
                    "dpf": {"decode_attention_prefetch": True},
                    "nodpf": {"decode_attention_prefetch": False},
                    "ma": {"attention_masked_softmax": True},
+                   "hs": {"attention_head_halves": True},
+                   "nohs": {"attention_head_halves": False},
                    "noma": {"attention_masked_softmax": False},
                    "xg": {"decode_attention_exact_group": True},
                    "noxg": {"decode_attention_exact_group": False}}

@@ -13,7 +13,8 @@ replayed: microseconds per layer for
     entries compiled for exactly the group (its _x6 entries: the heads' chains interleaved); and the
     same row through attention_mma.cu (KernelPlan.decode_attention_tensor_cores: one 16-row tile of the group's heads);
   * the prefill's 32 rows (attention_mma.cu + the merge) in several launch shapes, and with its masked-softmax
-    entry (KernelPlan.attention_masked_softmax), the same way;
+    entry (KernelPlan.attention_masked_softmax) and its head-halves entry (KernelPlan.attention_head_halves: two
+    warps per tile, 8 rows a block by default), the same way;
   * the merge alone for each, and the K/V read floor (the layer's K/V bytes at the copy bandwidth measured
     in the same run).
 
@@ -47,6 +48,9 @@ PREFILL_VARIANTS = [("b2 r16", dict(blocks_per_sm=2, rows_per_block=16)),
                     ("b2 r16 <= 66", dict(blocks_per_sm=2, rows_per_block=16, max_splits=66)),
                     ("b2 r16 <= 66 masked", dict(blocks_per_sm=2, rows_per_block=16, max_splits=66,
                                                  masked_softmax=True)),
+                    ("b2 hs <= 66", dict(blocks_per_sm=2, max_splits=66, head_halves=True)),
+                    ("b2 hs <= 33", dict(blocks_per_sm=2, max_splits=33, head_halves=True)),
+                    ("b2 hs r10 <= 66", dict(blocks_per_sm=2, rows_per_block=10, max_splits=66, head_halves=True)),
                     ("b1 r16 <= 66", dict(blocks_per_sm=1, rows_per_block=16, max_splits=66)),
                     ("b1 r32 <= 66", dict(blocks_per_sm=1, rows_per_block=32, max_splits=66)),
                     ("b1 r32", dict(blocks_per_sm=1, rows_per_block=32))]

@@ -85,6 +85,7 @@ def add_arguments(p) -> None:
                         "(programmatic dependent launch), persistent[:<blocks per SM>[:<L2 prefetch MiB>]] (one "
                         "persistent kernel per step), each optionally with a prefill attention variant "
                         "+tiled|+mma|+mma2 and +ma|+noma (its softmax's unseen slots masked in the arguments, off by "
+                        "default) or +hs|+nohs (two warps per tile, each keeping half of the head's sums, off by "
                         "default), a decode attention variant +h1|+h2 (warps per slot group) or +mmadec "
                         "(on the tensor cores), a decode projection grid +noloop|+loop2|+loop4 (blocks per SM "
                         "looping over items), +int4staged|+int4unstaged|+i4p1 (INT4 weights: prefill projections "

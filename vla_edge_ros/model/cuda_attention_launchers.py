@@ -40,6 +40,10 @@ def exact_group_entry(group: int, head_dim: int, head_split: int, prefetch: bool
 ATTN_MMA_HEAD_DIMS = (32, 64, 128)
 ATTN_MMA_TARGET_QV = 128
 ATTN_MMA_MAX_QV = 256
+# The _hs entry (head_halves): two warps per 16-row tile, so one round of a block's 8 warps serves 4 tiles; a block
+# gets at most this many query vectors by default, so that a split's chunks are gathered once (a second round
+# gathers them again).
+ATTN_MMA_HS_TARGET_QV = 64
 
 
 def long_context_splits(num_sms: int, n_kv_heads: int, blocks_per_sm: int = 1, min_splits: int = 1) -> int:
@@ -61,7 +65,7 @@ class AttentionLaunchers:
     def attention(self, qkv, k_layer: int, v_layer: int, attend_list, ctl, part_o, part_ml, out, n_rows: int,
                   n_q_heads: int, n_kv_heads: int, head_dim: int, capacity: int, n_splits: int, scale: float, stream,
                   tensor_cores: bool = False, blocks_per_sm: int = 1, rows_per_block: int | None = None,
-                  max_splits: int | None = None, masked_softmax: bool = False):
+                  max_splits: int | None = None, masked_softmax: bool = False, head_halves: bool = False):
         """out[i, h*hd:(h+1)*hd] = softmax(q k^T * scale) v over attend_list[:len_i]: the partial sums of each
         ATTN_CHUNK-slot split, then the merge. Partial sums by attention_tiled.cu (fp32, K/V chunk in shared
         memory, shared by up to 8 rows), or with tensor_cores by attention_mma.cu (bf16 hi/lo products, ~1e-5
@@ -70,7 +74,9 @@ class AttentionLaunchers:
         (tensor cores only): launch at most this many splits per KV head, each walking several chunks
         (attention_decode's max_splits). masked_softmax (tensor cores, head_dim 128): attention_mma.cu's _ma entry,
         the softmax's unseen slots masked in its arguments instead of tested (the same bits; KernelPlan.
-        attention_masked_softmax)."""
+        attention_masked_softmax). head_halves (tensor cores, head_dim 128, 2 blocks per SM): attention_mma.cu's _hs
+        entry, two warps per tile each keeping half of the head's P.V sums (the same bits; KernelPlan.
+        attention_head_halves); rows_per_block then defaults to at most ATTN_MMA_HS_TARGET_QV query vectors."""
         _check(n_splits * ATTN_CHUNK >= capacity, f"attention: {n_splits} splits do not cover {capacity} slots")
         if max_splits is not None:
             _check(tensor_cores, "attention: max_splits needs tensor_cores (attention_tiled.cu takes one chunk per split)")
@@ -83,12 +89,17 @@ class AttentionLaunchers:
                 ptr(part_o), ptr(part_ml), np.int32(n_q_heads), np.int32(n_kv_heads))
         _check(not masked_softmax or tensor_cores, "attention: masked_softmax is an entry of attention_mma.cu "
                                                     "(tensor_cores)")
+        _check(not head_halves or tensor_cores, "attention: head_halves is an entry of attention_mma.cu (tensor_cores)")
+        _check(not (head_halves and masked_softmax), "attention: no entry has both head_halves and masked_softmax")
         if tensor_cores:
-            name = f"attention_partial_mma_hd{head_dim}_b{blocks_per_sm}" + ("_ma" if masked_softmax else "")
+            name = (f"attention_partial_mma_hd{head_dim}_b{blocks_per_sm}" + ("_ma" if masked_softmax else "")
+                    + ("_hs" if head_halves else ""))
             _check(head_dim in ATTN_MMA_HEAD_DIMS, f"attention (tensor cores): head_dim {head_dim} not in "
                                                    f"{ATTN_MMA_HEAD_DIMS}")
             _check(name in self.attention_mma_entries(), f"attention (tensor cores): no entry {name}")
-            if rows_per_block is None:
+            if rows_per_block is None and head_halves:        # whole rows of at most ATTN_MMA_HS_TARGET_QV, balanced
+                rows_per_block = ceil_div(n_rows, ceil_div(n_rows, max(1, ATTN_MMA_HS_TARGET_QV // group)))
+            elif rows_per_block is None:
                 rows_per_block = ceil_div(n_rows, ceil_div(n_rows * group, ATTN_MMA_TARGET_QV))
             rows = max(1, min(int(rows_per_block), n_rows))
             _check(rows * group <= ATTN_MMA_MAX_QV, f"attention (tensor cores): {rows} rows x group {group} > "

@@ -500,6 +500,13 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if plan.attention_masked_softmax and not masked:
             log.info("attention_mma.cu's masked-softmax entries serve bf16 models with head_dim 128 on the tensor "
                      "cores; this one (%s, head_dim %d) keeps the entry it has", self.dtype, self.spec.head_dim)
+        halves = (plan.attention_head_halves and tensor_cores and self.spec.head_dim == 128 and blocks == 2
+                  and not masked)
+        if plan.attention_head_halves and not halves:
+            log.info("attention_mma.cu's head-halves entry serves bf16 models with head_dim 128 on the tensor cores, "
+                     "two blocks per SM, without the masked softmax; this plan (%s, head_dim %d, %d blocks per SM%s) "
+                     "keeps the entry it has", self.dtype, self.spec.head_dim, blocks,
+                     ", masked softmax" if masked else "")
         # The decode row follows: on the tensor cores only where the prefill attention is.
         decode_tensor_cores = plan.decode_attention_tensor_cores and tensor_cores
         one_head = plan.decode_attention_one_head_entry and not decode_tensor_cores   # an attention_decode.cu entry
@@ -520,7 +527,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
                      "entry for any group serves", group, self.spec.head_dim, head_split, prefetch,
                      ", the tensor cores" if decode_tensor_cores else ", the one-head entry" if one_head else "")
         return {"tensor_core_attention": tensor_cores, "attention_blocks_per_sm": blocks,
-                "attention_masked_softmax": masked,
+                "attention_masked_softmax": masked, "attention_head_halves": halves,
                 "decode_attention_tensor_cores": decode_tensor_cores,
                 "decode_attention_one_head_entry": one_head, "decode_attention_head_split": head_split,
                 "decode_attention_prefetch": prefetch, "decode_attention_exact_group": exact}

@@ -87,6 +87,14 @@ class KernelPlan:
     # the CSR M=32 row at 32K, issue 20's 80x), and the softmax is the part of each chunk that is neither products
     # nor copies. Off: not yet measured on the GPU; lab "+ma".
     attention_masked_softmax: bool = False
+    # attention_mma.cu's _hs entry (head_dim 128, 2 blocks per SM, not with the masked softmax): two warps per 16-row
+    # tile, each keeping the P.V sums of half of the head's dimensions; both compute the tile's scores and softmax
+    # (1.5x the products), every sum in the same order (the same bits: test_cuda_attention_mma.py). Why: the
+    # serving _b2 entry spills under its 128-register cap (ptxas: 292 bytes on the bf16 arena; ncu on the H200, 32
+    # rows over 32000 slots: 1.0 M local-memory requests a launch, warps stalled on long scoreboard and barriers,
+    # tensor pipe 20%), and _hs spills 12 bytes. Off: written 2026-12-05 (nineteenth session), not yet run on a
+    # GPU; lab "+hs".
+    attention_head_halves: bool = False
 
     # Blocks per SM of the cycle's long-context attention launches (attention_decode.cu, attention_mma.cu):
     # long_context_splits gives each KV head this many x SMs / KV heads splits, each walking its share of the
@@ -292,6 +300,8 @@ class KernelPlan:
             raise ValueError(f"int4_decode_lean_loop must be True or False, got {self.int4_decode_lean_loop!r}")
         if not isinstance(self.attention_masked_softmax, bool):
             raise ValueError(f"attention_masked_softmax must be True or False, got {self.attention_masked_softmax!r}")
+        if not isinstance(self.attention_head_halves, bool):
+            raise ValueError(f"attention_head_halves must be True or False, got {self.attention_head_halves!r}")
         if not isinstance(self.decode_attention_exact_group, bool):
             raise ValueError(f"decode_attention_exact_group must be True or False, got "
                              f"{self.decode_attention_exact_group!r}")

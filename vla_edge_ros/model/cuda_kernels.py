@@ -70,7 +70,7 @@ FAMILIES = {
     "attention_tiled": {"attention_partial_tiled": "PiPPPPPPiiiiifii"},   # merged by attention.cu's kernel
     "attention_mma": {f"attention_partial_mma_hd{hd}_b{b}{ma}": "PiPPPPPPiiiifii"    # merged as attention_tiled
                       for hd, b, ma in ((32, 1, ""), (64, 1, ""), (128, 1, ""), (128, 2, ""), (128, 1, "_ma"),
-                                        (128, 2, "_ma"))},
+                                        (128, 2, "_ma"), (128, 2, "_hs"))},
     "attention_decode": {name: "PiPPPPPPiiiiif" for name in ATTN_DECODE_ENTRIES},   # merged by attention.cu's kernel
     "argmax": {"argmax_bins": "PiiPPi"},
     "kv_slots": {"kv_gather": "PPPPiiiii", "kv_scatter": "PPPPiiiii", "kv_count_nonfinite": "PqP"},

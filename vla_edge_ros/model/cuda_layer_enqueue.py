@@ -175,7 +175,8 @@ class LayerEnqueue:
                                self._scale, self.stream, tensor_cores=plan.tensor_core_attention,
                                blocks_per_sm=plan.attention_blocks_per_sm,
                                max_splits=splits if plan.tensor_core_attention else None,
-                               masked_softmax=plan.attention_masked_softmax)
+                               masked_softmax=plan.attention_masked_softmax,
+                               head_halves=plan.attention_head_halves)
 
     def _rope_target(self, li: int) -> RopeTarget:
         sp = self.spec
