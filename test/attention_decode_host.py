@@ -1,6 +1,7 @@
-"""The decode attention's launcher and plan choice without a device, for the CPU tests of its entries
-(test_decode_attention_prefetch.py, test_decode_attention_exact_group.py): launches recorded instead of made, and
-CudaBackend._attention_in_effect asked about a model of a given grouping.
+"""The attention launchers and plan choice without a device, for the CPU tests of their entries
+(test_decode_attention_prefetch.py, test_decode_attention_exact_group.py, test_attention_masked_softmax.py,
+test_attention_head_halves.py): launches recorded instead of made, and CudaBackend._attention_in_effect asked about
+a model of a given grouping.
 """
 import re
 from pathlib import Path
@@ -9,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from vla_edge_ros.model import cuda_attention_launchers as ca
+from vla_edge_ros.model import cuda_kernels as ck
 from vla_edge_ros.model.cuda_backend import CudaBackend
 
 
@@ -35,6 +37,24 @@ class Recorder(ca.AttentionLaunchers):
 
     def _launch(self, name, grid, block, stream, *args, shared=0):
         self.launches.append((name, tuple(grid), block))
+
+
+class MmaRecorder(Recorder):
+    """Recorder with attention_mma.cu's entries, on a bf16 arena, no shared-memory limit checked."""
+    kv_dtype = "bfloat16"
+
+    def attention_mma_entries(self):
+        return tuple(ck.FAMILIES["attention_mma"])
+
+    def _check_shared(self, name, shared, what):
+        pass
+
+
+def declared_mma_entries() -> dict:
+    """attention_mma.cu's ATTENTION_MMA_ENTRY lines: {kernel name: (masked softmax, head halves)}."""
+    source = (CUDA / "attention_mma.cu").read_text()
+    return {f"attention_partial_mma_hd{hd}_b{b}{suffix}": (masked == "true", int(halves)) for hd, b, masked, halves, suffix
+            in re.findall(r"^ATTENTION_MMA_ENTRY\((\d+), (\d), (true|false), (\d), (\w*)\)", source, re.MULTILINE)}
 
 
 def array(shape, dtype=np.float32):

@@ -6,38 +6,23 @@ names the switch.
 """
 import dataclasses
 import logging
-import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from attention_decode_host import Recorder, array, in_effect
+from attention_decode_host import MmaRecorder, array, declared_mma_entries, in_effect
 from vla_edge_ros.model import cuda_attention_launchers as ca
 from vla_edge_ros.model import cuda_kernels as ck
 from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST
 from vla_edge_ros.model.cuda_launch_common import KernelError
 
-CUDA = Path(__file__).resolve().parents[1] / "cuda"
 
 
 def test_the_head_halves_entry_is_declared_as_registered():
-    source = (CUDA / "attention_mma.cu").read_text()
-    halves = {f"attention_partial_mma_hd{hd}_b{b}{suffix}": int(h) for hd, b, _masked, h, suffix in
-              re.findall(r"^ATTENTION_MMA_ENTRY\((\d+), (\d), (true|false), (\d), (\w*)\)", source, re.MULTILINE)}
-    assert set(halves) == set(ck.FAMILIES["attention_mma"])
-    assert {name for name, h in halves.items() if h == 2} == {"attention_partial_mma_hd128_b2_hs"}
-    assert all(h in (1, 2) for h in halves.values())
-
-
-class _MmaRecorder(Recorder):
-    kv_dtype = "bfloat16"
-
-    def attention_mma_entries(self):
-        return tuple(ck.FAMILIES["attention_mma"])
-
-    def _check_shared(self, name, shared, what):
-        pass
+    declared = declared_mma_entries()
+    assert set(declared) == set(ck.FAMILIES["attention_mma"])
+    assert {name for name, (_, halves) in declared.items() if halves == 2} == {"attention_partial_mma_hd128_b2_hs"}
+    assert all(halves in (1, 2) for _, halves in declared.values())
 
 
 def _prefill(kn, hd=128, n=32, **kw):
@@ -52,7 +37,7 @@ def _prefill(kn, hd=128, n=32, **kw):
 def test_the_launcher_gives_each_block_at_most_a_round_of_tiles(n):
     """Four tiles of 16 query vectors a round (8 warps, two a tile): whole rows of the 1.5B's group of 6, balanced,
     so that no split's chunks are gathered twice."""
-    kn = _MmaRecorder()
+    kn = MmaRecorder()
     name, grid, block = _prefill(kn, n=n, tensor_cores=True, blocks_per_sm=2, max_splits=16, head_halves=True)
     assert name == "attention_partial_mma_hd128_b2_hs" and block == ca.ATTN_TILED_THREADS
     rows = -(-n // grid[0])
@@ -64,7 +49,7 @@ def test_the_launcher_gives_each_block_at_most_a_round_of_tiles(n):
 
 
 def test_the_launcher_refuses_what_has_no_head_halves_entry():
-    kn = _MmaRecorder()
+    kn = MmaRecorder()
     with pytest.raises(KernelError, match="no entry attention_partial_mma_hd128_b1_hs"):
         _prefill(kn, tensor_cores=True, blocks_per_sm=1, head_halves=True)
     with pytest.raises(KernelError, match="no entry attention_partial_mma_hd64_b2_hs"):

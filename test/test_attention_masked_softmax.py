@@ -6,37 +6,22 @@ the switch.
 """
 import dataclasses
 import logging
-import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from attention_decode_host import Recorder, array, in_effect
+from attention_decode_host import MmaRecorder, array, declared_mma_entries, in_effect
 from vla_edge_ros.model import cuda_kernels as ck
 from vla_edge_ros.model.cuda_kernel_plan import MEASURED_BEST
 from vla_edge_ros.model.cuda_launch_common import KernelError
 
-CUDA = Path(__file__).resolve().parents[1] / "cuda"
 
 
 def test_the_masked_entries_are_declared_as_registered():
-    source = (CUDA / "attention_mma.cu").read_text()
-    declared = {f"attention_partial_mma_hd{hd}_b{b}{suffix}": masked == "true" for hd, b, masked, _halves, suffix in
-                re.findall(r"^ATTENTION_MMA_ENTRY\((\d+), (\d), (true|false), (\d), (\w*)\)", source, re.MULTILINE)}
+    declared = declared_mma_entries()
     assert set(declared) == set(ck.FAMILIES["attention_mma"])
-    assert {name for name, masked in declared.items() if masked} == {"attention_partial_mma_hd128_b1_ma",
-                                                                      "attention_partial_mma_hd128_b2_ma"}
-
-
-class _MmaRecorder(Recorder):
-    kv_dtype = "bfloat16"
-
-    def attention_mma_entries(self):
-        return tuple(ck.FAMILIES["attention_mma"])
-
-    def _check_shared(self, name, shared, what):
-        pass
+    assert {name for name, (masked, _) in declared.items() if masked} == {"attention_partial_mma_hd128_b1_ma",
+                                                                          "attention_partial_mma_hd128_b2_ma"}
 
 
 def _prefill(kn, hd=128, **kw):
@@ -49,7 +34,7 @@ def _prefill(kn, hd=128, **kw):
 
 @pytest.mark.parametrize("blocks", [1, 2])
 def test_the_launcher_picks_the_masked_entry_on_the_same_grid(blocks):
-    kn = _MmaRecorder()
+    kn = MmaRecorder()
     name, grid, block = _prefill(kn, tensor_cores=True, blocks_per_sm=blocks, max_splits=16, masked_softmax=True)
     assert name == f"attention_partial_mma_hd128_b{blocks}_ma"
     assert _prefill(kn, tensor_cores=True, blocks_per_sm=blocks, max_splits=16)[1:] == (grid, block)

@@ -40,6 +40,21 @@ def test_tensor_core_attention_matches_the_reference(kn, gpu, hq, kvh, hd, ctx, 
         assert_close(got, expected, rtol=1e-4, atol=2e-4 * peak(expected), what=what, norm_rtol=1e-4)
 
 
+def _same_bits_under(kernels, args, stream, switch: str, variant: dict) -> list:
+    """The tensor-core attention with the launcher keyword `switch` off, then on (partial sums poisoned with NaN
+    before each): every output and partial sum must be the same bits; returns [(out, part_o, part_ml)] off, on."""
+    outs = []
+    for on in (False, True):
+        for a in (args[5], args[6], args[7]):
+            a.fill(np.float32(np.nan))
+        kernels.attention(*args, stream, tensor_cores=True, **{switch: on}, **variant)
+        stream.synchronize()
+        outs.append((args[7].get(), args[5].get(), args[6].get()))
+    for what, a, b in zip(("out", "part_o", "part_ml"), *outs):
+        assert np.array_equal(a, b, equal_nan=True), f"{what} differs with {switch} ({variant})"
+    return outs
+
+
 @pytest.mark.parametrize("arena", ["float32", "bfloat16"])
 @pytest.mark.parametrize("hq,kvh,hd,ctx,n", [c for c in CASES if c[2] == 128])
 def test_the_masked_softmax_entries_give_the_same_bits(kn, kn16, gpu, hq, kvh, hd, ctx, n, arena):
@@ -52,15 +67,7 @@ def test_the_masked_softmax_entries_give_the_same_bits(kn, kn16, gpu, hq, kvh, h
     kernels, args, _kv16 = on_arena(ga, kn, kn16, args, arena_f32, arena)
     for variant in ({}, {"blocks_per_sm": 2}, {"max_splits": 3}, {"blocks_per_sm": 2, "max_splits": 2,
                                                                    "rows_per_block": 3}):
-        outs = []
-        for masked in (False, True):
-            for a in (args[5], args[6], args[7]):
-                a.fill(np.float32(np.nan))
-            kernels.attention(*args, stream, tensor_cores=True, masked_softmax=masked, **variant)
-            stream.synchronize()
-            outs.append((args[7].get(), args[5].get(), args[6].get()))
-        for what, a, b in zip(("out", "part_o", "part_ml"), *outs):
-            assert np.array_equal(a, b, equal_nan=True), f"{what} differs with the masked softmax ({variant})"
+        outs = _same_bits_under(kernels, args, stream, "masked_softmax", variant)
         if arena == "float32":
             assert_close(outs[1][0], expected, rtol=1e-4, atol=2e-4 * peak(expected), what=f"masked {variant}",
                          norm_rtol=1e-4)
@@ -77,15 +84,7 @@ def test_the_head_halves_entry_gives_the_same_bits(kn, kn16, gpu, hq, kvh, hd, c
                                                  poison_partials=True)
     kernels, args, _kv16 = on_arena(ga, kn, kn16, args, arena_f32, arena)
     for variant in ({}, {"max_splits": 3}, {"max_splits": 1}, {"rows_per_block": 3}, {"rows_per_block": 10}):
-        outs = []
-        for halves in (False, True):
-            for a in (args[5], args[6], args[7]):
-                a.fill(np.float32(np.nan))
-            kernels.attention(*args, stream, tensor_cores=True, blocks_per_sm=2, head_halves=halves, **variant)
-            stream.synchronize()
-            outs.append((args[7].get(), args[5].get(), args[6].get()))
-        for what, a, b in zip(("out", "part_o", "part_ml"), *outs):
-            assert np.array_equal(a, b, equal_nan=True), f"{what} differs with the head halves ({variant})"
+        outs = _same_bits_under(kernels, args, stream, "head_halves", {"blocks_per_sm": 2, **variant})
         if arena == "float32":
             assert_close(outs[1][0], expected, rtol=1e-4, atol=2e-4 * peak(expected), what=f"halves {variant}",
                          norm_rtol=1e-4)
