@@ -622,3 +622,40 @@ def test_interleaved_work_says_what_each_gap_ran(tiny_model_dir, model, clip):
         aware.driver.work_until(time.perf_counter() + 5.0)
     contexts = [c for t in aware.driver.scheduler.costs.by_frames.values() for c in t.contexts]
     assert contexts and all(0 < c <= aware.cfg.kv.capacity_tokens for c in contexts)
+
+
+def test_with_an_offer_loader_a_boundary_applies_only_offers_it_has_prepared(tiny_model_dir, model, clip):
+    """bench asr's driver (offer_loader=True) prepares offers on a thread, as the reasoning node's swap loader does,
+    and a boundary takes an offer only once that is done: held back at the gate, the offer waits (still offered);
+    released, the next boundary applies it with the layout the loader planned."""
+    import threading
+    from vla_edge_ros.core.in_process_asr import InProcessAsr
+    rig = Rig(tiny_model_dir, model, clip)
+    gate, prepared = threading.Event(), []
+
+    def slow_prepare(snap):
+        gate.wait(10.0)
+        rig.primary.state.prepare_swap(snap)
+        prepared.append((snap.version, snap.placement is not None))
+
+    rig.driver = InProcessAsr(rig.primary, rig.rec, work="interleaved", offer_loader=True)
+    rig.driver.loader._prepare = slow_prepare
+    try:
+        for _ in range(40):
+            if rig.rec.offered_version is not None:
+                break
+            rig.cycle()
+        version = rig.rec.offered_version
+        assert version is not None, "no offer within 40 cycles"
+        c = rig.cycle(new=False, reconcile=False)
+        assert c.swap is None and rig.rec.offered_version == version and not rig.driver.loader.prepared(version)
+        gate.set()
+        deadline = time.monotonic() + 10.0
+        while not rig.driver.loader.prepared(version) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert prepared and prepared[-1] == (version, True)
+        c = rig.cycle(new=False, reconcile=False)
+        assert c.swap is not None and c.swap.version == version and rig.primary.state.state_version == version
+    finally:
+        gate.set()
+        rig.driver.close()

@@ -370,7 +370,8 @@ class _Runner:
         self.capacity = check_capacity(self.primary, cfg.lifecycle.capacity_check_cycles, pixels)
         take_context_cost(self.primary, self.capacity)             # admission.context_cost, as the node
         reconciler = StateReconciler(cfg, engines.reconciler(cfg)) if mode == "asr" else None
-        self.driver = InProcessAsr(self.primary, reconciler, work=work)
+        # Offers prepared on a loader thread, the boundary taking only prepared ones: as the reasoning node does.
+        self.driver = InProcessAsr(self.primary, reconciler, work=work, offer_loader=True)
         self.reconciler = reconciler
         self.rebuild_ms: list[float] = []
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from .cycle_result import CycleResult
 from .engine import NO_SWAP_ROOM, Engine
 from .frames import Frame
+from .offer_loader import OfferLoader
 from .reconciliation import Phase, StateReconciler
 from .slack_scheduler import SlackScheduler
 from .state_snapshot import SnapshotError, StateChunk
@@ -54,15 +55,21 @@ class InProcessAsr:
     (SwapDeferred), is counted in `deferred` and the next, fresher one is
     awaited. With reconciler=None (absent) or after it stopped
     or died, the primary serves and evicts approximately on its own.
+    offer_loader=True: offers are checked and laid out (FrameState.prepare_swap) on a loader thread, as the
+    reasoning node's swap loader does, and a boundary applies only an offer whose preparation has ended
+    (core/offer_loader.py; bench asr); False: inside make_offer, so every offer can be applied at the next
+    boundary (the tests' deterministic order).
     """
 
-    def __init__(self, primary: Engine, reconciler: StateReconciler | None, work: str = "interleaved"):
+    def __init__(self, primary: Engine, reconciler: StateReconciler | None, work: str = "interleaved",
+                 offer_loader: bool = False):
         if work not in WORK_MODES:
             raise ValueError(f"work must be one of {WORK_MODES}, got {work!r}")
         self.primary = primary
         self.reconciler = reconciler
+        self.loader = OfferLoader(primary.state.prepare_swap) if reconciler is not None and offer_loader else None
         if reconciler is not None:      # offers reach the boundary checked and laid out, as in the graph
-            reconciler.prepare_offer = primary.state.prepare_swap
+            reconciler.prepare_offer = primary.state.prepare_swap if self.loader is None else self.loader.submit
         self.work = work
         self.reconciler_error: BaseException | None = None
         self.deferred: Counter = Counter()        # offers not applied because too stale, by SwapDeferred.reason
@@ -163,6 +170,8 @@ class InProcessAsr:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
+        if self.loader is not None:
+            self.loader.close()
 
     # ------------------------------------------------------------- internals
 
@@ -174,6 +183,10 @@ class InProcessAsr:
         if next_boundary_perf is not None:
             budget = self.primary.swap_recompute_budget_frames((next_boundary_perf - time.perf_counter()) * 1e3)
             if budget == NO_SWAP_ROOM:          # the offer waits for the next boundary, as in the graph
+                return None
+        if self.loader is not None:             # only what the loader has prepared, as the node's boundary
+            version = rec.offered_version
+            if version is None or not self.loader.prepared(version):
                 return None
         snap = rec.take_offer()
         if snap is None:

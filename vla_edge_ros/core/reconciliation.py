@@ -213,6 +213,12 @@ class StateReconciler:
         message was lost). Never blocks."""
         self._inbox.append(("gap",))
 
+    @property
+    def offered_version(self) -> int | None:
+        """The version of the offer take_offer would hand out now (None: none), without taking it."""
+        with self._offer_lock:
+            return None if self._offer is None else self._offer.version
+
     def take_offer(self) -> StateSnapshot | None:
         """The newest offer not taken yet, once (call at a cycle boundary, then apply it and notify)."""
         with self._offer_lock:
