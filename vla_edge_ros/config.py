@@ -491,8 +491,9 @@ class ASRConfig:
     step_cost_follows_context: bool = _doc("slack schedule: plan each step at the cost of its size moved to the "
                                            "context it starts with (core/step_costs.py): a round grows the "
                                            "reconciler's state, and a size's earlier samples understate its later "
-                                           "steps (at 32K slots on the H200 every other cycle started 2-3.5 ms "
-                                           "late with ~600 frames held). Off until measured on the GPU",
+                                           "steps (at 32K slots on the H200 every other cycle of a catch-up "
+                                           "started 2-3.5 ms late with ~600 frames held). Off: one GPU run with "
+                                           "it, no clear change",
                                            default=False)
     niceness: int = _doc("the reconciler process's CPU niceness (Linux nice value 0..19, applied to all its threads at "
                          "configure): where the cores are few, the primary's cycle gets the CPU first and the "

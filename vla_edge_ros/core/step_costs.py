@@ -27,9 +27,11 @@ schedule relaxes toward (core/slack_scheduler.py).
 
 The context (StepCosts(follow_context=True), asr.step_cost_follows_context). A step's rows attend to every
 token the reconciler's state already holds, and a round grows that state from the prefix to every kept
-frame, so a size's cost grows through the round while the median of its samples lags behind: in `bench asr
---capacity 32768` on the H200 (2026-12-05), with ~600 frames held, every other cycle started 2-3.5 ms late
-behind a step planned at the cost of the same size earlier in the round. With the context each step started
+frame, so a size's cost grows through the round while the median of its samples lags behind. In `bench asr
+--capacity 32768` on the H200 (2026-12-05) every other cycle of a catch-up with ~600 frames held started 2-3.5
+ms late, and a later run's gap records showed one-frame steps of 7.1-7.7 ms at ~668 frames held running past
+their boundary: steps planned, it seems, at the cost of the same size earlier in the round (inferred from the
+timing, not measured step by step). With the context each step started
 at (tokens held), the samples are moved to the context of the step being planned before their median is
 taken: ms + beta * frames * (context - sample's context), beta the cost of one frame's rows per context
 token. beta is learned robustly from the samples themselves: for each size with CONTEXT_MIN_SAMPLES samples
