@@ -184,11 +184,12 @@ class InProcessAsr:
             budget = self.primary.swap_recompute_budget_frames((next_boundary_perf - time.perf_counter()) * 1e3)
             if budget == NO_SWAP_ROOM:          # the offer waits for the next boundary, as in the graph
                 return None
+        version = None
         if self.loader is not None:             # only what the loader has prepared, as the node's boundary
             version = rec.offered_version
             if version is None or not self.loader.prepared(version):
                 return None
-        snap = rec.take_offer()
+        snap = rec.take_offer(version)          # (not a fresher offer made meanwhile on the reconciler's thread)
         if snap is None:
             return None
         try:

@@ -219,9 +219,12 @@ class StateReconciler:
         with self._offer_lock:
             return None if self._offer is None else self._offer.version
 
-    def take_offer(self) -> StateSnapshot | None:
-        """The newest offer not taken yet, once (call at a cycle boundary, then apply it and notify)."""
+    def take_offer(self, version: int | None = None) -> StateSnapshot | None:
+        """The newest offer not taken yet, once (call at a cycle boundary, then apply it and notify); with
+        `version`, only if the offer is still that version (a fresher one may have replaced it meanwhile)."""
         with self._offer_lock:
+            if version is not None and (self._offer is None or self._offer.version != version):
+                return None
             snap, self._offer = self._offer, None
             return snap
 
