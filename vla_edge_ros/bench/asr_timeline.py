@@ -440,7 +440,7 @@ class _Runner:
         and how far that work ran past the next boundary, beyond where the cycle and its swap had already run
         (0: it did not): a late start of the next cycle (a refusal on a negative budget) names its cause."""
         now = time.perf_counter()
-        over_ms = max(0.0, (now - max(gap_start, next_boundary)) * 1e3) if now > next_boundary else 0.0
+        over_ms = max(0.0, (now - max(gap_start, next_boundary)) * 1e3)
         gap = self.driver.last_gap if self.driver.work == "interleaved" else []
         self.driver.last_gap = []
         return {"gap_over_ms": round(over_ms, 3), "gap_work": [[what, frames, round(ms, 3)] for what, frames, ms in gap]}

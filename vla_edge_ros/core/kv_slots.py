@@ -220,7 +220,8 @@ def unit_vectors_of(rows) -> np.ndarray:
     """unit_vectors of many pooled rows (a list of [hidden] arrays, or [n, hidden]), computed a block of rows at
     a time into one float64 result: the same bits (each row's norm and quotient are its own), without whole-size
     float64 temporaries. Whole-size ones were fresh mmaps at every swap at 32K slots (730 frames x 1536: three of
-    ~9 MB), and their page faults made one placement ~100 ms on the development machine's first touch. Finite
+    ~9 MB), and their page faults made one placement ~100 ms on the development machine's first touch (an ad-hoc
+    timing, not a bench). Finite
     rows of one width only (ValueError)."""
     n = len(rows)
     if n == 0:
@@ -413,7 +414,8 @@ class KVSlotManager:
         (plan_placement + install: one vectorised pass for their unit vectors and cosines) where the policy
         evicts only for room, the rest go through add_frame. Why: the reconciler rebuilds its model of the
         primary's slots after every applied swap, and one by one that cost ~40 us a frame (29 ms for 730 frames
-        on the development machine: at 32K slots, most of a gap). frames: [(frame_id, pooled, position_start)]."""
+        on the development machine, timed ad hoc: at 32K slots, most of a gap). frames: [(frame_id, pooled,
+        position_start)]."""
         if self._frames or self._transient:
             raise ValueError(f"admit_all: {len(self._frames)} frames and {len(self._transient)} transient slots "
                              f"are held; it fills an empty manager")

@@ -101,7 +101,7 @@ class SlackScheduler:
             probe, self._probe_allowed = self._probe_allowed and whole, False              # as its first step
             return 1 if probe else 0
         best = 0
-        for frames in range(1, self.costs.eligible(self.max_frames) + 1):
+        for frames in range(1, self.costs.eligible(self.max_frames, measured) + 1):
             if HEADROOM * self.costs.estimate(frames, measured=measured) <= usable:
                 best = frames
         if best:

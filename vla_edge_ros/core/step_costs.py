@@ -145,9 +145,11 @@ class StepCosts:
     def largest_measured(self) -> int:
         return max(self.measured(), default=0)
 
-    def eligible(self, cap: int) -> int:
-        """The largest step size that may be planned now: GROWTH x the largest measured one, at most `cap`."""
-        return min(cap, max(1, GROWTH * self.largest_measured))
+    def eligible(self, cap: int, measured: dict | None = None) -> int:
+        """The largest step size that may be planned now: GROWTH x the largest measured one, at most `cap`
+        (`measured`: measured() already taken; its sizes are the same at any context)."""
+        largest = self.largest_measured if measured is None else max(measured, default=0)
+        return min(cap, max(1, GROWTH * largest))
 
     def estimate(self, frames: int, context: int | None = None, measured: dict | None = None) -> float | None:
         """The cost (ms) to plan for a step of `frames` frames starting with `context` tokens held (see
