@@ -38,6 +38,7 @@ def test_a_restarted_camera_node_does_not_stall_the_state(tiny_model_dir, tmp_pa
     camera = H.CameraPublisher(harness, H.footage_rgb(120))
     try:
         camera_node = H.start_graph(harness.domain_id, overrides, names=("camera_ingest",), log_dir=tmp_path / "cam1")
+        H.wait_matched(tokens, fallbacks)       # before it, a cycle's outcome could be lost and read as a gap
         camera.start()
         H.wait_until(lambda: int((H.latest_status(diagnostics, "reasoning") or {}).get("swap.swaps", 0)) >= 2,
                      H.GRAPH_START_TIMEOUT_S, "two swaps before the restart")

@@ -48,6 +48,7 @@ def run(tmp_path_factory, tiny_model_dir):
     camera = H.CameraPublisher(harness, H.footage_rgb(120))
     procs = H.start_graph(domain, {"model.path": str(model)}, log_dir=logs)
     try:
+        H.wait_matched(tokens, fallbacks)       # before it, a cycle's outcome could be lost and read as a gap
         camera.start()
         H.wait_until(lambda: len(tokens) + len(fallbacks) > 0, H.GRAPH_START_TIMEOUT_S, "the first cycle output")
         time.sleep(RUN_S / 2)

@@ -60,6 +60,7 @@ def test_silent_camera_then_stale_stamps(model, harness, tmp_path):
     procs = H.start_graph(harness.domain_id, {"model.path": str(model), "cycle.stale_frame_ms": 250.0},
                           names=("camera_ingest", "reasoning"), log_dir=tmp_path)
     try:
+        H.wait_matched(tokens, fallbacks)       # before it, a cycle's outcome could be lost and read as a gap
         H.wait_until(lambda: len(fallbacks) > 0, H.GRAPH_START_TIMEOUT_S, "the first cycle")
         t_silent = time.monotonic()
         time.sleep(PHASE_S)
@@ -106,6 +107,7 @@ def test_deadline_too_small_to_admit_anything(model, harness, tmp_path):
     procs = H.start_graph(harness.domain_id, overrides, names=("camera_ingest", "reasoning"), log_dir=tmp_path)
     camera = H.CameraPublisher(harness, H.footage_rgb(30))
     try:
+        H.wait_matched(tokens, fallbacks)
         H.wait_until(lambda: len(fallbacks) > 0, H.GRAPH_START_TIMEOUT_S, "the first cycle")
         camera.start()
         H.wait_until(lambda: sum(f.message == R.REFUSED_BUDGET for f in fallbacks.messages()) >= 50, 20.0,
@@ -155,6 +157,7 @@ def test_reasoning_carries_on_when_the_reconciler_is_killed(model, harness, tmp_
     procs = H.start_graph(harness.domain_id, overrides, log_dir=tmp_path)
     camera = H.CameraPublisher(harness, H.footage_rgb(120))
     try:
+        H.wait_matched(tokens, fallbacks)
         camera.start()
         H.wait_until(lambda: len(tokens) > 30, H.GRAPH_START_TIMEOUT_S, "30 actions with the reconciler up")
         procs.kill("reconciler", signal.SIGKILL)

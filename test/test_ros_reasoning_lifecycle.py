@@ -75,6 +75,7 @@ def test_configure_activate_deactivate_cleanup_and_again(tiny_model_dir, harness
         assert float(status["capacity.full_ms"]) > 0 and status["capacity.fits"] in ("True", "False")
         assert status["total.cycles"] == "0", "warm-up cycles must not count as served cycles"
 
+        H.wait_matched(tokens, fallbacks)       # cycle 0 must be seen below: both topics matched before they run
         _transition(harness, Transition.TRANSITION_ACTIVATE)
         H.wait_until(lambda: len(tokens) >= 30, 30.0, "30 actions after activate")
         outcomes = H.cycle_outputs(tokens, fallbacks)

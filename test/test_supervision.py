@@ -118,6 +118,9 @@ def test_bringup_restarts_a_killed_reconciler_while_reasoning_serves(tiny_model_
     camera = H.CameraPublisher(harness, H.footage_rgb(120))
     try:
         out.wait_for("Ctrl-C stops", H.GRAPH_START_TIMEOUT_S, proc)
+        # Both outcome topics matched before any action: a cycle published before its topic matched is lost, and
+        # the gap check below would blame the graph (a CI run lost six fallbacks this way).
+        H.wait_matched(tokens, fallbacks)
         camera.start()
         H.wait_until(lambda: len(tokens) > 30, H.GRAPH_START_TIMEOUT_S, "30 actions")
         old = H.node_pid(proc.pid, "reconciler")
