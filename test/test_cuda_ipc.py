@@ -19,8 +19,11 @@ CAPACITY = 400
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
-def test_kv_rows_cross_processes_bit_exactly_and_a_rewritten_buffer_is_refused(tiny_model_dir, tmp_path, kv_dtype):
+@pytest.mark.parametrize("kv_dtype, board", [("float32", False), ("bfloat16", False), ("float32", True)])
+def test_kv_rows_cross_processes_bit_exactly_and_a_rewritten_buffer_is_refused(tiny_model_dir, tmp_path, kv_dtype,
+                                                                              board):
+    """board: the exporter keeps a host generation board (asr.host_generation_board) and the boundary's check
+    reads it; the copy's device-side checks are the same either way."""
     from vla_edge_ros.model.cuda_backend import CudaBackend
     from vla_edge_ros.model.cuda_device import primary_device
     from vla_edge_ros.model.cuda_ipc import IpcKvMapper
@@ -28,7 +31,8 @@ def test_kv_rows_cross_processes_bit_exactly_and_a_rewritten_buffer_is_refused(t
     from vla_edge_ros.model.spec import ModelSpec
 
     child = subprocess.Popen([sys.executable, str(ROOT / "test" / "cuda_ipc_exporter.py"), str(tiny_model_dir),
-                              str(CAPACITY), str(tmp_path), kv_dtype], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              str(CAPACITY), str(tmp_path), kv_dtype] + (["board"] if board else []),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True, cwd=ROOT)
     try:
         descriptor = json.loads(child.stdout.readline())
@@ -38,6 +42,7 @@ def test_kv_rows_cross_processes_bit_exactly_and_a_rewritten_buffer_is_refused(t
         mapper = IpcKvMapper(primary.device)
         kv = mapper.open(descriptor)
         assert kv.shape == expected.shape and np.isfinite(kv).all()
+        assert kv.checks_on_host == board and ("generation_board" in descriptor) == board
         dst = np.arange(CAPACITY - 1, CAPACITY - 151, -1)             # other slots, reversed
         write = kv.start_write(primary, dst)
         write.finish()
@@ -74,6 +79,14 @@ def test_kv_rows_cross_processes_bit_exactly_and_a_rewritten_buffer_is_refused(t
         fresh.write_into(primary, dst)
         np.testing.assert_array_equal(primary.read_kv(dst), expected)
         assert mapper.opened == 1, "a ring buffer offered again is not mapped again"
+        if board:                       # a closed exporter's board reads every offer stale; the mapping stays valid
+            fresh.check_usable()
+            child.stdin.write("quit\n")
+            child.stdin.flush()
+            assert child.wait(timeout=60) == 0
+            assert not (tmp_path / "board").exists(), "the exporter's close left its board"
+            with pytest.raises(DeviceKVUnavailable, match="host generation board -1"):
+                fresh.check_usable()
         mapper.close()
         freed = primary.close()
         assert freed > 0

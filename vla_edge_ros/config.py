@@ -468,6 +468,12 @@ class ASRConfig:
                                "the KV arena). At least 3: the newest offer, the one the primary may be copying "
                                "from (the latest answered), and one to export the next fresher offer into, so a "
                                "re-export never overwrites KV the primary may be reading", default=3)
+    host_generation_board: bool = _doc("reconciler on a GPU: its export buffers' generation words are also kept in a "
+                                       "small shared-memory file that the reasoning node maps, so a swap's check at "
+                                       "the boundary that its offer is still current reads host memory instead of "
+                                       "the device (a synchronous read: most of the swap's 0.2-0.6 ms of checks in "
+                                       "the H200 soaks). The copy's own device reads still prove it untorn. Off "
+                                       "until measured on the GPU (model/generation_board.py)", default=False)
     backend: str = _doc("the reconciler node's transformer backend (auto | numpy | pycuda). pycuda runs it in a CUDA "
                         "context of its own process (pick the GPU with CUDA_VISIBLE_DEVICES); on the primary's GPU its "
                         "kernels time-slice with the cycles (hence asr.schedule slack). numpy by default, the CPU "

@@ -20,10 +20,13 @@ import time
 
 from ..config import VlaConfig
 from ..model.factory import choose_backend, create_backend, resolve_kind
+from ..model.generation_board import GenerationBoard
 from ..model.weights import load_tokenizer
 from .cpu_threads import limit_cpu_threads
 from .engine import Engine
 from .engine_state import FrameState
+from .stale_snapshots import private_directory
+from .swap_protocol import snapshot_base
 from .vision_encoder import VisionEncoder
 
 log = logging.getLogger(__name__)
@@ -50,11 +53,24 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
                            takes_swaps=False)
         backend.prepare_forward(reconciler_step_rows(cfg))
         if backend.device is not None:
-            from ..model.cuda_state_transfer import DeviceKvExporter
-            state.kv_export = DeviceKvExporter(backend, cfg.asr.export_buffers)
+            state.kv_export = _device_exporter(cfg, backend)
         return state
     except BaseException:
         backend.close()
+        raise
+
+
+def _device_exporter(cfg: VlaConfig, backend):
+    """The GPU reconciler's KV exporter, with its host generation board when asr.host_generation_board."""
+    from ..model.cuda_state_transfer import DeviceKvExporter          # lazy: imports pycuda
+    board = None
+    if cfg.asr.host_generation_board:
+        board = GenerationBoard(cfg.asr.export_buffers, private_directory(snapshot_base()))
+    try:
+        return DeviceKvExporter(backend, cfg.asr.export_buffers, board=board)
+    except BaseException:
+        if board is not None:
+            board.close()
         raise
 
 

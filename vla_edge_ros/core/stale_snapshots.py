@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,12 @@ SNAPSHOT_DIR_PREFIX = "vla_edge_swap_"     # + "<pid>_<random>"
 
 def snapshot_dir_prefix(pid: int) -> str:
     return f"{SNAPSHOT_DIR_PREFIX}{pid}_"
+
+
+def private_directory(base: Path) -> Path:
+    """A new directory under `base` named for this process (vla_edge_swap_<pid>_<random>): deleted by its owner
+    on a clean stop, by the next reconciler's remove_stale_snapshot_dirs once this process is gone."""
+    return Path(tempfile.mkdtemp(prefix=snapshot_dir_prefix(os.getpid()), dir=base))
 
 
 def remove_stale_snapshot_dirs(base: Path) -> list:

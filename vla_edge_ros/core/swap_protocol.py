@@ -55,7 +55,6 @@ Reasoning process, `SwapClient` (thread-safe; three threads touch it):
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 import threading
@@ -72,7 +71,7 @@ from .gap_ledger import GapLedger
 from .heap_trim import HeapTrim
 from .metrics import percentile
 from .slack_scheduler import SlackScheduler
-from .stale_snapshots import remove_stale_snapshot_dirs, snapshot_dir_prefix
+from .stale_snapshots import private_directory, remove_stale_snapshot_dirs
 from .state_snapshot import SnapshotError, StateSnapshot
 from .state_swap import DEFER_NO_SLACK, DEFER_STALE, SwapDeferred, SwapReport
 
@@ -93,6 +92,11 @@ SWAP_PARTS = ("check_ms", "place_ms", "kv_copy_ms", "recompute_ms")   # what app
 STARVED_LOG_PERIOD_S = 30.0   # slack schedule: how often a starved reconciler says so
 WINDOW_POLL_S = 0.0005   # slack schedule: how often the worker looks for the primary's next cycle end
 IDLE_WAIT_S = 0.01         # worker thread: longest sleep when the reconciler has nothing to do (woken on a chunk)
+
+
+def snapshot_base() -> Path:
+    """Where a reconciler's private directories go: /dev/shm (RAM), else the temporary directory."""
+    return SHM_DIR if SHM_DIR.is_dir() else Path(tempfile.gettempdir())
 
 
 class SwapProtocolError(ValueError):
@@ -131,9 +135,9 @@ class SnapshotStore:
 
     def __init__(self, directory: Path | None = None):
         if directory is None:
-            base = SHM_DIR if SHM_DIR.is_dir() else Path(tempfile.gettempdir())
+            base = snapshot_base()
             remove_stale_snapshot_dirs(base)            # left by reconcilers that were killed
-            directory = Path(tempfile.mkdtemp(prefix=snapshot_dir_prefix(os.getpid()), dir=base))
+            directory = private_directory(base)
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
 

@@ -8,7 +8,9 @@ handle in its swap offer (`DeviceKV.ipc_descriptor()`):
      "header_offset": where the generation word is, "generation": g,
      "buffer": ring index, "rows": rows in the snapshot,
      "shape": [2, layers, capacity, kv_dim], "element": the arena's element
-     ("float32", or "uint16" for bf16 bits), "finite": bool, "device_pci_bus_id": ...}
+     ("float32", or "uint16" for bf16 bits), "finite": bool, "device_pci_bus_id": ...,
+     and with asr.host_generation_board "generation_board": the path of the
+     host copy of the generation words (model/generation_board.py)}
 
 The reasoning node's arena must hold the same element (both read kv.dtype from
 one configuration); a mismatch is a clear error, never a conversion.
@@ -16,7 +18,9 @@ one configuration); a mismatch is a clear error, never a conversion.
 In the reasoning process an `IpcKvMapper` opens each handle once
 (cuIpcOpenMemHandle; the exporter has asr.export_buffers buffers, so after
 the first few offers nothing is opened again) in the backend's context, on the swap loader thread.
-At the cycle boundary `IpcKV.write_into` queues, on the backend's stream, a
+At the cycle boundary the swap first checks the generation word (`check_usable`:
+a synchronous device read, or with a generation board one read of host
+memory, mapped on the loader thread too), then `IpcKV.write_into` queues, on the backend's stream, a
 read of the buffer's generation word (it must read 2g: written completely,
 not reused), one kv_scatter from the mapped rows into the arena slots and a
 second read of the word, then records an event (`IpcKV.start_write`). The
@@ -41,6 +45,7 @@ import numpy as np
 
 from .cuda_gil_held import DriverCallError, copy_dtoh, copy_dtoh_async, wait_event
 from .errors import DeviceKVUnavailable
+from .generation_board import GenerationView
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,7 @@ class IpcKvMapper:
     def __init__(self, device):
         self.device = device
         self._open: dict = {}            # handle hex -> pycuda IPCMemoryHandle
+        self._boards: dict = {}          # generation board path -> GenerationView
         self._lock = threading.Lock()
         self.opened = 0
         self._words = None               # two page-locked int32: the generation word before and after a copy
@@ -74,6 +80,22 @@ class IpcKvMapper:
                 self.opened += 1
                 log.info("opened a reconciler KV buffer through CUDA IPC (%d mapped)", len(self._open))
             return int(mapped)
+
+    def board(self, path: str) -> GenerationView | None:
+        """The host generation words at `path`, mapped on first use (call off the cycle thread); None when they
+        cannot be mapped (said once per path): the boundary then reads the device word, as without a board."""
+        with self._lock:
+            if path in self._boards:
+                return self._boards[path]
+            try:
+                view = GenerationView(path)
+                log.info("mapped a reconciler's generation board %s (%d words)", path, view.buffers)
+            except (OSError, ValueError) as exc:
+                view = None
+                log.warning("cannot map the reconciler's generation board (%s); swaps check the device's generation "
+                            "word instead", exc)
+            self._boards[path] = view
+            return view
 
     def copy_event(self):
         """The event a copy records after its second word read (made once, in this context; one swap at a time)."""
@@ -110,6 +132,11 @@ class IpcKvMapper:
 
     def close(self) -> None:
         self.forget(set())
+        with self._lock:
+            for view in self._boards.values():
+                if view is not None:
+                    view.close()
+            self._boards.clear()
 
 
 class IpcKV:
@@ -128,6 +155,11 @@ class IpcKV:
         self.shape = (2, int(layers_shape[1]), int(descriptor["rows"]), int(layers_shape[3]))
         self.finite = bool(descriptor["finite"])
         self.generation = int(descriptor["generation"])
+        self.buffer = int(descriptor.get("buffer", -1))
+        self.board_path = descriptor.get("generation_board")     # None: the device word is read at the boundary
+        self._board: GenerationView | None = None
+        if self.board_path is not None and self.buffer < 0:
+            raise ValueError("IPC KV descriptor names a generation board but no buffer index")
         self.last_copy_ms: float | None = None
         # What start_write compares the arena with, made here (the loader thread): numpy's dtype.name is a
         # Python-level property, 36 us a call under the H200 swap profile of 2026-12-04, on the cycle thread.
@@ -147,15 +179,38 @@ class IpcKV:
         return self.finite
 
     def prepare(self) -> None:
-        """Map the buffer now (the loader thread), so the cycle boundary only copies."""
+        """Map the buffer (and the generation board, if the offer names one) now, on the loader thread, so the
+        cycle boundary only reads and copies."""
+        self.attach_board()
         self.mapper.address(self.descriptor["handle"])
 
+    def attach_board(self) -> None:
+        """Map the offer's generation board, if it names one. One that cannot be mapped, or has no word for this
+        buffer, is not used: the boundary reads the device word instead (the mapper says so once)."""
+        if self.board_path is None or self._board is not None:
+            return
+        board = self.mapper.board(self.board_path)
+        if board is not None and self.buffer < board.buffers:
+            self._board = board
+        elif board is not None:
+            log.warning("generation board %s has %d words, the offer's buffer is %d: not used", self.board_path,
+                        board.buffers, self.buffer)
+
+    @property
+    def checks_on_host(self) -> bool:
+        """Whether check_usable reads the host generation board (else the device word)."""
+        return self._board is not None
+
     def check_usable(self) -> None:
-        """DeviceKVUnavailable unless the buffer still holds this snapshot, completely written."""
-        word = self._header()
+        """DeviceKVUnavailable unless the buffer still holds this snapshot, completely written: its generation word
+        read from the host board when the offer has one (attach_board), else from the device."""
+        if self._board is not None:
+            word, where = self._board.word(self.buffer), "host generation board"
+        else:
+            word, where = self._header(), "generation word"
         if word != 2 * self.generation:
-            raise DeviceKVUnavailable(f"reconciler buffer {self.descriptor.get('buffer')} moved on (generation word {word}, "
-                                f"offer {self.generation}): the snapshot is stale")
+            raise DeviceKVUnavailable(f"reconciler buffer {self.descriptor.get('buffer')} moved on ({where} {word}, "
+                                      f"offer {self.generation}): the snapshot is stale")
 
     def write_into(self, backend, slots: np.ndarray) -> None:
         """One kv_scatter from the mapped rows into `slots` of the CudaBackend `backend`, checked before and after."""

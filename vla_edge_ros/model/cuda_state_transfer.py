@@ -31,6 +31,9 @@ header as 2g+1 before the rows and 2g after them (a seqlock), so a reader in
 any process can tell a buffer it was offered from one being rewritten: it
 checks the header before and after its copy (`check_usable`, cuda_ipc). With
 the protection above that check should never fire; it stays as the proof.
+With a GenerationBoard (asr.host_generation_board) the same words are also
+kept in host shared memory, so the primary's check before its copy needs no
+device read (model/generation_board.py).
 
 A destination that is not a CudaBackend (numpy) gets the KV through the host
 (`DeviceKV.to_host`, float32 values). A CUDA destination must hold the same
@@ -50,6 +53,7 @@ from .cuda_backend import CudaBackend
 from .cuda_device import CudaDevice
 from .errors import DeviceKVUnavailable
 from .export_ring import ExportRing
+from .generation_board import GenerationBoard
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +67,16 @@ class DeviceKvExporter:
     backend's context.
     """
 
-    def __init__(self, backend: CudaBackend, buffers: int | None = None):
+    def __init__(self, backend: CudaBackend, buffers: int | None = None, board: GenerationBoard | None = None):
+        """board: the host copy of the buffers' generation words (as many words as buffers; the exporter closes
+        it), or None (the device words only)."""
         if not isinstance(backend, CudaBackend):
             raise TypeError(f"DeviceKvExporter needs a CudaBackend, got {type(backend).__name__}")
         self.ring = ExportRing(ASRConfig().export_buffers if buffers is None else buffers)
         self.buffers = self.ring.buffers
+        if board is not None and board.buffers != self.buffers:
+            raise ValueError(f"DeviceKvExporter: a generation board of {board.buffers} words for {self.buffers} buffers")
+        self.board = board
         self.backend = backend
         self.device: CudaDevice = backend.device
         self.shape = backend.kv_rows_shape()                         # [2, L, capacity, kv_dim]
@@ -102,6 +111,8 @@ class DeviceKvExporter:
             self._generation[index] += 1
             generation = self._generation[index]
         drv, stream, addr = self.device.drv, backend.stream, self.address(index)
+        if self.board is not None:
+            self.board.writing(index, generation)       # before anything of this export is queued
         with self.device.bound():
             drv.memset_d32_async(addr + self.payload_bytes, 2 * generation + 1, 1, stream)      # writing
             drv.memset_d32_async(addr, 0, self.payload_bytes // 4, stream)    # rows past the snapshot stay zero
@@ -111,6 +122,8 @@ class DeviceKvExporter:
             drv.memset_d32_async(addr + self.payload_bytes, 2 * generation, 1, stream)          # complete
             stream.synchronize()
             finite = int(self._nonfinite.get()[0]) == 0
+        if self.board is not None:
+            self.board.complete(index, generation)
         sp = backend.spec
         return DeviceKV(self, index, generation, (2, sp.num_layers, int(slots.size), sp.kv_dim), finite)
 
@@ -127,6 +140,8 @@ class DeviceKvExporter:
             return self._generation[index] == generation
 
     def close(self) -> None:
+        if self.board is not None:                      # first: a reader sees every offer stale from now on
+            self.board.close()
         with self.device.bound():
             for a in self._allocs:
                 a.free()
@@ -171,7 +186,8 @@ class DeviceKV:
                 "element": ex.element.name,
                 "header_offset": ex.payload_bytes, "generation": self.generation, "buffer": self.index,
                 "rows": int(self.shape[2]), "shape": list(ex.shape), "finite": self.finite,
-                "device_pci_bus_id": ex.device.pci_bus_id()}
+                "device_pci_bus_id": ex.device.pci_bus_id(),
+                **({} if ex.board is None else {"generation_board": str(ex.board.path)})}
 
     def write_into(self, backend, slots: np.ndarray) -> None:
         """Write the rows into `slots` of `backend`: device to device for a CUDA backend, else via the host."""

@@ -76,6 +76,8 @@ class Reconciler(EngineNode):
         if cfg.asr.niceness:
             lower_process_priority(cfg.asr.niceness)    # the primary's cycle gets the cores first
         kv_path = "CUDA IPC (KV stays on the GPU)" if state.kv_export is not None else "the snapshot file"
+        if getattr(state.kv_export, "board", None) is not None:
+            kv_path += f", generation words also at {state.kv_export.board.path}"
         kv_path += f"; schedule {'slack' if self.worker.clock is not None else 'free'} (asr.schedule {cfg.asr.schedule})"
         where = f" on {state.backend.device.describe()}" if state.backend.device is not None else ""
         self.get_logger().info(f"configured: {cfg.model.path} on {type(state.backend).__name__}{where} "
