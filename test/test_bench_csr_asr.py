@@ -262,3 +262,40 @@ def test_bench_asr_counts_the_refusals_the_capacity_alone_explains():
     done = summarize({"cycles": cycles, "reconciler": {}, "capacity_check": fit.as_dict()}, 33.3)
     assert done["refused"] == 4 and done["refused_beyond_capacity_fit"] == 2
     assert summarize({"cycles": cycles, "reconciler": {}}, 33.3)["refused_beyond_capacity_fit"] is None
+
+
+def test_bench_asr_compares_reconciling_cycles_with_steady_ones_at_equal_context():
+    """The summary's ratio compares reconciling cycles, which hold the larger states, with steady ones; the
+    matched comparison divides each reconciling cycle by the steady median of its own state size. Cost here grows
+    with the frames held (15 ms empty, ~28 at 1021, as on the H200 at 32K), steady cycles hold 540-765 frames and
+    reconciling ones 540-1020: the plain ratio is above 1.1, the matched one 1.0; with every reconciling cycle 20%
+    slower, the matched one says 1.2."""
+    from vla_edge_ros.bench.asr_report import summarize
+
+    def cost(frames):
+        return 15.0 + 0.0127 * frames
+
+    def run(slowdown):
+        held = [540 + (k % 226) for k in range(400)] + [540 + (k % 481) for k in range(800)]
+        phases = ["idle"] * 400 + ["catching_up"] * 800
+        cycles = []
+        for i, (frames, phase) in enumerate(zip(held, phases)):
+            context = held[i - 1] if i else frames              # what cycle i attended to: the record before it
+            ms = cost(context) * (slowdown if phase != "idle" else 1.0)
+            cycles.append({"i": i, "latency_ms": ms, "reason": "action", "phase": phase, "event": "",
+                           "frames": frames, "state_exact": True})
+        cycles[5]["reason"] = "refused_budget"                   # a fallback's latency is no cycle's cost
+        cycles[5]["latency_ms"] = 900.0
+        return summarize({"cycles": cycles, "reconciler": {}}, 33.3)
+
+    same = run(1.0)
+    assert same["p99_ratio_reconciling_vs_steady"] > 1.1
+    m = same["matched_context"]
+    assert m["p50"] == pytest.approx(1.0, abs=0.01) and m["p99"] == pytest.approx(1.0, abs=0.02)
+    assert m["steady_p99"] == pytest.approx(1.0, abs=0.02)
+    # Only reconciling cycles whose state steady ones held (buckets up to 774 frames, of 540-1020) are compared:
+    # 235 of each pass over 481 sizes, 470 of 800 (and one whose context was a steady cycle's).
+    assert m["compared"] == 471 and m["reconciling"] == 800
+    slower = run(1.2)["matched_context"]
+    assert slower["p50"] == pytest.approx(1.2, abs=0.01) and slower["p99"] == pytest.approx(1.2, abs=0.03)
+    assert summarize({"cycles": [], "reconciler": {}}, 33.3)["matched_context"] is None

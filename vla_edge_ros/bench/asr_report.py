@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.capacity_check import CapacityFit
+from . import asr_context
 from .common import percentiles, print_table
 
 LOG_SCALE_ABOVE = 4.0       # Fig. 6 on a log scale when the slowest cycle passes this many deadlines (a spike
@@ -74,6 +75,8 @@ def summarize(run_: dict, deadline_ms: float) -> dict:
         "p99_reconciling_ms": p_busy["p99"],
         "p99_steady_ms": p_steady["p99"],
         "p99_ratio_reconciling_vs_steady": (p_busy["p99"] / p_steady["p99"]) if busy and steady else None,
+        # The same question at equal context: that ratio also compares state sizes (bench/asr_context.py).
+        "matched_context": asr_context.matched_context(cyc, BUSY_PHASES + (REBUILD_PHASE,), STEADY_PHASES),
         "exact_state_fraction": float(np.mean([c["state_exact"] for c in cyc])) if cyc else None,
         "reconciler": {k: v for k, v in run_["reconciler"].items() if not isinstance(v, list)},
         "capacity_check": run_.get("capacity_check"),           # the primary's, after its warm-up
@@ -143,6 +146,9 @@ def print_summary(summaries: dict, header: list[str]) -> None:
         if fit is not None:
             print(f"  {mode}: capacity check: {fit.describe()}; of the {s['refused']} refused cycles "
                   f"{s['refused_beyond_capacity_fit']} came with more than those {fit.frames_that_fit} frames held")
+        matched = s.get("matched_context")
+        if matched:
+            print(f"  {mode}: {asr_context.describe(matched)}")
         apply = s.get("swap_apply_ms")
         if apply:
             print(f"  {mode}: swap at the boundary after a cycle, p50/p99/max {_f(apply['p50'])} / {_f(apply['p99'])} / "
