@@ -527,3 +527,24 @@ def test_a_wide_state_placed_at_once_matches_one_by_one_across_unit_blocks():
     assert at_once.admit_all(frames, reserve=0) == 0
     assert one_by_one._adjacent.values == at_once._adjacent.values
     assert all(np.array_equal(a.unit, b.unit) for a, b in zip(one_by_one.retained(), at_once.retained(), strict=True))
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_admitting_a_whole_state_with_known_unit_vectors_leaves_the_same_bits(policy):
+    """The reconciler rebuilds its shadow after an applied swap with the old shadow's unit vectors (admit_all's
+    known_units): all known, some known, or of another width (ignored), the result is the one computed afresh."""
+    rng = np.random.default_rng(21)
+    pooled = rng.standard_normal((9, HID)).astype(np.float32)
+    frames = [(300 + i, p, 0) for i, p in enumerate(pooled)]
+    fresh = manager(policy, frames=10, window=6, prefix=3)
+    evicted = fresh.admit_all(frames, reserve=2)
+    old = {f.frame_id: f.unit for f in fresh.retained()}
+    for known in (old, {fid: u for fid, u in old.items() if fid % 2}, {fid: u[:-1] for fid, u in old.items()}):
+        again = manager(policy, frames=10, window=6, prefix=3)
+        assert again.admit_all(frames, reserve=2, known_units=known) == evicted
+        for a, b in zip(fresh.retained(), again.retained(), strict=True):
+            assert (a.frame_id, a.added_seq) == (b.frame_id, b.added_seq)
+            assert np.array_equal(a.slots, b.slots) and np.array_equal(a.unit, b.unit)
+        if fresh._adjacent is not None:
+            assert fresh._adjacent.values == again._adjacent.values
+        check_bookkeeping(again)

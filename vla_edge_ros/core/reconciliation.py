@@ -480,9 +480,11 @@ class StateReconciler:
             late_ids = [f for f in self.primary_frame_ids if f > newest]
         # The primary now holds the snapshot, then the late frames: replay that into the shadow (frames this side
         # never saw are left out: the shadow cannot model them), placed at once where no eviction is due.
+        # The old shadow's unit vectors serve the new one: a frame id names one frame, so they are its bits.
+        units = {f.frame_id: f.unit for f in self._shadow.retained()}
         self._shadow = self._new_shadow()
         known = [(fid, self._chunks[fid].pooled, 0) for fid in list(offered) + list(late_ids) if fid in self._chunks]
-        self._approx_evictions = self._shadow.admit_all(known, reserve=self.state.suffix_reserve)
+        self._approx_evictions = self._shadow.admit_all(known, reserve=self.state.suffix_reserve, known_units=units)
         self.k_applied = version
         for v in [v for v in self._offers if v <= version]:
             del self._offers[v]
