@@ -468,6 +468,12 @@ class ASRConfig:
                                "the KV arena). At least 3: the newest offer, the one the primary may be copying "
                                "from (the latest answered), and one to export the next fresher offer into, so a "
                                "re-export never overwrites KV the primary may be reading", default=3)
+    step_layer_pieces: int = _doc("reconciler on the slack schedule: a step may run its forward in up to this many "
+                                  "pieces of consecutive layers, one gap after another (core/gap_steps.py), when a "
+                                  "step of more frames fits that way than whole in the gap: at 32768 slots on the "
+                                  "H200 a one-frame step took 5.7 ms of ~6 ms gaps and an eight-frame one 12.3 ms, "
+                                  "so rounds caught up no faster than frames arrived. 1: whole steps only. Off until "
+                                  "measured on the GPU", default=1)
     host_generation_board: bool = _doc("reconciler on a GPU: its export buffers' generation words are also kept in a "
                                        "small shared-memory file that the reasoning node maps, so a swap's check at "
                                        "the boundary that its offer is still current reads host memory instead of "
@@ -537,6 +543,8 @@ class ASRConfig:
         if self.export_buffers < MIN_EXPORT_BUFFERS:
             raise ConfigError(f"asr.export_buffers must be >= {MIN_EXPORT_BUFFERS} (the newest offer, the one being "
                               f"copied, and one to export into), got {self.export_buffers}")
+        if self.step_layer_pieces < 1:
+            raise ConfigError(f"asr.step_layer_pieces must be >= 1 (1: whole steps only), got {self.step_layer_pieces}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"asr.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.device < -1:

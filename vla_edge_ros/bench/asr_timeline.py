@@ -341,7 +341,7 @@ class _Engines:
         backend = self._backend(cfg, self.kind == "pycuda" and self.reconciler_backend)
         state = FrameState(cfg, backend, self.tokenizer, reconciler_encoder(cfg, backend.spec), takes_swaps=False)
         state.kv_export = self.exporter if self.kind == "pycuda" else None
-        state.backend.prepare_forward(reconciler_step_rows(cfg))      # as the reconciler node: no capture in a gap
+        state.backend.prepare_forward(reconciler_step_rows(cfg), pieces=cfg.asr.step_layer_pieces)   # as the node: no capture in a gap
         return state
 
     def _backend(self, cfg, shared):

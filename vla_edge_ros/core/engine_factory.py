@@ -51,7 +51,7 @@ def reconciler_state(cfg: VlaConfig, device=None) -> FrameState:
     try:
         state = FrameState(cfg, backend, load_tokenizer(cfg.model.path), reconciler_encoder(cfg, backend.spec),
                            takes_swaps=False)
-        backend.prepare_forward(reconciler_step_rows(cfg))
+        backend.prepare_forward(reconciler_step_rows(cfg), pieces=cfg.asr.step_layer_pieces)
         if backend.device is not None:
             state.kv_export = _device_exporter(cfg, backend)
         return state

@@ -25,6 +25,7 @@ import numpy as np
 from ..config import VlaConfig
 from .frames import Frame
 from .kv_slots import KVCapacityError, KVSlotManager, RetainedFrame, make_policy
+from .layered_append import AppendBatch, LayeredAppend
 from .prompt import encode_text, prefix_text
 from .released_rows import ReleasedRows
 from .sample_window import SampleWindow
@@ -43,7 +44,7 @@ class FrameStateError(ValueError):
     """A frame state cannot be built with this configuration and model (the prefix leaves no room)."""
 
 
-class FrameState(SwapImport):
+class FrameState(SwapImport, LayeredAppend):
     """The CSR frame state on one backend (see the module docstring).
 
     Built on a backend whose arena is empty: the static prefix is computed here, once.
@@ -130,11 +131,28 @@ class FrameState(SwapImport):
         Returns the frame ids evicted to make room.
         """
         self._require_boundary("append_chunks")
+        self._require_not_appending("append_chunks")
+        evicted, batch = self._admit_batch(list(chunks), allow_evict)
+        if batch is None:
+            return evicted
+        done = False
+        try:
+            self.backend.forward(batch.rows, batch.positions, batch.slots, batch.context, logits="none")
+            done = True
+        finally:
+            if not done:    # garbage KV: forget these frames rather than attend to them later
+                self._forget_batch(batch)
+        self._commit_batch(batch)
+        return evicted
+
+    def _admit_batch(self, chunks: list, allow_evict: bool) -> tuple[list, AppendBatch | None]:
+        """append_chunks' admission (see it): the frames into slots with contiguous positions; returns the frames
+        the policy evicted and what the forward must compute (None when nothing is left to compute: no chunk,
+        or the policy evicted every one of them; the positions have advanced then)."""
         if self._pending:      # they are the newest and unwritten: a forward here would attend to garbage KV
             raise RuntimeError(f"append_chunks: frames {self._pending} wait for the next cycle (write_pending)")
-        chunks = list(chunks)
         if not chunks:
-            return []
+            return [], None
         tpf, hidden = self.cfg.vision.tokens_per_frame, self.backend.spec.hidden_size
         for c in chunks:
             if c.tokens.shape != (tpf, hidden) or c.tokens.dtype != np.float32:
@@ -153,26 +171,28 @@ class FrameState(SwapImport):
         kept = [r for r in self.kv.retained() if r.frame_id in by_id]                        # oldest first
         if not kept:
             self.next_position += len(chunks) * tpf
-            return evicted
+            return evicted, None
         slots = np.concatenate([r.slots for r in kept])                                      # [k * tpf]
         rows = np.concatenate([by_id[r.frame_id].tokens for r in kept])                      # [k * tpf, hidden]
         positions = np.concatenate([np.arange(r.position_start, r.position_start + tpf) for r in kept]).astype(np.int64)
-        done = False
-        try:
-            self.backend.forward(rows, positions, slots, self.context_without_newest(len(kept)), logits="none")
-            done = True
-        finally:
-            if not done:    # garbage KV: forget these frames rather than attend to them later
-                self.kv.evict_frames([r.frame_id for r in kept])
-                for r in kept:
-                    self.frames.pop(r.frame_id, None)
-        self.next_position += len(chunks) * tpf
-        self.computed_tokens["frames"] += rows.shape[0]
-        return evicted
+        return evicted, AppendBatch(frame_ids=[r.frame_id for r in kept], rows=rows, positions=positions, slots=slots,
+                                    context=self.context_without_newest(len(kept)), chunks=len(chunks))
+
+    def _commit_batch(self, batch: AppendBatch) -> None:
+        """The batch's forward has written its K/V: the positions move past all of its chunks."""
+        self.next_position += batch.chunks * self.cfg.vision.tokens_per_frame
+        self.computed_tokens["frames"] += batch.rows.shape[0]
+
+    def _forget_batch(self, batch: AppendBatch) -> None:
+        """The batch's forward failed or was given up: its frames are forgotten (their K/V is garbage)."""
+        self.kv.evict_frames(batch.frame_ids)
+        for fid in batch.frame_ids:
+            self.frames.pop(fid, None)
 
     def reset_frames(self) -> None:
         """Forget every frame; the static prefix stays (it is never recomputed). The state is exact again."""
         self._require_boundary("reset_frames")
+        self.abandon_append()
         self.kv.evict_all()
         self.frames.clear()
         self._pending = []
@@ -208,6 +228,7 @@ class FrameState(SwapImport):
     def export_state(self, version: int = 0, with_rows: bool = True) -> StateSnapshot:
         """The retained frames with their KV rows and, with_rows and where known, their vision rows, oldest
         first (asr.snapshot_rows says when a reconciler leaves them out)."""
+        self._require_not_appending("export_state")
         retained = self.kv.retained()
         frames = [SnapshotFrame(r.frame_id, self.frames[r.frame_id].stamp_s, r.position_start, r.pooled)
                   for r in retained]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from .cycle_result import CycleResult
 from .engine import NO_SWAP_ROOM, Engine
 from .frames import Frame
+from .gap_steps import GapSteps
 from .offer_loader import OfferLoader
 from .reconciliation import Phase, StateReconciler
 from .slack_scheduler import SlackScheduler
@@ -73,13 +74,16 @@ class InProcessAsr:
         self.work = work
         self.reconciler_error: BaseException | None = None
         self.deferred: Counter = Counter()        # offers not applied because too stale, by SwapDeferred.reason
-        # What the latest work_until ran, in order: (what, frames, ms) with what "receive", "step" or "offer"
-        # (frames 0 but for a step): when a gap overran its boundary, which of them did (bench asr's timeline).
+        # What the latest work_until ran, in order: (what, frames, ms) with what "receive", "step", "piece" (of a
+        # step run piece by piece: its frames) or "offer" (frames 0 but for those): when a gap overran its
+        # boundary, which of them did (bench asr's timeline).
         self.last_gap: list[tuple[str, int, float]] = []
         asr = primary.cfg.asr
         self.scheduler = SlackScheduler(primary.cfg.vision.tokens_per_frame,
                                         max(asr.warmup_tokens_per_step, primary.cfg.vision.tokens_per_frame),
                                         asr.slack_margin_ms, follow_context=asr.step_cost_follows_context)
+        self.gap_steps = (GapSteps(reconciler, self.scheduler, asr.step_layer_pieces) if reconciler is not None
+                          else None)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = None
@@ -132,20 +136,9 @@ class InProcessAsr:
         if not due:
             return 0
         sched.new_window()
-        while rec.frames_to_compute:
-            context = rec.state.kv.used_slots
-            frames = sched.frames_for((deadline_perf - time.perf_counter()) * 1e3, context)
-            if frames < 1:
-                break
-            t = time.perf_counter()
-            done = self._guarded(lambda: rec.step(frames * rec.tpf))
-            if not done:
-                break
-            self._guarded(rec.state.backend.synchronize)
-            step_ms = (time.perf_counter() - t) * 1e3
-            sched.observe(step_ms, done, context_tokens=context)
-            gap.append(("step", done // rec.tpf, step_ms))
-            tokens += done
+        tokens, _spent, _fitted = self.gap_steps.run(lambda: (deadline_perf - time.perf_counter()) * 1e3,
+                                                     record=lambda kind, frames, ms: gap.append((kind, frames, ms)),
+                                                     guard=self._guarded)
         if rec.offer_due and sched.offer_fits((deadline_perf - time.perf_counter()) * 1e3):
             t = time.perf_counter()
             if self._guarded(rec.make_offer):

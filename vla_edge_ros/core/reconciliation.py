@@ -168,6 +168,7 @@ class StateReconciler:
         self.k_applied = 0                # newest version the primary reported applied
         self.stats = ReconcilerStats()
         self._round: Round | None = None
+        self._in_flight: list | None = None     # frame ids of a step running piece by piece (begin_step)
         self._inbox: deque = deque()      # ("chunk", StateChunk) | ("applied", v, ids) | ("rejected", v, why)
         self.drained_items = 0            # items the latest receive() handled
         self._offer_lock = threading.Lock()
@@ -264,7 +265,54 @@ class StateReconciler:
         computed (0 when every frame of the round is computed)."""
         if self.phase not in (Phase.WARMING, Phase.CATCHING_UP):
             return 0
+        self.state.require_no_append_in_flight("step")
         return self._step(max_tokens)
+
+    def begin_step(self, max_tokens: int, pieces: int) -> int:
+        """Start a step whose forward runs in `pieces` runs of layers (asr.step_layer_pieces; core/layered_append.py),
+        one per step_piece() call, so that a step longer than any gap spreads over several. Nothing is computed
+        yet. Returns the frames started (0: nothing to compute, or the round was aborted)."""
+        if self.phase not in (Phase.WARMING, Phase.CATCHING_UP):
+            return 0
+        self.state.require_no_append_in_flight("begin_step")
+        batch = self._next_batch(max_tokens)
+        if not batch:
+            return 0
+        try:
+            self.state.begin_append([self._chunks[f] for f in batch], pieces)
+        except KVCapacityError as exc:
+            self._abort(ABORT_NO_LONGER_FITS, str(exc))
+            return 0
+        if not self._still_exact():
+            return 0
+        self._in_flight = list(batch)
+        return len(batch)
+
+    def step_piece(self) -> int:
+        """The next piece of the step in flight (begin_step); returns the tokens of its frames once the last piece
+        has run (they are computed then), else 0. With no step in flight (the round ended meanwhile), 0."""
+        if self._in_flight is None:
+            return 0
+        if self._round is None or self.phase not in (Phase.WARMING, Phase.CATCHING_UP):
+            self._drop_step_in_flight()
+            return 0
+        if not self.state.continue_append():
+            return 0
+        batch, self._in_flight = self._in_flight, None
+        return self._computed(batch)
+
+    @property
+    def step_in_flight(self) -> bool:
+        """A step runs piece by piece (begin_step) and has pieces left."""
+        return self._in_flight is not None and self.state.appending
+
+    @property
+    def step_pieces_left(self) -> int:
+        return self.state.append_pieces_left if self._in_flight is not None else 0
+
+    @property
+    def in_flight_frames(self) -> int:
+        return len(self._in_flight) if self._in_flight is not None else 0
 
     def receive(self) -> bool:
         """Drain the inbox only (cheap bookkeeping, may start a round); True when a step or an offer is due."""
@@ -441,24 +489,44 @@ class StateReconciler:
         log.debug("ASR round v%d (%s): rebuilding %d of %d frames", self.version, why, len(keep), len(retained))
 
     def _step(self, max_tokens: int) -> int:
-        r = self._round
-        if len(r.frame_ids) > self.state.frame_capacity:
-            self._abort(ABORT_NO_LONGER_FITS, f"{len(r.frame_ids)} frames no longer fit the reconciler's "
-                                              f"{self.state.frame_capacity}")
+        batch = self._next_batch(max_tokens)
+        if not batch:
             return 0
-        todo = r.frame_ids[r.done:]
-        if not todo:
-            return 0
-        batch = todo[:max(1, max_tokens // self.tpf)]
         try:
             self.state.append_chunks([self._chunks[f] for f in batch], allow_evict=False)
         except KVCapacityError as exc:
             self._abort(ABORT_NO_LONGER_FITS, str(exc))
             return 0
-        if not self.state.state_exact:     # e.g. a sliding_window policy capped the rebuild
-            self._abort(ABORT_OWN_EVICTION, f"the reconciler's own {self.policy.name} policy evicted during "
-                                            f"the rebuild")
+        if not self._still_exact():
             return 0
+        return self._computed(batch)
+
+    def _drop_step_in_flight(self) -> None:
+        """Give up the step running piece by piece, if any (its frames are forgotten by the state)."""
+        self._in_flight = None
+        self.state.abandon_append()
+
+    def _next_batch(self, max_tokens: int) -> list:
+        """The frames the next step computes (the round's next ones, whole frames up to max_tokens); [] when none
+        are left or the round no longer fits (aborted here)."""
+        r = self._round
+        if len(r.frame_ids) > self.state.frame_capacity:
+            self._abort(ABORT_NO_LONGER_FITS, f"{len(r.frame_ids)} frames no longer fit the reconciler's "
+                                              f"{self.state.frame_capacity}")
+            return []
+        return r.frame_ids[r.done:][:max(1, max_tokens // self.tpf)]
+
+    def _still_exact(self) -> bool:
+        """False (the round aborted) when the reconciler's own policy evicted while it admitted a step."""
+        if self.state.state_exact:
+            return True
+        self._abort(ABORT_OWN_EVICTION, f"the reconciler's own {self.policy.name} policy evicted during "
+                                        f"the rebuild")      # e.g. a sliding_window policy capped the rebuild
+        return False
+
+    def _computed(self, batch: list) -> int:
+        """A step's frames are computed: the round moves on; returns their tokens."""
+        r = self._round
         r.done += len(batch)
         tokens = len(batch) * self.tpf
         self.stats.tokens_computed += tokens
@@ -501,6 +569,7 @@ class StateReconciler:
                 if self.phase is not Phase.STOPPED:
                     self.phase = Phase.IDLE
             self._round = None
+            self._drop_step_in_flight()   # frames after the applied offer: the next round computes them
         elif round_first in self._aborted:
             # Taken before this side aborted its round, and applied: the round ended in a swap after all.
             reason = self._aborted.pop(round_first)
@@ -525,6 +594,7 @@ class StateReconciler:
                 self.phase = Phase.IDLE
         self._round = None
         self._clear_mirror()
+        self._drop_step_in_flight()
         self.state.reset_frames()
         self.epoch += 1
         log.info("primary restarted: mirror cleared (epoch %d)", self.epoch)
@@ -554,6 +624,7 @@ class StateReconciler:
             self._live = None
         self._round = None
         self.phase = Phase.IDLE
+        self._drop_step_in_flight()
         self._prune_chunks()
 
     def _round_history(self, r: Round) -> str:

@@ -100,14 +100,26 @@ class SlackScheduler:
             whole = self._gap_ms is None or window_ms >= PROBE_MIN_SHARE * self._gap_ms     # in most of a gap,
             probe, self._probe_allowed = self._probe_allowed and whole, False              # as its first step
             return 1 if probe else 0
-        best = 0
-        for frames in range(1, self.costs.eligible(self.max_frames, measured) + 1):
-            if HEADROOM * self.costs.estimate(frames, measured=measured) <= usable:
-                best = frames
+        best = self._largest(usable, measured)
         if best:
             self._declined_in_a_row = 0
             return best
         return self._decline()
+
+    def fitting_frames(self, window_ms: float, context_tokens: int | None = None, share: float = 1.0) -> int:
+        """The largest step size (up to the cap and the sizes eligible so far) whose estimated cost x share x
+        HEADROOM fits the window, 0 when none does or nothing is measured yet; share: the part of a step that must
+        fit (a piece of its layers, core/gap_steps.py). A plan only: no probe, nothing counted."""
+        usable = window_ms - self.margin_ms
+        measured = self.costs.measured(context_tokens)
+        if usable <= 0 or not measured:
+            return 0
+        return self._largest(usable / share, measured)
+
+    def piece_fits(self, window_ms: float, frames: int, share: float, context_tokens: int | None = None) -> bool:
+        """Whether a piece of `share` of a step of `frames` frames (its estimated cost) fits the window."""
+        est = self.costs.estimate(frames, context_tokens)
+        return est is not None and HEADROOM * est * share <= window_ms - self.margin_ms
 
     def offer_fits(self, window_ms: float) -> bool:
         """Whether exporting an offer fits the window (the first export is tried whenever any time is left)."""
@@ -182,6 +194,13 @@ class SlackScheduler:
                 "offers_postponed": self.offers_postponed, "relaxations": self.relaxations, "starved": self.starved}
 
     # -------------------------------------------------------------- internals
+
+    def _largest(self, usable: float, measured: dict) -> int:
+        best = 0
+        for frames in range(1, self.costs.eligible(self.max_frames, measured) + 1):
+            if HEADROOM * self.costs.estimate(frames, measured=measured) <= usable:
+                best = frames
+        return best
 
     def _decline(self) -> int:
         self.windows_too_small += 1

@@ -68,6 +68,7 @@ from ..model.backend import kv_payload
 from ..model.cuda_device import bound
 from .frames import Frame
 from .gap_ledger import GapLedger
+from .gap_steps import GapSteps
 from .heap_trim import HeapTrim
 from .metrics import percentile
 from .slack_scheduler import SlackScheduler
@@ -177,6 +178,7 @@ class ReconcilerWorker:
                                         asr.slack_margin_ms, follow_context=asr.step_cost_follows_context
                                         ) if clock is not None else None
         self.gaps = GapLedger() if clock is not None else None
+        self.gap_steps = GapSteps(reconciler, self.scheduler, asr.step_layer_pieces) if clock is not None else None
         self._window_seq: int | None = None       # the primary's cycle end whose slack was used last
         self._starved_logged = -float("inf")
         self.offer: SwapOffer | None = None       # replaced whole: readers on other threads see old or new
@@ -360,27 +362,9 @@ class ReconcilerWorker:
         return total
 
     def _steps_until(self, end_ns: int) -> tuple[int, float, bool]:
-        """Steps of the largest size that fits before end_ns while the round has frames to compute; returns (tokens
-        computed, seconds spent, whether any step fitted)."""
-        rec = self.reconciler
-        total, spent, fitted = 0, 0.0, False
-        while rec.frames_to_compute:
-            context = rec.state.kv.used_slots         # what the step's rows attend to besides themselves
-            frames = self.scheduler.frames_for((end_ns - time.perf_counter_ns()) / 1e6, context)
-            if frames == 0:
-                break
-            fitted = True
-            t0 = time.perf_counter()
-            tokens = rec.step(frames * rec.tpf)
-            queued = time.perf_counter()          # host work done, the device work queued (or done, on the CPU)
-            rec.state.backend.synchronize()      # the step's device work is done: time it, leave the GPU idle
-            elapsed = time.perf_counter() - t0
-            spent += elapsed
-            self.scheduler.observe(elapsed * 1e3, tokens, host_ms=(queued - t0) * 1e3, context_tokens=context)
-            total += tokens
-            if not tokens:                        # the round was aborted
-                break
-        return total, spent, fitted
+        """Steps of the largest size that fits before end_ns (or pieces of a longer one: core/gap_steps.py) while
+        the round has frames to compute; returns (tokens computed, seconds spent, whether any step fitted)."""
+        return self.gap_steps.run(lambda: (end_ns - time.perf_counter_ns()) / 1e6)
 
     def _drain(self) -> None:
         """The inbox into the reconciler's state (chunks, swap reports; may start a round), timed for the ledger."""

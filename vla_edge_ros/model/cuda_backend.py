@@ -62,6 +62,7 @@ from .cuda_device_memory import MAX_CYCLE_TOKENS, DeviceMemory
 from .cuda_kv_transfer import KvTransfer, on_device
 from .cuda_kernel_plan import MEASURED_BEST, KernelPlan
 from .cuda_layer_enqueue import LayerEnqueue
+from .layered_forward import LayeredForward, layer_pieces
 from .weights import canonical_dtype
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         self._gpuarray = gpuarray
         self._buffers: list = []          # every device allocation, freed by close()
         self._graphs: dict = {}
+        self._layered: LayeredForward | None = None      # a forward in flight piece by piece (begin_layered)
         self._landing = None
         self.closed = False
 
@@ -193,6 +195,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
 
     @on_device
     def embed(self, token_ids: np.ndarray) -> np.ndarray:
+        self._require_no_layered("embed")                  # it gathers through the residual rows
         ids = token_id_array(token_ids, self.spec.vocab_size)
         out = np.empty((ids.size, self.spec.hidden_size), np.float32)
         for start in range(0, ids.size, self.max_rows):
@@ -205,6 +208,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
     @on_device
     def forward(self, x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
                 context_slots: np.ndarray, logits: str = "last", return_hidden: bool = False) -> ForwardResult:
+        self._require_no_layered("forward")
         x, positions, write_slots, context_slots = self._check_inputs(x, positions, write_slots, context_slots, logits)
         n_total, c = x.shape[0], context_slots.size
         self._put(self.pos_table, positions.astype(np.int32))
@@ -283,6 +287,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
     def begin_cycle(self, prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions,
                     n_tokens: int) -> None:
         """Upload one cycle's rows, tables and control block (async on self.stream)."""
+        self._require_no_layered("begin_cycle")
         n_dec = n_tokens - 1
         if not 1 <= n_tokens <= MAX_CYCLE_TOKENS:
             raise ValueError(f"n_tokens must be in [1, {MAX_CYCLE_TOKENS}], got {n_tokens}")
@@ -320,8 +325,10 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         self._graph(("decode",) + bins, lambda: self._enqueue_decode(*bins))
 
     @on_device
-    def prepare_forward(self, row_counts) -> None:
-        """Capture (not run) the layer graphs of every pass a forward() over each of these row counts makes."""
+    def prepare_forward(self, row_counts, pieces: int = 1) -> None:
+        """Capture (not run) the layer graphs of every pass a forward() over each of these row counts makes; with
+        pieces > 1 also those of a layered forward in that many pieces (begin_layered), for the row counts one
+        pass holds."""
         if not self.use_graphs:
             return
         for total in sorted({int(n) for n in row_counts}):
@@ -330,6 +337,65 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
                     self._graph(("bulk", n), lambda n=n: self._enqueue_bulk_layers(n))
                 else:
                     self._graph(("layers", n), lambda n=n: self._enqueue_layers(n))
+            if pieces > 1 and self.layered_rows_fit(total):
+                for layers in layer_pieces(self.spec.num_layers, pieces):
+                    self._graph(self._piece_key(total, layers), self._piece_record(total, layers))
+
+    def layered_rows_fit(self, rows: int) -> bool:
+        """Whether a forward of `rows` rows can run piece by piece: one pass holds it."""
+        return len(self._passes(int(rows))) == 1
+
+    @on_device
+    def begin_layered(self, x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
+                      context_slots: np.ndarray, pieces: int) -> LayeredForward:
+        """forward(..., logits="none") in `pieces` runs of layers (model/layered_forward.py): the rows, tables and
+        control block uploaded as forward() uploads them, nothing run. The rows must fit one pass
+        (layered_rows_fit); nothing else may run on this backend until the last piece (or abandon_layered)."""
+        self._require_no_layered("begin_layered")
+        x, positions, write_slots, context_slots = self._check_inputs(x, positions, write_slots, context_slots, "none")
+        if not self.layered_rows_fit(x.shape[0]):
+            raise ValueError(f"begin_layered: {x.shape[0]} rows take {len(self._passes(x.shape[0]))} passes; a "
+                             f"forward run piece by piece must fit one")
+        self._put(self.pos_table, positions.astype(np.int32))
+        self._put(self.slot_table, write_slots.astype(np.int32))
+        self._put(self.attend_list, np.concatenate([context_slots, write_slots]).astype(np.int32))
+        self._put(self.resid, x)
+        self._put(self.ctl, np.array([0, context_slots.size, 0, 0], np.int32))
+        lf = LayeredForward(rows=x.shape[0], pieces=layer_pieces(self.spec.num_layers, pieces))
+        self._layered = lf
+        return lf
+
+    @on_device
+    def run_layer_piece(self, lf: LayeredForward) -> bool:
+        """Queue the next piece of `lf`'s layers (its graph, captured ahead by prepare_forward); True once its last
+        piece is queued (synchronize to wait for it)."""
+        if lf is not self._layered:
+            raise RuntimeError("run_layer_piece: not the forward in flight on this backend")
+        layers = lf.next_piece()
+        self._run_graph(self._piece_key(lf.rows, layers), self._piece_record(lf.rows, layers))
+        lf.done += 1
+        if lf.finished:
+            self._layered = None
+        return lf.finished
+
+    def abandon_layered(self, lf: LayeredForward) -> None:
+        """Give up a forward in flight: the K/V rows its pieces wrote are garbage (their slots are the caller's)."""
+        if lf is self._layered:
+            self._layered = None
+
+    def _piece_key(self, rows: int, layers: tuple) -> tuple:
+        bulk = self._passes(rows)[0][2]
+        return ("bulk" if bulk else "layers", rows) + tuple(layers)
+
+    def _piece_record(self, rows: int, layers: tuple):
+        if self._passes(rows)[0][2]:
+            return lambda: self._enqueue_bulk_layers(rows, layers=tuple(layers))
+        return lambda: self._enqueue_layers(rows, layers=tuple(layers))
+
+    def _require_no_layered(self, what: str) -> None:
+        if self._layered is not None:
+            raise RuntimeError(f"{what}: a forward run piece by piece is in flight on this backend "
+                               f"({self._layered.done} of {len(self._layered.pieces)} pieces run)")
 
     def _passes(self, total: int) -> list[tuple[int, int, bool]]:
         """(first row, rows, bulk) of each pass of a forward over `total` rows: passes of bulk_max_rows through the

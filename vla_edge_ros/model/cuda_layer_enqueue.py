@@ -32,10 +32,14 @@ class LayerEnqueue:
         """Whether a pass of n rows takes the decode pipeline: one row of bf16 or INT4 projections."""
         return self._decode_pipeline() and n <= DECODE_MAX_ROWS
 
-    def _enqueue_layers(self, n: int, layer_outs: list | None = None, groups=LAYER_GROUPS) -> None:
-        """All decoder layers over rows [0, n) of resid; row offsets and lengths come from ctl.
-        `groups` limits the launches to some of LAYER_GROUPS (the benchmark times them apart)."""
-        for li, layer in enumerate(self.layers):
+    def _enqueue_layers(self, n: int, layer_outs: list | None = None, groups=LAYER_GROUPS,
+                        layers: tuple | None = None) -> None:
+        """All decoder layers (or layers [first, end) of `layers`: a piece of a layered forward) over rows [0, n)
+        of resid; row offsets and lengths come from ctl. `groups` limits the launches to some of LAYER_GROUPS (the
+        benchmark times them apart)."""
+        first, end = (0, len(self.layers)) if layers is None else layers
+        for li in range(first, end):
+            layer = self.layers[li]
             if self._fused(n):
                 self._enqueue_layer_fused(li, layer, n, groups)
             else:
@@ -90,11 +94,11 @@ class LayerEnqueue:
             self._project(layer.w_gate_up, self.normed, self.act, n, ck.MODE_SWIGLU, out_cols=sp.intermediate_size)
             self._project(layer.w_down, self.act, self.resid, n, ck.MODE_ADD)
 
-    def _enqueue_bulk_layers(self, n: int, layer_outs: list | None = None) -> None:
+    def _enqueue_bulk_layers(self, n: int, layer_outs: list | None = None, layers: tuple | None = None) -> None:
         """All decoder layers over rows [0, n) of resid through the bulk prefill (n <= bulk_max_rows; offsets and
         lengths from ctl): per layer RMSNorm -> bf16 hi/lo, q|k|v GEMM onto the bias, RoPE + K/V store, K/V of the
         attend list staged, flash attention -> hi/lo, o GEMM into the residual, RMSNorm -> hi/lo, gate/up GEMM
-        with SwiGLU -> hi/lo, down GEMM into the residual."""
+        with SwiGLU -> hi/lo, down GEMM into the residual. layers: (first, end), a piece of a layered forward."""
         sp, kn, s, plan = self.spec, self.kernels, self.stream, self.kernel_plan
         x_stride = self.bulk_x.size // 2                  # element offset of the lo parts
         act_stride = self.bulk_act.size // 2
@@ -102,7 +106,9 @@ class LayerEnqueue:
 
         def gemm(W, x, part_stride, mode, **kw):
             kn.gemm_bulk(W, x, part_stride, n, mode, s, parts=plan.bulk_activation_parts, kernel=plan.bulk_gemm, **kw)
-        for li, layer in enumerate(self.layers):
+        first, end = (0, len(self.layers)) if layers is None else layers
+        for li in range(first, end):
+            layer = self.layers[li]
             k_ptr, v_ptr = self._kv_ptrs(li)
             kn.rmsnorm_split(self.resid, layer.input_norm, self.bulk_x, x_stride, n, sp.rms_norm_eps, s,
                              init_dst=self.qkv, init_src=layer.b_qkv)

@@ -36,6 +36,7 @@ from .backend import ForwardResult
 from . import int4
 from .forward_inputs import MAX_POSITION, check_forward_inputs, check_slot_sets, slot_array, token_id_array
 from .host_cycle import HostLoopCycles, restricted_argmax
+from .layered_forward import LayeredForward, layer_pieces
 from .spec import ModelSpec
 from .weights import ModelWeights, canonical_dtype, round_to_bf16
 
@@ -79,6 +80,7 @@ class NumpyBackend(HostLoopCycles):
         self._inv_freq = (1.0 / (np.float32(spec.rope_theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)))
                           ).astype(np.float32)                   # [head_dim / 2]
         self.max_rows = self.capacity                             # any prefill that fits the arena is one call
+        self._layered: LayeredForward | None = None               # a forward in flight piece by piece
 
     # ------------------------------------------------------------------ Public API
 
@@ -88,9 +90,39 @@ class NumpyBackend(HostLoopCycles):
 
     def forward(self, x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
                 context_slots: np.ndarray, logits: str = "last", return_hidden: bool = False) -> ForwardResult:
+        self._require_no_layered("forward")
         x, positions, write_slots, context_slots = self._check_inputs(x, positions, write_slots, context_slots, logits)
         window = _KvWindow(self, context_slots, extra_rows=x.shape[0])
         return self._forward_rows(x, positions, write_slots, window, logits, return_hidden)
+
+    def begin_layered(self, x: np.ndarray, positions: np.ndarray, write_slots: np.ndarray,
+                      context_slots: np.ndarray, pieces: int) -> LayeredForward:
+        """forward(..., logits="none") in `pieces` runs of layers (model/layered_forward.py); nothing runs yet."""
+        self._require_no_layered("begin_layered")
+        x, positions, write_slots, context_slots = self._check_inputs(x, positions, write_slots, context_slots,
+                                                                      "none")
+        lf = LayeredForward(rows=x.shape[0], pieces=layer_pieces(self.spec.num_layers, pieces))
+        lf.state["run"] = _LayerRun(self, x, positions, write_slots, _KvWindow(self, context_slots, x.shape[0]))
+        self._layered = lf
+        return lf
+
+    def run_layer_piece(self, lf: LayeredForward) -> bool:
+        """The next piece of `lf`'s layers; True once its last piece has run (its K/V all written)."""
+        if lf is not self._layered:
+            raise RuntimeError("run_layer_piece: not the forward in flight on this backend")
+        first, end = lf.next_piece()
+        run = lf.state["run"]
+        self._run_layers(run, first, end)
+        lf.done += 1
+        if lf.finished:
+            run.window.rows += lf.rows
+            self._layered = None
+        return lf.finished
+
+    def abandon_layered(self, lf: LayeredForward) -> None:
+        """Give up a forward in flight: the K/V rows it wrote are garbage (their slots are the caller's to free)."""
+        if lf is self._layered:
+            self._layered = None
 
     def run_cycle_tokens(self, prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions,
                          action_bin_lo: int, n_tokens: int, n_bins: int, give_up=None) -> np.ndarray:
@@ -101,6 +133,7 @@ class NumpyBackend(HostLoopCycles):
         the rows written since, so the gathered window grows by one row per step instead of being
         gathered again from the arena (at 1000 cached tokens that gather was most of a decode step).
         """
+        self._require_no_layered("run_cycle_tokens")
         self._host_prefill_logits = None
         prefill_x, positions, write_slots, context_slots = self._check_inputs(
             prefill_x, positions, write_slots, context_slots, "last")
@@ -133,8 +166,12 @@ class NumpyBackend(HostLoopCycles):
     def prepare_cycle(self, prefill_rows: int, action_bin_lo: int, n_bins: int) -> None:
         """Nothing to prepare on the CPU (the CUDA backend captures its graphs here)."""
 
-    def prepare_forward(self, row_counts) -> None:
+    def prepare_forward(self, row_counts, pieces: int = 1) -> None:
         """Nothing to prepare on the CPU."""
+
+    def layered_rows_fit(self, rows: int) -> bool:
+        """Any forward can run piece by piece here (one call holds any row count)."""
+        return True
 
     def close(self) -> int:
         """Nothing to free early: the arrays go with the object. Returns 0 bytes freed."""
@@ -195,14 +232,32 @@ class NumpyBackend(HostLoopCycles):
         """N validated rows through every layer: K/V written to the arena at write_slots and appended to
         `window`, attention over the window (causal among this call's rows)."""
         spec = self.spec
-        n = x.shape[0]
-        cos, sin = self._rope_tables(positions)                  # [N, head_dim] each
-        t0 = window.rows
-        mask = _causal_tail_mask(n, t0 + n)                      # [N, T] or None when N == 1
-        h = np.array(x, dtype=np.float32)                        # [N, hidden] residual stream
-        hidden = [h.copy()] if return_hidden else []
+        run = _LayerRun(self, x, positions, write_slots, window)
+        hidden = [run.h.copy()] if return_hidden else []
+        self._run_layers(run, 0, spec.num_layers, hidden if return_hidden else None)
+        h = run.h
+        window.rows = run.t0 + run.n
+        if return_hidden:
+            # HF's output_hidden_states: the last entry is the final-norm output, not layer L's raw output.
+            normed = _rms_norm(h, self._final_norm, spec.rms_norm_eps)  # [N, hidden]
+            hidden[-1] = normed
+        if logits == "none":
+            return ForwardResult(logits=None, hidden_states=hidden)
+        rows = h if logits == "all" else h[-1:]
+        if return_hidden:
+            rows_normed = normed if logits == "all" else normed[-1:]
+        else:
+            rows_normed = _rms_norm(rows, self._final_norm, spec.rms_norm_eps)
+        return ForwardResult(logits=rows_normed @ self._lm_head_t, hidden_states=hidden)  # [1 or N, vocab]
+
+    def _run_layers(self, run: "_LayerRun", first: int, end: int, hidden: list | None = None) -> None:
+        """Layers [first, end) over `run`'s residual rows (in place), writing their K/V; hidden: each layer's
+        output appended."""
+        spec, n, write_slots, window = self.spec, run.n, run.write_slots, run.window
+        cos, sin, mask, h = run.cos, run.sin, run.mask, run.h
         k_end = spec.q_dim + spec.kv_dim
-        for li, layer in enumerate(self._layers):
+        for li in range(first, end):
+            layer = self._layers[li]
             a = _rms_norm(h, layer.input_norm, spec.rms_norm_eps)
             qkv = a @ layer.qkv_t                                 # [N, q_dim + 2 kv_dim]
             if layer.qkv_bias is not None:
@@ -222,21 +277,27 @@ class NumpyBackend(HostLoopCycles):
             gate_up = m @ layer.gate_up_t                         # [N, 2 * inter]
             gate, up = gate_up[:, :layer.inter], gate_up[:, layer.inter:]
             h = h + (_silu(gate) * up) @ layer.down_t             # [N, hidden]
-            if return_hidden:
+            if hidden is not None:
                 hidden.append(h)
-        window.rows = t0 + n
-        if return_hidden:
-            # HF's output_hidden_states: the last entry is the final-norm output, not layer L's raw output.
-            normed = _rms_norm(h, self._final_norm, spec.rms_norm_eps)  # [N, hidden]
-            hidden[-1] = normed
-        if logits == "none":
-            return ForwardResult(logits=None, hidden_states=hidden)
-        rows = h if logits == "all" else h[-1:]
-        if return_hidden:
-            rows_normed = normed if logits == "all" else normed[-1:]
-        else:
-            rows_normed = _rms_norm(rows, self._final_norm, spec.rms_norm_eps)
-        return ForwardResult(logits=rows_normed @ self._lm_head_t, hidden_states=hidden)  # [1 or N, vocab]
+        run.h = h
+
+    def _require_no_layered(self, what: str) -> None:
+        if self._layered is not None:
+            raise RuntimeError(f"{what}: a forward run piece by piece is in flight on this backend "
+                               f"({self._layered.done} of {len(self._layered.pieces)} pieces run)")
+
+
+class _LayerRun:
+    """What a forward carries from layer to layer: the residual rows and the tables every layer uses."""
+
+    def __init__(self, backend: "NumpyBackend", x, positions, write_slots, window: "_KvWindow"):
+        self.n = x.shape[0]
+        self.cos, self.sin = backend._rope_tables(positions)        # [N, head_dim] each
+        self.t0 = window.rows
+        self.mask = _causal_tail_mask(self.n, self.t0 + self.n)     # [N, T] or None when N == 1
+        self.h = np.array(x, dtype=np.float32)                       # [N, hidden] residual stream
+        self.write_slots = write_slots
+        self.window = window
 
 
 class _KvWindow:

@@ -1,0 +1,175 @@
+"""Reconciler steps whose forward runs piece by piece, gap after gap (asr.step_layer_pieces, core/gap_steps.py,
+core/layered_append.py): the state they leave is the one whole steps leave, bit for bit, and the primary that
+applies it matches HF transformers from scratch.
+
+CPU: the numpy backend and the seeded tiny model (2 layers: pieces of one layer), real footage. The gaps are
+simulated (what is left of a gap falls by each step's planned cost), and the scheduler's costs are seeded, so
+the plan does not depend on this machine's speed; the forwards are real.
+"""
+import numpy as np
+import pytest
+
+from engine_oracle import cosine, oracle_logits
+from test_reconciliation import COS_EXACT, Rig, contiguous, drain
+
+from vla_edge_ros.core.gap_steps import GapSteps
+from vla_edge_ros.core.reconciliation import Phase
+from vla_edge_ros.core.slack_scheduler import SlackScheduler
+
+GAP_MS = 20.0
+COST_MS = {1: 12.0, 2: 16.0, 3: 20.0, 4: 24.0}     # a step of k frames; whole, only 1 fits a gap, in pieces 4
+
+
+@pytest.fixture(scope="module")
+def clip():
+    from vla_edge_ros.core.footage import read_clip
+    return read_clip("bikes.mp4", max_frames=48)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    from vla_edge_ros.model.factory import load_model
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir):
+    from vla_edge_ros.model.hf_oracle import load_hf_model
+    return load_hf_model(tiny_model_dir)
+
+
+def _chunks(rig, ids):
+    return [rig.driver.primary_chunk(i) for i in ids]
+
+
+def test_an_append_run_piece_by_piece_leaves_the_state_one_forward_leaves(tiny_model_dir, model, clip):
+    rig = Rig(tiny_model_dir, model, clip)
+    for _ in range(6):
+        rig.primary_only_cycle()
+    chunks = _chunks(rig, rig.held()[:4])
+    whole, pieced = (Rig(tiny_model_dir, model, clip).rec.state for _ in range(2))
+    whole.append_chunks(chunks[:1])
+    pieced.append_chunks(chunks[:1])
+    whole.append_chunks(chunks[1:])
+    assert pieced.begin_append(chunks[1:], pieces=2) == []
+    assert pieced.appending and pieced.append_pieces_left == 2
+    with pytest.raises(RuntimeError, match="piece by piece"):
+        pieced.export_state()                     # its frames' K/V is not complete
+    with pytest.raises(RuntimeError, match="piece by piece"):
+        pieced.append_chunks(chunks[:1])
+    assert not pieced.continue_append() and pieced.append_pieces_left == 1
+    assert pieced.continue_append() and not pieced.appending
+    a, b = whole.export_state(), pieced.export_state()
+    assert a.frame_ids == b.frame_ids and a.next_position == b.next_position
+    np.testing.assert_array_equal(a.kv, b.kv)
+    assert whole.computed_tokens == pieced.computed_tokens
+
+
+def test_an_append_given_up_leaves_the_state_as_before(tiny_model_dir, model, clip):
+    rig = Rig(tiny_model_dir, model, clip)
+    for _ in range(4):
+        rig.primary_only_cycle()
+    chunks = _chunks(rig, rig.held()[:3])
+    state = Rig(tiny_model_dir, model, clip).rec.state
+    state.append_chunks(chunks[:1])
+    before, free = state.export_state(), state.kv.free_slots
+    state.begin_append(chunks[1:], pieces=2)
+    state.continue_append()
+    assert state.kv.free_slots < free
+    state.abandon_append()
+    after = state.export_state()
+    assert after.frame_ids == before.frame_ids and after.next_position == before.next_position
+    assert state.kv.free_slots == free and sorted(state.frames) == before.frame_ids
+    state.begin_append(chunks[1:], pieces=2)
+    state.reset_frames()                          # an abort's reset gives the append up first
+    assert not state.appending and state.export_state().frame_ids == []
+
+
+def _seeded_scheduler(rig) -> SlackScheduler:
+    tpf = rig.cfg.vision.tokens_per_frame
+    sched = SlackScheduler(tpf, rig.cfg.asr.warmup_tokens_per_step, rig.cfg.asr.slack_margin_ms)
+    for frames, ms in COST_MS.items():
+        for _ in range(60):                       # the first of each size is its warm-up; then the median
+            sched.observe(ms, frames * tpf)
+    return sched
+
+
+def _run_gaps(rig, pieces: int, gaps: int = 60):
+    """Reconciler gaps of GAP_MS with the primary idle: drain, steps (GapSteps), an offer when due. Returns what
+    each gap ran and whether a step was left in flight at its end."""
+    rec, sched = rig.rec, _seeded_scheduler(rig)
+    steps = GapSteps(rec, sched, pieces)
+    log = []
+    for _ in range(gaps):
+        left = [GAP_MS]
+        ran = []
+
+        def record(kind, frames, ms):
+            planned = sched.costs.estimate(frames)
+            left[0] -= planned * (rec.state.piece_share(pieces) if kind == "piece" else 1.0)
+            ran.append((kind, frames))
+        rec.receive()
+        sched.new_window(GAP_MS)
+        steps.run(lambda: left[0], record)
+        if rec.offer_due:
+            rec.make_offer()
+        log.append((ran, rec.step_in_flight))
+        if rec.phase is Phase.READY:
+            break
+    return log
+
+
+def test_pieced_steps_spread_over_gaps_and_offer_the_bits_of_whole_steps(tiny_model_dir, model, clip, hf):
+    """Whole steps only (the cap's 4 frames each, as tick takes them) against steps of 4 frames in two pieces of
+    one layer, one piece per gap as the simulated gaps allow: the same offer, bit for bit; applied, the primary
+    matches HF from scratch."""
+    overrides = {"asr.mode": "csr", "kv.eviction_policy": "fifo"}
+    whole = Rig(tiny_model_dir, model, clip, **overrides)
+    pieced = Rig(tiny_model_dir, model, clip, **{**overrides, "asr.step_layer_pieces": 2})
+    for rig in (whole, pieced):
+        for _ in range(12):                       # the primary fills up; the reconciler is handed every chunk
+            rig.cycle(reconcile=False)
+    drain(whole.rec)
+    log = _run_gaps(pieced, pieces=2)
+    assert whole.rec.phase is Phase.READY and pieced.rec.phase is Phase.READY, log
+    kinds = [kind for ran, _ in log for kind, _ in ran]
+    assert "piece" in kinds and "step" not in kinds, log
+    assert any(in_flight for _, in_flight in log), "no step ever waited for the next gap"
+    assert all(len(ran) <= 1 for ran, _ in log), "a gap of 20 ms fits one piece of 24 / 2 ms with headroom"
+    a, b = whole.rec.take_offer(), pieced.rec.take_offer()
+    assert a.frame_ids == b.frame_ids and a.next_position == b.next_position
+    np.testing.assert_array_equal(a.kv, b.kv)
+    pieced.primary.state.import_state(b)          # at this boundary, as the driver would
+    pieced.primary_only_cycle(new=False)
+    assert pieced.primary.state.state_exact and contiguous(pieced.primary)
+    assert cosine(pieced.primary.last_prefill_logits, oracle_logits(hf, pieced.primary)) >= COS_EXACT
+
+
+def test_without_pieces_or_with_room_for_a_whole_step_no_step_runs_in_pieces(tiny_model_dir, model, clip):
+    overrides = {"asr.mode": "csr", "kv.eviction_policy": "fifo"}
+    rig = Rig(tiny_model_dir, model, clip, **overrides)
+    for _ in range(12):
+        rig.cycle(reconcile=False)
+    log = _run_gaps(rig, pieces=1)
+    kinds = {kind for ran, _ in log for kind, _ in ran}
+    assert kinds == {"step"} and not any(in_flight for _, in_flight in log)
+    assert all(frames == 1 for ran, _ in log for _, frames in ran)     # 12 ms of a 20 ms gap: one frame a step
+
+
+def test_a_round_that_ends_while_a_step_is_in_flight_gives_the_step_up(tiny_model_dir, model, clip):
+    """The primary restarted (its mirror cleared) while a step waited for its second piece: the step is given up
+    with the round, and the reconciler's state holds none of its frames."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
+                                              "asr.step_layer_pieces": 2})
+    for _ in range(12):
+        rig.cycle(reconcile=False)
+    rec, sched = rig.rec, _seeded_scheduler(rig)
+    steps = GapSteps(rec, sched, 2)
+    left = [GAP_MS]
+    rec.receive()
+    steps.run(lambda: left[0], lambda kind, frames, ms: left.__setitem__(0, 0.0))
+    assert rec.step_in_flight and rec.in_flight_frames == 4 and rec.state.appending
+    rec.restart_mirror()
+    rec.receive()
+    assert not rec.step_in_flight and not rec.state.appending and rec.state.export_state().frame_ids == []
+    assert steps.run(lambda: GAP_MS) == (0, 0.0, False)
