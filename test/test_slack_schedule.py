@@ -347,3 +347,24 @@ def test_a_slope_needs_samples_spread_over_the_context():
         sched.observe(3.0 + 0.01 * (i % 3), 32, context_tokens=900 + (i % 5))
     assert sched.costs.ms_per_frame_context == 0.0
     assert sched.costs.estimate(1, 30_000) == pytest.approx(sched.costs.estimate(1))
+
+
+def test_a_step_planned_in_pieces_fits_by_its_largest_piece_and_a_piece_that_never_fits_starves():
+    """core/gap_steps.py's plans: fitting_frames with a share (a piece of a step's layers) allows bigger steps than
+    the window holds whole, without counting a plan; plan_piece counts as frames_for does, so a piece that never
+    fits ends in `starved` after STARVED_AFTER_WINDOWS declined gaps."""
+    from vla_edge_ros.core.slack_scheduler import STARVED_AFTER_WINDOWS
+    sched = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=256, margin_ms=2.0)
+    assert sched.fitting_frames(20.0) == 0                                  # nothing measured: no plan
+    for frames, ms in ((1, 12.0), (2, 16.0), (4, 24.0), (8, 40.0)):
+        sched.observe(ms, frames * 32)                                      # each size's warm-up
+        sched.observe(ms, frames * 32)
+    assert sched.fitting_frames(20.0) == 1                                  # 1.25 x 12 <= 18
+    # The costs are 8 + 4 k exactly, so the fit between the sizes is too: 5 frames cost 28, 6 cost 32.
+    assert sched.fitting_frames(20.0, share=0.5) == 5                       # 1.25 x 28 / 2 <= 18 < 1.25 x 32 / 2
+    assert sched.fitting_frames(20.0, share=1 / 3) == 8 and sched.windows_too_small == 0     # the cap
+    assert sched.plan_piece(20.0, 4, 0.5) and not sched.plan_piece(8.0, 4, 0.5)
+    assert sched.windows_too_small == 1 and not sched.starved
+    assert not any(sched.plan_piece(8.0, 4, 0.5) for _ in range(STARVED_AFTER_WINDOWS))
+    assert sched.starved
+    assert sched.plan_piece(20.0, 4, 0.5) and not sched.starved

@@ -43,9 +43,11 @@ class GapSteps:
         total, spent, fitted = 0, 0.0, False
         while rec.frames_to_compute:
             if rec.step_in_flight:
+                if self._pieced is None:              # started elsewhere: planned at the state it has now
+                    self._pieced = _Pieced(rec.in_flight_frames, rec.state.kv.used_slots)
                 p = self._pieced
                 share = rec.state.piece_share(self.pieces)
-                if p is None or not sched.piece_fits(ms_left(), p.frames, share, p.context):
+                if not sched.plan_piece(ms_left(), p.frames, share, p.context):
                     break
                 fitted = True
                 tokens, ms, host_ms = self._timed(rec.step_piece, guard)

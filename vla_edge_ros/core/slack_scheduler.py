@@ -116,10 +116,16 @@ class SlackScheduler:
             return 0
         return self._largest(usable / share, measured)
 
-    def piece_fits(self, window_ms: float, frames: int, share: float, context_tokens: int | None = None) -> bool:
-        """Whether a piece of `share` of a step of `frames` frames (its estimated cost) fits the window."""
+    def plan_piece(self, window_ms: float, frames: int, share: float, context_tokens: int | None = None) -> bool:
+        """Whether the next piece (`share` of a step of `frames` frames, at its estimated cost) fits the window;
+        counted as frames_for counts its plans, so that a piece that never fits starves the schedule (and relaxes
+        its estimates) as a step would."""
         est = self.costs.estimate(frames, context_tokens)
-        return est is not None and HEADROOM * est * share <= window_ms - self.margin_ms
+        if est is not None and HEADROOM * est * share <= window_ms - self.margin_ms:
+            self._declined_in_a_row = 0
+            return True
+        self._decline()
+        return False
 
     def offer_fits(self, window_ms: float) -> bool:
         """Whether exporting an offer fits the window (the first export is tried whenever any time is left)."""
