@@ -10,6 +10,7 @@
 #   cycle bench and a soak of the graph on one machine, issue 21's comparison), probes, csr (= csr-hf), asr (= asr-4k), asr-shared, asr-32k, asr-32k-approx,
 #   asr-2gpu (the reconciler on GPU 1: bench asr at 4096 and 32768 and the ROS soak; needs two GPUs),
 #   soak-captures (a soak with its node logs: graph captures against resident memory; SOAK_SET, SOAK_MINUTES),
+#   pieces (asr.step_layer_pieces: its GPU tests and bench asr at 32768 with PIECES pieces),
 #   attention-variants (the decode attention's _x<G> entries and attention_mma.cu's _ma entries: their bit tests,
 #   the long-context probe on both arenas, the 1.5B cycle bench at 4064 cached with and without them),
 #   suite (the whole test suite, needs prepare.sh --ros) and demo
@@ -286,6 +287,17 @@ PYEOF
         awk '/issue_stalled/ { if ($NF + 0 < 0.3) next; sub(/smsp__average_warps_issue_stalled_/, "stall "); print; next }
              /^  attention_flash|launched|Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc Active/' \
             "$OUT/ncu_flash.txt" | head -200 ;;
+    pieces)
+        # Reconciler steps run piece by piece (asr.step_layer_pieces, core/gap_steps.py): the CUDA piece graphs' bit
+        # tests and the host generation board's IPC test, then bench asr at 32768 slots with PIECES (default 4)
+        # pieces (the A side: the same command without the key, asr-32k-pieces1, or an earlier run of it).
+        echo "== layered forward and generation board tests"
+        $PY -m pytest test/test_cuda_layered_forward.py test/test_cuda_ipc.py -q -rs 2>&1 | tee "$OUT/pieces_tests.log" \
+            | tail -5 || status=1
+        echo "== bench asr --capacity 32768, asr.step_layer_pieces=${PIECES:-4}"
+        $PY -m vla_edge_ros.cli bench asr --backend pycuda ${FRAMES:+--frames "$FRAMES"} --capacity 32768 --modes asr \
+            --max-cycles 2400 --set asr.step_layer_pieces=${PIECES:-4} ${ASR_ARGS:-} --json "$OUT/asr-32k-pieces.json" \
+            2>&1 | tee "$OUT/asr-32k-pieces.log" | grep -v " INFO " || status=1 ;;
     int4-lab)
         # Issue 23's INT4 lab (the lean entries of gemv_int4.cu, projection_int4_staged.cu and projection_int4.cu,
         # KernelPlan.int4_decode_lean_loop and int4_prefill_lean_loop, off until this stage has run: the same bits in fewer
