@@ -173,3 +173,16 @@ def test_a_round_that_ends_while_a_step_is_in_flight_gives_the_step_up(tiny_mode
     rec.receive()
     assert not rec.step_in_flight and not rec.state.appending and rec.state.export_state().frame_ids == []
     assert steps.run(lambda: GAP_MS) == (0, 0.0, False)
+
+
+def test_the_last_frames_of_a_round_take_a_whole_step_where_one_fits(tiny_model_dir, model, clip):
+    """Pieces only pay for a step of more frames than fit whole: one frame left to catch up, in a gap where a
+    one-frame step fits, is computed whole rather than over two gaps."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
+                                              "asr.step_layer_pieces": 2})
+    for _ in range(12):
+        rig.cycle(reconcile=False)
+    assert _run_gaps(rig, pieces=2)[-1][0], "the round never got ready"
+    rig.primary_only_cycle()                      # one more frame: the round catches up on it
+    log = _run_gaps(rig, pieces=2)
+    assert log[0] == ([("step", 1)], False) and rig.rec.phase is Phase.READY, log

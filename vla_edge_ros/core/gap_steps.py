@@ -85,7 +85,9 @@ class GapSteps:
         started (its first piece runs next, if it fits)."""
         rec, sched = self.rec, self.sched
         share = rec.state.piece_share(self.pieces)
-        big = sched.fitting_frames(left_ms, context, share)
+        # Only as many frames as the round has left: its last one or two, when a whole step fits them, are not
+        # spread over several gaps.
+        big = min(sched.fitting_frames(left_ms, context, share), rec.frames_to_compute)
         if big <= sched.fitting_frames(left_ms, context) or not rec.state.append_fits_pieces(big):
             return False
         started = guard(lambda: rec.begin_step(big * rec.tpf, self.pieces))
