@@ -96,7 +96,7 @@ def _seeded_scheduler(rig) -> SlackScheduler:
 
 def _run_gaps(rig, pieces: int, gaps: int = 60):
     """Reconciler gaps of GAP_MS with the primary idle: drain, steps (GapSteps), an offer when due. Returns what
-    each gap ran and whether a step was left in flight at its end."""
+    each gap ran and whether a step was left in flight at its end, and GapSteps' summary."""
     rec, sched = rig.rec, _seeded_scheduler(rig)
     steps = GapSteps(rec, sched, pieces)
     log = []
@@ -116,7 +116,7 @@ def _run_gaps(rig, pieces: int, gaps: int = 60):
         log.append((ran, rec.step_in_flight))
         if rec.phase is Phase.READY:
             break
-    return log
+    return log, steps.summary()
 
 
 def test_pieced_steps_spread_over_gaps_and_offer_the_bits_of_whole_steps(tiny_model_dir, model, clip, hf):
@@ -130,12 +130,14 @@ def test_pieced_steps_spread_over_gaps_and_offer_the_bits_of_whole_steps(tiny_mo
         for _ in range(12):                       # the primary fills up; the reconciler is handed every chunk
             rig.cycle(reconcile=False)
     drain(whole.rec)
-    log = _run_gaps(pieced, pieces=2)
+    log, summary = _run_gaps(pieced, pieces=2)
     assert whole.rec.phase is Phase.READY and pieced.rec.phase is Phase.READY, log
     kinds = [kind for ran, _ in log for kind, _ in ran]
     assert "piece" in kinds and "step" not in kinds, log
     assert any(in_flight for _, in_flight in log), "no step ever waited for the next gap"
     assert all(len(ran) <= 1 for ran, _ in log), "a gap of 20 ms fits one piece of 24 / 2 ms with headroom"
+    assert summary["pieces_run"] == kinds.count("piece") == 2 * summary["pieced_steps"] > 0
+    assert summary["pieced_steps_given_up"] == 0 and summary["step_layer_pieces"] == 2
     a, b = whole.rec.take_offer(), pieced.rec.take_offer()
     assert a.frame_ids == b.frame_ids and a.next_position == b.next_position
     np.testing.assert_array_equal(a.kv, b.kv)
@@ -150,10 +152,11 @@ def test_without_pieces_or_with_room_for_a_whole_step_no_step_runs_in_pieces(tin
     rig = Rig(tiny_model_dir, model, clip, **overrides)
     for _ in range(12):
         rig.cycle(reconcile=False)
-    log = _run_gaps(rig, pieces=1)
+    log, summary = _run_gaps(rig, pieces=1)
     kinds = {kind for ran, _ in log for kind, _ in ran}
     assert kinds == {"step"} and not any(in_flight for _, in_flight in log)
     assert all(frames == 1 for ran, _ in log for _, frames in ran)     # 12 ms of a 20 ms gap: one frame a step
+    assert summary["pieced_steps"] == summary["pieces_run"] == 0
 
 
 def test_a_round_that_ends_while_a_step_is_in_flight_gives_the_step_up(tiny_model_dir, model, clip):
@@ -173,6 +176,7 @@ def test_a_round_that_ends_while_a_step_is_in_flight_gives_the_step_up(tiny_mode
     rec.receive()
     assert not rec.step_in_flight and not rec.state.appending and rec.state.export_state().frame_ids == []
     assert steps.run(lambda: GAP_MS) == (0, 0.0, False)
+    assert steps.summary()["pieced_steps_given_up"] == 1 and steps.summary()["pieced_steps"] == 0
 
 
 def test_the_last_frames_of_a_round_take_a_whole_step_where_one_fits(tiny_model_dir, model, clip):
@@ -182,7 +186,7 @@ def test_the_last_frames_of_a_round_take_a_whole_step_where_one_fits(tiny_model_
                                               "asr.step_layer_pieces": 2})
     for _ in range(12):
         rig.cycle(reconcile=False)
-    assert _run_gaps(rig, pieces=2)[-1][0], "the round never got ready"
+    assert _run_gaps(rig, pieces=2)[0][-1][0], "the round never got ready"
     rig.primary_only_cycle()                      # one more frame: the round catches up on it
-    log = _run_gaps(rig, pieces=2)
+    log, _ = _run_gaps(rig, pieces=2)
     assert log[0] == ([("step", 1)], False) and rig.rec.phase is Phase.READY, log

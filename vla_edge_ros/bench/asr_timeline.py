@@ -408,7 +408,7 @@ class _Runner:
             self.driver.close()
         stats = vars(self.reconciler.stats) if self.reconciler is not None else {"trigger_to_applied_ms": self.rebuild_ms}
         if self.reconciler is not None:       # offers the boundary left for a fresher one, by reason (stale, no_slack)
-            stats = {**stats, "offers_deferred": dict(self.driver.deferred)}
+            stats = {**stats, "offers_deferred": dict(self.driver.deferred), **self.driver.gap_steps.summary()}
         return {"cycles": records, "reconciler": dict(stats),
                 "capacity_check": None if self.capacity is None else self.capacity.as_dict()}
 

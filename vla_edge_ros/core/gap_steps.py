@@ -33,6 +33,14 @@ class GapSteps:
         self.sched = scheduler
         self.pieces = max(1, int(pieces))
         self._pieced: _Pieced | None = None
+        self.pieced_steps = 0            # steps run piece by piece to their end
+        self.pieces_run = 0
+        self.pieced_given_up = 0         # steps in pieces whose round ended before their last piece
+
+    def summary(self) -> dict:
+        """What the steps in pieces did (the diagnostics' and bench asr's reconciler figures)."""
+        return {"step_layer_pieces": self.pieces, "pieced_steps": self.pieced_steps, "pieces_run": self.pieces_run,
+                "pieced_steps_given_up": self.pieced_given_up}
 
     def run(self, ms_left, record=None, guard=None) -> tuple[int, float, bool]:
         """Steps (and pieces) while the next fits; ms_left(): what is left of the gap now. record(kind, frames, ms)
@@ -41,6 +49,9 @@ class GapSteps:
         rec, sched = self.rec, self.sched
         guard = guard or (lambda call: call())
         total, spent, fitted = 0, 0.0, False
+        if self._pieced is not None and not rec.step_in_flight:   # its round ended between gaps
+            self._pieced = None
+            self.pieced_given_up += 1
         while rec.frames_to_compute:
             if rec.step_in_flight:
                 if self._pieced is None:              # started elsewhere: planned at the state it has now
@@ -52,6 +63,7 @@ class GapSteps:
                 fitted = True
                 tokens, ms, host_ms = self._timed(rec.step_piece, guard)
                 spent += ms / 1e3
+                self.pieces_run += 1
                 p.ms, p.host_ms = p.ms + ms, p.host_ms + host_ms
                 if record is not None:
                     record("piece", p.frames, ms)
@@ -59,8 +71,10 @@ class GapSteps:
                     sched.observe(p.ms, tokens, host_ms=p.host_ms, context_tokens=p.context)
                     total += tokens
                     self._pieced = None
+                    self.pieced_steps += 1
                 elif not rec.step_in_flight:          # the round ended meanwhile: its step was given up
                     self._pieced = None
+                    self.pieced_given_up += 1
                 continue
             context = rec.state.kv.used_slots         # what the step's rows attend to besides themselves
             left = ms_left()

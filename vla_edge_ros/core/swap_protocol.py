@@ -268,7 +268,8 @@ class ReconcilerWorker:
 
     def summary(self) -> dict:
         offer = self.offer
-        sched = {**self.scheduler.summary(), **self.gaps.summary()} if self.scheduler is not None else {}
+        sched = ({**self.scheduler.summary(), **self.gaps.summary(), **self.gap_steps.summary()}
+                 if self.scheduler is not None else {})
         return {**self.reconciler.summary(), "offered_version": offer.version if offer else 0,
                 "offered_frames": offer.frames if offer else 0, "offers_handed_out": self.handouts,
                 "offers_withdrawn": self.withdrawn, "worker_error": repr(self.error) if self.error else "",

@@ -124,7 +124,8 @@ def _reconciler_work(reconciler: dict) -> dict:
     keys = ("schedule", "reoffers", "offers_handed_out", "offers_withdrawn", "steps", "largest_step_frames",
             "windows_too_small", "offers_postponed", "relaxations", "starved", "warmup_step_ms_per_token",
             "step_ms_per_token", "step_ms_per_token_p10", "step_ms_per_token_p50", "step_ms_per_token_p90",
-            "step_host_ms_per_token_p50", "offer_ms", "heap_trims")
+            "step_host_ms_per_token_p50", "offer_ms", "heap_trims", "step_layer_pieces", "pieced_steps", "pieces_run",
+            "pieced_steps_given_up")
     return {k: reconciler.get(k, "") for k in keys} | {k: reconciler[k] for k in sorted(reconciler)
                                                         if k.startswith(GAP_SUMMARY_PREFIXES)}
 
