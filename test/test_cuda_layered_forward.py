@@ -1,14 +1,21 @@
-"""A forward run a few layers at a time on the CUDA backend (begin_layered / run_layer_piece): the K/V bits of one
+"""A forward run a few layers at a time on the CUDA backend (begin_layered / run_layer_piece): the K/V of one
 forward, through the cycle's prefill kernels and through the bulk prefill, with the piece graphs captured ahead
 (prepare_forward) and without graphs.
 
-GPU only (marker `gpu`). The numpy backend's pieces are test_layered_forward.py's.
+Not bit for bit: the prefill's split-K projections add their parts with atomics, so two whole forwards already
+differ in the last bits (notes/cuda_notes.md, the persistent decode's tests); the pieces are held to the bound the
+bulk prefill's tests use for its passes (fp32 arena, 1e-5 of the values' scale). The numpy backend's pieces are held to the same bits (test_layered_forward.py).
+
+GPU only (marker `gpu`).
 """
 import numpy as np
 import pytest
 
+from kernel_compare import assert_close, peak
+
 pytestmark = pytest.mark.gpu
 CAPACITY = 700
+RTOL = 1e-5
 
 
 @pytest.fixture(scope="module", params=["tiny", "qwen2.5-1.5b-random"])
@@ -25,7 +32,7 @@ def model(request, tmp_path_factory):
 def _backend(model, **kw):
     from vla_edge_ros.model.cuda_backend import CudaBackend
     spec, weights = model
-    return CudaBackend(spec, weights, CAPACITY, "bfloat16", **kw)
+    return CudaBackend(spec, weights, CAPACITY, "bfloat16", kv_dtype="float32", **kw)
 
 
 @pytest.mark.parametrize("rows, bulk", [(32, False), (200, True)])
@@ -55,7 +62,9 @@ def test_pieces_write_the_bits_of_one_forward(model, rows, bulk, graphs):
             with pytest.raises(RuntimeError, match="in flight"):
                 split.forward(x[:1], positions[:1], write[:1], ctx, logits="none")
         assert len(split._graphs) == captured, "a piece captured its graph while serving"
-        np.testing.assert_array_equal(whole.read_kv(write), split.read_kv(write))
+        expected = whole.read_kv(write)
+        assert_close(split.read_kv(write), expected, rtol=RTOL, atol=2 * RTOL * peak(expected),
+                     what=f"{rows} rows in {pieces} pieces", norm_rtol=RTOL)
         for b in (whole, split):
             b.close()
 

@@ -8,9 +8,11 @@ added them (trigger to swap ~11 s). Eight frames in one step took ~12.3 ms,
 attention over the long context is done for many rows at once. No gap fits
 such a step; a few do if it is cut between layers. The layers of a decoder are
 applied one after another to the residual rows, and each writes its own K/V,
-so running layers [0, a) in one gap and [a, b) in the next computes exactly
-what one forward computes: the same arithmetic on the same values, in the same
-order (the tests hold the two to the same bits).
+so running layers [0, a) in one gap and [a, b) in the next computes what one
+forward computes: the same arithmetic on the same values, in the same order.
+The numpy backend's tests hold the two to the same bits; on the GPU the
+prefill's split-K atomics already make two whole forwards differ in the last
+bits, and its tests hold the pieces to that spread.
 
     lf = backend.begin_layered(x, positions, write_slots, context_slots, pieces)   # inputs in place, nothing run
     while not backend.run_layer_piece(lf): ...                                    # one piece per call
