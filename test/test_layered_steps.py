@@ -190,3 +190,22 @@ def test_the_last_frames_of_a_round_take_a_whole_step_where_one_fits(tiny_model_
     rig.primary_only_cycle()                      # one more frame: the round catches up on it
     log, _ = _run_gaps(rig, pieces=2)
     assert log[0] == ([("step", 1)], False) and rig.rec.phase is Phase.READY, log
+
+
+def test_a_tick_finishes_a_step_begun_in_pieces(tiny_model_dir, model, clip):
+    """The node's worker ticks (whole steps, no schedule) when the primary's cycle clock is stale; a step left in
+    flight by the slack schedule is finished there, all its pieces at once, and the round goes on."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
+                                              "asr.step_layer_pieces": 2})
+    for _ in range(12):
+        rig.cycle(reconcile=False)
+    rec, steps = rig.rec, GapSteps(rig.rec, _seeded_scheduler(rig), 2)
+    left = [GAP_MS]
+    rec.receive()
+    steps.run(lambda: left[0], lambda kind, frames, ms: left.__setitem__(0, 0.0))
+    assert rec.step_in_flight
+    todo = rec.frames_to_compute
+    assert rec.tick() == 4 * rig.cfg.vision.tokens_per_frame and not rec.step_in_flight
+    assert rec.frames_to_compute == todo - 4
+    drain(rec)
+    assert rec.phase is Phase.READY

@@ -35,7 +35,8 @@ class GapSteps:
         self._pieced: _Pieced | None = None
         self.pieced_steps = 0            # steps run piece by piece to their end
         self.pieces_run = 0
-        self.pieced_given_up = 0         # steps in pieces whose round ended before their last piece
+        self.pieced_given_up = 0         # steps in pieces not finished here: their round ended before their last
+                                         # piece, or a tick finished them (no primary cycles to leave room for)
 
     def summary(self) -> dict:
         """What the steps in pieces did (the diagnostics' and bench asr's reconciler figures)."""
@@ -49,7 +50,7 @@ class GapSteps:
         rec, sched = self.rec, self.sched
         guard = guard or (lambda call: call())
         total, spent, fitted = 0, 0.0, False
-        if self._pieced is not None and not rec.step_in_flight:   # its round ended between gaps
+        if self._pieced is not None and not rec.step_in_flight:   # its round ended, or a tick finished it
             self._pieced = None
             self.pieced_given_up += 1
         while rec.frames_to_compute:

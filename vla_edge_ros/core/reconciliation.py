@@ -251,10 +251,16 @@ class StateReconciler:
 
     def tick(self, max_tokens: int | None = None) -> int:
         """Drain the inbox, then at most one chunked-prefill step, then an offer if one is due; returns the
-        tokens computed."""
+        tokens computed. A step begun in pieces (begin_step) is finished first, all its pieces at once: the node's
+        worker ticks when there are no primary cycles to leave room for."""
         if not self.receive():
             return 0
-        tokens = self._step(max_tokens or self.cfg.asr.warmup_tokens_per_step)
+        if self._in_flight is not None:
+            tokens = 0
+            while self._in_flight is not None:
+                tokens = self.step_piece()
+        else:
+            tokens = self._step(max_tokens or self.cfg.asr.warmup_tokens_per_step)
         if self.offer_due:
             self.make_offer()
         return tokens
