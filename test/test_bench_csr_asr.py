@@ -299,3 +299,17 @@ def test_bench_asr_compares_reconciling_cycles_with_steady_ones_at_equal_context
     slower = run(1.2)["matched_context"]
     assert slower["p50"] == pytest.approx(1.2, abs=0.01) and slower["p99"] == pytest.approx(1.2, abs=0.03)
     assert summarize({"cycles": [], "reconciler": {}}, 33.3)["matched_context"] is None
+
+
+def test_bench_asr_says_how_its_steps_in_pieces_went(capsys):
+    """With asr.step_layer_pieces > 1 the report says how many steps ran in pieces (core/gap_steps.py's counts in
+    the reconciler's figures); without it, nothing."""
+    from vla_edge_ros.bench.asr_report import print_summary, summarize
+    cycles = [{"i": i, "latency_ms": 20.0, "reason": "action", "phase": "idle", "event": "", "frames": 10,
+               "state_exact": True} for i in range(3)]
+    pieced = {"step_layer_pieces": 4, "pieced_steps": 7, "pieces_run": 29, "pieced_steps_given_up": 1}
+    print_summary({"asr": summarize({"cycles": cycles, "reconciler": pieced}, 33.3),
+                   "sync": summarize({"cycles": cycles, "reconciler": {}}, 33.3)}, [])
+    out = capsys.readouterr().out
+    assert "asr: steps in 4 pieces of layers: 7 finished (29 pieces run), 1 not finished in the gaps" in out
+    assert "sync: steps in" not in out

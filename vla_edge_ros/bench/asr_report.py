@@ -142,6 +142,10 @@ def print_summary(summaries: dict, header: list[str]) -> None:
     for mode, s in summaries.items():
         deferred = s["reconciler"].get("offers_deferred")
         print(f"  {mode}: outcomes {s['outcomes']}" + (f"; offers deferred at a boundary {deferred}" if deferred else ""))
+        rec = s["reconciler"]
+        if rec.get("step_layer_pieces", 1) > 1:          # asr.step_layer_pieces (core/gap_steps.py)
+            print(f"  {mode}: steps in {rec['step_layer_pieces']} pieces of layers: {rec['pieced_steps']} finished "
+                  f"({rec['pieces_run']} pieces run), {rec['pieced_steps_given_up']} not finished in the gaps")
         fit = CapacityFit.from_values(s.get("capacity_check") or {})
         if fit is not None:
             print(f"  {mode}: capacity check: {fit.describe()}; of the {s['refused']} refused cycles "
