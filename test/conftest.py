@@ -72,3 +72,24 @@ def tiny_weights(tiny_model_dir):
     from vla_edge_ros.model.weights import load_weights
     spec = ModelSpec.from_dir(tiny_model_dir)
     return spec, load_weights(tiny_model_dir, spec)
+
+
+# The two-engine ASR tests' inputs (test_reconciliation.py, test_swap_finish_next_cycle.py, test_layered_steps.py):
+# real footage, the tiny model loaded once per module, and HF transformers on it as the oracle. A module that needs
+# another clip or model defines its own fixture of the same name, which takes precedence.
+@pytest.fixture(scope="module")
+def clip():
+    from vla_edge_ros.core.footage import read_clip
+    return read_clip("bikes.mp4", max_frames=48)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    from vla_edge_ros.model.factory import load_model
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model_dir):
+    from vla_edge_ros.model.hf_oracle import load_hf_model
+    return load_hf_model(tiny_model_dir)

@@ -20,24 +20,6 @@ GAP_MS = 20.0
 COST_MS = {1: 12.0, 2: 16.0, 3: 20.0, 4: 24.0}     # a step of k frames; whole, only 1 fits a gap, in pieces 4
 
 
-@pytest.fixture(scope="module")
-def clip():
-    from vla_edge_ros.core.footage import read_clip
-    return read_clip("bikes.mp4", max_frames=48)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    from vla_edge_ros.model.factory import load_model
-    return load_model(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_model_dir):
-    from vla_edge_ros.model.hf_oracle import load_hf_model
-    return load_hf_model(tiny_model_dir)
-
-
 def _chunks(rig, ids):
     return [rig.driver.primary_chunk(i) for i in ids]
 

@@ -20,7 +20,6 @@ from vla_edge_ros import config as C
 from vla_edge_ros.core.engine import Engine
 from vla_edge_ros.core.engine_state import FrameState
 from vla_edge_ros.core.state_swap import SwapDeferred
-from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.in_process_asr import InProcessAsr
 from vla_edge_ros.core.reconciliation import Phase, StateReconciler
@@ -29,23 +28,6 @@ from vla_edge_ros.model.backend import HostKV
 from vla_edge_ros.model.errors import DeviceKVUnavailable
 
 COS_EXACT = 0.9999
-
-
-@pytest.fixture(scope="module")
-def clip():
-    return read_clip("bikes.mp4", max_frames=48)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    from vla_edge_ros.model.factory import load_model
-    return load_model(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_model_dir):
-    from vla_edge_ros.model.hf_oracle import load_hf_model
-    return load_hf_model(tiny_model_dir)
 
 
 class Rig:

@@ -23,23 +23,6 @@ from vla_edge_ros.model.backend import HostKV
 NEXT = {"asr.mode": "csr", "kv.eviction_policy": "fifo", "asr.swap_finish": "next_cycle"}
 
 
-@pytest.fixture(scope="module")
-def clip():
-    return read_clip("bikes.mp4", max_frames=48)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    from vla_edge_ros.model.factory import load_model
-    return load_model(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_model_dir):
-    from vla_edge_ros.model.hf_oracle import load_hf_model
-    return load_hf_model(tiny_model_dir)
-
-
 def frames_in(x, positions, write_slots, context_slots, *args, **kwargs):
     """What a forward writes and what it attends to besides itself, in whole 32-row frames (the prefix's slots
     counted in with the frames, rounded down)."""
