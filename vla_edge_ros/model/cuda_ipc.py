@@ -45,7 +45,7 @@ import numpy as np
 
 from .cuda_gil_held import DriverCallError, copy_dtoh, copy_dtoh_async, wait_event
 from .errors import DeviceKVUnavailable
-from .generation_board import GenerationView
+from .generation_board import GenerationView, complete_word
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class IpcKV:
             word, where = self._board.word(self.buffer), "host generation board"
         else:
             word, where = self._header(), "generation word"
-        if word != 2 * self.generation:
+        if word != complete_word(self.generation):
             raise DeviceKVUnavailable(f"reconciler buffer {self.descriptor.get('buffer')} moved on ({where} {word}, "
                                       f"offer {self.generation}): the snapshot is stale")
 
@@ -284,9 +284,9 @@ class IpcWrite:
             raise DeviceKVUnavailable(f"copying the reconciler's KV failed: {exc}") from exc
         kv.last_copy_ms = (time.perf_counter() - self.t_start) * 1e3
         before, after = kv.mapper.header_words()
-        if int(before[0]) != 2 * kv.generation:
+        if int(before[0]) != complete_word(kv.generation):
             raise DeviceKVUnavailable(f"reconciler buffer {kv.descriptor.get('buffer')} moved on before the copy "
                                       f"(generation word {int(before[0])}, offer {kv.generation}): torn KV")
-        if int(after[0]) != 2 * kv.generation:
+        if int(after[0]) != complete_word(kv.generation):
             raise DeviceKVUnavailable(f"reconciler buffer rewritten during the copy (generation word {int(after[0])}): "
                                       f"torn KV")

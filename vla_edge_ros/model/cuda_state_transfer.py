@@ -53,7 +53,7 @@ from .cuda_backend import CudaBackend
 from .cuda_device import CudaDevice
 from .errors import DeviceKVUnavailable
 from .export_ring import ExportRing
-from .generation_board import GenerationBoard
+from .generation_board import GenerationBoard, complete_word, writing_word
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +114,12 @@ class DeviceKvExporter:
         if self.board is not None:
             self.board.writing(index, generation)       # before anything of this export is queued
         with self.device.bound():
-            drv.memset_d32_async(addr + self.payload_bytes, 2 * generation + 1, 1, stream)      # writing
+            drv.memset_d32_async(addr + self.payload_bytes, writing_word(generation), 1, stream)
             drv.memset_d32_async(addr, 0, self.payload_bytes // 4, stream)    # rows past the snapshot stay zero
             backend.gather_kv_rows(addr, slots)
             drv.memset_d32_async(int(self._nonfinite.gpudata), 0, 1, stream)
             backend.kernels.count_nonfinite(self._views[index], self._nonfinite, stream)
-            drv.memset_d32_async(addr + self.payload_bytes, 2 * generation, 1, stream)          # complete
+            drv.memset_d32_async(addr + self.payload_bytes, complete_word(generation), 1, stream)
             stream.synchronize()
             finite = int(self._nonfinite.get()[0]) == 0
         if self.board is not None:

@@ -45,11 +45,14 @@ WORD = np.dtype(np.int64)
 CLOSED = -1                    # every word once the exporter closed: no offer of it is usable any more
 
 
+# A generation word's values, on the device (the export buffer's header) and on this board alike:
 def writing_word(generation: int) -> int:
+    """Export `generation` is writing the buffer."""
     return 2 * int(generation) + 1
 
 
 def complete_word(generation: int) -> int:
+    """Export `generation` has been written completely."""
     return 2 * int(generation)
 
 
