@@ -62,7 +62,7 @@ from .cuda_device_memory import MAX_CYCLE_TOKENS, DeviceMemory
 from .cuda_kv_transfer import KvTransfer, on_device
 from .cuda_kernel_plan import MEASURED_BEST, KernelPlan
 from .cuda_layer_enqueue import LayerEnqueue
-from .layered_forward import LayeredForward, layer_pieces
+from .layered_forward import LayeredForward, OneLayeredForward, layer_pieces
 from .weights import canonical_dtype
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class NonFiniteActionError(NonFiniteLogitsError):
     """A restricted argmax on the device met NaN/Inf logits (reports the token index)."""
 
 
-class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
+class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer, OneLayeredForward):
     """Backend protocol on one CUDA device (see the module docstring).
 
     Constructor: weights: a snapshot directory (streamed to the device tensor by tensor), a ModelWeights, or a
@@ -134,7 +134,6 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         self._gpuarray = gpuarray
         self._buffers: list = []          # every device allocation, freed by close()
         self._graphs: dict = {}
-        self._layered: LayeredForward | None = None      # a forward in flight piece by piece (begin_layered)
         self._landing = None
         self.closed = False
 
@@ -211,14 +210,11 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         self._require_no_layered("forward")
         x, positions, write_slots, context_slots = self._check_inputs(x, positions, write_slots, context_slots, logits)
         n_total, c = x.shape[0], context_slots.size
-        self._put(self.pos_table, positions.astype(np.int32))
-        self._put(self.slot_table, write_slots.astype(np.int32))
-        self._put(self.attend_list, np.concatenate([context_slots, write_slots]).astype(np.int32))
+        self._put_forward_tables(positions, write_slots, context_slots)
         hidden_chunks, logit_chunks = [], []
         for start, n, bulk in self._passes(n_total):
             last_chunk = start + n == n_total
-            self._put(self.resid, x[start:start + n])
-            self._put(self.ctl, np.array([start, c, 0, 0], np.int32))
+            self._put_pass(x[start:start + n], start, c)
             enqueue = self._enqueue_bulk_layers if bulk else self._enqueue_layers
             layer_outs = []
             if return_hidden:
@@ -309,9 +305,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if p > self.max_rows:
             raise ValueError(f"prefill of {p} rows exceeds max_rows {self.max_rows} of the device cycle path")
         self._put(self.resid, prefill_x)
-        self._put(self.pos_table, all_pos.astype(np.int32))
-        self._put(self.slot_table, all_slots.astype(np.int32))
-        self._put(self.attend_list, np.concatenate([context_slots, all_slots]).astype(np.int32))
+        self._put_forward_tables(all_pos, all_slots, context_slots)
         self._put(self.ctl, np.array([0, context_slots.size, 0, -1], np.int32))
 
     @on_device
@@ -339,7 +333,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
                     self._graph(("layers", n), lambda n=n: self._enqueue_layers(n))
             if pieces > 1 and self.layered_rows_fit(total):
                 for layers in layer_pieces(self.spec.num_layers, pieces):
-                    self._graph(self._piece_key(total, layers), self._piece_record(total, layers))
+                    self._graph(*self._piece_graph(total, layers))
 
     def layered_rows_fit(self, rows: int) -> bool:
         """Whether a forward of `rows` rows can run piece by piece: one pass holds it."""
@@ -356,46 +350,34 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer):
         if not self.layered_rows_fit(x.shape[0]):
             raise ValueError(f"begin_layered: {x.shape[0]} rows take {len(self._passes(x.shape[0]))} passes; a "
                              f"forward run piece by piece must fit one")
-        self._put(self.pos_table, positions.astype(np.int32))
-        self._put(self.slot_table, write_slots.astype(np.int32))
-        self._put(self.attend_list, np.concatenate([context_slots, write_slots]).astype(np.int32))
-        self._put(self.resid, x)
-        self._put(self.ctl, np.array([0, context_slots.size, 0, 0], np.int32))
-        lf = LayeredForward(rows=x.shape[0], pieces=layer_pieces(self.spec.num_layers, pieces))
-        self._layered = lf
-        return lf
+        self._put_forward_tables(positions, write_slots, context_slots)
+        self._put_pass(x, 0, context_slots.size)
+        return self._start_layered(x.shape[0], pieces)
 
     @on_device
     def run_layer_piece(self, lf: LayeredForward) -> bool:
         """Queue the next piece of `lf`'s layers (its graph, captured ahead by prepare_forward); True once its last
         piece is queued (synchronize to wait for it)."""
-        if lf is not self._layered:
-            raise RuntimeError("run_layer_piece: not the forward in flight on this backend")
-        layers = lf.next_piece()
-        self._run_graph(self._piece_key(lf.rows, layers), self._piece_record(lf.rows, layers))
-        lf.done += 1
-        if lf.finished:
-            self._layered = None
-        return lf.finished
+        self._run_graph(*self._piece_graph(lf.rows, self._next_layers(lf)))
+        return self._piece_ran(lf)
 
-    def abandon_layered(self, lf: LayeredForward) -> None:
-        """Give up a forward in flight: the K/V rows its pieces wrote are garbage (their slots are the caller's)."""
-        if lf is self._layered:
-            self._layered = None
+    def _put_forward_tables(self, positions, write_slots, context_slots) -> None:
+        """A forward's positions, write slots and attend list (the context, then its own rows) onto the device."""
+        self._put(self.pos_table, positions.astype(np.int32))
+        self._put(self.slot_table, write_slots.astype(np.int32))
+        self._put(self.attend_list, np.concatenate([context_slots, write_slots]).astype(np.int32))
 
-    def _piece_key(self, rows: int, layers: tuple) -> tuple:
-        bulk = self._passes(rows)[0][2]
-        return ("bulk" if bulk else "layers", rows) + tuple(layers)
+    def _put_pass(self, rows: np.ndarray, start: int, context: int) -> None:
+        """One pass's residual rows and control block (its first row's index, the context length)."""
+        self._put(self.resid, rows)
+        self._put(self.ctl, np.array([start, context, 0, 0], np.int32))
 
-    def _piece_record(self, rows: int, layers: tuple):
+    def _piece_graph(self, rows: int, layers: tuple) -> tuple:
+        """(graph key, what the graph records) of one piece of a layered forward of `rows` rows."""
+        layers = tuple(layers)
         if self._passes(rows)[0][2]:
-            return lambda: self._enqueue_bulk_layers(rows, layers=tuple(layers))
-        return lambda: self._enqueue_layers(rows, layers=tuple(layers))
-
-    def _require_no_layered(self, what: str) -> None:
-        if self._layered is not None:
-            raise RuntimeError(f"{what}: a forward run piece by piece is in flight on this backend "
-                               f"({self._layered.done} of {len(self._layered.pieces)} pieces run)")
+            return ("bulk", rows) + layers, lambda: self._enqueue_bulk_layers(rows, layers=layers)
+        return ("layers", rows) + layers, lambda: self._enqueue_layers(rows, layers=layers)
 
     def _passes(self, total: int) -> list[tuple[int, int, bool]]:
         """(first row, rows, bulk) of each pass of a forward over `total` rows: passes of bulk_max_rows through the

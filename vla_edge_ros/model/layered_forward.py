@@ -63,3 +63,36 @@ class LayeredForward:
         if self.finished:
             raise RuntimeError(f"LayeredForward: all {len(self.pieces)} pieces have run")
         return self.pieces[self.done]
+
+
+class OneLayeredForward:
+    """A backend's bookkeeping of its one forward in flight (a mixin of both backends, which need `spec`): each
+    backend uploads and runs the pieces its own way, between _start_layered and _piece_ran."""
+
+    _layered: LayeredForward | None = None
+
+    def abandon_layered(self, lf: LayeredForward) -> None:
+        """Give up a forward in flight: the K/V rows its pieces wrote are garbage (their slots are the caller's)."""
+        if lf is self._layered:
+            self._layered = None
+
+    def _start_layered(self, rows: int, pieces: int) -> LayeredForward:
+        self._layered = LayeredForward(rows=rows, pieces=layer_pieces(self.spec.num_layers, pieces))
+        return self._layered
+
+    def _next_layers(self, lf: LayeredForward) -> tuple[int, int]:
+        if lf is not self._layered:
+            raise RuntimeError("run_layer_piece: not the forward in flight on this backend")
+        return lf.next_piece()
+
+    def _piece_ran(self, lf: LayeredForward) -> bool:
+        """Count the piece just run; True (and nothing in flight any more) once it was the last."""
+        lf.done += 1
+        if lf.finished:
+            self._layered = None
+        return lf.finished
+
+    def _require_no_layered(self, what: str) -> None:
+        if self._layered is not None:
+            raise RuntimeError(f"{what}: a forward run piece by piece is in flight on this backend "
+                               f"({self._layered.done} of {len(self._layered.pieces)} pieces run)")

@@ -36,7 +36,7 @@ from .backend import ForwardResult
 from . import int4
 from .forward_inputs import MAX_POSITION, check_forward_inputs, check_slot_sets, slot_array, token_id_array
 from .host_cycle import HostLoopCycles, restricted_argmax
-from .layered_forward import LayeredForward, layer_pieces
+from .layered_forward import LayeredForward, OneLayeredForward
 from .spec import ModelSpec
 from .weights import ModelWeights, canonical_dtype, round_to_bf16
 
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 ATTENTION_SCORE_ELEMENTS = 1 << 24
 
 
-class NumpyBackend(HostLoopCycles):
+class NumpyBackend(HostLoopCycles, OneLayeredForward):
     """Vectorized numpy transformer with a slot-addressed KV arena."""
 
     device = None                   # no GPU: threads need no context (cuda_device.bound(None) is a no-op)
@@ -80,7 +80,6 @@ class NumpyBackend(HostLoopCycles):
         self._inv_freq = (1.0 / (np.float32(spec.rope_theta) ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)))
                           ).astype(np.float32)                   # [head_dim / 2]
         self.max_rows = self.capacity                             # any prefill that fits the arena is one call
-        self._layered: LayeredForward | None = None               # a forward in flight piece by piece
 
     # ------------------------------------------------------------------ Public API
 
@@ -101,28 +100,20 @@ class NumpyBackend(HostLoopCycles):
         self._require_no_layered("begin_layered")
         x, positions, write_slots, context_slots = self._check_inputs(x, positions, write_slots, context_slots,
                                                                       "none")
-        lf = LayeredForward(rows=x.shape[0], pieces=layer_pieces(self.spec.num_layers, pieces))
-        lf.state["run"] = _LayerRun(self, x, positions, write_slots, _KvWindow(self, context_slots, x.shape[0]))
-        self._layered = lf
+        run = _LayerRun(self, x, positions, write_slots, _KvWindow(self, context_slots, x.shape[0]))
+        lf = self._start_layered(x.shape[0], pieces)
+        lf.state["run"] = run
         return lf
 
     def run_layer_piece(self, lf: LayeredForward) -> bool:
         """The next piece of `lf`'s layers; True once its last piece has run (its K/V all written)."""
-        if lf is not self._layered:
-            raise RuntimeError("run_layer_piece: not the forward in flight on this backend")
-        first, end = lf.next_piece()
+        first, end = self._next_layers(lf)
         run = lf.state["run"]
         self._run_layers(run, first, end)
-        lf.done += 1
-        if lf.finished:
-            run.window.rows += lf.rows
-            self._layered = None
-        return lf.finished
-
-    def abandon_layered(self, lf: LayeredForward) -> None:
-        """Give up a forward in flight: the K/V rows it wrote are garbage (their slots are the caller's to free)."""
-        if lf is self._layered:
-            self._layered = None
+        if not self._piece_ran(lf):
+            return False
+        run.window.rows += lf.rows
+        return True
 
     def run_cycle_tokens(self, prefill_x, positions, write_slots, context_slots, decode_slots, decode_positions,
                          action_bin_lo: int, n_tokens: int, n_bins: int, give_up=None) -> np.ndarray:
@@ -280,11 +271,6 @@ class NumpyBackend(HostLoopCycles):
             if hidden is not None:
                 hidden.append(h)
         run.h = h
-
-    def _require_no_layered(self, what: str) -> None:
-        if self._layered is not None:
-            raise RuntimeError(f"{what}: a forward run piece by piece is in flight on this backend "
-                               f"({self._layered.done} of {len(self._layered.pieces)} pieces run)")
 
 
 class _LayerRun:
