@@ -46,7 +46,7 @@ def matched_context(cycles: list, busy_phases, steady_phases) -> dict | None:
     own = [ms / medians[b] for b, v in steady.items() if b in medians for ms in v]
     return {"p50": float(np.percentile(ratios, 50)), "p99": float(np.percentile(ratios, 99)),
             "steady_p99": float(np.percentile(own, 99)), "compared": len(ratios), "reconciling": len(busy),
-            "buckets": sorted(b for b in medians if any(bb == b for bb, _ in busy))}
+            "buckets": sorted(medians.keys() & {b for b, _ in busy})}
 
 
 def describe(m: dict) -> str:

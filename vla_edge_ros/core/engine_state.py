@@ -131,7 +131,7 @@ class FrameState(SwapImport, LayeredAppend):
         Returns the frame ids evicted to make room.
         """
         self._require_boundary("append_chunks")
-        self._require_not_appending("append_chunks")
+        self.require_no_append_in_flight("append_chunks")
         evicted, batch = self._admit_batch(list(chunks), allow_evict)
         if batch is None:
             return evicted
@@ -228,7 +228,7 @@ class FrameState(SwapImport, LayeredAppend):
     def export_state(self, version: int = 0, with_rows: bool = True) -> StateSnapshot:
         """The retained frames with their KV rows and, with_rows and where known, their vision rows, oldest
         first (asr.snapshot_rows says when a reconciler leaves them out)."""
-        self._require_not_appending("export_state")
+        self.require_no_append_in_flight("export_state")
         retained = self.kv.retained()
         frames = [SnapshotFrame(r.frame_id, self.frames[r.frame_id].stamp_s, r.position_start, r.pooled)
                   for r in retained]

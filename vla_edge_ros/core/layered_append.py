@@ -62,7 +62,7 @@ class LayeredAppend:
         nothing is computed yet. Returns the frame ids the policy evicted (a sliding window's cap), as
         append_chunks does; with nothing left to compute, no append is in flight."""
         self._require_boundary("begin_append")
-        self._require_not_appending("begin_append")
+        self.require_no_append_in_flight("begin_append")
         evicted, batch = self._admit_batch(list(chunks), allow_evict=False)
         if batch is None:
             return evicted
@@ -101,9 +101,6 @@ class LayeredAppend:
 
     def require_no_append_in_flight(self, what: str) -> None:
         """RuntimeError while an append runs piece by piece (the caller would compute over incomplete K/V)."""
-        self._require_not_appending(what)
-
-    def _require_not_appending(self, what: str) -> None:
         if self._layered_append is not None:
             raise RuntimeError(f"{what}: an append runs piece by piece ({self.append_pieces_left} pieces left); "
                                f"its frames' K/V is not complete")
