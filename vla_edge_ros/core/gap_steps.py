@@ -95,6 +95,21 @@ class GapSteps:
                 break
         return total, spent, fitted
 
+    def offer(self, ms_left, record=None, guard=None) -> bool:
+        """The round's offer, if one is due and its planned cost fits what is left of the gap: made, its device work
+        waited for and timed for the schedule; record("offer", 0, ms) is told. True if one was made."""
+        rec, sched = self.rec, self.sched
+        guard = guard or (lambda call: call())
+        if not (rec.offer_due and sched.offer_fits(ms_left())):
+            return False
+        made, ms, _host_ms = self._timed(rec.make_offer, guard)    # the export: device work too
+        if not made:                          # the in-process driver's guard stopped a failing reconciler
+            return False
+        sched.observe_offer(ms)
+        if record is not None:
+            record("offer", 0, ms)
+        return True
+
     def _start_pieced(self, left_ms: float, context: int, guard) -> bool:
         """Start a step piece by piece when it holds more frames than a whole step that fits now; True if one
         started (its first piece runs next, if it fits)."""

@@ -136,16 +136,13 @@ class InProcessAsr:
         if not due:
             return 0
         sched.new_window()
-        tokens, _spent, _fitted = self.gap_steps.run(lambda: (deadline_perf - time.perf_counter()) * 1e3,
-                                                     record=lambda kind, frames, ms: gap.append((kind, frames, ms)),
-                                                     guard=self._guarded)
-        if rec.offer_due and sched.offer_fits((deadline_perf - time.perf_counter()) * 1e3):
-            t = time.perf_counter()
-            if self._guarded(rec.make_offer):
-                self._guarded(rec.state.backend.synchronize)
-                offer_ms = (time.perf_counter() - t) * 1e3
-                sched.observe_offer(offer_ms)
-                gap.append(("offer", 0, offer_ms))
+        def ms_left():
+            return (deadline_perf - time.perf_counter()) * 1e3
+
+        def record(kind, frames, ms):
+            gap.append((kind, frames, ms))
+        tokens, _spent, _fitted = self.gap_steps.run(ms_left, record, guard=self._guarded)
+        self.gap_steps.offer(ms_left, record, guard=self._guarded)
         return tokens
 
     @property

@@ -392,11 +392,7 @@ class ReconcilerWorker:
         total, step_s, fitted = total + more, step_s + more_s, fitted or more_fitted
         if backlog:
             self.gaps.used(gap_ns / 1e6, step_s * 1e3, total // rec.tpf, fitted, backlog)
-        if rec.offer_due and self.scheduler.offer_fits((end_ns - time.perf_counter_ns()) / 1e6):
-            t0 = time.perf_counter()
-            rec.make_offer()                      # the export: device work too (the exporter synchronizes)
-            rec.state.backend.synchronize()
-            self.scheduler.observe_offer((time.perf_counter() - t0) * 1e3)
+        self.gap_steps.offer(lambda: (end_ns - time.perf_counter_ns()) / 1e6)
         return total
 
 
