@@ -20,7 +20,7 @@ from vla_edge_ros.core.engine_factory import reconciler_state
 from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.reconciliation import StateReconciler
-from vla_edge_ros.core.slack_scheduler import HEADROOM, SlackScheduler
+from vla_edge_ros.core.slack_scheduler import HEADROOM, PROBE_MIN_SHARE, SlackScheduler
 from vla_edge_ros.core.swap_protocol import ReconcilerWorker, SnapshotStore
 
 READER = """
@@ -126,12 +126,23 @@ def test_estimates_never_undercut_a_smaller_measured_step():
 
 def test_an_offer_is_planned_in_the_window_too():
     sched = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=2.0)
-    assert not sched.offer_fits(2.0) and sched.offer_fits(2.1)      # unmeasured: tried in any usable window
+    assert not sched.offer_fits(2.0) and sched.offer_fits(2.1)      # unmeasured, gap unknown: any usable window
     sched.observe_offer(30.0)                                 # the first export: one-time costs, not measured
     assert sched.offer_fits(2.1)
     sched.observe_offer(4.0)
     assert not sched.offer_fits(2.0 + HEADROOM * 4.0 - 0.1) and sched.offer_fits(2.0 + HEADROOM * 4.0)
     assert sched.summary()["offer_ms"] == pytest.approx(4.0) and sched.summary()["offers_postponed"] == 2
+
+
+def test_an_offer_of_unknown_cost_needs_most_of_its_gap_as_a_probe_step_does():
+    sched = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=2.0)
+    for _ in range(2):                                        # the warm-up export, then the first measured one
+        sched.new_window(20.0)
+        assert not sched.offer_fits(PROBE_MIN_SHARE * 20.0 - 0.1)     # what steps left of the gap: not tried
+        assert sched.offer_fits(PROBE_MIN_SHARE * 20.0)
+        sched.observe_offer(6.0)
+    sched.new_window(20.0)                                    # measured: planned by its cost, wherever it falls
+    assert sched.offer_fits(2.0 + HEADROOM * 6.0) and not sched.offer_fits(2.0 + HEADROOM * 6.0 - 0.1)
 
 
 @pytest.fixture(scope="module")

@@ -135,7 +135,7 @@ class InProcessAsr:
         gap.append(("receive", 0, (time.perf_counter() - t) * 1e3))
         if not due:
             return 0
-        sched.new_window()
+        sched.new_window((deadline_perf - t) * 1e3)     # the whole gap, as the node's worker gives it
         def ms_left():
             return (deadline_perf - time.perf_counter()) * 1e3
 

@@ -22,6 +22,7 @@ Protections kept from the one-cost-per-token schedule before:
   - a step that does not fit is never started; when none fits for
     STARVED_AFTER_WINDOWS gaps, `starved` says so and the estimates are relaxed
     toward the cheap end of the costs actually measured (RELAX_FACTOR);
+  - an offer of unknown cost follows the same rule (`offer_fits`);
   - the summary gives the spread of the latest steps' costs per token.
 
 Both drivers use it: the reconciler node (core/swap_protocol.ReconcilerWorker,
@@ -128,9 +129,16 @@ class SlackScheduler:
         return False
 
     def offer_fits(self, window_ms: float) -> bool:
-        """Whether exporting an offer fits the window (the first export is tried whenever any time is left)."""
+        """Whether exporting an offer fits the window. An export of unknown cost (a process's first, which is its
+        warm-up, and the one after) is tried as a step of unknown cost is: with at least PROBE_MIN_SHARE of the
+        gap left (any usable time where the gap is unknown). On the H200 at 32768 slots both such offers were
+        tried in what was left of a gap after its steps and ran 12-22 ms past the boundary."""
         usable = window_ms - self.margin_ms
-        fits = usable > 0 and (self.offer_cost.value is None or HEADROOM * self.offer_cost.value <= usable)
+        estimate = self.offer_cost.value
+        if estimate is None:
+            fits = usable > 0 and (self._gap_ms is None or window_ms >= PROBE_MIN_SHARE * self._gap_ms)
+        else:
+            fits = usable > 0 and HEADROOM * estimate <= usable
         if fits:
             self._offers_declined_in_a_row = 0
             return True
