@@ -40,6 +40,12 @@ _iface=$(pwd)/.whl/iface
 export PYTHONPATH=$_iface/site:$PYTHONPATH
 export LD_LIBRARY_PATH=$_iface/lib:${LD_LIBRARY_PATH:-}
 export AMENT_PREFIX_PATH=$_iface${AMENT_PREFIX_PATH:+:$AMENT_PREFIX_PATH}
+# A build older than the definitions beside it would fail only inside a node (a field it lacks): say so now.
+for _f in vla_edge_interfaces/msg/*.msg vla_edge_interfaces/srv/*.srv; do
+    cmp -s "$_f" "$_iface/share/$_f" || {
+        echo "vla_edge_interfaces in .whl/iface was built from another $_f: run scripts/device_interfaces.sh"
+        return 1; }
+done
 python3 -c "from vla_edge_interfaces.msg import Frame; type(Frame).__import_type_support__(); \
 assert Frame._TYPE_SUPPORT is not None; print('vla_edge_interfaces ok')" || return 1
 EOF

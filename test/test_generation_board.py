@@ -45,25 +45,28 @@ def _descriptor(board_path, buffer=1, generation=4, **changes):
     return d
 
 
-def test_words_written_in_one_process_are_read_in_another_and_outlive_a_killed_owner(tmp_path):
+def test_words_written_in_one_process_are_read_in_another_until_the_owner_is_killed(tmp_path):
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         path = owner.stdout.readline().strip()
         assert path, "the owner printed no board"
         view = GenerationView(path)
-        assert view.buffers == 3
+        assert view.buffers == 3 and view.owner == owner.pid
         assert [view.word(i) for i in range(3)] == [0, complete_word(4), writing_word(7)] == [0, 8, 15]
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait(timeout=30)
-    # Killed: its directory is named for its pid, and the next reconciler's store removes it ...
+    # Killed without closing: its last words still say buffer 1 is complete, but its memory is going away, so the
+    # view no longer answers and the boundary reads the device word (which fails cleanly for a dead exporter) ...
+    assert [view.word(i) for i in range(3)] == [None, None, None]
+    # ... its directory is named for its pid, and the next reconciler's store removes it while the mapping stays.
     directory = os.path.dirname(path)
     assert os.path.basename(directory).startswith(f"vla_edge_swap_{owner.pid}_")
     assert [p.name for p in remove_stale_snapshot_dirs(tmp_path)] == [os.path.basename(directory)]
     assert not os.path.exists(directory)
-    # ... while a reader's mapping stays valid and keeps the last words.
-    assert view.word(1) == 8
+    assert view.word(1) is None
     view.close()
+    assert view.word(1) is None, "a closed view answers None, it does not raise"
 
 
 def test_the_boundarys_check_reads_the_board_and_refuses_a_stale_or_closed_offer(tmp_path):
@@ -91,7 +94,43 @@ def test_the_boundarys_check_reads_the_board_and_refuses_a_stale_or_closed_offer
     assert not board.directory.exists()
     with pytest.raises(DeviceKVUnavailable, match=f"host generation board {CLOSED}"):
         newer.check_usable()
+    board.writing(1, 6)                              # an exporter's late call after its close: ignored
+    board.complete(1, 6)
+    assert board.word(1) == CLOSED
     mapper.close()
+
+
+def test_a_new_reconcilers_board_replaces_the_old_ones_mapping(tmp_path):
+    mapper = IpcKvMapper(device=None)
+    first, second = (GenerationBoard(3, private_directory(tmp_path)) for _ in range(2))
+    for board in (first, second):
+        board.writing(1, 4)
+        board.complete(1, 4)
+    old_offer = IpcKV(_descriptor(first.path), mapper)
+    old_offer.attach_board()
+    old_view = old_offer._board
+    assert old_view.word(1) == 8
+    new_offer = IpcKV(_descriptor(second.path), mapper)    # the restarted reconciler's first offer
+    new_offer.attach_board()
+    new_offer.check_usable()
+    assert old_view.word(1) is None, "the old board is unmapped: its offer would read the device word"
+    assert mapper.board(str(first.path)) is not old_view    # mapped afresh if it ever came back
+    for board in (first, second):
+        board.close()
+    mapper.close()
+
+
+def test_a_board_that_cannot_be_made_leaves_no_directory_behind(tmp_path, monkeypatch):
+    from vla_edge_ros.model import generation_board
+
+    def no_mapping(*args, **kwargs):                 # e.g. /dev/shm full
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(generation_board.mmap, "mmap", no_mapping)
+    directory = private_directory(tmp_path)
+    with pytest.raises(OSError, match="No space"):
+        GenerationBoard(3, directory)
+    assert not directory.exists()
 
 
 def test_a_board_that_cannot_be_used_leaves_the_check_to_the_device_and_says_so_once(tmp_path, caplog):

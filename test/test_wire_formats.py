@@ -77,8 +77,12 @@ def test_action_tokens_answer_a_frame_with_its_stamp_and_camera_frame():
 KV = {"handle": bytes(range(64)).hex(), "bytes": 4096 + 64, "header_offset": 4096, "generation": 5, "buffer": 1,
       "rows": 96, "shape": [2, 2, 480, 32], "element": "uint16", "finite": True, "device_pci_bus_id": "0000:19:00.0"}
 
+# asr.host_generation_board: the offer names the exporter's host copy of its generation words
+KV_BOARD = {**KV, "generation_board": "/dev/shm/vla_edge_swap_4242_ab12/export_generations"}
 
-@pytest.mark.parametrize("kv", [None, KV], ids=["kv in the file", "kv by CUDA IPC"])
+
+@pytest.mark.parametrize("kv", [None, KV, KV_BOARD],
+                         ids=["kv in the file", "kv by CUDA IPC", "kv by CUDA IPC with a generation board"])
 def test_swap_offer_round_trips_through_the_service_response(kv):
     offer = SwapOffer(version=7, path="/dev/shm/x/state_v000007.npz", frames=6, newest_frame_id=112, kv=kv, round=5)
     response = _cdr(swap_wire.fill_response(SwapAnswer(offer), Swap.Response()))

@@ -65,7 +65,10 @@ def _device_exporter(cfg: VlaConfig, backend):
     from ..model.cuda_state_transfer import DeviceKvExporter          # lazy: imports pycuda
     board = None
     if cfg.asr.host_generation_board:
-        board = GenerationBoard(cfg.asr.export_buffers, private_directory(snapshot_base()))
+        try:
+            board = GenerationBoard(cfg.asr.export_buffers, private_directory(snapshot_base()))
+        except OSError as exc:             # optional: the primary's check then reads the device word
+            log.warning("asr.host_generation_board: cannot make the board (%s); offers go without it", exc)
     try:
         return DeviceKvExporter(backend, cfg.asr.export_buffers, board=board)
     except BaseException:

@@ -83,10 +83,16 @@ class IpcKvMapper:
 
     def board(self, path: str) -> GenerationView | None:
         """The host generation words at `path`, mapped on first use (call off the cycle thread); None when they
-        cannot be mapped (said once per path): the boundary then reads the device word, as without a board."""
+        cannot be mapped (said once per path): the boundary then reads the device word, as without a board.
+        A new path is a new reconciler (each makes its own directory): the earlier boards are unmapped then, and
+        an offer still holding one reads the device word (GenerationView.word answers None once closed)."""
         with self._lock:
             if path in self._boards:
                 return self._boards[path]
+            for old in self._boards.values():
+                if old is not None:
+                    old.close()
+            self._boards.clear()
             try:
                 view = GenerationView(path)
                 log.info("mapped a reconciler's generation board %s (%d words)", path, view.buffers)
@@ -204,9 +210,10 @@ class IpcKV:
     def check_usable(self) -> None:
         """DeviceKVUnavailable unless the buffer still holds this snapshot, completely written: its generation word
         read from the host board when the offer has one (attach_board), else from the device."""
-        if self._board is not None:
-            word, where = self._board.word(self.buffer), "host generation board"
-        else:
+        word = None if self._board is None else self._board.word(self.buffer)
+        if word is not None:
+            where = "host generation board"
+        else:                             # no board, or one that cannot say (closed, its exporter gone)
             word, where = self._header(), "generation word"
         if word != complete_word(self.generation):
             raise DeviceKVUnavailable(f"reconciler buffer {self.descriptor.get('buffer')} moved on ({where} {word}, "

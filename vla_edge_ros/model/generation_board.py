@@ -12,8 +12,9 @@ asr.host_generation_board the exporter keeps the same words in a small file
 in shared memory, which the reasoning process maps once (off the cycle
 thread); the boundary's check then reads memory.
 
-    file: int64[buffers]      word i = 2g+1 while export g writes buffer i,
-                              2g once it has ended, CLOSED after the exporter closed
+    file: int64[1 + buffers]  word 0: the exporter's pid; word 1 + i = 2g+1 while
+                              export g writes buffer i, 2g once it has ended, CLOSED
+                              after the exporter closed
 
 Order. The host word turns odd before the first device operation of export g
 is queued, and even after that export's synchronise. A reader that sees 2g
@@ -29,7 +30,12 @@ The board owns the directory it is given (named like the reconciler's
 snapshot directories, vla_edge_swap_<pid>_..., so a killed reconciler's is
 removed by the next one: core/stale_snapshots.py) and removes it on close,
 after marking every word CLOSED; a reader's mapping stays valid and reads
-every offer stale from then on.
+every offer stale from then on. An exporter killed without closing leaves
+its last words as they were, so a reader does not trust them once the pid in
+word 0 is gone: `GenerationView.word` then answers None and the check reads
+the device word, as it does without a board. After either side closed,
+writes are ignored and reads answer CLOSED / None, never an exception on the
+cycle thread.
 """
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ import numpy as np
 
 FILE_NAME = "export_generations"
 WORD = np.dtype(np.int64)
+HEADER_WORDS = 1               # word 0: the exporter's pid
 CLOSED = -1                    # every word once the exporter closed: no offer of it is usable any more
 
 
@@ -57,7 +64,8 @@ def complete_word(generation: int) -> int:
 
 
 class GenerationBoard:
-    """The exporter's side: `buffers` words in `directory`/FILE_NAME, all 0 (no export yet) at first."""
+    """The exporter's side: `buffers` words in `directory`/FILE_NAME, all 0 (no export yet) at first, after a
+    header holding this process's pid. The directory is removed again if the board cannot be made."""
 
     def __init__(self, buffers: int, directory: Path):
         if buffers < 1:
@@ -65,50 +73,100 @@ class GenerationBoard:
         self.buffers = int(buffers)
         self.directory = Path(directory)
         self.path = self.directory / FILE_NAME
-        self.path.write_bytes(bytes(WORD.itemsize * self.buffers))
-        with open(self.path, "r+b") as f:
-            self._map = mmap.mmap(f.fileno(), WORD.itemsize * self.buffers)
-        self._words = np.frombuffer(self._map, dtype=WORD)          # [buffers], shared with every reader
+        size = WORD.itemsize * (HEADER_WORDS + self.buffers)
+        try:
+            self.path.write_bytes(bytes(size))
+            with open(self.path, "r+b") as f:
+                self._map = mmap.mmap(f.fileno(), size)
+        except OSError:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+        self._file = np.frombuffer(self._map, dtype=WORD)           # shared with every reader
+        self._file[0] = os.getpid()
+        self._words = self._file[HEADER_WORDS:]                     # [buffers]
 
     def writing(self, index: int, generation: int) -> None:
         """Export `generation` of buffer `index` is about to be queued: call before its first device operation."""
-        self._words[index] = writing_word(generation)
+        words = self._words
+        if words is not None:                 # closed: nothing to mark (the exporter is shutting down)
+            words[index] = writing_word(generation)
 
     def complete(self, index: int, generation: int) -> None:
         """Export `generation` of buffer `index` has ended on the device (after its synchronise)."""
-        self._words[index] = complete_word(generation)
+        words = self._words
+        if words is not None:
+            words[index] = complete_word(generation)
 
     def word(self, index: int) -> int:
-        return int(self._words[index])
+        words = self._words
+        return CLOSED if words is None else int(words[index])
 
     def close(self) -> None:
         """Every word CLOSED (readers see each offer stale), then the file and its directory removed."""
-        if self._words is None:
+        words = self._words
+        if words is None:
             return
-        self._words[:] = CLOSED
-        self._words = None                  # the map cannot close while an array still views it
-        self._map.close()
+        words[:] = CLOSED
+        self._words = self._file = words = None     # the map cannot close while an array still views it
+        _unmap(self._map)
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class GenerationView:
-    """A reader's mapping of a board (read-only); `word(i)` is one memory read."""
+    """A reader's mapping of a board (read-only); `word(i)` is one memory read and a check that the exporter
+    lives (one system call)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
         with open(self.path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            if size == 0 or size % WORD.itemsize:
+            if size < WORD.itemsize * (HEADER_WORDS + 1) or size % WORD.itemsize:
                 raise ValueError(f"{self.path}: {size} bytes is not a generation board")
             self._map = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
-        self._words = np.frombuffer(self._map, dtype=WORD)
+        self._file = np.frombuffer(self._map, dtype=WORD)
+        self.owner = int(self._file[0])
+        if self.owner <= 0:
+            self._file = None
+            self._map.close()
+            raise ValueError(f"{self.path}: owner pid {self.owner} is not a process")
+        self._words = self._file[HEADER_WORDS:]
         self.buffers = int(self._words.size)
 
-    def word(self, index: int) -> int:
-        return int(self._words[index])
+    def word(self, index: int) -> int | None:
+        """Buffer `index`'s generation word; None when the board cannot say: this view is closed, or its exporter
+        is gone without closing it (killed: its last words may name offers whose memory is going away). The
+        caller then reads the device word."""
+        words = self._words
+        if words is None:
+            return None
+        value = int(words[index])
+        if value != CLOSED and not _alive(self.owner):
+            return None
+        return value
 
     def close(self) -> None:
         if self._words is None:
             return
-        self._words = None
-        self._map.close()
+        self._words = self._file = None
+        _unmap(self._map)
+
+
+def _unmap(mapping: mmap.mmap) -> None:
+    """Close `mapping`, unless another thread is reading a word through it this instant (its array still views the
+    map): then the mapping goes when that reader drops its array, and nothing raises on either thread."""
+    try:
+        mapping.close()
+    except BufferError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists (the reconciler and the reasoning node share a pid namespace, as the snapshot
+    directories' clean-up already assumes: core/stale_snapshots.py)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:               # exists, owned by another user
+        return True
+    return True

@@ -70,6 +70,8 @@ class Reconciler(EngineNode):
         except (ModelFormatError, EngineConfigError, OSError, ValueError, MemoryError, RuntimeError, ImportError) as exc:
             # Unusable model, arena over the memory ceiling, no CUDA device for asr.backend pycuda, ...
             if state is not None:
+                if state.kv_export is not None:     # its buffers and generation board (directory) too
+                    state.kv_export.close()
                 state.backend.close()
             self.get_logger().error(f"configure failed: {type(exc).__name__}: {exc}")
             return TransitionCallbackReturn.FAILURE

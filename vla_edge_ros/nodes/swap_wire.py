@@ -43,7 +43,8 @@ def kv_handle_msg(descriptor: dict) -> KvIpcHandle:
                        header_offset=int(descriptor["header_offset"]), generation=int(descriptor["generation"]),
                        buffer=int(descriptor["buffer"]), rows=int(descriptor["rows"]),
                        shape=[int(n) for n in descriptor["shape"]], element=str(descriptor["element"]),
-                       finite=bool(descriptor["finite"]), device_pci_bus_id=str(descriptor["device_pci_bus_id"]))
+                       finite=bool(descriptor["finite"]), device_pci_bus_id=str(descriptor["device_pci_bus_id"]),
+                       generation_board=str(descriptor.get("generation_board") or ""))
 
 
 def kv_descriptor(msg: KvIpcHandle) -> dict:
@@ -52,6 +53,9 @@ def kv_descriptor(msg: KvIpcHandle) -> dict:
     if shape[0] != 2 or min(shape) < 1 or msg.rows > shape[2] or msg.header_offset >= msg.bytes:
         raise SwapProtocolError(f"KvIpcHandle describes no KV export: shape {shape}, {msg.rows} rows, header at "
                                 f"{msg.header_offset} of {msg.bytes} bytes")
-    return {"handle": bytes(msg.handle).hex(), "bytes": int(msg.bytes), "header_offset": int(msg.header_offset),
-            "generation": int(msg.generation), "buffer": int(msg.buffer), "rows": int(msg.rows), "shape": shape,
-            "element": msg.element, "finite": bool(msg.finite), "device_pci_bus_id": msg.device_pci_bus_id}
+    descriptor = {"handle": bytes(msg.handle).hex(), "bytes": int(msg.bytes), "header_offset": int(msg.header_offset),
+                  "generation": int(msg.generation), "buffer": int(msg.buffer), "rows": int(msg.rows), "shape": shape,
+                  "element": msg.element, "finite": bool(msg.finite), "device_pci_bus_id": msg.device_pci_bus_id}
+    if msg.generation_board:              # empty: no board, the device word is read (never a path "")
+        descriptor["generation_board"] = msg.generation_board
+    return descriptor
