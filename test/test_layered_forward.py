@@ -82,6 +82,8 @@ def test_a_forward_in_flight_can_be_given_up(model):
     backend.run_layer_piece(lf)
     with pytest.raises(RuntimeError, match="in flight"):
         backend.begin_layered(x, positions, write, context, 2)
+    with pytest.raises(RuntimeError, match="in flight"):      # refused as on the GPU, where it uses the residual
+        backend.embed(np.array([1, 2]))
     backend.abandon_layered(lf)
     with pytest.raises(RuntimeError, match="not the forward in flight"):
         backend.run_layer_piece(lf)

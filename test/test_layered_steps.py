@@ -191,3 +191,31 @@ def test_a_tick_finishes_a_step_begun_in_pieces(tiny_model_dir, model, clip):
     assert rec.frames_to_compute == todo - 4
     drain(rec)
     assert rec.phase is Phase.READY
+
+
+def test_a_piece_that_fails_leaves_no_step_in_flight(tiny_model_dir, model, clip):
+    """A piece's forward that raises (a device error) gives its step up in the state and in the reconciler alike:
+    the next tick or gap does not go on with a step the state no longer has."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
+                                              "asr.step_layer_pieces": 2})
+    for _ in range(12):
+        rig.cycle(reconcile=False)
+    rec, steps = rig.rec, GapSteps(rig.rec, _seeded_scheduler(rig), 2)
+    left = [GAP_MS]
+    rec.receive()
+    steps.run(lambda: left[0], lambda kind, frames, ms: left.__setitem__(0, 0.0))
+    assert rec.step_in_flight
+    todo = rec.frames_to_compute
+    backend = rec.state.backend
+    real_piece = backend.run_layer_piece
+
+    def failing_piece(lf):                        # the device fails this once
+        raise RuntimeError("device fault in a piece")
+
+    backend.run_layer_piece = failing_piece
+    with pytest.raises(RuntimeError, match="device fault"):
+        rec.step_piece()
+    backend.run_layer_piece = real_piece
+    assert not rec.step_in_flight and not rec.state.appending and rec.frames_to_compute == todo
+    drain(rec)                                    # the round goes on with whole steps
+    assert rec.phase is Phase.READY

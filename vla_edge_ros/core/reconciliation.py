@@ -302,8 +302,12 @@ class StateReconciler:
         if self._round is None or self.phase not in (Phase.WARMING, Phase.CATCHING_UP):
             self._drop_step_in_flight()
             return 0
-        if not self.state.continue_append():
-            return 0
+        try:
+            if not self.state.continue_append():
+                return 0
+        except BaseException:
+            self._in_flight = None          # the state abandoned the append: no step is in flight any more
+            raise
         batch, self._in_flight = self._in_flight, None
         return self._computed(batch)
 

@@ -373,9 +373,16 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer, OneLayeredForward):
         self._put(self.ctl, np.array([start, context, 0, 0], np.int32))
 
     def _piece_graph(self, rows: int, layers: tuple) -> tuple:
-        """(graph key, what the graph records) of one piece of a layered forward of `rows` rows."""
+        """(graph key, what the graph records) of one piece of a layered forward of `rows` rows. A piece of every
+        layer (a layered forward in one piece) is the whole forward's pass: its graph, which prepare_forward
+        captures for any piece count."""
         layers = tuple(layers)
-        if self._passes(rows)[0][2]:
+        bulk = self._passes(rows)[0][2]
+        if layers == (0, self.spec.num_layers):
+            if bulk:
+                return ("bulk", rows), lambda: self._enqueue_bulk_layers(rows)
+            return ("layers", rows), lambda: self._enqueue_layers(rows)
+        if bulk:
             return ("bulk", rows) + layers, lambda: self._enqueue_bulk_layers(rows, layers=layers)
         return ("layers", rows) + layers, lambda: self._enqueue_layers(rows, layers=layers)
 
@@ -436,6 +443,7 @@ class CudaBackend(DeviceMemory, LayerEnqueue, KvTransfer, OneLayeredForward):
         level since the default plan asks for it; without grouped queries it sets head_split 1). Returns the plan
         in effect (also `kernel_plan`)."""
         _check_plan_type(plan)
+        self._require_no_layered("use_kernel_plan")        # its pieces left would run another plan's kernels
         self._drop_graphs()
         staged = plan.staged_prefill_projections and self.dtype == "bfloat16" and not self.int4
         if plan.staged_prefill_projections and not staged:

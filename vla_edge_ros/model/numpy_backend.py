@@ -84,6 +84,7 @@ class NumpyBackend(HostLoopCycles, OneLayeredForward):
     # ------------------------------------------------------------------ Public API
 
     def embed(self, token_ids: np.ndarray) -> np.ndarray:
+        self._require_no_layered("embed")       # as the CUDA backend, whose embedding gathers through its residual rows
         ids = token_id_array(token_ids, self.spec.vocab_size)
         return self._embed[ids]                                   # [N, hidden] (a copy)
 
