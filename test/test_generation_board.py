@@ -146,10 +146,23 @@ def test_a_board_that_cannot_be_used_leaves_the_check_to_the_device_and_says_so_
     kv = IpcKV(_descriptor(small.path, buffer=2), mapper)        # no word for buffer 2
     kv.attach_board()
     assert not kv.checks_on_host
-    empty = tmp_path / "empty"
+    empty = tmp_path / "empty" / FILE_NAME
+    empty.parent.mkdir()
     empty.write_bytes(b"")
     with pytest.raises(ValueError, match="not a generation board"):
         GenerationView(empty)
+    with pytest.raises(ValueError, match="named export_generations"):     # a peer's path is not opened blindly
+        GenerationView(tmp_path / "elsewhere")
+    fifo = tmp_path / "fifo" / FILE_NAME
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a generation board"):       # neither blocks nor maps a FIFO
+        GenerationView(fifo)
+    link = tmp_path / "link" / FILE_NAME
+    link.parent.mkdir()
+    link.symlink_to(small.path)
+    with pytest.raises(OSError):                                         # nor follows a link
+        GenerationView(link)
     with pytest.raises(ValueError, match="no buffer index"):
         IpcKV({k: v for k, v in _descriptor(small.path).items() if k != "buffer"}, mapper)
     kv = IpcKV({k: v for k, v in _descriptor(small.path).items() if k != "generation_board"}, mapper)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,7 @@ import numpy as np
 FILE_NAME = "export_generations"
 WORD = np.dtype(np.int64)
 HEADER_WORDS = 1               # word 0: the exporter's pid
+MAX_BUFFERS = 1024             # a reader maps no larger file (asr.export_buffers is a handful)
 CLOSED = -1                    # every word once the exporter closed: no offer of it is usable any more
 
 
@@ -118,11 +120,19 @@ class GenerationView:
 
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
-        with open(self.path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < WORD.itemsize * (HEADER_WORDS + 1) or size % WORD.itemsize:
+        if os.path.basename(self.path) != FILE_NAME:
+            raise ValueError(f"{self.path}: a generation board is a file named {FILE_NAME}")
+        # The path comes from a peer node: never follow a link, never block on a FIFO, map regular files only.
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            size = st.st_size
+            if (not stat.S_ISREG(st.st_mode) or size < WORD.itemsize * (HEADER_WORDS + 1) or size % WORD.itemsize
+                    or size > WORD.itemsize * (HEADER_WORDS + MAX_BUFFERS)):
                 raise ValueError(f"{self.path}: {size} bytes is not a generation board")
-            self._map = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+            self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
         self._file = np.frombuffer(self._map, dtype=WORD)
         self.owner = int(self._file[0])
         if self.owner <= 0:
