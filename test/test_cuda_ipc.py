@@ -98,3 +98,42 @@ def test_kv_rows_cross_processes_bit_exactly_and_a_rewritten_buffer_is_refused(t
             child.stdin.write("quit\n")
             child.stdin.flush()
         assert child.wait(timeout=60) == 0
+
+
+def test_a_restarted_reconcilers_buffers_replace_the_old_mappings(tiny_model_dir, tmp_path):
+    """The reconciler killed and started again: its successor's ring buffers have new handles at the same indices;
+    the reasoning process closes the dead one's mappings as the new ones come, instead of holding them for good."""
+    from vla_edge_ros.model.cuda_backend import CudaBackend
+    from vla_edge_ros.model.cuda_ipc import IpcKvMapper
+    from vla_edge_ros.model.spec import ModelSpec
+
+    spec = ModelSpec.from_dir(tiny_model_dir)
+    primary = CudaBackend(spec, tiny_model_dir, CAPACITY, "float32")
+    mapper = IpcKvMapper(primary.device)
+    dst = np.arange(CAPACITY - 1, CAPACITY - 151, -1)
+    children = []
+    try:
+        for generation in ("first", "second"):
+            out = tmp_path / generation
+            out.mkdir()
+            child = subprocess.Popen([sys.executable, str(ROOT / "test" / "cuda_ipc_exporter.py"),
+                                      str(tiny_model_dir), str(CAPACITY), str(out)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+            children.append(child)
+            descriptor = json.loads(child.stdout.readline())
+            kv = mapper.open(descriptor)
+            kv.write_into(primary, dst)
+            np.testing.assert_array_equal(primary.read_kv(dst), np.load(out / "expected.npy"))
+            if generation == "first":
+                child.kill()                                           # SIGKILL: no close, as a crash
+                child.wait(timeout=60)
+        assert mapper.opened == 2 and mapper.retired == 1, (mapper.opened, mapper.retired)
+        assert list(mapper._open) == [descriptor["handle"]], "the dead reconciler's buffer is still mapped"
+        mapper.close()
+        assert primary.close() > 0
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.stdin.write("quit\n")
+                child.stdin.flush()
+                child.wait(timeout=60)

@@ -58,6 +58,8 @@ class IpcKvMapper:
     def __init__(self, device):
         self.device = device
         self._open: dict = {}            # handle hex -> pycuda IPCMemoryHandle
+        self._by_buffer: dict = {}       # ring index -> the handle last offered for it
+        self.retired = 0                 # mappings closed because another reconciler's buffer took their index
         self._boards: dict = {}          # generation board path -> GenerationView
         self._lock = threading.Lock()
         self.opened = 0
@@ -123,8 +125,31 @@ class IpcKvMapper:
     def open(self, descriptor: dict) -> "IpcKV":
         """The KV holder of an offer's descriptor, its buffer mapped now (call off the cycle thread)."""
         kv = IpcKV(descriptor, self)
+        self._retire_replaced(kv.buffer, descriptor["handle"])
         kv.prepare()
         return kv
+
+    def _retire_replaced(self, buffer: int, handle_hex: str) -> None:
+        """A reconciler keeps one allocation per ring buffer for its life, so a new handle for a ring index is a new
+        reconciler (the old one was restarted): the old mapping is closed. Left open, each restart kept a whole ring
+        of arena-sized buffers mapped, their memory held for a dead process. Safe here: the swap protocol loads an
+        offer only once the last one's copy has been checked (SwapClient: no request while one is ready, applying
+        or its copy unchecked), so nothing still reads an old buffer."""
+        if buffer < 0:
+            return
+        with self._lock:
+            old = self._by_buffer.get(buffer)
+            self._by_buffer[buffer] = handle_hex
+            mapped = self._open.pop(old, None) if old is not None and old != handle_hex else None
+        if mapped is None:
+            return
+        self.retired += 1
+        with self.device.bound():
+            try:
+                mapped.close()
+            except self.device.drv.Error as exc:         # its exporter is gone: nothing left to release
+                log.debug("closing a replaced IPC mapping failed: %s", exc)
+        log.info("reconciler buffer %d has a new owner (a restarted reconciler): its old mapping closed", buffer)
 
     def forget(self, keep: set) -> None:
         """Close mappings whose handle is not in `keep` (a restarted reconciler's old buffers)."""
