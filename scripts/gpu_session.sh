@@ -9,8 +9,10 @@
 #   layer 0's kernels, NCU_MODE's variants), ncu-flash (the bulk flash attention's variants), graph-vs-bench (the
 #   cycle bench and a soak of the graph on one machine, issue 21's comparison), probes, csr (= csr-hf), asr (= asr-4k), asr-shared, asr-32k, asr-32k-approx,
 #   asr-2gpu (the reconciler on GPU 1: bench asr at 4096 and 32768 and the ROS soak; needs two GPUs),
-#   soak-captures (a soak with its node logs: graph captures against resident memory; SOAK_SET, SOAK_MINUTES),
-#   pieces (asr.step_layer_pieces: its GPU tests and bench asr at 32768 with PIECES pieces),
+#   soak-captures (a soak with its node logs: graph captures against resident memory; SOAK_SET, SOAK_ARGS,
+#   SOAK_MINUTES, SOAK_MODEL qwen15 | l7b, SOAK_PARAMS, SOAK_NAME),
+#   pieces (asr.step_layer_pieces: its GPU tests and bench asr at 32768 with PIECES pieces; asr-32k-pieces1: its
+#   A side),
 #   attention-variants (the decode attention's _x<G> entries and attention_mma.cu's _ma entries: their bit tests,
 #   the long-context probe on both arenas, the 1.5B cycle bench at 4064 cached with and without them),
 #   suite (the whole test suite, needs prepare.sh --ros) and demo
@@ -117,7 +119,7 @@ for stage in $STAGES; do
                 continue ;;
             esac
             echo "== bench asr $args, reconciler on GPU 1"
-            $PY -m vla_edge_ros.cli bench asr --backend pycuda ${FRAMES:+--frames "$FRAMES"} $args --reconciler-device 1 \
+            $PY -m vla_edge_ros.cli bench asr --backend pycuda ${FRAMES:+--frames "$FRAMES"} $args --set asr.device=1 \
                 ${ASR_ARGS:-} --json "$OUT/asr-2gpu-$part.json" --png "$OUT/asr-2gpu-$part.png" 2>&1 \
                 | tee "$OUT/asr-2gpu-$part.log" | grep -v " INFO " || status=1
         done ;;
@@ -247,23 +249,35 @@ PYEOF
             | grep -v " INFO " | tail -40 || status=1 ;;
     soak-captures)
         # One soak of the GPU graph (SOAK_MINUTES, default 4; SOAK_SET: one --set, e.g.
-        # cycle.boundary_switch_interval_ms=2, the swap's interpreter-lock experiment) with its node logs kept, then
+        # cycle.boundary_switch_interval_ms=2, the swap's interpreter-lock experiment; SOAK_ARGS: any other soak
+        # arguments, e.g. "--reconciler inactive" or several "--set K=V"; SOAK_MODEL: qwen15 (default, the 1.5B bf16
+        # of config/gpu_demo.yaml) or l7b (the 7B INT4, made here if missing, ~51 s; SOAK_PARAMS then defaults to
+        # config/gpu_7b_int4.yaml); SOAK_NAME: the files' name, default soak) with its node logs kept, then
         # the CUDA graphs each node captured while serving (CudaBackend logs those at INFO: time, graph, count held;
         # the ones a prepare call captured ahead at DEBUG) beside the resident memory (each 10 s: its lowest and highest
         # sample; the soak samples every second): whether late
         # captures are the RSS steps of the fifteenth session's soaks.
-        make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
-        rm -rf "$OUT/logs/soak"
-        echo "== soak ${SOAK_MINUTES:-4} min ${SOAK_SET:-}"
-        VLA_EDGE_LOG_DIR="$OUT/logs/soak" ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST $PY -m vla_edge_ros.cli soak \
-            --minutes "${SOAK_MINUTES:-4}" --params config/gpu_demo.yaml --model "$MODELS/qwen15" \
-            ${SOAK_SET:+--set "$SOAK_SET"} --json "$OUT/soak.json" 2>&1 | grep -v " INFO " \
-            | tee "$OUT/soak.txt" || status=1
+        soak_model=${SOAK_MODEL:-qwen15}
+        case $soak_model in
+        qwen15) make_model qwen2.5-1.5b-random "$MODELS/qwen15" --dtype bf16
+                soak_params=${SOAK_PARAMS:-config/gpu_demo.yaml} ;;
+        l7b) make_model llama-2-7b-random "$MODELS/l7b" --weights int4
+             soak_params=${SOAK_PARAMS:-config/gpu_7b_int4.yaml} ;;
+        *) echo "SOAK_MODEL $soak_model: qwen15 or l7b"; status=1; continue ;;
+        esac
+        name=${SOAK_NAME:-soak}
+        rm -rf "$OUT/logs/$name"
+        echo "== $name: soak ${SOAK_MINUTES:-4} min, $soak_model, $soak_params ${SOAK_SET:-} ${SOAK_ARGS:-}"
+        # shellcheck disable=SC2086  # SOAK_ARGS: several words on purpose
+        VLA_EDGE_LOG_DIR="$OUT/logs/$name" ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST $PY -m vla_edge_ros.cli soak \
+            --minutes "${SOAK_MINUTES:-4}" --params "$soak_params" --model "$MODELS/$soak_model" \
+            ${SOAK_SET:+--set "$SOAK_SET"} ${SOAK_ARGS:-} --json "$OUT/$name.json" 2>&1 | grep -v " INFO " \
+            | tee "$OUT/$name.txt" || status=1
         for node in reasoning reconciler; do
             echo "== $node: CUDA graphs captured while serving (the last 40)"
-            grep -h "CUDA graph .* captured" "$OUT/logs/soak/$node.log" | tail -40
+            grep -h "CUDA graph .* captured" "$OUT/logs/$name/$node.log" 2>/dev/null | tail -40
         done
-        $PY - "$OUT/soak.json" <<'PYEOF'
+        $PY - "$OUT/$name.json" <<'PYEOF'
 import json, sys
 samples = json.load(open(sys.argv[1]))["memory_samples"]
 for node in ("reasoning", "reconciler"):               # sampled every second: each 10 s as its lowest-highest MiB
@@ -287,10 +301,16 @@ PYEOF
         awk '/issue_stalled/ { if ($NF + 0 < 0.3) next; sub(/smsp__average_warps_issue_stalled_/, "stall "); print; next }
              /^  attention_flash|launched|Duration|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Grid Size|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc Active/' \
             "$OUT/ncu_flash.txt" | head -200 ;;
+    asr-32k-pieces1)
+        # The A side of stage pieces: bench asr at 32768 slots as configured (steps whole), the same cycles.
+        echo "== bench asr --capacity 32768, steps whole"
+        $PY -m vla_edge_ros.cli bench asr --backend pycuda ${FRAMES:+--frames "$FRAMES"} --capacity 32768 --modes asr \
+            --max-cycles 2400 ${ASR_ARGS:-} --json "$OUT/asr-32k-pieces1.json" \
+            2>&1 | tee "$OUT/asr-32k-pieces1.log" | grep -v " INFO " || status=1 ;;
     pieces)
         # Reconciler steps run piece by piece (asr.step_layer_pieces, core/gap_steps.py): the CUDA piece graphs' bit
         # tests and the host generation board's IPC test, then bench asr at 32768 slots with PIECES (default 4)
-        # pieces (the A side: the same command without the key, asr-32k-pieces1, or an earlier run of it).
+        # pieces (the A side: stage asr-32k-pieces1, the same command without the key).
         echo "== layered forward and generation board tests"
         $PY -m pytest test/test_cuda_layered_forward.py test/test_cuda_ipc.py -q -rs 2>&1 | tee "$OUT/pieces_tests.log" \
             | tail -5 || status=1

@@ -69,10 +69,10 @@ def test_gemv_int4_items_loop_gives_the_same_sums(kn, gpu, blocks_per_sm):
 # blocks with fewer items and, with two rows per warp, a last step holding one; 64 leaves a grid of a few blocks.
 ITEM_GRIDS = [dict(items_per_block=ipb, rows_per_warp=rpw)
               for ipb, rpw in [(2, 1), (3, 1), (8, 1), (2, 2), (3, 2), (8, 2), (64, 2)]]
-# KernelPlan.int4_decode_lean_loop: the _lean entry of each grid (a block per item, the plan's looped gate/up, every
-# projection looped with one and two rows per warp).
-LEAN_GRIDS = [dict(lean=True), dict(lean=True, blocks_per_sm=1), dict(lean=True, items_per_block=3),
-              dict(lean=True, items_per_block=3, rows_per_warp=2)]
+# KernelPlan.int4_decode_lean_loop: the _lean entry of each grid (a block per item, every projection looped with one
+# and two rows per warp; the plan's looped gate/up, blocks_per_sm, loops only over more items than SMs: the
+# QKV_ROPE test's 256 items).
+LEAN_GRIDS = [dict(lean=True), dict(lean=True, items_per_block=3), dict(lean=True, items_per_block=3, rows_per_warp=2)]
 
 
 def _int4_grid_outputs(kn, stream, launch, out_init, variants):
@@ -130,11 +130,14 @@ def test_gemv_int4_items_per_block_gives_the_same_bits(kn, gpu, k):
     _modes_same_bits(kn, gpu, k, 128, ITEM_GRIDS, k)
 
 
-@pytest.mark.parametrize("k,group", [(1536, 128), (8960, 128), (4096, 128), (11008, 128), (640, 64), (96, 32)])
+@pytest.mark.parametrize("k,group", [(1536, 128), (8960, 128), (4096, 128), (11008, 128), (640, 64), (96, 32),
+                                     (8960, 32), (11008, 64), (4096, 256), (1536, 64)])
 def test_gemv_int4_lean_entries_give_the_same_bits(kn, gpu, k, group):
     """KernelPlan.int4_decode_lean_loop: the _lean entries (each chunk's scale by a shift, each nibble by one LOP3)
     write what the plain entries write, bit for bit, on every grid, in STORE, ADD and SWIGLU: the 1.5B's and the
-    7B's widths (K 11008 leaves a last batch partly past the row) and the tiny models' groups of 32 and 64."""
+    7B's widths (K 11008 leaves a last batch partly past the row) with groups of 32 to 256 (shifts 0 to 3), and the
+    tiny models' groups of 32 and 64. K 11008 at 4.5 K bytes of padded staging per 1024 columns is past the default
+    48 KB of dynamic shared memory: the launch needs the raised limit."""
     _modes_same_bits(kn, gpu, k, group, LEAN_GRIDS, k + group)
 
 

@@ -85,12 +85,13 @@ def test_projection_int4_modes_match_reference(kn, gpu, rows, k, n, group):
         _close(act.get(), ref.projection_ref(w_gu, x, MODE_SWIGLU, out_cols=inter), 5 * TOL, f"{case} SWIGLU")
 
 
-@pytest.mark.parametrize("rows,k,n,group", CASES + [(2048, 1536, 480, 128)])
+@pytest.mark.parametrize("rows,k,n,group", CASES + [(2048, 1536, 480, 128), (4096, 4096, 32, 32),
+                                                  (1024, 11008, 32, 128)])
 def test_the_lean_entries_give_the_same_bits(kn, gpu, rows, k, n, group):
     """lean (KernelPlan.int4_prefill_lean_loop, the _lean entries: each step's group by a shift, its first step and
     flush by masks) writes what the entries without it write, bit for bit: STORE with a bias, ADD in one K part,
     SWIGLU; ADD over the default K split to rounding (its atomics land in any order). 480 rows: a reconciler step of
-    15 frames, several token groups."""
+    15 frames, several token groups; the 7B's widths with groups of 32 and 128."""
     int4_projection_variant_case(gpu, kn.projection, rows, k, n, group, np.random.default_rng(rows * 11 + k + n + group),
                                  f"projection_int4 lean {rows}x{k} n={n} G{group}", dict(), dict(lean=True))
 

@@ -196,7 +196,11 @@ def test_the_activation_prefetch_gives_the_same_bits(kn, gpu, rows, k, n, group,
                                  dict(parts=parts, prefetch=False), dict(parts=parts, prefetch=True))
 
 
-@pytest.mark.parametrize("rows,k,n,group", CASES)
+# The 7B's widths (q|k|v over K 4096, down over K 11008) with groups of 32 and 128, for the lean entries' shifts.
+SEVEN_B_CASES = [(4096, 4096, 32, 32), (1024, 11008, 32, 128)]
+
+
+@pytest.mark.parametrize("rows,k,n,group", CASES + SEVEN_B_CASES)
 def test_the_lean_entry_gives_the_same_bits(kn, gpu, rows, k, n, group):
     """lean (KernelPlan.int4_prefill_lean_loop, the _lean entry: each step's group by a shift, its flush by a mask)
     gives the bits of the entry without it."""

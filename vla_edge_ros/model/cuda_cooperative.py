@@ -16,14 +16,15 @@ class CooperativeKernel:
     """One grid-synchronising kernel of `family` in `device`'s context, launched cooperatively with
     `dynamic_shared` bytes of dynamic shared memory (the caller checks it against `static_shared` first)."""
 
-    def __init__(self, device, arch: str, family: str, name: str, types: str, cubin_of, block: int):
+    def __init__(self, device, arch: str, family: str, name: str, types: str, cubin_of, block: int,
+                 options: tuple = ()):
         drv = _driver()
         self._drv = drv
         self.name = name
         self.block = int(block)
         self.dynamic_shared = 0
         self.blocks_per_sm = 0
-        self._fn = driver_function(device, arch, family, name, cubin_of)
+        self._fn = driver_function(device, arch, family, name, cubin_of, options)
         self._types = argument_types(types)
         self.static_shared = int(_check(drv.cuFuncGetAttribute(
             drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, self._fn), f"cuFuncGetAttribute({name})"))

@@ -330,6 +330,7 @@ class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
         self.max_shared = dev.get_attribute(self.drv.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self._fns = {}
         self._shared_limits: dict = {}    # kernel -> dynamic shared memory it may use (DYNAMIC_SHARED_KERNELS)
+        self.programmatic = None          # a cuda_pdl.ProgrammaticLauncher once enabled
         eager = [family for family in FAMILIES if family not in ON_DEMAND_FAMILIES]
         t0 = time.perf_counter()
         fresh = sum((device.handle, f, self.arch, family_options(f, kv_dtype)) not in _modules for f in eager)
@@ -347,7 +348,6 @@ class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
             self._load_family(family)
         log.info("%d kernel families ready for %s in %.1f s (%d loaded into this context: compiled, or from "
                  "PyCUDA's disk cache)", len(eager), self.arch, time.perf_counter() - t0, fresh)
-        self.programmatic = None          # a cuda_pdl.ProgrammaticLauncher once enabled
         self._cooperative: dict = {}      # kernel name -> cuda_cooperative.CooperativeKernel
         self._param_launchers: dict = {}  # family -> cuda_param_launch.ParamLauncher (by-value struct parameters)
 
@@ -362,9 +362,10 @@ class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
             log.warning("programmatic dependent launch needs sm_90 or newer; %s launches ordinarily", self.arch)
             return False
         try:
-            self.programmatic = cuda_pdl.ProgrammaticLauncher(self.device, self.arch, FAMILIES,
-                                                              lambda family: family_cubin(
-                                                                  family, self.arch, family_options(family, self.kv_dtype)))
+            self.programmatic = cuda_pdl.ProgrammaticLauncher(
+                self.device, self.arch, FAMILIES,
+                lambda family: family_cubin(family, self.arch, family_options(family, self.kv_dtype)),
+                lambda family: family_options(family, self.kv_dtype))
             for name in self._shared_limits:
                 if self.programmatic.handles(name):
                     self.programmatic.set_max_dynamic_shared(name, self._shared_limits[name])
@@ -400,6 +401,10 @@ class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
                     limit = self.max_shared - int(fn.get_attribute(self.drv.function_attribute.SHARED_SIZE_BYTES))
                     fn.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, limit)
                     self._shared_limits[name] = limit
+                    if self.programmatic is not None and self.programmatic.handles(name):
+                        # PDL launches its own copy of the kernel: loaded when PDL was enabled, possibly before this
+                        # family (then enable_programmatic_launch could not set its limit)
+                        self.programmatic.set_max_dynamic_shared(name, limit)
                 self._fns[name] = fn
 
     def attention_mma_entries(self) -> tuple:
@@ -589,7 +594,7 @@ class CudaKernels(Int4Launchers, AttentionLaunchers, BulkPrefillLaunchers):
             family = next(f for f, kernels in FAMILIES.items() if name in kernels)
             kernel = CooperativeKernel(self.device, self.arch, family, name, FAMILIES[family][name],
                                        lambda fam: family_cubin(fam, self.arch, family_options(fam, self.kv_dtype)),
-                                       GEMV_THREADS)
+                                       GEMV_THREADS, family_options(family, self.kv_dtype))
             self._cooperative[name] = kernel
         if kernel.dynamic_shared != shared:
             _check(shared + kernel.static_shared <= self.max_shared,

@@ -46,11 +46,13 @@ def _check(result, what: str):
     return _ok(result, what, ProgrammaticLaunchError)
 
 
-def driver_function(device, arch: str, family: str, name: str, cubin_of):
+def driver_function(device, arch: str, family: str, name: str, cubin_of, options: tuple = ()):
     """Kernel `name` of `family` as a cuda.bindings CUfunction in `device`'s context, its module loaded once
-    per (context, family, arch) from the cubin PyCUDA compiled (cubin_of(family) returns its bytes)."""
+    per (context, family, arch, options) from the cubin PyCUDA compiled (cubin_of(family) returns its bytes);
+    options: the family's nvcc options that cubin was compiled with (the KV arena's type: backends of both arena
+    types may share one context, and each must launch its own build)."""
     drv = _driver()
-    key = (device.handle, family, arch)
+    key = (device.handle, family, arch, tuple(options))
     with _lock:
         module = _modules.get(key)
         if module is None:
@@ -89,7 +91,7 @@ class ProgrammaticLauncher:
     `cubin_of(family)` returns the compiled cubin bytes of a family (cuda_kernels supplies it);
     `types_of(name)` the PyCUDA argument-type string of a kernel ('P' pointer, 'i' int, 'f' float)."""
 
-    def __init__(self, device, arch: str, families: dict, cubin_of):
+    def __init__(self, device, arch: str, families: dict, cubin_of, options_of=lambda family: ()):
         drv = _driver()
         self._drv = drv
         self._fns: dict = {}
@@ -99,7 +101,7 @@ class ProgrammaticLauncher:
             if not wanted:
                 continue
             for name in wanted:
-                self._fns[name] = driver_function(device, arch, family, name, cubin_of)
+                self._fns[name] = driver_function(device, arch, family, name, cubin_of, options_of(family))
                 self._types[name] = argument_types(kernels[name])
         attr = drv.CUlaunchAttribute()
         attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
