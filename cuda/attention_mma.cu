@@ -379,9 +379,8 @@ __device__ __forceinline__ void attention_partial_mma(
             if (st.m[r] == -INFINITY) continue;                 // saw nothing: not written, the merge skips it
             const int h = kvh * group + (qv[r] - (row[r] - r_begin) * group);
             const size_t base = ((size_t)row[r] * n_q_heads + h) * n_splits + split;
-            if (HALVES == 1)
-                store_partial_row<HD>(reinterpret_cast<const float (&)[HD / 8][4]>(st.o), r, st.m[r], st.l[r],
-                                      part_o, part_ml, base, t);
+            if constexpr (HALVES == 1)                          // st.o is the whole row's [HD / 8][4] then
+                store_partial_row<HD>(st.o, r, st.m[r], st.l[r], part_o, part_ml, base, t);
             else
                 store_partial_part<HD, HALVES>(st.o, r, st.m[r], st.l[r], part_o, part_ml, base, t, half);
         }

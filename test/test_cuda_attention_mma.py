@@ -73,17 +73,26 @@ def test_the_masked_softmax_entries_give_the_same_bits(kn, kn16, gpu, hq, kvh, h
                          norm_rtol=1e-4)
 
 
+# head_dim 128 beyond the 1.5B's group of 6: a 7B-like model without grouped queries (group 1: 64-row blocks, a
+# partial tile) and a group of 8
+HS_CASES = [c for c in CASES if c[2] == 128] + [(4, 4, 128, 130, 9), (8, 1, 128, 100, 12)]
+
+
 @pytest.mark.parametrize("arena", ["float32", "bfloat16"])
-@pytest.mark.parametrize("hq,kvh,hd,ctx,n", [c for c in CASES if c[2] == 128])
+@pytest.mark.parametrize("hq,kvh,hd,ctx,n", HS_CASES)
 def test_the_head_halves_entry_gives_the_same_bits(kn, kn16, gpu, hq, kvh, hd, ctx, n, arena):
     """attention_mma.cu's _hs entry (KernelPlan.attention_head_halves: two warps per tile, each keeping half of the
     head's P.V sums) gives every output and partial sum of the _b2 entry it splits, on both arenas, with its own
-    row blocks and with the _b2 entry's, and with splits walking several chunks."""
+    row blocks and with the _b2 entry's, with splits walking several chunks, and with blocks of more query vectors
+    than one round of 4 tiles serves (16 and 32 rows at a group of 6: two and three rounds, a chunk gathered again
+    after the last one of the round before)."""
     ga, stream = gpu
     args, arena_f32, expected = attention_inputs(ga, hq, kvh, hd, ctx, n, cap=512, seed=ctx + n + 1, row_offset=2,
                                                  poison_partials=True)
     kernels, args, _kv16 = on_arena(ga, kn, kn16, args, arena_f32, arena)
-    for variant in ({}, {"max_splits": 3}, {"max_splits": 1}, {"rows_per_block": 3}, {"rows_per_block": 10}):
+    for variant in ({}, {"max_splits": 3}, {"max_splits": 1}, {"rows_per_block": 3}, {"rows_per_block": 10},
+                    {"rows_per_block": 16}, {"rows_per_block": 16, "max_splits": 3},
+                    {"rows_per_block": 32, "max_splits": 2}):
         outs = _same_bits_under(kernels, args, stream, "head_halves", {"blocks_per_sm": 2, **variant})
         if arena == "float32":
             assert_close(outs[1][0], expected, rtol=1e-4, atol=2e-4 * peak(expected), what=f"halves {variant}",

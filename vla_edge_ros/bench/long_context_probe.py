@@ -51,6 +51,8 @@ PREFILL_VARIANTS = [("b2 r16", dict(blocks_per_sm=2, rows_per_block=16)),
                     ("b2 hs <= 66", dict(blocks_per_sm=2, max_splits=66, head_halves=True)),
                     ("b2 hs <= 33", dict(blocks_per_sm=2, max_splits=33, head_halves=True)),
                     ("b2 hs r10 <= 66", dict(blocks_per_sm=2, rows_per_block=10, max_splits=66, head_halves=True)),
+                    # _b2's grid and gathers (16-row blocks: two rounds of 4 tiles), only the warps' split differs
+                    ("b2 hs r16 <= 66", dict(blocks_per_sm=2, rows_per_block=16, max_splits=66, head_halves=True)),
                     ("b1 r16 <= 66", dict(blocks_per_sm=1, rows_per_block=16, max_splits=66)),
                     ("b1 r32 <= 66", dict(blocks_per_sm=1, rows_per_block=32, max_splits=66)),
                     ("b1 r32", dict(blocks_per_sm=1, rows_per_block=32))]

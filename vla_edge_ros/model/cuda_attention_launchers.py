@@ -41,8 +41,10 @@ ATTN_MMA_HEAD_DIMS = (32, 64, 128)
 ATTN_MMA_TARGET_QV = 128
 ATTN_MMA_MAX_QV = 256
 # The _hs entry (head_halves): two warps per 16-row tile, so one round of a block's 8 warps serves 4 tiles; a block
-# gets at most this many query vectors by default, so that a split's chunks are gathered once (a second round
-# gathers them again).
+# gets at most this many query vectors by default, so that a split walking several chunks gathers each once (a
+# second round gathers them again; a one-chunk split keeps its chunk). The price: more row blocks, so each chunk is
+# gathered by more blocks (the cycle's 32 rows at a group of 6: 4 blocks of 8 rows, against _b2's 2 of 16); the
+# long-context probe's "hs r16" row has _b2's blocks, to tell the two apart.
 ATTN_MMA_HS_TARGET_QV = 64
 
 
