@@ -254,6 +254,9 @@ def test_tail_settings_are_validated():
         AdmissionConfig(tail_quantile=1.0)
     with pytest.raises(config.ConfigError, match="tail_window"):
         AdmissionConfig(tail_window=0)
+    with pytest.raises(config.ConfigError, match=f"at least {config.TAIL_MIN_SAMPLES}"):
+        AdmissionConfig(tail_window=config.TAIL_MIN_SAMPLES - 1)     # would never hold a tail: the mean alone
+    assert AdmissionConfig(tail_window=config.TAIL_MIN_SAMPLES).tail_window == config.TAIL_MIN_SAMPLES
 
 
 def _seed_refusing(ctl: AdmissionController, cost_ms: float, context: int) -> None:

@@ -12,7 +12,7 @@ import pytest
 from engine_oracle import cosine, oracle_logits
 from test_reconciliation import COS_EXACT, Rig, contiguous, drain
 
-from vla_edge_ros.core.gap_steps import GapSteps
+from vla_edge_ros.core.gap_steps import PIECE_PATIENCE, GapSteps
 from vla_edge_ros.core.reconciliation import Phase
 from vla_edge_ros.core.slack_scheduler import SlackScheduler
 
@@ -219,3 +219,35 @@ def test_a_piece_that_fails_leaves_no_step_in_flight(tiny_model_dir, model, clip
     assert not rec.step_in_flight and not rec.state.appending and rec.frames_to_compute == todo
     drain(rec)                                    # the round goes on with whole steps
     assert rec.phase is Phase.READY
+
+
+def test_a_step_in_pieces_whose_pieces_stop_fitting_is_given_up_for_one_that_fits(tiny_model_dir, model, clip):
+    """The gaps shrink under a step begun in pieces (the primary's cycles grow with its state): its next piece,
+    of a fixed size, never fits again and nothing relaxes it, while a smaller step would fit. After PIECE_PATIENCE
+    plans it is given up (its frames are computed by a later step) and the round goes on in steps that fit."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
+                                              "asr.step_layer_pieces": 2})
+    for _ in range(12):
+        rig.cycle(reconcile=False)
+    rec, sched = rig.rec, _seeded_scheduler(rig)
+    steps = GapSteps(rec, sched, 2)
+    share = rec.state.piece_share(2)
+
+    def gap(ms):
+        left, ran = [ms], []
+
+        def record(kind, frames, _ms):
+            left[0] -= sched.costs.estimate(frames) * (share if kind == "piece" else 1.0)
+            ran.append((kind, frames))
+        rec.receive()
+        sched.new_window(ms)
+        steps.run(lambda: left[0], record)
+        return ran
+
+    assert gap(GAP_MS) == [("piece", 4)] and rec.in_flight_frames == 4
+    small = next(ms for ms in np.arange(GAP_MS, 0.0, -0.25) if 1 <= sched.fitting_frames(ms, share=share) < 4)
+    todo = rec.frames_to_compute
+    runs = [gap(small) for _ in range(PIECE_PATIENCE)]
+    assert steps.summary()["pieced_steps_given_up"] == 1, runs
+    assert rec.frames_to_compute < todo, "the round made no progress in the smaller gaps"
+    assert all(frames < 4 for run in runs for _kind, frames in run), runs

@@ -645,3 +645,32 @@ def test_with_an_offer_loader_a_boundary_applies_only_offers_it_has_prepared(tin
     finally:
         gate.set()
         rig.driver.close()
+
+
+def test_an_offer_the_loader_cannot_prepare_leaves_it_preparing_the_next(tiny_model_dir, model, clip):
+    """An offer whose layout the slots refuse (more frames than fit: the slot manager's own error, not a
+    SnapshotError) is marked prepared and left to the boundary's checks, which refuse it; the loader's thread
+    lives on and prepares the next offer (it used to end there, and no later offer was ever applied)."""
+    from vla_edge_ros.core.offer_loader import OfferLoader
+    from vla_edge_ros.core.state_snapshot import SnapshotFrame
+    rig = Rig(tiny_model_dir, model, clip)
+    state, tpf = rig.primary.state, rig.cfg.vision.tokens_per_frame
+    spec, p0 = state.backend.spec, state.prefix_tokens
+
+    def snapshot(version, n):
+        frames = [SnapshotFrame(i, 0.0, p0 + i * tpf, np.ones(spec.hidden_size, np.float32)) for i in range(n)]
+        kv = np.zeros((2, spec.num_layers, n * tpf, spec.kv_dim), np.float32)
+        return StateSnapshot(version, frames, kv, p0 + n * tpf, np.asarray(state.prefix_ids))
+
+    loader = OfferLoader(state.prepare_swap)
+    try:
+        loader.submit(snapshot(1, state.kv.capacity // tpf + 1))
+        loader.submit(snapshot(2, 2))
+        deadline = time.monotonic() + 10.0
+        while not loader.prepared(2) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert loader.prepared(1) and loader.prepared(2)
+        with pytest.raises(SnapshotError, match="slots"):
+            state.import_state(snapshot(1, state.kv.capacity // tpf + 1))     # what the boundary says of it
+    finally:
+        loader.close()

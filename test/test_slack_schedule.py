@@ -21,6 +21,7 @@ from vla_edge_ros.core.footage import read_clip
 from vla_edge_ros.core.frames import Frame
 from vla_edge_ros.core.reconciliation import StateReconciler
 from vla_edge_ros.core.slack_scheduler import HEADROOM, PROBE_MIN_SHARE, SlackScheduler
+from vla_edge_ros.core.step_costs import StepCosts
 from vla_edge_ros.core.swap_protocol import ReconcilerWorker, SnapshotStore
 
 READER = """
@@ -143,6 +144,52 @@ def test_an_offer_of_unknown_cost_needs_most_of_its_gap_as_a_probe_step_does():
         sched.observe_offer(6.0)
     sched.new_window(20.0)                                    # measured: planned by its cost, wherever it falls
     assert sched.offer_fits(2.0 + HEADROOM * 6.0) and not sched.offer_fits(2.0 + HEADROOM * 6.0 - 0.1)
+
+
+def test_an_offer_of_unknown_cost_waits_for_half_a_gap_only_so_long():
+    """Once a round has caught up, each gap's first step computes the frame that just arrived; where it takes more
+    than half the gap, no gap leaves an unmeasured export its share, and nothing would ever measure one. So after
+    UNKNOWN_OFFER_PATIENCE gaps it takes any usable time, as before the share rule."""
+    from vla_edge_ros.core.slack_scheduler import UNKNOWN_OFFER_PATIENCE
+    sched = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=2.0)
+    tried = []
+    for _ in range(UNKNOWN_OFFER_PATIENCE + 1):
+        sched.new_window(20.0)
+        tried.append(sched.offer_fits(7.0))                   # 13 ms of the gap went to its step
+    assert tried == [False] * UNKNOWN_OFFER_PATIENCE + [True]
+    assert not sched.offer_fits(2.0), "still only in usable time"
+
+
+def test_a_gap_the_driver_plans_twice_is_declined_once():
+    """The node's worker plans each gap twice (steps, the inbox drained, steps again): a gap that fits nothing
+    counts once toward starvation and its relaxation, as STARVED_AFTER_WINDOWS says, not twice."""
+    from vla_edge_ros.core.slack_scheduler import STARVED_AFTER_WINDOWS
+    sched = SlackScheduler(tokens_per_frame=32, max_tokens_per_step=128, margin_ms=2.0)
+    sched.observe(20.0, 32)                                   # warm-up
+    for _ in range(4):
+        sched.observe(12.0, 32)
+    for _ in range(STARVED_AFTER_WINDOWS - 1):
+        sched.new_window(9.0)
+        assert sched.frames_for(9.0) == 0 and sched.frames_for(8.0) == 0
+    assert not sched.starved and sched.windows_too_small == STARVED_AFTER_WINDOWS - 1
+    sched.new_window(9.0)
+    sched.frames_for(9.0)
+    assert sched.starved
+
+
+def test_relaxing_an_estimate_that_follows_the_context_never_raises_it():
+    """asr.step_cost_follows_context: samples moved to the context planned for, then relaxed by the same factor
+    and floored by the moved samples. Relaxed as one figure taken from the samples as measured, the estimate at
+    the start of a round (little context) went up: 1.5 -> 4.75 ms here."""
+    costs = StepCosts(follow_context=True)
+    costs.observe(1, 99.0, 100)                               # warm-up
+    for i in range(16):                                       # 1 ms + 0.001 ms per context token
+        costs.observe(1, 1.0 + 0.001 * 1000 * (i + 1), 1000 * (i + 1))
+    early, late = costs.estimate(1, 500), costs.estimate(1, 16000)
+    assert early == pytest.approx(1.5, abs=0.05) and late == pytest.approx(17.0, abs=0.3)
+    assert costs.relax(0.5, 10)
+    assert costs.estimate(1, 500) <= early and costs.estimate(1, 16000) <= late
+    assert costs.estimate(1, 16000) >= 0.5 * late, "never below what half the factor allows"
 
 
 @pytest.fixture(scope="module")

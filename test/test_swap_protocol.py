@@ -214,6 +214,30 @@ def test_worker_failure_stops_offers_but_not_the_caller(cfg, frames, tmp_path):
         worker.stop()
 
 
+def test_a_worker_failing_with_an_error_of_its_own_kind_says_so_too(cfg, frames, tmp_path):
+    """pycuda's errors (a device fault under a step or an export) are not Python's RuntimeError: such an error
+    also stops the offers with its reason kept, instead of ending the worker's thread with its last offer still
+    handed out and no reason."""
+    class DeviceFault(Exception):                          # as pycuda._driver.Error: a plain Exception subclass
+        pass
+
+    worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / "snaps"))
+
+    def failing_publish(snap):
+        raise DeviceFault("an illegal memory access was encountered")
+
+    worker.store.publish = failing_publish
+    worker.start()
+    try:
+        for f in frames[:11]:
+            worker.on_chunk(f, 0)
+        _wait(lambda: worker.error is not None, "the worker to fail")
+        assert worker.reconciler.phase is Phase.STOPPED and worker.answer().offer is None
+        assert "DeviceFault" in worker.summary()["worker_error"]
+    finally:
+        worker.stop()
+
+
 # ----------------------------------------------------------------------------
 # Reasoning side state machine
 

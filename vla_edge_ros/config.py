@@ -58,6 +58,7 @@ SWAP_FINISHES = ("boundary", "next_cycle")
 SEMANTIC_TRIGGERS = ("evictions", "fill")
 EXECUTORS = ("events", "single_threaded")
 MIN_EXPORT_BUFFERS = 3        # asr.export_buffers: the newest offer, the one being copied, one to export into
+TAIL_MIN_SAMPLES = 10         # a tail quantile needs this many samples (core/sample_window.py; before: the mean alone)
 GIB = 1024 ** 3
 
 
@@ -158,7 +159,9 @@ class AdmissionConfig:
     def __post_init__(self):
         if not 0.0 <= self.tail_quantile < 1.0:
             raise ConfigError(f"admission.tail_quantile must be in [0, 1), got {self.tail_quantile}")
-        _positive(self, "tail_window", "admission")
+        if self.tail_window < TAIL_MIN_SAMPLES:     # a window of fewer ratios never has a tail: admission on the mean
+            raise ConfigError(f"admission.tail_window must be at least {TAIL_MIN_SAMPLES} (the ratios a tail needs), "
+                              f"got {self.tail_window}; admission.tail_quantile 0 admits on the mean")
         if not 0.0 <= self.probe_on_context_shrink < 1.0:
             raise ConfigError(f"admission.probe_on_context_shrink must be in [0, 1), got {self.probe_on_context_shrink}")
         if not 0.0 < self.ema_alpha <= 1.0:

@@ -17,6 +17,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+# A step begun in pieces whose next piece has not fitted this many plans in a row (the node plans twice per gap)
+# is given up and planned afresh: the gaps shrank under it (the primary's cycles grow with its state), and a piece
+# of fixed size never relaxes into them while a smaller step would fit.
+PIECE_PATIENCE = 8
+
 
 @dataclass
 class _Pieced:
@@ -25,6 +30,7 @@ class _Pieced:
     context: int
     ms: float = 0.0
     host_ms: float = 0.0
+    declined: int = 0               # plans in a row its next piece did not fit
 
 
 class GapSteps:
@@ -36,7 +42,8 @@ class GapSteps:
         self.pieced_steps = 0            # steps run piece by piece to their end
         self.pieces_run = 0
         self.pieced_given_up = 0         # steps in pieces not finished here: their round ended before their last
-                                         # piece, or a tick finished them (no primary cycles to leave room for)
+                                         # piece, a tick finished them (no primary cycles to leave room for), or
+                                         # their pieces stopped fitting the gaps (PIECE_PATIENCE)
 
     def summary(self) -> dict:
         """What the steps in pieces did (the diagnostics' and bench asr's reconciler figures)."""
@@ -55,12 +62,20 @@ class GapSteps:
             self.pieced_given_up += 1
         while rec.frames_to_compute:
             if rec.step_in_flight:
-                if self._pieced is None:              # started elsewhere: planned at the state it has now
-                    self._pieced = _Pieced(rec.in_flight_frames, rec.state.kv.used_slots)
+                if self._pieced is None:              # started elsewhere: planned at the context it started with
+                    started = rec.in_flight_frames
+                    self._pieced = _Pieced(started, rec.state.kv.used_slots - started * rec.tpf)
                 p = self._pieced
                 share = rec.state.piece_share(self.pieces)
                 if not sched.plan_piece(ms_left(), p.frames, share, p.context):
-                    break
+                    p.declined += 1
+                    if p.declined < PIECE_PATIENCE:
+                        break
+                    rec.give_up_step()                # its frames go to a step that fits the gaps as they are now
+                    self._pieced = None
+                    self.pieced_given_up += 1
+                    continue
+                p.declined = 0
                 fitted = True
                 tokens, ms, host_ms = self._timed(rec.step_piece, guard)
                 spent += ms / 1e3

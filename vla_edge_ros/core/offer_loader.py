@@ -55,6 +55,10 @@ class OfferLoader:
                 self._prepare(snap)
             except SnapshotError as exc:      # the boundary rejects it with the same error, in its checks' order
                 log.debug("offer v%d not prepared: %s", snap.version, exc)
+            except Exception as exc:          # e.g. a layout that does not fit the slots: the boundary's own checks
+                # refuse it there; this thread must live on for the next offers (it used to end here, silently)
+                log.warning("offer v%d not prepared (%s: %s); left to the boundary's checks", snap.version,
+                            type(exc).__name__, exc)
             with self._lock:
                 self._prepared.add(snap.version)
                 if len(self._prepared) > 64:  # versions only grow: the oldest are never asked about again

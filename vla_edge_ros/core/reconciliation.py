@@ -311,6 +311,12 @@ class StateReconciler:
         batch, self._in_flight = self._in_flight, None
         return self._computed(batch)
 
+    def give_up_step(self) -> None:
+        """Give up the step in flight, if any: the pieces run so far are lost, its frames are computed by a later
+        step (the slack schedule's way out when its pieces no longer fit the gaps, core/gap_steps.py)."""
+        if self._in_flight is not None:
+            self._drop_step_in_flight()
+
     @property
     def step_in_flight(self) -> bool:
         """A step runs piece by piece (begin_step) and has pieces left."""

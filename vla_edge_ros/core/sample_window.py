@@ -21,7 +21,7 @@ import math
 from bisect import bisect_left, insort
 from collections import deque
 
-TAIL_MIN_SAMPLES = 10     # fewer samples than this: no tail yet (admission: the mean alone, as the first seconds)
+from ..config import TAIL_MIN_SAMPLES    # fewer samples than this: no tail yet (the mean alone)
 
 
 def sorted_quantile(values, q: float) -> float:

@@ -53,6 +53,10 @@ RELAX_FLOOR_PERCENTILE = 10
 # spread, and the share of it spent on the host before the device work was queued, say which kind of cost grew.
 RECENT_STEPS = 256
 PROBE_MIN_SHARE = 0.5   # a step of unknown cost starts only with at least this share of its gap left
+# An offer of unknown cost waits for PROBE_MIN_SHARE of a gap at most this many gaps in a row, then takes any usable
+# time: once a round has caught up, each gap's first step computes the frame that just arrived, and where that
+# step takes more than half the gap no gap would ever leave the share (nothing measures an export beforehand).
+UNKNOWN_OFFER_PATIENCE = 8
 
 
 class SlackScheduler:
@@ -79,6 +83,9 @@ class SlackScheduler:
         self._offers_declined_in_a_row = 0
         self._probe_allowed = True                          # a step of unknown cost: first in a window only
         self._gap_ms: float | None = None                   # the whole current gap, where the driver knows it
+        self._declined_this_window = False                  # a gap that fits nothing counts once, however often
+                                                            # the driver asks (the node plans twice per gap)...
+        self._windows_announced = False                     # ... where the driver announces its gaps (new_window)
         self._recent: deque = deque(maxlen=RECENT_STEPS)    # (ms per token, host ms per token or None)
 
     # ------------------------------------------------------------------ plans
@@ -88,6 +95,8 @@ class SlackScheduler:
         the cycle's end to the next boundary (None: unknown, any usable time will do for a probe)."""
         self._probe_allowed = True
         self._gap_ms = gap_ms
+        self._declined_this_window = False
+        self._windows_announced = True
 
     def frames_for(self, window_ms: float, context_tokens: int | None = None) -> int:
         """Whole frames to compute in a window of `window_ms` (0: wait for the next window): the largest step
@@ -131,12 +140,14 @@ class SlackScheduler:
     def offer_fits(self, window_ms: float) -> bool:
         """Whether exporting an offer fits the window. An export of unknown cost (a process's first, which is its
         warm-up, and the one after) is tried as a step of unknown cost is: with at least PROBE_MIN_SHARE of the
-        gap left (any usable time where the gap is unknown). On the H200 at 32768 slots both such offers were
-        tried in what was left of a gap after its steps and ran 12-22 ms past the boundary."""
+        gap left (any usable time where the gap is unknown), for UNKNOWN_OFFER_PATIENCE gaps, then in any usable
+        time. On the H200 at 32768 slots both such offers were tried in what was left of a gap after its steps
+        and ran 12-22 ms past the boundary."""
         usable = window_ms - self.margin_ms
         estimate = self.offer_cost.value
         if estimate is None:
-            fits = usable > 0 and (self._gap_ms is None or window_ms >= PROBE_MIN_SHARE * self._gap_ms)
+            patient = self._offers_declined_in_a_row < UNKNOWN_OFFER_PATIENCE
+            fits = usable > 0 and (self._gap_ms is None or not patient or window_ms >= PROBE_MIN_SHARE * self._gap_ms)
         else:
             fits = usable > 0 and HEADROOM * estimate <= usable
         if fits:
@@ -217,6 +228,9 @@ class SlackScheduler:
         return best
 
     def _decline(self) -> int:
+        if self._declined_this_window:
+            return 0
+        self._declined_this_window = self._windows_announced
         self.windows_too_small += 1
         self._declined_in_a_row += 1
         if self._declined_in_a_row % STARVED_AFTER_WINDOWS == 0 and self.costs.relax(RELAX_FACTOR,

@@ -52,20 +52,25 @@ CONTEXT_MIN_SPREAD = 1.25     # ... and its upper half's median context at least
 
 
 class CostTrack:
-    """The cost of one kind of step (ms): the median of its latest samples, after a warm-up sample."""
+    """The cost of one kind of step (ms): the median of its latest samples, after a warm-up sample.
+
+    Relaxed (a starved schedule, core/slack_scheduler.py), the estimate is the median times a factor, never
+    below a low percentile of the samples: kept as that factor and percentile rather than as one figure, so that
+    an estimate moved to another context (value_at) is relaxed by the same factor and floored by the samples
+    moved there too. As one figure, taken from the samples as measured, it stood for every context: above the
+    moved estimate early in a round (relaxing raised it), below any sample's cost late in one."""
 
     def __init__(self):
         self.samples: deque = deque(maxlen=SAMPLES_KEPT)
         self.contexts: deque = deque(maxlen=SAMPLES_KEPT)   # the context tokens of each sample (None: unknown)
         self.warmup_ms: float | None = None           # the first sample: not a measurement
-        self._relaxed: float | None = None            # a lowered estimate, until the next sample
+        self._relax_factor = 1.0                      # until the next sample
+        self._relax_floor = 0.0                       # the percentile of the samples it never goes below
 
     @property
     def value(self) -> float | None:
         """The cost to plan with (None before a sample past the warm-up)."""
-        if self._relaxed is not None:
-            return self._relaxed
-        return percentile(self.samples, 50) if self.samples else None
+        return self._relaxed(self.samples) if self.samples else None
 
     def observe(self, ms: float, context: int | None = None) -> None:
         if self.warmup_ms is None:
@@ -73,15 +78,16 @@ class CostTrack:
             return
         self.samples.append(float(ms))
         self.contexts.append(None if context is None else int(context))
-        self._relaxed = None
+        self._relax_factor = 1.0
 
     def value_at(self, context: int, ms_per_context: float) -> float | None:
         """The cost to plan with at `context` tokens held: each sample moved there by ms_per_context per token
-        (samples of unknown context as they are), then their median; as `value` while relaxed or without a slope."""
-        if self._relaxed is not None or not ms_per_context or not self.samples:
+        (samples of unknown context as they are), then their median (relaxed as `value` is); as `value` without
+        a slope."""
+        if not ms_per_context or not self.samples:
             return self.value
-        return percentile([ms if c is None else ms + ms_per_context * (context - c)
-                           for ms, c in zip(self.samples, self.contexts)], 50)
+        return self._relaxed([ms if c is None else ms + ms_per_context * (context - c)
+                              for ms, c in zip(self.samples, self.contexts)])
 
     def context_slope(self) -> float | None:
         """ms per context token between the medians of the lower and upper half of the samples by context
@@ -102,11 +108,17 @@ class CostTrack:
         current = self.value
         if current is None:
             return False
-        floor = percentile(self.samples, floor_percentile)
-        if floor >= current:
+        if percentile(self.samples, floor_percentile) >= current:
             return False
-        self._relaxed = max(floor, current * factor)
+        self._relax_factor *= factor
+        self._relax_floor = floor_percentile
         return True
+
+    def _relaxed(self, samples) -> float:
+        median = percentile(samples, 50)
+        if self._relax_factor >= 1.0:
+            return median
+        return max(percentile(samples, self._relax_floor), median * self._relax_factor)
 
 
 class StepCosts:

@@ -294,7 +294,7 @@ class ReconcilerWorker:
                     self._publish(snap)
                 elif self.offer is not None and rec.live_offer_version == 0:
                     self._withdraw()             # its round was applied (or aborted): nothing left to hand out
-            except (KeyError, ValueError, RuntimeError, ArithmeticError, MemoryError, OSError) as exc:
+            except Exception as exc:             # pycuda's errors are not Python's RuntimeError: any of them
                 # The reasoning node does not depend on us: stop offering, keep the node up, say why.
                 log.exception("reconciler worker failed; no further offers")
                 self.error = exc
