@@ -120,7 +120,10 @@ def test_bench_asr_runs_the_three_modes_through_the_rounds(asr_run):
                     "exact_state_fraction",
                     "approximate_evictions"):
             assert key in s, (mode, key)
-        assert s["cycles"] == len(s["timeline"]) == data["modes"]["asr"]["cycles"]
+        assert s["cycles"] == len(s["timeline"])
+        # the baselines cover ASR's span; sync goes on to its own rounds (Fig. 6 wants them in its panel too)
+        assert (s["cycles"] >= data["modes"]["asr"]["cycles"]) if mode == "sync" else (
+            s["cycles"] == data["modes"]["asr"]["cycles"])
         # Rounds are counted from the timeline: swaps (asr) or rebuilds (sync) marked on their cycles.
         assert s["rounds"] == sum(1 for c in s["timeline"] if c["event"])
         assert s["refused"] == s["outcomes"].get("refused_budget", 0)
@@ -142,7 +145,7 @@ def test_bench_asr_runs_the_three_modes_through_the_rounds(asr_run):
     applied = asr["swap_apply_ms"]
     assert 0 < applied["p50"] <= applied["p99"] <= applied["max"] == max(c["swap_ms"] or 0 for c in asr["timeline"])
     assert data["config"] == "package defaults" and asr["reconciler"]["offers_deferred"] is not None
-    assert sync["rounds"] >= 1 and all(c["event"] in ("", "rebuild") for c in sync["timeline"])
+    assert sync["rounds"] >= data["rounds_wanted"] and all(c["event"] in ("", "rebuild") for c in sync["timeline"])
     assert sync["exact_state_fraction"] == 1.0 and sync["approximate_evictions"] == 0
     assert approx["rounds"] == 0 and approx["approximate_evictions"] > 0 and approx["exact_state_fraction"] < 1.0
 
@@ -313,3 +316,61 @@ def test_bench_asr_says_how_its_steps_in_pieces_went(capsys):
     out = capsys.readouterr().out
     assert "asr: steps in 4 pieces of layers: 7 finished (29 pieces run), 1 not finished in the gaps" in out
     assert "sync: steps in" not in out
+
+
+def _record(i, ms, phase="idle", event="", reason="action", frames=100, **extra):
+    return {"i": i, "latency_ms": ms, "reason": reason, "phase": phase, "event": event, "frames": frames,
+            "state_exact": True, **extra}
+
+
+def test_bench_asr_counts_what_a_swap_or_rebuild_costs_the_cycles_after_it_as_reconciling():
+    """The cycle after a swap writes the swap's late frames (asr.swap_finish next_cycle) and starts late when the
+    boundary overran; a synchronous rebuild of seconds delays the cycles after it. Counted by their phase ("idle")
+    they were steady cycles, and the ratio read 0.96 on the H200's 32K run where it was 1.10."""
+    from vla_edge_ros.bench.asr_report import reconciling_flags, summarize
+    steady = [_record(i, 20.0) for i in range(200)]
+    rounds = [_record(200, 21.0, "catching_up"), _record(201, 21.0, "ready", event="swap"),
+              _record(202, 37.0, late_start_ms=0.2),                        # the swap's late frames: its cost
+              _record(203, 20.0, late_start_ms=0.1)]                        # on time again: steady
+    flags = reconciling_flags(steady + rounds)
+    assert flags[-4:] == [True, True, True, False] and not any(flags[:200])
+    done = summarize({"cycles": steady + rounds, "reconciler": {}}, 33.3)
+    assert done["p99_reconciling_ms"] == pytest.approx(37.0, abs=0.5) and done["p99_steady_ms"] == 20.0
+    assert done["reconciling_cycles"] == 3 and done["steady_cycles"] == 201
+    # sync: a rebuild of 300 ms delays the next cycles, each starting late until one is on time
+    sync = ([_record(0, 300.0, "rebuild", event="rebuild"), _record(1, 260.0, late_start_ms=250.0),
+             _record(2, 190.0, late_start_ms=180.0), _record(3, 21.0, late_start_ms=0.3), _record(4, 20.0)])
+    assert reconciling_flags(sync) == [True, True, True, False, False]
+
+
+def test_bench_asr_exact_share_is_of_actions_on_the_state_they_were_served_on(capsys):
+    """A cycle that evicted approximately and was followed by a swap was served on an approximate state, though
+    the state after it (the swap's) is exact; refused cycles serve nothing. A re-base that forgot every frame is
+    said, not hidden behind "0 approximate evictions"."""
+    from vla_edge_ros.bench.asr_report import print_summary, summarize
+    cycles = [_record(i, 20.0, served_exact=True) for i in range(996)]
+    cycles += [_record(996, 20.0, served_exact=False),                      # evicted, then the swap came
+               _record(997, 0.5, reason="refused_budget", served_exact=False),
+               _record(998, 20.0, rebase_forgotten=1020, served_exact=True), _record(999, 20.0, served_exact=True)]
+    done = summarize({"cycles": cycles, "reconciler": {}}, 33.3)
+    assert done["exact_state_fraction"] == pytest.approx(998 / 999) and done["actions_on_approximate_state"] == 1
+    assert done["rebases"] == 1 and done["rebase_forgotten_frames"] == 1020
+    print_summary({"asr": done}, [])
+    out = capsys.readouterr().out
+    assert " 0.999 " in out, "an exact share below 1 never prints as 1.00"
+    assert "1 actions on an approximate state" in out and "1 RoPE re-bases forgot 1020 frames" in out
+
+
+def test_bench_asr_reads_gzipped_runs_back_and_refuses_summaries_without_timelines(tmp_path):
+    import gzip
+    from vla_edge_ros.bench.asr_report import load_runs
+    run = {"suite": "asr", "deadline_ms": 33.3, "capacity_tokens": 4096, "backend": "pycuda",
+           "modes": {"asr": {"timeline": [_record(0, 20.0)], "reconciler_stats": {}}}}
+    with gzip.open(tmp_path / "a.json.gz", "wt") as f:
+        json.dump(run, f)
+    runs, meta = load_runs([tmp_path / "a.json.gz"])
+    assert runs["asr"]["cycles"][0]["latency_ms"] == 20.0 and meta["backend"] == "pycuda"
+    old = dict(run, modes={"asr": {"cycles": 10, "reconciler_stats": {}}})
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="summary only"):
+        load_runs([tmp_path / "old.json"])

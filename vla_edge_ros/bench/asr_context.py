@@ -23,21 +23,23 @@ BUCKET_FRAMES = 25          # frames per bucket of held state (32 tokens a frame
 MIN_STEADY = 5              # steady cycles a bucket needs before its median is a baseline
 
 
-def matched_context(cycles: list, busy_phases, steady_phases) -> dict | None:
+def matched_context(cycles: list, flags: list) -> dict | None:
     """{"p50", "p99": reconciling cycles' latency over their bucket's steady median; "steady_p99": the same for
     the steady cycles themselves (the baseline's own spread); "compared", "reconciling": cycles compared and
     reconciling action cycles in all; "buckets": buckets used} over action cycles only (a fallback's latency is
-    not a cycle's cost); None when no bucket has both."""
+    not a cycle's cost); flags: asr_report.reconciling_flags (True reconciling, False steady, None neither). None
+    when no bucket has both. A cycle that re-based its positions ran on what the re-base kept, not on its
+    predecessor's count: left out."""
     held = [c["frames"] for c in cycles]
     steady: dict[int, list] = {}
     busy: list[tuple[int, float]] = []
-    for i, c in enumerate(cycles):
-        if c["reason"] != "action":
+    for i, (c, flag) in enumerate(zip(cycles, flags)):
+        if c["reason"] != "action" or c.get("rebase_forgotten"):
             continue
         bucket = int(held[i - 1] if i else held[0]) // BUCKET_FRAMES
-        if c["phase"] in steady_phases:
+        if flag is False:
             steady.setdefault(bucket, []).append(c["latency_ms"])
-        elif c["phase"] in busy_phases:
+        elif flag is True:
             busy.append((bucket, c["latency_ms"]))
     medians = {b: float(np.median(v)) for b, v in steady.items() if len(v) >= MIN_STEADY}
     ratios = [ms / medians[b] for b, ms in busy if b in medians]

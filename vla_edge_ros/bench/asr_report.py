@@ -8,7 +8,20 @@ two processes). A record: i, t_s, latency_ms, reason, phase (reconciler phase
 at the cycle's start, "rebuild" for a synchronous rebuild), event ("swap",
 "rebuild" or ""), evicted (frames the primary's policy dropped approximately
 this cycle), rounds_started / rounds_aborted (running totals after the
-cycle's gap), frames, state_version, approximate_evictions, state_exact.
+cycle's gap), frames, state_version, approximate_evictions, state_exact (after
+the cycle and its swap), served_exact (the state the cycle was served on),
+late_start_ms (how far earlier work ran past its boundary), rebase_forgotten
+(frames a RoPE re-base forgot in this cycle); the last three are missing from
+runs made before they were kept.
+
+Which cycles reconciliation costs (`reconciling_flags`): those that started
+during a round (or carried a synchronous rebuild), the cycle right after a
+swap or rebuild (a swap's late frames are written at its start with
+asr.swap_finish next_cycle; an overrun of the boundary delays it), and any
+cycle after one of those that still started late (a rebuild of seconds delays
+several). Counted by phase alone, those cycles were "steady": on the H200's
+32K run of 2026-12-05 the two slowest steady cycles were the two after swaps,
+and the ratio read 0.96 where it is 1.10.
 
 Fig. 6 of reference/csr-asr-paper.md shows TTFT per query through eviction
 cycles, with and without ASR. Here: one panel per mode (same axes: cycle
@@ -20,6 +33,7 @@ progress.
 """
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -35,6 +49,9 @@ BUSY_PHASES = ("warming", "catching_up", "ready")     # a reconciliation is in p
 REBUILD_PHASE = "rebuild"                             # the cycle that carried a synchronous rebuild (sync)
 STEADY_PHASES = ("idle", "absent")
 REFUSED = "refused_budget"
+LATE_START_MS = 1.0         # a cycle that started this much after its boundary was delayed by earlier work
+SETTINGS_COMPARED = ("backend", "model", "hz", "asr_mode", "threshold", "evict_fraction", "work", "overrides",
+                     "config", "eviction_policy")    # files re-tabled together: differences are said
 MAX_CAUSES_PRINTED = 12     # fallbacks described one per line under the table (the JSON keeps them all)
 DEADLINE_MISSED = "deadline_missed"
 
@@ -43,11 +60,36 @@ DEADLINE_MISSED = "deadline_missed"
 # Summary
 
 
+def reconciling_flags(cycles: list) -> list:
+    """Per cycle: True where reconciliation costs it (the module docstring), False for a steady cycle, None for
+    neither (a stopped reconciler)."""
+    flags, previous = [], False
+    for i, c in enumerate(cycles):
+        after_event = i > 0 and bool(cycles[i - 1]["event"])
+        spill = previous and (c.get("late_start_ms") or 0.0) > LATE_START_MS
+        if c["phase"] in BUSY_PHASES or c["phase"] == REBUILD_PHASE or after_event or spill:
+            flag = True
+        elif c["phase"] in STEADY_PHASES:
+            flag = False
+        else:
+            flag = None
+        flags.append(flag)
+        previous = bool(flag)
+    return flags
+
+
+def served_exact(c: dict) -> bool:
+    """Whether the cycle was served on an exact state (runs from before served_exact: the state after it)."""
+    return bool(c.get("served_exact", c["state_exact"]))
+
+
 def summarize(run_: dict, deadline_ms: float) -> dict:
     cyc = run_["cycles"]
     lat = [c["latency_ms"] for c in cyc]
-    busy = [c["latency_ms"] for c in cyc if c["phase"] in BUSY_PHASES or c["phase"] == REBUILD_PHASE]
-    steady = [c["latency_ms"] for c in cyc if c["phase"] in STEADY_PHASES]
+    flags = reconciling_flags(cyc)
+    busy = [c["latency_ms"] for c, f in zip(cyc, flags) if f is True]
+    steady = [c["latency_ms"] for c, f in zip(cyc, flags) if f is False]
+    actions = [c for c in cyc if c["reason"] == "action"]
     reasons: dict[str, int] = {}
     for c in cyc:
         reasons[c["reason"]] = reasons.get(c["reason"], 0) + 1
@@ -72,12 +114,17 @@ def summarize(run_: dict, deadline_ms: float) -> dict:
                                "max": float(np.max(to_swap)) if to_swap else None, "samples": list(to_swap)},
         "swap_apply_ms": percentiles(swap_ms) if swap_ms else None,     # at the boundary after a cycle (asr)
         "reconciling_cycles": len(busy),
+        "steady_cycles": len(steady),
         "p99_reconciling_ms": p_busy["p99"],
         "p99_steady_ms": p_steady["p99"],
         "p99_ratio_reconciling_vs_steady": (p_busy["p99"] / p_steady["p99"]) if busy and steady else None,
         # The same question at equal context: that ratio also compares state sizes (bench/asr_context.py).
-        "matched_context": asr_context.matched_context(cyc, BUSY_PHASES + (REBUILD_PHASE,), STEADY_PHASES),
-        "exact_state_fraction": float(np.mean([c["state_exact"] for c in cyc])) if cyc else None,
+        "matched_context": asr_context.matched_context(cyc, flags),
+        # over the actions, each on the state it was served on (as metrics.exact_action_share)
+        "exact_state_fraction": float(np.mean([served_exact(c) for c in actions])) if actions else None,
+        "actions_on_approximate_state": sum(1 for c in actions if not served_exact(c)),
+        "rebases": sum(1 for c in cyc if c.get("rebase_forgotten")),
+        "rebase_forgotten_frames": sum(c.get("rebase_forgotten", 0) for c in cyc),
         "reconciler": {k: v for k, v in run_["reconciler"].items() if not isinstance(v, list)},
         "capacity_check": run_.get("capacity_check"),           # the primary's, after its warm-up
         "refused_beyond_capacity_fit": _refused_beyond(cyc, run_.get("capacity_check")),
@@ -132,16 +179,22 @@ def print_summary(summaries: dict, header: list[str]) -> None:
         lat, swap = s["latency_ms"], s["trigger_to_swap_ms"]
         rows.append([mode, s["cycles"], s["rounds"], s["rounds_aborted"], _f(lat["p50"]), _f(lat["p99"]), _f(lat["max"]),
                      s["over_deadline"], s["refused"], s["fallbacks"], _f(s["p99_reconciling_ms"]),
-                     _f(s["p99_steady_ms"]), _f(s["p99_ratio_reconciling_vs_steady"]),
-                     f"{s['exact_state_fraction']:.2f}", _f(swap["mean"]), _f(swap["max"]), s["approximate_evictions"]])
-    print_table("cycle latency (ms, from the scheduled boundary; a sync rebuild included); rounds = swaps applied "
-                "(asr) / rebuilds (sync); ratio = p99 reconciling / p99 steady; exact = share of cycles on an exact state; trigger->swap "
-                "(mean, max ms) = the rebuild itself for sync",
+                     _f(s["p99_steady_ms"]), _f(s["p99_ratio_reconciling_vs_steady"], 3),
+                     _f(s["exact_state_fraction"], 3), _f(swap["mean"]), _f(swap["max"]), s["approximate_evictions"]])
+    print_table("cycle latency (ms, from the scheduled boundary; a sync rebuild included; fallbacks included); "
+                "rounds = swaps applied (asr) / rebuilds (sync); ratio = p99 reconciling / p99 steady (reconciling: "
+                "cycles during a round, the one after each swap or rebuild, and those it delayed); exact = share of "
+                "actions served on an exact state; trigger->swap (mean, max ms) = the rebuild itself for sync",
                 ["mode", "cycles", "rounds", "aborted", "p50", "p99", "max", "> deadline", "refused", "no action",
                  "p99 reconciling", "p99 steady", "ratio", "exact", "trigger->swap", "max", "approx. evicted"], rows)
     for mode, s in summaries.items():
         deferred = s["reconciler"].get("offers_deferred")
         print(f"  {mode}: outcomes {s['outcomes']}" + (f"; offers deferred at a boundary {deferred}" if deferred else ""))
+        print(f"  {mode}: p99 reconciling over {s['reconciling_cycles']} cycles, p99 steady over "
+              f"{s['steady_cycles']}; {s.get('actions_on_approximate_state', 0)} actions on an approximate state")
+        if s.get("rebases"):
+            print(f"  {mode}: {s['rebases']} RoPE re-bases forgot {s['rebase_forgotten_frames']} frames (the positions "
+                  f"ran out before a swap: not an eviction, and not counted as approximate)")
         rec = s["reconciler"]
         if rec.get("step_layer_pieces", 1) > 1:          # asr.step_layer_pieces (core/gap_steps.py)
             print(f"  {mode}: steps in {rec['step_layer_pieces']} pieces of layers: {rec['pieced_steps']} finished "
@@ -164,8 +217,8 @@ def print_summary(summaries: dict, header: list[str]) -> None:
             print(f"  {mode}: ... and {len(causes) - MAX_CAUSES_PRINTED} more fallbacks (all in the JSON)")
 
 
-def _f(v) -> str:
-    return "-" if v is None else f"{v:.2f}"
+def _f(v, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
 
 
 # ----------------------------------------------------------------------------
@@ -208,9 +261,10 @@ def plot_fig6(runs: dict, summaries: dict, deadline_ms: float, title: str, path,
             ax.set_yscale("log")
         ax.set_ylabel("latency (ms)" + (", log" if log_scale else ""))
         s = summaries[mode]
+        exact = s["exact_state_fraction"]
         ax.set_title(f"{mode}: p50 {_f(s['latency_ms']['p50'])}, p99 {_f(s['latency_ms']['p99'])}, max "
                      f"{_f(s['latency_ms']['max'])} ms; {s['over_deadline']} over the deadline, {s['refused']} refused; "
-                     f"{s['rounds']} rounds; exact state {s['exact_state_fraction']:.0%} of cycles",
+                     f"{s['rounds']} rounds; exact state {'-' if exact is None else f'{exact:.1%}'} of actions",
                      loc="left", fontsize=9)
         ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7)
     axes[-1, 0].set_xlabel("cycle (one frame of footage and one query per cycle)")
@@ -257,14 +311,25 @@ def load_runs(paths) -> tuple[dict, dict]:
     the same mode of an earlier one."""
     runs, meta = {}, None
     for p in paths:
-        data = json.loads(Path(p).read_text())
+        opener = gzip.open if str(p).endswith(".gz") else open
+        with opener(p, "rt") as f:
+            data = json.load(f)
         if data.get("suite") != "asr":
             raise ValueError(f"{p}: not a bench asr result (suite {data.get('suite')!r})")
+        first = meta is None
         meta = meta or {k: v for k, v in data.items() if k != "modes"}
         if data["deadline_ms"] != meta["deadline_ms"] or data["capacity_tokens"] != meta["capacity_tokens"]:
             raise ValueError(f"{p}: capacity {data['capacity_tokens']} / deadline {data['deadline_ms']} ms differ "
                              f"from the first file's {meta['capacity_tokens']} / {meta['deadline_ms']}")
+        if not first:
+            differ = [k for k in SETTINGS_COMPARED if data.get(k) != meta.get(k)]
+            if differ:                    # the header shows the first file's: say what the others ran with
+                print(f"note: {p} ran with other settings than the first file: "
+                      + "; ".join(f"{k} {data.get(k)!r} (first: {meta.get(k)!r})" for k in differ))
         for mode, m in data["modes"].items():
+            if "timeline" not in m:
+                raise ValueError(f"{p}: mode {mode} holds a summary only (a file from before the timelines were "
+                                 f"kept): nothing to re-table")
             runs[mode] = {"cycles": m["timeline"], "reconciler": m["reconciler_stats"],
                           "capacity_check": m.get("capacity_check")}     # None in files from before the check
     return runs, meta

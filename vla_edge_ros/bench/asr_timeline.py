@@ -209,12 +209,17 @@ def _run(args) -> int:
         runner = _Runner(mode, cfg, engines, work)
         plan = _plan_cycles(runner, rounds, warm)
         settings.update(frame_capacity=plan["frame_capacity"], warm_start_frames=plan["warm_frames"])
+        wanted, least = (rounds if mode in ("asr", "sync") else None), 0
         if mode == "asr":
             limit = int(max_cycles or MAX_CYCLES_FACTOR * plan["cycles_for_rounds"])
+        elif mode == "sync" and not baseline_cycles:
+            # its own rounds (Fig. 6 wants them in every panel), and at least the cycles ASR ran (the same span)
+            limit = int(max(cycles or 0, max_cycles or MAX_CYCLES_FACTOR * plan["cycles_for_rounds"]))
+            least = int(cycles or 0)
         else:
-            limit = int(cycles or plan["cycles_for_rounds"])
+            limit, wanted = int(cycles or plan["cycles_for_rounds"]), None
         t = time.perf_counter()
-        runs[mode] = runner.run(frames, hz, limit, rounds if mode == "asr" else None, plan["warm_frames"])
+        runs[mode] = runner.run(frames, hz, limit, wanted, plan["warm_frames"], least)
         if mode == "asr" and not baseline_cycles:
             cycles = len(runs[mode]["cycles"])
         done = summarize(runs[mode], cfg.cycle.deadline_ms)
@@ -375,7 +380,9 @@ class _Runner:
         self.reconciler = reconciler
         self.rebuild_ms: list[float] = []
 
-    def run(self, frames, hz, limit, swaps_wanted, warm_frames: int):
+    def run(self, frames, hz, limit, swaps_wanted, warm_frames: int, least_cycles: int = 0):
+        """Up to `limit` cycles, ending once `swaps_wanted` rounds (swaps applied; sync: rebuilds) are in and at
+        least `least_cycles` ran."""
         from ..core.frames import Frame
 
         period = 1.0 / hz
@@ -395,7 +402,7 @@ class _Runner:
                 records[-1].update(self._round_totals(), **self._gap_record(gap_start, t0 + (i + 1) * period))
                 if (i + 1) % PROGRESS_EVERY == 0:
                     self._log_progress(records)
-                if swaps_wanted is not None and self.reconciler.stats.rounds_applied >= swaps_wanted:
+                if swaps_wanted is not None and self._rounds_done() >= swaps_wanted and i + 1 >= least_cycles:
                     break
                 if self.reconciler is not None and self.reconciler.phase.value == "stopped":
                     log.error("%s: the reconciler stopped (%s); ending the run", self.mode,
@@ -411,6 +418,9 @@ class _Runner:
             stats = {**stats, "offers_deferred": dict(self.driver.deferred), **self.driver.gap_steps.summary()}
         return {"cycles": records, "reconciler": dict(stats),
                 "capacity_check": None if self.capacity is None else self.capacity.as_dict()}
+
+    def _rounds_done(self) -> int:
+        return self.reconciler.stats.rounds_applied if self.reconciler is not None else len(self.rebuild_ms)
 
     def _warm_start(self, frames, n: int, period: float) -> None:
         """The primary holds frames 0..n-1 of the clip, appended exactly in bulk (untimed), and the reconciler
@@ -470,6 +480,8 @@ class _Runner:
         from ..core.reconciliation import make_asr_mode
 
         event, swap_ms = "", None
+        late_start_ms = max(0.0, (time.perf_counter() - boundary) * 1e3)    # earlier work that ran past the boundary
+        rebase_before = self.primary.state.last_rebase
         if self.mode == "sync":
             t = time.perf_counter()
             p = self.primary.state
@@ -488,6 +500,7 @@ class _Runner:
             latency, phase, swap_ms = c.latency_ms, c.phase, c.swap_ms
             event = "swap" if c.swap is not None else ""
         s, r = self.primary.state, c.result
+        rebased = s.last_rebase is not rebase_before        # RoPE positions re-based in this cycle
         # What admission decided on (estimate against budget, its tail factor after this cycle, a probe): at 32K
         # slots on the H200 refusals came in runs of 15 between single actions; these say which part refused.
         admission = {"estimate_ms": r.estimate_ms, "budget_ms": r.budget_ms, "probe": r.probe,
@@ -496,7 +509,10 @@ class _Runner:
                 **admission,
                 "event": event, "swap_ms": swap_ms, "evicted": len(c.result.evicted_frame_ids), "frames": len(s.frames),
                 "state_version": s.state_version, "approximate_evictions": s.approximate_evictions,
-                "state_exact": s.state_exact}
+                "state_exact": s.state_exact,                   # after the cycle and the swap that followed it
+                "served_exact": r.state_exact,                  # the state this cycle was served on
+                "late_start_ms": round(late_start_ms, 3),
+                "rebase_forgotten": s.last_rebase["forgotten"] if rebased else 0}
 
 
 def _sleep_until(t_perf: float) -> None:
