@@ -19,7 +19,9 @@ def _samples(rss_by_minute: dict, pid_change_at: float | None = None, minutes: f
 
 
 def _report(**kw) -> dict:
-    return {"cycle_id_gaps": 0, "lost_cycles": 0, "admitted_miss_rate": 0.0, "ended_early": "", **kw}
+    return {"cycle_id_gaps": 0, "lost_cycles": 0, "admitted_miss_rate": 0.0, "ended_early": "", "actions": 5000,
+            "restarts": {"camera": 0, "reasoning": 0, "reconciler": 0}, "died_during_run": [],
+            "exit_codes": {"camera": 0, "reasoning": 0, "reconciler": 0}, **kw}
 
 
 def test_growth_in_the_first_minute_is_not_judged_growth_after_it_is():
@@ -103,8 +105,32 @@ def test_the_growth_is_split_by_kind_from_the_real_proc_status_of_a_process():
         child.wait(timeout=10)
     first, last = sampler.samples
     assert set(first["rss_kinds"]["worker"]) == {"anon", "file", "shmem"}
-    kinds = soak.rss_growth_by_kind([dict(first, t_s=soak.WARMUP_S), dict(last, t_s=soak.WARMUP_S + 10)])["worker"]
+    end = soak.WARMUP_S + 2 * soak.PEAK_WINDOW_S                  # two windows apart: judged
+    kinds = soak.rss_growth_by_kind([dict(first, t_s=soak.WARMUP_S), dict(last, t_s=end)])["worker"]
     assert kinds["anon"] >= 30 * MIB and abs(kinds["shmem"]) < MIB, kinds
     assert last["rss_bytes"]["worker"] - first["rss_bytes"]["worker"] >= 30 * MIB
-    result = soak.verdict(_report(), [dict(first, t_s=soak.WARMUP_S), dict(last, t_s=soak.WARMUP_S + 10)])
+    result = soak.verdict(_report(), [dict(first, t_s=soak.WARMUP_S), dict(last, t_s=end)])
     assert "by kind: anon +" in soak.format_verdict(result)
+
+
+def test_a_run_too_short_for_two_memory_windows_cannot_pass_on_memory():
+    """The first and the last window of a run under WARMUP_S + 2 PEAK_WINDOW_S hold the same samples: its growth
+    read exactly 0 whatever the nodes did (a leak of 20 MiB a minute passed a 2-minute soak). Such a run fails,
+    saying why."""
+    leak = _samples({"reasoning": lambda t: 100 + t / 3}, minutes=2)             # 20 MiB a minute
+    result = soak.verdict(_report(), leak)
+    assert not result["passed"] and "rss_growth_reasoning" not in result["checks"]
+    assert "a soak of at least 3 minutes" in soak.format_verdict(result)
+    assert not soak.verdict(_report(), [])["passed"], "no memory samples: nothing judged"
+
+
+def test_a_run_of_no_actions_or_with_a_failed_node_fails_the_soak():
+    """Every cycle answered by a refusal, an engine error or a missing frame has no gaps and no admitted misses;
+    a node that restarted, died or exited with an error is a failed soak whatever the counts say."""
+    flat = _samples({"reasoning": lambda t: 100})
+    assert soak.verdict(_report(), flat)["passed"]
+    assert not soak.verdict(_report(actions=0), flat)["passed"]
+    assert not soak.verdict(_report(restarts={"camera": 0, "reasoning": 0, "reconciler": 1}), flat)["passed"]
+    assert not soak.verdict(_report(died_during_run=["camera"]), flat)["passed"]
+    failed = soak.verdict(_report(exit_codes={"camera": 0, "reasoning": -11, "reconciler": 0}), flat)
+    assert not failed["passed"] and "reasoning exit -11" in soak.format_verdict(failed)

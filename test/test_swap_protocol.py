@@ -501,3 +501,19 @@ def test_summary_sorts_the_timings_outside_the_lock_the_boundary_takes(monkeypat
     counts = client.counts()                        # the counters alone, as the boundary's log line takes them
     assert counts == {k: v for k, v in summary.items() if k in counts}
     assert not any(k.endswith(("_p50", "_p99", "_max", "_last")) for k in counts)
+
+
+def test_swap_timings_keep_the_whole_runs_maximum_and_count():
+    """The percentiles are over the newest TIMING_SAMPLES swaps; the maximum and the count are the whole run's
+    (a 4-minute CPU soak applies ~730 swaps: a maximum over the newest 256 was the last ~85 s's)."""
+    from vla_edge_ros.core.swap_protocol import TIMING_SAMPLES
+    from vla_edge_ros.tools.demo_report import _swap_timings_label, _swaps
+    client = SwapClient(poll_period_s=0.0, request_timeout_s=5.0)
+    n = TIMING_SAMPLES + 150
+    for version in range(1, n + 1):
+        client.mark_applied(version, version, 0, 0, apply_ms=9.0 if version == 1 else 0.5, kv_copy_ms=0.1)
+    s = client.summary()
+    assert s["swap_apply_ms_max"] == 9.0 and s["swap_apply_ms_n"] == n and s["swap_apply_ms_p99"] == 0.5
+    swaps = _swaps({f"swap.{k}": str(v) for k, v in s.items()})
+    assert swaps["apply_ms_max"] == 9.0
+    assert _swap_timings_label(swaps) == f"swap at the boundary p50/p99 (newest {TIMING_SAMPLES} of {n})/max"

@@ -454,6 +454,10 @@ class SwapClient:
         self.unseen_frames = 0        # kept at swaps because the reconciler never saw them (gaps in its mirror)
         self.unseen_forgotten = 0     # never-seen frames beyond asr.max_late_chunks, forgotten at swaps
         self.timings = {key: deque(maxlen=TIMING_SAMPLES) for key in SWAP_TIMINGS}
+        # of the whole run, beside the newest TIMING_SAMPLES: a 4-minute CPU soak makes ~730 swaps, and a max over
+        # the newest 256 was the last ~85 s's
+        self.timing_max = {key: None for key in SWAP_TIMINGS}
+        self.timing_count = {key: 0 for key in SWAP_TIMINGS}
 
     # -- executor thread ---------------------------------------------------
 
@@ -632,7 +636,7 @@ class SwapClient:
                 parts["bookkeeping_ms"] = max(0.0, apply_ms - (kv_copy_ms or 0.0) - (recompute_ms or 0.0))
             for key, value in parts.items():
                 if value is not None:
-                    self.timings[key].append(float(value))
+                    self._note_timing(key, value)
 
     def after_cycle(self, result) -> None:
         """The cycle thread, after each cycle: what a swap left to it (asr.swap_finish next_cycle). Its check of
@@ -643,9 +647,17 @@ class SwapClient:
             if self._copy_unchecked:
                 self._copy_unchecked, self._applying = False, 0
             if settle_ms is not None:
-                self.timings["settle_ms"].append(float(settle_ms))
+                self._note_timing("settle_ms", settle_ms)
             if result.swap_frames:
-                self.timings["next_cycle_ms"].append(float(result.elapsed_ms))
+                self._note_timing("next_cycle_ms", result.elapsed_ms)
+
+    def _note_timing(self, key: str, value: float) -> None:
+        """One swap's timing of `key` (the lock held)."""
+        value = float(value)
+        self.timings[key].append(value)
+        self.timing_count[key] += 1
+        if self.timing_max[key] is None or value > self.timing_max[key]:
+            self.timing_max[key] = value
 
     def mark_rejected(self, version: int) -> None:
         """The engine refused the snapshot (it does not fit): never load this version again."""
@@ -675,7 +687,8 @@ class SwapClient:
         with self._lock:
             counts = self._counts()
             timings = {key: list(values) for key, values in self.timings.items()}
-        return {**counts, **_timing_summary(timings)}
+            maxima, totals = dict(self.timing_max), dict(self.timing_count)
+        return {**counts, **_timing_summary(timings, maxima, totals)}
 
     def _counts(self) -> dict:
         return {"state_version": self.applied_version, "swaps": self.swaps,
@@ -689,14 +702,17 @@ class SwapClient:
                 "swap_unseen_frames": self.unseen_frames, "swap_unseen_forgotten": self.unseen_forgotten}
 
 
-def _timing_summary(timings: dict) -> dict:
-    """swap_<part>_p50 / _p99 / _max over the newest TIMING_SAMPLES swaps, for the whole apply and each part,
-    and the latest apply and KV copy (_last); timings: part -> its samples, oldest first."""
+def _timing_summary(timings: dict, maxima: dict | None = None, totals: dict | None = None) -> dict:
+    """swap_<part>_p50 / _p99 over the newest TIMING_SAMPLES swaps, _max and _n over the whole run (maxima, totals;
+    without them, over the samples too), for the whole apply and each part, and the latest apply and KV copy
+    (_last); timings: part -> its samples, oldest first."""
     out = {}
     for key, values in timings.items():
         for q in (50, 99):
             out[f"swap_{key}_p{q}"] = round(percentile(values, q), 3) if values else ""
-        out[f"swap_{key}_max"] = round(max(values), 3) if values else ""
+        top = maxima.get(key) if maxima is not None else (max(values) if values else None)
+        out[f"swap_{key}_max"] = round(top, 3) if top is not None else ""
+        out[f"swap_{key}_n"] = totals.get(key, 0) if totals is not None else len(values)
         if key in ("apply_ms", "kv_copy_ms"):
             out[f"swap_{key}_last"] = round(values[-1], 3) if values else ""
     return out

@@ -36,7 +36,7 @@ from ..core.cycle_phases import PHASES
 from ..core.cycle_result import DEADLINE_MISSED, FALLBACK_REASONS, REFUSED_BUDGET
 from ..core.gap_ledger import SUMMARY_PREFIXES as GAP_SUMMARY_PREFIXES
 from ..core.metrics import percentile
-from ..core.swap_protocol import SWAP_TIMINGS
+from ..core.swap_protocol import SWAP_TIMINGS, TIMING_SAMPLES
 
 CONFIGURE_STEPS = "warmup.configure_steps_s."     # the reasoning node's /diagnostics keys of its configure steps
 CAPACITY = "capacity."                              # ... and of its capacity check
@@ -145,6 +145,7 @@ def _swaps(reasoning: dict) -> dict:
             **{f"{part}_{q}": _float(reasoning.get(f"swap.swap_{part}_{q}"))
                for part in SWAP_TIMINGS for q in ("p50", "p99", "max")},
             "kv_copy_ms_last": _float(reasoning.get("swap.swap_kv_copy_ms_last")),
+            "apply_ms_n": _int(reasoning.get("swap.swap_apply_ms_n")),
             "deferred_stale": _int(reasoning.get("swap.swap_deferred_stale")),
             "late_frames": _int(reasoning.get("swap.swap_late_frames")),
             "rejected": _int(reasoning.get("swap.swap_rejections")),
@@ -195,6 +196,8 @@ def exactness(reasoning: dict, reconciler: dict) -> dict:
     else:
         verdict = f"NO (the state was approximate for most actions despite {swaps} swaps)"
     return {"verdict": verdict, "exact_action_share": share, "exact_actions": exact_actions, "actions": actions,
+            # no reconciler diagnostics at all (not started, or none received): its counts below read 0, not measured
+            "reconciler_reported": "rounds_started" in reconciler,
             "approximate_evictions_now": _int(reasoning.get("state.approximate_evictions")),
             "swaps_applied": swaps, "rounds_started": started, "rounds_applied": applied,
             "rounds_aborted": _int(reconciler.get("rounds_aborted")),
@@ -291,7 +294,7 @@ def _state_rows(report: dict) -> list:
         ("state swaps applied", f"{swaps['applied']} (state version {swaps['state_version']}; "
                                 f"{swaps['late_frames']} late frames recomputed; rejected "
                                 f"{swaps['rejected']}, load failures {swaps['load_failures']})"),
-        ("swap at the boundary p50/p99/max", "; ".join(
+        (_swap_timings_label(swaps), "; ".join(
             f"{label} " + "/".join(_ms(swaps[f"{part}_{q}"]) for q in ("p50", "p99", "max")) + " ms"
             for label, part in (("whole", "apply_ms"), ("checks", "check_ms"), ("slots", "place_ms"),
                                 ("of which off CPU", "place_off_cpu_ms"), ("KV copy", "kv_copy_ms"),
@@ -328,11 +331,22 @@ def _estimate_line(e: dict) -> str:
             f"fixed {_ms(e['other_ms'])} ms per cycle, times the tail factor {e['tail_factor']:.2f}")
 
 
+def _swap_timings_label(swaps: dict) -> str:
+    """The swap timings' row name: how many swaps, and which of them the percentiles cover (SwapClient keeps the
+    newest TIMING_SAMPLES; the max is of the whole run)."""
+    n = swaps.get("apply_ms_n") or 0
+    if n > TIMING_SAMPLES:
+        return f"swap at the boundary p50/p99 (newest {TIMING_SAMPLES} of {n})/max"
+    return f"swap at the boundary p50/p99/max ({n} swaps)"
+
+
 def _exactness_line(e: dict) -> str:
     share = "n/a" if e["exact_action_share"] is None else f"{e['exact_action_share']:.1%}"
     aborted = ", ".join(f"{r} {n}" for r, n in e["rounds_aborted_by"].items() if n) or "none"
-    return (f"{e['verdict']}: {share} of actions on an exact state ({e['exact_actions']} of {e['actions']}); "
-            f"rounds {e['rounds_started']} started / {e['rounds_applied']} applied / {e['rounds_aborted']} aborted "
+    rounds = ("rounds n/a (no reconciler figures received)" if e.get("reconciler_reported") is False else
+              f"rounds {e['rounds_started']} started / {e['rounds_applied']} applied / {e['rounds_aborted']} aborted")
+    return (f"{e['verdict']}: {share} of actions on an exact state ({e['exact_actions']} of {e['actions']} the "
+            f"reasoning node served since it was activated); {rounds} "
             f"({aborted}); {e['swaps_applied']} swaps, {e['reoffers']} fresher re-offers, "
             f"{e['offers_deferred_stale']} stale offers deferred, {e['offers_deferred_no_slack']} deferred without "
             f"slack for their late frames, {e['offer_waits_no_room']} boundaries an offer waited for room; "

@@ -7,10 +7,16 @@ sampled from outside every SAMPLE_PERIOD_S into the JSON and a PNG. The
 verdict, printed and in the JSON, checks what a long run must show:
 
     cycle-id gaps and lost cycles   0
+    actions                         > 0 (a run of refusals or errors only answers every cycle too)
     deadline misses among admitted  <= MAX_ADMITTED_MISS_RATE (cycles that ran the model)
+    node restarts, deaths, exits    none, and every node exits 0
     RSS growth after the first      < MAX_RSS_GROWTH_BYTES per node process: the highest sample of
     minute                            the last PEAK_WINDOW_S against the highest of the first
-                                      PEAK_WINDOW_S at or after WARMUP_S
+                                      PEAK_WINDOW_S at or after WARMUP_S; a run too short for two
+                                      windows that do not overlap cannot say, and fails saying so
+
+What it does not judge, and the table above it shows: refusals, exact forgetting (rounds, the exact share,
+swap timings), whose bounds depend on the hardware and the issue at hand.
 
 Peaks, not two points: a process whose heap swings within a bound (the 7B soak's reasoning node on the
 H200, 2026-12-04: 471 to 511 MiB and back every ~50 s, for 4 minutes) read +36 MiB point to point, the
@@ -114,22 +120,46 @@ class MemorySampler:
 def verdict(report: dict, samples: list) -> dict:
     """The checks of a soak run (see the module docstring)."""
     growth = rss_growth(samples)
+    restarts = sum((report.get("restarts") or {}).values())
+    exits = {k: v for k, v in (report.get("exit_codes") or {}).items() if v != 0}
     checks = {
         "cycle_id_gaps": {"value": report["cycle_id_gaps"], "bound": 0, "ok": report["cycle_id_gaps"] == 0},
         "lost_cycles": {"value": report["lost_cycles"], "bound": 0, "ok": report["lost_cycles"] == 0},
+        "actions": {"value": report.get("actions", 0), "bound": "> 0", "ok": report.get("actions", 0) > 0},
         "admitted_miss_rate": {"value": report["admitted_miss_rate"], "bound": MAX_ADMITTED_MISS_RATE,
                                "ok": report["admitted_miss_rate"] <= MAX_ADMITTED_MISS_RATE},
         "ended_early": {"value": report.get("ended_early", ""), "bound": "", "ok": not report.get("ended_early")},
+        "node_restarts": {"value": restarts, "bound": 0, "ok": restarts == 0},
+        "nodes_died_or_failed": {"value": ", ".join([*(report.get("died_during_run") or []),
+                                                     *(f"{k} exit {v}" for k, v in exits.items())]),
+                                 "bound": "", "ok": not report.get("died_during_run") and not exits},
     }
+    judged = _memory_judged(samples)
+    if not growth or judged is not None:
+        checks["rss_growth"] = {"value": None, "bound": MAX_RSS_GROWTH_BYTES, "ok": False,
+                                "why": judged or "no memory samples"}
     for name, value in growth.items():
-        checks[f"rss_growth_{name}"] = {"value": value, "bound": MAX_RSS_GROWTH_BYTES,
-                                        "ok": value is not None and value < MAX_RSS_GROWTH_BYTES}
+        if judged is None:
+            checks[f"rss_growth_{name}"] = {"value": value, "bound": MAX_RSS_GROWTH_BYTES,
+                                            "ok": value is not None and value < MAX_RSS_GROWTH_BYTES}
     return {"checks": checks, "passed": all(c["ok"] for c in checks.values()),
             "rss_growth_from_s": _baseline(samples)["t_s"] if samples else None,
             "rss_growth_by_kind": rss_growth_by_kind(samples),
             # Reported beside the verdict, not judged: whether the state stayed exact depends on the reconciler's
             # hardware (on one GPU with the cycles it may be slow), not on the run staying healthy.
             "exact_forgetting": report.get("exactness", {}).get("verdict", "n/a")}
+
+
+def _memory_judged(samples: list) -> str | None:
+    """None when the samples span two PEAK_WINDOW_S windows after the baseline that do not overlap; else why the
+    growth cannot be judged (the first and the last window would hold the same samples: a growth of exactly 0)."""
+    if not samples:
+        return None
+    span = samples[-1]["t_s"] - _baseline(samples)["t_s"]
+    if span < 2 * PEAK_WINDOW_S:
+        return (f"n/a: {span:.0f} s of samples after the first {WARMUP_S:g} s, {2 * PEAK_WINDOW_S:g} s needed "
+                f"(a soak of at least {(WARMUP_S + 2 * PEAK_WINDOW_S) / 60:g} minutes)")
+    return None
 
 
 def rss_growth(samples: list) -> dict:
@@ -170,11 +200,13 @@ def format_verdict(soak: dict) -> str:
     lines = [f"soak verdict: {'PASS' if soak['passed'] else 'FAIL'} (RSS growth from t = {soak['rss_growth_from_s']} s)"]
     for name, c in soak["checks"].items():
         value, bound = c["value"], c["bound"]
-        if name.startswith("rss_growth_"):
-            value = "n/a" if value is None else f"{value / 2**20:+.2f} MiB"
+        if name.startswith("rss_growth"):
+            value = c.get("why") or ("n/a" if value is None else f"{value / 2**20:+.2f} MiB")
             bound = f"< {bound / 2**20:g} MiB"
         elif isinstance(value, float):
             value, bound = f"{value:.5f}", f"<= {bound}"
+        elif isinstance(bound, str) and bound:
+            pass                                          # said as it is, e.g. "> 0"
         else:
             bound = f"== {bound!r}" if bound == "" else f"<= {bound}"
         lines.append(f"  {'ok  ' if c['ok'] else 'FAIL'} {name:<28} {value}  ({bound})")
