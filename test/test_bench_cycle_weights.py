@@ -277,3 +277,16 @@ def test_the_nodes_cuda_backends_take_the_configured_ceiling():
     assert default == C.MemoryConfig().vram_ceiling_bytes              # benches and tests without a config: one truth
     cfg = C.load(config_dir() / "gpu_7b_int4.yaml").replace({"memory.vram_ceiling_gib": 20.0})
     assert backend_options(cfg) == {**cfg.model.kernel_options(), "vram_ceiling_bytes": 20 * 2**30}
+
+
+def test_a_rows_decode_is_set_against_its_weights_and_against_weights_and_kv():
+    """At 4064 cached a decode step of the 7B INT4 also reads ~2.15 GB of K/V beside 3.34 GB of weights: its floor
+    with the K/V is printed beside the weights-only one, with the cycles each side timed."""
+    from vla_edge_ros.bench import cycle_report
+    ours = {"cycle_ms": {"p50": 40.0, "p99": 41.0}, "prefill_ms": 10.0, "decode_ms_per_token": 2.6, "cycles": 20,
+            "breakdown_ms": {}}
+    eager = {"cycle_ms": {"p50": 200.0, "p99": 210.0}, "cycles": 10}
+    r = cycle_report.row(4064, "int4", "plain", ours, eager, None, 0.79, 1.30)
+    assert r["decode_vs_floor"] == pytest.approx(2.6 / 0.79) and r["decode_vs_floor_with_kv"] == pytest.approx(2.0)
+    assert r["cycles_timed"] == 20 and r["hf_cycles_timed"] == 10
+    assert cycle_report.row(4064, "int4", "plain", ours, eager, None, 0.79)["decode_vs_floor_with_kv"] is None

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from .common import print_table
 
-# Issue 20's target: CSR with an M=32 suffix over a 32K-token state at least 80x faster than HF's recompute.
-TARGET_STATE, TARGET_SUFFIX, TARGET_HF_RATIO = 32768, 32, 80.0
+# Issue 20's targets, each judged on the medians of the point's samples (a mean of 3 HF samples at 32K carried a
+# ~7% slow second sample in every saved run), "not measured" where the sweep left the point out:
+TARGET_STATE, TARGET_SUFFIX, TARGET_HF_RATIO = 32768, 32, 80.0      # HF recompute / CSR at N, M at least this
+RECOMPUTE_STATES = (4096, 16384, 32768)                             # our recompute / HF's at most 1 at these N
+TARGET_US_PER_TOKEN_STATE, TARGET_US_PER_TOKEN = 4096, 10.0         # our recompute at most this per token there
 
 
 def print_report(results: list[dict], plan, machine: dict, run: dict) -> None:
@@ -42,7 +45,7 @@ def print_report(results: list[dict], plan, machine: dict, run: dict) -> None:
                 ["N", "M", "Unord. us/tok", "HF us/tok", "cos(Unord.)", "same token", "cos(HF)", "HF token"],
                 per_token)
     _print_table_ii(results, plan.sizes, plan.suffixes, min(plan.base_suffixes))
-    _print_target(results)
+    _print_target(results, min(plan.base_suffixes))
 
 
 def _print_table_ii(results, sizes, suffixes, m0: int) -> None:
@@ -54,13 +57,39 @@ def _print_table_ii(results, sizes, suffixes, m0: int) -> None:
     print_table("Table II layout (ms, mean ± std)", [""] + [f"N={n}" for n in sizes], rows)
 
 
-def _print_target(results) -> None:
-    point = next((r for r in results if (r["state_tokens"], r["suffix_tokens"]) == (TARGET_STATE, TARGET_SUFFIX)), None)
-    if point is None:
-        return
-    ratio = point["hf_vs_csr"]
-    print(f"target (issue 20): HF recompute / CSR at N={TARGET_STATE}, M={TARGET_SUFFIX} >= {TARGET_HF_RATIO:.0f}: "
-          f"{ratio:.1f} ({'met' if ratio >= TARGET_HF_RATIO else 'NOT met'})")
+def targets(results: list, m0: int) -> list[dict]:
+    """Issue 20's targets over the sweep: {"target", "value", "met" (None: not measured)}; m0: the suffix our
+    recompute was timed at."""
+    by = {(r["state_tokens"], r["suffix_tokens"]): r for r in results}
+
+    def median(point, key):
+        return point[key].get("median", point[key]["mean"]) if point and key in point else None
+
+    out = []
+    csr = by.get((TARGET_STATE, TARGET_SUFFIX))
+    hf, ours = median(csr, "hf_recompute_ms"), median(csr, "csr_ttft_ms")
+    value = hf / ours if hf is not None and ours else None
+    out.append({"target": f"HF recompute / CSR at N={TARGET_STATE}, M={TARGET_SUFFIX} >= {TARGET_HF_RATIO:g}",
+                "value": value, "met": None if value is None else value >= TARGET_HF_RATIO})
+    for n in RECOMPUTE_STATES:
+        point = by.get((n, m0))
+        ours, hf = median(point, "baseline_ttft_ms"), median(point, "hf_recompute_ms")
+        value = ours / hf if ours is not None and hf else None
+        out.append({"target": f"our recompute / HF's at N={n} <= 1", "value": value,
+                    "met": None if value is None else value <= 1.0})
+    point = by.get((TARGET_US_PER_TOKEN_STATE, m0))
+    ours = median(point, "baseline_ttft_ms")
+    value = ours * 1e3 / (TARGET_US_PER_TOKEN_STATE + m0) if ours is not None else None
+    out.append({"target": f"our recompute at N={TARGET_US_PER_TOKEN_STATE} <= {TARGET_US_PER_TOKEN:g} us per token",
+                "value": value, "met": None if value is None else value <= TARGET_US_PER_TOKEN})
+    return out
+
+
+def _print_target(results, m0: int) -> None:
+    for t in targets(results, m0):
+        verdict = "not measured (the sweep left the point out)" if t["met"] is None else (
+            f"{t['value']:.2f} ({'met' if t['met'] else 'NOT met'})")
+        print(f"target (issue 20, medians): {t['target']}: {verdict}")
 
 
 def _pm(s: dict) -> str:

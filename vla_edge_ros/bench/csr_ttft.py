@@ -67,7 +67,7 @@ import numpy as np
 from ..config import load as load_config
 from ..core.cpu_threads import limit_cpu_threads
 from .common import add_input_arguments, machine_info, module_main, write_json
-from .csr_report import print_report
+from .csr_report import print_report, targets
 from .hf_recompute import HF_ATTENTION, HfRecompute
 
 log = logging.getLogger(__name__)
@@ -246,6 +246,7 @@ def _run(args) -> int:
         "baseline_suffixes": list(plan.base_suffixes), "kv_capacity": capacity, "prefill_chunk": plan.chunk,
         "prefix_tokens": int(prefix.size), "footage": source, "hf": hf_info, "hf_sweep_s": t1 - t0,
         "our_sweep_s": t2 - t1, "sweep_s": t2 - t0, "results": results,
+        "targets": targets(results, min(plan.base_suffixes)),
     })
     ok = True
     if not all(r.get("same_first_token", True) for r in results):
@@ -407,7 +408,8 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def _stats(samples) -> dict:
     a = np.asarray(samples, dtype=np.float64)
-    return {"mean": float(a.mean()), "std": float(a.std()), "samples": [float(x) for x in a]}
+    return {"mean": float(a.mean()), "std": float(a.std()), "median": float(np.median(a)), "min": float(a.min()),
+            "samples": [float(x) for x in a]}
 
 
 if __name__ == "__main__":

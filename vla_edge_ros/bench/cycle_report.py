@@ -20,15 +20,21 @@ def ratio(theirs, ours: dict, pct: str):
     return theirs["cycle_ms"][pct] / ours["cycle_ms"][pct] if timed(theirs) else None
 
 
-def row(n_cached: int, fmt: str, variant: str, ours: dict, theirs: dict, compiled, floor_ms: float) -> dict:
-    """One timed (cached length, weight format, launch mode): ours, the HF columns of that length, the ratios."""
+def row(n_cached: int, fmt: str, variant: str, ours: dict, theirs: dict, compiled, floor_ms: float,
+        floor_with_kv_ms: float | None = None) -> dict:
+    """One timed (cached length, weight format, launch mode): ours, the HF columns of that length, the ratios;
+    floor_ms: a decode step's weight bytes at the copy bandwidth; floor_with_kv_ms: with the K/V rows it reads."""
     return {"cached": n_cached, "weights": fmt, "variant": variant, "ours": ours, "hf_eager_bf16": theirs,
             "hf_compiled_static": compiled,
             "ratio_p50": theirs["cycle_ms"]["p50"] / ours["cycle_ms"]["p50"],
             "ratio_p99": theirs["cycle_ms"]["p99"] / ours["cycle_ms"]["p99"],
             "ratio_p50_compiled": ratio(compiled, ours, "p50"),
             "ratio_p99_compiled": ratio(compiled, ours, "p99"),
-            "decode_vs_floor": ours["decode_ms_per_token"] / floor_ms}
+            "decode_vs_floor": ours["decode_ms_per_token"] / floor_ms,
+            "floor_with_kv_ms": floor_with_kv_ms,
+            "decode_vs_floor_with_kv": (ours["decode_ms_per_token"] / floor_with_kv_ms) if floor_with_kv_ms else None,
+            "cycles_timed": ours.get("cycles"),
+            "hf_cycles_timed": theirs.get("cycles") if timed(theirs) else None}
 
 
 def summary(r: dict) -> dict:
@@ -83,15 +89,18 @@ def print_report(r: dict) -> None:
     by_format = formats != ["float"]
     title = f"pycuda cycle ({r['cycle']}), {r['shape']}, ms; on {r['machine'].get('gpu_pycuda')}"
     headers = (["cached"] + ["weights"] * by_format +
-               ["launch", "ours p50", "ours p99", "prefill", "dec/tok", "dec/floor", "x eager p50", "x eager p99",
-                "x compiled p50", "x compiled p99"])
+               ["launch", "cycles", "ours p50", "ours p99", "prefill", "dec/tok", "dec/floor", "dec/floor+KV",
+                "x eager p50", "x eager p99", "x compiled p50", "x compiled p99"])
     rows = [[c["cached"]] + [c.get("weights", "float")] * by_format +
-            [c["variant"], c["ours"]["cycle_ms"]["p50"], c["ours"]["cycle_ms"]["p99"], c["ours"]["prefill_ms"],
-             c["ours"]["decode_ms_per_token"], c["decode_vs_floor"], c["ratio_p50"], c["ratio_p99"],
+            [c["variant"], _or_na(c.get("cycles_timed")), c["ours"]["cycle_ms"]["p50"], c["ours"]["cycle_ms"]["p99"],
+             c["ours"]["prefill_ms"], c["ours"]["decode_ms_per_token"], c["decode_vs_floor"],
+             _or_na(c.get("decode_vs_floor_with_kv")), c["ratio_p50"], c["ratio_p99"],
              _or_na(c.get("ratio_p50_compiled")), _or_na(c.get("ratio_p99_compiled"))]
             for c in r["cycles"]]
     note = "; HF and ours float hold the INT4 model's dequantized weights in bf16" if "int4" in formats else ""
-    print_table(title + "; x = HF time / ours (> 1: ours is faster)" + note, headers, rows)
+    print_table(title + "; x = HF time / ours (> 1: ours is faster); dec/floor: decode against its weight bytes at "
+                "the copy bandwidth, +KV: and the K/V rows a step reads; p99 of under 100 cycles is about their max"
+                + note, headers, rows)
     _print_baselines(r)
     if by_format:
         _print_floors(r)

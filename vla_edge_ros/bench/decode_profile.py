@@ -59,7 +59,9 @@ def profile_mode(backend, spec, mode: str, n_cached: int, replays: int, ncu_wind
             times.append(end.time_since(start))
         out[f"{phase}_ms"] = float(np.median(times))
     out["graph_nodes"] = {"-".join(map(str, k)): g.n_nodes for k, g in backend._graphs.items()}
-    out["breakdown_ms"] = {"decode": _breakdown(backend, 1, n_cached + PREFILL_ROWS, n_cached),
+    # The decode row's table index is PREFILL_ROWS (the attend list: the n_cached context, then the cycle's rows),
+    # as pycuda_cycle's breakdown has had since 2026-12-02; n_cached + PREFILL_ROWS timed up to twice the context.
+    out["breakdown_ms"] = {"decode": _breakdown(backend, 1, PREFILL_ROWS, n_cached),
                            "prefill": _breakdown(backend, PREFILL_ROWS, 0, n_cached)}
     if ncu_window:
         from cuda.bindings import driver as cu

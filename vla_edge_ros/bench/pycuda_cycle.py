@@ -256,8 +256,12 @@ def bench(shape: str, cached: list, cycles: int, hf_cycles: int, seed: int, mode
                 mode_backend = backends[fmt, mode_kv_dtype(mode, robot.kv.dtype)]
                 in_effect = apply_launch_mode(mode_backend, mode)
                 ours = _time_ours(mode_backend, spec, n_cached, cycles, rng)
+                # a decode step also reads every cached K/V row (and the cycle's own): weights + K/V is its floor
+                kv_bytes = (2 * spec.num_layers * spec.kv_dim * np.dtype(mode_backend.kv_rows_dtype()).itemsize
+                            * (n_cached + PREFILL_ROWS + DECODE_STEPS // 2))
                 rows.append(cycle_report.row(n_cached, fmt, in_effect, ours, theirs, compiled,
-                                             floors[fmt] / bandwidth * 1e3))
+                                             floors[fmt] / bandwidth * 1e3,
+                                             (floors[fmt] + kv_bytes) / bandwidth * 1e3))
     head = {"benchmark": "pycuda_cycle", "shape": shape, "machine": _machine(),
             "cycle": f"{PREFILL_ROWS}-row prefill + {DECODE_STEPS} decode steps, argmax over {BINS} action bins",
             "kv_capacity": capacity, "robot_preset": f"config/{robot_preset(shape)}"}
