@@ -83,6 +83,8 @@ def test_our_loader_reads_the_weights_hf_decompresses_and_the_logits_agree(ct_ch
     (lambda g: g["weights"].__setitem__("symmetric", False), "weights.symmetric is False"),
     (lambda g: g["weights"].__setitem__("num_bits", 8), "weights.num_bits is 8"),
     (lambda g: g.__setitem__("input_activations", {"num_bits": 8}), "quantizes activations"),
+    # columns grouped by weight_g_idx (activation order): read as column // G every weight takes another scale
+    (lambda g: g["weights"].__setitem__("actorder", "group"), "actorder 'group'"),
 ])
 def test_other_compressed_tensors_schemes_are_refused_not_misread(ct_checkpoint, tmp_path, edit, fragment):
     bad = tmp_path / "bad"
@@ -92,3 +94,65 @@ def test_other_compressed_tensors_schemes_are_refused_not_misread(ct_checkpoint,
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelFormatError, match=fragment):
         load_int4_weights(bad)
+
+
+@pytest.mark.parametrize("key, value", [("transform_config", {"config_groups": {"u": {"type": "hadamard"}}}),
+                                        ("sparsity_config", {"format": "sparse-24-bitmask"})])
+def test_transformed_or_sparse_checkpoints_are_refused(ct_checkpoint, tmp_path, key, value):
+    bad = tmp_path / "bad"
+    shutil.copytree(ct_checkpoint, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["quantization_config"][key] = value
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelFormatError, match=key):
+        load_int4_weights(bad)
+
+
+def _edit_tensors(src, dst, edit):
+    from safetensors.numpy import load_file, save_file
+    shutil.copytree(src, dst)
+    files = sorted(dst.glob("*.safetensors"))
+    for f in files:
+        tensors = load_file(str(f))
+        edit(tensors)
+        save_file(tensors, str(f), metadata={"format": "pt"})
+
+
+def test_tensors_that_contradict_a_symmetric_static_scheme_are_refused(ct_checkpoint, tmp_path):
+    """Whatever the config says: nonzero zero points (asymmetric weights), a g_idx that is not column // G
+    (activation order), scales of an integer type or beyond fp16 (a corrupt file loaded as Inf weights)."""
+    import numpy as np
+
+    def first(tensors, suffix):
+        return next(k for k in sorted(tensors) if k.endswith(suffix))
+
+    def zero_points(t):
+        name = first(t, ".weight_scale")
+        t[name.replace(".weight_scale", ".weight_zero_point")] = np.ones(t[name].shape, np.int32)
+
+    def g_idx(t):
+        name = first(t, ".weight_shape")
+        cols = int(t[name].reshape(-1)[1])
+        t[name.replace(".weight_shape", ".weight_g_idx")] = np.random.default_rng(0).permutation(cols).astype(np.int32) // 32
+
+    def int_scales(t):
+        name = first(t, ".weight_scale")
+        t[name] = np.ones(t[name].shape, np.int32)
+
+    def huge_scale(t):
+        name = first(t, ".weight_scale")
+        t[name] = t[name].astype(np.float32)
+        t[name].reshape(-1)[0] = 1e38
+
+    for label, edit, fragment in (("zp", zero_points, "nonzero zero points"), ("gidx", g_idx, "other groups"),
+                                  ("ints", int_scales, "scales are floats"), ("huge", huge_scale, "beyond fp16")):
+        bad = tmp_path / label
+        _edit_tensors(ct_checkpoint, bad, edit)
+        with pytest.raises(ModelFormatError, match=fragment):
+            load_int4_weights(bad)
+    # a zero point of all zeros, and a g_idx that is column // G, say nothing new: read as without them
+    def harmless(t):
+        name = first(t, ".weight_scale")
+        t[name.replace(".weight_scale", ".weight_zero_point")] = np.zeros(t[name].shape, np.int32)
+    _edit_tensors(ct_checkpoint, tmp_path / "ok", harmless)
+    load_int4_weights(tmp_path / "ok")

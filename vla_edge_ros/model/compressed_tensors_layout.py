@@ -38,6 +38,10 @@ SCALE_SUFFIX = ".weight_scale"
 SHAPE_SUFFIX = ".weight_shape"
 # the one weight scheme read: W4A16, symmetric INT4 in groups
 W4A16_WEIGHTS = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group"}
+ACTORDERS_READ = (None, "weight")     # static groups: column c's scale is group c // G (stored in column order)
+ZERO_POINT_SUFFIX = ".weight_zero_point"
+G_IDX_SUFFIX = ".weight_g_idx"
+SCALE_DTYPES = (np.float16, np.float32)   # bf16 scales reach numpy as float32 (weights.py reads them so)
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,17 @@ def read_scheme(config: dict) -> CompressedTensorsW4A16:
                                    f"only {want!r} (W4A16 symmetric group INT4) is read")
     if weights.get("dynamic"):
         raise ModelFormatError(f"compressed-tensors group {group_name!r}: dynamic weight scales are not stored")
+    if weights.get("actorder") not in ACTORDERS_READ:
+        # "group" (or true): columns were quantized in activation order and each column's group is in weight_g_idx,
+        # not column // G; read as if it were, every weight would take another group's scale
+        raise ModelFormatError(f"compressed-tensors group {group_name!r}: weights.actorder "
+                               f"{weights.get('actorder')!r} (groups by weight_g_idx) is not read; only static "
+                               f"groups (actorder {ACTORDERS_READ[0]!r} or {ACTORDERS_READ[1]!r})")
+    for key in ("transform_config", "sparsity_config"):
+        extra = qc.get(key)
+        if extra and not (key == "sparsity_config" and isinstance(extra, dict) and extra.get("format") == "dense"):
+            raise ModelFormatError(f"compressed-tensors {key} {extra!r}: the weights are not plain W4A16 "
+                                   f"(transformed or sparse); not read")
     group_size = weights.get("group_size")
     if not isinstance(group_size, int) or group_size <= 0 or group_size % 2:
         raise ModelFormatError(f"compressed-tensors group {group_name!r}: group_size {group_size!r} is not a "

@@ -133,6 +133,11 @@ def check_pair(packed: np.ndarray, scales: np.ndarray, name: str = "tensor",
         raise ModelFormatError(f"{name}: {bad} of {scales.size} scales are NaN or Inf")
     if (scales < 0).any():
         raise ModelFormatError(f"{name}: negative scales (a symmetric INT4 scale is >= 0)")
+    if scales.size and float(np.max(scales)) > FP16_MAX:
+        # the device keeps scales in fp16, and 8 x a larger one overflows float32 products soon after: a scale
+        # of 1e38 (a corrupt file) loaded as Inf weights and NaN logits
+        raise ModelFormatError(f"{name}: a scale of {float(np.max(scales)):.3g} is beyond fp16's range "
+                               f"({FP16_MAX:g}): not an INT4 weight matrix")
     return out_dim, in_dim, in_dim // groups
 
 

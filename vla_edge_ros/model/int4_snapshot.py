@@ -372,7 +372,21 @@ def _read_int4_pair(reader: _TensorReader, layout: Int4Layout, name: str):
             raise ModelFormatError(f"{reader.model_dir}: {packed_name!r} has no {needed!r}")
     packed = ct.packed_bytes(reader.read_stored(packed_name), reader.read_stored(shape_name),
                              f"{reader.model_dir}: {packed_name}")
-    return packed, reader.read_stored(scale_name)
+    scales = reader.read_stored(scale_name)
+    if scales.dtype not in ct.SCALE_DTYPES:
+        raise ModelFormatError(f"{reader.model_dir}: {scale_name!r} is {scales.dtype}: scales are floats")
+    prefix = name.removesuffix(".weight")
+    zero_name, g_idx_name = prefix + ct.ZERO_POINT_SUFFIX, prefix + ct.G_IDX_SUFFIX
+    if reader.has(zero_name) and np.any(reader.read_stored(zero_name)):
+        raise ModelFormatError(f"{reader.model_dir}: {zero_name!r} holds nonzero zero points: the weights are "
+                               f"asymmetric, whatever the config says; not read")
+    if reader.has(g_idx_name):
+        in_dim = 2 * packed.shape[1]
+        static = np.arange(in_dim) // layout.group_size
+        if not np.array_equal(np.asarray(reader.read_stored(g_idx_name)).reshape(-1), static):
+            raise ModelFormatError(f"{reader.model_dir}: {g_idx_name!r} puts columns in other groups than "
+                                   f"column // {layout.group_size} (activation order): not read")
+    return packed, scales
 
 
 def check_group_size(spec: ModelSpec, group_size: int) -> None:

@@ -33,7 +33,8 @@ def run(args) -> int:
 
     try:
         cfg = load()
-        group = (args.group_size or cfg.model.int4_group_size) if args.weights == "int4" else None
+        group = ((args.group_size if args.group_size is not None else cfg.model.int4_group_size)
+                 if args.weights == "int4" else None)
         out = make_model(args.kind, args.out, seed=args.seed, dtype=args.dtype, layers=args.layers,
                          num_action_bins=cfg.action.num_bins, int4_group_size=group)
         entries = check_snapshot(out) if group is None else int4_entries(out)   # headers read back

@@ -22,7 +22,7 @@ def run(args) -> int:
     from ..model.spec import ModelFormatError
 
     try:
-        group = args.group_size or load().model.int4_group_size
+        group = args.group_size if args.group_size is not None else load().model.int4_group_size
         out = quantize_snapshot(args.model, args.out, group, MAX_SHARD_BYTES)
         files = sorted(p.name for p in out.iterdir())
         size = sum(p.stat().st_size for p in out.glob("*.safetensors"))
