@@ -308,6 +308,21 @@ def test_missing_config_key_is_named(tmp_path, tiny):
         load_weights(bad)
 
 
+@pytest.mark.parametrize("config, fragment", [
+    ([{"hidden_size": 64}], "JSON list, not an object"),
+    ({"hidden_size": None}, "not a number"),
+    ({"hidden_size": "abc"}, "not a number"),
+])
+def test_a_config_that_is_not_model_settings_is_named(tmp_path, tiny, config, fragment):
+    """A config.json of the wrong shape or with a setting that is not a number: a clear ModelFormatError (before,
+    a raw AttributeError or TypeError from deep inside the loader)."""
+    bad = _copy(tiny, tmp_path)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps(config if isinstance(config, list) else {**cfg, **config}))
+    with pytest.raises(ModelFormatError, match=fragment):
+        load_weights(bad)
+
+
 def test_missing_tokenizer_is_named(tmp_path, tiny):
     bad = _copy(tiny, tmp_path)
     (bad / "tokenizer.json").unlink()

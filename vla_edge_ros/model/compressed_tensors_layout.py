@@ -52,7 +52,7 @@ class CompressedTensorsW4A16:
 
 def is_compressed_tensors(config: dict) -> bool:
     """Whether a config.json says its weights are compressed-tensors' (of any scheme)."""
-    qc = config.get("quantization_config")
+    qc = config.get("quantization_config") if isinstance(config, dict) else None
     return isinstance(qc, dict) and qc.get("quant_method") == QUANT_METHOD
 
 
@@ -60,6 +60,8 @@ def read_scheme(config: dict) -> CompressedTensorsW4A16:
     """The W4A16 scheme of a compressed-tensors config.json, or ModelFormatError naming what differs."""
     qc = config.get("quantization_config") or {}
     groups = qc.get("config_groups") or {}
+    if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
+        raise ModelFormatError(f"compressed-tensors config_groups must map group names to objects, got {groups!r}")
     if len(groups) != 1:
         raise ModelFormatError(f"compressed-tensors checkpoint with {len(groups)} config groups: only one W4A16 "
                                f"group is read")

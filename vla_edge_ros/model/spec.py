@@ -55,6 +55,8 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, cfg: dict) -> "ModelSpec":
+        if not isinstance(cfg, dict):
+            raise ModelFormatError(f"config.json holds a JSON {type(cfg).__name__}, not an object of model settings")
         model_type = cfg.get("model_type")
         try:
             hidden = int(cfg["hidden_size"])
@@ -76,6 +78,8 @@ class ModelSpec:
             )
         except KeyError as exc:
             raise ModelFormatError(f"config.json is missing required key {exc.args[0]!r}") from exc
+        except (TypeError, ValueError) as exc:           # e.g. "hidden_size": null or "abc"
+            raise ModelFormatError(f"config.json: a model setting is not a number ({exc})") from exc
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelSpec":
