@@ -281,6 +281,27 @@ def test_corrupt_header_is_reported(tmp_path, tiny):
         load_weights(bad)
 
 
+def test_a_header_that_points_two_tensors_at_the_same_bytes_is_refused(tmp_path, tiny):
+    """Tensors own disjoint byte ranges; a header pointing one at another's bytes (corrupt, or crafted) loaded the
+    other's data silently where the file was read without safe_open."""
+    bad = _copy(tiny, tmp_path)
+    path = bad / SINGLE_FILE
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header, body = json.loads(data[8:8 + n]), data[8 + n:]
+    sized = {}
+    for name, entry in header.items():
+        if name != "__metadata__":
+            sized.setdefault(entry["data_offsets"][1] - entry["data_offsets"][0], []).append(name)
+    first, second = next(names for names in sized.values() if len(names) > 1)[:2]
+    header[second]["data_offsets"] = list(header[first]["data_offsets"])
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + body)
+    with pytest.raises(ModelFormatError, match="share bytes of the data block"):
+        load_weights(bad)
+
+
 def test_index_naming_a_missing_shard(tmp_path, tiny_weights, tiny):
     bad = _copy(tiny, tmp_path)
     (bad / SINGLE_FILE).unlink()

@@ -320,6 +320,9 @@ class SafetensorsFile:
                 tag, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
             except (KeyError, TypeError, ValueError) as exc:
                 raise ModelFormatError(f"{self.path}: corrupt header entry for tensor {name!r} ({exc!r})") from exc
+            if not all(type(d) is int and d >= 0 for d in (*shape, begin, end)):
+                raise ModelFormatError(f"{self.path}: corrupt header entry for tensor {name!r} (shape {list(shape)}, "
+                                       f"data_offsets {[begin, end]}: not whole numbers >= 0)")
             if tag not in SAFETENSORS_DTYPES:
                 raise ModelFormatError(f"{self.path}: tensor {name!r} has dtype {tag}, "
                                        f"supported: {sorted(SAFETENSORS_DTYPES)}")
@@ -331,6 +334,14 @@ class SafetensorsFile:
                 raise ModelFormatError(f"{self.path}: truncated safetensors file: tensor {name!r} ends at byte {end} "
                                        f"of the data block, which has only {data_len} bytes")
             self.entries[name] = (tag, shape, begin, end)
+        # Tensors own disjoint byte ranges (the format's rule, which safe_open enforces; the tensors read here with
+        # np.fromfile never pass through it): a header pointing two tensors at the same bytes loaded one's data as
+        # the other's, silently.
+        spans = sorted((b, e, n) for n, (_t, _s, b, e) in self.entries.items() if e > b)
+        for (_b0, e0, first), (b1, _e1, second) in zip(spans, spans[1:]):
+            if b1 < e0:
+                raise ModelFormatError(f"{self.path}: corrupt safetensors header: tensors {first!r} and {second!r} "
+                                       f"share bytes of the data block")
         self._handle = None
 
     def names(self) -> list[str]:
