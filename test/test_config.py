@@ -1,4 +1,5 @@
 """config.py: the shipped YAML loads, and every kind of bad value is refused with the key named."""
+import math
 import textwrap
 
 import pytest
@@ -110,6 +111,31 @@ def test_plain_and_ros_parameter_files_load_the_same(tmp_path):
               eviction_policy: fifo
         """))
     assert C.load(plain) == C.load(ros)
+
+
+def test_a_parameter_block_for_no_node_of_the_graph_is_refused(tmp_path):
+    """ROS applies a block only to the node it names: a misspelled one was merged here as if it applied, while the
+    running node ignored it silently (its deadline and capacity stayed the defaults)."""
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("reasonig:\n  ros__parameters:\n    cycle: {deadline_ms: 50.0}\n")
+    with pytest.raises(C.ConfigError, match="'reasonig' names no node of the graph"):
+        C.load(typo)
+    for key in ("/**", "reasoning", "/robot1/reasoning", "/**/camera_ingest", "reconciler"):
+        ok = tmp_path / "ok.yaml"
+        ok.write_text(f"{key}:\n  ros__parameters:\n    cycle: {{deadline_ms: 50.0}}\n")
+        assert C.load(ok).cycle.deadline_ms == 50.0, key
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_a_number_that_is_not_finite_is_refused_by_name(tmp_path, value):
+    """NaN passes every "must be >= 0" check (nan < 0 is false) and stopped the reasoning node at its first cycle;
+    inf raised an OverflowError inside configure that no log line named."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"/**:\n  ros__parameters:\n    cycle: {{safety_margin_ms: {value}}}\n")
+    with pytest.raises(C.ConfigError, match="cycle.safety_margin_ms: must be a finite number"):
+        C.load(bad)
+    with pytest.raises(C.ConfigError, match="memory.vram_ceiling_gib: must be a finite number"):
+        C.load(overrides={"memory.vram_ceiling_gib": {".nan": math.nan, ".inf": math.inf, "-.inf": -math.inf}[value]})
 
 
 def test_missing_or_unreadable_file_is_a_config_error(tmp_path):

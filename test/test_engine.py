@@ -153,6 +153,24 @@ def test_nan_logits_are_an_engine_error_and_the_poisoned_frame_is_forgotten(tiny
     assert ok.is_action, ok.detail
 
 
+def test_a_failure_before_the_cycle_runs_is_an_engine_error_too(tiny_model_dir, clip):
+    """What a swap left to the cycle and a position re-base run before the cycle's own work: a failure there (here
+    a re-base's budget from a setting that is not a number, as a NaN safety margin gave before the config refused
+    it) ends the cycle as an engine_error fallback; it used to raise out of run_cycle and stop the reasoning node."""
+    eng = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
+    budget = eng._rebase_budget_frames
+
+    def broken():
+        raise ValueError("cannot convert float NaN to integer")
+
+    eng._rebase_budget_frames = broken
+    bad = eng.run_cycle(frame(clip[0], 0), now_s=0.0)
+    assert bad.reason == R.ENGINE_ERROR and "before the cycle" in bad.detail and "NaN" in bad.detail
+    eng._rebase_budget_frames = budget
+    ok = eng.run_cycle(frame(clip[1], 1), now_s=1.0)
+    assert ok.is_action, ok.detail
+
+
 def test_a_failure_repeating_every_cycle_is_a_fallback_each_time_and_one_traceback(tiny_model_dir, clip, caplog):
     """A persistent fault (here the KV arena made read-only, as a broken device buffer would be) must
     not stop the cycles or flood the log: every cycle is an engine_error fallback naming the cause,

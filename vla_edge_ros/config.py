@@ -12,6 +12,7 @@ read the configuration cheaply.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import typing
@@ -772,6 +773,11 @@ def _unwrap_ros(raw, path) -> dict:
         for node, block in raw.items():
             if not (isinstance(block, dict) and set(block) == {"ros__parameters"}):
                 raise ConfigError(f"{path}: entry {node!r} must hold only 'ros__parameters'")
+            if not _names_a_graph_node(str(node)):
+                # ROS applies a block only to the node it names: a misspelled name ("reasonig") was merged here as
+                # if it applied, while the running node ignored it without a word
+                raise ConfigError(f"{path}: entry {node!r} names no node of the graph; use '/**' or one of "
+                                  f"{_graph_node_names()} (optionally under a namespace: '/ns/reasoning')")
             for sec, values in (block["ros__parameters"] or {}).items():
                 if isinstance(values, dict):
                     merged.setdefault(sec, {}).update(values)
@@ -779,6 +785,18 @@ def _unwrap_ros(raw, path) -> dict:
                     merged[sec] = values
         return merged
     return raw
+
+
+def _graph_node_names() -> list:
+    from .nodes.graph import NODES                 # no ROS import: the graph's description only
+    return [spec.name for spec in NODES]
+
+
+def _names_a_graph_node(key: str) -> bool:
+    """Whether a params file's top-level key applies to a node of the graph: '/**' (or '**'), a node's name, or a
+    namespaced one ('/robot1/reasoning', '/**/reasoning')."""
+    last = key.rstrip("/").rsplit("/", 1)[-1]
+    return last == "**" or last in _graph_node_names()
 
 
 def _section_types() -> dict:
@@ -811,6 +829,8 @@ def _coerce(key: str, typ, value):
             return value
     elif typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):      # NaN passes every "< 0" check, and int(inf) raised deep in configure
+                raise ConfigError(f"{key}: must be a finite number, got {value!r}")
             return float(value)
     elif typ is str:
         if isinstance(value, str):

@@ -186,15 +186,23 @@ class Engine:
         clock.lap("wake")
         result = CycleResult(cycle_id=self.cycle_id)
         self.cycle_id += 1
-        torn = self._finish_swap(result)
-        if result.swap_settle_ms is not None or result.swap_frames:
-            clock.lap("swap_finish")
-        rebased = self.state.rebase_positions_if_needed(self._rebase_budget_frames())
-        if rebased:
-            clock.lap("rebase")
+        torn = rebased = False
+        try:                      # what a swap left to this cycle, and a re-base: failures end it as an engine error
+            torn = self._finish_swap(result)
+            if result.swap_settle_ms is not None or result.swap_frames:
+                clock.lap("swap_finish")
+            rebased = self.state.rebase_positions_if_needed(self._rebase_budget_frames())
+            if rebased:
+                clock.lap("rebase")
+            ready = True
+        except Exception as exc:  # noqa: BLE001 - a cycle must end in a fallback, never an exception
+            self._failures.report(f"cycle {result.cycle_id} (before it ran)", exc)
+            self._fail(result, R.ENGINE_ERROR, f"before the cycle: {type(exc).__name__}: {exc}")
+            ready = False
         self.state.in_cycle = True
         try:
-            self._run(frame, now_s, t0, result, clock)
+            if ready:
+                self._run(frame, now_s, t0, result, clock)
         except NonFiniteLogitsError as exc:
             self._fail(result, R.ENGINE_ERROR, f"non-finite logits: {exc}")
         except Exception as exc:  # noqa: BLE001 - a cycle must end in a fallback, never an exception

@@ -58,7 +58,7 @@ from ..core.cpu_priority import make_thread_realtime
 from ..core.cycle_clock import CycleClockWriter, clock_path
 from ..core.cycle_result import DEADLINE_MISSED
 from ..core.double_buffer import LatestFrameBuffer
-from ..core.engine import NO_SWAP_ROOM, EngineConfigError
+from ..core.engine import NO_SWAP_ROOM
 from ..core.engine_factory import describe_choice, primary_engine, swap_kv_mapper
 from ..core.frame_ids import FrameIdEpochs
 from ..core.health import HealthLog, ReasoningHealth
@@ -66,7 +66,6 @@ from ..core.interpreter_hold import interpreter_held
 from ..core.swap_profile import SwapProfile
 from ..core.vision_prefetch import VisionPrefetch
 from ..model.cuda_device import bound
-from ..model.spec import ModelFormatError
 from . import conversions as conv
 from . import graph
 from . import health_status
@@ -79,9 +78,10 @@ from .params import NodeParameters
 DIAGNOSTICS_PERIOD_S = 1.0
 WARMUP_SEED = 7            # the synthetic warm-up frame (noise, so every kernel sees real-looking data)
 # What configure may fail on without the node going down: unusable model, arena over the memory
-# ceiling, no CUDA device for model.backend pycuda, a kernel that does not compile, ...
-CONFIGURE_ERRORS = (ModelFormatError, EngineConfigError, ConfigError, OSError, ValueError, MemoryError, RuntimeError,
-                    ImportError)
+# ceiling, no CUDA device for model.backend pycuda, a kernel that does not compile, ... and anything else: an error
+# not caught here reaches rclpy's transition callback, which swallows it without a log line (an OverflowError from
+# a setting of inf did), leaving an operator no reason at all.
+CONFIGURE_ERRORS = (Exception,)
 GIB = 1024 ** 3
 # Applied while configured: the instruction at the next cycle boundary, the others from the next frame / cycle
 # (each read once per frame or per cycle from one config object). Every other key is built into the engine.

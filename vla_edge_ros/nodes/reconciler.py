@@ -24,12 +24,10 @@ from rclpy.qos import QoSProfile
 from ..config import ConfigError
 from ..core.cpu_priority import describe_priority, lower_process_priority
 from ..core.cycle_clock import CycleClockReader, clock_path
-from ..core.engine import EngineConfigError
 from ..core.engine_factory import describe_choice, reconciler_state
 from ..core.health import reconciler_health
 from ..core.reconciliation import StateReconciler
 from ..core.swap_protocol import ReconcilerWorker, SnapshotStore
-from ..model.spec import ModelFormatError
 from . import conversions as conv
 from . import graph
 from . import health_status
@@ -67,7 +65,7 @@ class Reconciler(EngineNode):
                 # Work only in the reasoning node's slack: on one GPU the two would meet inside a cycle.
                 clock = CycleClockReader(clock_path(os.environ.get("ROS_DOMAIN_ID"), self.get_namespace()))
             self.worker = ReconcilerWorker(reconciler, SnapshotStore(), clock=clock)
-        except (ModelFormatError, EngineConfigError, OSError, ValueError, MemoryError, RuntimeError, ImportError) as exc:
+        except Exception as exc:        # any: rclpy's transition callback would swallow it without a log line
             # Unusable model, arena over the memory ceiling, no CUDA device for asr.backend pycuda, ...
             if state is not None:
                 if state.kv_export is not None:     # its buffers and generation board (directory) too
