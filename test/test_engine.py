@@ -153,6 +153,16 @@ def test_nan_logits_are_an_engine_error_and_the_poisoned_frame_is_forgotten(tiny
     assert ok.is_action, ok.detail
 
 
+def test_a_frame_stamped_far_in_the_future_is_stale_not_fresh_for_ever(tiny_model_dir, clip):
+    """Its age, now minus its stamp, is negative and would never pass cycle.stale_frame_ms: the policy kept acting
+    on it after the camera stopped. A skew within the bound (a camera clock a little ahead) is served."""
+    eng = make_engine(tiny_model_dir, **{"cycle.deterministic": True})
+    ahead = eng.run_cycle(frame(clip[0], 0, stamp=10.0 + 3600.0), now_s=10.0)
+    assert ahead.reason == R.STALE_FRAME and "in the future" in ahead.detail
+    skew = eng.cfg.cycle.stale_frame_ms / 2e3
+    assert eng.run_cycle(frame(clip[1], 1, stamp=10.0 + skew), now_s=10.0).is_action
+
+
 def test_a_failure_before_the_cycle_runs_is_an_engine_error_too(tiny_model_dir, clip):
     """What a swap left to the cycle and a position re-base run before the cycle's own work: a failure there (here
     a re-base's budget from a setting that is not a number, as a NaN safety margin gave before the config refused

@@ -152,6 +152,11 @@ def test_camera_ingest_rejects_counts_and_keeps_going(tmp_path):
             expected[1000.0 + i] = images.image_msg_to_rgb(good, MAX_PIXELS)
             image_pub.publish(good)
             H.wait_until(lambda: len(frames_out) == len(expected), 10.0, f"the good frame after a {kind} image")
+        back = _encode(rgb, "bgr8")              # a stamp earlier than the last: passed on, and counted
+        back.header.stamp = conv.s_to_stamp(999.5)
+        expected[999.5] = images.image_msg_to_rgb(back, MAX_PIXELS)
+        image_pub.publish(back)
+        H.wait_until(lambda: len(frames_out) == len(expected), 10.0, "the frame stamped back in time")
         for kind, payload in (("zero_size", b""), ("decode", b"\xff\xd8 not a jpeg")):
             compressed_pub.publish(CompressedImage(format="jpeg", data=payload))
             sent_bad[f"compressed_{kind}"] = 1
@@ -167,7 +172,7 @@ def test_camera_ingest_rejects_counts_and_keeps_going(tmp_path):
             # on the H200 machine: accepted 5 of 6) is a moment too early, not a wrong count.
             raw_s, comp_s = H.latest_status(diagnostics, "camera_ingest"), H.latest_status(diagnostics, "compressed")
             return (raw_s and comp_s and int(raw_s["rejected"]) == 6 and int(comp_s["rejected"]) == 2
-                    and int(raw_s["received"]) == 12 and (raw_s, comp_s))
+                    and int(raw_s["received"]) == 13 and (raw_s, comp_s))
         try:
             raw_status, comp_status = H.wait_until(counted, 5.0, "the rejections in /diagnostics")
         except AssertionError as exc:
@@ -180,7 +185,8 @@ def test_camera_ingest_rejects_counts_and_keeps_going(tmp_path):
     assert set(codes.values()) == {0}, codes
     for kind in ("encoding", "zero_size", "step", "data_length", "too_large"):
         assert int(raw_status[f"rejected_{kind}"]) == sent_bad[kind], (kind, raw_status)
-    assert int(raw_status["accepted"]) == 6 and int(raw_status["received"]) == 12
+    assert int(raw_status["accepted"]) == 7 and int(raw_status["received"]) == 13
+    assert int(raw_status["stamp_backwards"]) == 1 and int(comp_status["stamp_backwards"]) == 0
     assert int(comp_status["rejected_zero_size"]) == 1 and int(comp_status["rejected_decode"]) == 1
     for msg in frames_out.messages():
         stamp = conv.stamp_to_s(msg.image.header.stamp)

@@ -246,6 +246,11 @@ class Engine:
         age_ms = (now_s - frame.stamp_s) * 1000.0
         if age_ms > cyc.stale_frame_ms and not self._force_admit:
             return self._fail(result, R.STALE_FRAME, f"freshest frame is {age_ms:.1f} ms old > {cyc.stale_frame_ms} ms")
+        if -age_ms > cyc.stale_frame_ms and not self._force_admit:
+            # A stamp this far ahead of the clock never ages: one bad stamp (or a camera clock ahead of this host's)
+            # kept the policy acting on a frozen image after the camera stopped, for as long as the skew lasted.
+            return self._fail(result, R.STALE_FRAME, f"freshest frame is stamped {-age_ms:.1f} ms in the future "
+                                                     f"(> {cyc.stale_frame_ms} ms): its age cannot be known")
         if self.backend.memory_bytes() > self.cfg.memory.vram_ceiling_bytes:
             return self._fail(result, R.MEMORY_CEILING, "engine memory above memory.vram_ceiling_gib")
 

@@ -56,7 +56,9 @@ class CameraIngest(Node):
         self.health = CameraHealth(cfg.health, cfg.cycle.stale_frame_ms, start_s=time.monotonic())
         self._health_log = HealthLog()
         self.buffer = LatestFrameBuffer()
-        self.counts = Counter()                      # received, accepted, unstamped, published, rejected_<kind>
+        self.counts = Counter()                      # received, accepted, unstamped, stamp_backwards, published,
+                                                     # rejected_<kind>
+        self._last_stamp_s = 0.0
         self._next_id = 1
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -94,6 +96,11 @@ class CameraIngest(Node):
             # An unstamped camera: the receive time is the best capture time we have; counted, not hidden.
             self.counts["unstamped"] += 1
             stamp_s = self.get_clock().now().nanoseconds * 1e-9
+        if stamp_s < self._last_stamp_s:
+            # Passed on (the newest received is still the freshest the camera sent), but counted: a camera clock that
+            # jumps back, or two publishers on one topic, shows here.
+            self.counts["stamp_backwards"] += 1
+        self._last_stamp_s = stamp_s
         pixels = resize_rgb(rgb, cfg.vision.image_width, cfg.vision.image_height)   # [h, w, 3]
         self.buffer.publish(Frame(pixels=pixels, stamp_s=stamp_s, frame_id=self._next_id))
         self._next_id += 1
@@ -120,7 +127,8 @@ class CameraIngest(Node):
 
     def _publish_diagnostics(self) -> None:
         stats = self.buffer.stats()
-        values = {k: self.counts.get(k, 0) for k in ("received", "accepted", "published", "unstamped", "rejected")}
+        values = {k: self.counts.get(k, 0) for k in ("received", "accepted", "published", "unstamped", "stamp_backwards",
+                                                      "rejected")}
         values.update({f"rejected_{kind}": self.counts.get(f"rejected_{kind}", 0) for kind in images.REJECTION_KINDS})
         values["overwritten"] = stats.overwritten
         health = self.health.assess(time.monotonic())
