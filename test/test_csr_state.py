@@ -134,3 +134,16 @@ def test_state_changes_are_refused_inside_a_cycle(tiny_model_dir, clip):
     r = eng.state.last_swap
     assert eng.state.swap_fixed_ms_tail == pytest.approx(r.check_ms + r.place_ms + r.kv_copy_ms)
     assert eng.state.swap_fixed_ms_tail > 0.0
+
+
+def test_a_huge_instruction_keeps_the_tokens_a_short_cut_keeps(tiny_model_dir):
+    """An instruction of megabytes is cut to its end before it is tokenized (the cycle thread tokenized all of it
+    at the boundary: 39 boundaries, ~2 s, without actions); the tokens kept are its last ones either way."""
+    from vla_edge_ros.core.prompt import instruction_char_limit
+    eng = make_engine(tiny_model_dir)
+    cfg = eng.cfg.prompt
+    words = " ".join(f"word{i}" for i in range(300_000))                       # ~2.3 MB
+    cut = suffix_ids(eng.tokenizer, cfg, words)
+    whole = encode_text(eng.tokenizer, f"\nTask: {words}\n{cfg.action_prompt}")[-cfg.max_suffix_tokens:]
+    np.testing.assert_array_equal(cut, whole)
+    assert instruction_char_limit(cfg) < len(words) // 100

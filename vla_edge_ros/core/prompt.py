@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import PromptConfig
+from ..config import INSTRUCTION_CHARS_PER_TOKEN, PromptConfig
 
 
 def prefix_text(cfg: PromptConfig) -> str:
@@ -36,8 +36,16 @@ def encode_text(tokenizer, text: str) -> np.ndarray:
 
 
 def suffix_ids(tokenizer, cfg: PromptConfig, instruction: str) -> np.ndarray:
-    """Suffix token ids, keeping the last max_suffix_tokens (the action prompt must survive truncation)."""
+    """Suffix token ids, keeping the last max_suffix_tokens (the action prompt must survive truncation). The
+    instruction is cut to its end first (config.INSTRUCTION_CHARS_PER_TOKEN): the tokens kept are its last ones
+    either way."""
+    instruction = instruction[-instruction_char_limit(cfg):]
     ids = encode_text(tokenizer, suffix_text(cfg, instruction))
     if ids.size == 0:
         raise ValueError("the dynamic suffix tokenizes to nothing; set prompt.action_prompt")
     return ids[-cfg.max_suffix_tokens:]
+
+
+def instruction_char_limit(cfg: PromptConfig) -> int:
+    """The characters of an instruction that can matter: the rest is truncated away as tokens anyway."""
+    return cfg.max_suffix_tokens * INSTRUCTION_CHARS_PER_TOKEN

@@ -50,6 +50,7 @@ from std_msgs.msg import String
 from ..config import ConfigError
 from ..core import gc_pauses
 from ..core.heap_trim import HeapTrim
+from ..core.prompt import instruction_char_limit
 from ..core import swap_protocol as swap
 from ..core.boundary_overrun import OVERRUN_PARTS, BoundaryWork, overran_in
 from ..core.capacity_check import check_capacity, most_frames, take_context_cost
@@ -248,8 +249,14 @@ class Reasoning(EngineNode):
             prefetch.offer(frame)
 
     def _on_instruction(self, msg: String) -> None:
+        text, limit = msg.data, instruction_char_limit(self._live_cfg.prompt)
+        if len(text) > limit:             # its end is what survives as tokens: cut here, not on the cycle thread
+            self.get_logger().warning(f"instruction of {len(text)} characters: its last {limit} kept (the prompt "
+                                      f"keeps its last {self._live_cfg.prompt.max_suffix_tokens} tokens)",
+                                      throttle_duration_sec=1.0)
+            text = text[-limit:]
         with self._instruction_lock:
-            self._pending_instruction = msg.data
+            self._pending_instruction = text
 
     def _on_config_change(self, cfg, keys) -> None:
         self._live_cfg = cfg
