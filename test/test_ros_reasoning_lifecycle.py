@@ -16,6 +16,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 from diagnostic_msgs.msg import DiagnosticStatus
 from lifecycle_msgs.msg import State
 from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState
 
 import ros_helpers as H
 from vla_edge_ros.nodes import graph
@@ -124,3 +125,29 @@ def test_a_model_that_cannot_load_fails_configure_and_the_node_stays_up(tiny_mod
     log = H.node_log(tmp_path, NODE)
     assert "configure failed" in log and "truncated" in log, log[-2000:]
     assert codes == {NODE: 0}, log[-2000:]
+
+
+def test_a_transition_out_of_order_is_answered_and_shutdown_ends_the_process(tiny_model_dir, harness, tmp_path):
+    """ACTIVATE asked by id of an unconfigured node: rclpy raised inside its service and no answer ever came; it is
+    refused with an answer now. SHUTDOWN finalizes the node and its process exits (it stayed up, serving nothing,
+    so a supervisor never saw it gone)."""
+    procs = GraphProcesses(overrides={"model.path": str(tiny_model_dir)}, env=H.graph_env(harness.domain_id),
+                           nodes=(graph.node(NODE),), log_dir=tmp_path)
+    procs.start()
+    try:
+        assert _state(harness) == State.PRIMARY_STATE_UNCONFIGURED
+        activate = ChangeState.Request()
+        activate.transition.id = Transition.TRANSITION_ACTIVATE          # idempotent while refused: re-sent if lost
+        answer = H.call_service(harness, ChangeState, f"/{NODE}/change_state", activate)
+        assert answer is not None and not answer.success, "an out-of-order transition went unanswered"
+        assert _state(harness) == State.PRIMARY_STATE_UNCONFIGURED and procs.dead() == {}
+        shutdown = ChangeState.Request()
+        shutdown.transition.id = Transition.TRANSITION_UNCONFIGURED_SHUTDOWN
+        answer = H.call_service(harness, ChangeState, f"/{NODE}/change_state", shutdown, resend_s=30.0)   # once
+        assert answer is not None and answer.success
+        H.wait_until(lambda: procs.dead(), 20.0, "the finalized node's process to exit")
+        assert procs.dead() == {NODE: 0}
+    finally:
+        procs.stop()
+    log = H.node_log(tmp_path, NODE)
+    assert "refused" in log and "finalized: the process exits" in log, log[-2000:]

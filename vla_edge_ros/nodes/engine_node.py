@@ -7,8 +7,14 @@ here once:
 
     deactivate      stop the work (the state is kept: a later activate carries on)
     cleanup         free the engine
-    shutdown        stop the work, free the engine (from any primary state)
+    shutdown        stop the work, free the engine (from any primary state); finalized, the process then exits
+                    (node_main's spin ends: a finalized node serves nothing, and a supervisor or launch file
+                    should see it gone rather than a live process that never publishes again)
     process exit    the same as shutdown (node_main calls close() before destroy_node)
+
+A transition the current state does not have, requested by id (as nav2's lifecycle manager and most scripts
+send them), is answered success=False with a warning: rclpy 7.1.6 raises inside its ChangeState service
+instead, and the caller never got an answer.
 """
 from __future__ import annotations
 
@@ -18,6 +24,22 @@ from rclpy.lifecycle import TransitionCallbackReturn
 
 
 class EngineNode(LifecycleNode):
+    finalized = False        # set by the shutdown transition: node_main's spin loop ends
+
+    def _LifecycleNodeMixin__on_change_state(self, req, resp):
+        """The ChangeState service (rclpy's LifecycleNodeMixin binds this name-mangled method when it makes the
+        service, so this definition is the one served): a transition id the current state lacks is answered
+        success=False, where rclpy raises and the request is never answered. Labels and valid ids go to rclpy."""
+        if not req.transition.label:
+            available = {t[0] for t in self._state_machine.available_transitions}
+            if req.transition.id not in available:
+                state = self._state_machine.current_state[1]
+                self.get_logger().warning(f"transition {req.transition.id} requested in state {state!r}, which "
+                                          f"offers {sorted(available)}: refused")
+                resp.success = False
+                return resp
+        return super()._LifecycleNodeMixin__on_change_state(req, resp)
+
     def _stop_work(self) -> None:
         """Stop what runs while active; idempotent (shutdown and close may follow a deactivate)."""
         raise NotImplementedError
@@ -37,8 +59,10 @@ class EngineNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        """SUCCESS -> finalized, from any primary state."""
+        """SUCCESS -> finalized, from any primary state; the process exits after it (the module docstring)."""
         self.close()
+        self.finalized = True
+        self.get_logger().info("finalized: the process exits")
         return TransitionCallbackReturn.SUCCESS
 
     def close(self) -> None:

@@ -24,8 +24,10 @@ Nodes spin with `spin_resilient`: one failing callback or message take is
 logged and counted, and the node goes on serving. Two failures seen here
 motivate it: rclpy 7.1.6's LifecycleNode raises RCLError inside the
 ChangeState service for a transition the current state lacks (instead of
-answering success=False), and a subscription take racing the context shutdown
-raises a pybind11 RuntimeError.
+answering success=False; the engine nodes now answer those themselves,
+engine_node.py), and a subscription take racing the context shutdown
+raises a pybind11 RuntimeError. A lifecycle node finalized by its shutdown
+transition ends the spin, and the process exits 0.
 """
 from __future__ import annotations
 
@@ -84,12 +86,12 @@ def make_executor(node):
 
 def spin_resilient(node, stop: StopRequest | None = None) -> None:
     """rclpy.spin that survives a failing callback (logged, throttled, counted in `node.callback_errors`)
-    and returns when `stop` is raised or the context is shut down."""
+    and returns when `stop` is raised, the context is shut down, or a lifecycle node was finalized."""
     executor = make_executor(node)
     executor.add_node(node)
     node.callback_errors = 0
     try:
-        while rclpy.ok() and not stop:
+        while rclpy.ok() and not stop and not getattr(node, "finalized", False):
             try:
                 executor.spin_once(timeout_sec=SPIN_PERIOD_S)
             except (KeyboardInterrupt, ExternalShutdownException):
