@@ -9,7 +9,8 @@ here once:
     cleanup         free the engine
     shutdown        stop the work, free the engine (from any primary state); finalized, the process then exits
                     (node_main's spin ends: a finalized node serves nothing, and a supervisor or launch file
-                    should see it gone rather than a live process that never publishes again)
+                    should see it gone rather than a live process that never publishes again; a node whose row
+                    says respawn, the reconciler, is then started again by that policy: stop the graph to stop it)
     process exit    the same as shutdown (node_main calls close() before destroy_node)
 
 A transition the current state does not have, requested by id (as nav2's lifecycle manager and most scripts
