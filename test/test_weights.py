@@ -344,6 +344,29 @@ def test_a_config_that_is_not_model_settings_is_named(tmp_path, tiny, config, fr
         load_weights(bad)
 
 
+def test_an_integer_tensor_where_float_weights_belong_is_refused(tmp_path, tiny):
+    """Packed data under a float weight's name was converted and loaded as weights."""
+    from safetensors.numpy import load_file, save_file
+    bad = _copy(tiny, tmp_path)
+    tensors = load_file(str(bad / SINGLE_FILE))
+    name = "model.embed_tokens.weight"
+    tensors[name] = tensors[name].astype(np.int32)
+    save_file(tensors, str(bad / SINGLE_FILE))
+    with pytest.raises(ModelFormatError, match=f"'{name}' is I32, where float weights are expected"):
+        load_weights(bad)
+
+
+def test_a_quantization_method_this_package_does_not_read_is_named(tmp_path, tiny):
+    """gptq, awq, fp8 ... were taken for float weights and failed later on a missing tensor that did not say why."""
+    from vla_edge_ros.model.int4_snapshot import weight_format
+    bad = _copy(tiny, tmp_path)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelFormatError, match="quantization method 'gptq' is not read"):
+        weight_format(bad)
+
+
 def test_missing_tokenizer_is_named(tmp_path, tiny):
     bad = _copy(tiny, tmp_path)
     (bad / "tokenizer.json").unlink()

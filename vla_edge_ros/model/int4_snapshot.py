@@ -92,6 +92,11 @@ def layout_of(config: dict) -> Int4Layout | None:
         return Int4Layout("vla-edge", group)
     if ct.is_compressed_tensors(config):
         return Int4Layout("compressed-tensors", ct.read_scheme(config).group_size)
+    qc = config.get("quantization_config")
+    if qc:                                # gptq, awq, fp8, bitsandbytes, ...: packed data this package cannot read
+        method = qc.get("quant_method") if isinstance(qc, dict) else qc
+        raise ModelFormatError(f"config.json: quantization method {method!r} is not read; this package reads float "
+                               f"weights, its own INT4 snapshots and compressed-tensors W4A16 (pack-quantized)")
     return None
 
 

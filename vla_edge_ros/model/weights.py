@@ -36,6 +36,7 @@ SAFETENSORS_DTYPES = {"F32": (4, np.float32), "F16": (2, np.float16), "BF16": (2
                       # integer tensors of INT4 snapshots: packed nibbles (U8, ours; I32, compressed-tensors)
                       # and compressed-tensors' weight_shape (I64); read with read_stored, not read
                       "U8": (1, np.uint8), "I32": (4, np.int32), "I64": (8, np.int64)}
+INTEGER_TAGS = ("U8", "I32", "I64")
 
 # Canonical compute/storage precisions a backend may be asked for.
 DTYPE_ALIASES = {"float32": "float32", "fp32": "float32", "f32": "float32",
@@ -362,8 +363,11 @@ class SafetensorsFile:
         return arr.astype(arr.dtype.newbyteorder("="), copy=False).reshape(shape), tag
 
     def read(self, name: str) -> tuple[np.ndarray, str]:
-        """(float32 array, on-disk dtype tag) of one tensor."""
+        """(float32 array, on-disk dtype tag) of one float tensor; an integer one (packed data: read_stored) is
+        refused rather than converted into float weights."""
         tag, shape, begin, end = self.entries[name]
+        if tag in INTEGER_TAGS:
+            raise ModelFormatError(f"{self.path}: tensor {name!r} is {tag}, where float weights are expected")
         if tag == "BF16":
             bits = np.fromfile(self.path, dtype="<u2", count=(end - begin) // 2, offset=self.data_start + begin)
             return bf16_bits_to_float32(bits).reshape(shape), tag
