@@ -58,6 +58,30 @@ def test_quantize_refuses_a_group_that_does_not_divide_and_says_what_fits(tiny_m
     assert "intermediate_size (down_proj) = 352" in err and "largest group size that fits this model is 32" in err
 
 
+def test_a_quantize_that_fails_leaves_the_output_as_it_was(tiny_model_dir, tiny_int4, tmp_path, capsys):
+    """A run that fails part way (a NaN in a late tensor) into an existing INT4 folder left the old config.json
+    beside a half-written model.safetensors; the snapshot is now written beside the output and moved in whole."""
+    bad = tmp_path / "src"
+    shutil.copytree(tiny_model_dir, bad)
+    tensors = load_file(str(bad / "model.safetensors"))
+    last = sorted(n for n in tensors if n.endswith("down_proj.weight"))[-1]
+    tensors[last] = tensors[last].copy()
+    tensors[last][0, 0] = np.nan
+    save_file(tensors, str(bad / "model.safetensors"))
+    out = tmp_path / "out"
+    shutil.copytree(tiny_int4, out)
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    assert cli.main(["quantize", "--model", str(bad), "--out", str(out), "--group-size", str(TINY_GROUP)]) == 1
+    assert "NaN" in capsys.readouterr().err
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before, "the output changed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"], "a partial folder was left behind"
+    load_int4_weights(out)
+    # and a run that succeeds replaces the folder whole
+    assert cli.main(["quantize", "--model", str(tiny_model_dir), "--out", str(out), "--group-size", "32"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]
+    load_int4_weights(out)
+
+
 def test_verify_checks_the_int4_backend_against_hf_on_dequantized_weights(tiny_model_dir, tiny_int4, tmp_path,
                                                                            capsys):
     report_path = tmp_path / "report.json"

@@ -231,12 +231,31 @@ def quantize_snapshot(src: str | Path, out: str | Path, group_size: int, max_sha
         return arr
 
     listing = [(name, shape, "BF16" if tag == "BF16" else "F32") for name, (_, tag, shape) in entries.items()]
-    out.mkdir(parents=True, exist_ok=True)
-    write_int4_tensors(out, listing, set(projection_names(spec)), read_float, group_size, max_shard_bytes)
-    for item in src.iterdir():                               # tokenizer files, generation_config.json, ...
-        if item.is_file() and not item.name.endswith(".safetensors") and item.name not in (INDEX_FILE, CONFIG_FILE):
-            shutil.copy2(item, out / item.name)
-    (out / CONFIG_FILE).write_text(json.dumps(marked_config(config, group_size), indent=2) + "\n")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: exists and is not a directory")
+    # Written beside `out` and moved into place whole: a run that fails (a NaN in layer 3) left the old config.json
+    # next to a half-written model.safetensors; now `out` is the new snapshot or stays as it was.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    try:
+        write_int4_tensors(partial, listing, set(projection_names(spec)), read_float, group_size, max_shard_bytes)
+        for item in src.iterdir():                           # tokenizer files, generation_config.json, ...
+            if item.is_file() and not item.name.endswith(".safetensors") and item.name not in (INDEX_FILE,
+                                                                                                CONFIG_FILE):
+                shutil.copy2(item, partial / item.name)
+        (partial / CONFIG_FILE).write_text(json.dumps(marked_config(config, group_size), indent=2) + "\n")
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if out.exists():
+        replaced = out.parent / f".{out.name}.replaced-{os.getpid()}"
+        out.rename(replaced)
+        partial.rename(out)
+        shutil.rmtree(replaced, ignore_errors=True)
+    else:
+        partial.rename(out)
     logger.info("quantized %s -> %s (INT4, groups of %d)", src, out, group_size)
     return out
 
