@@ -256,7 +256,10 @@ class Engine:
 
         # A frame already in the state (the last one answered, or one a swap brought in) is not appended again.
         st = self.state
-        new = frame.frame_id != st.last_frame_id and frame.frame_id not in st.frames
+        # Appended unless the state holds it. Not "unless it was the last one answered": a re-base that kept no
+        # frame, a torn swap copy, or a failed late recompute forgot that frame while last_frame_id still named it,
+        # and the next cycle on the same camera frame answered it without it in the state.
+        new = frame.frame_id not in st.frames
         tpf = self.cfg.vision.tokens_per_frame
         prefill_tokens = (tpf if new else 0) + int(self.suffix.size)
         decode_steps = self.cfg.action.num_tokens - 1

@@ -198,6 +198,7 @@ class FrameState(SwapImport, LayeredAppend):
         self._pending = []
         self.next_position = self.prefix_tokens
         self.approximate_evictions = 0
+        self.last_frame_id = None                   # it names a held frame or none
 
     def rebuild_in_place(self, keep_ids, tokens_per_step: int | None = None) -> list[int]:
         """Synchronous exact recompute: keep these frames (oldest first), recompute their KV from the
@@ -222,7 +223,7 @@ class FrameState(SwapImport, LayeredAppend):
         per = max(1, (tokens_per_step or len(chunks) * self.cfg.vision.tokens_per_frame) // self.cfg.vision.tokens_per_frame)
         for i in range(0, len(chunks), per):
             self.append_chunks(chunks[i:i + per], allow_evict=False)
-        self.last_frame_id = last
+        self.last_frame_id = last if last in self.frames else None
         return dropped
 
     def export_state(self, version: int = 0, with_rows: bool = True) -> StateSnapshot:
