@@ -427,3 +427,10 @@ def test_a_cycle_after_the_state_shrank_is_probed_not_refused(tiny_model_dir, cl
     assert probe.context_tokens <= (1 - eng.cfg.admission.probe_on_context_shrink) * held
     after = eng.run_cycle(frame(clip[10], 10), now_s=10.0)
     assert after.is_action and not after.probe and after.estimate_ms < budget
+
+
+def test_an_action_bin_count_the_models_tokenizer_disagrees_with_is_refused(tiny_model_dir):
+    """Bins are the last action.num_bins vocabulary ids: with 128 configured on a 256-bin model every action was
+    shifted and rescaled without an error (the model's bin 128, +0.004, published as -1.0)."""
+    with pytest.raises(EngineConfigError, match="names 256 action bins .* set action.num_bins to 256"):
+        make_engine(tiny_model_dir, **{"action.num_bins": 128})

@@ -73,6 +73,7 @@ class Engine:
                                     f"rows exceeds the backend's {backend.max_rows} rows per pass")
         self._check_memory_budget()
         self.codec = ActionCodec(spec.vocab_size, cfg.action)
+        _check_action_bins(tokenizer, self.codec)
         self.admission = AdmissionController(cfg.cycle, cfg.admission)
         self.metrics = CycleMetrics(cfg.cycle.deadline_ms)
         self.phases = PhaseStats()                              # where each cycle's time went (core/cycle_phases.py)
@@ -513,3 +514,24 @@ class Engine:
         if used > self.cfg.memory.vram_ceiling_bytes:
             raise EngineConfigError(
                 f"model + KV arena need {used / 2**30:.2f} GiB > memory.vram_ceiling_gib={self.cfg.memory.vram_ceiling_gib}")
+
+
+ACTION_TOKEN = "<|act_{}|>"     # how a tokenizer made for this package names its bins (model/make_model.py)
+
+
+def _check_action_bins(tokenizer, codec: ActionCodec) -> None:
+    """EngineConfigError when the tokenizer names its action bins and action.num_bins disagrees with them: bins
+    are the last num_bins vocabulary ids, so another count shifts and rescales every action without an error
+    (action.num_bins 128 on a 256-bin model published bin 128, +0.004, as -1.0). A tokenizer without named bins
+    (a stock model, bins by position only) is not checked."""
+    token_to_id = getattr(tokenizer, "token_to_id", None)
+    first = token_to_id(ACTION_TOKEN.format(0)) if token_to_id is not None else None
+    if first is None:
+        return
+    named = 0
+    while token_to_id(ACTION_TOKEN.format(named)) is not None:
+        named += 1
+    if first != codec.first_bin_id or named != codec.num_bins:
+        raise EngineConfigError(f"action.num_bins is {codec.num_bins} (bins from vocabulary id {codec.first_bin_id}), "
+                                f"but the model's tokenizer names {named} action bins from id {first}: set "
+                                f"action.num_bins to {named}")
