@@ -63,6 +63,37 @@ def test_replay_refuses_what_is_not_a_bag(tmp_path):
         list(read_images(tmp_path))
 
 
+def _write_bag(path, entries):
+    """A rosbag2 (mcap) of `entries` [(topic, type, log time ns, CDR bytes)], written with rosbags."""
+    from rosbags.rosbag2 import StoragePlugin, Writer
+    from rosbags.typesys import Stores, get_typestore
+    store = get_typestore(Stores.ROS2_JAZZY)
+    writer = Writer(path, version=9, storage_plugin=StoragePlugin.MCAP)
+    writer.open()
+    connections = {}
+    for topic, msgtype, t_ns, raw in entries:
+        if topic not in connections:
+            connections[topic] = writer.add_connection(topic, msgtype, typestore=store)
+        writer.write(connections[topic], t_ns, raw)
+    writer.close()
+    return path
+
+
+def test_replay_names_a_bag_without_images_and_a_message_that_does_not_deserialize(tmp_path):
+    """A bag of no image topic was "choose one image topic of []"; a message cut short was an rclpy traceback."""
+    from rclpy.serialization import serialize_message
+    from std_msgs.msg import String
+    no_image = _write_bag(tmp_path / "no_image", [("/chatter", "std_msgs/msg/String", 1000 + i,
+                                                   serialize_message(String(data="hi"))) for i in range(3)])
+    with pytest.raises(ReplayError, match="no sensor_msgs/msg/Image or sensor_msgs/msg/CompressedImage topic"):
+        BagReplayer(None, no_image)                       # refused before any node is touched
+    image = serialize_message(conv.rgb_to_image_msg(np.zeros((8, 8, 3), np.uint8), conv.s_to_stamp(1.0), "camera"))
+    cut = _write_bag(tmp_path / "cut", [("/camera/image_raw", "sensor_msgs/msg/Image", 1000 + i,
+                                         image if i != 2 else image[:40]) for i in range(4)])
+    with pytest.raises(ReplayError, match="message 2 of /camera/image_raw .* does not deserialize"):
+        list(read_images(cut))
+
+
 def _direct_tokens(model, bag) -> list:
     cfg = C.load(overrides={**OVERRIDES, "model.path": str(model)})
     engine = primary_engine(cfg)
@@ -98,7 +129,8 @@ def test_bag_through_the_graph_matches_the_engine(bags, storage, tiny_model_dir,
     finally:
         procs.stop()
         harness.close()
-    assert stats.published == FRAMES
+    assert stats.published == FRAMES and stats.matched
+    assert stats.answered_by_action == FRAMES and stats.answered_by_fallback == 0, stats
     answers = sorted((conv.action_tokens_fields(m) for m in tokens.messages()), key=lambda f: f["cycle_id"])
     appended = [f for f in answers if f["new_frame"]]
     with_frames = [(m.message, conv.status_values(m)) for m in fallbacks.messages() if conv.status_values(m)["frame_id"]]

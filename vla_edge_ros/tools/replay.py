@@ -13,7 +13,17 @@ is published only after the graph answered the previous one (an
 /vla/action_tokens message whose header carries its stamp, or a /vla/fallback
 whose frame_stamp value does), so every
 frame is appended to the state exactly once whatever the machine's load; the
-recorded timing is then ignored.
+recorded timing is then ignored. Only answers that arrive after an image was
+published count for it (the reasoning node answers its latest frame again
+every cycle), a re-sent image keeps its stamp, and the report counts how each
+image was answered: by an action that appended it, or by a fallback and its
+reason. A fallback answer means the frame was not processed as asked (e.g.
+stale_frame on a loaded machine), so such a run exits 1.
+
+`--keep-stamps` and the graph's clock: the reasoning node ages a frame by its
+own clock, and replay publishes no /clock, so recorded stamps older than
+cycle.stale_frame_ms are answered stale_frame by a graph on wall time (the
+run says so at its start and in its counts).
 
 On a robot with ROS installed, `ros2 bag play BAG` drives the same graph.
 """
@@ -22,8 +32,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -65,17 +75,26 @@ def run(args) -> int:
     executor.add_node(node)
     spinner = threading.Thread(target=_spin_until_shutdown, args=(executor,), daemon=True)
     spinner.start()
+    replayer = None
     try:
         replayer = BagReplayer(node, args.bag, out_topic=args.topic, from_topic=args.from_topic, rate=args.rate,
                                keep_stamps=args.keep_stamps, lockstep=args.lockstep)
+        if args.keep_stamps:
+            print("vla-edge replay: --keep-stamps: the graph ages frames by its own clock and this replay publishes "
+                  "no /clock; recorded stamps older than cycle.stale_frame_ms are answered stale_frame")
         stats = replayer.run(loop=args.loop, stop=stop)
-        print(f"vla-edge replay: published {stats.published} images on {replayer.out_topic} "
-              f"({stats.loops} pass(es), {stats.retries} lockstep re-sends)")
-        return 0
+        print(_summary(replayer, stats))
+        if not stats.matched:
+            print(f"vla-edge replay: no subscriber ever matched {replayer.out_topic} ({replayer.msg_type}): nothing "
+                  f"received the images. {replayer.subscribers_elsewhere()}")
+            return 1
+        return 1 if stats.answered_by_fallback else 0
     except ReplayError as exc:
         print(f"vla-edge replay: {exc}")
         return 1
     except KeyboardInterrupt:
+        if replayer is not None:                          # --loop ends here: say what ran
+            print(_summary(replayer, replayer.stats) + " (stopped)")
         return 130
     except (_rclpy.RCLError, _rclpy.InvalidHandle):
         if rclpy.ok():
@@ -86,6 +105,16 @@ def run(args) -> int:
         spinner.join(timeout=2.0)
         node.destroy_node()
         rclpy.try_shutdown()
+
+
+def _summary(replayer, stats) -> str:
+    text = (f"vla-edge replay: published {stats.published} images on {replayer.out_topic} "
+            f"({stats.loops} pass(es), {stats.retries} lockstep re-sends)")
+    if replayer.lockstep:
+        fallbacks = ", ".join(f"{reason} {n}" for reason, n in sorted(stats.fallback_reasons.items())) or "none"
+        text += (f"; answered by an action {stats.answered_by_action}, by a fallback {stats.answered_by_fallback} "
+                 f"({fallbacks})")
+    return text
 
 
 def _spin_until_shutdown(executor) -> None:
@@ -125,8 +154,13 @@ def read_images(bag, topic: str | None = None):
     cls = Image if topics[topic] == IMAGE_TYPES[0] else CompressedImage
     with Reader(Path(bag)) as reader:
         conns = [c for c in reader.connections if c.topic == topic]
-        for _conn, t_ns, raw in reader.messages(connections=conns):
-            yield t_ns, deserialize_message(bytes(raw), cls)
+        for index, (_conn, t_ns, raw) in enumerate(reader.messages(connections=conns)):
+            try:
+                msg = deserialize_message(bytes(raw), cls)
+            except Exception as exc:                 # rclpy's RMWError: a message cut short or not of this type
+                raise ReplayError(f"{bag}: message {index} of {topic} (log time {t_ns} ns) does not deserialize "
+                                  f"as {topics[topic]}: {exc}") from exc
+            yield t_ns, msg
 
 
 @dataclass
@@ -134,6 +168,10 @@ class ReplayStats:
     published: int = 0
     loops: int = 0
     retries: int = 0
+    matched: bool = False                  # a subscriber matched the image topic at some point
+    answered_by_action: int = 0            # lockstep: images whose first answer was an action
+    answered_by_fallback: int = 0          # ... or a fallback (not processed as asked)
+    fallback_reasons: Counter = field(default_factory=Counter)
 
 
 class BagReplayer:
@@ -149,6 +187,8 @@ class BagReplayer:
         self.node = node
         self.bag = Path(bag)
         topics = bag_image_topics(self.bag)
+        if not topics:
+            raise ReplayError(f"{bag}: no {' or '.join(IMAGE_TYPES)} topic in the bag")
         self.from_topic = from_topic or (next(iter(topics)) if len(topics) == 1 else None)
         if self.from_topic is None or self.from_topic not in topics:
             raise ReplayError(f"{bag}: choose one image topic of {sorted(topics)} (--from-topic)")
@@ -158,8 +198,12 @@ class BagReplayer:
         self.lockstep = lockstep
         self.answer_timeout_s = answer_timeout_s
         cls = Image if topics[self.from_topic] == IMAGE_TYPES[0] else CompressedImage
+        self.msg_type = topics[self.from_topic]
         self.publisher = node.create_publisher(cls, self.out_topic, QoSProfile(depth=1))
-        self._answers: deque = deque(maxlen=256)         # stamps (s) answered by the graph
+        self.stats = ReplayStats()
+        self._answers: list = []                         # (stamp s, fallback reason or None) since the last publish
+        self._answers_lock = threading.Lock()
+        self._last_stamp = None
         self._answered = threading.Event()
         self._answer_subscriptions: list = []
         if lockstep:
@@ -168,7 +212,7 @@ class BagReplayer:
     def run(self, loop: bool = False, stop: threading.Event | None = None) -> ReplayStats:
         from ..core.clock import hybrid_sleep_until
 
-        stats = ReplayStats()
+        stats = self.stats = ReplayStats()
         self._wait_for_subscriber(stop)
         while True:
             start_perf = time.perf_counter()
@@ -194,6 +238,16 @@ class BagReplayer:
 
     # ------------------------------------------------------------- internals
 
+    def subscribers_elsewhere(self) -> str:
+        """What subscribes where the images were meant to go: another message type on the topic (camera.compressed
+        decides which one camera_ingest takes), or the image topics the graph does subscribe to."""
+        found = {name: types for name, types in self.node.get_topic_names_and_types()
+                 if any(t in IMAGE_TYPES for t in types) and self.node.count_subscribers(name)}
+        if not found:
+            return "No image topic of the graph has a subscriber (is camera_ingest running on this ROS domain?)."
+        return ("Subscribed image topics: " + ", ".join(f"{n} ({'/'.join(t)})" for n, t in sorted(found.items()))
+                + "; --topic chooses where to publish, camera.compressed which type camera_ingest takes.")
+
     def _wait_for_subscriber(self, stop) -> None:
         """Images published before discovery matched a subscriber would be lost."""
         deadline = time.monotonic() + MATCH_TIMEOUT_S
@@ -211,26 +265,51 @@ class BagReplayer:
             time.sleep(0.05)
 
     def _publish(self, msg, stats: ReplayStats) -> None:
+        if not self.keep_stamps:
+            msg.header.stamp = self.node.get_clock().now().to_msg()      # once: a re-send is the same image
+        stamp = (msg.header.stamp.sec, msg.header.stamp.nanosec)
+        if self.lockstep and self.keep_stamps:
+            if stamp == (0, 0):
+                raise ReplayError("lockstep --keep-stamps: an image has no stamp (0); camera_ingest stamps it with "
+                                  "its receive time, so its answer cannot be told from others")
+            if stamp == self._last_stamp:
+                raise ReplayError(f"lockstep --keep-stamps: two images in a row stamped {stamp[0]}.{stamp[1]:09d}; "
+                                  f"their answers cannot be told apart (replay without --keep-stamps)")
+        self._last_stamp = stamp
+        stats.matched = stats.matched or self.publisher.get_subscription_count() > 0
         for attempt in range(LOCKSTEP_ATTEMPTS if self.lockstep else 1):
-            if not self.keep_stamps:
-                msg.header.stamp = self.node.get_clock().now().to_msg()
+            with self._answers_lock:
+                self._answers.clear()                # only answers after this publish count for it
             self._answered.clear()
             self.publisher.publish(msg)
             stats.published += attempt == 0
-            if not self.lockstep or self._wait_answer(msg.header.stamp):
+            if not self.lockstep:
+                return
+            reason = self._wait_answer(msg.header.stamp)
+            if reason is not False:
+                if reason is None:
+                    stats.answered_by_action += 1
+                else:
+                    stats.answered_by_fallback += 1
+                    stats.fallback_reasons[reason] += 1
                 return
             stats.retries += 1
             log.warning("no answer to the image stamped %d.%09d within %.1f s; publishing it again",
                         msg.header.stamp.sec, msg.header.stamp.nanosec, self.answer_timeout_s)
-        raise ReplayError(f"lockstep: the graph did not answer an image after {LOCKSTEP_ATTEMPTS} attempts "
-                          f"(is the reasoning node running on this ROS domain?)")
+        raise ReplayError(f"lockstep: the graph did not answer an image after {LOCKSTEP_ATTEMPTS} attempts (is the "
+                          f"reasoning node running on this ROS domain? camera_ingest's /diagnostics counts the "
+                          f"images it received and rejected)")
 
-    def _wait_answer(self, stamp) -> bool:
+    def _wait_answer(self, stamp):
+        """The first answer to the image of `stamp` published last: None for an action, the fallback's reason, or
+        False when none came within answer_timeout_s."""
         want = stamp.sec + stamp.nanosec * 1e-9
         deadline = time.monotonic() + self.answer_timeout_s
         while time.monotonic() < deadline:
-            if any(abs(s - want) < STAMP_MATCH_S for s in list(self._answers)):
-                return True
+            with self._answers_lock:
+                answered = [reason for s, reason in self._answers if abs(s - want) < STAMP_MATCH_S]
+            if answered:
+                return answered[0]
             self._answered.wait(timeout=0.05)
             self._answered.clear()
         return False
@@ -243,17 +322,18 @@ class BagReplayer:
         from ..nodes.interfaces import ActionTokens
 
         def on_tokens(msg):
-            self._note(conv.stamp_to_s(msg.header.stamp))
+            self._note(conv.stamp_to_s(msg.header.stamp), None)
 
         def on_fallback(msg):
             stamp = conv.status_values(msg).get("frame_stamp", "")
             if stamp:
-                self._note(float(stamp))
+                self._note(float(stamp), msg.message or "fallback")
 
         self._answer_subscriptions = [
             self.node.create_subscription(ActionTokens, graph.ACTION_TOKENS_TOPIC, on_tokens, 10),
             self.node.create_subscription(DiagnosticStatus, graph.FALLBACK_TOPIC, on_fallback, 10)]
 
-    def _note(self, stamp_s: float) -> None:
-        self._answers.append(stamp_s)
+    def _note(self, stamp_s: float, fallback_reason: str | None) -> None:
+        with self._answers_lock:
+            self._answers.append((stamp_s, fallback_reason))
         self._answered.set()
