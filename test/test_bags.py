@@ -63,6 +63,14 @@ def test_replay_refuses_what_is_not_a_bag(tmp_path):
         list(read_images(tmp_path))
 
 
+def test_record_refuses_an_existing_bag_and_a_duration_of_no_image(bags, tmp_path, capsys):
+    from vla_edge_ros import cli
+    assert cli.main(["record", "--out", str(bags[0]), "--seconds", "1"]) == 1
+    assert "exists already" in capsys.readouterr().out
+    assert cli.main(["record", "--out", str(tmp_path / "short"), "--seconds", "0.001"]) == 1
+    assert "is no image" in capsys.readouterr().out and not (tmp_path / "short").exists()
+
+
 def _write_bag(path, entries):
     """A rosbag2 (mcap) of `entries` [(topic, type, log time ns, CDR bytes)], written with rosbags."""
     from rosbags.rosbag2 import StoragePlugin, Writer

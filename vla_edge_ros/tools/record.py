@@ -4,7 +4,8 @@ Frames of `core.footage.demo_sequence()` (looping) become sensor_msgs/msg/Image
 rgb8 messages on /camera/image_raw, one per tick of a virtual 60 Hz camera
 (cycle.camera_hz): message i has header.stamp = recorded time = start + i / hz.
 The clips are 25-30 fps, so the recording plays them about twice as fast as
-they were filmed; no frame is repeated. Frames are scaled to `--width`
+they were filmed; the footage (~500 frames) loops, so a recording longer than
+~8 s at 60 Hz starts over with its first frame. Frames are scaled to `--width`
 (aspect kept; 0 keeps the clip size) so a 20 s bag stays around 100 MB.
 
 Messages are serialized by rclpy (the same CDR bytes a live publisher sends);
@@ -36,8 +37,12 @@ def run(args) -> int:
     from ..config import load
     cfg = load()
     topic = args.topic or cfg.camera.input_topic
-    n = record_footage(args.out, seconds=args.seconds, hz=cfg.cycle.camera_hz, storage=args.storage, topic=topic,
-                       width=args.width, frame_id=cfg.camera.frame_id)
+    try:
+        n = record_footage(args.out, seconds=args.seconds, hz=cfg.cycle.camera_hz, storage=args.storage, topic=topic,
+                           width=args.width, frame_id=cfg.camera.frame_id)
+    except ValueError as exc:
+        print(f"vla-edge record: {exc}")
+        return 1
     print(f"vla-edge record: wrote {n} images ({args.seconds:g} s at {cfg.cycle.camera_hz:g} Hz) on {topic} to "
           f"{args.out} ({args.storage})")
     return 0
@@ -73,6 +78,10 @@ def record_footage(out, seconds: float, hz: float, storage: str = "mcap", topic:
     if not (seconds > 0 and hz > 0):
         raise ValueError(f"seconds ({seconds}) and hz ({hz}) must be > 0")
     count = int(round(seconds * hz))
+    if count < 1:
+        raise ValueError(f"{seconds} s at {hz} Hz is no image: record at least 1 / hz = {1 / hz:.4f} s")
+    if Path(out).exists():
+        raise ValueError(f"{out}: exists already; a bag is written to a new directory")
     start_s = time.time() if start_s is None else start_s
     source = iter(frames) if frames is not None else footage_frames(width)
     plugin = StoragePlugin.MCAP if storage == "mcap" else StoragePlugin.SQLITE3
