@@ -168,3 +168,16 @@ def test_the_share_of_actions_served_on_an_exact_state():
     assert (s["actions"], s["exact_actions"]) == (5, 3) and s["exact_action_share"] == pytest.approx(0.6)
     w = m.window_summary()                                   # the last 4: refused, exact, exact, approximate
     assert (w["actions"], w["exact_actions"]) == (3, 2)
+
+
+def test_a_cycle_given_up_between_decode_steps_is_counted_not_timed():
+    """Given up at 30-38 ms where the whole cycle would have taken ~61 ms, it made the slowest cycle read as a near
+    miss; it is a deadline_missed fallback, counted in given_up, and left out of the latency percentiles."""
+    m = CycleMetrics(DEADLINE)
+    for i in range(20):
+        m.record(CycleResult(cycle_id=i, elapsed_ms=20.0))
+    m.record(CycleResult(cycle_id=20, reason=DEADLINE_MISSED, elapsed_ms=38.5, given_up=True))
+    m.record(CycleResult(cycle_id=21, reason=DEADLINE_MISSED, elapsed_ms=45.0))       # ran to its end, late
+    s = m.summary()
+    assert s["given_up"] == 1 and s["model_cycles"] == 21 and s["latency_ms"]["max"] == 45.0
+    assert s["fallback_reasons"][DEADLINE_MISSED] == 2

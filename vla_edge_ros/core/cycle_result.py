@@ -41,6 +41,7 @@ class CycleResult:
     detail: str = ""                          # human-readable explanation for fallbacks
     phases_ms: dict = field(default_factory=dict)   # where the time went: core/cycle_phases.py IN_CYCLE names
     boundary_skipped: bool = False            # no cycle ran for this boundary (the one before overran it)
+    given_up: bool = False                    # deadline_missed between decode steps: stopped before its end
     overran_in: str = ""                      # for a skipped boundary: core/boundary_overrun.py OVERRUN_PARTS
 
     @property

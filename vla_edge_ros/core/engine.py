@@ -335,6 +335,7 @@ class Engine:
         self.admission.observe(result.prefill_ms, prefill_tokens, whole_decode_ms, max(decode_steps, 1), other_ms,
                                context_tokens=result.context_tokens, probe=result.probe)
         if given_up:                                    # never acted on
+            result.given_up = True
             return self._fail(result, R.DEADLINE_MISSED,
                               f"given up after {steps_done + 1} of {decode_steps + 1} action tokens at "
                               f"{(time.perf_counter() - t0) * 1e3:.1f} ms: it would have finished after the "

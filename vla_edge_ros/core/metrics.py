@@ -10,7 +10,10 @@ Which cycles count where:
     actions and the `deadline_missed` fallbacks (those computed an answer, just
     too late). Refused, no-frame, stale-frame, memory-ceiling and engine-error
     cycles did not run (or did not finish) a forward pass and would drag the
-    percentiles down with near-zero times, so they are left out.
+    percentiles down with near-zero times, so they are left out; so are the
+    `deadline_missed` cycles given up between decode steps (CycleResult.given_up,
+    counted in `given_up`): stopped at 30-38 ms where the whole cycle would have
+    taken ~61, they made the slowest cycle look like a near miss.
 
 Memory is the process's, read from /proc/self/status: VmHWM is the kernel's
 peak resident set (what the process really touched at its worst), VmRSS the
@@ -56,6 +59,7 @@ class _Sample:
     evictions: int
     overran: bool
     exact_action: bool            # an action served on an exact state
+    given_up: bool = False        # deadline_missed between decode steps (not in the latency percentiles)
 
 
 class CycleMetrics:
@@ -81,7 +85,9 @@ class CycleMetrics:
             raise ValueError(f"CycleMetrics.record: cycle {result.cycle_id} has elapsed_ms {result.elapsed_ms!r}")
         sample = _Sample(reason=result.reason, elapsed_ms=elapsed,
                          ran_model=result.reason is None or (result.reason == DEADLINE_MISSED
-                                                             and not getattr(result, "boundary_skipped", False)),
+                                                             and not getattr(result, "boundary_skipped", False)
+                                                             and not getattr(result, "given_up", False)),
+                         given_up=bool(getattr(result, "given_up", False)),
                          evictions=len(result.evicted_frame_ids), overran=bool(getattr(result, "overran", False)),
                          exact_action=result.reason is None and bool(getattr(result, "state_exact", True)))
         with self._lock:
@@ -131,6 +137,7 @@ class _Totals:
         self.evictions = 0
         self.overruns = 0
         self.exact_actions = 0
+        self.given_up = 0
         self.reasons: Counter = Counter()
 
     def add(self, s: _Sample) -> None:
@@ -140,6 +147,7 @@ class _Totals:
         self.evictions += s.evictions
         self.overruns += s.overran
         self.exact_actions += s.exact_action
+        self.given_up += s.given_up
         if s.reason is not None:
             self.reasons[s.reason] += 1
 
@@ -161,6 +169,7 @@ class _Totals:
             "deadline_miss_rate": rate(self.reasons.get(DEADLINE_MISSED, 0)),
             "overrun_rate": rate(self.overruns),          # finished late, including deterministic-mode actions
             "model_cycles": self.model_cycles,            # cycles in the latency percentiles
+            "given_up": self.given_up,                    # deadline_missed between decode steps (not in them)
             "latency_ms": latency,
             "evictions": self.evictions,
             "exact_actions": self.exact_actions,          # actions served on an exact state

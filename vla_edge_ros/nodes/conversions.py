@@ -19,7 +19,8 @@ Outbound (reasoning), one cycle -> exactly one of:
     fallback  diagnostic_msgs/DiagnosticStatus: message = reason code,
               values = FALLBACK_VALUE_KEYS (cycle_id, frame_id, frame_stamp,
               estimate_ms, budget_ms, elapsed_ms, evictions, new_frame, boundary_skipped,
-              overran_in, detail; boundary_skipped 1: no cycle ran for this
+              given_up, overran_in, detail; given_up 1: a deadline_missed stopped between
+              decode steps (its elapsed_ms is not a whole cycle's); boundary_skipped 1: no cycle ran for this
               boundary, the one before overran it, and overran_in says which part
               of its work did: cycle, publish, between (swap apply) or other)
 Cycle ids are therefore on every cycle's output; they are consecutive.
@@ -46,7 +47,7 @@ from .interfaces import StateChunk
 
 UINT32_MAX = 2 ** 32 - 1
 FALLBACK_VALUE_KEYS = ("cycle_id", "frame_id", "frame_stamp", "estimate_ms", "budget_ms", "elapsed_ms",
-                       "evictions", "new_frame", "boundary_skipped", "overran_in", "detail")
+                       "evictions", "new_frame", "boundary_skipped", "given_up", "overran_in", "detail")
 
 
 # ----------------------------------------------------------------------------
@@ -165,6 +166,7 @@ def fallback_msg(result: CycleResult, name: str) -> DiagnosticStatus:
         "evictions": len(result.evicted_frame_ids),
         "new_frame": int(bool(result.new_frame)),
         "boundary_skipped": int(bool(result.boundary_skipped)),
+        "given_up": int(bool(result.given_up)),
         "overran_in": result.overran_in,
         "detail": result.detail,
     }
