@@ -678,3 +678,29 @@ def test_an_offer_the_loader_cannot_prepare_leaves_it_preparing_the_next(tiny_mo
             state.import_state(snapshot(1, state.kv.capacity // tpf + 1))     # what the boundary says of it
     finally:
         loader.close()
+
+
+class FailsToQueue(HostKV):
+    """A snapshot's rows whose copy cannot even be queued (an arena of another layout, a driver error)."""
+
+    dtype = np.dtype(np.float32)
+
+    def start_write(self, backend, slots):
+        raise ValueError("IpcKV.write_into: arena layout differs from the reconciler's (test)")
+
+
+def test_a_copy_that_cannot_be_queued_leaves_an_empty_exact_state_not_a_half_swapped_one(tiny_model_dir, model, clip):
+    """The snapshot's layout is in force and the old records gone when the copy is queued: a failure there other
+    than a torn buffer left the slots of the new layout with no frame records. The state is emptied, as for a torn
+    copy, the swap rejected with the reason, and the node goes on."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo"})
+    while rig.rec.phase is not Phase.READY:
+        rig.cycle()
+    snap = rig.rec.take_offer()
+    snap.kv = FailsToQueue(snap.kv)
+    state = rig.primary.state
+    with pytest.raises(SnapshotError, match="arena layout differs"):
+        state.import_state(snap)
+    assert not state.frames and rig.held() == [] and state.next_position == state.prefix_tokens
+    again = rig.primary_only_cycle(new=False)
+    assert again.new_frame and rig.held() == [rig.i - 1]

@@ -230,8 +230,9 @@ class SwapImport:
         if placement.slots.size:
             try:                                        # on a GPU device to device (one kv_scatter), queued
                 copy = kv_payload(snap.kv).start_write(self.backend, placement.slots)
-            except DeviceKVUnavailable as exc:
-                self._forget_torn(snap, exc)
+            except Exception as exc:                    # noqa: BLE001 - torn, or any failure to queue the copy:
+                self._forget_torn(snap, exc)            # the layout is in force and the records gone, so the
+                                                        # state is emptied, never left half swapped
         queue_ms = (time.perf_counter() - t_queue) * 1e3
         queue_cpu_ms = (time.thread_time() - cpu_queue) * 1e3
         self.frames = self._records_after_swap(snap, held)     # host work while the device copies
@@ -270,10 +271,12 @@ class SwapImport:
             self._forget_torn(snap, exc)
         return (time.perf_counter() - t_wait) * 1e3
 
-    def _forget_torn(self, snap: StateSnapshot, exc: DeviceKVUnavailable) -> None:
-        """The reconciler rewrote the buffer under the copy: this KV is mixed. Forget every frame, the late ones
-        recomputed over it too (an exact, empty state), rather than attend to it; the next offer brings them back."""
-        log.error("swap v%d: %s; all frames forgotten, the state stays exact", snap.version, exc)
+    def _forget_torn(self, snap: StateSnapshot, exc: Exception) -> None:
+        """The reconciler rewrote the buffer under the copy (DeviceKVUnavailable), or the copy could not even be
+        queued: this KV is mixed or missing. Forget every frame, the late ones recomputed over it too (an exact,
+        empty state), rather than attend to it; the next offer brings them back."""
+        log.error("swap v%d: %s: %s; all frames forgotten, the state stays exact", snap.version,
+                  type(exc).__name__, exc)
         self.reset_frames()
         raise SnapshotError(f"snapshot v{snap.version}: {exc}") from exc
 
