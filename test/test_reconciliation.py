@@ -704,3 +704,26 @@ def test_a_copy_that_cannot_be_queued_leaves_an_empty_exact_state_not_a_half_swa
     assert not state.frames and rig.held() == [] and state.next_position == state.prefix_tokens
     again = rig.primary_only_cycle(new=False)
     assert again.new_frame and rig.held() == [rig.i - 1]
+
+
+class OtherArena(HostKV):
+    """A snapshot's rows for another arena layout (two nodes configured differently): refused by its check."""
+
+    dtype = np.dtype(np.float32)
+
+    def check_fits(self, backend):
+        raise ValueError("IpcKV.write_into: arena layout differs from the reconciler's (test)")
+
+
+def test_rows_that_do_not_fit_this_arena_are_rejected_before_anything_changes(tiny_model_dir, model, clip):
+    """A pair of nodes configured apart offers rows this arena cannot take at every round: rejected by the check
+    before the swap changes anything, so the primary keeps its state (emptied at each offer otherwise)."""
+    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo"})
+    while rig.rec.phase is not Phase.READY:
+        rig.cycle()
+    snap = rig.rec.take_offer()
+    snap.kv = OtherArena(snap.kv)
+    held = rig.held()
+    with pytest.raises(SnapshotError, match="arena layout differs"):
+        rig.primary.state.import_state(snap)
+    assert rig.held() == held and held

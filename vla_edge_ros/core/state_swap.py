@@ -160,9 +160,13 @@ class SwapImport:
         tpf = self.cfg.vision.tokens_per_frame
         self.precheck_snapshot(snap)                    # at once when the loader has run it already
         if snap.kv is not None:
+            payload = kv_payload(snap.kv)
             try:
-                kv_payload(snap.kv).check_usable()      # KV left on a device: still the snapshot's
-            except DeviceKVUnavailable as exc:
+                payload.check_usable()                  # KV left on a device: still the snapshot's
+                check_fits = getattr(payload, "check_fits", None)
+                if check_fits is not None:              # ... and copyable into this arena as it is
+                    check_fits(self.backend)
+            except (DeviceKVUnavailable, ValueError) as exc:
                 raise SnapshotError(f"snapshot v{snap.version}: {exc}") from exc
         need = len(snap.frames) * tpf + self.suffix_reserve
         room = self.cfg.kv.capacity_tokens - self.prefix_tokens

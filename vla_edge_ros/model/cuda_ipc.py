@@ -244,6 +244,18 @@ class IpcKV:
             raise DeviceKVUnavailable(f"reconciler buffer {self.descriptor.get('buffer')} moved on ({where} {word}, "
                                       f"offer {self.generation}): the snapshot is stale")
 
+    def check_fits(self, backend) -> None:
+        """ValueError unless these rows can be copied into `backend`'s arena as they are: the same layout and
+        element (both nodes read one configuration; a mismatch is refused, never converted). The swap asks it
+        before anything changes (FrameState._check_snapshot), so a misconfigured pair of nodes rejects offers
+        instead of emptying the primary's state at each one."""
+        if tuple(backend.kv_rows_shape()) != self._arena_shape:
+            raise ValueError(f"IpcKV.write_into: arena layout {backend.kv_rows_shape()} differs from the reconciler's "
+                             f"{self._arena_shape} (capacity or model shape differ)")
+        if backend.kv_rows_dtype() != self._element:
+            raise ValueError(f"IpcKV.write_into: this arena holds {np.dtype(backend.kv_rows_dtype()).name}, the "
+                             f"reconciler's rows {self._element.name} (kv.dtype differs between the nodes)")
+
     def write_into(self, backend, slots: np.ndarray) -> None:
         """One kv_scatter from the mapped rows into `slots` of the CudaBackend `backend`, checked before and after."""
         self.start_write(backend, slots).finish()
@@ -254,12 +266,7 @@ class IpcKV:
         slots = np.asarray(slots)
         if slots.size != self.shape[2]:
             raise ValueError(f"IpcKV.write_into: {slots.size} slots for {self.shape[2]} KV rows")
-        if tuple(backend.kv_rows_shape()) != self._arena_shape:
-            raise ValueError(f"IpcKV.write_into: arena layout {backend.kv_rows_shape()} differs from the reconciler's "
-                             f"{self._arena_shape} (capacity or model shape differ)")
-        if backend.kv_rows_dtype() != self._element:
-            raise ValueError(f"IpcKV.write_into: this arena holds {np.dtype(backend.kv_rows_dtype()).name}, the "
-                             f"reconciler's rows {self._element.name} (kv.dtype differs between the nodes)")
+        self.check_fits(backend)
         t = time.perf_counter()
         dev = self.mapper.device
         drv = dev.drv
