@@ -144,16 +144,8 @@ def test_without_pieces_or_with_room_for_a_whole_step_no_step_runs_in_pieces(tin
 def test_a_round_that_ends_while_a_step_is_in_flight_gives_the_step_up(tiny_model_dir, model, clip):
     """The primary restarted (its mirror cleared) while a step waited for its second piece: the step is given up
     with the round, and the reconciler's state holds none of its frames."""
-    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
-                                              "asr.step_layer_pieces": 2})
-    for _ in range(12):
-        rig.cycle(reconcile=False)
-    rec, sched = rig.rec, _seeded_scheduler(rig)
-    steps = GapSteps(rec, sched, 2)
-    left = [GAP_MS]
-    rec.receive()
-    steps.run(lambda: left[0], lambda kind, frames, ms: left.__setitem__(0, 0.0))
-    assert rec.step_in_flight and rec.in_flight_frames == 4 and rec.state.appending
+    rig, rec, steps = _a_step_in_flight(tiny_model_dir, model, clip)
+    assert rec.state.appending
     rec.restart_mirror()
     rec.receive()
     assert not rec.step_in_flight and not rec.state.appending and rec.state.export_state().frame_ids == []
@@ -174,18 +166,30 @@ def test_the_last_frames_of_a_round_take_a_whole_step_where_one_fits(tiny_model_
     assert log[0] == ([("step", 1)], False) and rig.rec.phase is Phase.READY, log
 
 
-def test_a_tick_finishes_a_step_begun_in_pieces(tiny_model_dir, model, clip):
-    """The node's worker ticks (whole steps, no schedule) when the primary's cycle clock is stale; a step left in
-    flight by the slack schedule is finished there, all its pieces at once, and the round goes on."""
+def _a_round(tiny_model_dir, model, clip):
+    """A primary with steps in 2 pieces configured, 12 cycles in: the reconciler has a round to compute."""
     rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
                                               "asr.step_layer_pieces": 2})
     for _ in range(12):
         rig.cycle(reconcile=False)
+    return rig
+
+
+def _a_step_in_flight(tiny_model_dir, model, clip):
+    """A round whose first gap started a 4-frame step in 2 pieces and ran out after its first piece."""
+    rig = _a_round(tiny_model_dir, model, clip)
     rec, steps = rig.rec, GapSteps(rig.rec, _seeded_scheduler(rig), 2)
     left = [GAP_MS]
     rec.receive()
     steps.run(lambda: left[0], lambda kind, frames, ms: left.__setitem__(0, 0.0))
-    assert rec.step_in_flight
+    assert rec.step_in_flight and rec.in_flight_frames == 4
+    return rig, rec, steps
+
+
+def test_a_tick_finishes_a_step_begun_in_pieces(tiny_model_dir, model, clip):
+    """The node's worker ticks (whole steps, no schedule) when the primary's cycle clock is stale; a step left in
+    flight by the slack schedule is finished there, all its pieces at once, and the round goes on."""
+    rig, rec, _steps = _a_step_in_flight(tiny_model_dir, model, clip)
     todo = rec.frames_to_compute
     assert rec.tick() == 4 * rig.cfg.vision.tokens_per_frame and not rec.step_in_flight
     assert rec.frames_to_compute == todo - 4
@@ -196,15 +200,7 @@ def test_a_tick_finishes_a_step_begun_in_pieces(tiny_model_dir, model, clip):
 def test_a_piece_that_fails_leaves_no_step_in_flight(tiny_model_dir, model, clip):
     """A piece's forward that raises (a device error) gives its step up in the state and in the reconciler alike:
     the next tick or gap does not go on with a step the state no longer has."""
-    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
-                                              "asr.step_layer_pieces": 2})
-    for _ in range(12):
-        rig.cycle(reconcile=False)
-    rec, steps = rig.rec, GapSteps(rig.rec, _seeded_scheduler(rig), 2)
-    left = [GAP_MS]
-    rec.receive()
-    steps.run(lambda: left[0], lambda kind, frames, ms: left.__setitem__(0, 0.0))
-    assert rec.step_in_flight
+    rig, rec, _steps = _a_step_in_flight(tiny_model_dir, model, clip)
     todo = rec.frames_to_compute
     backend = rec.state.backend
     real_piece = backend.run_layer_piece
@@ -225,10 +221,7 @@ def test_a_step_in_pieces_whose_pieces_stop_fitting_is_given_up_for_one_that_fit
     """The gaps shrink under a step begun in pieces (the primary's cycles grow with its state): its next piece,
     of a fixed size, never fits again and nothing relaxes it, while a smaller step would fit. After PIECE_PATIENCE
     plans it is given up (its frames are computed by a later step) and the round goes on in steps that fit."""
-    rig = Rig(tiny_model_dir, model, clip, **{"asr.mode": "csr", "kv.eviction_policy": "fifo",
-                                              "asr.step_layer_pieces": 2})
-    for _ in range(12):
-        rig.cycle(reconcile=False)
+    rig = _a_round(tiny_model_dir, model, clip)
     rec, sched = rig.rec, _seeded_scheduler(rig)
     steps = GapSteps(rec, sched, 2)
     share = rec.state.piece_share(2)

@@ -200,40 +200,34 @@ def test_a_restarted_reasoning_node_never_gets_frames_of_the_process_before_it(c
         worker.store.close()
 
 
-def test_worker_failure_stops_offers_but_not_the_caller(cfg, frames, tmp_path):
-    worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / "snaps"))
+class DeviceFault(Exception):
+    """As pycuda._driver.Error: a plain Exception subclass, not one of Python's built-in error types."""
+
+
+def _close_the_store(worker):
     worker.store.close()                                   # the directory is gone: publishing the offer fails
-    worker.start()
-    try:
-        for f in frames[:11]:
-            worker.on_chunk(f, 0)
-        _wait(lambda: worker.error is not None, "the worker to fail")
-        assert worker.reconciler.phase is Phase.STOPPED and worker.answer().offer is None
-        assert "FileNotFoundError" in worker.summary()["worker_error"]
-    finally:
-        worker.stop()
 
 
-def test_a_worker_failing_with_an_error_of_its_own_kind_says_so_too(cfg, frames, tmp_path):
-    """pycuda's errors (a device fault under a step or an export) are not Python's RuntimeError: such an error
-    also stops the offers with its reason kept, instead of ending the worker's thread with its last offer still
-    handed out and no reason."""
-    class DeviceFault(Exception):                          # as pycuda._driver.Error: a plain Exception subclass
-        pass
-
-    worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / "snaps"))
-
+def _fault_the_device(worker):
     def failing_publish(snap):
         raise DeviceFault("an illegal memory access was encountered")
-
     worker.store.publish = failing_publish
+
+
+@pytest.mark.parametrize("breaks, error", [(_close_the_store, "FileNotFoundError"), (_fault_the_device, "DeviceFault")])
+def test_worker_failure_stops_offers_but_not_the_caller(cfg, frames, tmp_path, breaks, error):
+    """A failing worker stops offering with its reason kept, whatever the error's type: pycuda's (a device fault
+    under a step or an export) are not Python's RuntimeError, and such an error used to end the worker's thread
+    with its last offer still handed out and no reason."""
+    worker = ReconcilerWorker(StateReconciler(cfg, reconciler_state(cfg)), SnapshotStore(tmp_path / "snaps"))
+    breaks(worker)
     worker.start()
     try:
         for f in frames[:11]:
             worker.on_chunk(f, 0)
         _wait(lambda: worker.error is not None, "the worker to fail")
         assert worker.reconciler.phase is Phase.STOPPED and worker.answer().offer is None
-        assert "DeviceFault" in worker.summary()["worker_error"]
+        assert error in worker.summary()["worker_error"]
     finally:
         worker.stop()
 
