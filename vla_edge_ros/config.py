@@ -64,6 +64,7 @@ TAIL_MIN_SAMPLES = 10         # a tail quantile needs this many samples (core/sa
 # than those tokens take in any text (a token is a few characters), so the tokens kept are the same, and the cycle
 # thread never tokenizes megabytes (a 2.2 MB /vla/instruction cost 39 boundaries, ~2 s without actions).
 INSTRUCTION_CHARS_PER_TOKEN = 32
+ACTION_TOKEN = "<|act_{}|>"   # the name of action bin i in a tokenizer made for this package (model/make_model.py)
 GIB = 1024 ** 3
 
 

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..config import VlaConfig
+from ..config import ACTION_TOKEN, VlaConfig
 from . import cycle_result as R
 from .action_codec import ActionCodec, NonFiniteLogitsError
 from .admission import AdmissionController
@@ -255,11 +255,11 @@ class Engine:
         if self.backend.memory_bytes() > self.cfg.memory.vram_ceiling_bytes:
             return self._fail(result, R.MEMORY_CEILING, "engine memory above memory.vram_ceiling_gib")
 
-        # A frame already in the state (the last one answered, or one a swap brought in) is not appended again.
         st = self.state
-        # Appended unless the state holds it. Not "unless it was the last one answered": a re-base that kept no
-        # frame, a torn swap copy, or a failed late recompute forgot that frame while last_frame_id still named it,
-        # and the next cycle on the same camera frame answered it without it in the state.
+        # A frame the state holds (the last one answered, or one a swap brought in) is not appended again, and any
+        # other is. Not "unless it was the last one answered": a re-base that kept no frame, a torn swap copy, or a
+        # failed late recompute forgot that frame while last_frame_id still named it, and the next cycle on the same
+        # camera frame answered it without it in the state.
         new = frame.frame_id not in st.frames
         tpf = self.cfg.vision.tokens_per_frame
         prefill_tokens = (tpf if new else 0) + int(self.suffix.size)
@@ -516,8 +516,6 @@ class Engine:
             raise EngineConfigError(
                 f"model + KV arena need {used / 2**30:.2f} GiB > memory.vram_ceiling_gib={self.cfg.memory.vram_ceiling_gib}")
 
-
-ACTION_TOKEN = "<|act_{}|>"     # how a tokenizer made for this package names its bins (model/make_model.py)
 
 
 def _check_action_bins(tokenizer, codec: ActionCodec) -> None:

@@ -58,8 +58,7 @@ class GapSteps:
         guard = guard or (lambda call: call())
         total, spent, fitted = 0, 0.0, False
         if self._pieced is not None and not rec.step_in_flight:   # its round ended, or a tick finished it
-            self._pieced = None
-            self.pieced_given_up += 1
+            self._count_given_up()
         while rec.frames_to_compute:
             if rec.step_in_flight:
                 if self._pieced is None:              # started elsewhere: planned at the context it started with
@@ -72,8 +71,7 @@ class GapSteps:
                     if p.declined < PIECE_PATIENCE:
                         break
                     rec.give_up_step()                # its frames go to a step that fits the gaps as they are now
-                    self._pieced = None
-                    self.pieced_given_up += 1
+                    self._count_given_up()
                     continue
                 p.declined = 0
                 fitted = True
@@ -89,8 +87,7 @@ class GapSteps:
                     self._pieced = None
                     self.pieced_steps += 1
                 elif not rec.step_in_flight:          # the round ended meanwhile: its step was given up
-                    self._pieced = None
-                    self.pieced_given_up += 1
+                    self._count_given_up()
                 continue
             context = rec.state.kv.used_slots         # what the step's rows attend to besides themselves
             left = ms_left()
@@ -124,6 +121,11 @@ class GapSteps:
         if record is not None:
             record("offer", 0, ms)
         return True
+
+    def _count_given_up(self) -> None:
+        """The step in pieces is no longer run here (pieced_given_up says why it can be)."""
+        self._pieced = None
+        self.pieced_given_up += 1
 
     def _start_pieced(self, left_ms: float, context: int, guard) -> bool:
         """Start a step piece by piece when it holds more frames than a whole step that fits now; True if one

@@ -17,6 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..model.generation_board import process_alive
+
 log = logging.getLogger(__name__)
 
 SNAPSHOT_DIR_PREFIX = "vla_edge_swap_"     # + "<pid>_<random>"
@@ -42,7 +44,7 @@ def remove_stale_snapshot_dirs(base: Path) -> list:
         return removed
     for path in entries:
         pid = _owner_pid(path.name)
-        if pid is None or not path.is_dir() or _alive(pid):
+        if pid is None or not path.is_dir() or process_alive(pid):
             continue
         shutil.rmtree(path, ignore_errors=True)
         if not path.exists():
@@ -58,13 +60,3 @@ def _owner_pid(name: str) -> int | None:
         return None
     pid, sep, _ = name[len(SNAPSHOT_DIR_PREFIX):].partition("_")
     return int(pid) if sep and pid.isdigit() and int(pid) > 0 else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True            # exists, owned by someone else
-    return True

@@ -91,10 +91,7 @@ class IpcKvMapper:
         with self._lock:
             if path in self._boards:
                 return self._boards[path]
-            for old in self._boards.values():
-                if old is not None:
-                    old.close()
-            self._boards.clear()
+            self._close_boards()
             try:
                 view = GenerationView(path)
                 log.info("mapped a reconciler's generation board %s (%d words)", path, view.buffers)
@@ -144,30 +141,33 @@ class IpcKvMapper:
         if mapped is None:
             return
         self.retired += 1
-        with self.device.bound():
-            try:
-                mapped.close()
-            except self.device.drv.Error as exc:         # its exporter is gone: nothing left to release
-                log.debug("closing a replaced IPC mapping failed: %s", exc)
+        self._close_mapping(mapped)
         log.info("reconciler buffer %d has a new owner (a restarted reconciler): its old mapping closed", buffer)
 
     def forget(self, keep: set) -> None:
         """Close mappings whose handle is not in `keep` (a restarted reconciler's old buffers)."""
         with self._lock:
             for handle in [h for h in self._open if h not in keep]:
-                with self.device.bound():
-                    try:
-                        self._open.pop(handle).close()
-                    except self.device.drv.Error as exc:     # the exporter may be gone: nothing left to do
-                        log.debug("closing an IPC mapping failed: %s", exc)
+                self._close_mapping(self._open.pop(handle))
+
+    def _close_mapping(self, mapped) -> None:
+        with self.device.bound():
+            try:
+                mapped.close()
+            except self.device.drv.Error as exc:         # the exporter may be gone: nothing left to release
+                log.debug("closing an IPC mapping failed: %s", exc)
+
+    def _close_boards(self) -> None:
+        """Unmap every generation board (the lock held)."""
+        for view in self._boards.values():
+            if view is not None:
+                view.close()
+        self._boards.clear()
 
     def close(self) -> None:
         self.forget(set())
         with self._lock:
-            for view in self._boards.values():
-                if view is not None:
-                    view.close()
-            self._boards.clear()
+            self._close_boards()
 
 
 class IpcKV:

@@ -150,7 +150,7 @@ class GenerationView:
         if words is None:
             return None
         value = int(words[index])
-        if value != CLOSED and not _alive(self.owner):
+        if value != CLOSED and not process_alive(self.owner):
             return None
         return value
 
@@ -170,9 +170,9 @@ def _unmap(mapping: mmap.mmap) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
-    """Whether process `pid` exists (the reconciler and the reasoning node share a pid namespace, as the snapshot
-    directories' clean-up already assumes: core/stale_snapshots.py)."""
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists (the reconciler and the reasoning node share a pid namespace; the snapshot
+    directories' clean-up asks the same of their owners: core/stale_snapshots.py)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

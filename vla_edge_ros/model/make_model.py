@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import ACTION_TOKEN
 from .weights import (BIAS_FIELDS, GLOBAL_TENSOR_NAMES, INDEX_FILE, LAYER_TENSOR_NAMES, SINGLE_FILE, TOKENIZER_FILE,
                       canonical_dtype, float32_to_bf16_bits)
 
@@ -244,8 +245,9 @@ def build_action_tokenizer(vocab_size: int, num_action_bins: int):
     # The corpus is small: pad with reserved ids so the action bins land on the last ids.
     filler = text_vocab - tok.get_vocab_size()
     tok.add_special_tokens([AddedToken(f"<|reserved_{i}|>", special=True, normalized=False) for i in range(filler)])
-    tok.add_special_tokens([AddedToken(f"<|act_{i}|>", special=True, normalized=False) for i in range(num_action_bins)])
-    first, last = tok.token_to_id("<|act_0|>"), tok.token_to_id(f"<|act_{num_action_bins - 1}|>")
+    tok.add_special_tokens([AddedToken(ACTION_TOKEN.format(i), special=True, normalized=False)
+                            for i in range(num_action_bins)])
+    first, last = tok.token_to_id(ACTION_TOKEN.format(0)), tok.token_to_id(ACTION_TOKEN.format(num_action_bins - 1))
     if (first, last, tok.get_vocab_size()) != (text_vocab, vocab_size - 1, vocab_size):
         raise RuntimeError(f"action tokens landed on ids {first}..{last} of {tok.get_vocab_size()}, "
                            f"expected {text_vocab}..{vocab_size - 1} of {vocab_size}")

@@ -134,12 +134,11 @@ def verdict(report: dict, samples: list) -> dict:
                                                      *(f"{k} exit {v}" for k, v in exits.items())]),
                                  "bound": "", "ok": not report.get("died_during_run") and not exits},
     }
-    judged = _memory_judged(samples)
-    if not growth or judged is not None:
-        checks["rss_growth"] = {"value": None, "bound": MAX_RSS_GROWTH_BYTES, "ok": False,
-                                "why": judged or "no memory samples"}
-    for name, value in growth.items():
-        if judged is None:
+    why_not = _memory_not_judged(samples)
+    if why_not is not None:
+        checks["rss_growth"] = {"value": None, "bound": MAX_RSS_GROWTH_BYTES, "ok": False, "why": why_not}
+    else:
+        for name, value in growth.items():
             checks[f"rss_growth_{name}"] = {"value": value, "bound": MAX_RSS_GROWTH_BYTES,
                                             "ok": value is not None and value < MAX_RSS_GROWTH_BYTES}
     return {"checks": checks, "passed": all(c["ok"] for c in checks.values()),
@@ -150,11 +149,12 @@ def verdict(report: dict, samples: list) -> dict:
             "exact_forgetting": report.get("exactness", {}).get("verdict", "n/a")}
 
 
-def _memory_judged(samples: list) -> str | None:
+def _memory_not_judged(samples: list) -> str | None:
     """None when the samples span two PEAK_WINDOW_S windows after the baseline that do not overlap; else why the
-    growth cannot be judged (the first and the last window would hold the same samples: a growth of exactly 0)."""
+    growth cannot be judged (no samples, or the first and the last window would hold the same samples: a growth of
+    exactly 0)."""
     if not samples:
-        return None
+        return "no memory samples"
     span = samples[-1]["t_s"] - _baseline(samples)["t_s"]
     if span < 2 * PEAK_WINDOW_S:
         return (f"n/a: {span:.0f} s of samples after the first {WARMUP_S:g} s, {2 * PEAK_WINDOW_S:g} s needed "
